@@ -178,6 +178,7 @@ IMAGE_EXTENSIONS = {".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp", ".webp", "
 MAX_DECODE_PIXELS = 250_000_000  # larger than any real scan: above it, a decompression bomb
 PART_NAME = re.compile(r"^part-(\d{9})-(\d{9})\.parquet$")
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
+UPLOAD_ATTEMPTS, UPLOAD_BACKOFF_S = 5, 2.0
 
 
 def log(message: str) -> None:
@@ -323,6 +324,8 @@ def read_cell_bytes(cell) -> bytes:
                 data = Path(path).read_bytes()
             except OSError as exc:
                 raise PageError(f"cannot read image file {path}: {exc}") from None
+        if data is None:
+            raise PageError("missing image (cell has neither bytes nor path)")
         cell = data
     elif isinstance(cell, str):
         try:
@@ -650,7 +653,7 @@ class OutputStore:
         self._uploads.append(thread)
 
     def _upload(self, path: Path, path_in_repo: str) -> None:
-        for attempt in range(5):
+        for attempt in range(UPLOAD_ATTEMPTS):
             try:
                 self.api.upload_file(path_or_fileobj=str(path), path_in_repo=path_in_repo,
                                      repo_id=self.target, repo_type="dataset",
@@ -659,8 +662,8 @@ class OutputStore:
                 return
             except Exception as exc:  # network, rate limit: back off, then leave it on disk
                 log(f"upload of {path_in_repo} failed ({type(exc).__name__}: {exc}); "
-                    f"attempt {attempt + 1}/5")
-                time.sleep(min(60, 2 ** attempt) * (0.5 + random.random()))
+                    f"attempt {attempt + 1}/{UPLOAD_ATTEMPTS}")
+                time.sleep(min(60.0, UPLOAD_BACKOFF_S * 2 ** attempt) * random.uniform(0.5, 1.0))
         self.upload_failures.append(path_in_repo)
 
     def finish(self, card: str) -> None:
@@ -948,6 +951,17 @@ def write_stats(stats: dict, args) -> None:
     if args.stats_json:
         Path(args.stats_json).expanduser().parent.mkdir(parents=True, exist_ok=True)
         Path(args.stats_json).expanduser().write_text(json.dumps(stats, indent=2))
+
+
+def keep_finished_rows(writer: OrderedWriter, check: DegenerateCheck) -> None:
+    """After an abort or interrupt: write every finished row (a rerun resumes after them),
+    unless the pages seen so far are all degenerate."""
+    try:
+        check.finish()
+    except RunAborted:
+        log("the pages finished so far are all degenerate: not writing them")
+        return
+    writer.flush(everything=True)
 
 
 def install_sigterm_handler() -> None:
@@ -1450,8 +1464,8 @@ def main(argv: list[str] | None = None, hub_api=None) -> int:
         code = 130
     finally:
         server.stop()
-    if code and check.settled() and not check.tripped:
-        writer.flush(everything=True)  # keep every finished row; a rerun resumes after them
+    if code:
+        keep_finished_rows(writer, check)
     result = stats.as_dict()
     write_stats(result, args)
     if not check.tripped and (writer.parts_written or store.done_ranges()):

@@ -150,5 +150,14 @@ def fake_vllm_env(tmp_path: Path, stub_args: str = "") -> dict:
 
 
 def load_output(folder: Path):
+    """load_dataset(OUTPUT) as a user would, with a fresh cache: datasets keys its cache of a
+    local folder by the folder's name, so two outputs both called `out` would collide."""
+    import tempfile
+
     import datasets
-    return datasets.load_dataset(str(folder), split="train")
+    with tempfile.TemporaryDirectory() as cache:
+        ds = datasets.load_dataset(str(folder), split="train", cache_dir=cache)
+        if isinstance(ds.features.get("image"), datasets.Image):
+            # the output mirrors the input's cells, undecodable ones included: don't decode
+            ds = ds.cast_column("image", datasets.Image(decode=False))
+        return ds.map(lambda row: row, keep_in_memory=True, load_from_cache_file=False)

@@ -49,7 +49,7 @@ class Stub:
         self.lock = threading.Lock()
         self.requests = 0
         self.running = 0
-        self.started = time.monotonic()
+        self.first_health = None  # --health-delay counts from the first probe
         self.log = open(opts.request_log, "a") if opts.request_log else None
 
     def count(self) -> int:
@@ -85,7 +85,9 @@ def make_handler(stub: Stub):
 
         def do_GET(self):
             if self.path == "/health":
-                if time.monotonic() - stub.started < opts.health_delay:
+                with stub.lock:
+                    stub.first_health = stub.first_health or time.monotonic()
+                if time.monotonic() - stub.first_health < opts.health_delay:
                     self.reply(503, {"error": "starting"})
                 else:
                     self.reply(200, b"", "text/plain")
@@ -188,7 +190,7 @@ def parse(argv=None):
     p.add_argument("--hang-first", type=int, default=0, help="the first N requests hang")
     p.add_argument("--hang-seconds", type=float, default=30.0)
     p.add_argument("--die-after", type=int, default=0, help="exit hard at request N+1")
-    p.add_argument("--health-delay", type=float, default=0.0, help="/health 503 for S seconds")
+    p.add_argument("--health-delay", type=float, default=0.0, help="/health answers 503 for S seconds after the first probe")
     p.add_argument("--start-delay", type=float, default=0.0, help="bind the port after S seconds")
     p.add_argument("--reject-digest", action="append", default=[],
                    help="answer 400 to pages whose sha1 starts so")

@@ -1,0 +1,159 @@
+"""Page preparation: unusual but valid images are converted faithfully, bad cells are errors."""
+
+from __future__ import annotations
+
+import io
+import struct
+import zlib
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from conftest import SERVER_SCRIPTS, load_script, page_image
+
+ovis = load_script("ovis-ocr2-server.py")
+
+
+def decode(page) -> Image.Image:
+    img = Image.open(io.BytesIO(page.data))
+    img.load()
+    return img
+
+
+def encode(img: Image.Image, fmt: str, **kw) -> bytes:
+    out = io.BytesIO()
+    img.save(out, format=fmt, **kw)
+    return out.getvalue()
+
+
+def test_rgb_jpeg_within_bounds_is_sent_byte_for_byte():
+    raw = page_image(1, fmt="JPEG")
+    page = ovis.prepare_page({"bytes": raw, "path": None})
+    assert page.passthrough and page.data == raw and page.mime == "image/jpeg"
+
+
+def test_rgb_png_within_bounds_is_sent_byte_for_byte():
+    raw = page_image(2, fmt="PNG")
+    page = ovis.prepare_page(raw)
+    assert page.passthrough and page.data == raw and page.mime == "image/png"
+
+
+def test_sixteen_bit_scan_keeps_its_grey_levels():
+    ramp = (np.linspace(0, 65535, 200 * 300).reshape(300, 200)).astype(np.uint16)
+    img = Image.fromarray(ramp)  # mode I;16
+    assert img.mode.startswith("I;16")
+    page = ovis.prepare_page(encode(img, "PNG"))
+    out = np.asarray(decode(page).convert("L"), dtype=float)
+    assert decode(page).mode == "RGB"
+    assert 100 < out.mean() < 155, "a 16-bit page must not come out white (or black)"
+    assert out.min() < 10 and out.max() > 245
+
+
+def test_twelve_bit_scan_is_scaled_by_its_depth():
+    ramp = (np.linspace(0, 4095, 100 * 100).reshape(100, 100)).astype(np.uint16)
+    page = ovis.prepare_page(encode(Image.fromarray(ramp), "PNG"))
+    out = np.asarray(decode(page).convert("L"), dtype=float)
+    assert out.max() > 245 and 100 < out.mean() < 155
+
+
+@pytest.mark.parametrize("mode", ["L", "1", "P", "CMYK", "LA", "RGBA"])
+def test_other_modes_become_rgb(mode):
+    base = Image.open(io.BytesIO(page_image(3)))
+    img = base.convert(mode)
+    fmt = "JPEG" if mode == "CMYK" else "PNG"
+    page = ovis.prepare_page(encode(img, fmt))
+    out = decode(page)
+    assert out.mode == "RGB" and out.size == base.size
+
+
+def test_transparent_background_is_flattened_on_white():
+    img = Image.new("RGBA", (300, 300), (0, 0, 0, 0))
+    img.paste((0, 0, 0, 255), (100, 100, 200, 200))
+    out = decode(ovis.prepare_page(encode(img, "PNG")))
+    assert out.getpixel((10, 10)) == (255, 255, 255)
+    assert out.getpixel((150, 150)) == (0, 0, 0)
+
+
+def test_multi_frame_tiff_uses_the_first_page():
+    first = Image.new("RGB", (300, 400), (255, 255, 255))
+    second = Image.new("RGB", (300, 400), (0, 0, 0))
+    buf = io.BytesIO()
+    first.save(buf, format="TIFF", save_all=True, append_images=[second])
+    out = decode(ovis.prepare_page(buf.getvalue()))
+    assert out.size == (300, 400) and out.getpixel((5, 5)) == (255, 255, 255)
+
+
+def test_exif_rotated_jpeg_is_turned_upright():
+    img = Image.new("RGB", (400, 200), (255, 255, 255))
+    img.paste((0, 0, 0), (0, 0, 50, 50))
+    exif = Image.Exif()
+    exif[0x0112] = 6  # rotate 90 degrees clockwise to display
+    raw = encode(img, "JPEG", exif=exif.tobytes())
+    page = ovis.prepare_page(raw)
+    assert not page.passthrough
+    assert decode(page).size == (200, 400)
+
+
+def test_page_above_the_bound_is_resized_to_the_processors_grid():
+    img = Image.new("RGB", (4000, 3000), (250, 250, 250))
+    page = ovis.prepare_page(encode(img, "JPEG", quality=80))
+    w, h = decode(page).size
+    assert (w, h) == ovis.target_size(4000, 3000)
+    assert w * h <= ovis.MAX_PIXELS and w % 32 == 0 and h % 32 == 0
+    assert abs(w / h - 4000 / 3000) < 0.02
+    assert page.mime == "image/jpeg"
+
+
+def test_small_page_is_never_upscaled():
+    raw = encode(Image.new("RGB", (100, 80), (255, 255, 255)), "PNG")
+    assert decode(ovis.prepare_page(raw)).size == (100, 80)
+
+
+def _png_header_only(width: int, height: int) -> bytes:
+    """A PNG that claims a huge size: the shape of a decompression bomb."""
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
+    idat = zlib.compress(b"\0" * 64)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", idat) + chunk(b"IEND", b"")
+
+
+@pytest.mark.parametrize("cell, message", [
+    (None, "missing image"),
+    (b"", "empty image bytes"),
+    ({"bytes": None, "path": None}, "missing image"),
+    (b"this is not an image at all", "cannot decode"),
+    (page_image(5, fmt="JPEG")[:3000], "cannot decode"),  # truncated JPEG
+    (page_image(6, fmt="PNG")[:2000], "cannot decode"),  # truncated PNG
+    (_png_header_only(30000, 30000), "decompression bomb"),
+    ({"bytes": None, "path": "/nonexistent/page.png"}, "cannot read image file"),
+    (12345, "unsupported image cell"),
+])
+def test_bad_cells_raise_page_error(cell, message):
+    with pytest.raises(ovis.PageError, match=message):
+        ovis.prepare_page(cell)
+
+
+@pytest.mark.parametrize("script", SERVER_SCRIPTS)
+def test_request_body_splices_the_page_exactly(script):
+    import base64
+    import json
+
+    module = load_script(script)
+    raw = page_image(7, fmt="JPEG")
+    page = module.PreparedPage(raw, "image/jpeg", 640, 820, True)
+
+    class Args:
+        max_tokens = 123
+        mode = getattr(module, "DEFAULT_MODE", None)
+        prompt = None
+        prompt_mode = getattr(module, "DEFAULT_PROMPT_MODE", None)
+        no_fork = False
+    body = json.loads(module.request_body(page, "served-name", Args()))
+    assert body["model"] == "served-name"
+    urls = [part["image_url"]["url"] for m in body["messages"] for part in m["content"]
+            if part["type"] == "image_url"]
+    assert len(urls) == 1
+    header, b64 = urls[0].split(",", 1)
+    assert header == "data:image/jpeg;base64" and base64.b64decode(b64) == raw

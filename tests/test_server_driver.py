@@ -1,0 +1,514 @@
+"""Every server script's driver, end to end against the stub server: input kinds, output layout,
+ordering, bad cells, resume, faults, the server life cycle, Hub output through a seam.
+
+The stub answers each page with text derived from the exact image bytes it received, so these
+tests can check that every row carries its own page's answer. That the scripts work with vLLM
+itself is proven by test_engine.py, on the real engine.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from conftest import (ROOT, SERVER_SCRIPTS, fake_vllm_env, free_port, load_output, load_script,
+                      page_image, run_script, wait_port, write_image_folder, write_parquet_dataset)
+
+sys.path.insert(0, str(ROOT / "tests"))
+from stub_server import page_text  # noqa: E402
+
+OVIS = "ovis-ocr2-server.py"
+
+
+def expected_text(raw: bytes) -> str:
+    return page_text(raw, decode=True)[0]
+
+
+def common(stub, *extra):
+    return ["--server", stub.url, "--part-rows", "5", "--request-timeout", "20", *extra]
+
+
+def test_image_folder_round_trip_keeps_order_and_sends_the_models_request(tmp_path, stub_server):
+    stub = stub_server("--latency", "0.02")
+    paths = write_image_folder(tmp_path / "in", 23)
+    stats_path = tmp_path / "stats.json"
+    run = run_script(OVIS, str(tmp_path / "in"), str(tmp_path / "out"),
+                     *common(stub, "--concurrency", "6", "--stats-json", str(stats_path)))
+    assert run.returncode == 0, run.stderr
+    ds = load_output(tmp_path / "out")
+    assert ds.num_rows == 23
+    assert ds["file_name"] == [p.name for p in paths]
+    assert ds["markdown"] == [expected_text(p.read_bytes()) for p in paths]
+    assert ds["markdown_error"] == [None] * 23
+    assert set(ds["markdown_finish_reason"]) == {"stop"}
+    cell = ds[0]["image"]  # images embedded, not left as local paths
+    assert cell["bytes"] == paths[0].read_bytes() and cell["path"] == paths[0].name
+    assert (tmp_path / "out" / "README.md").exists()
+    stats = json.loads(stats_path.read_text())
+    for key in ("rows_total", "rows_ok", "rows_failed", "rows_skipped", "elapsed_s",
+                "pages_per_s", "pages_per_s_steady", "completion_tokens_per_s", "latency_p50_s",
+                "latency_p95_s", "peak_in_flight", "peak_rss_bytes", "server_startup_s",
+                "vllm_version"):
+        assert key in stats
+    assert stats["rows_ok"] == 23 and stats["peak_in_flight"] <= 6
+    module = load_script(OVIS)
+    requests = stub.requests()
+    assert len(requests) == 23
+    for request in requests:
+        assert request["texts"] == [module.PROMPT]
+        assert request["temperature"] == 0.0
+        assert request["max_tokens"] == module.DEFAULT_MAX_TOKENS
+        assert request["chat_template_kwargs"] == {"enable_thinking": False}
+    info = json.loads(ds[0]["inference_info"])
+    assert len(info) == 1 and info[0]["model"] == module.MODEL_ID
+    assert info[0]["image_tag"] == f"vllm/vllm-openai:{module.IMAGE_TAG}"
+
+
+def _unusual_and_bad_cells() -> tuple[list, list[bool]]:
+    import numpy as np
+
+    def enc(img, fmt):
+        out = io.BytesIO()
+        img.save(out, format=fmt)
+        return out.getvalue()
+
+    base = Image.open(io.BytesIO(page_image(11)))
+    ramp = Image.fromarray((np.linspace(0, 65535, 256 * 256).reshape(256, 256)).astype(np.uint16))
+    cells = [
+        page_image(1, fmt="JPEG"),               # fine, sent as is
+        None,                                    # missing cell
+        enc(base.convert("CMYK"), "JPEG"),       # CMYK
+        b"",                                     # empty bytes
+        enc(ramp, "PNG"),                        # 16-bit grayscale
+        b"GIF89a not really",                    # undecodable
+        enc(base.convert("P"), "PNG"),           # palette
+        page_image(2, fmt="JPEG")[:2500],        # truncated
+        enc(base.convert("RGBA"), "PNG"),        # alpha
+        enc(base.convert("L"), "PNG"),           # grayscale
+    ]
+    ok = [True, False, True, False, True, False, True, False, True, True]
+    return cells, ok
+
+
+def test_bad_cells_become_error_rows_and_unusual_images_are_ocrd(tmp_path, stub_server):
+    stub = stub_server()  # answers 500 to any non-RGB image, like vLLM's loader
+    cells, ok = _unusual_and_bad_cells()
+    write_parquet_dataset(tmp_path / "in", cells)
+    run = run_script(OVIS, str(tmp_path / "in" / "input.parquet"), str(tmp_path / "out"),
+                     *common(stub, "--max-retries", "0"))
+    assert run.returncode == 0, run.stderr
+    ds = load_output(tmp_path / "out")
+    assert ds["row_id"] == list(range(len(cells)))
+    for row, good in zip(ds, ok):
+        if good:
+            assert row["markdown"] and row["markdown_error"] is None, row["markdown_error"]
+        else:
+            assert row["markdown"] is None and row["markdown_error"], row
+    assert "missing image" in ds[1]["markdown_error"]
+    assert "empty image" in ds[3]["markdown_error"]
+
+
+@pytest.mark.parametrize("kind", ["save_to_disk", "parquet_folder"])
+def test_other_local_input_kinds(tmp_path, stub_server, kind):
+    import datasets
+
+    stub = stub_server()
+    cells = [page_image(i, fmt="JPEG") for i in range(6)]
+    parquet = write_parquet_dataset(tmp_path / "pq", cells)
+    if kind == "save_to_disk":
+        source = tmp_path / "saved"
+        datasets.load_dataset("parquet", data_files=str(parquet), split="train").save_to_disk(str(source))
+    else:
+        source = tmp_path / "pq"
+    run = run_script(OVIS, str(source), str(tmp_path / "out"), *common(stub))
+    assert run.returncode == 0, run.stderr
+    ds = load_output(tmp_path / "out")
+    assert ds["markdown"] == [expected_text(c) for c in cells]
+
+
+def test_missing_image_column_lists_the_columns(tmp_path, stub_server):
+    stub = stub_server()
+    write_parquet_dataset(tmp_path / "in", [page_image(0)], extra={"caption": ["x"]})
+    run = run_script(OVIS, str(tmp_path / "in"), str(tmp_path / "out"),
+                     *common(stub, "--image-column", "page"))
+    assert run.returncode == 2
+    assert "image, row_id, caption" in run.stderr and "image-typed: image" in run.stderr
+    assert stub.requests() == []
+
+
+def test_output_column_clash_fails_before_inference_unless_overwrite(tmp_path, stub_server):
+    stub = stub_server()
+    write_parquet_dataset(tmp_path / "in", [page_image(0), page_image(1)],
+                          extra={"markdown": ["old", "old"]})
+    run = run_script(OVIS, str(tmp_path / "in"), str(tmp_path / "out"), *common(stub))
+    assert run.returncode == 2 and "--overwrite" in run.stderr
+    assert stub.requests() == []
+    run = run_script(OVIS, str(tmp_path / "in"), str(tmp_path / "out"), *common(stub, "--overwrite"))
+    assert run.returncode == 0, run.stderr
+    assert load_output(tmp_path / "out")["markdown"][0].startswith("# Page")
+
+
+def test_a_second_model_run_appends_to_inference_info(tmp_path, stub_server):
+    stub = stub_server()
+    write_image_folder(tmp_path / "in", 3)
+    first = run_script(OVIS, str(tmp_path / "in"), str(tmp_path / "one"), *common(stub))
+    assert first.returncode == 0, first.stderr
+    second = run_script(OVIS, str(tmp_path / "one"), str(tmp_path / "two"),
+                        *common(stub, "--output-column", "markdown_b"))
+    assert second.returncode == 0, second.stderr
+    ds = load_output(tmp_path / "two")
+    assert ds["markdown"] == ds["markdown_b"]
+    info = json.loads(ds[0]["inference_info"])
+    assert [entry["column"] for entry in info] == ["markdown", "markdown_b"]
+
+
+@pytest.mark.parametrize("output", ["not a repo", "a/b/c", "out"])
+def test_an_output_that_is_neither_path_nor_repo_exits_2(tmp_path, output):
+    run = run_script(OVIS, str(tmp_path), output, "--server", "http://127.0.0.1:9")
+    if output == "out":  # a bare name is a valid-looking repo id? no: it has no namespace
+        assert run.returncode == 2 and "./out" in run.stderr
+    else:
+        assert run.returncode == 2 and "local folder" in run.stderr
+
+
+def test_resume_after_a_kill_skips_written_rows_without_redoing_them(tmp_path, stub_server):
+    stub = stub_server("--latency", "0.15")
+    paths = write_image_folder(tmp_path / "in", 40)
+    args = [str(ROOT / OVIS), str(tmp_path / "in"), str(tmp_path / "out"),
+            *common(stub, "--concurrency", "4")]
+    process = subprocess.Popen([sys.executable, *args], stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while len(list((tmp_path / "out" / "data").glob("part-*.parquet"))) < 2:
+        assert time.monotonic() < deadline and process.poll() is None
+        time.sleep(0.05)
+    process.kill()
+    process.wait()
+    sent_before = len(stub.requests())
+    stats = tmp_path / "stats.json"
+    run = run_script(OVIS, *args[1:], "--stats-json", str(stats))
+    assert run.returncode == 0, run.stderr
+    result = json.loads(stats.read_text())
+    assert result["rows_skipped"] >= 10
+    assert len(stub.requests()) - sent_before == 40 - result["rows_skipped"]
+    ds = load_output(tmp_path / "out")
+    assert ds["file_name"] == [p.name for p in paths]  # every row once, in order
+    assert ds["markdown"] == [expected_text(p.read_bytes()) for p in paths]
+
+
+def test_sharded_runs_write_disjoint_parts_of_one_output(tmp_path, stub_server):
+    stub = stub_server()
+    paths = write_image_folder(tmp_path / "in", 17)
+    for shard in range(3):
+        run = run_script(OVIS, str(tmp_path / "in"), str(tmp_path / "out"),
+                         *common(stub, "--num-shards", "3", "--shard-index", str(shard)))
+        assert run.returncode == 0, run.stderr
+    ds = load_output(tmp_path / "out")
+    assert ds["file_name"] == [p.name for p in paths]
+
+
+def test_max_samples_and_shuffle(tmp_path, stub_server):
+    stub = stub_server()
+    write_image_folder(tmp_path / "in", 12)
+    run = run_script(OVIS, str(tmp_path / "in"), str(tmp_path / "out"),
+                     *common(stub, "--shuffle", "--seed", "3", "--max-samples", "5"))
+    assert run.returncode == 0, run.stderr
+    names = load_output(tmp_path / "out")["file_name"]
+    assert len(names) == 5 and names != sorted(names)
+
+
+@pytest.mark.parametrize("fault, expect_ok", [
+    (["--fail-first", "6"], 8),          # 500s: retried
+    (["--fail-every", "3"], 8),          # 503s: retried
+    (["--hang-first", "2", "--hang-seconds", "5"], 8),  # timeouts: retried
+])
+def test_transient_faults_are_retried(tmp_path, stub_server, fault, expect_ok):
+    stub = stub_server(*fault)
+    write_image_folder(tmp_path / "in", 8)
+    run = run_script(OVIS, str(tmp_path / "in"), str(tmp_path / "out"),
+                     *common(stub, "--request-timeout", "1.5", "--max-retries", "6"))
+    assert run.returncode == 0, run.stderr
+    ds = load_output(tmp_path / "out")
+    assert sum(e is None for e in ds["markdown_error"]) == expect_ok
+
+
+def test_a_400_is_not_retried_and_its_text_lands_in_the_row(tmp_path, stub_server):
+    import hashlib
+
+    paths = write_image_folder(tmp_path / "in", 5)
+    refused = hashlib.sha1(paths[2].read_bytes()).hexdigest()[:12]
+    stub = stub_server("--reject-digest", refused)
+    run = run_script(OVIS, str(tmp_path / "in"), str(tmp_path / "out"), *common(stub))
+    assert run.returncode == 0, run.stderr
+    ds = load_output(tmp_path / "out")
+    assert ds["markdown"][2] is None and "HTTP 400" in ds["markdown_error"][2]
+    assert "this page is refused" in ds["markdown_error"][2]
+    assert sum(e is None for e in ds["markdown_error"]) == 4
+    assert len(stub.requests()) == 5  # one try for the refused page
+
+
+def test_timeouts_that_never_end_become_error_rows(tmp_path, stub_server):
+    stub = stub_server("--hang-first", "1000", "--hang-seconds", "5")
+    write_image_folder(tmp_path / "in", 3)
+    run = run_script(OVIS, str(tmp_path / "in"), str(tmp_path / "out"),
+                     *common(stub, "--request-timeout", "0.5", "--max-retries", "1"))
+    assert run.returncode == 0, run.stderr
+    ds = load_output(tmp_path / "out")
+    assert all("timed out" in e for e in ds["markdown_error"])
+
+
+def test_a_remote_server_that_stays_down_ends_the_run_with_finished_rows_saved(tmp_path, stub_server):
+    stub = stub_server("--die-after", "10")
+    paths = write_image_folder(tmp_path / "in", 30)
+    args = [str(tmp_path / "in"), str(tmp_path / "out"), "--no-spawn", "--server-down-timeout", "2",
+            *common(stub, "--concurrency", "2", "--part-rows", "100")]
+    run = run_script(OVIS, *args)
+    assert run.returncode == 3, run.stderr
+    assert "stopped answering" in run.stderr
+    saved = load_output(tmp_path / "out")
+    assert 8 <= saved.num_rows <= 10
+    assert all(e is None for e in saved["markdown_error"])
+    revived = stub_server(port=stub.port)
+    assert revived.port == stub.port
+    run = run_script(OVIS, *args)
+    assert run.returncode == 0, run.stderr
+    ds = load_output(tmp_path / "out")
+    assert ds["file_name"] == [p.name for p in paths]
+    assert all(e is None for e in ds["markdown_error"])
+
+
+def test_a_slow_health_endpoint_is_waited_for(tmp_path, stub_server):
+    stub = stub_server("--health-delay", "3")
+    write_image_folder(tmp_path / "in", 3)
+    run = run_script(OVIS, str(tmp_path / "in"), str(tmp_path / "out"), *common(stub))
+    assert run.returncode == 0, run.stderr
+    assert "waiting" in run.stderr
+    assert load_output(tmp_path / "out").num_rows == 3
+
+
+def test_spawns_vllm_serve_with_the_scripts_flags_and_stops_it(tmp_path):
+    port = free_port()
+    env = fake_vllm_env(tmp_path)
+    write_image_folder(tmp_path / "in", 4)
+    run = run_script(OVIS, str(tmp_path / "in"), str(tmp_path / "out"),
+                     "--server", f"http://127.0.0.1:{port}",
+                     "--serve-args", "--max-num-seqs 64 --max-model-len 30000", env=env)
+    assert run.returncode == 0, run.stderr
+    invocations = (tmp_path / "fake-vllm.log").read_text().splitlines()
+    assert len(invocations) == 1
+    module = load_script(OVIS)
+    expected = ["serve", module.MODEL_ID, "--host", "127.0.0.1", "--port", str(port),
+                *module.SERVE_ARGS, "--max-num-seqs", "64", "--max-model-len", "30000"]
+    assert invocations[0] == " ".join(expected)
+    with pytest.raises(OSError):  # the spawned server's whole process group is gone
+        wait_port(port, timeout=0.5)
+    stats = load_output(tmp_path / "out")
+    assert stats.num_rows == 4
+
+
+def test_a_spawned_server_that_dies_is_restarted_and_its_pages_sent_again(tmp_path):
+    port = free_port()
+    env = fake_vllm_env(tmp_path, stub_args="--die-after 7")
+    paths = write_image_folder(tmp_path / "in", 16)
+    run = run_script(OVIS, str(tmp_path / "in"), str(tmp_path / "out"),
+                     "--server", f"http://127.0.0.1:{port}", "--concurrency", "3", env=env)
+    assert run.returncode == 0, run.stderr
+    assert "restart 1/3" in run.stderr
+    assert len((tmp_path / "fake-vllm.log").read_text().splitlines()) >= 3
+    ds = load_output(tmp_path / "out")
+    assert ds["markdown"] == [expected_text(p.read_bytes()) for p in paths]
+
+
+def test_does_not_start_a_second_server_while_one_is_booting(tmp_path):
+    port = free_port()
+    env = fake_vllm_env(tmp_path)
+    booting = subprocess.Popen(
+        [str(ROOT / "tests" / "fake_vllm" / "vllm"), "serve", "ATH-MaaS/OvisOCR2", "--port",
+         str(port), "--start-delay", "4"],
+        env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True)
+    try:
+        time.sleep(0.5)
+        write_image_folder(tmp_path / "in", 3)
+        run = run_script(OVIS, str(tmp_path / "in"), str(tmp_path / "out"),
+                         "--server", f"http://127.0.0.1:{port}", env=env)
+        assert run.returncode == 0, run.stderr
+        assert "waiting for it instead of starting another" in run.stderr
+        assert len((tmp_path / "fake-vllm.log").read_text().splitlines()) == 1
+    finally:
+        os.killpg(booting.pid, signal.SIGKILL)
+        booting.wait()
+
+
+def test_without_vllm_and_without_a_server_it_exits_2_with_the_jobs_command(tmp_path):
+    write_image_folder(tmp_path / "in", 2)
+    port = free_port()
+    started = time.monotonic()
+    run = run_script(OVIS, str(tmp_path / "in"), str(tmp_path / "out"),
+                     "--server", f"http://127.0.0.1:{port}",
+                     env={"PATH": "/usr/bin:/bin"})
+    assert run.returncode == 2
+    assert time.monotonic() - started < 30
+    module = load_script(OVIS)
+    assert f"hf jobs uv run --image vllm/vllm-openai:{module.IMAGE_TAG}" in run.stderr
+    assert "--server URL" in run.stderr and "pip install vllm" in run.stderr
+
+
+def test_a_server_with_another_model_is_refused(tmp_path, stub_server):
+    stub = stub_server("--model", "someone/else")
+    write_image_folder(tmp_path / "in", 2)
+    run = run_script(OVIS, str(tmp_path / "in"), str(tmp_path / "out"), *common(stub))
+    assert run.returncode == 2 and "serves someone/else, not ATH-MaaS/OvisOCR2" in run.stderr
+
+
+def test_a_context_budget_that_would_400_every_page_is_refused(tmp_path, stub_server):
+    stub = stub_server("--max-model-len", "20000")
+    write_image_folder(tmp_path / "in", 2)
+    run = run_script(OVIS, str(tmp_path / "in"), str(tmp_path / "out"), *common(stub))
+    assert run.returncode == 2 and "max_model_len 20000" in run.stderr
+    assert stub.requests() == []
+    run = run_script(OVIS, str(tmp_path / "in"), str(tmp_path / "out"),
+                     *common(stub, "--max-tokens", "8000"))
+    assert run.returncode == 0, run.stderr
+
+
+def test_degenerate_output_stops_the_run_and_writes_nothing(tmp_path, stub_server):
+    stub = stub_server("--degenerate")
+    write_image_folder(tmp_path / "in", 12)
+    run = run_script(OVIS, str(tmp_path / "in"), str(tmp_path / "out"), *common(stub))
+    assert run.returncode == 3
+    assert "degenerate" in run.stderr and "vllm/vllm-openai:" in run.stderr
+    assert not list((tmp_path / "out" / "data").glob("*.parquet"))
+    run = run_script(OVIS, str(tmp_path / "in"), str(tmp_path / "out"),
+                     *common(stub, "--no-sanity-check"))
+    assert run.returncode == 0, run.stderr
+    assert load_output(tmp_path / "out").num_rows == 12
+
+
+def test_api_key_is_sent_and_never_written(tmp_path, stub_server):
+    stub = stub_server("--api-key", "sekrit-token-123")
+    write_image_folder(tmp_path / "in", 2)
+    run = run_script(OVIS, str(tmp_path / "in"), str(tmp_path / "out"),
+                     *common(stub, "--api-key", "sekrit-token-123"))
+    assert run.returncode == 0, run.stderr
+    assert "sekrit" not in run.stderr + run.stdout
+    assert "sekrit" not in (tmp_path / "out" / "README.md").read_text()
+    assert "sekrit" not in "".join(load_output(tmp_path / "out")["inference_info"])
+
+
+def test_sigterm_keeps_finished_rows_and_stops_the_spawned_server(tmp_path):
+    port = free_port()
+    env = {**os.environ, **fake_vllm_env(tmp_path, stub_args="--latency 0.3")}
+    write_image_folder(tmp_path / "in", 40)
+    process = subprocess.Popen(
+        [sys.executable, str(ROOT / OVIS), str(tmp_path / "in"), str(tmp_path / "out"),
+         "--server", f"http://127.0.0.1:{port}", "--concurrency", "2", "--part-rows", "1000"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    log = tmp_path / "stub-requests"
+    while True:  # wait until some pages are answered
+        assert time.monotonic() < deadline
+        time.sleep(0.3)
+        try:
+            wait_port(port, timeout=0.1)
+            break
+        except TimeoutError:
+            continue
+    time.sleep(2.0)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130, stderr
+    ds = load_output(tmp_path / "out")
+    assert 1 <= ds.num_rows < 40 and all(e is None for e in ds["markdown_error"])
+    with pytest.raises(TimeoutError):
+        wait_port(port, timeout=0.5)
+    del log
+
+
+class FakeHub:
+    """The HfApi calls the store makes, against a folder; fails uploads on demand."""
+
+    def __init__(self, root: Path, fail_uploads: bool = False):
+        self.root, self.fail_uploads, self.calls = root, fail_uploads, []
+
+    def create_repo(self, repo_id, repo_type=None, private=None, exist_ok=False):
+        self.calls.append(("create_repo", repo_id, private))
+        (self.root / repo_id).mkdir(parents=True, exist_ok=True)
+
+    def list_repo_files(self, repo_id, repo_type=None):
+        base = self.root / repo_id
+        return [str(p.relative_to(base)) for p in base.rglob("*") if p.is_file()]
+
+    def upload_file(self, path_or_fileobj, path_in_repo, repo_id, repo_type=None, commit_message=None):
+        if self.fail_uploads:
+            raise ConnectionError("hub unreachable (injected)")
+        target = self.root / repo_id / path_in_repo
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(path_or_fileobj, target)
+        self.calls.append(("upload_file", path_in_repo))
+
+
+def test_hub_output_uploads_parts_and_card_and_resumes_from_the_repo(tmp_path, stub_server, capsys):
+    stub = stub_server()
+    paths = write_image_folder(tmp_path / "in", 9)
+    hub = FakeHub(tmp_path / "hub")
+    module = load_script(OVIS)
+    argv = [str(tmp_path / "in"), "user/ocr-out", "--private", "--work-dir", str(tmp_path / "stage1"),
+            *common(stub, "--part-rows", "4")]
+    assert module.main(argv, hub_api=hub) == 0
+    assert ("create_repo", "user/ocr-out", True) in hub.calls
+    uploaded = [c[1] for c in hub.calls if c[0] == "upload_file"]
+    assert "README.md" in uploaded and sum(u.startswith("data/part-") for u in uploaded) >= 2
+    ds = load_output(tmp_path / "hub" / "user/ocr-out")
+    assert ds["file_name"] == [p.name for p in paths]
+    # a Job that starts afresh (empty staging folder) resumes from the repo: nothing is redone
+    before = len(stub.requests())
+    argv2 = [a if a != str(tmp_path / "stage1") else str(tmp_path / "stage2") for a in argv]
+    assert module.main(argv2 + ["--stats-json", str(tmp_path / "s.json")], hub_api=hub) == 0
+    assert len(stub.requests()) == before
+    assert json.loads((tmp_path / "s.json").read_text())["rows_skipped"] == 9
+
+
+def test_a_failed_upload_leaves_parts_on_disk_and_says_how_to_send_them(tmp_path, stub_server,
+                                                                       capsys, monkeypatch):
+    stub = stub_server()
+    write_image_folder(tmp_path / "in", 4)
+    module = load_script(OVIS)
+    monkeypatch.setattr(module, "UPLOAD_ATTEMPTS", 2)
+    monkeypatch.setattr(module, "UPLOAD_BACKOFF_S", 0.01)
+    hub = FakeHub(tmp_path / "hub", fail_uploads=True)
+    stage = tmp_path / "stage"
+    argv = [str(tmp_path / "in"), "user/ocr-out", "--work-dir", str(stage), *common(stub)]
+    assert module.main(argv, hub_api=hub) == 0
+    err = capsys.readouterr().err
+    assert "hf upload user/ocr-out" in err
+    local_parts = list((stage / "user__ocr-out" / "data").glob("part-*.parquet"))
+    assert local_parts
+    # the rerun, with the Hub back, uploads what was left behind and redoes nothing
+    hub.fail_uploads = False
+    before = len(stub.requests())
+    assert module.main(argv, hub_api=hub) == 0
+    assert len(stub.requests()) == before
+    assert load_output(tmp_path / "hub" / "user/ocr-out").num_rows == 4
+
+
+@pytest.mark.parametrize("script", SERVER_SCRIPTS)
+def test_every_server_script_runs_against_the_stub(tmp_path, stub_server, script):
+    module = load_script(script)
+    stub = stub_server("--model", module.MODEL_ID)
+    paths = write_image_folder(tmp_path / "in", 5, fmt="JPEG")
+    run = run_script(script, str(tmp_path / "in"), str(tmp_path / "out"), *common(stub),
+                     "--max-tokens", "1000", "--no-sanity-check")
+    assert run.returncode == 0, run.stderr
+    ds = load_output(tmp_path / "out")
+    assert ds.num_rows == len(paths) and all(e is None for e in ds["markdown_error"])
