@@ -1,0 +1,178 @@
+"""Build tiny random-weight checkpoints of the scripts' real architectures, for the engine tests.
+
+    ENGINE_PYTHON tests/tiny_models.py qwen3_5 OUT_DIR
+    ENGINE_PYTHON tests/tiny_models.py qwen2_vl OUT_DIR
+
+Runs inside the CPU vLLM environment (it needs torch and transformers). No weights can be
+downloaded here, so each checkpoint is a config + random init + save_pretrained, a byte-level
+BPE tokenizer trained on a few sentences with the architecture's special tokens, a chat
+template, and the image processor's config. Random weights are scaled up so that different
+pages give different text (the engine tests assert it).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>",
+                  "<|vision_end|>", "<|image_pad|>", "<|video_pad|>", "<think>", "</think>",
+                  "<td>", "</td>"]
+
+# Qwen-style chat template: image parts become vision tokens; `enable_thinking=False` closes
+# an empty think block, as the real Qwen3.5 template does.
+CHAT_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "<|im_start|>{{ message['role'] }}\n"
+    "{%- if message['content'] is string -%}{{ message['content'] }}"
+    "{%- else -%}{%- for part in message['content'] -%}"
+    "{%- if part['type'] in ['image', 'image_url'] -%}<|vision_start|><|image_pad|><|vision_end|>"
+    "{%- elif part['type'] == 'text' -%}{{ part['text'] }}{%- endif -%}"
+    "{%- endfor -%}{%- endif -%}<|im_end|>\n"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}<|im_start|>assistant\n"
+    "{%- if enable_thinking is defined and enable_thinking is false -%}<think>\n\n</think>\n\n"
+    "{%- endif -%}{%- endif -%}"
+)
+
+CORPUS = [
+    "Extract all readable content from the image in natural human reading order.",
+    "Convert the document to markdown. OCR this image. Free OCR. Parse the figure.",
+    "# Title\n\nA paragraph of text with numbers 0123456789 and a table <table><tr><td>1</td></tr></table>.",
+    "document parsing with fork. document parsing. grounding",
+    "The quick brown fox jumps over the lazy dog. $E = mc^2$ and \\frac{a}{b}.",
+]
+
+
+def build_tokenizer(out: Path, vocab_size: int = 400):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(CORPUS * 20, trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>",
+                                   pad_token="<|endoftext|>", unk_token=None)
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(out)
+    return fast
+
+
+def scale_weights(model, factor: float, seed: int) -> None:
+    """Random weights, but large enough that the output depends on the input."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if param.dim() >= 2:
+                param.copy_(torch.randn(param.shape, generator=generator) * factor / param.shape[-1] ** 0.5)
+
+
+def image_processor_config(processor_class: str, patch: int, merge: int) -> dict:
+    return {
+        "image_processor_type": "Qwen2VLImageProcessor", "processor_class": processor_class,
+        "patch_size": patch, "merge_size": merge, "temporal_patch_size": 2,
+        "min_pixels": 56 * 56, "max_pixels": 2880 * 2880,
+        "size": {"shortest_edge": 56 * 56, "longest_edge": 2880 * 2880},
+        "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5],
+        "do_resize": True, "do_rescale": True, "do_normalize": True, "do_convert_rgb": True,
+        "resample": 3, "rescale_factor": 1 / 255,
+    }
+
+
+def build_qwen3_5(out: Path, seed: int = 0, scale: float = 4.0) -> None:
+    """Qwen3_5ForConditionalGeneration: the architecture of OvisOCR2 and LightOnOCR-3-0.8B."""
+    import torch
+    from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
+
+    out.mkdir(parents=True, exist_ok=True)
+    tok = build_tokenizer(out)
+    ids = {t: tok.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
+    vocab = len(tok)
+    text = {
+        "vocab_size": vocab, "hidden_size": 64, "intermediate_size": 128,
+        "num_hidden_layers": 2, "layer_types": ["linear_attention", "full_attention"],
+        "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 64,
+        "linear_key_head_dim": 128, "linear_value_head_dim": 128,
+        "linear_num_key_heads": 1, "linear_num_value_heads": 1, "linear_conv_kernel_dim": 4,
+        "max_position_embeddings": 32768,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                            "partial_rotary_factor": 0.25, "mrope_section": [2, 3, 3],
+                            "mrope_interleaved": True},
+        "eos_token_id": ids["<|im_end|>"], "pad_token_id": ids["<|endoftext|>"],
+        "tie_word_embeddings": False, "dtype": "float32",
+    }
+    vision = {"depth": 1, "hidden_size": 64, "intermediate_size": 128, "num_heads": 2,
+              "patch_size": 16, "spatial_merge_size": 2, "temporal_patch_size": 2,
+              "out_hidden_size": 64, "num_position_embeddings": 2304}
+    config = Qwen3_5Config(text_config=text, vision_config=vision,
+                           image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+                           vision_start_token_id=ids["<|vision_start|>"],
+                           vision_end_token_id=ids["<|vision_end|>"], tie_word_embeddings=False)
+    config.dtype = "float32"
+    torch.manual_seed(seed)
+    model = Qwen3_5ForConditionalGeneration(config)
+    scale_weights(model, scale, seed)
+    model.save_pretrained(out, safe_serialization=True)
+    (out / "preprocessor_config.json").write_text(
+        json.dumps(image_processor_config("Qwen3VLProcessor", 16, 2), indent=2))
+    (out / "video_preprocessor_config.json").write_text(json.dumps(
+        {**image_processor_config("Qwen3VLProcessor", 16, 2),
+         "video_processor_type": "Qwen3VLVideoProcessor"}, indent=2))
+    _generation_config(out, ids)
+
+
+def build_qwen2_vl(out: Path, seed: int = 0) -> None:
+    """Qwen2VLForConditionalGeneration: the stand-in where a script's own architecture cannot
+    run here (HPD-Parsing's fork, DeepSeek-OCR's payload path)."""
+    import torch
+    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
+
+    out.mkdir(parents=True, exist_ok=True)
+    tok = build_tokenizer(out)
+    ids = {t: tok.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
+    text = {"vocab_size": len(tok), "hidden_size": 64, "intermediate_size": 128,
+            "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1,
+            "max_position_embeddings": 32768,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                                "mrope_section": [8, 12, 12]},
+            "eos_token_id": ids["<|im_end|>"], "pad_token_id": ids["<|endoftext|>"],
+            "bos_token_id": None}
+    vision = {"depth": 1, "embed_dim": 64, "hidden_size": 64, "num_heads": 2, "mlp_ratio": 2,
+              "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2}
+    config = Qwen2VLConfig(text_config=text, vision_config=vision,
+                           image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+                           vision_start_token_id=ids["<|vision_start|>"],
+                           vision_end_token_id=ids["<|vision_end|>"], tie_word_embeddings=False)
+    config.dtype = "float32"
+    torch.manual_seed(seed)
+    model = Qwen2VLForConditionalGeneration(config)
+    scale_weights(model, 4.0, seed)
+    model.save_pretrained(out, safe_serialization=True)
+    (out / "preprocessor_config.json").write_text(
+        json.dumps(image_processor_config("Qwen2VLProcessor", 14, 2), indent=2))
+    _generation_config(out, ids)
+
+
+def _generation_config(out: Path, ids: dict) -> None:
+    (out / "generation_config.json").write_text(json.dumps(
+        {"eos_token_id": ids["<|im_end|>"], "pad_token_id": ids["<|endoftext|>"]}))
+
+
+BUILDERS = {
+    "qwen3_5": build_qwen3_5,
+    # small weights: the logits barely depend on the input, so every page comes back as one
+    # token over and over: a real degenerate engine for the degenerate-output check
+    "qwen3_5_flat": lambda out: build_qwen3_5(out, scale=0.02),
+    "qwen2_vl": build_qwen2_vl,
+}
+
+if __name__ == "__main__":
+    kind, target = sys.argv[1], Path(sys.argv[2])
+    BUILDERS[kind](target)
+    print(target)
