@@ -143,7 +143,7 @@ def postprocess(text: str, args) -> tuple[str, dict]:
     return trim_repeated_tail(text), {}
 
 
-EXTRA_COLUMNS: dict = {}  # name suffix -> datasets feature, for model-specific output columns
+EXTRA_COLUMNS: dict = {}  # column suffix -> "blocks" or "string": model-specific output columns
 
 
 def inference_settings(args) -> dict:
@@ -548,10 +548,21 @@ def output_features(source: InputSource, args):
     features[f"{column}_finish_reason"] = datasets.Value("string")
     features[f"{column}_prompt_tokens"] = datasets.Value("int32")
     features[f"{column}_completion_tokens"] = datasets.Value("int32")
-    for suffix, feature in EXTRA_COLUMNS.items():
-        features[f"{column}_{suffix}"] = feature
+    for suffix, kind in EXTRA_COLUMNS.items():
+        features[f"{column}_{suffix}"] = extra_feature(kind)
     features["inference_info"] = datasets.Value("string")
     return features
+
+
+def extra_feature(kind: str):
+    """Model-specific columns: "blocks" is layout (label, box as x1 y1 x2 y2, text), one entry
+    per block in reading order; "string" is plain text (e.g. the raw model output)."""
+    import datasets
+
+    if kind == "blocks":
+        return [{"label": datasets.Value("string"), "box": [datasets.Value("int32")],
+                 "text": datasets.Value("string")}]
+    return datasets.Value("string")
 
 
 def write_part(path: Path, source: InputSource, start: int, results: list, features,
@@ -977,6 +988,7 @@ def install_sigterm_handler() -> None:
 # build_request(), image_token_budget(); the common block provides the rest.
 import asyncio
 import base64
+import math
 import shutil
 import socket
 import subprocess
@@ -1146,7 +1158,12 @@ class ServerManager:
             command += ["--revision", MODEL_REVISION]
         if self.api_key:
             command += ["--api-key", self.api_key]
-        return command + effective_serve_args(self.args)  # --logits-processors stays last
+        serve_args = effective_serve_args(self.args)
+        if SCRIPT_SHAPE == "saturate" and serve_arg_value(serve_args, "--api-server-count") is None:
+            count = self.args.api_server_count or default_api_server_count()
+            if count > 1:
+                command += ["--api-server-count", str(count)]
+        return command + serve_args  # --logits-processors stays last
 
     def spawn(self) -> None:
         command = self.serve_command()
@@ -1293,9 +1310,164 @@ class Window:
             self._changed.notify_all()
 
 
+def available_memory_bytes() -> int:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 8 << 30
+
+
+def parse_metrics(text: str) -> dict:
+    """The vLLM gauges the window needs, summed over label sets; missing ones are absent."""
+    wanted = {"vllm:num_requests_running": "running", "vllm:num_requests_waiting": "waiting",
+              "vllm:kv_cache_usage_perc": "kv", "vllm:gpu_cache_usage_perc": "kv",
+              "vllm:prefix_cache_hits_total": "prefix_hits",
+              "vllm:prefix_cache_queries_total": "prefix_queries"}
+    out: dict = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in wanted:
+            try:
+                value = float(line.rsplit(" ", 1)[1])
+            except (IndexError, ValueError):
+                continue
+            key = wanted[name]
+            out[key] = out.get(key, 0.0) + value if key != "kv" else max(out.get(key, 0.0), value)
+    return out
+
+
+class WindowController:
+    """Adapts the window of a saturate script: it grows while the engine has no queue and
+    delivered tokens/s still rise, holds or shrinks when requests wait or the KV cache is near
+    full, never widens a window nothing has come back through, and never lets the pages in
+    flight outgrow the host-memory budget (measured bytes per page). Without the engine's
+    gauges (some vLLM versions drop them with --api-server-count > 1) it goes by delivered
+    throughput alone. Every tick is written to a telemetry file."""
+
+    def __init__(self, window: Window, stats: RunStats, args, telemetry_path: Path | None,
+                 adaptive: bool):
+        self.window, self.stats, self.args, self.adaptive = window, stats, args, adaptive
+        self.budget = int(args.max_inflight_memory * (1 << 20)) if args.max_inflight_memory \
+            else available_memory_bytes() // 4
+        self.telemetry = open(telemetry_path, "a") if telemetry_path else None
+        self.page_bytes: list[int] = []
+        self.tokens = self.pages = 0
+        self.preparing = 0
+        self.completions_since_change = 0
+        self.best_rate = 0.0
+        self.samples: list[str] = []
+        self.metrics_seen = False
+        self.prefix_hit_rate = None
+        self.input_done = False
+
+    def note_body(self, size: int) -> None:
+        self.page_bytes.append(size)
+        if len(self.page_bytes) > 256:
+            del self.page_bytes[:128]
+
+    def on_result(self, result: RowResult, latency) -> None:
+        self.tokens += result.completion_tokens or 0
+        self.pages += 1
+        self.completions_since_change += 1
+
+    def memory_cap(self) -> int:
+        """Pages the budget holds: each in flight keeps its request body, plus a margin."""
+        if not self.page_bytes:
+            return max(1, self.args.min_window)
+        per_page = statistics.mean(self.page_bytes) * 1.5 + (64 << 10)
+        return max(1, int(self.budget // per_page))
+
+    async def read_metrics(self, client, server: ServerManager) -> dict:
+        try:
+            response = await client.get(f"{server.base}/metrics", headers=server.headers, timeout=5)
+            if response.status_code == 200:
+                metrics = parse_metrics(response.text)
+                self.metrics_seen = self.metrics_seen or bool(metrics)
+                return metrics
+        except httpx.HTTPError:
+            pass
+        return {}
+
+    async def run(self, client, server: ServerManager) -> None:
+        interval = self.args.adapt_interval
+        last = time.monotonic()
+        while True:
+            await asyncio.sleep(interval)
+            now = time.monotonic()
+            dt, last = now - last, now
+            metrics = await self.read_metrics(client, server)
+            if metrics.get("prefix_queries"):
+                self.prefix_hit_rate = round(metrics.get("prefix_hits", 0.0) / metrics["prefix_queries"], 4)
+            rate, page_rate = self.tokens / dt, self.pages / dt
+            self.tokens = self.pages = 0
+            await self.tick(metrics, rate)
+            if self.telemetry:
+                self.telemetry.write(json.dumps({
+                    "t": round(now - self.stats.started, 2), "window": self.window.limit,
+                    "in_flight": self.stats.in_flight, "preparing": self.preparing,
+                    "running": metrics.get("running"), "waiting": metrics.get("waiting"),
+                    "kv_cache": metrics.get("kv"), "tokens_per_s": round(rate, 1),
+                    "pages_per_s": round(page_rate, 3), "memory_cap": self.memory_cap(),
+                    "bound_by": self.samples[-1] if self.samples else None}) + "\n")
+                self.telemetry.flush()
+
+    async def tick(self, metrics: dict, rate: float) -> None:
+        limit, cap = self.window.limit, self.memory_cap()
+        waiting, running, kv = metrics.get("waiting"), metrics.get("running") or 0, metrics.get("kv")
+        full = self.stats.in_flight >= limit * 0.9
+        if self.input_done:
+            verdict = "input"
+        elif waiting is not None and waiting > 0:
+            verdict = "engine"
+        elif full and limit >= cap:
+            verdict = "memory"
+        elif self.preparing >= max(2, self.stats.in_flight // 2):
+            verdict = "preprocessing"
+        elif not full:
+            verdict = "input"
+        else:
+            verdict = "engine" if waiting is None and rate < self.best_rate * 1.02 else "window"
+        self.samples.append(verdict)
+        if not self.adaptive:
+            return
+        new = limit
+        if limit > cap:
+            new = cap
+        elif waiting is not None and (waiting > max(4, 0.5 * running) or (kv or 0) > 0.95):
+            new = max(self.args.min_window, int(limit * 0.9))
+        elif waiting is not None and (waiting > 0 or (kv or 0) > 0.9):
+            new = limit  # the engine has a queue: more pages in flight would only wait
+        elif not full or self.completions_since_change < max(1, limit // 2):
+            new = limit  # never widen a window nothing has come back through
+        elif waiting is None and self.best_rate and rate < self.best_rate * 1.02:
+            new = limit  # no gauges: throughput has stopped rising
+        else:
+            new = min(cap, self.args.max_window, int(math.ceil(limit * 1.25)) + 2)
+        self.best_rate = max(self.best_rate, rate)
+        if new != limit:
+            self.completions_since_change = 0
+            await self.window.resize(new)
+
+    def bound_by(self) -> str | None:
+        steady = [s for s in self.samples if s != "window"] or self.samples
+        if not steady:
+            return None
+        return max(set(steady), key=steady.count).replace("window", "engine")
+
+    def close(self) -> None:
+        if self.telemetry:
+            self.telemetry.close()
+
+
 async def run_server_pipeline(source: InputSource, pending: list[int], writer: OrderedWriter,
                               stats: RunStats, args, server: ServerManager, window: Window,
-                              check: DegenerateCheck, on_progress=None) -> None:
+                              check: DegenerateCheck,
+                              controller: WindowController | None = None) -> None:
     """Start or reuse the server, then keep the window full until every pending row is done.
     On abort or interrupt, finished rows stay in `writer` for the caller to flush."""
     from tqdm import tqdm
@@ -1308,11 +1480,12 @@ async def run_server_pipeline(source: InputSource, pending: list[int], writer: O
     loop = asyncio.get_running_loop()
     write_lock = asyncio.Lock()
     failure: list[BaseException] = []
-    bar = None
+    bar = adapting = None
     async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
         try:
             await server.start(client, stats)
             writer.info_entry["vllm_version"] = server.version
+            adapting = asyncio.create_task(controller.run(client, server)) if controller else None
             bar = tqdm(total=len(pending), unit="page", dynamic_ncols=True, smoothing=0.1,
                        mininterval=0.5 if sys.stderr.isatty() else 10.0)
 
@@ -1326,9 +1499,17 @@ async def run_server_pipeline(source: InputSource, pending: list[int], writer: O
             async def one(index: int, cell) -> None:
                 latency = None
                 try:
-                    page = await loop.run_in_executor(prep_pool, prepare_page, cell)
+                    if controller:
+                        controller.preparing += 1
+                    try:
+                        page = await loop.run_in_executor(prep_pool, prepare_page, cell)
+                    finally:
+                        if controller:
+                            controller.preparing -= 1
                     body = request_body(page, server.model_name, args)
                     del page, cell
+                    if controller:
+                        controller.note_body(len(body))
                     sent = time.monotonic()
                     result = await send_page(client, server, body, args)
                     del body
@@ -1349,8 +1530,8 @@ async def run_server_pipeline(source: InputSource, pending: list[int], writer: O
                 bar.update(1)
                 if result.error is not None:
                     bar.set_postfix(errors=stats.rows_failed, refresh=False)
-                if on_progress is not None:
-                    on_progress(result, latency)
+                if controller is not None:
+                    controller.on_result(result, latency)
                 await flush_if_due()
 
             tasks: set[asyncio.Task] = set()
@@ -1363,6 +1544,8 @@ async def run_server_pipeline(source: InputSource, pending: list[int], writer: O
                 task = asyncio.create_task(one(index, cell))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
+            if controller:
+                controller.input_done = True
             while tasks and not failure:
                 await asyncio.wait(set(tasks), return_when=asyncio.FIRST_COMPLETED)
             if failure:
@@ -1373,6 +1556,10 @@ async def run_server_pipeline(source: InputSource, pending: list[int], writer: O
             check.finish()
             await flush_if_due(final=True)
         finally:
+            if controller is not None:
+                if adapting is not None:
+                    adapting.cancel()
+                controller.close()
             if bar is not None:
                 bar.close()
             prep_pool.shutdown(wait=False, cancel_futures=True)
@@ -1402,13 +1589,30 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
                        help="seconds for one page's answer (default: 900)")
     group.add_argument("--max-retries", type=int, default=4,
                        help="retries of a page after a timeout, 429 or 5xx (default: 4)")
-# ==== END SERVER HELPERS ====
+    if SCRIPT_SHAPE != "saturate":
+        group.add_argument("--concurrency", type=int, default=32,
+                           help="pages in flight at once (default: 32, the seed's setting)")
+        return
+    group = parser.add_argument_group("saturation (the window adapts to keep the engine busy)")
+    group.add_argument("--concurrency", type=int, default=None,
+                       help="a fixed window of N pages instead of the adaptive one")
+    group.add_argument("--max-inflight-memory", type=float, default=None,
+                       help="MiB of host memory that pages in flight may hold (default: a "
+                            "quarter of the memory available at start)")
+    group.add_argument("--min-window", type=int, default=8, help="smallest window (default: 8)")
+    group.add_argument("--max-window", type=int, default=1024, help="largest window (default: 1024)")
+    group.add_argument("--adapt-interval", type=float, default=2.0,
+                       help="seconds between window decisions (default: 2)")
+    group.add_argument("--api-server-count", type=int, default=None,
+                       help="API server processes of a spawned server (default: 4 on machines "
+                            "with 12 or more cores, else 1; see the docstring)")
 
 
-# ============================================================================================
-# main
-# ============================================================================================
-
+def default_api_server_count() -> int:
+    """One API server preprocesses images on one core: on big flavors (12+ vCPUs, fast GPUs)
+    it becomes the limit, and 4 gave +9% to +16% in the seed's runs; on small flavors host
+    memory binds first, and extra servers only cost memory."""
+    return 4 if (os.cpu_count() or 1) >= 12 else 1
 def info_entry_for(args, server_args) -> dict:
     return {
         "model": args.model,
@@ -1423,16 +1627,15 @@ def info_entry_for(args, server_args) -> dict:
     }
 
 
-def main(argv: list[str] | None = None, hub_api=None) -> int:
+def run_server_script(doc: str, argv: list[str] | None = None, hub_api=None) -> int:
+    """The whole run: arguments, input, engine, output. `main()` calls it with the docstring."""
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0],
-        epilog=__doc__.split("\n\n", 1)[1],
+        description=doc.split("\n\n")[0],
+        epilog=doc.split("\n\n", 1)[1],
         formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common_arguments(parser)
     add_server_arguments(parser)
-    parser.add_argument("--concurrency", type=int, default=32,
-                        help="pages in flight at once (default: 32, the seed's setting)")
     add_model_arguments(parser)
     args = parser.parse_args(argv)
     install_sigterm_handler()
@@ -1449,13 +1652,22 @@ def main(argv: list[str] | None = None, hub_api=None) -> int:
     writer = OrderedWriter(store, source, pending, output_features(source, args), info_entry, args)
     server = ServerManager(args, argv, store.root / "logs")
     check = DegenerateCheck(not args.no_sanity_check, args.sanity_pages, len(pending))
+    controller = None
+    if SCRIPT_SHAPE == "saturate":
+        window = Window(args.concurrency or args.min_window)
+        telemetry = Path(args.stats_json).expanduser().with_suffix(".telemetry.jsonl") \
+            if args.stats_json else store.root / "logs" / "telemetry.jsonl"
+        telemetry.parent.mkdir(parents=True, exist_ok=True)
+        controller = WindowController(window, stats, args, telemetry, adaptive=not args.concurrency)
+    else:
+        window = Window(args.concurrency)
     log(f"{len(pending)} of {stats.rows_total} rows to do ({stats.rows_skipped} already done) "
         f"-> {store.location()}")
     code = 0
     try:
         if pending:
             asyncio.run(run_server_pipeline(source, pending, writer, stats, args, server,
-                                            Window(args.concurrency), check))
+                                            window, check, controller))
     except RunAborted as exc:
         log(f"error: {exc}")
         code = exc.code
@@ -1466,6 +1678,10 @@ def main(argv: list[str] | None = None, hub_api=None) -> int:
         server.stop()
     if code:
         keep_finished_rows(writer, check)
+    if controller is not None:
+        stats.extra.update({"bound_by": controller.bound_by(), "window_final": window.limit,
+                            "memory_budget_bytes": controller.budget,
+                            "prefix_cache_hit_rate": controller.prefix_hit_rate})
     result = stats.as_dict()
     write_stats(result, args)
     if not check.tripped and (writer.parts_written or store.done_ranges()):
@@ -1474,6 +1690,15 @@ def main(argv: list[str] | None = None, hub_api=None) -> int:
         f"{result['rows_skipped']} skipped in {result['elapsed_s']:.1f} s "
         f"({result['pages_per_s'] or 0:.2f} pages/s) -> {store.location()}")
     return code
+# ==== END SERVER HELPERS ====
+
+
+# ============================================================================================
+# main
+# ============================================================================================
+
+def main(argv: list[str] | None = None, hub_api=None) -> int:
+    return run_server_script(__doc__, argv, hub_api)
 
 
 if __name__ == "__main__":

@@ -130,7 +130,7 @@ def postprocess(text: str, args) -> tuple[str, dict]:
     return trim_repeated_tail(text), {}
 
 
-EXTRA_COLUMNS: dict = {}  # name suffix -> datasets feature, for model-specific output columns
+EXTRA_COLUMNS: dict = {}  # column suffix -> "blocks" or "string": model-specific output columns
 
 
 def inference_settings(args) -> dict:
@@ -535,10 +535,21 @@ def output_features(source: InputSource, args):
     features[f"{column}_finish_reason"] = datasets.Value("string")
     features[f"{column}_prompt_tokens"] = datasets.Value("int32")
     features[f"{column}_completion_tokens"] = datasets.Value("int32")
-    for suffix, feature in EXTRA_COLUMNS.items():
-        features[f"{column}_{suffix}"] = feature
+    for suffix, kind in EXTRA_COLUMNS.items():
+        features[f"{column}_{suffix}"] = extra_feature(kind)
     features["inference_info"] = datasets.Value("string")
     return features
+
+
+def extra_feature(kind: str):
+    """Model-specific columns: "blocks" is layout (label, box as x1 y1 x2 y2, text), one entry
+    per block in reading order; "string" is plain text (e.g. the raw model output)."""
+    import datasets
+
+    if kind == "blocks":
+        return [{"label": datasets.Value("string"), "box": [datasets.Value("int32")],
+                 "text": datasets.Value("string")}]
+    return datasets.Value("string")
 
 
 def write_part(path: Path, source: InputSource, start: int, results: list, features,
@@ -1123,13 +1134,6 @@ def add_offline_arguments(parser: argparse.ArgumentParser) -> None:
                        help="JSON merged over the script's vllm.LLM arguments, e.g. "
                             "'{\"max_model_len\": 16384, \"tensor_parallel_size\": 2}'; "
                             "null removes one")
-# ==== END OFFLINE HELPERS ====
-
-
-# ============================================================================================
-# main
-# ============================================================================================
-
 def info_entry_for(args, llm_kwargs) -> dict:
     return {
         "model": args.model,
@@ -1144,11 +1148,12 @@ def info_entry_for(args, llm_kwargs) -> dict:
     }
 
 
-def main(argv: list[str] | None = None, hub_api=None) -> int:
+def run_offline_script(doc: str, argv: list[str] | None = None, hub_api=None) -> int:
+    """The whole run: arguments, input, engine, output. `main()` calls it with the docstring."""
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0],
-        epilog=__doc__.split("\n\n", 1)[1],
+        description=doc.split("\n\n")[0],
+        epilog=doc.split("\n\n", 1)[1],
         formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common_arguments(parser)
     add_offline_arguments(parser)
@@ -1205,6 +1210,15 @@ def main(argv: list[str] | None = None, hub_api=None) -> int:
         f"{result['rows_skipped']} skipped in {result['elapsed_s']:.1f} s "
         f"({result['pages_per_s'] or 0:.2f} pages/s) -> {store.location()}")
     return code
+# ==== END OFFLINE HELPERS ====
+
+
+# ============================================================================================
+# main
+# ============================================================================================
+
+def main(argv: list[str] | None = None, hub_api=None) -> int:
+    return run_offline_script(__doc__, argv, hub_api)
 
 
 if __name__ == "__main__":

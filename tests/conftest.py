@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from pages import page_image  # noqa: F401  (re-exported for the tests)
+
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = ROOT / "tests"
 SERVER_SCRIPTS = sorted(p.name for p in ROOT.glob("*.py")
@@ -47,23 +49,6 @@ def wait_port(port: int, timeout: float = 20.0) -> None:
         except OSError:
             time.sleep(0.05)
     raise TimeoutError(f"nothing listens on port {port} after {timeout} s")
-
-
-def page_image(seed: int, size=(640, 820), mode="RGB", fmt="PNG") -> bytes:
-    """A distinct synthetic page: a background colour and text-like bars from the seed."""
-    from PIL import Image, ImageDraw
-
-    rng = random.Random(seed)
-    img = Image.new("RGB", size, (rng.randrange(200, 256), rng.randrange(200, 256), rng.randrange(200, 256)))
-    draw = ImageDraw.Draw(img)
-    for line in range(rng.randrange(5, 25)):
-        y = 40 + line * 28
-        draw.rectangle([40, y, 40 + rng.randrange(100, size[0] - 80), y + 12], fill=(20, 20, 20))
-    if mode != "RGB":
-        img = img.convert(mode)
-    out = io.BytesIO()
-    img.save(out, format=fmt, **({"quality": 90} if fmt == "JPEG" else {}))
-    return out.getvalue()
 
 
 def write_image_folder(folder: Path, count: int, fmt="PNG") -> list[Path]:
@@ -161,3 +146,14 @@ def load_output(folder: Path):
             # the output mirrors the input's cells, undecodable ones included: don't decode
             ds = ds.cast_column("image", datasets.Image(decode=False))
         return ds.map(lambda row: row, keep_in_memory=True, load_from_cache_file=False)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Figures the engine tests measured (throughput, parity), printed in every run's log."""
+    import sys as _sys
+    module = _sys.modules.get("test_engine")
+    figures = getattr(module, "FIGURES", []) if module else []
+    if figures:
+        terminalreporter.section("figures measured on the real engine")
+        for line in figures:
+            terminalreporter.write_line(line)

