@@ -62,6 +62,8 @@ import re
 MODEL_ID = "deepseek-ai/DeepSeek-OCR"
 MODEL_REVISION = None  # a commit sha pins the weights; None takes the repo's main branch
 IMAGE_TAG = "v0.26.0"  # vllm/vllm-openai:<tag> this script was run with
+JOB_IMAGE = f"vllm/vllm-openai:{IMAGE_TAG}"
+IMAGE_HAS_UV = True  # the vLLM images have uv: `hf jobs uv run` works
 DEFAULT_FLAVOR = "a10g-small"
 SCRIPT_SHAPE = "server"
 
@@ -92,6 +94,13 @@ SERVE_ARGS = [
     "--limit-mm-per-prompt", '{"image": 1}',
     "--logits-processors", LOGITS_PROCESSOR,  # last: it takes a list
 ]
+SERVE_ENV: dict = {}  # environment variables the spawned `vllm serve` needs
+DEFAULT_SERVER = "http://127.0.0.1:8000"
+
+
+def spawn_args(args) -> list[str]:
+    """Serve arguments known only when this script starts the server itself (none here)."""
+    return []
 
 
 def image_token_budget() -> int:
@@ -180,8 +189,8 @@ def inference_settings(args) -> dict:
 
 # ==== BEGIN COMMON HELPERS (identical in every script; edit one copy, run tools/sync_helpers.py) ====
 # Input, page images, output parts, dataset card, stats. The model section above provides:
-# MODEL_ID, MODEL_REVISION, IMAGE_TAG, DEFAULT_FLAVOR, SCRIPT_SHAPE, PAGE_FORMAT, target_size(),
-# postprocess(), inference_settings(), EXTRA_COLUMNS, DEFAULT_MAX_TOKENS.
+# MODEL_ID, MODEL_REVISION, JOB_IMAGE, IMAGE_HAS_UV, DEFAULT_FLAVOR, SCRIPT_SHAPE, PAGE_FORMAT,
+# target_size(), postprocess(), inference_settings(), EXTRA_COLUMNS, DEFAULT_MAX_TOKENS.
 import argparse
 import io
 import json
@@ -530,7 +539,7 @@ class DegenerateCheck:
                 f"the first {len(self.seen)} pages all came back degenerate (empty, one "
                 f"character repeated, or a repetition loop). That is what a wrong model / engine "
                 f"pair looks like: this script was validated with {MODEL_ID} on "
-                f"vllm/vllm-openai:{IMAGE_TAG}. Check --model and the image tag; pass "
+                f"{JOB_IMAGE}. Check --model and the image; pass "
                 f"--no-sanity-check to write such output anyway.", code=3)
 
 
@@ -880,11 +889,17 @@ def redact_argv(argv: list[str]) -> list[str]:
 
 
 def reproduce_command(argv: list[str]) -> str:
+    """The Hugging Face Jobs command for this run (secrets redacted)."""
     script = Path(sys.argv[0]).name
     flavor = os.environ.get("JOB_FLAVOR") or os.environ.get("ACCELERATOR") or DEFAULT_FLAVOR
     args = " ".join(shlex.quote(a) for a in redact_argv(argv))
-    return (f"hf jobs uv run --image vllm/vllm-openai:{IMAGE_TAG} --flavor {flavor} "
-            f"--secrets HF_TOKEN {script} {args}")
+    if IMAGE_HAS_UV:
+        return (f"hf jobs uv run --image {JOB_IMAGE} --flavor {flavor} --secrets HF_TOKEN "
+                f"{script} {args}")
+    # an image without uv: install it first, and fetch the script by its URL
+    inner = f"pip install -q uv && uv run $SCRIPT_URL {args}"
+    return (f"SCRIPT_URL=<raw URL of {script}>; hf jobs run --flavor {flavor} --secrets HF_TOKEN "
+            f"{JOB_IMAGE} -- bash -lc {shlex.quote(inner)}")
 
 
 def build_card(source: InputSource, store: OutputStore, args, stats: dict, info_entry: dict,
@@ -909,7 +924,7 @@ configs:
 # OCR of `{source.description}` with {MODEL_ID}
 
 Each row of the input with its page transcribed into the `{column}` column by
-[{MODEL_ID}](https://huggingface.co/{MODEL_ID}) on vLLM (`vllm/vllm-openai:{IMAGE_TAG}`),
+[{MODEL_ID}](https://huggingface.co/{MODEL_ID}) on vLLM (`{JOB_IMAGE}`),
 with `{Path(sys.argv[0]).name}` ({SCRIPT_SHAPE} shape), from {provenance}.
 
 | column | meaning |
@@ -1010,7 +1025,8 @@ def install_sigterm_handler() -> None:
 
 # ==== BEGIN SERVER HELPERS (identical in every server script; edit one copy, run tools/sync_helpers.py) ====
 # The vLLM server's life cycle and the request loop. The model section provides SERVE_ARGS,
-# build_request(), image_token_budget(); the common block provides the rest.
+# SERVE_ENV, DEFAULT_SERVER, spawn_args(), build_request(), image_token_budget(); the common
+# block provides the rest.
 import asyncio
 import base64
 import math
@@ -1191,13 +1207,14 @@ class ServerManager:
         return command + serve_args  # --logits-processors stays last
 
     def spawn(self) -> None:
-        command = self.serve_command()
+        command = self.serve_command() + spawn_args(self.args)
         log(f"starting: {' '.join(shlex.quote(a) for a in redact_argv(command))}\n"
             f"  (server log: {self.log_path})")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log_file = open(self.log_path, "ab")
         self.process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT,
-                                        stdin=subprocess.DEVNULL, start_new_session=True)
+                                        stdin=subprocess.DEVNULL, start_new_session=True,
+                                        env={**os.environ, **SERVE_ENV})
         log_file.close()
 
     def log_tail(self, lines: int = 40) -> str:
@@ -1593,7 +1610,7 @@ async def run_server_pipeline(source: InputSource, pending: list[int], writer: O
 
 def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("server")
-    group.add_argument("--server", default="http://127.0.0.1:8000",
+    group.add_argument("--server", default=DEFAULT_SERVER,
                        help="vLLM server URL; reused when it answers, else (local URL) "
                             "`vllm serve` is started on its host and port (default: %(default)s)")
     group.add_argument("--api-key", help="server API key (default: VLLM_API_KEY)")
@@ -1644,7 +1661,7 @@ def info_entry_for(args, server_args) -> dict:
         "model_revision": MODEL_REVISION,
         "script": Path(sys.argv[0]).name,
         "shape": SCRIPT_SHAPE,
-        "image_tag": f"vllm/vllm-openai:{IMAGE_TAG}",
+        "image": JOB_IMAGE,
         "serve_args": server_args,
         "column": args.output_column,
         "settings": inference_settings(args),

@@ -49,6 +49,8 @@ import re
 MODEL_ID = "ATH-MaaS/OvisOCR2"
 MODEL_REVISION = None  # a commit sha pins the weights; None takes the repo's main branch
 IMAGE_TAG = "v0.26.0"  # vllm/vllm-openai:<tag> this script was run with
+JOB_IMAGE = f"vllm/vllm-openai:{IMAGE_TAG}"
+IMAGE_HAS_UV = True  # the vLLM images have uv: `hf jobs uv run` works
 VLLM_REQUIREMENT = ">=0.22.1"  # what `uv run --with vllm...` asks for where none is installed
 DEFAULT_FLAVOR = "l4x1"
 SCRIPT_SHAPE = "offline"
@@ -142,8 +144,8 @@ def inference_settings(args) -> dict:
 
 # ==== BEGIN COMMON HELPERS (identical in every script; edit one copy, run tools/sync_helpers.py) ====
 # Input, page images, output parts, dataset card, stats. The model section above provides:
-# MODEL_ID, MODEL_REVISION, IMAGE_TAG, DEFAULT_FLAVOR, SCRIPT_SHAPE, PAGE_FORMAT, target_size(),
-# postprocess(), inference_settings(), EXTRA_COLUMNS, DEFAULT_MAX_TOKENS.
+# MODEL_ID, MODEL_REVISION, JOB_IMAGE, IMAGE_HAS_UV, DEFAULT_FLAVOR, SCRIPT_SHAPE, PAGE_FORMAT,
+# target_size(), postprocess(), inference_settings(), EXTRA_COLUMNS, DEFAULT_MAX_TOKENS.
 import argparse
 import io
 import json
@@ -492,7 +494,7 @@ class DegenerateCheck:
                 f"the first {len(self.seen)} pages all came back degenerate (empty, one "
                 f"character repeated, or a repetition loop). That is what a wrong model / engine "
                 f"pair looks like: this script was validated with {MODEL_ID} on "
-                f"vllm/vllm-openai:{IMAGE_TAG}. Check --model and the image tag; pass "
+                f"{JOB_IMAGE}. Check --model and the image; pass "
                 f"--no-sanity-check to write such output anyway.", code=3)
 
 
@@ -842,11 +844,17 @@ def redact_argv(argv: list[str]) -> list[str]:
 
 
 def reproduce_command(argv: list[str]) -> str:
+    """The Hugging Face Jobs command for this run (secrets redacted)."""
     script = Path(sys.argv[0]).name
     flavor = os.environ.get("JOB_FLAVOR") or os.environ.get("ACCELERATOR") or DEFAULT_FLAVOR
     args = " ".join(shlex.quote(a) for a in redact_argv(argv))
-    return (f"hf jobs uv run --image vllm/vllm-openai:{IMAGE_TAG} --flavor {flavor} "
-            f"--secrets HF_TOKEN {script} {args}")
+    if IMAGE_HAS_UV:
+        return (f"hf jobs uv run --image {JOB_IMAGE} --flavor {flavor} --secrets HF_TOKEN "
+                f"{script} {args}")
+    # an image without uv: install it first, and fetch the script by its URL
+    inner = f"pip install -q uv && uv run $SCRIPT_URL {args}"
+    return (f"SCRIPT_URL=<raw URL of {script}>; hf jobs run --flavor {flavor} --secrets HF_TOKEN "
+            f"{JOB_IMAGE} -- bash -lc {shlex.quote(inner)}")
 
 
 def build_card(source: InputSource, store: OutputStore, args, stats: dict, info_entry: dict,
@@ -871,7 +879,7 @@ configs:
 # OCR of `{source.description}` with {MODEL_ID}
 
 Each row of the input with its page transcribed into the `{column}` column by
-[{MODEL_ID}](https://huggingface.co/{MODEL_ID}) on vLLM (`vllm/vllm-openai:{IMAGE_TAG}`),
+[{MODEL_ID}](https://huggingface.co/{MODEL_ID}) on vLLM (`{JOB_IMAGE}`),
 with `{Path(sys.argv[0]).name}` ({SCRIPT_SHAPE} shape), from {provenance}.
 
 | column | meaning |
@@ -1005,8 +1013,8 @@ def import_vllm(argv: list[str]):
     except ImportError:
         pass
     if os.environ.get("OCR_SCRIPT_REEXEC"):
-        fail("vllm cannot be imported. Run this script in the vLLM image (hf jobs uv run --image "
-             f"vllm/vllm-openai:{IMAGE_TAG} ...) or on a GPU machine with `pip install vllm`.")
+        fail(f"vllm cannot be imported. Run this script in the vLLM image (hf jobs uv run --image "
+             f"{JOB_IMAGE} ...) or on a GPU machine with `pip install vllm`.")
     import site
 
     env = {**os.environ, "OCR_SCRIPT_REEXEC": "1"}
@@ -1021,7 +1029,7 @@ def import_vllm(argv: list[str]):
         log(f"vllm is not installed here; asking uv for vllm{VLLM_REQUIREMENT} (several GB once)")
         os.execve(uv, [uv, "run", "--with", f"vllm{VLLM_REQUIREMENT}", script, *argv], env)
     fail("vllm is not installed and uv is not on PATH to install it: `pip install vllm`, or run "
-         f"on Hugging Face Jobs with --image vllm/vllm-openai:{IMAGE_TAG}.")
+         f"on Hugging Face Jobs with --image {JOB_IMAGE}.")
 
 
 def effective_llm_kwargs(args) -> dict:
@@ -1140,7 +1148,7 @@ def info_entry_for(args, llm_kwargs) -> dict:
         "model_revision": MODEL_REVISION,
         "script": Path(sys.argv[0]).name,
         "shape": SCRIPT_SHAPE,
-        "image_tag": f"vllm/vllm-openai:{IMAGE_TAG}",
+        "image": JOB_IMAGE,
         "llm_kwargs": llm_kwargs,
         "column": args.output_column,
         "settings": inference_settings(args),

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-BLOCKS = ("COMMON HELPERS", "SERVER HELPERS")
+BLOCKS = ("COMMON HELPERS", "SERVER HELPERS", "OFFLINE HELPERS")
 
 
 def block_pattern(name: str) -> re.Pattern:
