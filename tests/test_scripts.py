@@ -1,0 +1,201 @@
+"""What is particular to each script, against the stub: the saturate window and memory
+budget, the prefix-caching rule, HPD's spawn-only download, DeepSeek's budget and flag order;
+and what must hold for all of them: --help, the copied blocks, the PEP 723 header."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import (ALL_SCRIPTS, ROOT, SERVER_SCRIPTS, fake_vllm_env, free_port, load_output,
+                      load_script, run_script, write_image_folder)
+
+SATURATE = "lighton-ocr3-saturate.py"
+
+
+@pytest.mark.parametrize("script", ALL_SCRIPTS)
+def test_help_runs_without_gpu_or_vllm(script):
+    run = run_script(script, "--help", env={"PATH": "/usr/bin:/bin"})
+    assert run.returncode == 0, run.stderr
+    assert "usage:" in run.stdout and "--output-column" in run.stdout
+
+
+@pytest.mark.parametrize("script", ALL_SCRIPTS)
+def test_header_and_layout(script):
+    text = (ROOT / script).read_text()
+    assert text.startswith("# /// script\n")
+    order = [text.index(marker) for marker in (
+        '"""', "# Model section", "# ==== BEGIN COMMON HELPERS", "def main(")]
+    assert order == sorted(order), "header, docstring, model section, helper blocks, main()"
+    module = load_script(script)
+    if module.IMAGE_HAS_UV:
+        header = text.split("# ///\n", 2)[0] + text.split("\n# ///", 1)[0]
+        assert f'image = "{module.JOB_IMAGE}"' in header
+    assert "vllm\"" not in text.split("# ///", 2)[1], "no vllm in the PEP 723 dependencies"
+
+
+def test_helper_blocks_are_identical_copies():
+    run = subprocess.run([sys.executable, str(ROOT / "tools" / "sync_helpers.py"), "--check"],
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout
+
+
+def test_sync_tool_detects_and_repairs_a_drifted_copy(tmp_path):
+    import shutil
+    for script in ALL_SCRIPTS:
+        shutil.copy(ROOT / script, tmp_path / script)
+    (tmp_path / "tools").mkdir()
+    shutil.copy(ROOT / "tools" / "sync_helpers.py", tmp_path / "tools" / "sync_helpers.py")
+    drifted = tmp_path / SERVER_SCRIPTS[0]
+    drifted.write_text(drifted.read_text().replace("RETRY_STATUS = {408,", "RETRY_STATUS = {409,"))
+    tool = [sys.executable, str(tmp_path / "tools" / "sync_helpers.py")]
+    check = subprocess.run(tool + ["--check"], capture_output=True, text=True)
+    assert check.returncode == 1 and SERVER_SCRIPTS[0] in check.stdout
+    fix = subprocess.run(tool + [SERVER_SCRIPTS[1]], capture_output=True, text=True)
+    assert SERVER_SCRIPTS[0] in fix.stdout
+    assert subprocess.run(tool + ["--check"]).returncode == 0
+
+
+@pytest.mark.parametrize("script", ALL_SCRIPTS)
+def test_prefix_caching_is_off_everywhere_but_hpd(script):
+    module = load_script(script)
+    flags = list(getattr(module, "SERVE_ARGS", []))
+    llm = getattr(module, "LLM_KWARGS", {})
+    if script.startswith("hpd-parsing"):
+        # HPD's children reuse the parent's prefix KV (hit rate 52.9% on 5 pages): keep it on
+        assert module.PREFIX_CACHING is True
+        assert "--enable-prefix-caching" in flags and "--no-enable-prefix-caching" not in flags
+    else:
+        assert module.PREFIX_CACHING is False
+        assert "--enable-prefix-caching" not in flags
+        if flags:
+            assert "--no-enable-prefix-caching" in flags
+        if llm:
+            assert llm.get("enable_prefix_caching") is False
+
+
+def test_saturate_window_grows_past_its_start_when_the_engine_has_no_queue(tmp_path, stub_server):
+    stub = stub_server("--latency", "0.2", "--model", load_script(SATURATE).MODEL_ID, "--no-decode")
+    write_image_folder(tmp_path / "in", 120, fmt="JPEG")
+    stats = tmp_path / "stats.json"
+    run = run_script(SATURATE, str(tmp_path / "in"), str(tmp_path / "out"), "--server", stub.url,
+                     "--adapt-interval", "0.3", "--min-window", "4", "--no-sanity-check",
+                     "--stats-json", str(stats))
+    assert run.returncode == 0, run.stderr
+    result = json.loads(stats.read_text())
+    assert result["peak_in_flight"] > 8 and result["window_final"] > 4
+    assert result["bound_by"] in {"engine", "preprocessing", "memory", "input"}
+    telemetry = [json.loads(l) for l in (tmp_path / "stats.telemetry.jsonl").read_text().splitlines()]
+    assert len(telemetry) >= 3
+    assert {"t", "window", "in_flight", "running", "waiting", "tokens_per_s"} <= set(telemetry[0])
+    windows = [row["window"] for row in telemetry]
+    assert max(windows) > windows[0]
+    assert load_output(tmp_path / "out").num_rows == 120
+
+
+def test_saturate_window_respects_the_host_memory_budget(tmp_path, stub_server):
+    stub = stub_server("--latency", "0.2", "--model", load_script(SATURATE).MODEL_ID, "--no-decode")
+    write_image_folder(tmp_path / "in", 60, fmt="PNG")
+    page_bytes = (tmp_path / "in" / "page_0000.png").stat().st_size
+    budget_mib = 12 * (page_bytes * 1.5 + 65536) / (1 << 20)  # room for about 12 pages
+    stats = tmp_path / "stats.json"
+    run = run_script(SATURATE, str(tmp_path / "in"), str(tmp_path / "out"), "--server", stub.url,
+                     "--adapt-interval", "0.2", "--min-window", "4",
+                     "--max-inflight-memory", f"{budget_mib:.3f}", "--no-sanity-check",
+                     "--stats-json", str(stats))
+    assert run.returncode == 0, run.stderr
+    telemetry = [json.loads(l) for l in (tmp_path / "stats.telemetry.jsonl").read_text().splitlines()]
+    assert all(row["window"] <= max(13, row["memory_cap"] + 1) for row in telemetry)
+    assert max(row["window"] for row in telemetry) >= 8  # it did grow, up to the budget
+
+
+def test_saturate_fixed_window_and_api_server_count_reach_the_spawned_server(tmp_path):
+    port = free_port()
+    env = fake_vllm_env(tmp_path)
+    write_image_folder(tmp_path / "in", 6)
+    stats = tmp_path / "stats.json"
+    run = run_script(SATURATE, str(tmp_path / "in"), str(tmp_path / "out"),
+                     "--server", f"http://127.0.0.1:{port}", "--concurrency", "3",
+                     "--api-server-count", "4", "--no-sanity-check", "--stats-json", str(stats),
+                     env=env)
+    assert run.returncode == 0, run.stderr
+    command = (tmp_path / "fake-vllm.log").read_text().split()
+    assert command[command.index("--api-server-count") + 1] == "4"
+    assert json.loads(stats.read_text())["peak_in_flight"] <= 3
+
+
+def test_deepseek_keeps_the_logits_processor_last_and_refuses_an_impossible_budget(tmp_path):
+    deepseek = "deepseek-ocr-server.py"
+    port = free_port()
+    env = fake_vllm_env(tmp_path)
+    write_image_folder(tmp_path / "in", 2)
+    run = run_script(deepseek, str(tmp_path / "in"), str(tmp_path / "out"),
+                     "--server", f"http://127.0.0.1:{port}", "--max-tokens", "8192", env=env)
+    assert run.returncode == 2 and "max_model_len 8192" in run.stderr
+    assert not (tmp_path / "fake-vllm.log").exists(), "refused before any server was started"
+    run = run_script(deepseek, str(tmp_path / "in"), str(tmp_path / "out"),
+                     "--server", f"http://127.0.0.1:{port}", "--serve-args", "--max-num-seqs 8",
+                     "--no-sanity-check", env=env)
+    assert run.returncode == 0, run.stderr
+    command = (tmp_path / "fake-vllm.log").read_text().split()
+    assert command[-2:] == ["--logits-processors", load_script(deepseek).LOGITS_PROCESSOR]
+    assert "--max-num-seqs" in command
+
+
+def test_deepseek_sends_the_recipes_per_request_fields(tmp_path, stub_server):
+    deepseek = load_script("deepseek-ocr-server.py")
+    stub = stub_server("--model", deepseek.MODEL_ID)
+    write_image_folder(tmp_path / "in", 2)
+    run = run_script("deepseek-ocr-server.py", str(tmp_path / "in"), str(tmp_path / "out"),
+                     "--server", stub.url, "--prompt-mode", "free", "--no-sanity-check")
+    assert run.returncode == 0, run.stderr
+    for request in stub.requests():
+        assert request["skip_special_tokens"] is False
+        assert request["vllm_xargs"] == {"ngram_size": 30, "window_size": 90,
+                                         "whitelist_token_ids": [128821, 128822]}
+        assert request["temperature"] == 0.0 and request["max_tokens"] == 4096
+        assert request["texts"] == ["Free OCR."]
+
+
+def test_hpd_reuses_a_running_server_without_downloading_anything(tmp_path, stub_server):
+    hpd = load_script("hpd-parsing-saturate.py")
+    stub = stub_server("--model", hpd.SERVED_NAME)
+    write_image_folder(tmp_path / "in", 3)
+    stats = tmp_path / "stats.json"
+    run = run_script("hpd-parsing-saturate.py", str(tmp_path / "in"), str(tmp_path / "out"),
+                     "--server", stub.url, "--no-sanity-check", "--stats-json", str(stats),
+                     env={"HF_HUB_OFFLINE": "1"})
+    assert run.returncode == 0, run.stderr
+    assert "downloading" not in run.stderr
+    assert all(r["texts"] == ["document parsing with fork."] for r in stub.requests())
+    assert "prefix_cache_hit_rate" in json.loads(stats.read_text())
+
+
+def test_hpd_spawn_passes_the_local_speculative_model_and_its_environment(tmp_path):
+    model = tmp_path / "HPD-Parsing"
+    (model / "P-MTP").mkdir(parents=True)
+    port = free_port()
+    env = fake_vllm_env(tmp_path, stub_args="--model HPD-Parsing")
+    write_image_folder(tmp_path / "in", 2)
+    run = run_script("hpd-parsing-saturate.py", str(tmp_path / "in"), str(tmp_path / "out"),
+                     "--model", str(model), "--server", f"http://127.0.0.1:{port}",
+                     "--no-fork", "--no-sanity-check", env=env)
+    assert run.returncode == 0, run.stderr
+    line = (tmp_path / "fake-vllm.log").read_text()
+    assert "--enable-prefix-caching" in line and "--served-model-name HPD-Parsing" in line
+    spec = json.loads(re.search(r"--speculative-config (\{.*\})", line).group(1))
+    assert spec == {"method": "medusa", "model": str(model / "P-MTP"), "num_speculative_tokens": 6}
+
+
+def test_hpd_without_vllm_prints_the_vendor_image_command(tmp_path):
+    write_image_folder(tmp_path / "in", 1)
+    run = run_script("hpd-parsing-saturate.py", str(tmp_path / "in"), str(tmp_path / "out"),
+                     "--server", f"http://127.0.0.1:{free_port()}", env={"PATH": "/usr/bin:/bin"})
+    assert run.returncode == 2
+    assert "hf jobs run" in run.stderr and "pip install -q uv && uv run" in run.stderr
+    assert load_script("hpd-parsing-saturate.py").JOB_IMAGE in run.stderr
