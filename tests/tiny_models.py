@@ -144,7 +144,7 @@ def build_qwen2_vl(out: Path, seed: int = 0) -> None:
             "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1,
             "max_position_embeddings": 32768,
             "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
-                                "mrope_section": [8, 12, 12]},
+                                "mrope_section": [4, 6, 6]},  # head_dim 32: rotary 32, sections sum to 16
             "eos_token_id": ids["<|im_end|>"], "pad_token_id": ids["<|endoftext|>"],
             "bos_token_id": None}
     vision = {"depth": 1, "embed_dim": 64, "hidden_size": 64, "num_heads": 2, "mlp_ratio": 2,
@@ -157,6 +157,8 @@ def build_qwen2_vl(out: Path, seed: int = 0) -> None:
     torch.manual_seed(seed)
     model = Qwen2VLForConditionalGeneration(config)
     scale_weights(model, 1.0, seed, 24.0)
+    with torch.no_grad():  # ids past the tokenizer's 400 would detokenize to nothing
+        model.lm_head.weight[len(tok):] = 0.0
     model.save_pretrained(out, safe_serialization=True)
     (out / "preprocessor_config.json").write_text(
         json.dumps(image_processor_config("Qwen2VLProcessor", 14, 2), indent=2))
