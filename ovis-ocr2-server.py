@@ -754,12 +754,15 @@ class OrderedWriter:
         return written
 
     def _write(self, run: list[int]) -> None:
-        start, stop = run[0], run[-1] + 1
-        path = self.store.root / "data" / part_name(start, stop)
-        results = [self.results.pop(i) for i in run]
-        write_part(path, self.source, start, results, self.features, self.info_entry, self.args)
-        self.parts_written += 1
-        self.store.publish(path)
+        """One part per --part-rows rows of a contiguous run."""
+        for offset in range(0, len(run), self.args.part_rows):
+            chunk = run[offset:offset + self.args.part_rows]
+            start, stop = chunk[0], chunk[-1] + 1
+            path = self.store.root / "data" / part_name(start, stop)
+            results = [self.results.pop(i) for i in chunk]
+            write_part(path, self.source, start, results, self.features, self.info_entry, self.args)
+            self.parts_written += 1
+            self.store.publish(path)
 
 
 def pending_rows(source: InputSource, done: list[tuple[int, int]]) -> list[int]:
@@ -985,6 +988,8 @@ def keep_finished_rows(writer: OrderedWriter, check: DegenerateCheck) -> None:
     try:
         check.finish()
     except RunAborted:
+        pass
+    if check.tripped:
         log("the pages finished so far are all degenerate: not writing them")
         return
     writer.flush(everything=True)
@@ -1438,7 +1443,7 @@ class WindowController:
         waiting, running, kv = metrics.get("waiting"), metrics.get("running") or 0, metrics.get("kv")
         full = self.stats.in_flight >= limit * 0.9
         if self.input_done:
-            verdict = "input"
+            verdict = "tail"  # the last pages draining: says nothing about the steady state
         elif waiting is not None and waiting > 0:
             verdict = "engine"
         elif full and limit >= cap:
@@ -1471,10 +1476,13 @@ class WindowController:
             await self.window.resize(new)
 
     def bound_by(self) -> str | None:
-        steady = [s for s in self.samples if s != "window"] or self.samples
+        """The most frequent verdict of the steady state; "window" (full, no queue, still
+        growing) counts as the engine only when nothing else was seen."""
+        steady = [s for s in self.samples if s != "tail"]
         if not steady:
-            return None
-        return max(set(steady), key=steady.count).replace("window", "engine")
+            return "input" if self.samples else None
+        bounded = [s for s in steady if s != "window"] or ["engine"]
+        return max(set(bounded), key=bounded.count)
 
     def close(self) -> None:
         if self.telemetry:
@@ -1691,6 +1699,11 @@ def run_server_script(doc: str, argv: list[str] | None = None, hub_api=None) -> 
     except KeyboardInterrupt:
         log("interrupted: finished rows are saved; rerun the same command to resume")
         code = 130
+    except Exception:  # a bug or an unforeseen failure: keep what is finished, then say what
+        import traceback
+        traceback.print_exc()
+        log("error: the run failed; finished rows are saved, rerun the same command to resume")
+        code = 1
     finally:
         server.stop()
     if code:

@@ -734,12 +734,15 @@ class OrderedWriter:
         return written
 
     def _write(self, run: list[int]) -> None:
-        start, stop = run[0], run[-1] + 1
-        path = self.store.root / "data" / part_name(start, stop)
-        results = [self.results.pop(i) for i in run]
-        write_part(path, self.source, start, results, self.features, self.info_entry, self.args)
-        self.parts_written += 1
-        self.store.publish(path)
+        """One part per --part-rows rows of a contiguous run."""
+        for offset in range(0, len(run), self.args.part_rows):
+            chunk = run[offset:offset + self.args.part_rows]
+            start, stop = chunk[0], chunk[-1] + 1
+            path = self.store.root / "data" / part_name(start, stop)
+            results = [self.results.pop(i) for i in chunk]
+            write_part(path, self.source, start, results, self.features, self.info_entry, self.args)
+            self.parts_written += 1
+            self.store.publish(path)
 
 
 def pending_rows(source: InputSource, done: list[tuple[int, int]]) -> list[int]:
@@ -965,6 +968,8 @@ def keep_finished_rows(writer: OrderedWriter, check: DegenerateCheck) -> None:
     try:
         check.finish()
     except RunAborted:
+        pass
+    if check.tripped:
         log("the pages finished so far are all degenerate: not writing them")
         return
     writer.flush(everything=True)
@@ -1208,6 +1213,11 @@ def run_offline_script(doc: str, argv: list[str] | None = None, hub_api=None) ->
     except KeyboardInterrupt:
         log("interrupted: finished rows are saved; rerun the same command to resume")
         code = 130
+    except Exception:  # a bug or an unforeseen failure: keep what is finished, then say what
+        import traceback
+        traceback.print_exc()
+        log("error: the run failed; finished rows are saved, rerun the same command to resume")
+        code = 1
     if code:
         keep_finished_rows(writer, check)
     result = stats.as_dict()

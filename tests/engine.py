@@ -75,13 +75,15 @@ def vllm_serve_pids(port: int) -> list[int]:
 class RunningServer:
     """`vllm serve` started by a test (for tests that reuse a server via --server)."""
 
-    def __init__(self, model: Path, port: int, serve_args: list[str], log: Path):
+    def __init__(self, model: Path, port: int, serve_args: list[str], log: Path,
+                 env: dict | None = None):
         self.port, self.log = port, log
         self.url = f"http://127.0.0.1:{port}"
         command = ["vllm", "serve", str(model), "--host", "127.0.0.1", "--port", str(port),
                    *serve_args]
         self.process = subprocess.Popen(command, stdout=open(log, "wb"), stderr=subprocess.STDOUT,
-                                        env=engine_env.engine_environ(), start_new_session=True)
+                                        env=env or engine_env.engine_environ(),
+                                        start_new_session=True)
 
     def wait(self, timeout: float = 600) -> None:
         import urllib.request

@@ -136,7 +136,7 @@ def make_handler(stub: Stub):
             if stub.log:
                 with stub.lock:
                     stub.log.write(json.dumps({k: v for k, v in request.items() if k != "messages"}
-                                              | {"texts": text_parts, "n": n}) + "\n")
+                                              | {"texts": text_parts, "n": n, "t": time.time()}) + "\n")
                     stub.log.flush()
             if image_b64 is None:
                 self.reply(400, {"error": "no image in the request"})

@@ -144,13 +144,13 @@ def test_request_body_splices_the_page_exactly(script):
     raw = page_image(7, fmt="JPEG")
     page = module.PreparedPage(raw, "image/jpeg", 640, 820, True)
 
-    class Args:
-        max_tokens = 123
-        mode = getattr(module, "DEFAULT_MODE", None)
-        prompt = None
-        prompt_mode = getattr(module, "DEFAULT_PROMPT_MODE", None)
-        no_fork = False
-    body = json.loads(module.request_body(page, "served-name", Args()))
+    import types
+
+    args = types.SimpleNamespace(  # every model section's own options, at their defaults
+        max_tokens=123, mode="plain", temperature=0.0, prompt=None,
+        prompt_mode=getattr(module, "DEFAULT_PROMPT_MODE", None), no_fork=False,
+        repetition_penalty=None, keep_image_tags=False, keep_raw=False)
+    body = json.loads(module.request_body(page, "served-name", args))
     assert body["model"] == "served-name"
     urls = [part["image_url"]["url"] for m in body["messages"] for part in m["content"]
             if part["type"] == "image_url"]
