@@ -192,6 +192,7 @@ def parse(argv=None):
     p.add_argument("--die-after", type=int, default=0, help="exit hard at request N+1")
     p.add_argument("--health-delay", type=float, default=0.0, help="/health answers 503 for S seconds after the first probe")
     p.add_argument("--start-delay", type=float, default=0.0, help="bind the port after S seconds")
+    p.add_argument("--start-when", help="bind the port only once this file exists (a booting server)")
     p.add_argument("--reject-digest", action="append", default=[],
                    help="answer 400 to pages whose sha1 starts so")
     p.add_argument("--degenerate", action="store_true", help="answer every page with 'aaaa...'")
@@ -205,6 +206,8 @@ def parse(argv=None):
 def serve(opts) -> None:
     if opts.start_delay:
         time.sleep(opts.start_delay)
+    while opts.start_when and not os.path.exists(opts.start_when):
+        time.sleep(0.05)
     stub = Stub(opts)
     server = ThreadingHTTPServer((opts.host, opts.port), make_handler(stub))
     server.daemon_threads = True

@@ -336,19 +336,30 @@ def test_a_spawned_server_that_dies_is_restarted_and_its_pages_sent_again(tmp_pa
 def test_does_not_start_a_second_server_while_one_is_booting(tmp_path):
     port = free_port()
     env = fake_vllm_env(tmp_path)
-    booting = subprocess.Popen(
+    ready = tmp_path / "booted"
+    booting = subprocess.Popen(  # `vllm serve ... &` started just before the script
         [str(ROOT / "tests" / "fake_vllm" / "vllm"), "serve", "ATH-MaaS/OvisOCR2", "--port",
-         str(port), "--start-delay", "4"],
+         str(port), "--start-when", str(ready)],
         env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         start_new_session=True)
     try:
-        time.sleep(0.5)
         write_image_folder(tmp_path / "in", 3)
-        run = run_script(OVIS, str(tmp_path / "in"), str(tmp_path / "out"),
-                         "--server", f"http://127.0.0.1:{port}", env=env)
-        assert run.returncode == 0, run.stderr
-        assert "waiting for it instead of starting another" in run.stderr
+        driver = subprocess.Popen(
+            [sys.executable, str(ROOT / OVIS), str(tmp_path / "in"), str(tmp_path / "out"),
+             "--server", f"http://127.0.0.1:{port}"],
+            env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        seen = []
+        for line in driver.stderr:  # the driver must wait for the booting server...
+            seen.append(line)
+            if "waiting for it instead of starting another" in line:
+                break
+        else:
+            pytest.fail("".join(seen))
+        ready.touch()  # ...which then finishes booting
+        rest = driver.stderr.read()
+        assert driver.wait(timeout=60) == 0, "".join(seen) + rest
         assert len((tmp_path / "fake-vllm.log").read_text().splitlines()) == 1
+        assert load_output(tmp_path / "out").num_rows == 3
     finally:
         os.killpg(booting.pid, signal.SIGKILL)
         booting.wait()
