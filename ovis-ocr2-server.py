@@ -81,7 +81,7 @@ MIN_PIXELS = 448 * 448  # 200,704: the processor upscales below this; the client
 MAX_PIXELS = 2880 * 2880  # 8,294,400: the client downscales above this, to the processor's grid
 PATCH_GRID = 32  # Qwen3.5 vision: 16 px patches merged 2x2, so sizes snap to multiples of 32
 PROMPT_TEXT_TOKENS = 256  # generous bound on the chat template and prompt text around the image
-PAGE_FORMAT = "auto"  # resized pages: JPEG stays JPEG (quality 95), anything else becomes PNG
+PAGE_FORMAT = "jpeg"  # pages that must be converted or resized: JPEG quality 95 (others go as is)
 PREFIX_CACHING = False
 
 SERVE_ARGS = [
@@ -381,10 +381,11 @@ def to_rgb(img):
 def prepare_page(cell) -> PreparedPage:
     """Encoded bytes to send for one cell; raises PageError for anything that is not a page.
 
-    A page that needs no change (a JPEG in RGB, upright, within bounds; a PNG in RGB within
-    bounds) is sent byte for byte. Others are decoded once, turned upright, converted to RGB,
-    downscaled only when above the bound (JPEG decoded at reduced scale first: cheap and
-    exact), and encoded once.
+    A page that needs no change (a JPEG or PNG in RGB, upright, one frame, within bounds) is
+    sent byte for byte: no new artifacts, no encoding cost. Others are decoded once (a JPEG
+    that must shrink is decoded at reduced scale first), turned upright, converted to RGB,
+    downscaled only when above the bound, and encoded once in PAGE_FORMAT: "png" (lossless,
+    for models trained on PNG renders) or "jpeg" (quality 95, as the seed's recipes send).
     """
     from PIL import Image, ImageOps
 
@@ -397,7 +398,9 @@ def prepare_page(cell) -> PreparedPage:
             if width * height > MAX_DECODE_PIXELS:
                 raise PageError(f"image of {width}x{height} pixels exceeds the decode limit of "
                                 f"{MAX_DECODE_PIXELS:,} (decompression bomb?)")
-            orientation = img.getexif().get(0x0112, 1) if hasattr(img, "getexif") else 1
+            # PNG keeps EXIF (rare) after the pixels: reading it there would decode the page
+            has_exif = img.format != "PNG" or "exif" in img.info
+            orientation = img.getexif().get(0x0112, 1) if has_exif else 1
             upright = orientation in (None, 1)
             if not upright and orientation in (5, 6, 7, 8):
                 width, height = height, width
@@ -405,12 +408,12 @@ def prepare_page(cell) -> PreparedPage:
             same_size = target == (width, height)
             frames = getattr(img, "n_frames", 1)
             if same_size and upright and img.mode == "RGB" and frames == 1:
-                if img.format == "JPEG" and PAGE_FORMAT in ("auto", "jpeg"):
+                if img.format == "JPEG":
                     img.draft("RGB", (max(1, width // 8), max(1, height // 8)))
-                    img.load()  # a cheap 1/8-scale decode still reads every byte: catches truncation
+                    img.load()  # a 1/8-scale decode still reads every byte: catches truncation
                     return PreparedPage(raw, "image/jpeg", width, height, True)
-                if img.format == "PNG" and PAGE_FORMAT in ("auto", "png"):
-                    img.load()
+                if img.format == "PNG":  # every chunk's checksum, no decompression: catches truncation
+                    Image.open(io.BytesIO(raw)).verify()
                     return PreparedPage(raw, "image/png", width, height, True)
             source_format = img.format
             if frames > 1:
@@ -422,15 +425,16 @@ def prepare_page(cell) -> PreparedPage:
             if not upright:
                 img = ImageOps.exif_transpose(img)
             img = to_rgb(img)
-            if img.size != target:
-                img = img.resize(target, Image.Resampling.LANCZOS, reducing_gap=3.0)
+            if img.size != target:  # the cheapest filter that does not alias (Pillow's bilinear
+                # widens with the scale), after a box reduce for large factors
+                img = img.resize(target, Image.Resampling.BILINEAR, reducing_gap=2.0)
             out = io.BytesIO()
-            if PAGE_FORMAT == "jpeg" or PAGE_FORMAT == "auto" and source_format == "JPEG":
-                img.save(out, format="JPEG", quality=95)
-                mime = "image/jpeg"
-            else:
+            if PAGE_FORMAT == "png":
                 img.save(out, format="PNG", compress_level=1)
                 mime = "image/png"
+            else:
+                img.save(out, format="JPEG", quality=95)
+                mime = "image/jpeg"
             return PreparedPage(out.getvalue(), mime, target[0], target[1], False)
     except PageError:
         raise

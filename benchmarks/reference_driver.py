@@ -1,8 +1,9 @@
 """The plain driver the seed's recipes describe, as the baseline of the driver-cost benchmark:
 for every page decode it, convert it to RGB, downscale it with LANCZOS above the pixel bound,
-encode it as JPEG quality 95, base64 it into a JSON body, and post it from a thread per request.
+encode it as JPEG quality 95, base64 it into a JSON body, and post it from a thread per request;
+then write the dataset (images and text) to parquet, as the recipes push theirs to the Hub.
 
-    python benchmarks/reference_driver.py IMAGE_FOLDER SERVER_URL MODEL [--concurrency 32]
+    python benchmarks/reference_driver.py IMAGE_FOLDER SERVER_URL MODEL OUTPUT_PARQUET
 """
 
 from __future__ import annotations
@@ -40,23 +41,38 @@ def main() -> int:
     parser.add_argument("folder")
     parser.add_argument("server")
     parser.add_argument("model")
+    parser.add_argument("output")
     parser.add_argument("--concurrency", type=int, default=32)
     args = parser.parse_args()
     paths = sorted(p for p in Path(args.folder).iterdir() if p.suffix in (".jpg", ".png"))
     client = httpx.Client(timeout=600, limits=httpx.Limits(max_connections=args.concurrency))
 
-    def one(path: Path) -> bool:
+    def one(path: Path) -> str | None:
         body = {"model": args.model, "temperature": 0.0, "max_tokens": 64, "messages": [{
             "role": "user", "content": [
                 {"type": "image_url", "image_url": {"url": f"data:image/jpeg;base64,{encode_page(path)}"}},
                 {"type": "text", "text": PROMPT}]}]}
-        response = client.post(f"{args.server}/v1/chat/completions", content=json.dumps(body),
-                                headers={"Content-Type": "application/json"})
-        return response.status_code == 200
+        payload = json.dumps(body)
+        for attempt in range(3):  # a dropped keep-alive connection is retried, as any client would
+            try:
+                response = client.post(f"{args.server}/v1/chat/completions", content=payload,
+                                       headers={"Content-Type": "application/json"})
+                break
+            except httpx.TransportError:
+                if attempt == 2:
+                    raise
+        if response.status_code != 200:
+            return None
+        return response.json()["choices"][0]["message"]["content"]
 
     started = time.monotonic()
     with ThreadPoolExecutor(max_workers=args.concurrency) as pool:
-        ok = sum(pool.map(one, paths))
+        texts = list(pool.map(one, paths))
+    import datasets
+
+    ds = datasets.Dataset.from_dict({"image": [str(p) for p in paths], "markdown": texts})
+    ds.cast_column("image", datasets.Image()).to_parquet(args.output)
+    ok = sum(t is not None for t in texts)
     print(json.dumps({"pages": len(paths), "ok": ok, "elapsed_s": time.monotonic() - started}))
     return 0 if ok == len(paths) else 1
 
