@@ -826,6 +826,7 @@ class RunStats:
         self.rows_ok = self.rows_failed = 0
         self.latencies: list[float] = []
         self.finished_at: list[float] = []
+        self.first_started: float | None = None  # the first page entered the pipeline
         self.tokens: list[int] = []
         self.in_flight = self.peak_in_flight = 0
         self.server_startup_s = None
@@ -843,6 +844,7 @@ class RunStats:
         self.tokens.append(result.completion_tokens or 0)
 
     def enter(self) -> None:
+        self.first_started = self.first_started or time.monotonic()
         self.in_flight += 1
         self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
 
@@ -873,6 +875,8 @@ class RunStats:
             "rows_total": self.rows_total, "rows_ok": self.rows_ok,
             "rows_failed": self.rows_failed, "rows_skipped": self.rows_skipped,
             "elapsed_s": round(elapsed, 3),
+            "active_s": round(self.finished_at[-1] - self.first_started, 3)
+            if self.finished_at and self.first_started else None,
             "pages_per_s": round(done / elapsed, 4) if elapsed > 0 else None,
             "pages_per_s_steady": round(steady_rate, 4) if steady_rate else None,
             "completion_tokens_per_s": round(steady_tokens, 2) if steady_tokens else None,
@@ -1474,12 +1478,16 @@ class WindowController:
                 self.telemetry.flush()
 
     async def tick(self, metrics: dict, rate: float) -> None:
+        """One decision. Continuous batching always keeps a few requests waiting for their
+        prefill; a queue is "long" only when as many wait as run."""
         limit, cap = self.window.limit, self.memory_cap()
         waiting, running, kv = metrics.get("waiting"), metrics.get("running") or 0, metrics.get("kv")
+        long_queue = waiting is not None and waiting > max(4, running)
+        some_queue = waiting is not None and waiting > max(2, running / 4)
         full = self.stats.in_flight >= limit * 0.9
         if self.input_done:
             verdict = "tail"  # the last pages draining: says nothing about the steady state
-        elif waiting is not None and waiting > 0:
+        elif some_queue or (kv or 0) > 0.9:
             verdict = "engine"
         elif full and limit >= cap:
             verdict = "memory"
@@ -1494,17 +1502,17 @@ class WindowController:
             return
         new = limit
         if limit > cap:
-            new = cap
-        elif waiting is not None and (waiting > max(4, 0.5 * running) or (kv or 0) > 0.95):
-            new = max(self.args.min_window, int(limit * 0.9))
-        elif waiting is not None and (waiting > 0 or (kv or 0) > 0.9):
-            new = limit  # the engine has a queue: more pages in flight would only wait
-        elif not full or self.completions_since_change < max(1, limit // 2):
+            new = cap  # the host-memory budget comes first
+        elif long_queue or (kv or 0) > 0.95:
+            new = max(self.args.min_window, int(limit * 0.85))  # over-full: give some back
+        elif some_queue or (kv or 0) > 0.9:
+            new = limit  # the engine has its queue: more pages in flight would only wait
+        elif not full or self.completions_since_change < max(2, limit // 4):
             new = limit  # never widen a window nothing has come back through
-        elif waiting is None and self.best_rate and rate < self.best_rate * 1.02:
-            new = limit  # no gauges: throughput has stopped rising
+        elif self.best_rate and rate < self.best_rate * 0.95:
+            new = limit  # delivered tokens/s stopped rising: this is the plateau
         else:
-            new = min(cap, self.args.max_window, int(math.ceil(limit * 1.25)) + 2)
+            new = min(cap, self.args.max_window, int(math.ceil(limit * 1.5)))
         self.best_rate = max(self.best_rate, rate)
         if new != limit:
             self.completions_since_change = 0
@@ -1659,7 +1667,8 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--max-inflight-memory", type=float, default=None,
                        help="MiB of host memory that pages in flight may hold (default: a "
                             "quarter of the memory available at start)")
-    group.add_argument("--min-window", type=int, default=8, help="smallest window (default: 8)")
+    group.add_argument("--min-window", type=int, default=16,
+                       help="smallest window, and the one it starts from (default: 16)")
     group.add_argument("--max-window", type=int, default=1024, help="largest window (default: 1024)")
     group.add_argument("--adapt-interval", type=float, default=2.0,
                        help="seconds between window decisions (default: 2)")

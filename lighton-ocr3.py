@@ -800,6 +800,7 @@ class RunStats:
         self.rows_ok = self.rows_failed = 0
         self.latencies: list[float] = []
         self.finished_at: list[float] = []
+        self.first_started: float | None = None  # the first page entered the pipeline
         self.tokens: list[int] = []
         self.in_flight = self.peak_in_flight = 0
         self.server_startup_s = None
@@ -817,6 +818,7 @@ class RunStats:
         self.tokens.append(result.completion_tokens or 0)
 
     def enter(self) -> None:
+        self.first_started = self.first_started or time.monotonic()
         self.in_flight += 1
         self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
 
@@ -847,6 +849,8 @@ class RunStats:
             "rows_total": self.rows_total, "rows_ok": self.rows_ok,
             "rows_failed": self.rows_failed, "rows_skipped": self.rows_skipped,
             "elapsed_s": round(elapsed, 3),
+            "active_s": round(self.finished_at[-1] - self.first_started, 3)
+            if self.finished_at and self.first_started else None,
             "pages_per_s": round(done / elapsed, 4) if elapsed > 0 else None,
             "pages_per_s_steady": round(steady_rate, 4) if steady_rate else None,
             "completion_tokens_per_s": round(steady_tokens, 2) if steady_tokens else None,
@@ -1145,6 +1149,7 @@ def run_offline(source: InputSource, pending: list[int], writer: OrderedWriter, 
                     valid.append((index, page))
             stats.in_flight = len(valid)
             stats.peak_in_flight = max(stats.peak_in_flight, len(valid))
+            stats.first_started = stats.first_started or time.monotonic()
             started = time.monotonic()
             if valid:
                 for (index, _), result in zip(valid, generate_batch(llm, sampling, valid, args)):
