@@ -75,6 +75,13 @@ def scale_weights(model, factor: float, seed: int, vision_factor: float | None =
                 param.copy_(torch.randn(param.shape, generator=generator) * gain / param.shape[-1] ** 0.5)
 
 
+def vision_token_ids(ids: dict) -> dict:
+    """The config entries that tie the vision tokens to the tokenizer's ids."""
+    return {"image_token_id": ids["<|image_pad|>"], "video_token_id": ids["<|video_pad|>"],
+            "vision_start_token_id": ids["<|vision_start|>"],
+            "vision_end_token_id": ids["<|vision_end|>"], "tie_word_embeddings": False}
+
+
 def image_processor_config(processor_class: str, patch: int, merge: int) -> dict:
     return {
         "image_processor_type": "Qwen2VLImageProcessor", "processor_class": processor_class,
@@ -112,10 +119,7 @@ def build_qwen3_5(out: Path, seed: int = 0, scale: float = 1.0, vision_scale: fl
     vision = {"depth": 1, "hidden_size": 64, "intermediate_size": 128, "num_heads": 2,
               "patch_size": 16, "spatial_merge_size": 2, "temporal_patch_size": 2,
               "out_hidden_size": 64, "num_position_embeddings": 2304}
-    config = Qwen3_5Config(text_config=text, vision_config=vision,
-                           image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
-                           vision_start_token_id=ids["<|vision_start|>"],
-                           vision_end_token_id=ids["<|vision_end|>"], tie_word_embeddings=False)
+    config = Qwen3_5Config(text_config=text, vision_config=vision, **vision_token_ids(ids))
     config.dtype = "float32"
     torch.manual_seed(seed)
     model = Qwen3_5ForConditionalGeneration(config)
@@ -149,10 +153,7 @@ def build_qwen2_vl(out: Path, seed: int = 0) -> None:
             "bos_token_id": None}
     vision = {"depth": 1, "embed_dim": 64, "hidden_size": 64, "num_heads": 2, "mlp_ratio": 2,
               "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2}
-    config = Qwen2VLConfig(text_config=text, vision_config=vision,
-                           image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
-                           vision_start_token_id=ids["<|vision_start|>"],
-                           vision_end_token_id=ids["<|vision_end|>"], tie_word_embeddings=False)
+    config = Qwen2VLConfig(text_config=text, vision_config=vision, **vision_token_ids(ids))
     config.dtype = "float32"
     torch.manual_seed(seed)
     model = Qwen2VLForConditionalGeneration(config)
