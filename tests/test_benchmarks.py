@@ -1,0 +1,84 @@
+"""The benchmark command's own plumbing (the figures themselves come from running it)."""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import statistics
+import subprocess
+import sys
+import types
+
+from conftest import ROOT
+
+
+def run_bench(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "benchmarks" / "run.py"), *args],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_help_lists_every_section_and_unknown_ones_are_refused():
+    shown = run_bench("--help")
+    assert shown.returncode == 0, shown.stderr
+    for section in ("driver-cost", "memory", "startup", "stub-1000", "scale-out", "ceiling", "shapes"):
+        assert section in shown.stdout
+    refused = run_bench("ceiling", "no-such-section")
+    assert refused.returncode == 2
+    assert "unknown section(s) no-such-section" in refused.stderr
+
+
+def load_page_length():
+    """benchmarks/page_length.py without an engine: vLLM's base class replaced by `object`."""
+    fake = types.ModuleType("vllm.v1.sample.logits_processor")
+    fake.AdapterLogitsProcessor = object
+    saved = {name: sys.modules.get(name) for name in
+             ("vllm", "vllm.v1", "vllm.v1.sample", "vllm.v1.sample.logits_processor")}
+    for name in saved:
+        sys.modules[name] = fake if name.endswith("logits_processor") else types.ModuleType(name)
+    try:
+        spec = importlib.util.spec_from_file_location("page_length", ROOT / "benchmarks" / "page_length.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        for name, previous in saved.items():
+            if previous is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = previous
+
+
+def test_page_lengths_are_stable_and_long_tailed():
+    page_length = load_page_length().page_length
+    lengths = sorted(page_length(tokens) for tokens in range(100, 3100))
+    assert [page_length(k) for k in (252, 999)] == [page_length(k) for k in (252, 999)]
+    assert 16 <= lengths[0] and lengths[-1] <= 768
+    median, p90 = statistics.median(lengths), lengths[int(0.9 * len(lengths))]
+    assert 85 <= median <= 110, median  # lognormal, median 96
+    assert p90 > 2.3 * median, (median, p90)  # the long tail that makes offline batches wait
+    assert len(set(lengths)) > 200
+
+
+def test_benchmark_pages_differ_in_image_tokens():
+    """Each page must have its own number of 32 px units, or the page-length processor would
+    give pages of one size one length and the workload would not be long-tailed."""
+    from PIL import Image
+    import datasets
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import run as bench
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as tmp:
+        source = bench.distinct_pages(Path(tmp), 96)
+        cells = datasets.load_dataset("parquet", data_files=str(source), split="train").cast_column(
+            "image", datasets.Image(decode=False))["image"]
+        sizes = [Image.open(io.BytesIO(cell["bytes"])).size for cell in cells]
+    assert len(sizes) == 96
+    assert all(w % 32 == 0 and h % 32 == 0 for w, h in sizes)
+    assert len({(w // 32) * (h // 32) for w, h in sizes}) == 96
