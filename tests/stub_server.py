@@ -209,9 +209,9 @@ def serve(opts) -> None:
     while opts.start_when and not os.path.exists(opts.start_when):
         time.sleep(0.05)
     stub = Stub(opts)
+    ThreadingHTTPServer.request_queue_size = 1024  # read by listen() in the constructor
     server = ThreadingHTTPServer((opts.host, opts.port), make_handler(stub))
     server.daemon_threads = True
-    server.request_queue_size = 1024
     print(f"stub listening on {opts.host}:{opts.port}", flush=True)
     server.serve_forever()
 

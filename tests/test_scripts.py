@@ -199,3 +199,17 @@ def test_hpd_without_vllm_prints_the_vendor_image_command(tmp_path):
     assert run.returncode == 2
     assert "hf jobs run" in run.stderr and "pip install -q uv && uv run" in run.stderr
     assert load_script("hpd-parsing-saturate.py").JOB_IMAGE in run.stderr
+
+
+def test_peak_rss_is_the_scripts_own_not_its_parents():
+    """ru_maxrss carries the parent's resident memory across fork and exec: a driver started by
+    a large process would report that process's size as its own peak."""
+    ballast = bytearray(400 * 2**20)
+    ballast[::4096] = b"\1" * len(ballast[::4096])  # touch every page: resident
+    code = ("import importlib.util, sys; spec = importlib.util.spec_from_file_location('s', sys.argv[1]); "
+            "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m); print(m.peak_rss_bytes())")
+    run = subprocess.run([sys.executable, "-c", code, str(ROOT / "ovis-ocr2-server.py")],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert 10 * 2**20 < int(run.stdout) < 300 * 2**20, int(run.stdout) / 2**20
+    del ballast

@@ -527,3 +527,27 @@ def test_every_server_script_runs_against_the_stub(tmp_path, stub_server, script
     assert run.returncode == 0, run.stderr
     ds = load_output(tmp_path / "out")
     assert ds.num_rows == len(paths) and all(e is None for e in ds["markdown_error"])
+
+
+def test_client_group_keeps_each_connection_pool_small(stub_server):
+    """httpx's pool costs grow with its size (quadratically when idle): 100 pages in flight go
+    through pools of at most 16, and every answer still comes back."""
+    import asyncio
+
+    module = load_script("ovis-ocr2-server.py")
+    stub = stub_server("--latency", "0.5")
+    peak = []
+
+    async def main():
+        async with module.ClientGroup(timeout=30) as group:
+            async def one():
+                response = await group.get(f"{stub.url}/health")
+                peak.append(max(group.busy))
+                return response.status_code
+            codes = await asyncio.gather(*(one() for _ in range(100)))
+            return codes, len(group.clients)
+
+    codes, clients = asyncio.run(main())
+    assert codes == [200] * 100
+    assert clients == 7  # ceil(100 / 16)
+    assert max(peak) <= module.ClientGroup.POOL_SIZE
