@@ -99,7 +99,7 @@ def page_mix(folder: Path, count: int) -> Path:
 def bench_driver_cost(work: Path) -> None:
     script = "ovis-ocr2-server.py"
     module = load_script(script)
-    n = 32
+    n = 64
     mix = page_mix(work / "mix", n)
     one = work / "one"
     one.mkdir()
@@ -385,8 +385,8 @@ def completion_lengths(output: Path) -> list[int]:
 
 def bench_shapes(work: Path, engine: SharedEngine) -> None:
     """lighton-ocr3.py (vllm.LLM, batches of 16) against lighton-ocr3-saturate.py (fixed window
-    of 32, then adaptive) on one long-tailed workload: each page ends at its own length
-    (benchmarks/page_length.py), max_tokens 768 as the ceiling."""
+    of 32, then adaptive; two runs each, in alternating order) on one long-tailed workload: each
+    page ends at its own length (benchmarks/page_length.py), max_tokens 768 as the ceiling."""
     n = 96
     source = distinct_pages(work / "shapes-in", n)
     model = engine.start().model
@@ -400,30 +400,38 @@ def bench_shapes(work: Path, engine: SharedEngine) -> None:
                          capture_output=True, text=True, env=engine_env_vars())
     assert run.returncode == 0, run.stderr[-3000:]
     runs["offline (batches of 16)"], outputs["offline (batches of 16)"] = json.loads(stats.read_text()), output
-    for label, extra in (("saturate, fixed window 32", ["--concurrency", "32"]),
-                         ("saturate, adaptive window", ["--adapt-interval", "1"])):
-        stats, output = work / f"shape-{len(runs)}.json", work / f"shape-out-{len(runs)}"
-        run = subprocess.run([sys.executable, str(ROOT / "lighton-ocr3-saturate.py"), *common[:1],
-                              str(output), *common[1:], "--server", engine.url,
-                              "--stats-json", str(stats), *extra], capture_output=True, text=True)
-        assert run.returncode == 0, run.stderr[-3000:]
-        runs[label], outputs[label] = json.loads(stats.read_text()), output
+    arms = [("saturate, fixed window 32", ["--concurrency", "32"]),
+            ("saturate, adaptive window", ["--adapt-interval", "1"])]
+    runs = {label: [result] for label, result in runs.items()}
+    for round_ in range(2):  # fixed then adaptive, then the other way round
+        for label, extra in (arms if round_ == 0 else arms[::-1]):
+            stats, output = work / f"shape-{round_}-{extra[0]}.json", work / f"shape-out-{round_}-{extra[0]}"
+            run = subprocess.run([sys.executable, str(ROOT / "lighton-ocr3-saturate.py"), *common[:1],
+                                  str(output), *common[1:], "--server", engine.url,
+                                  "--stats-json", str(stats), *extra], capture_output=True, text=True)
+            assert run.returncode == 0, run.stderr[-3000:]
+            runs.setdefault(label, []).append(json.loads(stats.read_text()))
+            outputs[label] = output
     lengths = {label: completion_lengths(output) for label, output in outputs.items()}
     first = next(iter(lengths.values()))
     note("shapes", "page lengths in tokens: min | median | p90 | max, same in every arm",
          f"{first[0]} | {first[n // 2]} | {first[int(n * 0.9)]} | {first[-1]}; "
          f"{'yes' if all(v == first for v in lengths.values()) else 'NO'}")
-    base_rate = n / runs["offline (batches of 16)"]["active_s"]  # engine start-up left out
+    base_rate = n / runs["offline (batches of 16)"][0]["active_s"]  # engine start-up left out
     RESULTS["shapes"] = {"lengths": first}
-    for label, result in runs.items():
-        rate = n / result["active_s"]
-        RESULTS["shapes"][label] = {"pages_per_s": rate, "steady": result["pages_per_s_steady"],
-                                    "peak_in_flight": result["peak_in_flight"],
-                                    "peak_rss_bytes": result["peak_rss_bytes"],
-                                    "bound_by": result.get("bound_by")}
-        extra = f", bound by {result['bound_by']}" if result.get("bound_by") else ""
+    for label, results in runs.items():
+        rates = [n / result["active_s"] for result in results]
+        rate = statistics.median(rates)
+        verdicts = sorted({r["bound_by"] for r in results if r.get("bound_by")})
+        RESULTS["shapes"][label] = {"pages_per_s": rate, "rounds": rates,
+                                    "peak_in_flight": max(r["peak_in_flight"] for r in results),
+                                    "peak_rss_bytes": max(r["peak_rss_bytes"] for r in results),
+                                    "bound_by": verdicts}
+        extra = f", bound by {' / '.join(verdicts)}" if verdicts else ""
+        runs_note = f" (runs: {', '.join(f'{r:.2f}' for r in rates)})" if len(rates) > 1 else ""
         note("shapes", f"{label}: pages/s (x offline), peak in flight",
-             f"{rate:.2f} ({rate / base_rate:.2f}x), {result['peak_in_flight']}{extra}")
+             f"{rate:.2f} ({rate / base_rate:.2f}x){runs_note}, "
+             f"{RESULTS['shapes'][label]['peak_in_flight']}{extra}")
 
 
 def bench_scale_out(work: Path, engine: SharedEngine) -> None:
