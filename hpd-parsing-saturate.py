@@ -1470,6 +1470,7 @@ class WindowController:
         self.metrics_seen = False
         self.prefix_hit_rate = None
         self.input_done = False
+        self.last_sample = time.monotonic()
 
     def note_body(self, size: int) -> None:
         self.page_bytes.append(size)
@@ -1500,27 +1501,30 @@ class WindowController:
         return {}
 
     async def run(self, client, server: ServerManager) -> None:
-        interval = self.args.adapt_interval
-        last = time.monotonic()
         while True:
-            await asyncio.sleep(interval)
-            now = time.monotonic()
-            dt, last = now - last, now
-            metrics = await self.read_metrics(client, server)
-            if metrics.get("prefix_queries"):
-                self.prefix_hit_rate = round(metrics.get("prefix_hits", 0.0) / metrics["prefix_queries"], 4)
-            rate, page_rate = self.tokens / dt, self.pages / dt
-            self.tokens = self.pages = 0
-            await self.tick(metrics, rate)
-            if self.telemetry:
-                self.telemetry.write(json.dumps({
-                    "t": round(now - self.stats.started, 2), "window": self.window.limit,
-                    "in_flight": self.stats.in_flight, "preparing": self.preparing,
-                    "running": metrics.get("running"), "waiting": metrics.get("waiting"),
-                    "kv_cache": metrics.get("kv"), "tokens_per_s": round(rate, 1),
-                    "pages_per_s": round(page_rate, 3), "memory_cap": self.memory_cap(),
-                    "bound_by": self.samples[-1] if self.samples else None}) + "\n")
-                self.telemetry.flush()
+            await asyncio.sleep(self.args.adapt_interval)
+            await self.sample(client, server)
+
+    async def sample(self, client, server: ServerManager) -> None:
+        """Read the gauges, decide, write a telemetry row; also once at the end, so that a run
+        shorter than one interval has its row and the prefix-cache counters are the final ones."""
+        now = time.monotonic()
+        dt, self.last_sample = max(1e-3, now - self.last_sample), now
+        metrics = await self.read_metrics(client, server)
+        if metrics.get("prefix_queries"):
+            self.prefix_hit_rate = round(metrics.get("prefix_hits", 0.0) / metrics["prefix_queries"], 4)
+        rate, page_rate = self.tokens / dt, self.pages / dt
+        self.tokens = self.pages = 0
+        await self.tick(metrics, rate)
+        if self.telemetry:
+            self.telemetry.write(json.dumps({
+                "t": round(now - self.stats.started, 2), "window": self.window.limit,
+                "in_flight": self.stats.in_flight, "preparing": self.preparing,
+                "running": metrics.get("running"), "waiting": metrics.get("waiting"),
+                "kv_cache": metrics.get("kv"), "tokens_per_s": round(rate, 1),
+                "pages_per_s": round(page_rate, 3), "memory_cap": self.memory_cap(),
+                "bound_by": self.samples[-1] if self.samples else None}) + "\n")
+            self.telemetry.flush()
 
     async def tick(self, metrics: dict, rate: float) -> None:
         """One decision. Continuous batching always keeps a few requests waiting for their
@@ -1668,6 +1672,10 @@ async def run_server_pipeline(source: InputSource, pending: list[int], writer: O
                     task.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
                 raise failure[0]
+            if adapting is not None:  # one last sample: the final state, the final counters
+                adapting.cancel()
+                await asyncio.gather(adapting, return_exceptions=True)
+                await controller.sample(client, server)
             check.finish()
             await flush_if_due(final=True)
         finally:
