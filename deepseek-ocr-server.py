@@ -1757,9 +1757,8 @@ def info_entry_for(args, server_args) -> dict:
     }
 
 
-def run_server_script(doc: str, argv: list[str] | None = None, hub_api=None) -> int:
-    """The whole run: arguments, input, engine, output. `main()` calls it with the docstring."""
-    argv = sys.argv[1:] if argv is None else list(argv)
+def server_argument_parser(doc: str) -> argparse.ArgumentParser:
+    """Every option of a server script: input/output, server, then the model's own."""
     parser = argparse.ArgumentParser(
         description=doc.split("\n\n")[0],
         epilog=doc.split("\n\n", 1)[1],
@@ -1767,7 +1766,13 @@ def run_server_script(doc: str, argv: list[str] | None = None, hub_api=None) -> 
     add_common_arguments(parser)
     add_server_arguments(parser)
     add_model_arguments(parser)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def run_server_script(doc: str, argv: list[str] | None = None, hub_api=None) -> int:
+    """The whole run: arguments, input, engine, output. `main()` calls it with the docstring."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = server_argument_parser(doc).parse_args(argv)
     install_sigterm_handler()
     resolve_output(args.output)  # a bad OUTPUT fails before any data is touched
 

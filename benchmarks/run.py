@@ -243,6 +243,7 @@ def distinct_pages(folder: Path, count: int) -> Path:
 # throughput (pre-encoded, 96 pages, 6 runs each: 20.1 pages/s eager, 20.4 compiled) and halves
 # the start-up (29 s against 59 s), which the benchmark pays four times.
 EAGER_SERVE = ["--enforce-eager"]
+PAGE_LENGTHS = "page_length:PageLengthProcessor"  # importable with benchmarks/ on PYTHONPATH
 
 
 class SharedEngine:
@@ -262,8 +263,8 @@ class SharedEngine:
             engine_env.build()
             self.model = tiny_model("qwen3_5")
             lighton = load_script("lighton-ocr3-saturate.py")
-            serve = [*lighton.SERVE_ARGS, "--logits-processors", "page_length:PageLengthProcessor", *EAGER_SERVE,
-                     "--served-model-name", str(self.model), "HPD-Parsing"]
+            serve = [*lighton.SERVE_ARGS, *EAGER_SERVE, "--served-model-name", str(self.model),
+                     "HPD-Parsing", "--logits-processors", PAGE_LENGTHS]
             self.began = time.monotonic()
             self.server = RunningServer(self.model, free_port(), serve, self.work / "shared-serve.log",
                                         env=engine_env_vars())
@@ -309,8 +310,6 @@ def bench_ceiling(work: Path, engine: SharedEngine) -> None:
     """Each server script against the same engine fed pre-encoded requests from memory, in
     ROUNDS rounds whose order alternates (pre-encoded first, then driver first) so that drift
     on a shared machine falls on both arms; medians of each arm, and their ratio."""
-    import argparse
-
     import datasets
 
     n, max_tokens, concurrency = 96, 64, 32
@@ -324,10 +323,8 @@ def bench_ceiling(work: Path, engine: SharedEngine) -> None:
         extra = ["--model", str(model)] if not script.startswith("hpd") else []
         extra += ["--concurrency", str(concurrency), "--max-tokens", str(max_tokens), "--no-sanity-check"]
         # the pre-encoded bodies are the ones the script sends: built from its own parsed arguments
-        parser = argparse.ArgumentParser()
-        for add in (module.add_common_arguments, module.add_server_arguments, module.add_model_arguments):
-            add(parser)
-        args = parser.parse_args([str(source), str(work / "unused"), "--server", url, *extra])
+        args = module.server_argument_parser(module.__doc__).parse_args(
+            [str(source), str(work / "unused"), "--server", url, *extra])
         name = "HPD-Parsing" if script.startswith("hpd") else str(model)
         bodies = [module.request_body(module.prepare_page(c), name, args) for c in cells]
         tokens = {"preencoded": [], "driver": []}
@@ -367,7 +364,7 @@ def bench_ceiling(work: Path, engine: SharedEngine) -> None:
     # The four drivers run the same copied pipeline: pooled over every round of every script,
     # the run-to-run swings of this machine average out (pages over seconds, per arm).
     everything = RESULTS["ceiling"].values()
-    pooled = {arm: len(bodies) * sum(len(r["rounds"][arm]) for r in everything)
+    pooled = {arm: sum(n for r in everything for _ in r["rounds"][arm])
               / sum(n / rate for r in everything for rate in r["rounds"][arm])
               for arm in ("driver", "preencoded")}
     RESULTS["ceiling_pooled"] = {**pooled, "ratio": pooled["driver"] / pooled["preencoded"]}
@@ -390,19 +387,17 @@ def bench_shapes(work: Path, engine: SharedEngine) -> None:
     n = 96
     source = distinct_pages(work / "shapes-in", n)
     model = engine.start().model
-    processor = "page_length:PageLengthProcessor"
     common = [str(source), "--model", str(model), "--max-tokens", "768", "--no-sanity-check"]
-    runs, outputs = {}, {}
     stats, output = work / "shape-offline.json", work / "shape-offline"
     run = subprocess.run([str(engine_env.python()), str(ROOT / "lighton-ocr3.py"), *common[:1],
                           str(output), *common[1:], "--stats-json", str(stats),
-                          "--llm-kwargs", json.dumps({"logits_processors": [processor], "enforce_eager": True})],
+                          "--llm-kwargs", json.dumps({"logits_processors": [PAGE_LENGTHS], "enforce_eager": True})],
                          capture_output=True, text=True, env=engine_env_vars())
     assert run.returncode == 0, run.stderr[-3000:]
-    runs["offline (batches of 16)"], outputs["offline (batches of 16)"] = json.loads(stats.read_text()), output
+    runs = {"offline (batches of 16)": [json.loads(stats.read_text())]}
+    outputs = {"offline (batches of 16)": output}
     arms = [("saturate, fixed window 32", ["--concurrency", "32"]),
             ("saturate, adaptive window", ["--adapt-interval", "1"])]
-    runs = {label: [result] for label, result in runs.items()}
     for round_ in range(2):  # fixed then adaptive, then the other way round
         for label, extra in (arms if round_ == 0 else arms[::-1]):
             stats, output = work / f"shape-{round_}-{extra[0]}.json", work / f"shape-out-{round_}-{extra[0]}"
@@ -446,7 +441,7 @@ def bench_scale_out(work: Path, engine: SharedEngine) -> None:
     env = engine_env_vars()
     started = time.monotonic()
     # the shards' engines: the shared one's flags, the page-length processor loaded
-    shard_serve = ["--serve-args", " ".join(["--logits-processors page_length:PageLengthProcessor", *EAGER_SERVE])]
+    shard_serve = ["--serve-args", " ".join([*EAGER_SERVE, "--logits-processors", PAGE_LENGTHS])]
     shards = [subprocess.Popen([sys.executable, str(ROOT / script), str(source),
                                 str(work / "scale-sharded"), "--server", f"http://127.0.0.1:{free_port()}",
                                 "--num-shards", "2", "--shard-index", str(i), *common, *shard_serve],
