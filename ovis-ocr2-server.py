@@ -1085,38 +1085,11 @@ def check_context_budget(max_model_len: int, args) -> None:
              f"{max_model_len - image_token_budget()}, or raise --max-model-len.")
 
 
-class Launcher:
-    """Starts processes from a thread made before the driver lowered its priority. Linux keeps
-    the nice value per thread and a child inherits the forking thread's, so a `vllm serve`
-    spawned (or restarted) from here runs at the priority the driver was started with."""
-
-    def __init__(self):
-        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="launch")
-        self._thread.submit(lambda: None).result()  # the one thread exists from now on
-
-    def popen(self, command: list[str], **kwargs) -> subprocess.Popen:
-        return self._thread.submit(subprocess.Popen, command, **kwargs).result()
-
-
-def lower_driver_priority(increment: int) -> None:
-    """Nice this thread, and so every thread it starts later, by `increment`. On a machine
-    that also runs the server, the engine's scheduler and the API server's image preprocessing
-    then get the cores first; the driver only needs the slack to keep the window full."""
-    if increment <= 0 or not hasattr(os, "setpriority"):
-        return
-    thread = threading.get_native_id()
-    try:
-        current = os.getpriority(os.PRIO_PROCESS, thread)
-        os.setpriority(os.PRIO_PROCESS, thread, min(19, current + increment))
-    except OSError:  # not Linux, or a sandbox that forbids it: run at the usual priority
-        pass
-
-
 class ServerManager:
     """Reuse a server, wait for one that is booting, or start `vllm serve` and own it."""
 
-    def __init__(self, args, argv: list[str], log_dir: Path, launcher: Launcher):
-        self.args, self.argv, self.launcher = args, argv, launcher
+    def __init__(self, args, argv: list[str], log_dir: Path):
+        self.args, self.argv = args, argv
         parsed = urllib.parse.urlparse(args.server if "//" in args.server else "http://" + args.server)
         self.base = f"{parsed.scheme}://{parsed.netloc}"
         self.host = parsed.hostname or "127.0.0.1"
@@ -1239,9 +1212,9 @@ class ServerManager:
             f"  (server log: {self.log_path})")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log_file = open(self.log_path, "ab")
-        self.process = self.launcher.popen(command, stdout=log_file, stderr=subprocess.STDOUT,
-                                           stdin=subprocess.DEVNULL, start_new_session=True,
-                                           env={**os.environ, **SERVE_ENV})
+        self.process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT,
+                                        stdin=subprocess.DEVNULL, start_new_session=True,
+                                        env={**os.environ, **SERVE_ENV})
         log_file.close()
 
     def log_tail(self, lines: int = 40) -> str:
@@ -1718,11 +1691,6 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
                        help="seconds for one page's answer (default: 900)")
     group.add_argument("--max-retries", type=int, default=4,
                        help="retries of a page after a timeout, 429 or 5xx (default: 4)")
-    group.add_argument("--nice", type=int, default=10,
-                       help="lower the driver's CPU priority by N, so that a server on the same "
-                            "machine gets the cores first; a spawned server keeps the usual "
-                            "priority (default: 10; 0 keeps the driver's; measured here: the "
-                            "driver reached 99%% of pre-encoded requests niced, 91%% not)")
     if SCRIPT_SHAPE != "saturate":
         group.add_argument("--concurrency", type=int, default=32,
                            help="pages in flight at once (default: 32, the seed's setting)")
@@ -1781,8 +1749,6 @@ def run_server_script(doc: str, argv: list[str] | None = None, hub_api=None) -> 
     argv = sys.argv[1:] if argv is None else list(argv)
     args = server_argument_parser(doc).parse_args(argv)
     install_sigterm_handler()
-    launcher = Launcher()  # before the driver lowers its priority: spawned servers keep it
-    lower_driver_priority(args.nice)
     resolve_output(args.output)  # a bad OUTPUT fails before any data is touched
 
     source = open_input(args)
@@ -1794,7 +1760,7 @@ def run_server_script(doc: str, argv: list[str] | None = None, hub_api=None) -> 
                      rows_skipped=source.hi - source.lo - len(pending))
     info_entry = info_entry_for(args, effective_serve_args(args))
     writer = OrderedWriter(store, source, pending, output_features(source, args), info_entry, args)
-    server = ServerManager(args, argv, store.root / "logs", launcher)
+    server = ServerManager(args, argv, store.root / "logs")
     check = DegenerateCheck(not args.no_sanity_check, args.sanity_pages, len(pending))
     controller = None
     if SCRIPT_SHAPE == "saturate":

@@ -333,44 +333,6 @@ def test_a_spawned_server_that_dies_is_restarted_and_its_pages_sent_again(tmp_pa
     assert ds["markdown"] == [expected_text(p.read_bytes()) for p in paths]
 
 
-def thread_nice_values(pid: int) -> dict[int, int]:
-    """{thread id: nice value} of a running process, from /proc."""
-    values = {}
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        values[int(task.name)] = int(fields[16])  # field 19 of stat; fields[0] is field 3
-    return values
-
-
-def test_the_driver_lowers_its_priority_but_not_the_servers_it_spawns(tmp_path):
-    port = free_port()
-    env = {**os.environ, **fake_vllm_env(tmp_path, stub_args="--die-after 6 --latency 0.2")}
-    write_image_folder(tmp_path / "in", 16)
-    usual = os.getpriority(os.PRIO_PROCESS, 0)
-    process = subprocess.Popen(
-        [sys.executable, str(ROOT / OVIS), str(tmp_path / "in"), str(tmp_path / "out"),
-         "--server", f"http://127.0.0.1:{port}", "--concurrency", "2"],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    seen: dict[int, int] = {}
-    while process.poll() is None:  # sample every thread while pages are in flight
-        try:
-            seen.update(thread_nice_values(process.pid))
-        except FileNotFoundError:
-            break
-        time.sleep(0.05)
-    _, stderr = process.communicate(timeout=60)
-    assert process.returncode == 0, stderr
-    assert "restart 1/3" in stderr
-    assert seen[process.pid] == min(19, usual + 10)  # the main thread, which starts the others
-    assert sorted(set(seen.values())) == [usual, min(19, usual + 10)]  # the launcher: usual
-    servers = (tmp_path / "fake-vllm.log.nice").read_text().split()
-    assert len(servers) >= 2 and set(servers) == {str(usual)}  # the first and the restarted
-    assert load_output(tmp_path / "out").num_rows == 16
-
-
 def test_does_not_start_a_second_server_while_one_is_booting(tmp_path):
     port = free_port()
     env = fake_vllm_env(tmp_path)
