@@ -409,14 +409,16 @@ def to_rgb(img):
     return img.convert("RGB")
 
 
-def prepare_page(cell) -> PreparedPage:
+def prepare_page(cell, decode: bool = True) -> PreparedPage | None:
     """Encoded bytes to send for one cell; raises PageError for anything that is not a page.
 
     A page that needs no change (a JPEG or PNG in RGB, upright, one frame, within bounds) is
-    sent byte for byte: no new artifacts, no encoding cost. Others are decoded once (a JPEG
-    that must shrink is decoded at reduced scale first), turned upright, converted to RGB,
-    downscaled only when above the bound, and encoded once in PAGE_FORMAT: "png" (lossless,
-    for models trained on PNG renders) or "jpeg" (quality 95, as the seed's recipes send).
+    sent byte for byte: no new artifacts, no encoding cost. A complete JPEG (its end-of-image
+    marker last) is not decoded at all; damage inside one fails that row at the server. Others
+    are decoded once (a JPEG that must shrink is decoded at reduced scale first), turned
+    upright, converted to RGB, downscaled only when above the bound, and encoded once in
+    PAGE_FORMAT: "png" (lossless, for models trained on PNG renders) or "jpeg" (quality 95, as
+    the seed's recipes send). With decode=False, None instead of any pixel work.
     """
     from PIL import Image, ImageOps
 
@@ -440,12 +442,19 @@ def prepare_page(cell) -> PreparedPage:
             frames = getattr(img, "n_frames", 1)
             if same_size and upright and img.mode == "RGB" and frames == 1:
                 if img.format == "JPEG":
+                    if raw.rstrip(b"\0").endswith(b"\xff\xd9"):  # complete: send as it is
+                        return PreparedPage(raw, "image/jpeg", width, height, True)
+                    if not decode:
+                        return None
                     img.draft("RGB", (max(1, width // 8), max(1, height // 8)))
-                    img.load()  # a 1/8-scale decode still reads every byte: catches truncation
+                    img.load()  # trailing bytes or truncated? A 1/8-scale decode reads it all
                     return PreparedPage(raw, "image/jpeg", width, height, True)
-                if img.format == "PNG":  # every chunk's checksum, no decompression: catches truncation
+                if img.format == "PNG" and (decode or len(raw) <= 1 << 20):
+                    # every chunk's checksum, no decompression: catches truncation
                     Image.open(io.BytesIO(raw)).verify()
                     return PreparedPage(raw, "image/png", width, height, True)
+            if not decode:
+                return None
             source_format = img.format
             if frames > 1:
                 img.seek(0)
@@ -473,6 +482,16 @@ def prepare_page(cell) -> PreparedPage:
         raise PageError(f"decompression bomb: {exc}") from None
     except Exception as exc:  # undecodable, truncated, unsupported: one row fails, not the run
         raise PageError(f"cannot decode image: {type(exc).__name__}: {exc}") from None
+
+
+def prepare_page_inline(cell) -> PreparedPage | None:
+    """The page, when its bytes are in memory and it goes out as it is: a header read, cheap
+    enough for the event loop. A thread hop per page cost the CPU engine here 5-10% of its
+    throughput (see the README's Performance section). None: the page needs the pool."""
+    held = cell.get("bytes") if isinstance(cell, dict) else cell
+    if not isinstance(held, (bytes, bytearray, memoryview)):
+        return None
+    return prepare_page(cell, decode=False)
 
 
 # ---- text checks ----------------------------------------------------------------------------
@@ -747,6 +766,7 @@ class OrderedWriter:
         self.features, self.info_entry, self.args = features, info_entry, args
         self.results: dict[int, RowResult] = {}
         self.next_pos = 0  # position in pending of the first row not yet written
+        self.ready_pos = 0  # position of the first row not yet finished, from next_pos on
         self.last_flush = time.monotonic()
         self.parts_written = 0
 
@@ -754,11 +774,11 @@ class OrderedWriter:
         self.results[index] = result
 
     def due(self) -> bool:
-        ready = 0
-        pos = self.next_pos
+        pos = max(self.ready_pos, self.next_pos)  # resumes where the last call stopped
         while pos < len(self.pending) and self.pending[pos] in self.results:
-            ready += 1
             pos += 1
+        self.ready_pos = pos
+        ready = pos - self.next_pos
         if ready == 0:
             return False
         return ready >= self.args.part_rows or time.monotonic() - self.last_flush >= self.args.part_seconds \
@@ -865,6 +885,8 @@ class RunStats:
 
     def as_dict(self) -> dict:
         elapsed = time.monotonic() - self.started
+        active = self.finished_at[-1] - self.first_started \
+            if self.finished_at and self.first_started else None
         done = len(self.finished_at)
         steady_rate = steady_tokens = None
         if done >= 10:  # leave out start-up and tail: the middle 80% of completions
@@ -887,12 +909,14 @@ class RunStats:
             "rows_total": self.rows_total, "rows_ok": self.rows_ok,
             "rows_failed": self.rows_failed, "rows_skipped": self.rows_skipped,
             "elapsed_s": round(elapsed, 3),
-            "active_s": round(self.finished_at[-1] - self.first_started, 3)
-            if self.finished_at and self.first_started else None,
+            "active_s": round(active, 3) if active else None,
             "pages_per_s": round(done / elapsed, 4) if elapsed > 0 else None,
             "pages_per_s_steady": round(steady_rate, 4) if steady_rate else None,
             "completion_tokens_per_s": round(steady_tokens, 2) if steady_tokens else None,
             "latency_p50_s": quantile(0.5), "latency_p95_s": quantile(0.95),
+            # Little's law: how full the driver kept the server, whatever the server's speed
+            "mean_in_flight": round(sum(self.latencies) / active, 2)
+            if self.latencies and active else None,
             "peak_in_flight": self.peak_in_flight,
             "peak_rss_bytes": peak_rss_bytes(),
             "server_startup_s": self.server_startup_s,
@@ -1631,7 +1655,8 @@ async def run_server_pipeline(source: InputSource, pending: list[int], writer: O
                     if controller:
                         controller.preparing += 1
                     try:
-                        page = await loop.run_in_executor(prep_pool, prepare_page, cell)
+                        page = prepare_page_inline(cell) or \
+                            await loop.run_in_executor(prep_pool, prepare_page, cell)
                     finally:
                         if controller:
                             controller.preparing -= 1

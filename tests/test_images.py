@@ -33,6 +33,31 @@ def test_rgb_jpeg_within_bounds_is_sent_byte_for_byte():
     assert page.passthrough and page.data == raw and page.mime == "image/jpeg"
 
 
+def test_a_page_sent_as_it_is_is_prepared_on_the_event_loop_without_decoding(monkeypatch):
+    raw = page_image(1, fmt="JPEG")
+    from PIL import ImageFile
+    monkeypatch.setattr(ImageFile.ImageFile, "load", lambda self: pytest.fail("decoded a pixel"))
+    page = ovis.prepare_page_inline({"bytes": raw, "path": None})
+    assert page.passthrough and page.data == raw
+
+
+@pytest.mark.parametrize("cell", [
+    {"bytes": None, "path": "/some/page.jpg"},  # a file to read: that is the pool's job
+    page_image(3, size=(4000, 5000), fmt="JPEG"),  # must shrink
+    page_image(4, fmt="JPEG")[:3000],  # no end-of-image marker: decoding must tell
+    encode(Image.new("L", (200, 300), 128), "PNG"),  # grayscale: to RGB
+])
+def test_pages_that_need_work_are_left_to_the_pool(cell):
+    assert ovis.prepare_page_inline(cell) is None
+
+
+def test_a_jpeg_with_bytes_after_its_end_is_decoded_to_check_and_sent_as_it_is():
+    raw = page_image(1, fmt="JPEG") + b"scanner trailer"
+    assert ovis.prepare_page_inline(raw) is None
+    page = ovis.prepare_page(raw)
+    assert page.passthrough and page.data == raw
+
+
 def test_rgb_png_within_bounds_is_sent_byte_for_byte():
     raw = page_image(2, fmt="PNG")
     page = ovis.prepare_page(raw)

@@ -57,10 +57,11 @@ def test_image_folder_round_trip_keeps_order_and_sends_the_models_request(tmp_pa
     stats = json.loads(stats_path.read_text())
     for key in ("rows_total", "rows_ok", "rows_failed", "rows_skipped", "elapsed_s",
                 "pages_per_s", "pages_per_s_steady", "completion_tokens_per_s", "latency_p50_s",
-                "latency_p95_s", "peak_in_flight", "peak_rss_bytes", "server_startup_s",
-                "vllm_version"):
+                "latency_p95_s", "peak_in_flight", "mean_in_flight", "peak_rss_bytes",
+                "server_startup_s", "vllm_version"):
         assert key in stats
     assert stats["rows_ok"] == 23 and stats["peak_in_flight"] <= 6
+    assert 0 < stats["mean_in_flight"] <= stats["peak_in_flight"]
     module = load_script(OVIS)
     requests = stub.requests()
     assert len(requests) == 23
