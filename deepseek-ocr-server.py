@@ -1662,9 +1662,6 @@ async def run_server_pipeline(source: InputSource, pending: list[int], writer: O
                     result = await send_page(client, server, body, args)
                     del body
                     latency = time.monotonic() - sent
-                    if result.error is None:
-                        result.text, result.extras = postprocess(result.text, args)
-                        check.observe(result.text)
                 except PageError as exc:
                     result = RowResult(error=str(exc))
                 except RunAborted as exc:
@@ -1672,7 +1669,14 @@ async def run_server_pipeline(source: InputSource, pending: list[int], writer: O
                     return
                 finally:
                     stats.leave()
-                    await window.release()
+                    await window.release()  # the answer is in: the next page may go
+                if result.error is None:
+                    result.text, result.extras = postprocess(result.text, args)
+                    try:
+                        check.observe(result.text)
+                    except RunAborted as exc:
+                        failure.append(exc)
+                        return
                 writer.add(index, result)
                 stats.record(result, latency)
                 bar.update(1)
