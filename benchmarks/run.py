@@ -14,7 +14,9 @@ Sections (all by default, in this order; about 8 minutes on 2 cores):
                  against one single run
   ceiling        each server script against the real CPU engine, next to the same requests
                  pre-encoded and sent from memory at the same concurrency (the best any client
-                 can do), in alternating rounds (--rounds); per script and pooled
+                 can do), in alternating rounds (--rounds) after warm-up passes, both clients
+                 kept off the core vLLM's CPU worker computes on; pages/s per script and pooled,
+                 and the mean pages in flight of each client
   shapes         lighton-ocr3.py (offline) vs lighton-ocr3-saturate.py with a fixed window of
                  32 and with the adaptive window, on the real engine with long-tailed page
                  lengths (benchmarks/page_length.py)
