@@ -485,9 +485,9 @@ def prepare_page(cell, decode: bool = True) -> PreparedPage | None:
 
 
 def prepare_page_inline(cell) -> PreparedPage | None:
-    """The page, when its bytes are in memory and it goes out as it is: a header read, cheap
-    enough for the event loop. A thread hop per page cost the CPU engine here 5-10% of its
-    throughput (see the README's Performance section). None: the page needs the pool."""
+    """The page, when its bytes are in memory and it goes out as it is: a header read, cheaper
+    on the event loop than a hop to the pool and back (CPU that a server on the same machine
+    can use). None: the page needs the pool."""
     held = cell.get("bytes") if isinstance(cell, dict) else cell
     if not isinstance(held, (bytes, bytearray, memoryview)):
         return None
