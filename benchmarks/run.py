@@ -4,7 +4,7 @@ ratios, not the absolute figures). Not tests: nothing here asserts a speed.
     uv run --no-project --with-requirements tests/requirements.txt python benchmarks/run.py
     ... python benchmarks/run.py driver-cost memory     # some sections only
 
-Sections (all by default, in this order; about 8 minutes on 2 cores):
+Sections (all by default, in this order; 8 to 11 minutes on 2 cores):
   driver-cost    CPU per page of the driver against a zero-latency stub, on a realistic mix of
                  pages, next to a plain reference driver (benchmarks/reference_driver.py)
   memory         driver peak RSS at 8 and at 256 pages in flight (2048 px PNG pages, slow stub)

@@ -82,3 +82,32 @@ def test_benchmark_pages_differ_in_image_tokens():
     assert len(sizes) == 96
     assert all(w % 32 == 0 and h % 32 == 0 for w, h in sizes)
     assert len({(w // 32) * (h // 32) for w, h in sizes}) == 96
+
+
+def test_the_ceilings_clients_stay_off_the_engines_compute_cores(tmp_path):
+    """The cores come from the worker's own log line; both clients run on the others, and the
+    benchmark process gets its cores back afterwards."""
+    import os
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import run as bench
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+
+    log = tmp_path / "serve.log"
+    log.write_text("(EngineCore pid=1) INFO [ompmultiprocessing.py:185] \tlocal_rank=0, "
+                   "core ids=[0]\n")
+    engine = types.SimpleNamespace(server=types.SimpleNamespace(log=log))
+    assert bench.SharedEngine.compute_cores(engine) == {0}
+    before = os.sched_getaffinity(0)
+    with bench.ClientCores({0}) as cores:
+        inside = os.sched_getaffinity(0)
+        child = subprocess.run([sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"],
+                               capture_output=True, text=True).stdout.strip()
+    assert os.sched_getaffinity(0) == before
+    if len(before) > 1 and 0 in before:
+        assert inside == cores == before - {0}
+        assert child == str(sorted(before - {0}))  # a driver started from here inherits it
+    else:
+        assert inside == before  # nothing to keep clear of: left as it was
