@@ -478,16 +478,6 @@ def prepare_page(cell, decode: bool = True) -> PreparedPage | None:
         raise PageError(f"cannot decode image: {type(exc).__name__}: {exc}") from None
 
 
-def prepare_page_inline(cell) -> PreparedPage | None:
-    """The page, when its bytes are in memory and it goes out as it is: a header read, cheaper
-    on the event loop than a hop to the pool and back (CPU that a server on the same machine
-    can use). None: the page needs the pool."""
-    held = cell.get("bytes") if isinstance(cell, dict) else cell
-    if not isinstance(held, (bytes, bytearray, memoryview)):
-        return None
-    return prepare_page(cell, decode=False)
-
-
 # ---- text checks ----------------------------------------------------------------------------
 
 def repeated_tail(text: str, max_period: int = 200) -> tuple[int, int]:
@@ -1328,6 +1318,16 @@ class ServerManager:
                 self.process.wait(timeout=10)
             except (ProcessLookupError, subprocess.TimeoutExpired):
                 pass
+
+
+def prepare_page_inline(cell) -> PreparedPage | None:
+    """The page, when its bytes are in memory and it goes out as it is: a header read, cheaper
+    on the event loop than a hop to the pool and back (CPU that a server on the same machine
+    can use). None: the page needs the pool."""
+    held = cell.get("bytes") if isinstance(cell, dict) else cell
+    if not isinstance(held, (bytes, bytearray, memoryview)):
+        return None
+    return prepare_page(cell, decode=False)
 
 
 def request_body(page: PreparedPage, model_name: str, args) -> bytes:
