@@ -363,7 +363,7 @@ def prepare_page(cell, decode: bool = True) -> PreparedPage | None:
 
     A page that needs no change (a JPEG or PNG in RGB, upright, one frame, within bounds) is
     sent byte for byte: no new artifacts, no encoding cost. A complete JPEG (its end-of-image
-    marker last) is not decoded at all; damage inside one fails that row at the server. Others
+    marker last) is not decoded at all: damage inside one is left to the server's decoder. Others
     are decoded once (a JPEG that must shrink is decoded at reduced scale first), turned
     upright, converted to RGB, downscaled only when above the bound, and encoded once in
     PAGE_FORMAT: "png" (lossless, for models trained on PNG renders) or "jpeg" (quality 95, as
