@@ -27,6 +27,16 @@ def test_help_lists_every_section_and_unknown_ones_are_refused():
     assert "unknown section(s) no-such-section" in refused.stderr
 
 
+def load_bench():
+    """benchmarks/run.py as a module (it imports its neighbours from benchmarks/)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import run
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    return run
+
+
 def load_page_length():
     """benchmarks/page_length.py without an engine: vLLM's base class replaced by `object`."""
     fake = types.ModuleType("vllm.v1.sample.logits_processor")
@@ -65,11 +75,7 @@ def test_benchmark_pages_differ_in_image_tokens():
     from PIL import Image
     import datasets
 
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import run as bench
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    bench = load_bench()
 
     import tempfile
     from pathlib import Path
@@ -89,11 +95,7 @@ def test_the_ceilings_clients_stay_off_the_engines_compute_cores(tmp_path):
     benchmark process gets its cores back afterwards."""
     import os
 
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import run as bench
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    bench = load_bench()
 
     log = tmp_path / "serve.log"
     log.write_text("(EngineCore pid=1) INFO [ompmultiprocessing.py:185] \tlocal_rank=0, "
