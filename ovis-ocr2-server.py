@@ -169,6 +169,7 @@ def inference_settings(args) -> dict:
 import argparse
 import io
 import json
+import math
 import os
 import random
 import resource
@@ -187,14 +188,25 @@ IMAGE_EXTENSIONS = {".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp", ".webp", "
 MAX_DECODE_PIXELS = 250_000_000  # larger than any real scan: above it, a decompression bomb
 PART_NAME = re.compile(r"^part-(\d{9})-(\d{9})\.parquet$")
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
-UPLOAD_ATTEMPTS, UPLOAD_BACKOFF_S = 5, 2.0
+UPLOAD_ATTEMPTS, UPLOAD_BACKOFF_S, UPLOAD_MAX_WAIT_S = 5, 2.0, 600.0
+
+
+EXIT_USAGE, EXIT_DEGENERATE, EXIT_REFUSED, EXIT_NOT_WRITTEN, EXIT_NOT_UPLOADED = 2, 3, 4, 5, 6
+EXIT_CODES = """exit codes (the first that applies):
+  0    every pending row was written where OUTPUT says (error rows included)
+  2    usage error, or a rerun that is refused
+  3    degenerate output: the first pages all came back empty or looping (nothing written)
+  4    the server refused the run (API key, model gone, every page failing); finished rows kept
+  130  interrupted by SIGINT (Ctrl-C), 143 by SIGTERM; finished rows saved first
+  5    some rows were not written (see the log); rerun the same command to finish them
+  6    every row is written locally, but some files did not reach the Hub"""
 
 
 def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def fail(message: str, code: int = 2) -> "NoReturn":  # noqa: F821
+def fail(message: str, code: int = EXIT_USAGE) -> "NoReturn":  # noqa: F821
     log(f"error: {message}")
     raise SystemExit(code)
 
@@ -204,9 +216,9 @@ class PageError(Exception):
 
 
 class RunAborted(Exception):
-    """The run cannot go on (degenerate output, server down); finished rows are kept."""
+    """The run cannot go on (degenerate output, server gone); finished rows are kept."""
 
-    def __init__(self, message: str, code: int = 3):
+    def __init__(self, message: str, code: int = EXIT_NOT_WRITTEN):
         super().__init__(message)
         self.code = code
 
@@ -308,8 +320,9 @@ def check_output_columns(source: InputSource, args) -> list[str]:
 
 
 def result_column_names(column: str) -> list[str]:
-    return [column, f"{column}_error", f"{column}_finish_reason", f"{column}_prompt_tokens",
-            f"{column}_completion_tokens"] + [f"{column}_{suffix}" for suffix in EXTRA_COLUMNS]
+    return [column, f"{column}_error", f"{column}_error_kind", f"{column}_finish_reason",
+            f"{column}_prompt_tokens", f"{column}_completion_tokens"] + \
+        [f"{column}_{suffix}" for suffix in EXTRA_COLUMNS]
 
 
 # ---- page images --------------------------------------------------------------------------
@@ -497,11 +510,15 @@ def looks_degenerate(text: str | None) -> bool:
 
 class DegenerateCheck:
     """Stops the run when the first completed pages are all degenerate: a wrong model/image
-    pair looks like normal load from outside (full GPU, no errors)."""
+    pair looks like normal load from outside (full GPU, no errors). It judges at least
+    MIN_EVIDENCE pages (a blank last page proves nothing), and never a rerun of an output whose
+    earlier runs wrote text."""
+
+    MIN_EVIDENCE = 3
 
     def __init__(self, enabled: bool, pages: int, expected: int):
         self.enabled = enabled and expected > 0
-        self.pages = max(1, min(pages, expected))
+        self.pages = max(self.MIN_EVIDENCE, pages)
         self.seen: list[bool] = []
         self.tripped = False
         self.done = not self.enabled
@@ -521,26 +538,51 @@ class DegenerateCheck:
         if self.done:
             return
         self.done = True
-        if self.seen and all(self.seen):
+        if len(self.seen) >= self.MIN_EVIDENCE and all(self.seen):
             self.tripped = True
             raise RunAborted(
                 f"the first {len(self.seen)} pages all came back degenerate (empty, one "
                 f"character repeated, or a repetition loop). That is what a wrong model / engine "
                 f"pair looks like: this script was validated with {MODEL_ID} on "
                 f"{JOB_IMAGE}. Check --model and the image; pass "
-                f"--no-sanity-check to write such output anyway.", code=3)
+                f"--no-sanity-check to write such output anyway.", code=EXIT_DEGENERATE)
 
 
 # ---- results, parts and the output store -----------------------------------------------------
+
+PAGE, SERVER = "page", "server"  # an error row's kind: the page caused it (final), or the server
+# or the transport did (a rerun redoes it)
+
 
 @dataclass
 class RowResult:
     text: str | None = None
     error: str | None = None
+    error_kind: str | None = None  # PAGE or SERVER when error is set
     finish_reason: str | None = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     extras: dict = field(default_factory=dict)
+
+
+def error_row(message: str, kind: str) -> RowResult:
+    return RowResult(error=message, error_kind=kind)
+
+
+def exception_row(exc: BaseException, kind: str, what: str = "") -> RowResult:
+    """An unforeseen exception on a page's path, named, as that row's error."""
+    return error_row(f"{what}{type(exc).__name__}: {str(exc)[:500]}", kind)
+
+
+def postprocessed(result: RowResult, args) -> RowResult:
+    """The model's clean-up applied; an exception in it is this row's error, not the run's."""
+    if result.error is not None:
+        return result
+    try:
+        result.text, result.extras = postprocess(result.text, args)
+    except Exception as exc:
+        return exception_row(exc, PAGE, "post-processing failed: ")
+    return result
 
 
 def part_name(start: int, stop: int) -> str:
@@ -567,6 +609,7 @@ def output_features(source: InputSource, args):
     column = args.output_column
     features[column] = datasets.Value("string")
     features[f"{column}_error"] = datasets.Value("string")
+    features[f"{column}_error_kind"] = datasets.Value("string")
     features[f"{column}_finish_reason"] = datasets.Value("string")
     features[f"{column}_prompt_tokens"] = datasets.Value("int32")
     features[f"{column}_completion_tokens"] = datasets.Value("int32")
@@ -587,43 +630,123 @@ def extra_feature(kind: str):
     return datasets.Value("string")
 
 
-def write_part(path: Path, source: InputSource, start: int, results: list, features,
+def result_columns(results: list, column: str) -> dict:
+    out = {column: [r.text for r in results], f"{column}_error": [r.error for r in results],
+           f"{column}_error_kind": [r.error_kind for r in results],
+           f"{column}_finish_reason": [r.finish_reason for r in results],
+           f"{column}_prompt_tokens": [r.prompt_tokens for r in results],
+           f"{column}_completion_tokens": [r.completion_tokens for r in results]}
+    for suffix in EXTRA_COLUMNS:
+        out[f"{column}_{suffix}"] = [r.extras.get(suffix) for r in results]
+    return out
+
+
+def encode_rows(batch: dict, results: list, features, args):
+    """The Arrow table of a batch; a row whose result a column cannot hold becomes that row's
+    error (its other rows are kept), never a part that cannot be written."""
+    import pyarrow as pa
+
+    def encode():
+        batch.update(result_columns(results, args.output_column))
+        return pa.Table.from_pydict(features.encode_batch(batch), schema=features.arrow_schema)
+
+    try:
+        return encode()
+    except Exception:  # find the rows at fault: encode each alone
+        for i, result in enumerate(results):
+            one = {name: values[i:i + 1] for name, values in batch.items()}
+            one.update(result_columns([result], args.output_column))
+            try:
+                pa.Table.from_pydict(features.encode_batch(one), schema=features.arrow_schema)
+            except Exception as exc:
+                results[i] = exception_row(exc, PAGE, "the result cannot be stored: ")
+        return encode()
+
+
+def write_part(path: Path, source: InputSource, indices: list[int], results: list, features,
                info_entry: dict, args) -> None:
-    """Write rows [start, start+len(results)) with their results; atomic (tmp, then rename)."""
+    """Write the given rows (consecutive indices) with their results; atomic (tmp, then rename).
+    `results` may be edited: a result that cannot be stored becomes its row's error."""
+    import pyarrow.parquet as pq
+
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with pq.ParquetWriter(str(tmp), features.arrow_schema) as writer:
+            for offset in range(0, len(indices), 32):
+                chunk = indices[offset:offset + 32]
+                rows = source.dataset.select(chunk)
+                batch = {k: v for k, v in rows.to_dict().items() if k in features}
+                image_cells = batch.get(source.image_column) or []
+                for i, cell in enumerate(image_cells):  # embed image files that were only paths
+                    if isinstance(cell, dict) and cell.get("bytes") is None and cell.get("path"):
+                        try:
+                            image_cells[i] = {"bytes": Path(cell["path"]).read_bytes(),
+                                              "path": Path(cell["path"]).name}
+                        except OSError:
+                            pass  # unreadable: the row's error says so; keep the path
+                old_info = rows["inference_info"] if "inference_info" in rows.column_names \
+                    else [None] * len(chunk)
+                batch["inference_info"] = [append_info(old, info_entry) for old in old_info]
+                part = results[offset:offset + 32]
+                for i, result in enumerate(part):
+                    if result.error is not None and image_cells and not opens(image_cells[i]):
+                        image_cells[i] = None  # so that load_dataset(OUTPUT) iterates: see opens()
+                        part[i] = error_row(f"{result.error} (the image is not carried over: "
+                                            f"it cannot be decoded)", PAGE)
+                writer.write_table(encode_rows(batch, part, features, args))
+                results[offset:offset + 32] = part
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def opens(cell) -> bool:
+    """Whether `datasets` can decode this image cell by default (PIL, within its size limit): a
+    cell it cannot open would break `load_dataset(OUTPUT)` on every read of its row."""
+    from PIL import Image
+
+    data = cell.get("bytes") if isinstance(cell, dict) else None
+    if data is None:
+        return True  # no bytes (a path or nothing): datasets does not decode what is not there
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            Image.open(io.BytesIO(data)).load()
+        return True
+    except Exception:
+        return False
+
+
+def replace_rows(path: Path, start: int, redone: dict, features, args) -> None:
+    """Rewrite a part with some of its rows' results replaced (a rerun redid error rows);
+    atomic, so a row is never in two parts."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    column = args.output_column
-    schema = features.arrow_schema
-    tmp = path.with_suffix(".tmp")
-    with pq.ParquetWriter(str(tmp), schema) as writer:
-        for offset in range(0, len(results), 32):
-            chunk = results[offset:offset + 32]
-            rows = source.dataset.select(range(start + offset, start + offset + len(chunk)))
-            batch = rows.to_dict()
-            for name in list(batch):
-                if name not in features:
-                    del batch[name]
-            image_cells = batch.get(source.image_column) or []
-            for i, cell in enumerate(image_cells):  # embed image files that were only paths
-                if isinstance(cell, dict) and cell.get("bytes") is None and cell.get("path"):
-                    try:
-                        image_cells[i] = {"bytes": Path(cell["path"]).read_bytes(),
-                                          "path": Path(cell["path"]).name}
-                    except OSError:
-                        pass  # unreadable: the row's error says so; keep the path
-            old_info = rows["inference_info"] if "inference_info" in rows.column_names else [None] * len(chunk)
-            batch[column] = [r.text for r in chunk]
-            batch[f"{column}_error"] = [r.error for r in chunk]
-            batch[f"{column}_finish_reason"] = [r.finish_reason for r in chunk]
-            batch[f"{column}_prompt_tokens"] = [r.prompt_tokens for r in chunk]
-            batch[f"{column}_completion_tokens"] = [r.completion_tokens for r in chunk]
-            for suffix in EXTRA_COLUMNS:
-                batch[f"{column}_{suffix}"] = [r.extras.get(suffix) for r in chunk]
-            batch["inference_info"] = [append_info(old, info_entry) for old in old_info]
-            table = pa.Table.from_pydict(features.encode_batch(batch), schema=schema)
-            writer.write_table(table)
-    os.replace(tmp, path)
+    table = pq.read_table(str(path))
+    names = result_column_names(args.output_column)
+    columns = {name: table.column(name).to_pylist() for name in names if name in table.column_names}
+    results = [redone.get(start + i) for i in range(table.num_rows)]
+    replaced = result_columns([r or RowResult() for r in results], args.output_column)
+    for name, values in replaced.items():
+        old = columns.get(name, [None] * table.num_rows)
+        columns[name] = [new if r is not None else prev for new, prev, r in zip(values, old, results)]
+    import datasets
+
+    encoded = datasets.Features({n: features[n] for n in names}).encode_batch(columns)
+    for name in names:
+        array = pa.array(encoded[name], type=features.arrow_schema.field(name).type)
+        if name in table.column_names:
+            table = table.set_column(table.column_names.index(name), name, array)
+        else:
+            table = table.append_column(features.arrow_schema.field(name), array)
+    table = table.select(features.arrow_schema.names).cast(features.arrow_schema)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        pq.write_table(table, str(tmp))
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def append_info(old, entry: dict) -> str:
@@ -638,16 +761,153 @@ def append_info(old, entry: dict) -> str:
     return json.dumps(history + [entry], ensure_ascii=False)
 
 
+class Journal:
+    """Each finished row, appended the moment it is accepted (one JSON line, handed to the OS at
+    once and fsynced every few seconds), so `kill -9` loses none of them. A segment is removed
+    once parts hold all its rows; a rerun replays what earlier runs left."""
+
+    ROTATE_ROWS, SYNC_SECONDS = 2000, 2.0
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+        self.segments: dict[Path, set[int]] = {}  # each segment's rows not yet in a part
+        self.file = self.current = None
+        self.lines = 0
+        self.synced = time.monotonic()
+        self.lock = threading.Lock()
+        self.failed = False
+
+    def replay(self, wanted) -> dict[int, RowResult]:
+        """Rows earlier runs finished, oldest segment first; `wanted(row)` says which to take."""
+        rows: dict[int, RowResult] = {}
+        for path in sorted(self.folder.glob("*.jsonl")):
+            taken = set()
+            for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+                try:
+                    entry = json.loads(line)
+                    index = entry.pop("row")
+                    result = RowResult(**entry)
+                except (ValueError, TypeError, KeyError, AttributeError):
+                    continue  # the line a kill cut short
+                if wanted(index):
+                    rows[index] = result
+                    taken.add(index)
+            self.segments[path] = taken
+        return rows
+
+    def append(self, index: int, result: RowResult) -> None:
+        entry = {"row": index, **{k: v for k, v in result.__dict__.items()}}
+        line = json.dumps(entry) + "\n"  # ASCII escapes: any text, lone surrogates included
+        with self.lock:
+            try:
+                if self.file is None or self.lines >= self.ROTATE_ROWS:
+                    self._rotate()
+                self.file.write(line)
+                self.file.flush()
+                self.segments[self.current].add(index)
+                self.lines += 1
+                if time.monotonic() - self.synced >= self.SYNC_SECONDS:
+                    os.fsync(self.file.fileno())
+                    self.synced = time.monotonic()
+            except OSError as exc:  # a full disk: rows stay in memory until their part is written
+                if not self.failed:
+                    log(f"warning: cannot write the journal ({exc}); finished rows are kept in "
+                        f"memory until their part is written")
+                self.failed = True
+
+    def _rotate(self) -> None:
+        if self.file is not None:
+            self.file.close()
+            self._drop_empty()
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.current = self.folder / f"{time.time_ns():020d}-{os.getpid()}.jsonl"
+        self.file = open(self.current, "a", encoding="utf-8")
+        self.segments[self.current] = set()
+        self.lines = 0
+
+    def _drop_empty(self, every: bool = False) -> None:
+        for path, rows in list(self.segments.items()):
+            if not rows and (every or path != self.current):
+                path.unlink(missing_ok=True)
+                del self.segments[path]
+
+    def written(self, indices) -> None:
+        """These rows are in parts now."""
+        with self.lock:
+            for rows in self.segments.values():
+                rows.difference_update(indices)
+            self._drop_empty()
+
+    def close(self, discard: bool = False) -> None:
+        with self.lock:
+            if self.file is not None:
+                self.file.close()
+                self.file = None
+            if discard:
+                for rows in self.segments.values():
+                    rows.clear()
+            self._drop_empty(every=True)
+
+
+@dataclass
+class RowPlan:
+    """What this run does with its shard's rows."""
+    pending: list[int]  # rows to send, in order
+    recovered: dict  # row -> result an earlier run finished but no part holds yet (journal)
+    redo: dict  # row -> the part holding its error row, which this run redoes
+    skipped: int  # rows done before and not redone
+    earlier_ok: int  # rows earlier runs wrote with text
+
+
+def plan_rows(source: InputSource, store: "OutputStore", args) -> RowPlan:
+    """Rows not in any part, plus error rows a rerun redoes: those the server or transport
+    caused, or every error row with --retry-errors; minus what the journal already holds."""
+    import pyarrow.parquet as pq
+
+    column = args.output_column
+    covered = bytearray(source.hi - source.lo)
+    redo: dict[int, Path] = {}
+    earlier_ok = 0
+    for (start, stop), path in store.parts():
+        lo, hi = max(start, source.lo), min(stop, source.hi)
+        for i in range(lo, hi):
+            covered[i - source.lo] = 1
+        if path is None:  # only on the Hub: trust it, its error rows stay as they are
+            earlier_ok += stop - start
+            continue
+        names = pq.read_schema(str(path)).names
+        wanted = [n for n in (f"{column}_error", f"{column}_error_kind") if n in names]
+        if f"{column}_error" not in wanted:
+            continue
+        table = pq.read_table(str(path), columns=wanted).to_pydict()
+        kinds = table.get(f"{column}_error_kind") or [None] * len(table[f"{column}_error"])
+        for offset, (error, kind) in enumerate(zip(table[f"{column}_error"], kinds)):
+            if error is None:
+                earlier_ok += 1
+            elif (kind == SERVER or args.retry_errors) and lo <= start + offset < hi:
+                redo[start + offset] = path
+    uncovered = [source.lo + i for i, flag in enumerate(covered) if not flag]
+    recovered = store.journal.replay(lambda i: i in redo or (source.lo <= i < source.hi
+                                                             and not covered[i - source.lo]))
+    for index, result in list(recovered.items()):
+        if index in redo and result.error is not None and result.error_kind == SERVER \
+                and not args.retry_errors:
+            del recovered[index]  # a redo that failed again the same way: redo it once more
+    pending = sorted(i for i in set(uncovered) | set(redo) if i not in recovered)
+    skipped = source.hi - source.lo - len(pending) - len(recovered)
+    return RowPlan(pending, recovered, redo, skipped, earlier_ok)
+
+
 class OutputStore:
-    """Parts under data/ of a local folder, or of a staging folder uploaded to a Hub repo as
-    each part completes. A failed upload leaves the part on disk and says how to send it."""
+    """Parts under data/ of a local folder, or of a staging folder whose parts go to a Hub repo
+    in batched commits (at most one per 36 s x shards: the Hub takes about 128 commits an hour
+    per repo). Everything that is not data sits under .ocr/, which `datasets` never reads."""
 
     def __init__(self, target: str, args, hub_api=None):
         self.kind, self.target = resolve_output(target)
         self.args = args
         self.api = None
         self.upload_failures: list[str] = []
-        self._uploads: list[threading.Thread] = []
         if self.kind == "local":
             self.root = Path(self.target)
         else:
@@ -658,133 +918,230 @@ class OutputStore:
             base = Path(args.work_dir).expanduser() if args.work_dir else \
                 Path.home() / ".cache" / "ocr-vllm-scripts" / "outputs"
             self.root = base / self.target.replace("/", "__")
+        self.meta = self.root / ".ocr"
         (self.root / "data").mkdir(parents=True, exist_ok=True)
+        self.journal = Journal(self.meta / "journal" / f"shard-{args.shard_index}-of-{args.num_shards}")
         self.remote_names: set[str] = set()
+        self.queued: dict[str, Path] = {}  # path in repo -> local file, for the next commit
+        self.commit_interval = 36.0 * max(1, args.num_shards)
+        self.last_commit = -math.inf
+        self.committing: threading.Thread | None = None
+        self.queue_lock = threading.Lock()
         if self.api is not None:
             self.api.create_repo(self.target, repo_type="dataset", private=args.private or None,
                                  exist_ok=True)
             files = self.api.list_repo_files(self.target, repo_type="dataset")
             self.remote_names = {Path(f).name for f in files if f.startswith("data/")}
 
+    def parts(self) -> list[tuple[tuple[int, int], Path | None]]:
+        """((start, stop), local path or None when only the Hub has it) of every part."""
+        local = {p.name: p for p in (self.root / "data").glob("part-*.parquet")}
+        names = set(local) | self.remote_names
+        return [(r, local.get(part_name(*r))) for r in ranges_from_names(names)]
+
     def done_ranges(self) -> list[tuple[int, int]]:
-        local = {p.name for p in (self.root / "data").glob("part-*.parquet")}
-        return ranges_from_names(local | self.remote_names)
+        return [r for r, _ in self.parts()]
 
     def resend_local_parts(self) -> None:
         """Parts a killed or offline run left on disk but never uploaded."""
-        if self.api is None:
-            return
         for path in sorted((self.root / "data").glob("part-*.parquet")):
             if path.name not in self.remote_names:
                 self.publish(path)
 
     def publish(self, path: Path) -> None:
+        """A part is written (or rewritten): it goes to the Hub with the next commit."""
         if self.api is None:
             return
-        thread = threading.Thread(target=self._upload, args=(path, f"data/{path.name}"), daemon=True)
-        thread.start()
-        self._uploads.append(thread)
+        with self.queue_lock:
+            self.queued[f"data/{path.name}"] = path
+        self.commit_if_due()
 
-    def _upload(self, path: Path, path_in_repo: str) -> None:
+    def commit_if_due(self) -> None:
+        with self.queue_lock:
+            busy = self.committing is not None and self.committing.is_alive()
+            if busy or not self.queued or time.monotonic() - self.last_commit < self.commit_interval:
+                return
+            files, self.queued = self.queued, {}
+            self.last_commit = time.monotonic()
+            self.committing = threading.Thread(target=self._commit, args=(files,), daemon=True)
+            self.committing.start()
+
+    def _commit(self, files: dict) -> bool:
+        """One commit of several files; retried with backoff, honouring the Hub's Retry-After
+        on 429 (rate limit) and 412 (another shard committed first)."""
+        from huggingface_hub import CommitOperationAdd
+
+        operations = [CommitOperationAdd(path_in_repo=name, path_or_fileobj=str(local))
+                      for name, local in files.items()]
         for attempt in range(UPLOAD_ATTEMPTS):
             try:
-                self.api.upload_file(path_or_fileobj=str(path), path_in_repo=path_in_repo,
-                                     repo_id=self.target, repo_type="dataset",
-                                     commit_message=f"Add {path_in_repo}")
-                self.remote_names.add(Path(path_in_repo).name)
-                return
-            except Exception as exc:  # network, rate limit: back off, then leave it on disk
-                log(f"upload of {path_in_repo} failed ({type(exc).__name__}: {exc}); "
-                    f"attempt {attempt + 1}/{UPLOAD_ATTEMPTS}")
-                time.sleep(min(60.0, UPLOAD_BACKOFF_S * 2 ** attempt) * random.uniform(0.5, 1.0))
-        self.upload_failures.append(path_in_repo)
+                self.api.create_commit(self.target, operations=operations, repo_type="dataset",
+                                       commit_message=f"Add {len(files)} file(s) (OCR)")
+                self.remote_names.update(Path(name).name for name in files if name.startswith("data/"))
+                return True
+            except Exception as exc:  # network, rate limit, a concurrent commit
+                response = getattr(exc, "response", None)
+                status = getattr(response, "status_code", None)
+                wait = min(60.0, UPLOAD_BACKOFF_S * 2 ** attempt) * random.uniform(0.5, 1.0)
+                retry_after = (getattr(response, "headers", None) or {}).get("Retry-After")
+                if status in (412, 429) and retry_after:
+                    try:
+                        wait = float(retry_after)
+                    except ValueError:
+                        pass
+                if attempt + 1 == UPLOAD_ATTEMPTS or wait > UPLOAD_MAX_WAIT_S:
+                    log(f"commit of {len(files)} file(s) failed ({type(exc).__name__}: {exc}); "
+                        f"giving up on it for now")
+                    break
+                log(f"commit of {len(files)} file(s) failed ({type(exc).__name__}: {exc}); "
+                    f"retrying in {wait:.0f} s ({attempt + 1}/{UPLOAD_ATTEMPTS})")
+                time.sleep(wait)
+        with self.queue_lock:
+            for name, local in files.items():
+                self.queued.setdefault(name, local)  # the final commit tries them again
+        return False
 
-    def finish(self, card: str) -> None:
-        (self.root / "README.md").write_text(card, encoding="utf-8")
-        for thread in self._uploads:
-            thread.join()
-        if self.api is not None:
-            self._upload(self.root / "README.md", "README.md")
+    def finish(self, card: str | None) -> None:
+        """The card, then (Hub) every queued file in one last commit."""
+        if card is not None:
+            (self.root / "README.md").write_text(card, encoding="utf-8")
+        if self.api is None:
+            return
+        if self.committing is not None:
+            self.committing.join()
+        with self.queue_lock:
+            files, self.queued = self.queued, {}
+        if card is not None:
+            files["README.md"] = self.root / "README.md"
+        if files and not self._commit(files):
+            with self.queue_lock:
+                self.upload_failures = sorted(self.queued)
         if self.upload_failures:
             log(f"{len(self.upload_failures)} file(s) did not reach the Hub; they are safe in "
                 f"{self.root}. Send them with:\n  hf upload {self.target} {self.root} . "
-                f"--repo-type dataset\nor rerun the same command (it resumes and uploads them).")
+                f"--repo-type dataset --exclude '.ocr/*'\nor rerun the same command (it resumes "
+                f"and uploads them).")
 
     def location(self) -> str:
         return str(self.root) if self.kind == "local" else f"https://huggingface.co/datasets/{self.target}"
 
 
-class OrderedWriter:
-    """Collects results by row index and writes contiguous runs of finished rows as parts, in
-    input order. Rows are flushed every `part_rows` rows or `part_seconds` seconds, and any
-    finished run is flushed on abort, so a crash loses at most the rows still in flight."""
+class PartWriter:
+    """Finished rows go to the journal at once and, once the degenerate check has passed, into
+    parquet parts. Parts follow fixed blocks of --part-rows row indices: a block is written as
+    soon as its rows are all finished, whatever the order they finish in (a slow page holds
+    back only its own block). Every --part-seconds, and at the end or on an abort, the finished
+    rows of the other blocks are written too. A redone error row replaces it in its part."""
 
-    def __init__(self, store: OutputStore, source: InputSource, pending: list[int], features,
+    def __init__(self, store: OutputStore, source: InputSource, plan: RowPlan, features,
                  info_entry: dict, args):
-        self.store, self.source, self.pending = store, source, pending
-        self.features, self.info_entry, self.args = features, info_entry, args
-        self.results: dict[int, RowResult] = {}
-        self.next_pos = 0  # position in pending of the first row not yet written
-        self.ready_pos = 0  # position of the first row not yet finished, from next_pos on
+        self.store, self.source, self.features = store, source, features
+        self.info_entry, self.args = info_entry, args
+        self.redo = dict(plan.redo)  # row -> part holding its error row, until replaced
+        self.results: dict[int, RowResult] = dict(plan.recovered)  # finished, in no part yet
+        self.left: dict[int, int] = {}  # block -> its rows not finished yet
+        for index in plan.pending:
+            if index not in self.redo:
+                block = index // args.part_rows
+                self.left[block] = self.left.get(block, 0) + 1
+        self.complete = {i // args.part_rows for i in self.results if i not in self.redo} \
+            - set(self.left)
+        self.checked = False  # the degenerate check has passed: parts may be written
+        self.lock = threading.Lock()
         self.last_flush = time.monotonic()
-        self.parts_written = 0
+        self.rows_ok = self.rows_failed = self.parts_written = 0
+        self.write_errors: list[str] = []
+        self.failed: set[Path] = set()
 
     def add(self, index: int, result: RowResult) -> None:
-        self.results[index] = result
+        self.store.journal.append(index, result)
+        with self.lock:
+            self.results[index] = result
+            block = index // self.args.part_rows
+            if index not in self.redo:
+                self.left[block] -= 1
+                if not self.left[block]:
+                    del self.left[block]
+                    self.complete.add(block)
+
+    def check_passed(self) -> None:
+        self.checked = True
 
     def due(self) -> bool:
-        pos = max(self.ready_pos, self.next_pos)  # resumes where the last call stopped
-        while pos < len(self.pending) and self.pending[pos] in self.results:
-            pos += 1
-        self.ready_pos = pos
-        ready = pos - self.next_pos
-        if ready == 0:
-            return False
-        return ready >= self.args.part_rows or time.monotonic() - self.last_flush >= self.args.part_seconds \
-            or pos == len(self.pending)
+        return self.checked and bool(self.results) and (
+            bool(self.complete) or time.monotonic() - self.last_flush >= self.args.part_seconds)
 
-    def flush(self, everything: bool = False) -> int:
-        """Write finished rows; with everything, also runs after a gap (abort). Returns rows written."""
-        written = 0
-        pos = self.next_pos
-        while pos < len(self.pending):
-            run = []
-            while pos < len(self.pending) and self.pending[pos] in self.results:
-                index = self.pending[pos]
-                if run and index != run[-1] + 1:
-                    break  # rows already written by an earlier run sit between: new part
-                run.append(index)
-                pos += 1
-            if run:
+    def flush(self, final: bool = False) -> None:
+        """Write complete blocks; every finished row when --part-seconds passed or final."""
+        everything = final or time.monotonic() - self.last_flush >= self.args.part_seconds
+        with self.lock:
+            blocks, self.complete = self.complete, set()
+            rows = sorted(i for i in self.results if i not in self.redo
+                          and (everything or i // self.args.part_rows in blocks))
+        run: list[int] = []
+        for index in rows + [None]:
+            if run and (index is None or index != run[-1] + 1
+                        or index // self.args.part_rows != run[-1] // self.args.part_rows):
                 self._write(run)
-                written += len(run)
-                if pos - len(run) == self.next_pos:
-                    self.next_pos = pos
-                continue
-            if not everything:
-                break
-            pos += 1  # a row still missing: skip it, keep writing finished runs after it
-        self.last_flush = time.monotonic()
-        return written
+                run = []
+            if index is not None:
+                run.append(index)
+        self._replace(everything)
+        if everything:
+            self.failed.clear()
+            self.last_flush = time.monotonic()
 
-    def _write(self, run: list[int]) -> None:
-        """One part per --part-rows rows of a contiguous run."""
-        for offset in range(0, len(run), self.args.part_rows):
-            chunk = run[offset:offset + self.args.part_rows]
-            start, stop = chunk[0], chunk[-1] + 1
-            path = self.store.root / "data" / part_name(start, stop)
-            results = [self.results.pop(i) for i in chunk]
-            write_part(path, self.source, start, results, self.features, self.info_entry, self.args)
-            self.parts_written += 1
+    def _written(self, indices: list[int], results: list) -> None:
+        with self.lock:
+            for index in indices:
+                self.results.pop(index, None)
+                self.redo.pop(index, None)
+        ok = sum(r.error is None for r in results)
+        self.rows_ok += ok
+        self.rows_failed += len(results) - ok
+        self.store.journal.written(indices)
+
+    def _write(self, chunk: list[int]) -> None:
+        path = self.store.root / "data" / part_name(chunk[0], chunk[-1] + 1)
+        results = [self.results[i] for i in chunk]
+        try:
+            write_part(path, self.source, chunk, results, self.features, self.info_entry, self.args)
+        except Exception as exc:  # a full disk, a bad input cell: keep the rows, try again later
+            self._write_failed(path, exc)
+            return
+        self.parts_written += 1
+        self._written(chunk, results)
+        self.store.publish(path)
+
+    def _replace(self, everything: bool) -> None:
+        """Rewrite parts whose redone rows are all finished (or any, at the end)."""
+        by_part: dict[Path, list[int]] = {}
+        with self.lock:
+            for index, path in self.redo.items():
+                by_part.setdefault(path, []).append(index)
+            ready = {path: rows for path, rows in by_part.items()
+                     if any(i in self.results for i in rows) and (everything or (
+                         path not in self.failed and all(i in self.results for i in rows)))}
+        for path, rows in ready.items():
+            redone = {i: self.results[i] for i in rows if i in self.results}
+            start = ranges_from_names([path.name])[0][0]
+            try:
+                replace_rows(path, start, redone, self.features, self.args)
+            except Exception as exc:
+                self._write_failed(path, exc)
+                self.failed.add(path)  # tried again at the next full flush
+                continue
+            self._written(list(redone), list(redone.values()))
             self.store.publish(path)
 
+    def _write_failed(self, path: Path, exc: Exception) -> None:
+        message = f"cannot write {path.name}: {type(exc).__name__}: {exc}"
+        log(f"error: {message}; its rows are kept and written again later")
+        self.write_errors.append(message)
+        self.last_flush = time.monotonic()  # wait a while before the next attempt
 
-def pending_rows(source: InputSource, done: list[tuple[int, int]]) -> list[int]:
-    covered = bytearray(source.hi - source.lo)
-    for a, b in done:
-        for i in range(max(a, source.lo), min(b, source.hi)):
-            covered[i - source.lo] = 1
-    return [source.lo + i for i, flag in enumerate(covered) if not flag]
+    def unwritten(self) -> int:
+        return len(self.results)
 
 
 def iter_image_cells(source: InputSource, indices: list[int], batch: int = 64):
@@ -814,7 +1171,8 @@ class RunStats:
     def __init__(self, rows_total: int, rows_skipped: int):
         self.started = time.monotonic()
         self.rows_total, self.rows_skipped = rows_total, rows_skipped
-        self.rows_ok = self.rows_failed = 0
+        self.rows_ok = self.rows_failed = 0  # rows written, error rows included (the writer's count)
+        self.errors_seen = 0
         self.latencies: list[float] = []
         self.finished_at: list[float] = []
         self.first_started: float | None = None  # the first page entered the pipeline
@@ -825,10 +1183,7 @@ class RunStats:
         self.extra: dict = {}
 
     def record(self, result: RowResult, latency: float | None) -> None:
-        if result.error is None:
-            self.rows_ok += 1
-        else:
-            self.rows_failed += 1
+        self.errors_seen += result.error is not None
         if latency is not None:
             self.latencies.append(latency)
         self.finished_at.append(time.monotonic())
@@ -867,6 +1222,7 @@ class RunStats:
         return {
             "rows_total": self.rows_total, "rows_ok": self.rows_ok,
             "rows_failed": self.rows_failed, "rows_skipped": self.rows_skipped,
+            "rows_not_written": self.rows_total - self.rows_ok - self.rows_failed - self.rows_skipped,
             "elapsed_s": round(elapsed, 3),
             "active_s": round(active, 3) if active else None,
             "pages_per_s": round(done / elapsed, 4) if elapsed > 0 else None,
@@ -926,11 +1282,6 @@ tags:
 - ocr
 - vllm
 - uv-script
-configs:
-- config_name: default
-  data_files:
-  - split: train
-    path: data/*.parquet
 ---
 
 # OCR of `{source.description}` with {MODEL_ID}
@@ -943,6 +1294,7 @@ with `{Path(sys.argv[0]).name}` ({SCRIPT_SHAPE} shape), from {provenance}.
 | --- | --- |
 | `{column}` | the page as Markdown; null when the row failed |
 | `{column}_error` | why the row failed; null on success |
+| `{column}_error_kind` | `page` (the page caused it: final) or `server` (a rerun retries it) |
 | `{column}_finish_reason` | `stop`, or `length` when the token budget ran out |
 | `{column}_prompt_tokens`, `{column}_completion_tokens` | token counts of the request |
 | `inference_info` | JSON list, one entry per model run over this dataset |
@@ -990,14 +1342,19 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
                        help="column for the text; diagnostics are named after it (default: markdown)")
     group.add_argument("--overwrite", action="store_true",
                        help="replace result columns that the input already has")
+    group.add_argument("--retry-errors", action="store_true",
+                       help="redo every error row of OUTPUT (a rerun always redoes the rows the "
+                            "server or the connection failed, never those the page failed)")
     group.add_argument("--private", action="store_true", help="create the Hub repo private")
     group.add_argument("--hf-token", help="Hub token (default: HF_TOKEN or your login)")
     group.add_argument("--work-dir", help="staging folder for Hub output "
                        "(default: ~/.cache/ocr-vllm-scripts/outputs)")
     group.add_argument("--part-rows", type=int, default=250,
-                       help="rows per parquet part; a part is also written every --part-seconds")
+                       help="rows per parquet part (default: 250); every finished row is also "
+                            "journaled under OUTPUT/.ocr/ at once, so a crash loses none")
     group.add_argument("--part-seconds", type=float, default=300.0,
-                       help="write finished rows at least this often (resume granularity)")
+                       help="write finished rows into parts (and, for a Hub OUTPUT, commit "
+                            "them) at least this often (default: 300)")
     group.add_argument("--stats-json", help="write the run's stats as JSON to this path")
     group = parser.add_argument_group("model")
     group.add_argument("--model", default=MODEL_ID,
@@ -1016,24 +1373,87 @@ def write_stats(stats: dict, args) -> None:
         Path(args.stats_json).expanduser().write_text(json.dumps(stats, indent=2))
 
 
-def keep_finished_rows(writer: OrderedWriter, check: DegenerateCheck) -> None:
-    """After an abort or interrupt: write every finished row (a rerun resumes after them),
-    unless the pages seen so far are all degenerate."""
-    try:
-        check.finish()
-    except RunAborted:
-        pass
-    if check.tripped:
-        log("the pages finished so far are all degenerate: not writing them")
-        return
-    writer.flush(everything=True)
+def observe_recovered(plan: RowPlan, check: DegenerateCheck) -> None:
+    """Rows a killed run journaled before its degenerate check had spoken: judged first."""
+    for result in plan.recovered.values():
+        if result.error is None:
+            check.observe(result.text)
 
 
-def install_sigterm_handler() -> None:
-    """SIGTERM (a cancelled Job) unwinds like Ctrl-C: finished rows are written, servers stopped."""
-    def on_term(signum, frame):
+class Interrupts:
+    """SIGINT and SIGTERM (a cancelled Job) stop the run once, as KeyboardInterrupt; until the
+    finished rows are saved, further signals only say so. After that, one more stops the
+    engine at once."""
+
+    def __init__(self):
+        self.signum: int | None = None
+        self.saved = False
+        self.previous = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self.previous[sig] = signal.signal(sig, self.on_signal)
+
+    def on_signal(self, signum, frame) -> None:
+        if self.signum is not None and not self.saved:
+            log("saving the finished rows first; the run stops once they are on disk")
+            return
+        self.signum = signum
         raise KeyboardInterrupt
-    signal.signal(signal.SIGTERM, on_term)
+
+    def exit_code(self) -> int:
+        return 128 + int(self.signum or signal.SIGINT)
+
+    def restore(self) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+
+
+def finish_run(code: int, writer: PartWriter, check: DegenerateCheck, store: OutputStore,
+               stats: RunStats, interrupts: Interrupts, stop_engine, make_card, args) -> int:
+    """The end of every run, whatever ended it: save the finished rows (signals wait), stop the
+    engine, then the card, the stats and the exit code that tells the truth."""
+    try:
+        try:
+            check.finish()
+        except RunAborted as exc:
+            log(f"error: {exc}")
+            code = code or exc.code
+        if check.tripped:
+            store.journal.close(discard=True)
+            log("the pages finished so far are all degenerate: nothing is written")
+        else:
+            if not writer.checked:
+                writer.check_passed()
+            writer.flush(final=True)
+            store.journal.close()
+            if code:
+                log(f"saved: {writer.rows_ok + writer.rows_failed} finished rows are in "
+                    f"{store.location()}; rerun the same command to resume")
+    finally:
+        interrupts.saved = True
+    try:
+        stop_engine(False)
+    except KeyboardInterrupt:
+        stop_engine(True)
+    stats.rows_ok, stats.rows_failed = writer.rows_ok, writer.rows_failed
+    result = stats.as_dict()
+    if result["rows_not_written"] and not code:
+        code = EXIT_NOT_WRITTEN
+        log(f"error: {result['rows_not_written']} row(s) were not written"
+            + (f" ({writer.write_errors[-1]})" if writer.write_errors else "")
+            + "; rerun the same command to finish them")
+    wrote = writer.rows_ok + writer.rows_failed
+    store.finish(make_card(result) if wrote and not check.tripped else None)
+    if store.upload_failures and not code:
+        code = EXIT_NOT_UPLOADED
+    result["exit_code"] = code
+    write_stats(result, args)
+    log(f"done: {result['rows_ok']} ok, {result['rows_failed']} failed, "
+        f"{result['rows_skipped']} skipped, {result['rows_not_written']} not written in "
+        f"{result['elapsed_s']:.1f} s ({result['pages_per_s'] or 0:.2f} pages/s) -> "
+        f"{store.location()} (exit {code})")
+    interrupts.restore()
+    return code
 # ==== END COMMON HELPERS ====
 
 
@@ -1132,7 +1552,7 @@ class ServerManager:
         response.raise_for_status()
         return response.json().get("data", [])
 
-    async def ready(self, client) -> bool:
+    async def ready(self, client, starting: bool = True) -> bool:
         if not await self.healthy(client):
             return False
         try:
@@ -1144,8 +1564,12 @@ class ServerManager:
                 self.max_model_len = entry.get("max_model_len") or self.max_model_len
                 return True
         names = ", ".join(m.get("id", "?") for m in models)
-        fail(f"the server at {self.base} serves {names or 'no model'}, not {self.model_name}. "
-             f"Pass --model with the served name, or point --server elsewhere.")
+        message = (f"the server at {self.base} serves {names or 'no model'}, not "
+                   f"{self.model_name}. Pass --model with the served name, or point --server "
+                   f"elsewhere.")
+        if starting:
+            fail(message)
+        raise RunAborted(message, EXIT_REFUSED)  # it changed under a running job
 
     def port_in_use(self) -> bool:
         try:
@@ -1254,7 +1678,7 @@ class ServerManager:
         """After a connection error: return once the server answers again, restarting a spawned
         one that died (bounded), or raise RunAborted."""
         async with self._lock:
-            if await self.healthy(client):
+            if await self.ready(client, starting=False):
                 return
             if self.process is not None and self.process.poll() is not None:
                 if self.restarts >= self.args.max_restarts:
@@ -1269,30 +1693,33 @@ class ServerManager:
                 return
             deadline = time.monotonic() + self.args.server_down_timeout
             while time.monotonic() < deadline:
-                if await self.healthy(client):
+                if await self.ready(client, starting=False):
                     return
                 if self.process is not None and self.process.poll() is not None:
                     break
                 await asyncio.sleep(2.0)
             else:
                 raise RunAborted(f"the server at {self.base} stopped answering for "
-                                 f"{self.args.server_down_timeout:.0f} s; finished rows are saved, "
-                                 f"rerun the same command to resume.")
+                                 f"{self.args.server_down_timeout:g} s")
         await self.recover(client)  # the spawned server died while we waited: restart it
 
-    def stop(self) -> None:
+    def stop(self, force: bool = False) -> None:
+        """Stop the server this run started (its whole process group); never another one."""
         if self.process is None or self.process.poll() is not None:
-            self.process = None if self.process is None else self.process
             return
         try:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            self.process.wait(timeout=30)
+            if not force:
+                log("stopping the vllm serve this run started")
+                os.killpg(self.process.pid, signal.SIGTERM)
+                try:
+                    self.process.wait(timeout=30)
+                    return
+                except subprocess.TimeoutExpired:
+                    pass
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=10)
         except (ProcessLookupError, subprocess.TimeoutExpired):
-            try:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(timeout=10)
-            except (ProcessLookupError, subprocess.TimeoutExpired):
-                pass
+            pass
 
 
 def prepare_page_inline(cell) -> PreparedPage | None:
@@ -1314,7 +1741,42 @@ def request_body(page: PreparedPage, model_name: str, args) -> bytes:
                      base64.b64encode(page.data), tail.encode()))
 
 
-async def send_page(client, server: ServerManager, body: bytes, args) -> RowResult:
+def count_or_none(value) -> int | None:
+    """A token count as the int32 column holds it, or None."""
+    return value if isinstance(value, int) and 0 <= value < 2 ** 31 else None
+
+
+def read_completion(response) -> RowResult:
+    """The row's result from a 200 answer; a malformed one is the server's error."""
+    try:
+        payload = response.json()
+        choice = payload["choices"][0]
+        text = choice["message"]["content"]
+        if text is not None and not isinstance(text, str):
+            raise TypeError(f"content is {type(text).__name__}")
+        usage = payload.get("usage") or {}
+        finish = choice.get("finish_reason")
+        return RowResult(text=text or "", finish_reason=finish if isinstance(finish, str) else None,
+                         prompt_tokens=count_or_none(usage.get("prompt_tokens")),
+                         completion_tokens=count_or_none(usage.get("completion_tokens")))
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
+        return error_row(f"unreadable response ({type(exc).__name__}: {exc}): "
+                         f"{response.text[:300]}", SERVER)
+
+
+def refusal(response, server) -> RunAborted | None:
+    """An answer that refuses the whole run, not this page."""
+    status, text = response.status_code, response.text[:300]
+    if status in (401, 403):
+        return RunAborted(f"the server at {server.base} refuses the API key (HTTP {status}: "
+                          f"{text}). Pass the right --api-key (or VLLM_API_KEY).", EXIT_REFUSED)
+    if status == 404 and "does not exist" in text:
+        return RunAborted(f"the server at {server.base} no longer serves {server.model_name} "
+                          f"(HTTP 404: {text}); it was restarted with another model?", EXIT_REFUSED)
+    return None
+
+
+async def send_page(client, server: "ServerManager", body: bytes, args) -> RowResult:
     """POST one page; retry what may pass next time, record what will not."""
     url = f"{server.base}/v1/chat/completions"
     headers = {"Content-Type": "application/json", **server.headers}
@@ -1326,30 +1788,47 @@ async def send_page(client, server: ServerManager, body: bytes, args) -> RowResu
                 httpx.WriteError) as exc:
             outages += 1
             if outages > args.max_restarts + 5:
-                return RowResult(error=f"connection failed {outages} times: {exc}")
+                return error_row(f"connection failed {outages} times: {exc}", SERVER)
             await server.recover(client)  # raises RunAborted when the server is gone for good
             continue
         except httpx.TimeoutException:
-            last_error = f"timed out after {args.request_timeout:.0f} s"
+            last_error = f"timed out after {args.request_timeout:g} s"
+        except httpx.HTTPError as exc:  # an answer httpx cannot read (a gzip body that is not)
+            last_error = f"unreadable answer: {type(exc).__name__}: {exc}"
         else:
             if response.status_code == 200:
-                try:
-                    payload = response.json()
-                    choice = payload["choices"][0]
-                    usage = payload.get("usage") or {}
-                    return RowResult(text=choice["message"].get("content") or "",
-                                     finish_reason=choice.get("finish_reason"),
-                                     prompt_tokens=usage.get("prompt_tokens"),
-                                     completion_tokens=usage.get("completion_tokens"))
-                except (ValueError, KeyError, IndexError, TypeError) as exc:
-                    return RowResult(error=f"unreadable response: {exc}: {response.text[:300]}")
+                return read_completion(response)
+            refused = refusal(response, server)
+            if refused is not None:
+                raise refused
             last_error = f"HTTP {response.status_code}: {response.text[:500]}"
             if response.status_code not in RETRY_STATUS:
-                return RowResult(error=last_error)
+                return error_row(last_error, PAGE)  # the request itself (this page) is refused
         attempt += 1
         if attempt <= args.max_retries:
             await asyncio.sleep(min(30.0, 2 ** attempt) * random.uniform(0.5, 1.0))
-    return RowResult(error=f"gave up after {args.max_retries + 1} attempts: {last_error}")
+    return error_row(f"gave up after {args.max_retries + 1} attempts: {last_error}", SERVER)
+
+
+class FailureStorm:
+    """Aborts the run when every page fails for the server's reasons, many pages in a row over a
+    while: a dataset of error rows helps nobody, and the rerun will redo them."""
+
+    def __init__(self, pages: int, seconds: float):
+        self.pages, self.seconds = pages, seconds
+        self.count, self.since = 0, None
+
+    def observe(self, result: RowResult) -> None:
+        if result.error_kind != SERVER:
+            self.count, self.since = 0, None
+            return
+        self.count += 1
+        self.since = self.since or time.monotonic()
+        if self.count >= self.pages and time.monotonic() - self.since >= self.seconds:
+            raise RunAborted(f"the last {self.count} pages all failed on the server's side over "
+                             f"{time.monotonic() - self.since:.0f} s (last: {result.error[:300]}); "
+                             f"stopping instead of writing error rows. Finished rows are saved; "
+                             f"rerun the same command once the server is fixed.", EXIT_REFUSED)
 
 
 class ClientGroup:
@@ -1586,7 +2065,7 @@ class WindowController:
             self.telemetry.close()
 
 
-async def run_server_pipeline(source: InputSource, pending: list[int], writer: OrderedWriter,
+async def run_server_pipeline(source: InputSource, pending: list[int], writer: PartWriter,
                               stats: RunStats, args, server: ServerManager, window: Window,
                               check: DegenerateCheck,
                               controller: WindowController | None = None) -> None:
@@ -1601,6 +2080,8 @@ async def run_server_pipeline(source: InputSource, pending: list[int], writer: O
     write_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="write")
     loop = asyncio.get_running_loop()
     write_lock = asyncio.Lock()
+    store = writer.store
+    storm = FailureStorm(args.abort_after_failures, args.abort_after_seconds)
     failure: list[BaseException] = []
     bar = adapting = None
     async with ClientGroup(limits=limits, timeout=timeout) as client:
@@ -1612,11 +2093,10 @@ async def run_server_pipeline(source: InputSource, pending: list[int], writer: O
                        mininterval=0.5 if sys.stderr.isatty() else 10.0)
 
             async def flush_if_due(final: bool = False) -> None:
-                if not check.settled() and not final:
-                    return  # degenerate rows must not reach disk before the check has spoken
                 if final or writer.due():
                     async with write_lock:
                         await loop.run_in_executor(write_pool, writer.flush, final)
+                store.commit_if_due()
 
             async def one(index: int, cell) -> None:
                 latency = None
@@ -1634,29 +2114,40 @@ async def run_server_pipeline(source: InputSource, pending: list[int], writer: O
                     if controller:
                         controller.note_body(len(body))
                     sent = time.monotonic()
-                    result = await send_page(client, server, body, args)
+                    try:
+                        result = await send_page(client, server, body, args)
+                    except (RunAborted, PageError):
+                        raise
+                    except Exception as exc:  # whatever the transport raised: the server's side
+                        result = exception_row(exc, SERVER, "request failed: ")
                     del body
                     latency = time.monotonic() - sent
                 except PageError as exc:
-                    result = RowResult(error=str(exc))
+                    result = error_row(str(exc), PAGE)
                 except RunAborted as exc:
                     failure.append(exc)
                     return
+                except Exception as exc:  # reading or preparing the page: this row fails, not the run
+                    result = exception_row(exc, PAGE)
                 finally:
                     stats.leave()
                     await window.release()  # the answer is in: the next page may go
-                if result.error is None:
-                    result.text, result.extras = postprocess(result.text, args)
-                    try:
+                result = postprocessed(result, args)
+                try:
+                    if result.error is None:
                         check.observe(result.text)
-                    except RunAborted as exc:
-                        failure.append(exc)
+                    storm.observe(result)
+                except RunAborted as exc:
+                    failure.append(exc)
+                    if check.tripped:
                         return
                 writer.add(index, result)
+                if check.settled() and not writer.checked:
+                    writer.check_passed()
                 stats.record(result, latency)
                 bar.update(1)
                 if result.error is not None:
-                    bar.set_postfix(errors=stats.rows_failed, refresh=False)
+                    bar.set_postfix(errors=stats.errors_seen, refresh=False)
                 if controller is not None:
                     controller.on_result(result, latency)
                 await flush_if_due()
@@ -1684,8 +2175,6 @@ async def run_server_pipeline(source: InputSource, pending: list[int], writer: O
                 adapting.cancel()
                 await asyncio.gather(adapting, return_exceptions=True)
                 await controller.sample(client, server)
-            check.finish()
-            await flush_if_due(final=True)
         finally:
             if controller is not None:
                 if adapting is not None:
@@ -1720,6 +2209,11 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
                        help="seconds for one page's answer (default: 900)")
     group.add_argument("--max-retries", type=int, default=4,
                        help="retries of a page after a timeout, 429 or 5xx (default: 4)")
+    group.add_argument("--abort-after-failures", type=int, default=20,
+                       help="stop the run when this many pages in a row fail on the server's "
+                            "side (5xx, timeouts) over at least --abort-after-seconds (default: 20)")
+    group.add_argument("--abort-after-seconds", type=float, default=60.0,
+                       help="see --abort-after-failures (default: 60)")
     if SCRIPT_SHAPE != "saturate":
         group.add_argument("--concurrency", type=int, default=32,
                            help="pages in flight at once (default: 32, the seed's setting)")
@@ -1765,7 +2259,7 @@ def server_argument_parser(doc: str) -> argparse.ArgumentParser:
     """Every option of a server script: input/output, server, then the model's own."""
     parser = argparse.ArgumentParser(
         description=doc.split("\n\n")[0],
-        epilog=doc.split("\n\n", 1)[1],
+        epilog=doc.split("\n\n", 1)[1] + "\n" + EXIT_CODES,
         formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common_arguments(parser)
     add_server_arguments(parser)
@@ -1777,33 +2271,39 @@ def run_server_script(doc: str, argv: list[str] | None = None, hub_api=None) -> 
     """The whole run: arguments, input, engine, output. `main()` calls it with the docstring."""
     argv = sys.argv[1:] if argv is None else list(argv)
     args = server_argument_parser(doc).parse_args(argv)
-    install_sigterm_handler()
     resolve_output(args.output)  # a bad OUTPUT fails before any data is touched
 
     source = open_input(args)
     check_output_columns(source, args)
     store = OutputStore(args.output, args, hub_api)
     store.resend_local_parts()
-    pending = pending_rows(source, store.done_ranges())
-    stats = RunStats(rows_total=source.hi - source.lo,
-                     rows_skipped=source.hi - source.lo - len(pending))
+    plan = plan_rows(source, store, args)
+    pending = plan.pending
+    stats = RunStats(rows_total=source.hi - source.lo, rows_skipped=plan.skipped)
+    stats.extra["rows_recovered"] = len(plan.recovered)
     info_entry = info_entry_for(args, effective_serve_args(args))
-    writer = OrderedWriter(store, source, pending, output_features(source, args), info_entry, args)
-    server = ServerManager(args, argv, store.root / "logs")
-    check = DegenerateCheck(not args.no_sanity_check, args.sanity_pages, len(pending))
+    writer = PartWriter(store, source, plan, output_features(source, args), info_entry, args)
+    server = ServerManager(args, argv, store.meta / "logs")
+    check = DegenerateCheck(not args.no_sanity_check and not plan.earlier_ok, args.sanity_pages,
+                            len(pending))
+    if check.settled():
+        writer.check_passed()
     controller = None
     if SCRIPT_SHAPE == "saturate":
         window = Window(args.concurrency or args.min_window)
         telemetry = Path(args.stats_json).expanduser().with_suffix(".telemetry.jsonl") \
-            if args.stats_json else store.root / "logs" / "telemetry.jsonl"
+            if args.stats_json else store.meta / "logs" / "telemetry.jsonl"
         telemetry.parent.mkdir(parents=True, exist_ok=True)
         controller = WindowController(window, stats, args, telemetry, adaptive=not args.concurrency)
     else:
         window = Window(args.concurrency)
-    log(f"{len(pending)} of {stats.rows_total} rows to do ({stats.rows_skipped} already done) "
-        f"-> {store.location()}")
+    recovered = f", {len(plan.recovered)} recovered from the journal" if plan.recovered else ""
+    log(f"{len(pending)} of {stats.rows_total} rows to do ({stats.rows_skipped} already done"
+        f"{recovered}; {len(plan.redo)} error rows redone) -> {store.location()}")
+    interrupts = Interrupts()
     code = 0
     try:
+        observe_recovered(plan, check)
         if pending:
             asyncio.run(run_server_pipeline(source, pending, writer, stats, args, server,
                                             window, check, controller))
@@ -1811,29 +2311,19 @@ def run_server_script(doc: str, argv: list[str] | None = None, hub_api=None) -> 
         log(f"error: {exc}")
         code = exc.code
     except KeyboardInterrupt:
-        log("interrupted: finished rows are saved; rerun the same command to resume")
-        code = 130
+        log("interrupted: saving the finished rows")
+        code = interrupts.exit_code()
     except Exception:  # a bug or an unforeseen failure: keep what is finished, then say what
         import traceback
         traceback.print_exc()
-        log("error: the run failed; finished rows are saved, rerun the same command to resume")
-        code = 1
-    finally:
-        server.stop()
-    if code:
-        keep_finished_rows(writer, check)
+        log("error: the run failed; saving the finished rows")
+        code = EXIT_NOT_WRITTEN
     if controller is not None:
         stats.extra.update({"bound_by": controller.bound_by(), "window_final": window.limit,
                             "memory_budget_bytes": controller.budget,
                             "prefix_cache_hit_rate": controller.prefix_hit_rate})
-    result = stats.as_dict()
-    write_stats(result, args)
-    if not check.tripped and (writer.parts_written or store.done_ranges()):
-        store.finish(build_card(source, store, args, result, info_entry, argv))
-    log(f"done: {result['rows_ok']} ok, {result['rows_failed']} failed, "
-        f"{result['rows_skipped']} skipped in {result['elapsed_s']:.1f} s "
-        f"({result['pages_per_s'] or 0:.2f} pages/s) -> {store.location()}")
-    return code
+    return finish_run(code, writer, check, store, stats, interrupts, server.stop,
+                      lambda result: build_card(source, store, args, result, info_entry, argv), args)
 # ==== END SERVER HELPERS ====
 
 

@@ -9,6 +9,7 @@ import random
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -17,6 +18,9 @@ import pytest
 from pages import page_image  # noqa: F401  (re-exported for the tests)
 
 ROOT = Path(__file__).resolve().parent.parent
+# One datasets cache for the whole session, shared by the tests and the scripts they start, as a
+# user has one: outputs must load fresh through it (same folder names, resumed outputs).
+os.environ.setdefault("HF_DATASETS_CACHE", tempfile.mkdtemp(prefix="ocr-tests-datasets-"))
 TESTS = ROOT / "tests"
 SERVER_SCRIPTS = sorted(p.name for p in ROOT.glob("*.py")
                         if p.name.endswith(("-server.py", "-saturate.py")))
@@ -135,17 +139,11 @@ def fake_vllm_env(tmp_path: Path, stub_args: str = "") -> dict:
 
 
 def load_output(folder: Path):
-    """load_dataset(OUTPUT) as a user would, with a fresh cache: datasets keys its cache of a
-    local folder by the folder's name, so two outputs both called `out` would collide."""
-    import tempfile
-
+    """`datasets.load_dataset(OUTPUT)`, exactly as a user calls it: the session's one datasets
+    cache (see the top of this file), images decoded by default."""
     import datasets
-    with tempfile.TemporaryDirectory() as cache:
-        ds = datasets.load_dataset(str(folder), split="train", cache_dir=cache)
-        if isinstance(ds.features.get("image"), datasets.Image):
-            # the output mirrors the input's cells, undecodable ones included: don't decode
-            ds = ds.cast_column("image", datasets.Image(decode=False))
-        return ds.map(lambda row: row, keep_in_memory=True, load_from_cache_file=False)
+
+    return datasets.load_dataset(str(folder), split="train")
 
 
 def pytest_terminal_summary(terminalreporter):

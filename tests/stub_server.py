@@ -116,6 +116,11 @@ def make_handler(stub: Stub):
             n = stub.count()
             if opts.die_after and n > opts.die_after:
                 os._exit(17)  # a server that dies mid-run, without a goodbye
+            if opts.refuse_after is not None and n > opts.refuse_after:
+                status = opts.refuse_status  # a key rotated, a restart with another model, ...
+                message = {404: f"The model `{opts.model}` does not exist."}.get(status, "refused")
+                self.reply(status, {"error": {"message": message, "code": status}})
+                return
             try:
                 request = json.loads(raw)
             except ValueError:
@@ -166,7 +171,21 @@ def make_handler(stub: Stub):
                     stub.running -= 1
             if opts.degenerate:
                 text = "a" * 64
+            if opts.content is not None:
+                text = json.loads(opts.content)  # JSON: any string, lone surrogates included
             max_tokens = int(request.get("max_tokens") or 16)
+            if opts.malformed_every and n % opts.malformed_every == 0:
+                self.reply(200, {"id": f"stub-{n}", "choices": [{"message": text}]})
+                return
+            if opts.gzip_lie_every and n % opts.gzip_lie_every == 0:
+                body = json.dumps({"choices": [{"message": {"content": text}}]}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Encoding", "gzip")  # but the body is plain JSON
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+                return
             self.reply(200, {
                 "id": f"stub-{n}", "object": "chat.completion", "model": opts.model,
                 "choices": [{"index": 0, "finish_reason": "stop",
@@ -197,6 +216,15 @@ def parse(argv=None):
                    help="answer 400 to pages whose sha1 starts so")
     p.add_argument("--degenerate", action="store_true", help="answer every page with 'aaaa...'")
     p.add_argument("--no-decode", action="store_true", help="do not decode images (cheap)")
+    p.add_argument("--refuse-after", type=int, help="answer --refuse-status to request N+1 on")
+    p.add_argument("--refuse-status", type=int, default=401)
+    p.add_argument("--content", help="answer every page with this JSON string")
+    p.add_argument("--malformed-every", type=int, default=0,
+                   help="every Nth answer is a 200 whose message is a bare string")
+    p.add_argument("--gzip-lie-every", type=int, default=0,
+                   help="every Nth answer says Content-Encoding: gzip over plain JSON")
+    p.add_argument("--stop-delay", type=float, default=0.0,
+                   help="on SIGTERM, take this many seconds to stop (an engine freeing a GPU)")
     p.add_argument("--api-key")
     p.add_argument("--request-log", help="append each request's fields (no image) as JSON lines")
     opts, _unknown = p.parse_known_args(argv)
@@ -208,6 +236,13 @@ def serve(opts) -> None:
         time.sleep(opts.start_delay)
     while opts.start_when and not os.path.exists(opts.start_when):
         time.sleep(0.05)
+    if opts.stop_delay:
+        import signal
+
+        def slow_stop(signum, frame):
+            time.sleep(opts.stop_delay)
+            os._exit(0)
+        signal.signal(signal.SIGTERM, slow_stop)
     stub = Stub(opts)
     ThreadingHTTPServer.request_queue_size = 1024  # read by listen() in the constructor
     server = ThreadingHTTPServer((opts.host, opts.port), make_handler(stub))

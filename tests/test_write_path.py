@@ -1,0 +1,369 @@
+"""The write path as a user's bad day meets it: nothing lost, nothing doubled, no false success.
+
+Against the stub server (fault injection) and the fake `vllm` (a server slow to stop): rows
+finished behind a slow page survive `kill -9`, unexpected answers become error rows, a server
+that refuses the run stops it with its own exit code, a rerun redoes exactly the retryable
+error rows in place, signals save before they stop, Hub commits are batched and honour the
+Hub's Retry-After, and `load_dataset(OUTPUT)` always returns the current rows.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import (ROOT, fake_vllm_env, free_port, load_output, load_script, run_script,
+                      wait_port, write_image_folder)
+from stub_server import page_text
+
+OVIS = "ovis-ocr2-server.py"
+
+
+def expected_text(raw: bytes) -> str:
+    return page_text(raw, decode=True)[0]
+
+
+def common(stub, *extra):
+    return ["--server", stub.url, "--part-rows", "5", "--request-timeout", "20", *extra]
+
+
+def journal_rows(out: Path) -> int:
+    return sum(len(p.read_text().splitlines()) for p in (out / ".ocr" / "journal").rglob("*.jsonl"))
+
+
+def part_rows(out: Path) -> int:
+    total = 0
+    for part in (out / "data").glob("part-*.parquet"):
+        start, stop = part.stem.split("-")[1:]
+        total += int(stop) - int(start)
+    return total
+
+
+def stats_of(path: Path) -> dict:
+    stats = json.loads(path.read_text())
+    assert stats["rows_ok"] + stats["rows_failed"] + stats["rows_skipped"] + \
+        stats["rows_not_written"] == stats["rows_total"], stats
+    return stats
+
+
+def start_driver(*args, env=None) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, str(ROOT / OVIS), *args],
+                            env={**os.environ, **(env or {})}, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def wait_for(condition, timeout=60.0, process=None):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        assert process is None or process.poll() is None, process.stderr.read()
+        time.sleep(0.05)
+
+
+def test_rows_behind_a_slow_page_are_on_disk_at_once_and_survive_kill_9(tmp_path, stub_server):
+    """29 of 30 pages answered, the first one hanging: parts hold every full run of --part-rows
+    behind it, the journal the rest; after kill -9 the rerun sends only the hanging page."""
+    stub = stub_server("--hang-first", "1", "--hang-seconds", "120")
+    paths = write_image_folder(tmp_path / "in", 30)
+    out = tmp_path / "out"
+    args = [str(tmp_path / "in"), str(out), *common(stub, "--request-timeout", "300",
+                                                     "--part-seconds", "3600")]
+    driver = start_driver(*args)
+    wait_for(lambda: journal_rows(out) >= 29, process=driver)
+    wait_for(lambda: part_rows(out) >= 25, timeout=5, process=driver)  # rows 1-25: 5 full parts
+    driver.kill()
+    driver.wait()
+    assert part_rows(out) == 25  # row 0 hangs, rows 26-29 do not fill a part: in the journal
+    sent_before = len(stub.requests())
+    run = run_script(OVIS, *args, "--stats-json", str(tmp_path / "s.json"))
+    assert run.returncode == 0, run.stderr
+    assert len(stub.requests()) - sent_before == 1  # only the page that never answered
+    stats = stats_of(tmp_path / "s.json")
+    assert stats["rows_skipped"] == 25 and stats["rows_recovered"] == 4 and stats["rows_ok"] == 5
+    ds = load_output(out)
+    assert ds["file_name"] == [p.name for p in paths]
+    assert ds["markdown"] == [expected_text(p.read_bytes()) for p in paths]
+    assert not list((out / ".ocr" / "journal").rglob("*.jsonl"))  # compacted into parts
+
+
+def test_a_killed_driver_sends_again_only_the_page_it_had_in_flight(tmp_path, stub_server):
+    """The issue's 100 s scenario, shortened: one page in flight at a time, parts every 250 rows
+    and 5 minutes (the defaults): a kill -9 loses nothing that was answered."""
+    stub = stub_server("--latency", "0.3")
+    paths = write_image_folder(tmp_path / "in", 12)
+    out = tmp_path / "out"
+    args = [str(tmp_path / "in"), str(out), "--server", stub.url, "--concurrency", "1"]
+    driver = start_driver(*args)
+    wait_for(lambda: len(stub.requests()) >= 6, process=driver)
+    driver.kill()
+    driver.wait()
+    sent_before = len(stub.requests())
+    assert part_rows(out) == 0 and journal_rows(out) in (sent_before - 1, sent_before)
+    run = run_script(OVIS, *args)
+    assert run.returncode == 0, run.stderr
+    resent = len(stub.requests()) - sent_before
+    assert resent in (12 - sent_before, 12 - sent_before + 1)  # + the page in flight, if any
+    ds = load_output(out)
+    assert ds["markdown"] == [expected_text(p.read_bytes()) for p in paths]
+
+
+@pytest.mark.parametrize("fault, message, kind", [
+    (["--gzip-lie-every", "3"], "DecodingError", "server"),
+    (["--malformed-every", "3"], "unreadable response", "server"),
+    (["--content", json.dumps("broken \ud800 text")], "cannot be stored", "page"),
+])
+def test_unexpected_answers_become_error_rows_of_their_kind(tmp_path, stub_server, fault,
+                                                            message, kind):
+    stub = stub_server(*fault)
+    write_image_folder(tmp_path / "in", 9)
+    run = run_script(OVIS, str(tmp_path / "in"), str(tmp_path / "out"),
+                     *common(stub, "--max-retries", "0", "--no-sanity-check",
+                             "--stats-json", str(tmp_path / "s.json")))
+    assert run.returncode == 0, run.stderr
+    stats = stats_of(tmp_path / "s.json")
+    ds = load_output(tmp_path / "out")
+    assert ds.num_rows == 9 and stats["rows_ok"] + stats["rows_failed"] == 9
+    errors = [(e, k) for e, k in zip(ds["markdown_error"], ds["markdown_error_kind"]) if e]
+    assert errors and stats["rows_failed"] == len(errors)
+    assert all(message in e and k == kind for e, k in errors), errors
+    assert all(t is None for t, e in zip(ds["markdown"], ds["markdown_error"]) if e)
+
+
+def test_a_coordinate_no_column_can_hold_never_loses_the_row(tmp_path, stub_server):
+    """A degenerate grounding output with a box above int32: the row is written, text or error."""
+    module = load_script("deepseek-ocr-server.py")
+    content = "<|ref|>text<|/ref|><|det|>[[99999999999, 1, 2, 3]]<|/det|>\nHello page"
+    stub = stub_server("--model", module.MODEL_ID, "--content", json.dumps(content))
+    write_image_folder(tmp_path / "in", 4, fmt="JPEG")
+    run = run_script("deepseek-ocr-server.py", str(tmp_path / "in"), str(tmp_path / "out"),
+                     *common(stub, "--max-tokens", "1000", "--no-sanity-check",
+                             "--stats-json", str(tmp_path / "s.json")))
+    assert run.returncode == 0, run.stderr
+    assert stats_of(tmp_path / "s.json")["rows_not_written"] == 0
+    assert load_output(tmp_path / "out").num_rows == 4
+
+
+@pytest.mark.parametrize("status, cause", [(401, "refuses the API key"),
+                                           (403, "refuses the API key"),
+                                           (404, "no longer serves")])
+def test_a_server_that_refuses_the_run_stops_it_with_exit_4(tmp_path, stub_server, status, cause):
+    stub = stub_server("--refuse-after", "6", "--refuse-status", str(status))
+    paths = write_image_folder(tmp_path / "in", 20)
+    args = [str(tmp_path / "in"), str(tmp_path / "out"), *common(stub, "--concurrency", "2")]
+    run = run_script(OVIS, *args, "--stats-json", str(tmp_path / "s.json"))
+    assert run.returncode == 4, run.stderr
+    assert cause in run.stderr and f"HTTP {status}" in run.stderr
+    stats = stats_of(tmp_path / "s.json")
+    assert stats["rows_ok"] == 6 and stats["rows_failed"] == 0 and stats["rows_not_written"] == 14
+    assert load_output(tmp_path / "out")["markdown_error"] == [None] * 6  # no error rows
+    good = stub_server()
+    run = run_script(OVIS, *args[:2], *common(good, "--concurrency", "2"))
+    assert run.returncode == 0, run.stderr
+    assert len(good.requests()) == 14
+    ds = load_output(tmp_path / "out")
+    assert ds["markdown"] == [expected_text(p.read_bytes()) for p in paths]
+
+
+def test_a_storm_of_server_failures_aborts_and_the_rerun_redoes_those_rows(tmp_path, stub_server):
+    stub = stub_server("--hang-first", "1000", "--hang-seconds", "5")  # every page times out
+    paths = write_image_folder(tmp_path / "in", 40)
+    run = run_script(OVIS, str(tmp_path / "in"), str(tmp_path / "out"),
+                     *common(stub, "--concurrency", "2", "--request-timeout", "0.3",
+                             "--max-retries", "0", "--abort-after-failures", "5",
+                             "--abort-after-seconds", "1"))
+    assert run.returncode == 4, run.stderr
+    assert "the last" in run.stderr and "pages all failed" in run.stderr
+    assert "timed out after 0.3 s" in run.stderr
+    first = load_output(tmp_path / "out")
+    assert 5 <= first.num_rows < 40
+    assert set(first["markdown_error_kind"]) == {"server"}
+    good = stub_server()
+    run = run_script(OVIS, str(tmp_path / "in"), str(tmp_path / "out"), *common(good),
+                     "--stats-json", str(tmp_path / "s.json"))
+    assert run.returncode == 0, run.stderr
+    assert len(good.requests()) == 40  # the error rows are redone, the rest done
+    ds = load_output(tmp_path / "out")
+    assert ds["file_name"] == [p.name for p in paths]  # each row once: replaced in place
+    assert ds["markdown_error"] == [None] * 40
+    assert stats_of(tmp_path / "s.json")["rows_ok"] == 40
+
+
+def test_page_errors_stay_unless_retry_errors_and_are_replaced_in_place(tmp_path, stub_server):
+    paths = write_image_folder(tmp_path / "in", 7)
+    refused = hashlib.sha1(paths[2].read_bytes()).hexdigest()[:12]
+    stub = stub_server("--reject-digest", refused)
+    args = [str(tmp_path / "in"), str(tmp_path / "out")]
+    assert run_script(OVIS, *args, *common(stub)).returncode == 0
+    first = load_output(tmp_path / "out")
+    assert first["markdown_error_kind"][2] == "page" and "HTTP 400" in first["markdown_error"][2]
+    parts = sorted(p.name for p in (tmp_path / "out" / "data").glob("*.parquet"))
+    sent = len(stub.requests())
+    run = run_script(OVIS, *args, *common(stub))
+    assert run.returncode == 0 and len(stub.requests()) == sent  # a page error is final
+    good = stub_server()
+    run = run_script(OVIS, *args, *common(good, "--retry-errors"))
+    assert run.returncode == 0, run.stderr
+    assert len(good.requests()) == 1
+    assert sorted(p.name for p in (tmp_path / "out" / "data").glob("*.parquet")) == parts
+    ds = load_output(tmp_path / "out")
+    assert ds["file_name"] == [p.name for p in paths]
+    assert ds["markdown"] == [expected_text(p.read_bytes()) for p in paths]
+
+
+def test_the_degenerate_check_needs_evidence_and_spares_an_output_with_good_rows(tmp_path,
+                                                                                stub_server):
+    good, bad = stub_server(), stub_server("--degenerate")
+    write_image_folder(tmp_path / "in", 5)
+    args = [str(tmp_path / "in"), str(tmp_path / "out")]
+    assert run_script(OVIS, *args, *common(good, "--max-samples", "4")).returncode == 0
+    run = run_script(OVIS, *args, *common(bad))  # a blank last page after four good ones
+    assert run.returncode == 0, run.stderr
+    assert load_output(tmp_path / "out")["markdown"][4] == "a" * 64
+    write_image_folder(tmp_path / "two", 2)  # two blank pages prove nothing either
+    run = run_script(OVIS, str(tmp_path / "two"), str(tmp_path / "out2"), *common(bad))
+    assert run.returncode == 0, run.stderr
+    write_image_folder(tmp_path / "many", 6)  # six are a wrong model/image pair
+    run = run_script(OVIS, str(tmp_path / "many"), str(tmp_path / "out3"), *common(bad))
+    assert run.returncode == 3, run.stderr
+    assert not list((tmp_path / "out3" / "data").glob("*.parquet"))
+    assert not list((tmp_path / "out3" / ".ocr" / "journal").rglob("*.jsonl"))
+
+
+def test_sigterm_saves_every_finished_row_before_stopping_a_slow_server(tmp_path):
+    """A fake `vllm` that takes 20 s to stop: the rows reach their parts first, a second SIGTERM
+    while saving changes nothing, and the exit code is SIGTERM's."""
+    port = free_port()
+    env = fake_vllm_env(tmp_path, stub_args="--latency 0.3 --stop-delay 20")
+    paths = write_image_folder(tmp_path / "in", 60)
+    out = tmp_path / "out"
+    driver = start_driver(str(tmp_path / "in"), str(out), "--server", f"http://127.0.0.1:{port}",
+                          "--concurrency", "2", "--part-rows", "1000", env=env)
+    wait_for(lambda: journal_rows(out) >= 6, process=driver)
+    driver.send_signal(signal.SIGTERM)
+    sent = time.monotonic()
+    wait_for(lambda: part_rows(out) > 0, timeout=20, process=driver)
+    to_disk = time.monotonic() - sent
+    driver.send_signal(signal.SIGTERM)  # a second one, while the server is stopping
+    _, stderr = driver.communicate(timeout=90)
+    print(f"SIGTERM to rows in parts: {to_disk:.2f} s (server stop: 20 s)")
+    assert to_disk < 5, stderr
+    assert driver.returncode == 143, stderr
+    assert stderr.index("saved:") < stderr.index("stopping the vllm serve")
+    assert journal_rows(out) == 0  # everything compacted into parts
+    ds = load_output(out)
+    assert ds.num_rows >= 6
+    assert ds["markdown"] == [expected_text(p.read_bytes()) for p in paths[:ds.num_rows]]
+    with pytest.raises(TimeoutError):
+        wait_port(port, timeout=0.5)
+
+
+def test_ctrl_c_exits_130_after_saving(tmp_path, stub_server):
+    stub = stub_server("--latency", "0.2")
+    paths = write_image_folder(tmp_path / "in", 40)
+    out = tmp_path / "out"
+    driver = start_driver(str(tmp_path / "in"), str(out), *common(stub, "--concurrency", "2"))
+    wait_for(lambda: journal_rows(out) >= 4, process=driver)
+    driver.send_signal(signal.SIGINT)
+    _, stderr = driver.communicate(timeout=60)
+    assert driver.returncode == 130, stderr
+    answered = len(stub.requests())
+    ds = load_output(out)
+    assert answered - 2 <= ds.num_rows <= answered  # at most the two in flight are missing
+    assert ds["markdown"] == [expected_text(p.read_bytes()) for p in paths[:ds.num_rows]]
+
+
+def test_a_part_that_cannot_be_written_keeps_its_rows(tmp_path, stub_server, capsys, monkeypatch):
+    stub = stub_server()
+    paths = write_image_folder(tmp_path / "in", 8)
+    module = load_script(OVIS)
+    real, calls = module.write_part, []
+
+    def flaky(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise OSError(28, "No space left on device")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, "write_part", flaky)
+    argv = [str(tmp_path / "in"), str(tmp_path / "out"), *common(stub, "--part-rows", "4")]
+    assert module.main(argv) == 0
+    assert "No space left on device" in capsys.readouterr().err
+    ds = load_output(tmp_path / "out")
+    assert ds["markdown"] == [expected_text(p.read_bytes()) for p in paths]
+    monkeypatch.setattr(module, "write_part", lambda *a, **k: (_ for _ in ()).throw(OSError(28, "full")))
+    argv = [str(tmp_path / "in"), str(tmp_path / "out2"), *common(stub),
+            "--stats-json", str(tmp_path / "s.json")]
+    assert module.main(argv) == 5  # rows not written: never a silent exit 0
+    assert stats_of(tmp_path / "s.json")["rows_not_written"] == 8
+
+
+class RateLimitedHub:
+    """The HfApi calls the store makes, against a folder; answers 429 with Retry-After once."""
+
+    def __init__(self, root: Path, refuse_first: int = 0):
+        self.root, self.refuse_first, self.commits, self.attempts = root, refuse_first, [], []
+
+    def create_repo(self, repo_id, repo_type=None, private=None, exist_ok=False):
+        (self.root / repo_id).mkdir(parents=True, exist_ok=True)
+
+    def list_repo_files(self, repo_id, repo_type=None):
+        base = self.root / repo_id
+        return [str(p.relative_to(base)) for p in base.rglob("*") if p.is_file()]
+
+    def create_commit(self, repo_id, operations, commit_message=None, repo_type=None, **kwargs):
+        import shutil
+
+        self.attempts.append(time.monotonic())
+        if len(self.attempts) <= self.refuse_first:
+            error = RuntimeError("429 Too Many Requests (injected)")
+            error.response = type("Response", (), {"status_code": 429,
+                                                   "headers": {"Retry-After": "1"}})()
+            raise error
+        for op in operations:
+            target = self.root / repo_id / op.path_in_repo
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(op.path_or_fileobj, target)
+        self.commits.append([op.path_in_repo for op in operations])
+
+
+def test_hub_commits_are_batched_and_honour_retry_after(tmp_path, stub_server):
+    stub = stub_server("--latency", "0.05")
+    paths = write_image_folder(tmp_path / "in", 12)
+    hub = RateLimitedHub(tmp_path / "hub", refuse_first=1)
+    module = load_script(OVIS)
+    argv = [str(tmp_path / "in"), "user/ocr-out", "--work-dir", str(tmp_path / "stage"),
+            *common(stub, "--part-rows", "2", "--concurrency", "2")]
+    assert module.main(argv, hub_api=hub) == 0
+    assert len(hub.attempts) >= 2 and hub.attempts[1] - hub.attempts[0] >= 1.0  # Retry-After
+    files = [f for commit in hub.commits for f in commit]
+    assert sum(f.startswith("data/part-") for f in files) == 6  # 6 parts ...
+    assert len(hub.commits) <= 2  # ... in at most 2 commits (one per 36 s, then the last)
+    assert "README.md" in hub.commits[-1]
+    ds = load_output(tmp_path / "hub" / "user/ocr-out")
+    assert ds["file_name"] == [p.name for p in paths]
+
+
+def test_load_dataset_returns_the_current_rows_after_a_resume_and_for_same_named_folders(
+        tmp_path, stub_server):
+    stub = stub_server()
+    write_image_folder(tmp_path / "in", 6)
+    out = tmp_path / "a" / "out"
+    assert run_script(OVIS, str(tmp_path / "in"), str(out),
+                      *common(stub, "--max-samples", "3")).returncode == 0
+    assert load_output(out).num_rows == 3
+    assert run_script(OVIS, str(tmp_path / "in"), str(out), *common(stub)).returncode == 0
+    assert load_output(out).num_rows == 6  # not the first run's three rows from the cache
+    write_image_folder(tmp_path / "in2", 2)
+    other = tmp_path / "b" / "out"
+    assert run_script(OVIS, str(tmp_path / "in2"), str(other), *common(stub)).returncode == 0
+    assert load_output(other).num_rows == 2 and load_output(out).num_rows == 6
+    assert {p.name for p in out.iterdir()} == {"data", "README.md", ".ocr"}
+    assert "configs:" not in (out / "README.md").read_text()
