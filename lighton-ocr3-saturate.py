@@ -61,6 +61,18 @@ Model settings (from the authors)
     0.2, top_p 1.0, the setting of the seed's measured runs (CER 0.077-0.083 mean on 282 book
     pages), so its output is comparable to those figures. max_tokens 12288: the authors'
     benchmark budget; with the 4,160-token worst-case page it fits 18000.
+
+Post-processing (MODEL-FACTS.md, LightOnOCR-3 section)
+    Grounding: one block per `![label](x1,y1,x2,y2)` marker, its text on the marker's line and
+    running on until the next marker; a `label+` block continues the previous one: it stays a
+    block of its own (own box, often the next column) and its text joins the previous one's
+    with a space in the Markdown. A box outside 0-1000 is kept as no box. Escaped dollars: the
+    authors repair `\\$...\\$` to `$...$` only when it encloses math, and leave prices, code
+    and URLs alone. Their exact test is not given, only those examples: here a pair is math
+    when it holds a LaTeX command, or an operator (^ _ = < > { } +) and no run of words, or a
+    lone variable (x, f(x)); never when it begins or ends on a space ("\\$5 and \\$10").
+    Header, footer and page-number blocks stay in the Markdown (the authors drop them only for
+    reading text; the blocks column has their labels).
 """
 
 import re
@@ -125,33 +137,86 @@ def message_content(image_url: str, args) -> list[dict]:
     return content
 
 
-BLOCK_MARKER = re.compile(r"^!\[([^\]\n]*)\]\(\s*(\d+)\s*,\s*(\d+)\s*,\s*(\d+)\s*,\s*(\d+)\s*\)[ \t]*$", re.M)
+# Grounding output (MODEL-FACTS.md, LightOnOCR-3: the authors' README example and client): one
+# block per `![label](x1,y1,x2,y2)` marker, its text right after the marker on the same line and
+# running on, over several lines if need be, until the next marker. Coordinates 0 to 1000.
+BLOCK_MARKER = re.compile(
+    r"!\[([^\]\n]{0,200})\]\(\s*(-?\d+(?:\.\d+)?)\s*,\s*(-?\d+(?:\.\d+)?)\s*,"
+    r"\s*(-?\d+(?:\.\d+)?)\s*,\s*(-?\d+(?:\.\d+)?)\s*\)")
+PROTECTED = re.compile(r"```.*?(?:```|\Z)|`[^`\n]*`|<?(?:https?|ftp)://[^\s<>()]+", re.S)
+ESCAPED_DOLLAR = re.compile(r"\\\$(?:\\\$)?")  # `\$`, or `\$\$` around display math
+LATEX_COMMAND = re.compile(r"\\[A-Za-z]+")
+MATH_SIGN = re.compile(r"[\^_=<>{}+]")
+PROSE = re.compile(r"[A-Za-z]{2,}\s+[A-Za-z]{2,}")
 
 
-def unescape_math(text: str) -> str:
-    return text.replace("\\$", "$")
+def reads_as_math(inner: str) -> bool:
+    """Whether the text between an escaped pair `\\$...\\$` reads as math (MODEL-FACTS.md,
+    LightOnOCR-3, post-processing). The authors' exact test is not stated, only its examples
+    (prices, code and URLs keep their escapes): this is this script's reading of them."""
+    if not inner.strip() or inner != inner.strip():
+        return False  # "\$5 and \$10": TeX math does not begin or end on a space
+    if LATEX_COMMAND.search(inner):
+        return True
+    if PROSE.search(inner) or inner[-1] in "+-=<>^_":
+        return False  # words between two dollar signs; "\$5+ \$10" ends on an operator
+    if MATH_SIGN.search(inner):
+        return True  # x^2, a_i, E = mc^2, 2x + 1
+    return re.fullmatch(r"[A-Za-z](?:\([^()]*\))?'*", inner) is not None  # x, f(x), y'
+
+
+def repair_math_escapes(text: str) -> str:
+    """`\\$...\\$` becomes `$...$` only when the pair encloses math; prices, code spans, fenced
+    code and URLs keep their escapes, so "\\$5 and \\$10" still reads as money in a viewer."""
+    out, last = [], 0
+    for protected in PROTECTED.finditer(text):
+        out.append(_repair_span(text[last:protected.start()]))
+        out.append(protected.group(0))
+        last = protected.end()
+    out.append(_repair_span(text[last:]))
+    return "".join(out)
+
+
+def _repair_span(text: str) -> str:
+    tokens = list(ESCAPED_DOLLAR.finditer(text))
+    out, last, i = [], 0, 0
+    while i + 1 < len(tokens):
+        opening, closing = tokens[i], tokens[i + 1]
+        inner = text[opening.end():closing.start()]
+        display = len(opening.group(0)) == 4
+        if opening.group(0) == closing.group(0) and "\n\n" not in inner and \
+                reads_as_math(inner.strip() if display else inner):
+            dollars = "$$" if display else "$"
+            out.append(text[last:opening.start()] + dollars + inner + dollars)
+            last = closing.end()
+            i += 2
+        else:
+            i += 1  # this escape stays; the next one may open a pair
+    out.append(text[last:])
+    return "".join(out)
 
 
 def parse_grounding(raw: str) -> tuple[str, list[dict]]:
-    """Blocks from `![label](x1,y1,x2,y2)` markers (0-1000 space); a label ending in `+`
-    continues the previous block (its text is appended, its box merged). Returns the Markdown
-    without markers, and the blocks."""
+    """The blocks, and the Markdown without markers. A label ending in `+` continues the
+    previous block: it stays a block of its own (label kept, box its own, often in the next
+    column), and in the Markdown its text joins the previous block's with a space. A marker
+    with a coordinate outside 0-1000 still starts a block, with no box. Text before the first
+    marker is kept. Never raises."""
     blocks: list[dict] = []
     markers = list(BLOCK_MARKER.finditer(raw))
-    lead = raw[: markers[0].start()].strip() if markers else raw.strip()
+    lead = repair_math_escapes(raw[: markers[0].start()].strip() if markers else raw.strip())
+    parts = [lead] if lead else []
     for i, marker in enumerate(markers):
         end = markers[i + 1].start() if i + 1 < len(markers) else len(raw)
-        text = unescape_math(raw[marker.end():end].strip())
+        text = repair_math_escapes(raw[marker.end():end].strip())
         label = marker.group(1).strip()
-        box = [int(marker.group(k)) for k in range(2, 6)]
-        if label.endswith("+") and blocks:
-            previous = blocks[-1]
-            previous["text"] = (previous["text"] + "\n" + text).strip() if text else previous["text"]
-            old = previous["box"]
-            previous["box"] = [min(old[0], box[0]), min(old[1], box[1]), max(old[2], box[2]), max(old[3], box[3])]
+        blocks.append({"label": label, "box": block_box(marker.groups()[1:], 1000), "text": text})
+        if not text:
             continue
-        blocks.append({"label": label.rstrip("+"), "box": box, "text": text})
-    parts = ([unescape_math(lead)] if lead else []) + [b["text"] for b in blocks if b["text"]]
+        if label.endswith("+") and parts:
+            parts[-1] = parts[-1] + " " + text
+        else:
+            parts.append(text)
     return "\n\n".join(parts), blocks
 
 
@@ -161,7 +226,7 @@ def postprocess(text: str, args) -> tuple[str, dict]:
         markdown, blocks = parse_grounding(text)
         extras["blocks"] = blocks
         return markdown, extras
-    return unescape_math(text).strip(), extras
+    return repair_math_escapes(text).strip(), extras
 
 
 EXTRA_COLUMNS = {"blocks": "blocks", "raw": "string"}  # column suffix -> "blocks" or "string"

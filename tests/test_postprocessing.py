@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import types
 
+import pytest
+
 from conftest import load_script
 
 DEEPSEEK_DOCUMENT = (
@@ -81,36 +83,78 @@ def test_degenerate_detection():
     assert not ovis.looks_degenerate(table)
 
 
+# MODEL-FACTS.md, LightOnOCR-3 section, "Grounding output shape (the authors' README example
+# and client)": the block's text on the marker's own line, running on over several lines until
+# the next marker; a `+` label continues the previous block, its box its own (the next column).
 LIGHTON_GROUNDING = (
-    "![title](102,45,898,88)\n# Chapter One\n\n"
-    "![text](102,100,898,400)\nIt was a dark night; the price was \\$5.\n\n"
-    "![image](120,410,880,700)\n\n"
-    "![text](102,710,898,980)\nThe paragraph starts here\n\n"
-    "![text+](60,20,940,120)\nand goes on over the next column.\n\n"
-    "![page_number](480,985,520,998)\n12"
+    "![title](102,45,898,88) # Chapter One\n"
+    "![text](102,100,480,400) It was a dark night; tickets cost \\$5 and \\$10, and the "
+    "area was \\$x^2\\$ square feet.\n"
+    "![table](102,410,480,600) | year | count |\n| --- | --- |\n| 1923 | 12 |\n"
+    "![image](120,610,480,700)\n"
+    "![text](102,710,480,980) The paragraph starts here and\n"
+    "![text+](520,100,898,300) goes on over the next column.\n"
+    "![page_number](480,985,520,998) 12"
 )
 
 
-def test_lighton_grounding_markers_become_blocks_and_leave_the_markdown():
+def test_lighton_grounding_markers_with_text_on_their_line_become_blocks():
     lighton = load_script("lighton-ocr3-saturate.py")
     args = types.SimpleNamespace(mode="grounding", keep_raw=False)
     text, extras = lighton.postprocess(LIGHTON_GROUNDING, args)
     assert "![" not in text and "](" not in text
-    assert text.startswith("# Chapter One\n\nIt was a dark night; the price was $5.")
     blocks = extras["blocks"]
-    assert [b["label"] for b in blocks] == ["title", "text", "image", "text", "page_number"]
-    merged = blocks[3]
-    assert merged["text"] == "The paragraph starts here\nand goes on over the next column."
-    assert merged["box"] == [60, 20, 940, 980]  # the continuation's box merged in
-    assert blocks[2] == {"label": "image", "box": [120, 410, 880, 700], "text": ""}
+    assert [b["label"] for b in blocks] == ["title", "text", "table", "image", "text", "text+",
+                                            "page_number"]
+    assert blocks[0] == {"label": "title", "box": [102, 45, 898, 88], "text": "# Chapter One"}
+    assert blocks[2]["text"] == "| year | count |\n| --- | --- |\n| 1923 | 12 |"  # several lines
+    assert blocks[3] == {"label": "image", "box": [120, 610, 480, 700], "text": ""}
+    # the continuation is a block of its own, with its own box in the next column
+    assert blocks[4] == {"label": "text", "box": [102, 710, 480, 980], "text": "The paragraph starts here and"}
+    assert blocks[5] == {"label": "text+", "box": [520, 100, 898, 300], "text": "goes on over the next column."}
+    assert text == (
+        "# Chapter One\n\n"
+        "It was a dark night; tickets cost \\$5 and \\$10, and the area was $x^2$ square feet.\n\n"
+        "| year | count |\n| --- | --- |\n| 1923 | 12 |\n\n"
+        "The paragraph starts here and goes on over the next column.\n\n"
+        "12")
 
 
-def test_lighton_plain_mode_unescapes_math_only():
+def test_lighton_grounding_tolerates_a_marker_alone_on_its_line_and_bad_boxes():
+    """Shapes outside the documented one still parse: text on the next line, a box past 1000
+    (a degenerate output) kept as a block without a box, never an int32 overflow."""
     lighton = load_script("lighton-ocr3.py")
-    args = types.SimpleNamespace(mode="plain", keep_raw=True)
-    text, extras = lighton.postprocess("Cost: \\$x + y\\$ and ![alt](img.png)\n", args)
-    assert text == "Cost: $x + y$ and ![alt](img.png)"
-    assert extras == {"raw": "Cost: \\$x + y\\$ and ![alt](img.png)\n"}
+    raw = "Lead text\n![text](10,20,30,40)\nBody\n![text](10,20,99999999999,40) Loop"
+    markdown, blocks = lighton.parse_grounding(raw)
+    assert markdown == "Lead text\n\nBody\n\nLoop"
+    assert blocks == [{"label": "text", "box": [10, 20, 30, 40], "text": "Body"},
+                      {"label": "text", "box": None, "text": "Loop"}]
+
+
+# MODEL-FACTS.md, LightOnOCR-3 section, "Post-processing the authors apply": an escaped pair
+# becomes math only when it encloses math; prices, code and URLs keep their escapes. The
+# source gives these examples, not the rule: the cases below are those examples.
+@pytest.mark.parametrize("raw, expected", [
+    ("Cost: \\$x + y\\$ and ![alt](img.png)\n", "Cost: $x + y$ and ![alt](img.png)"),
+    ("Tickets: \\$5 and \\$10.", "Tickets: \\$5 and \\$10."),
+    ("From \\$5 to \\$10, where \\$E = mc^2\\$.", "From \\$5 to \\$10, where $E = mc^2$."),
+    ("\\$\\frac{a}{b}\\$ and \\$n\\$ items", "$\\frac{a}{b}$ and $n$ items"),
+    ("Run `echo \\$HOME \\$PATH` first.", "Run `echo \\$HOME \\$PATH` first."),
+    ("```\nprice=\\$a+\\$b\n```", "```\nprice=\\$a+\\$b\n```"),
+    ("See https://example.org/q?\\$x=1&\\$y=2 now", "See https://example.org/q?\\$x=1&\\$y=2 now"),
+    ("\\$\\$\\int_0^1 f\\$\\$", "$$\\int_0^1 f$$"),
+    ("A lone \\$ sign", "A lone \\$ sign"),
+])
+def test_lighton_repairs_escaped_dollars_only_around_math(raw, expected):
+    lighton = load_script("lighton-ocr3.py")
+    text, _ = lighton.postprocess(raw, types.SimpleNamespace(mode="plain", keep_raw=False))
+    assert text == expected
+
+
+def test_lighton_plain_mode_keeps_raw():
+    lighton = load_script("lighton-ocr3.py")
+    _, extras = lighton.postprocess("\\$x\\$\n", types.SimpleNamespace(mode="plain", keep_raw=True))
+    assert extras == {"raw": "\\$x\\$\n"}
 
 
 def test_lighton_request_shapes():
