@@ -174,6 +174,8 @@ def test_lighton_downscales_to_2048_on_the_grid_and_never_up():
     assert abs(w / h - 2480 / 3508) < 0.02
 
 
+# MODEL-FACTS.md, HPD-Parsing section, "Output": `<BLOCK>type [x1,y1,x2,y2]<CHILD>text` blocks
+# and <FORK> tags, boxes 0-1000; image, chart and seal blocks carry no text.
 HPD_OUTPUT = (
     "<BLOCK>doc_title [88,40,910,95]<CHILD># Quarterly Report"
     "<FORK><BLOCK>text [88,110,480,420]<CHILD>Revenue rose in all regions."
@@ -195,6 +197,46 @@ def test_hpd_blocks_parse_and_textless_blocks_carry_no_text():
     assert text == ("# Quarterly Report\n\nRevenue rose in all regions.\n\n"
                     "<table><tr><td>Q1</td><td>12</td></tr></table>\n\nSigned, the board.")
     assert "<FORK>" not in text and extras["raw"] == HPD_OUTPUT
+
+
+# MODEL-FACTS.md, HPD-Parsing section, "The vendor's Markdown export": what it drops, closes
+# and rewrites, in the block format above. The second canned sentence is given there only by
+# its sense ("one saying the image contains no text"): its wording here is a guess.
+HPD_AWKWARD = (
+    "<BLOCK>doc_title [88,40,910,95]<CHILD># Results"
+    "<FORK><BLOCK>text [88,110,480,200]<CHILD>[Non-Text]"
+    "<BLOCK>text [500,110,910,200]<CHILD>The image is too blurry to recognize any text content."
+    "<BLOCK>text [88,210,480,260]<CHILD>The image does not contain any text."
+    "<BLOCK>formula [88,270,910,320]<CHILD>\\[E = mc^2 \\tag{3}\\]"
+    "<BLOCK>formula [88,330,910,420]<CHILD>\\[\na \\supset b \\supseteq c\n"
+    "<BLOCK>table [88,430,910,700]<CHILD><table><tr><td>Q1</td><td>12</td></tr>"
+    "</FORK><BLOCK>text [88,710,910,760]<CHILD>Where \\left( x + 1 is [Non-Text] cut."
+)
+
+
+def test_hpd_markdown_is_the_vendors_export():
+    hpd = load_script("hpd-parsing-saturate.py")
+    text, extras = hpd.postprocess(HPD_AWKWARD, types.SimpleNamespace(keep_raw=False))
+    assert text == (
+        "# Results\n\n"
+        "\\(E = mc^2 \\)\n\n"  # tag stripped, single-line display math made inline
+        "\\[\na \\sqsupset b \\supseteq c\\]\n\n"  # closed; \supset mapped, \supseteq not
+        "<table><tr><td>Q1</td><td>12</td></tr></table>\n\n"  # the unterminated table closed
+        "Where ( x + 1 is  cut.")  # the unpaired \left dropped, the placeholder too
+    for gone in ("[Non-Text]", "too blurry", "does not contain any text", "\\tag"):
+        assert gone not in text
+    blocks = extras["blocks"]
+    assert len(blocks) == 8 and [b["text"] for b in blocks[1:4]] == ["", "", ""]
+    assert blocks[1]["box"] == [88, 110, 480, 200]  # the region is still a block
+
+
+def test_hpd_bad_boxes_become_null_and_blocks_stay():
+    hpd = load_script("hpd-parsing-saturate.py")
+    raw = ("<BLOCK>text [1,2,3,99999999999]<CHILD>one<BLOCK>text [1,2,3]<CHILD>two"
+           "<BLOCK>text<CHILD>three<BLOCK>text [-5,0,10,10]<CHILD>four")
+    blocks = hpd.parse_blocks(raw)
+    assert [b["text"] for b in blocks] == ["one", "two", "three", "four"]
+    assert all(b["box"] is None for b in blocks)
 
 
 def test_hpd_text_without_blocks_is_kept():
