@@ -44,8 +44,12 @@ Where the settings come from (vLLM's DeepSeek-OCR recipe)
     special tokens), and the processor's arguments in `vllm_xargs`: n-gram 30, window 90,
     whitelist [128821, 128822] (the `<td>` and `</td>` tokens, which tables repeat).
     max_tokens 4096 (as in a 2,165-page run; the recipe uses 2048). The image tokens (at most
-    1,156 in the default "Gundam" tiling) plus max_tokens must fit 8192: the script refuses a
-    budget that would make every request fail with 400.
+    933: vLLM's DeepSeek-OCR processor caps the crops at 6, and a 1x6 tiling with its newline
+    and separator tokens is the worst case) plus max_tokens must fit 8192: the script refuses
+    a budget that would make every request fail with 400.
+    Post-processing: whole grounding spans are removed (ref, then det, then stray delimiters),
+    and, as the official post-processing does, `\\coloneqq` becomes `:=` and `\\eqqcolon` `=:`.
+    Boxes outside 0-999 (a degenerate output) are kept as null.
     Images are sent as RGB at their own size: the model tiles them itself.
     Image tag v0.26.0: the model ran 2,165 pages at scale on it; another collection pins
     v0.29.0 because v0.30 broke its vision encoder kernel, and vLLM's newer model runner
@@ -78,7 +82,7 @@ DEFAULT_PROMPT_MODE = "document"
 MAX_MODEL_LEN = 8192
 DEFAULT_MAX_TOKENS = 4096
 TEMPERATURE = 0.0
-IMAGE_TOKENS_MAX = 9 * 100 + 256  # "Gundam" tiling: n*100 + 256 tokens, n <= 9 crops
+IMAGE_TOKENS_MAX = 933  # vLLM's processor caps the crops at 6: worst case a 1x6 tiling
 PROMPT_TEXT_TOKENS = 64
 PAGE_FORMAT = "jpeg"  # pages that must be converted or resized: JPEG quality 95 (others go as is)
 PREFIX_CACHING = False
@@ -140,22 +144,35 @@ def build_request(image_url: str, args) -> dict:
     }
 
 
-GROUNDED_SPAN = re.compile(r"<\|ref\|>(.*?)<\|/ref\|>\s*<\|det\|>(.*?)<\|/det\|>", re.S)
-REF_SPAN = re.compile(r"<\|ref\|>.*?<\|/ref\|>", re.S)
-DET_SPAN = re.compile(r"<\|det\|>.*?<\|/det\|>", re.S)
+# Spans are bounded (a label, a list of boxes), so a degenerate output cannot make them scan
+# the whole text once per delimiter.
+GROUNDED_SPAN = re.compile(r"<\|ref\|>(.{0,500}?)<\|/ref\|>\s*<\|det\|>(.{0,5000}?)<\|/det\|>", re.S)
+REF_SPAN = re.compile(r"<\|ref\|>.{0,500}?<\|/ref\|>", re.S)
+DET_SPAN = re.compile(r"<\|det\|>.{0,5000}?<\|/det\|>", re.S)
 STRAY_TAGS = re.compile(r"<\|/?(?:ref|det|grounding)\|>|<｜end▁of▁sentence｜>|<\|end▁of▁sentence\|>")
+
+
+# The official post-processing's LaTeX mappings (MODEL-FACTS.md, DeepSeek-OCR).
+COLON_EQUALS = ((re.compile(r"\\coloneqq(?![A-Za-z])"), ":="), (re.compile(r"\\eqqcolon(?![A-Za-z])"), "=:"))
+
+
+def official_latex(text: str) -> str:
+    for pattern, replacement in COLON_EQUALS:
+        text = pattern.sub(replacement, text)
+    return text
 
 
 def parse_grounded_blocks(raw: str) -> list[dict]:
     """Blocks from `<|ref|>label<|/ref|><|det|>[[x1, y1, x2, y2], ...]<|/det|>text` spans: one
-    block per box (0-999 space); the text up to the next span belongs to the first box."""
+    block per box (0-999 space; a box out of range or incomplete is null); the text up to the
+    next span belongs to the first box. Never raises."""
     blocks = []
     spans = list(GROUNDED_SPAN.finditer(raw))
     for i, span in enumerate(spans):
         end = spans[i + 1].start() if i + 1 < len(spans) else len(raw)
-        text = STRAY_TAGS.sub("", raw[span.end():end]).strip()
-        numbers = [int(float(n)) for n in re.findall(r"-?\d+(?:\.\d+)?", span.group(2))]
-        boxes = [numbers[j:j + 4] for j in range(0, len(numbers) - 3, 4)] or [[]]
+        text = official_latex(STRAY_TAGS.sub("", raw[span.end():end]).strip())
+        numbers = re.findall(r"-?\d+(?:\.\d+)?", span.group(2))
+        boxes = [block_box(numbers[j:j + 4], 999) for j in range(0, len(numbers) - 3, 4)] or [None]
         for k, box in enumerate(boxes):
             blocks.append({"label": span.group(1).strip(), "box": box, "text": text if k == 0 else ""})
     return blocks
@@ -167,7 +184,7 @@ def clean_markdown(raw: str) -> str:
     text = REF_SPAN.sub("", raw)
     text = DET_SPAN.sub("", text)
     text = STRAY_TAGS.sub("", text)
-    return re.sub(r"\n{3,}", "\n\n", text).strip()
+    return official_latex(re.sub(r"\n{3,}", "\n\n", text).strip())
 
 
 def postprocess(text: str, args) -> tuple[str, dict]:

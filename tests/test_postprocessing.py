@@ -8,6 +8,8 @@ import pytest
 
 from conftest import load_script
 
+# MODEL-FACTS.md, DeepSeek-OCR section, "Output": grounding spans
+# `<|ref|>label<|/ref|><|det|>[[x1, y1, x2, y2]]<|/det|>` before each block, coordinates 0-999.
 DEEPSEEK_DOCUMENT = (
     "<|ref|>title<|/ref|><|det|>[[63, 43, 935, 101]]<|/det|>\n# Annual Report 2023\n\n"
     "<|ref|>text<|/ref|><|det|>[[63, 120, 935, 300]]<|/det|>\nThe company grew by 12% in 2023.\n\n"
@@ -40,6 +42,27 @@ def test_deepseek_blocks_carry_label_box_and_text():
     assert blocks[3]["box"] == [100, 620, 500, 900] and blocks[4]["box"] == [520, 620, 900, 900]
     assert blocks[3]["text"] == "" and blocks[5]["text"] == "Footnote text."
     assert all(0 <= v <= 999 for b in blocks for v in b["box"])
+
+
+def test_deepseek_maps_coloneqq_and_eqqcolon_as_the_official_post_processing():
+    """MODEL-FACTS.md, DeepSeek-OCR section: `\\coloneqq` to `:=`, `\\eqqcolon` to `=:`."""
+    ds = load_script("deepseek-ocr-server.py")
+    raw = ("<|ref|>equation<|/ref|><|det|>[[80, 100, 900, 160]]<|/det|>\n"
+           "\\[ f(x) \\coloneqq x^2, \\quad y \\eqqcolon g \\]\n\n"
+           "<|ref|>text<|/ref|><|det|>[[80, 170, 900, 400]]<|/det|>\nWith \\coloneqqq kept.")
+    text, extras = ds.postprocess(raw, deepseek_args())
+    assert text == "\\[ f(x) := x^2, \\quad y =: g \\]\n\nWith \\coloneqqq kept."
+    assert extras["blocks"][0]["text"] == "\\[ f(x) := x^2, \\quad y =: g \\]"
+
+
+def test_deepseek_boxes_out_of_range_are_null_never_an_overflow():
+    ds = load_script("deepseek-ocr-server.py")
+    raw = ("<|ref|>text<|/ref|><|det|>[[1, 2, 3, 1000]]<|/det|>\na\n"
+           "<|ref|>text<|/ref|><|det|>[[1, 2, 3, " + "9" * 400 + "]]<|/det|>\nb\n"
+           "<|ref|>text<|/ref|><|det|>[[1, 2]]<|/det|>\nc\n"
+           "<|ref|>text<|/ref|><|det|>[[0, 0, 999, 999.5]]<|/det|>\nd")
+    blocks = ds.parse_grounded_blocks(raw)
+    assert [(b["box"], b["text"]) for b in blocks] == [(None, "a"), (None, "b"), (None, "c"), (None, "d")]
 
 
 def test_deepseek_free_ocr_has_no_tags_and_no_blocks():
