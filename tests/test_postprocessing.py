@@ -290,3 +290,54 @@ def test_a_short_repetition_loop_is_degenerate():
     ovis = load_script("ovis-ocr2-server.py")
     assert ovis.looks_degenerate(" order¾m\x18 imageL laz" + "(� fo" * 13)
     assert not ovis.looks_degenerate("| a | b |\n| 1 | 2 |\n| 3 | 4 |\nTotal: 10 items listed.")
+
+
+# Every model parser is total: any string in, a result out, and every box fits the int32 box
+# column (or is null). Random strings built from each format's own tokens, plus hand-picked ones.
+PARSERS = [
+    ("lighton-ocr3-saturate.py", types.SimpleNamespace(mode="grounding", keep_raw=False), 1000),
+    ("lighton-ocr3.py", types.SimpleNamespace(mode="plain", keep_raw=True), 1000),
+    ("deepseek-ocr-server.py", types.SimpleNamespace(keep_raw=False, prompt=None, prompt_mode="document"), 999),
+    ("hpd-parsing-saturate.py", types.SimpleNamespace(keep_raw=True), 1000),
+    ("ovis-ocr2-server.py", types.SimpleNamespace(keep_image_tags=False), None),
+]
+TOKENS = ["![text](", "![text+](", "](", ")", ",", " ", "\n", "\n\n", "\\$", "$", "`", "```",
+          "http://x.y/", "<|ref|>", "<|/ref|>", "<|det|>", "<|/det|>", "[[", "]]", "[", "]",
+          "<BLOCK>", "<CHILD>", "<FORK>", "</FORK>", "[Non-Text]", "\\[", "\\]", "<table>",
+          "\\left(", "\\right", "\\tag{", "}", "{", "-", ".", "0", "7", "999", "1000", "1001",
+          "99999999999", "9" * 400, "1e999", "nan", "é", "\x00", '<img src="images/bbox_']
+NASTY = ["", "![", "![text](1,2,3,4", "![" * 5000, "<|ref|>" * 3000, "<|det|>[[" + "9" * 5000,
+         "<BLOCK>" * 3000, "\\$" * 3000, "<BLOCK>text [" + "9" * 400 + ",0,0,0]<CHILD>x",
+         "![a](0,0,0,1e5) x", "<|ref|>t<|/ref|><|det|>[[nan, 1, 2, 3]]<|/det|>x"]
+
+
+@pytest.mark.parametrize("script, args, top", PARSERS)
+def test_model_parsers_are_total_and_their_boxes_fit_int32(script, args, top):
+    import random
+    import time
+
+    module = load_script(script)
+    rng = random.Random(17)
+    samples = NASTY + ["".join(rng.choice(TOKENS) for _ in range(rng.randrange(1, 200)))
+                       for _ in range(300)]
+    started = time.monotonic()
+    for raw in samples:
+        text, extras = module.postprocess(raw, args)
+        assert isinstance(text, str)
+        for block in extras.get("blocks", []):
+            box = block["box"]
+            assert box is None or (len(box) == 4 and all(type(v) is int and 0 <= v <= top for v in box))
+            assert isinstance(block["label"], str) and isinstance(block["text"], str)
+    assert time.monotonic() - started < 20, "a parser went quadratic on degenerate output"
+
+
+def test_a_block_without_a_box_is_writable():
+    import pyarrow as pa
+
+    module = load_script("hpd-parsing-saturate.py")
+    feature = module.extra_feature("blocks")
+    blocks = module.parse_blocks("<BLOCK>text [1,2,3,99999999999]<CHILD>one<BLOCK>text [1,2,3,4]<CHILD>two")
+    import datasets
+    features = datasets.Features({"blocks": feature})
+    table = pa.Table.from_pydict(features.encode_batch({"blocks": [blocks]}), schema=features.arrow_schema)
+    assert table.to_pylist()[0]["blocks"][0]["box"] is None
