@@ -502,9 +502,8 @@ def prepare_page(cell, decode: bool = True) -> PreparedPage | None:
     are decoded once (a JPEG that must shrink is decoded at reduced scale, down to twice the
     target at most), turned upright, converted to RGB, downscaled only when above the bound
     with the model's own filter (RESIZE_FILTER: what its authors' pipeline would give), and
-    encoded once in
-    PAGE_FORMAT: "png" (lossless, for models trained on PNG renders) or "jpeg" (quality 95, as
-    the seed's recipes send). With decode=False, None instead of any pixel work.
+    encoded once in PAGE_FORMAT: "png" (lossless, for models trained on PNG renders) or "jpeg"
+    (quality 95, as the seed's recipes send). With decode=False, None instead of any pixel work.
     """
     from PIL import Image, ImageOps
 
