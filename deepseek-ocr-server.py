@@ -44,8 +44,12 @@ Where the settings come from (vLLM's DeepSeek-OCR recipe)
     special tokens), and the processor's arguments in `vllm_xargs`: n-gram 30, window 90,
     whitelist [128821, 128822] (the `<td>` and `</td>` tokens, which tables repeat).
     max_tokens 4096 (as in a 2,165-page run; the recipe uses 2048). The image tokens (at most
-    1,156 in the default "Gundam" tiling) plus max_tokens must fit 8192: the script refuses a
-    budget that would make every request fail with 400.
+    933: vLLM's DeepSeek-OCR processor caps the crops at 6, and a 1x6 tiling with its newline
+    and separator tokens is the worst case) plus max_tokens must fit 8192: the script refuses
+    a budget that would make every request fail with 400.
+    Post-processing: whole grounding spans are removed (ref, then det, then stray delimiters),
+    and, as the official post-processing does, `\\coloneqq` becomes `:=` and `\\eqqcolon` `=:`.
+    Boxes outside 0-999 (a degenerate output) are kept as null.
     Images are sent as RGB at their own size: the model tiles them itself.
     Image tag v0.26.0: the model ran 2,165 pages at scale on it; another collection pins
     v0.29.0 because v0.30 broke its vision encoder kernel, and vLLM's newer model runner
@@ -60,7 +64,6 @@ import re
 # ============================================================================================
 
 MODEL_ID = "deepseek-ai/DeepSeek-OCR"
-MODEL_REVISION = None  # a commit sha pins the weights; None takes the repo's main branch
 IMAGE_TAG = "v0.26.0"  # vllm/vllm-openai:<tag> this script was run with
 JOB_IMAGE = f"vllm/vllm-openai:{IMAGE_TAG}"
 IMAGE_HAS_UV = True  # the vLLM images have uv: `hf jobs uv run` works
@@ -79,7 +82,7 @@ DEFAULT_PROMPT_MODE = "document"
 MAX_MODEL_LEN = 8192
 DEFAULT_MAX_TOKENS = 4096
 TEMPERATURE = 0.0
-IMAGE_TOKENS_MAX = 9 * 100 + 256  # "Gundam" tiling: n*100 + 256 tokens, n <= 9 crops
+IMAGE_TOKENS_MAX = 933  # vLLM's processor caps the crops at 6: worst case a 1x6 tiling
 PROMPT_TEXT_TOKENS = 64
 PAGE_FORMAT = "jpeg"  # pages that must be converted or resized: JPEG quality 95 (others go as is)
 PREFIX_CACHING = False
@@ -141,22 +144,35 @@ def build_request(image_url: str, args) -> dict:
     }
 
 
-GROUNDED_SPAN = re.compile(r"<\|ref\|>(.*?)<\|/ref\|>\s*<\|det\|>(.*?)<\|/det\|>", re.S)
-REF_SPAN = re.compile(r"<\|ref\|>.*?<\|/ref\|>", re.S)
-DET_SPAN = re.compile(r"<\|det\|>.*?<\|/det\|>", re.S)
+# Spans are bounded (a label, a list of boxes), so a degenerate output cannot make them scan
+# the whole text once per delimiter.
+GROUNDED_SPAN = re.compile(r"<\|ref\|>(.{0,500}?)<\|/ref\|>\s*<\|det\|>(.{0,5000}?)<\|/det\|>", re.S)
+REF_SPAN = re.compile(r"<\|ref\|>.{0,500}?<\|/ref\|>", re.S)
+DET_SPAN = re.compile(r"<\|det\|>.{0,5000}?<\|/det\|>", re.S)
 STRAY_TAGS = re.compile(r"<\|/?(?:ref|det|grounding)\|>|<｜end▁of▁sentence｜>|<\|end▁of▁sentence\|>")
+
+
+# The official post-processing's LaTeX mappings (MODEL-FACTS.md, DeepSeek-OCR).
+COLON_EQUALS = ((re.compile(r"\\coloneqq(?![A-Za-z])"), ":="), (re.compile(r"\\eqqcolon(?![A-Za-z])"), "=:"))
+
+
+def official_latex(text: str) -> str:
+    for pattern, replacement in COLON_EQUALS:
+        text = pattern.sub(replacement, text)
+    return text
 
 
 def parse_grounded_blocks(raw: str) -> list[dict]:
     """Blocks from `<|ref|>label<|/ref|><|det|>[[x1, y1, x2, y2], ...]<|/det|>text` spans: one
-    block per box (0-999 space); the text up to the next span belongs to the first box."""
+    block per box (0-999 space; a box out of range or incomplete is null); the text up to the
+    next span belongs to the first box. Never raises."""
     blocks = []
     spans = list(GROUNDED_SPAN.finditer(raw))
     for i, span in enumerate(spans):
         end = spans[i + 1].start() if i + 1 < len(spans) else len(raw)
-        text = STRAY_TAGS.sub("", raw[span.end():end]).strip()
-        numbers = [int(float(n)) for n in re.findall(r"-?\d+(?:\.\d+)?", span.group(2))]
-        boxes = [numbers[j:j + 4] for j in range(0, len(numbers) - 3, 4)] or [[]]
+        text = official_latex(STRAY_TAGS.sub("", raw[span.end():end]).strip())
+        numbers = re.findall(r"-?\d+(?:\.\d+)?", span.group(2))
+        boxes = [block_box(numbers[j:j + 4], 999) for j in range(0, len(numbers) - 3, 4)] or [None]
         for k, box in enumerate(boxes):
             blocks.append({"label": span.group(1).strip(), "box": box, "text": text if k == 0 else ""})
     return blocks
@@ -168,7 +184,7 @@ def clean_markdown(raw: str) -> str:
     text = REF_SPAN.sub("", raw)
     text = DET_SPAN.sub("", text)
     text = STRAY_TAGS.sub("", text)
-    return re.sub(r"\n{3,}", "\n\n", text).strip()
+    return official_latex(re.sub(r"\n{3,}", "\n\n", text).strip())
 
 
 def postprocess(text: str, args) -> tuple[str, dict]:
@@ -189,8 +205,15 @@ def inference_settings(args) -> dict:
 
 # ==== BEGIN COMMON HELPERS (identical in every script; edit one copy, run tools/sync_helpers.py) ====
 # Input, page images, output parts, dataset card, stats. The model section above provides:
-# MODEL_ID, MODEL_REVISION, JOB_IMAGE, IMAGE_HAS_UV, DEFAULT_FLAVOR, SCRIPT_SHAPE, PAGE_FORMAT,
+# MODEL_ID, JOB_IMAGE, IMAGE_HAS_UV, DEFAULT_FLAVOR, SCRIPT_SHAPE, PAGE_FORMAT,
 # target_size(), postprocess(), inference_settings(), EXTRA_COLUMNS, DEFAULT_MAX_TOKENS.
+# These have defaults; a model section sets one only where its model differs:
+MODEL_REVISION = globals().get("MODEL_REVISION")  # a commit sha or tag pins the weights
+RESIZE_FILTER = globals().get("RESIZE_FILTER", "bicubic")  # the model's own resampling filter
+LOOP_TEMPERATURE = globals().get("LOOP_TEMPERATURE", 0.3)  # a looping page's second try
+API_SERVER_COUNT = globals().get("API_SERVER_COUNT", 1)  # a spawned server's API processes
+JOBS_TIMEOUT = globals().get("JOBS_TIMEOUT", "4h")  # Jobs stop after 30 min without one
+IMAGE_TAG_MOVING = globals().get("IMAGE_TAG_MOVING", False)  # True: JOB_IMAGE is no fixed build
 import argparse
 import io
 import json
@@ -262,6 +285,39 @@ def resolve_output(value: str) -> tuple[str, str]:
         return "hub", value
     fail(f"OUTPUT {value!r} is neither a Hub dataset id (namespace/name) nor a local path. "
          f"For a local folder write ./{value} or an absolute path.")
+
+
+def requested_revision(args) -> str | None:
+    """--model-revision, else the model section's pin (which applies to its own model only)."""
+    return args.model_revision or (MODEL_REVISION if args.model == MODEL_ID else None)
+
+
+def hub_commit_sha(model: str, revision: str | None, token: str | None) -> str | None:
+    from huggingface_hub import HfApi
+
+    return HfApi(token=token).model_info(model, revision=revision, timeout=10).sha
+
+
+_RESOLVED_REVISIONS: dict = {}
+
+
+def resolved_revision(args) -> str | None:
+    """The commit sha of the weights this run loads, asked once: None for a local folder or
+    when the Hub cannot be asked (no network); a pinned full sha stands for itself."""
+    requested = requested_revision(args)
+    key = (args.model, requested)
+    if key not in _RESOLVED_REVISIONS:
+        sha = None
+        if not Path(args.model).expanduser().exists():
+            try:
+                sha = hub_commit_sha(args.model, requested, getattr(args, "hf_token", None) or None)
+            except Exception as exc:  # offline, gated, a typo: the run decides, not this record
+                log(f"could not resolve the revision of {args.model} ({type(exc).__name__}); "
+                    f"inference_info records none")
+            if not sha and requested and re.fullmatch(r"[0-9a-f]{40}", requested):
+                sha = requested
+        _RESOLVED_REVISIONS[key] = sha
+    return _RESOLVED_REVISIONS[key]
 
 
 @dataclass
@@ -422,10 +478,11 @@ def prepare_page(cell, decode: bool = True) -> PreparedPage | None:
     A page that needs no change (a JPEG or PNG in RGB, upright, one frame, within bounds) is
     sent byte for byte: no new artifacts, no encoding cost. A complete JPEG (its end-of-image
     marker last) is not decoded at all: damage inside one is left to the server's decoder. Others
-    are decoded once (a JPEG that must shrink is decoded at reduced scale first), turned
-    upright, converted to RGB, downscaled only when above the bound, and encoded once in
-    PAGE_FORMAT: "png" (lossless, for models trained on PNG renders) or "jpeg" (quality 95, as
-    the seed's recipes send). With decode=False, None instead of any pixel work.
+    are decoded once (a JPEG that must shrink is decoded at reduced scale, down to twice the
+    target at most), turned upright, converted to RGB, downscaled only when above the bound
+    with the model's own filter (RESIZE_FILTER: what its authors' pipeline would give), and
+    encoded once in PAGE_FORMAT: "png" (lossless, for models trained on PNG renders) or "jpeg"
+    (quality 95, as the seed's recipes send). With decode=False, None instead of any pixel work.
     """
     from PIL import Image, ImageOps
 
@@ -466,15 +523,17 @@ def prepare_page(cell, decode: bool = True) -> PreparedPage | None:
             if frames > 1:
                 img.seek(0)
             if not same_size and source_format == "JPEG":
+                # a reduced-scale decode, to no less than twice the target: the model's own
+                # filter then does the last step, as on the authors' fully decoded page
                 draft_size = target if upright or orientation not in (5, 6, 7, 8) else target[::-1]
-                img.draft(img.mode if img.mode in ("RGB", "L") else None, draft_size)
+                img.draft(img.mode if img.mode in ("RGB", "L") else None,
+                          (2 * draft_size[0], 2 * draft_size[1]))
             img.load()
             if not upright:
                 img = ImageOps.exif_transpose(img)
             img = to_rgb(img)
-            if img.size != target:  # the cheapest filter that does not alias (Pillow's bilinear
-                # widens with the scale), after a box reduce for large factors
-                img = img.resize(target, Image.Resampling.BILINEAR, reducing_gap=2.0)
+            if img.size != target:  # the filter the model's own pipeline resamples with
+                img = img.resize(target, getattr(Image.Resampling, RESIZE_FILTER.upper()))
             out = io.BytesIO()
             if PAGE_FORMAT == "png":
                 img.save(out, format="PNG", compress_level=1)
@@ -489,6 +548,19 @@ def prepare_page(cell, decode: bool = True) -> PreparedPage | None:
         raise PageError(f"decompression bomb: {exc}") from None
     except Exception as exc:  # undecodable, truncated, unsupported: one row fails, not the run
         raise PageError(f"cannot decode image: {type(exc).__name__}: {exc}") from None
+
+
+def block_box(values, top: int) -> list[int] | None:
+    """A parsed box as four ints in [0, top], or None: a degenerate output's 99999999999 or
+    a missing coordinate must not reach the int32 box column (it would make the part
+    unwritable). Takes strings or numbers; never raises."""
+    try:
+        numbers = [float(v) for v in values]
+    except (TypeError, ValueError, OverflowError):
+        return None
+    if len(numbers) != 4 or not all(0 <= v <= top for v in numbers):  # NaN fails too
+        return None
+    return [int(v) for v in numbers]
 
 
 # ---- text checks ----------------------------------------------------------------------------
@@ -1287,12 +1359,12 @@ def reproduce_command(argv: list[str]) -> str:
     flavor = os.environ.get("JOB_FLAVOR") or os.environ.get("ACCELERATOR") or DEFAULT_FLAVOR
     args = " ".join(shlex.quote(a) for a in redact_argv(argv))
     if IMAGE_HAS_UV:
-        return (f"hf jobs uv run --image {JOB_IMAGE} --flavor {flavor} --secrets HF_TOKEN "
-                f"{script} {args}")
+        return (f"hf jobs uv run --image {JOB_IMAGE} --flavor {flavor} --timeout {JOBS_TIMEOUT} "
+                f"--secrets HF_TOKEN {script} {args}")
     # an image without uv: install it first, and fetch the script by its URL
     inner = f"pip install -q uv && uv run $SCRIPT_URL {args}"
-    return (f"SCRIPT_URL=<raw URL of {script}>; hf jobs run --flavor {flavor} --secrets HF_TOKEN "
-            f"{JOB_IMAGE} -- bash -lc {shlex.quote(inner)}")
+    return (f"SCRIPT_URL=<raw URL of {script}>; hf jobs run --flavor {flavor} --timeout {JOBS_TIMEOUT} "
+            f"--secrets HF_TOKEN {JOB_IMAGE} -- bash -lc {shlex.quote(inner)}")
 
 
 def build_card(source: InputSource, store: OutputStore, args, stats: dict, info_entry: dict,
@@ -1302,6 +1374,7 @@ def build_card(source: InputSource, store: OutputStore, args, stats: dict, info_
     serve = info_entry.get("serve_args")
     on_jobs = os.environ.get("JOB_ID") or os.environ.get("HF_JOB_ID")
     provenance = f"Hugging Face Job {on_jobs}" if on_jobs else "a local run"
+    moving = ", a moving tag: its vLLM version is in the stats" if IMAGE_TAG_MOVING else ""
     return f"""---
 tags:
 - ocr
@@ -1312,8 +1385,9 @@ tags:
 # OCR of `{source.description}` with {MODEL_ID}
 
 Each row of the input with its page transcribed into the `{column}` column by
-[{MODEL_ID}](https://huggingface.co/{MODEL_ID}) on vLLM (`{JOB_IMAGE}`),
+[{MODEL_ID}](https://huggingface.co/{MODEL_ID}) on vLLM (`{JOB_IMAGE}`{moving}),
 with `{Path(sys.argv[0]).name}` ({SCRIPT_SHAPE} shape), from {provenance}.
+Weights: `{args.model}` at revision `{info_entry.get("model_revision") or "unknown"}`.
 
 | column | meaning |
 | --- | --- |
@@ -1384,6 +1458,9 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("model")
     group.add_argument("--model", default=MODEL_ID,
                        help=f"model id or local path (default: {MODEL_ID}); a fine-tune or mirror")
+    group.add_argument("--model-revision",
+                       help="commit sha, tag or branch of the model's weights (default: "
+                            f"{MODEL_REVISION or 'main'}); the sha it resolves to is recorded")
     group.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS,
                        help=f"generation budget per page (default: {DEFAULT_MAX_TOKENS})")
     group.add_argument("--no-sanity-check", action="store_true",
@@ -1562,6 +1639,7 @@ class ServerManager:
         self.model_name = served_model_name(args)
         self.max_model_len: int | None = None
         self.version: str | None = None
+        self.revision: str | None = None  # the weights' sha, known only for a server started here
         self._lock = asyncio.Lock()
 
     # -- probes --
@@ -1658,8 +1736,9 @@ class ServerManager:
 
     def serve_command(self) -> list[str]:
         command = ["vllm", "serve", self.args.model, "--host", self.host, "--port", str(self.port)]
-        if MODEL_REVISION and self.args.model == MODEL_ID:
-            command += ["--revision", MODEL_REVISION]
+        self.revision = resolved_revision(self.args)  # what this server loads, and the record
+        if self.revision or requested_revision(self.args):
+            command += ["--revision", self.revision or requested_revision(self.args)]
         if self.api_key:
             command += ["--api-key", self.api_key]
         serve_args = effective_serve_args(self.args)
@@ -2113,6 +2192,7 @@ async def run_server_pipeline(source: InputSource, pending: list[int], writer: P
         try:
             await server.start(client, stats)
             writer.info_entry["vllm_version"] = server.version
+            writer.info_entry["model_revision"] = server.revision
             adapting = asyncio.create_task(controller.run(client, server)) if controller else None
             bar = tqdm(total=len(pending), unit="page", dynamic_ncols=True, smoothing=0.1,
                        mininterval=0.5 if sys.stderr.isatty() else 10.0)
@@ -2257,19 +2337,59 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--adapt-interval", type=float, default=2.0,
                        help="seconds between window decisions (default: 2)")
     group.add_argument("--api-server-count", type=int, default=None,
-                       help="API server processes of a spawned server (default: 4 on machines "
-                            "with 12 or more cores, else 1; see the docstring)")
+                       help=f"API server processes of a spawned server (default: "
+                            f"{API_SERVER_COUNT} when this process may use {API_SERVERS_MIN_CPUS} "
+                            f"or more CPUs, else 1; see the docstring)")
+
+
+API_SERVERS_MIN_CPUS = 12  # the flavors where more API servers were measured to help had 12+
+
+
+def cgroup_cpu_limit(root: str = "/sys/fs/cgroup") -> float | None:
+    """CPUs a cgroup quota allows (v2 cpu.max, else v1 cfs quota), None without one."""
+    try:
+        relative = Path("/proc/self/cgroup").read_text().split("0::", 1)[1].split("\n", 1)[0]
+    except (OSError, IndexError):
+        relative = "/"
+    candidates = [(Path(root + relative) / "cpu.max", None), (Path(root) / "cpu.max", None),
+                  (Path(root) / "cpu" / "cpu.cfs_quota_us", Path(root) / "cpu" / "cpu.cfs_period_us")]
+    for quota_file, period_file in candidates:
+        try:
+            if period_file is None:
+                quota, period = quota_file.read_text().split()[:2]
+            else:
+                quota, period = quota_file.read_text().strip(), period_file.read_text().strip()
+            if quota in ("max", "-1"):
+                return None
+            return int(quota) / int(period)
+        except (OSError, ValueError, ZeroDivisionError):
+            continue
+    return None
+
+
+def usable_cpus(cgroup_root: str = "/sys/fs/cgroup") -> int:
+    """CPUs this process may use: its affinity mask, capped by a cgroup quota. os.cpu_count()
+    counts the host's cores, also inside a container allowed only a few of them."""
+    try:
+        count = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        count = os.cpu_count() or 1
+    limit = cgroup_cpu_limit(cgroup_root)
+    if limit is not None:
+        count = min(count, int(limit))
+    return max(1, count)
 
 
 def default_api_server_count() -> int:
-    """One API server preprocesses images on one core: on big flavors (12+ vCPUs, fast GPUs)
-    it becomes the limit, and 4 gave +9% to +16% in the seed's runs; on small flavors host
-    memory binds first, and extra servers only cost memory."""
-    return 4 if (os.cpu_count() or 1) >= 12 else 1
+    """One API server preprocesses images on one core. Where a model section measured more
+    (API_SERVER_COUNT; LightOnOCR-3: 4 gave +9% to +16% on flavors of 12+ vCPUs), that many
+    when this process may use API_SERVERS_MIN_CPUS CPUs; else 1: on small flavors host memory
+    binds first, and extra servers only cost memory."""
+    return API_SERVER_COUNT if usable_cpus() >= API_SERVERS_MIN_CPUS else 1
 def info_entry_for(args, server_args) -> dict:
     return {
         "model": args.model,
-        "model_revision": MODEL_REVISION,
+        "model_revision": None,  # set once the server is known: only one started here tells
         "script": Path(sys.argv[0]).name,
         "shape": SCRIPT_SHAPE,
         "image": JOB_IMAGE,

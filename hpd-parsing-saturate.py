@@ -13,9 +13,18 @@
 """Parse a dataset of page images with PaddlePaddle/HPD-Parsing, keeping vLLM saturated.
 
 Each page becomes Markdown (from the parsed blocks: image, chart and seal blocks carry no
-text) and a blocks column (type, box in 0-1000 space, text). The driver has no torch or vllm
-dependency and adapts its window of pages in flight to keep the engine busy, like
-lighton-ocr3-saturate.py.
+text) and a blocks column (type, box in 0-1000 space or null, text). Each block's text is
+cleaned as the vendor's own Markdown export does it, since the benchmark figures quoted for the
+model were scored on that export (MODEL-FACTS.md, HPD-Parsing): the `[Non-Text]` placeholder and
+the canned sentences for blurry or text-free regions are dropped, an unterminated `\\[` or
+`<table>` is closed, single-line display math becomes inline, `\\tag{}` is stripped and
+`\\supset` becomes `\\sqsupset`. Gaps: the second canned sentence is known only by its sense
+(matched as "The image does not contain any text." and close variants), and the source says
+the export "tidies" `\\left`/`\\right` pairs, a formula's tail and arithmetic spacing without
+saying how: here unpaired `\\left`/`\\right` are dropped (delimiters kept); the rest is not done.
+
+The driver has no torch or vllm dependency and adapts its window of pages in flight to keep the
+engine busy, like lighton-ocr3-saturate.py.
 
 Run it on Hugging Face Jobs. HPD-Parsing runs only on its vendor's vLLM fork (0.17.1+hpdparsing),
 shipped in an image without uv, so the Job installs uv first and runs this script by URL:
@@ -24,7 +33,10 @@ shipped in an image without uv, so the Job installs uv first and runs this scrip
         ccr-2vdh3abv-pub.cnc.bj.baidubce.com/paddlepaddle/hpd-parsing-vllm:latest-nvidia-gpu \\
         -- bash -lc 'pip install -q uv && uv run <raw URL of hpd-parsing-saturate.py> user/scans user/scans-hpd'
 
-The image is about 11 GB (about 7 minutes to pull cold). Its entrypoint serves on port 8118,
+The vendor publishes the image only under the moving tag `latest-nvidia-gpu`: it cannot be
+pinned, so the card marks it as moving and records the fork's version as the server reports it
+(the fork this script was written for is 0.17.1+hpdparsing). The image is about 11 GB (about 7
+minutes to pull cold). Its entrypoint serves on port 8118,
 which is this script's default `--server`; when nothing answers there, the script starts
 `vllm serve` itself with the vendor's flags and downloads the speculative-decoding model (the
 repo's P-MTP/ folder, about 644 MB) first: only then, never when `--server` answers.
@@ -34,6 +46,9 @@ Why prefix caching stays ON here (every other script turns it off)
     page region, and the children reuse the parent branch's prefix KV: the cache does real work
     (hit rate 52.9% on 5 pages, 43.9% on 10, in the seed). The run reports the server's hit
     rate in its stats and card. Do not switch it off in a sweep: a test fails if anyone does.
+    For the same reason a spawned server keeps one API server (no `--api-server-count`):
+    several were never measured on the fork, and with several vLLM drops per-request figures
+    from /metrics, which would blank the reported hit rate.
 
 Serve flags (the vendor's command): remote code, port 8118, served name HPD-Parsing, context
 16384, one image per prompt, gpu_memory_utilization 0.9, FlashInfer attention with prefill
@@ -52,8 +67,8 @@ import re
 # ============================================================================================
 
 MODEL_ID = "PaddlePaddle/HPD-Parsing"
-MODEL_REVISION = None  # a commit sha pins the weights; None takes the repo's main branch
-IMAGE_TAG = "latest-nvidia-gpu"
+IMAGE_TAG = "latest-nvidia-gpu"  # the vendor publishes only this moving tag (fork 0.17.1+hpdparsing)
+IMAGE_TAG_MOVING = True  # the card says so; the fork's version is recorded from /version
 JOB_IMAGE = f"ccr-2vdh3abv-pub.cnc.bj.baidubce.com/paddlepaddle/hpd-parsing-vllm:{IMAGE_TAG}"
 IMAGE_HAS_UV = False  # the vendor image: the Jobs command installs uv first
 DEFAULT_FLAVOR = "a10g-small"
@@ -96,7 +111,8 @@ def spawn_args(args) -> list[str]:
         from huggingface_hub import snapshot_download
 
         log("downloading the speculative-decoding model (P-MTP/, about 644 MB)")
-        root = snapshot_download(args.model, allow_patterns=["P-MTP/*"], revision=MODEL_REVISION,
+        root = snapshot_download(args.model, allow_patterns=["P-MTP/*"],
+                                 revision=resolved_revision(args) or requested_revision(args),
                                  token=args.hf_token or None)
         pmtp = Path(root) / "P-MTP"
     if not pmtp.is_dir():
@@ -145,22 +161,60 @@ def build_request(image_url: str, args) -> dict:
     return request
 
 
-BLOCK_HEAD = re.compile(r"<BLOCK>\s*([^\[<\n]*?)\s*\[\s*(-?\d+)\s*,\s*(-?\d+)\s*,\s*(-?\d+)\s*,\s*(-?\d+)\s*\]")
+# Output (MODEL-FACTS.md, HPD-Parsing): `<BLOCK>type [x1,y1,x2,y2]<CHILD>text` blocks with
+# <FORK> tags, boxes 0 to 1000. A head whose box is missing or out of range keeps its block.
+BLOCK_HEAD = re.compile(r"<BLOCK>[ \t]*([^\[<\n]{0,100})(?:\[([^\]<\n]{0,200})\])?")
 TEXTLESS = {"image", "chart", "seal", "figure"}
+# The vendor's Markdown export (MODEL-FACTS.md, HPD-Parsing), block by block:
+NON_TEXT = "[Non-Text]"
+CANNED_SENTENCES = re.compile(  # the first is verbatim; the second is known only by its sense
+    r"The image is too blurry to recognize any text content\.?"
+    r"|The image (?:does not contain|contains no) (?:any )?(?:recognizable |readable |visible )?"
+    r"text(?: content)?\.?")
+TAG = re.compile(r"\\tag\*?\{(?:[^{}]|\{[^{}]*\})*\}")
+SUPSET = re.compile(r"\\supset(?![A-Za-z])")
+LEFT_RIGHT = re.compile(r"\\(left|right)(?![A-Za-z])(\s*\.)?")
+DISPLAY_OPEN, DISPLAY_CLOSE = re.compile(r"(?<!\\)\\\["), re.compile(r"(?<!\\)\\\]")
+ONE_LINE_DISPLAY = re.compile(r"(?<!\\)\\\[([^\n]*?)(?<!\\)\\\]")
+
+
+def export_text(text: str) -> str:
+    """One block's text as the vendor's Markdown export gives it: the [Non-Text] placeholder
+    and the canned sentences for blurry or text-free regions dropped; an unterminated `\\[` or
+    `<table>` closed; single-line display math made inline; `\\tag{}` stripped; `\\supset` to
+    `\\sqsupset`. The source also says the export "tidies" `\\left`/`\\right` pairs, a formula's
+    tail and arithmetic spacing without saying how: here unpaired `\\left`/`\\right` commands are
+    dropped (their delimiters kept), and the other two are not done."""
+    text = text.replace(NON_TEXT, "").strip()
+    if CANNED_SENTENCES.fullmatch(text):
+        return ""
+    text = TAG.sub("", text)
+    text = SUPSET.sub(r"\\sqsupset", text)
+    lefts = sum(1 for m in LEFT_RIGHT.finditer(text) if m.group(1) == "left")
+    if 2 * lefts != len(LEFT_RIGHT.findall(text)):  # unpaired: plain delimiters render anyway
+        text = LEFT_RIGHT.sub("", text)
+    missing = len(DISPLAY_OPEN.findall(text)) - len(DISPLAY_CLOSE.findall(text))
+    if missing > 0:
+        text += "\\]" * missing
+    missing = len(re.findall(r"<table\b", text)) - text.count("</table>")
+    if missing > 0:
+        text += "</table>" * missing
+    return ONE_LINE_DISPLAY.sub(lambda m: "\\(" + m.group(1) + "\\)", text).strip()
 
 
 def parse_blocks(raw: str) -> list[dict]:
-    """`<BLOCK>type [x1,y1,x2,y2]<CHILD>text` segments in order; <FORK> marks where parallel
-    branches split and carries no text of its own."""
+    """`<BLOCK>type [x1,y1,x2,y2]<CHILD>text` segments in order, each text as the vendor's
+    export cleans it; <FORK> marks where parallel branches split and carries no text of its
+    own. Never raises."""
     blocks = []
     heads = list(BLOCK_HEAD.finditer(raw))
     for i, head in enumerate(heads):
         end = heads[i + 1].start() if i + 1 < len(heads) else len(raw)
-        body = raw[head.end():end]
-        body = re.sub(r"</?FORK>|</?CHILD>|</BLOCK>", "", body).strip()
+        body = re.sub(r"</?FORK>|</?CHILD>|</BLOCK>", "", raw[head.end():end])
         label = head.group(1).strip()
-        text = "" if label.lower() in TEXTLESS else body
-        blocks.append({"label": label, "box": [int(head.group(k)) for k in range(2, 6)], "text": text})
+        box = block_box((head.group(2) or "").split(","), 1000)
+        blocks.append({"label": label, "box": box,
+                       "text": "" if label.lower() in TEXTLESS else export_text(body)})
     return blocks
 
 
@@ -170,7 +224,7 @@ def postprocess(text: str, args) -> tuple[str, dict]:
     if args.keep_raw:
         extras["raw"] = text
     if not blocks:  # not the block format (or a truncated answer): keep the text itself
-        return re.sub(r"</?(?:FORK|CHILD|BLOCK)>", "", text).strip(), extras
+        return export_text(re.sub(r"</?(?:FORK|CHILD|BLOCK)>", "", text)), extras
     return "\n\n".join(b["text"] for b in blocks if b["text"]), extras
 
 
@@ -185,8 +239,15 @@ def inference_settings(args) -> dict:
 
 # ==== BEGIN COMMON HELPERS (identical in every script; edit one copy, run tools/sync_helpers.py) ====
 # Input, page images, output parts, dataset card, stats. The model section above provides:
-# MODEL_ID, MODEL_REVISION, JOB_IMAGE, IMAGE_HAS_UV, DEFAULT_FLAVOR, SCRIPT_SHAPE, PAGE_FORMAT,
+# MODEL_ID, JOB_IMAGE, IMAGE_HAS_UV, DEFAULT_FLAVOR, SCRIPT_SHAPE, PAGE_FORMAT,
 # target_size(), postprocess(), inference_settings(), EXTRA_COLUMNS, DEFAULT_MAX_TOKENS.
+# These have defaults; a model section sets one only where its model differs:
+MODEL_REVISION = globals().get("MODEL_REVISION")  # a commit sha or tag pins the weights
+RESIZE_FILTER = globals().get("RESIZE_FILTER", "bicubic")  # the model's own resampling filter
+LOOP_TEMPERATURE = globals().get("LOOP_TEMPERATURE", 0.3)  # a looping page's second try
+API_SERVER_COUNT = globals().get("API_SERVER_COUNT", 1)  # a spawned server's API processes
+JOBS_TIMEOUT = globals().get("JOBS_TIMEOUT", "4h")  # Jobs stop after 30 min without one
+IMAGE_TAG_MOVING = globals().get("IMAGE_TAG_MOVING", False)  # True: JOB_IMAGE is no fixed build
 import argparse
 import io
 import json
@@ -258,6 +319,39 @@ def resolve_output(value: str) -> tuple[str, str]:
         return "hub", value
     fail(f"OUTPUT {value!r} is neither a Hub dataset id (namespace/name) nor a local path. "
          f"For a local folder write ./{value} or an absolute path.")
+
+
+def requested_revision(args) -> str | None:
+    """--model-revision, else the model section's pin (which applies to its own model only)."""
+    return args.model_revision or (MODEL_REVISION if args.model == MODEL_ID else None)
+
+
+def hub_commit_sha(model: str, revision: str | None, token: str | None) -> str | None:
+    from huggingface_hub import HfApi
+
+    return HfApi(token=token).model_info(model, revision=revision, timeout=10).sha
+
+
+_RESOLVED_REVISIONS: dict = {}
+
+
+def resolved_revision(args) -> str | None:
+    """The commit sha of the weights this run loads, asked once: None for a local folder or
+    when the Hub cannot be asked (no network); a pinned full sha stands for itself."""
+    requested = requested_revision(args)
+    key = (args.model, requested)
+    if key not in _RESOLVED_REVISIONS:
+        sha = None
+        if not Path(args.model).expanduser().exists():
+            try:
+                sha = hub_commit_sha(args.model, requested, getattr(args, "hf_token", None) or None)
+            except Exception as exc:  # offline, gated, a typo: the run decides, not this record
+                log(f"could not resolve the revision of {args.model} ({type(exc).__name__}); "
+                    f"inference_info records none")
+            if not sha and requested and re.fullmatch(r"[0-9a-f]{40}", requested):
+                sha = requested
+        _RESOLVED_REVISIONS[key] = sha
+    return _RESOLVED_REVISIONS[key]
 
 
 @dataclass
@@ -418,10 +512,11 @@ def prepare_page(cell, decode: bool = True) -> PreparedPage | None:
     A page that needs no change (a JPEG or PNG in RGB, upright, one frame, within bounds) is
     sent byte for byte: no new artifacts, no encoding cost. A complete JPEG (its end-of-image
     marker last) is not decoded at all: damage inside one is left to the server's decoder. Others
-    are decoded once (a JPEG that must shrink is decoded at reduced scale first), turned
-    upright, converted to RGB, downscaled only when above the bound, and encoded once in
-    PAGE_FORMAT: "png" (lossless, for models trained on PNG renders) or "jpeg" (quality 95, as
-    the seed's recipes send). With decode=False, None instead of any pixel work.
+    are decoded once (a JPEG that must shrink is decoded at reduced scale, down to twice the
+    target at most), turned upright, converted to RGB, downscaled only when above the bound
+    with the model's own filter (RESIZE_FILTER: what its authors' pipeline would give), and
+    encoded once in PAGE_FORMAT: "png" (lossless, for models trained on PNG renders) or "jpeg"
+    (quality 95, as the seed's recipes send). With decode=False, None instead of any pixel work.
     """
     from PIL import Image, ImageOps
 
@@ -462,15 +557,17 @@ def prepare_page(cell, decode: bool = True) -> PreparedPage | None:
             if frames > 1:
                 img.seek(0)
             if not same_size and source_format == "JPEG":
+                # a reduced-scale decode, to no less than twice the target: the model's own
+                # filter then does the last step, as on the authors' fully decoded page
                 draft_size = target if upright or orientation not in (5, 6, 7, 8) else target[::-1]
-                img.draft(img.mode if img.mode in ("RGB", "L") else None, draft_size)
+                img.draft(img.mode if img.mode in ("RGB", "L") else None,
+                          (2 * draft_size[0], 2 * draft_size[1]))
             img.load()
             if not upright:
                 img = ImageOps.exif_transpose(img)
             img = to_rgb(img)
-            if img.size != target:  # the cheapest filter that does not alias (Pillow's bilinear
-                # widens with the scale), after a box reduce for large factors
-                img = img.resize(target, Image.Resampling.BILINEAR, reducing_gap=2.0)
+            if img.size != target:  # the filter the model's own pipeline resamples with
+                img = img.resize(target, getattr(Image.Resampling, RESIZE_FILTER.upper()))
             out = io.BytesIO()
             if PAGE_FORMAT == "png":
                 img.save(out, format="PNG", compress_level=1)
@@ -485,6 +582,19 @@ def prepare_page(cell, decode: bool = True) -> PreparedPage | None:
         raise PageError(f"decompression bomb: {exc}") from None
     except Exception as exc:  # undecodable, truncated, unsupported: one row fails, not the run
         raise PageError(f"cannot decode image: {type(exc).__name__}: {exc}") from None
+
+
+def block_box(values, top: int) -> list[int] | None:
+    """A parsed box as four ints in [0, top], or None: a degenerate output's 99999999999 or
+    a missing coordinate must not reach the int32 box column (it would make the part
+    unwritable). Takes strings or numbers; never raises."""
+    try:
+        numbers = [float(v) for v in values]
+    except (TypeError, ValueError, OverflowError):
+        return None
+    if len(numbers) != 4 or not all(0 <= v <= top for v in numbers):  # NaN fails too
+        return None
+    return [int(v) for v in numbers]
 
 
 # ---- text checks ----------------------------------------------------------------------------
@@ -1283,12 +1393,12 @@ def reproduce_command(argv: list[str]) -> str:
     flavor = os.environ.get("JOB_FLAVOR") or os.environ.get("ACCELERATOR") or DEFAULT_FLAVOR
     args = " ".join(shlex.quote(a) for a in redact_argv(argv))
     if IMAGE_HAS_UV:
-        return (f"hf jobs uv run --image {JOB_IMAGE} --flavor {flavor} --secrets HF_TOKEN "
-                f"{script} {args}")
+        return (f"hf jobs uv run --image {JOB_IMAGE} --flavor {flavor} --timeout {JOBS_TIMEOUT} "
+                f"--secrets HF_TOKEN {script} {args}")
     # an image without uv: install it first, and fetch the script by its URL
     inner = f"pip install -q uv && uv run $SCRIPT_URL {args}"
-    return (f"SCRIPT_URL=<raw URL of {script}>; hf jobs run --flavor {flavor} --secrets HF_TOKEN "
-            f"{JOB_IMAGE} -- bash -lc {shlex.quote(inner)}")
+    return (f"SCRIPT_URL=<raw URL of {script}>; hf jobs run --flavor {flavor} --timeout {JOBS_TIMEOUT} "
+            f"--secrets HF_TOKEN {JOB_IMAGE} -- bash -lc {shlex.quote(inner)}")
 
 
 def build_card(source: InputSource, store: OutputStore, args, stats: dict, info_entry: dict,
@@ -1298,6 +1408,7 @@ def build_card(source: InputSource, store: OutputStore, args, stats: dict, info_
     serve = info_entry.get("serve_args")
     on_jobs = os.environ.get("JOB_ID") or os.environ.get("HF_JOB_ID")
     provenance = f"Hugging Face Job {on_jobs}" if on_jobs else "a local run"
+    moving = ", a moving tag: its vLLM version is in the stats" if IMAGE_TAG_MOVING else ""
     return f"""---
 tags:
 - ocr
@@ -1308,8 +1419,9 @@ tags:
 # OCR of `{source.description}` with {MODEL_ID}
 
 Each row of the input with its page transcribed into the `{column}` column by
-[{MODEL_ID}](https://huggingface.co/{MODEL_ID}) on vLLM (`{JOB_IMAGE}`),
+[{MODEL_ID}](https://huggingface.co/{MODEL_ID}) on vLLM (`{JOB_IMAGE}`{moving}),
 with `{Path(sys.argv[0]).name}` ({SCRIPT_SHAPE} shape), from {provenance}.
+Weights: `{args.model}` at revision `{info_entry.get("model_revision") or "unknown"}`.
 
 | column | meaning |
 | --- | --- |
@@ -1380,6 +1492,9 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("model")
     group.add_argument("--model", default=MODEL_ID,
                        help=f"model id or local path (default: {MODEL_ID}); a fine-tune or mirror")
+    group.add_argument("--model-revision",
+                       help="commit sha, tag or branch of the model's weights (default: "
+                            f"{MODEL_REVISION or 'main'}); the sha it resolves to is recorded")
     group.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS,
                        help=f"generation budget per page (default: {DEFAULT_MAX_TOKENS})")
     group.add_argument("--no-sanity-check", action="store_true",
@@ -1558,6 +1673,7 @@ class ServerManager:
         self.model_name = served_model_name(args)
         self.max_model_len: int | None = None
         self.version: str | None = None
+        self.revision: str | None = None  # the weights' sha, known only for a server started here
         self._lock = asyncio.Lock()
 
     # -- probes --
@@ -1654,8 +1770,9 @@ class ServerManager:
 
     def serve_command(self) -> list[str]:
         command = ["vllm", "serve", self.args.model, "--host", self.host, "--port", str(self.port)]
-        if MODEL_REVISION and self.args.model == MODEL_ID:
-            command += ["--revision", MODEL_REVISION]
+        self.revision = resolved_revision(self.args)  # what this server loads, and the record
+        if self.revision or requested_revision(self.args):
+            command += ["--revision", self.revision or requested_revision(self.args)]
         if self.api_key:
             command += ["--api-key", self.api_key]
         serve_args = effective_serve_args(self.args)
@@ -2109,6 +2226,7 @@ async def run_server_pipeline(source: InputSource, pending: list[int], writer: P
         try:
             await server.start(client, stats)
             writer.info_entry["vllm_version"] = server.version
+            writer.info_entry["model_revision"] = server.revision
             adapting = asyncio.create_task(controller.run(client, server)) if controller else None
             bar = tqdm(total=len(pending), unit="page", dynamic_ncols=True, smoothing=0.1,
                        mininterval=0.5 if sys.stderr.isatty() else 10.0)
@@ -2253,19 +2371,59 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--adapt-interval", type=float, default=2.0,
                        help="seconds between window decisions (default: 2)")
     group.add_argument("--api-server-count", type=int, default=None,
-                       help="API server processes of a spawned server (default: 4 on machines "
-                            "with 12 or more cores, else 1; see the docstring)")
+                       help=f"API server processes of a spawned server (default: "
+                            f"{API_SERVER_COUNT} when this process may use {API_SERVERS_MIN_CPUS} "
+                            f"or more CPUs, else 1; see the docstring)")
+
+
+API_SERVERS_MIN_CPUS = 12  # the flavors where more API servers were measured to help had 12+
+
+
+def cgroup_cpu_limit(root: str = "/sys/fs/cgroup") -> float | None:
+    """CPUs a cgroup quota allows (v2 cpu.max, else v1 cfs quota), None without one."""
+    try:
+        relative = Path("/proc/self/cgroup").read_text().split("0::", 1)[1].split("\n", 1)[0]
+    except (OSError, IndexError):
+        relative = "/"
+    candidates = [(Path(root + relative) / "cpu.max", None), (Path(root) / "cpu.max", None),
+                  (Path(root) / "cpu" / "cpu.cfs_quota_us", Path(root) / "cpu" / "cpu.cfs_period_us")]
+    for quota_file, period_file in candidates:
+        try:
+            if period_file is None:
+                quota, period = quota_file.read_text().split()[:2]
+            else:
+                quota, period = quota_file.read_text().strip(), period_file.read_text().strip()
+            if quota in ("max", "-1"):
+                return None
+            return int(quota) / int(period)
+        except (OSError, ValueError, ZeroDivisionError):
+            continue
+    return None
+
+
+def usable_cpus(cgroup_root: str = "/sys/fs/cgroup") -> int:
+    """CPUs this process may use: its affinity mask, capped by a cgroup quota. os.cpu_count()
+    counts the host's cores, also inside a container allowed only a few of them."""
+    try:
+        count = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        count = os.cpu_count() or 1
+    limit = cgroup_cpu_limit(cgroup_root)
+    if limit is not None:
+        count = min(count, int(limit))
+    return max(1, count)
 
 
 def default_api_server_count() -> int:
-    """One API server preprocesses images on one core: on big flavors (12+ vCPUs, fast GPUs)
-    it becomes the limit, and 4 gave +9% to +16% in the seed's runs; on small flavors host
-    memory binds first, and extra servers only cost memory."""
-    return 4 if (os.cpu_count() or 1) >= 12 else 1
+    """One API server preprocesses images on one core. Where a model section measured more
+    (API_SERVER_COUNT; LightOnOCR-3: 4 gave +9% to +16% on flavors of 12+ vCPUs), that many
+    when this process may use API_SERVERS_MIN_CPUS CPUs; else 1: on small flavors host memory
+    binds first, and extra servers only cost memory."""
+    return API_SERVER_COUNT if usable_cpus() >= API_SERVERS_MIN_CPUS else 1
 def info_entry_for(args, server_args) -> dict:
     return {
         "model": args.model,
-        "model_revision": MODEL_REVISION,
+        "model_revision": None,  # set once the server is known: only one started here tells
         "script": Path(sys.argv[0]).name,
         "shape": SCRIPT_SHAPE,
         "image": JOB_IMAGE,

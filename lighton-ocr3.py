@@ -39,6 +39,18 @@ Model settings (from the authors)
     seed's measured runs (the README says 0.1; the authors' client defaults to 0.2), so the
     output is comparable to those figures (CER 0.077-0.083 mean on 282 book pages).
     max_tokens 12288, the authors' benchmark budget.
+
+Post-processing (MODEL-FACTS.md, LightOnOCR-3 section)
+    Grounding: one block per `![label](x1,y1,x2,y2)` marker, its text on the marker's line and
+    running on until the next marker; a `label+` block continues the previous one: it stays a
+    block of its own (own box, often the next column) and its text joins the previous one's
+    with a space in the Markdown. A box outside 0-1000 is kept as no box. Escaped dollars: the
+    authors repair `\\$...\\$` to `$...$` only when it encloses math, and leave prices, code
+    and URLs alone. Their exact test is not given, only those examples: here a pair is math
+    when it holds a LaTeX command, or an operator (^ _ = < > { } +) and no run of words, or a
+    lone variable (x, f(x)); never when it begins or ends on a space ("\\$5 and \\$10").
+    Header, footer and page-number blocks stay in the Markdown (the authors drop them only for
+    reading text; the blocks column has their labels).
 """
 
 import re
@@ -49,7 +61,6 @@ import re
 # ============================================================================================
 
 MODEL_ID = "lightonai/LightOnOCR-3-0.8B"
-MODEL_REVISION = None  # a commit sha pins the weights; None takes the repo's main branch
 IMAGE_TAG = "v0.30.0"  # needs vLLM >= 0.30.0: "vLLM 0.27.1 makes every model loop"
 JOB_IMAGE = f"vllm/vllm-openai:{IMAGE_TAG}"
 IMAGE_HAS_UV = True  # the vLLM images have uv: `hf jobs uv run` works
@@ -66,6 +77,7 @@ LONGEST_EDGE = 2048  # the training render size: the model does no further resiz
 PATCH_GRID = 32  # Qwen3.5 vision: 16 px patches merged 2x2
 PROMPT_TEXT_TOKENS = 64
 PAGE_FORMAT = "png"  # pages that must be resized or converted: PNG, as the model was trained
+RESIZE_FILTER = "lanczos"  # the authors render and downscale with LANCZOS
 PREFIX_CACHING = False
 CHAT_TEMPLATE_KWARGS = {"enable_thinking": False}
 
@@ -102,33 +114,86 @@ def message_content(image_url: str, args) -> list[dict]:
     return content
 
 
-BLOCK_MARKER = re.compile(r"^!\[([^\]\n]*)\]\(\s*(\d+)\s*,\s*(\d+)\s*,\s*(\d+)\s*,\s*(\d+)\s*\)[ \t]*$", re.M)
+# Grounding output (MODEL-FACTS.md, LightOnOCR-3: the authors' README example and client): one
+# block per `![label](x1,y1,x2,y2)` marker, its text right after the marker on the same line and
+# running on, over several lines if need be, until the next marker. Coordinates 0 to 1000.
+BLOCK_MARKER = re.compile(
+    r"!\[([^\]\n]{0,200})\]\(\s*(-?\d+(?:\.\d+)?)\s*,\s*(-?\d+(?:\.\d+)?)\s*,"
+    r"\s*(-?\d+(?:\.\d+)?)\s*,\s*(-?\d+(?:\.\d+)?)\s*\)")
+PROTECTED = re.compile(r"```.*?(?:```|\Z)|`[^`\n]*`|<?(?:https?|ftp)://[^\s<>()]+", re.S)
+ESCAPED_DOLLAR = re.compile(r"\\\$(?:\\\$)?")  # `\$`, or `\$\$` around display math
+LATEX_COMMAND = re.compile(r"\\[A-Za-z]+")
+MATH_SIGN = re.compile(r"[\^_=<>{}+]")
+PROSE = re.compile(r"[A-Za-z]{2,}\s+[A-Za-z]{2,}")
 
 
-def unescape_math(text: str) -> str:
-    return text.replace("\\$", "$")
+def reads_as_math(inner: str) -> bool:
+    """Whether the text between an escaped pair `\\$...\\$` reads as math (MODEL-FACTS.md,
+    LightOnOCR-3, post-processing). The authors' exact test is not stated, only its examples
+    (prices, code and URLs keep their escapes): this is this script's reading of them."""
+    if not inner.strip() or inner != inner.strip():
+        return False  # "\$5 and \$10": TeX math does not begin or end on a space
+    if LATEX_COMMAND.search(inner):
+        return True
+    if PROSE.search(inner) or inner[-1] in "+-=<>^_":
+        return False  # words between two dollar signs; "\$5+ \$10" ends on an operator
+    if MATH_SIGN.search(inner):
+        return True  # x^2, a_i, E = mc^2, 2x + 1
+    return re.fullmatch(r"[A-Za-z](?:\([^()]*\))?'*", inner) is not None  # x, f(x), y'
+
+
+def repair_math_escapes(text: str) -> str:
+    """`\\$...\\$` becomes `$...$` only when the pair encloses math; prices, code spans, fenced
+    code and URLs keep their escapes, so "\\$5 and \\$10" still reads as money in a viewer."""
+    out, last = [], 0
+    for protected in PROTECTED.finditer(text):
+        out.append(_repair_span(text[last:protected.start()]))
+        out.append(protected.group(0))
+        last = protected.end()
+    out.append(_repair_span(text[last:]))
+    return "".join(out)
+
+
+def _repair_span(text: str) -> str:
+    tokens = list(ESCAPED_DOLLAR.finditer(text))
+    out, last, i = [], 0, 0
+    while i + 1 < len(tokens):
+        opening, closing = tokens[i], tokens[i + 1]
+        inner = text[opening.end():closing.start()]
+        display = len(opening.group(0)) == 4
+        if opening.group(0) == closing.group(0) and "\n\n" not in inner and \
+                reads_as_math(inner.strip() if display else inner):
+            dollars = "$$" if display else "$"
+            out.append(text[last:opening.start()] + dollars + inner + dollars)
+            last = closing.end()
+            i += 2
+        else:
+            i += 1  # this escape stays; the next one may open a pair
+    out.append(text[last:])
+    return "".join(out)
 
 
 def parse_grounding(raw: str) -> tuple[str, list[dict]]:
-    """Blocks from `![label](x1,y1,x2,y2)` markers (0-1000 space); a label ending in `+`
-    continues the previous block (its text is appended, its box merged). Returns the Markdown
-    without markers, and the blocks."""
+    """The blocks, and the Markdown without markers. A label ending in `+` continues the
+    previous block: it stays a block of its own (label kept, box its own, often in the next
+    column), and in the Markdown its text joins the previous block's with a space. A marker
+    with a coordinate outside 0-1000 still starts a block, with no box. Text before the first
+    marker is kept. Never raises."""
     blocks: list[dict] = []
     markers = list(BLOCK_MARKER.finditer(raw))
-    lead = raw[: markers[0].start()].strip() if markers else raw.strip()
+    lead = repair_math_escapes(raw[: markers[0].start()].strip() if markers else raw.strip())
+    parts = [lead] if lead else []
     for i, marker in enumerate(markers):
         end = markers[i + 1].start() if i + 1 < len(markers) else len(raw)
-        text = unescape_math(raw[marker.end():end].strip())
+        text = repair_math_escapes(raw[marker.end():end].strip())
         label = marker.group(1).strip()
-        box = [int(marker.group(k)) for k in range(2, 6)]
-        if label.endswith("+") and blocks:
-            previous = blocks[-1]
-            previous["text"] = (previous["text"] + "\n" + text).strip() if text else previous["text"]
-            old = previous["box"]
-            previous["box"] = [min(old[0], box[0]), min(old[1], box[1]), max(old[2], box[2]), max(old[3], box[3])]
+        blocks.append({"label": label, "box": block_box(marker.groups()[1:], 1000), "text": text})
+        if not text:
             continue
-        blocks.append({"label": label.rstrip("+"), "box": box, "text": text})
-    parts = ([unescape_math(lead)] if lead else []) + [b["text"] for b in blocks if b["text"]]
+        if label.endswith("+") and parts:
+            parts[-1] = parts[-1] + " " + text
+        else:
+            parts.append(text)
     return "\n\n".join(parts), blocks
 
 
@@ -138,7 +203,7 @@ def postprocess(text: str, args) -> tuple[str, dict]:
         markdown, blocks = parse_grounding(text)
         extras["blocks"] = blocks
         return markdown, extras
-    return unescape_math(text).strip(), extras
+    return repair_math_escapes(text).strip(), extras
 
 
 EXTRA_COLUMNS = {"blocks": "blocks", "raw": "string"}  # column suffix -> "blocks" or "string"
@@ -169,8 +234,15 @@ def sampling_kwargs(args) -> dict:
 
 # ==== BEGIN COMMON HELPERS (identical in every script; edit one copy, run tools/sync_helpers.py) ====
 # Input, page images, output parts, dataset card, stats. The model section above provides:
-# MODEL_ID, MODEL_REVISION, JOB_IMAGE, IMAGE_HAS_UV, DEFAULT_FLAVOR, SCRIPT_SHAPE, PAGE_FORMAT,
+# MODEL_ID, JOB_IMAGE, IMAGE_HAS_UV, DEFAULT_FLAVOR, SCRIPT_SHAPE, PAGE_FORMAT,
 # target_size(), postprocess(), inference_settings(), EXTRA_COLUMNS, DEFAULT_MAX_TOKENS.
+# These have defaults; a model section sets one only where its model differs:
+MODEL_REVISION = globals().get("MODEL_REVISION")  # a commit sha or tag pins the weights
+RESIZE_FILTER = globals().get("RESIZE_FILTER", "bicubic")  # the model's own resampling filter
+LOOP_TEMPERATURE = globals().get("LOOP_TEMPERATURE", 0.3)  # a looping page's second try
+API_SERVER_COUNT = globals().get("API_SERVER_COUNT", 1)  # a spawned server's API processes
+JOBS_TIMEOUT = globals().get("JOBS_TIMEOUT", "4h")  # Jobs stop after 30 min without one
+IMAGE_TAG_MOVING = globals().get("IMAGE_TAG_MOVING", False)  # True: JOB_IMAGE is no fixed build
 import argparse
 import io
 import json
@@ -242,6 +314,39 @@ def resolve_output(value: str) -> tuple[str, str]:
         return "hub", value
     fail(f"OUTPUT {value!r} is neither a Hub dataset id (namespace/name) nor a local path. "
          f"For a local folder write ./{value} or an absolute path.")
+
+
+def requested_revision(args) -> str | None:
+    """--model-revision, else the model section's pin (which applies to its own model only)."""
+    return args.model_revision or (MODEL_REVISION if args.model == MODEL_ID else None)
+
+
+def hub_commit_sha(model: str, revision: str | None, token: str | None) -> str | None:
+    from huggingface_hub import HfApi
+
+    return HfApi(token=token).model_info(model, revision=revision, timeout=10).sha
+
+
+_RESOLVED_REVISIONS: dict = {}
+
+
+def resolved_revision(args) -> str | None:
+    """The commit sha of the weights this run loads, asked once: None for a local folder or
+    when the Hub cannot be asked (no network); a pinned full sha stands for itself."""
+    requested = requested_revision(args)
+    key = (args.model, requested)
+    if key not in _RESOLVED_REVISIONS:
+        sha = None
+        if not Path(args.model).expanduser().exists():
+            try:
+                sha = hub_commit_sha(args.model, requested, getattr(args, "hf_token", None) or None)
+            except Exception as exc:  # offline, gated, a typo: the run decides, not this record
+                log(f"could not resolve the revision of {args.model} ({type(exc).__name__}); "
+                    f"inference_info records none")
+            if not sha and requested and re.fullmatch(r"[0-9a-f]{40}", requested):
+                sha = requested
+        _RESOLVED_REVISIONS[key] = sha
+    return _RESOLVED_REVISIONS[key]
 
 
 @dataclass
@@ -402,10 +507,11 @@ def prepare_page(cell, decode: bool = True) -> PreparedPage | None:
     A page that needs no change (a JPEG or PNG in RGB, upright, one frame, within bounds) is
     sent byte for byte: no new artifacts, no encoding cost. A complete JPEG (its end-of-image
     marker last) is not decoded at all: damage inside one is left to the server's decoder. Others
-    are decoded once (a JPEG that must shrink is decoded at reduced scale first), turned
-    upright, converted to RGB, downscaled only when above the bound, and encoded once in
-    PAGE_FORMAT: "png" (lossless, for models trained on PNG renders) or "jpeg" (quality 95, as
-    the seed's recipes send). With decode=False, None instead of any pixel work.
+    are decoded once (a JPEG that must shrink is decoded at reduced scale, down to twice the
+    target at most), turned upright, converted to RGB, downscaled only when above the bound
+    with the model's own filter (RESIZE_FILTER: what its authors' pipeline would give), and
+    encoded once in PAGE_FORMAT: "png" (lossless, for models trained on PNG renders) or "jpeg"
+    (quality 95, as the seed's recipes send). With decode=False, None instead of any pixel work.
     """
     from PIL import Image, ImageOps
 
@@ -446,15 +552,17 @@ def prepare_page(cell, decode: bool = True) -> PreparedPage | None:
             if frames > 1:
                 img.seek(0)
             if not same_size and source_format == "JPEG":
+                # a reduced-scale decode, to no less than twice the target: the model's own
+                # filter then does the last step, as on the authors' fully decoded page
                 draft_size = target if upright or orientation not in (5, 6, 7, 8) else target[::-1]
-                img.draft(img.mode if img.mode in ("RGB", "L") else None, draft_size)
+                img.draft(img.mode if img.mode in ("RGB", "L") else None,
+                          (2 * draft_size[0], 2 * draft_size[1]))
             img.load()
             if not upright:
                 img = ImageOps.exif_transpose(img)
             img = to_rgb(img)
-            if img.size != target:  # the cheapest filter that does not alias (Pillow's bilinear
-                # widens with the scale), after a box reduce for large factors
-                img = img.resize(target, Image.Resampling.BILINEAR, reducing_gap=2.0)
+            if img.size != target:  # the filter the model's own pipeline resamples with
+                img = img.resize(target, getattr(Image.Resampling, RESIZE_FILTER.upper()))
             out = io.BytesIO()
             if PAGE_FORMAT == "png":
                 img.save(out, format="PNG", compress_level=1)
@@ -469,6 +577,19 @@ def prepare_page(cell, decode: bool = True) -> PreparedPage | None:
         raise PageError(f"decompression bomb: {exc}") from None
     except Exception as exc:  # undecodable, truncated, unsupported: one row fails, not the run
         raise PageError(f"cannot decode image: {type(exc).__name__}: {exc}") from None
+
+
+def block_box(values, top: int) -> list[int] | None:
+    """A parsed box as four ints in [0, top], or None: a degenerate output's 99999999999 or
+    a missing coordinate must not reach the int32 box column (it would make the part
+    unwritable). Takes strings or numbers; never raises."""
+    try:
+        numbers = [float(v) for v in values]
+    except (TypeError, ValueError, OverflowError):
+        return None
+    if len(numbers) != 4 or not all(0 <= v <= top for v in numbers):  # NaN fails too
+        return None
+    return [int(v) for v in numbers]
 
 
 # ---- text checks ----------------------------------------------------------------------------
@@ -1267,12 +1388,12 @@ def reproduce_command(argv: list[str]) -> str:
     flavor = os.environ.get("JOB_FLAVOR") or os.environ.get("ACCELERATOR") or DEFAULT_FLAVOR
     args = " ".join(shlex.quote(a) for a in redact_argv(argv))
     if IMAGE_HAS_UV:
-        return (f"hf jobs uv run --image {JOB_IMAGE} --flavor {flavor} --secrets HF_TOKEN "
-                f"{script} {args}")
+        return (f"hf jobs uv run --image {JOB_IMAGE} --flavor {flavor} --timeout {JOBS_TIMEOUT} "
+                f"--secrets HF_TOKEN {script} {args}")
     # an image without uv: install it first, and fetch the script by its URL
     inner = f"pip install -q uv && uv run $SCRIPT_URL {args}"
-    return (f"SCRIPT_URL=<raw URL of {script}>; hf jobs run --flavor {flavor} --secrets HF_TOKEN "
-            f"{JOB_IMAGE} -- bash -lc {shlex.quote(inner)}")
+    return (f"SCRIPT_URL=<raw URL of {script}>; hf jobs run --flavor {flavor} --timeout {JOBS_TIMEOUT} "
+            f"--secrets HF_TOKEN {JOB_IMAGE} -- bash -lc {shlex.quote(inner)}")
 
 
 def build_card(source: InputSource, store: OutputStore, args, stats: dict, info_entry: dict,
@@ -1282,6 +1403,7 @@ def build_card(source: InputSource, store: OutputStore, args, stats: dict, info_
     serve = info_entry.get("serve_args")
     on_jobs = os.environ.get("JOB_ID") or os.environ.get("HF_JOB_ID")
     provenance = f"Hugging Face Job {on_jobs}" if on_jobs else "a local run"
+    moving = ", a moving tag: its vLLM version is in the stats" if IMAGE_TAG_MOVING else ""
     return f"""---
 tags:
 - ocr
@@ -1292,8 +1414,9 @@ tags:
 # OCR of `{source.description}` with {MODEL_ID}
 
 Each row of the input with its page transcribed into the `{column}` column by
-[{MODEL_ID}](https://huggingface.co/{MODEL_ID}) on vLLM (`{JOB_IMAGE}`),
+[{MODEL_ID}](https://huggingface.co/{MODEL_ID}) on vLLM (`{JOB_IMAGE}`{moving}),
 with `{Path(sys.argv[0]).name}` ({SCRIPT_SHAPE} shape), from {provenance}.
+Weights: `{args.model}` at revision `{info_entry.get("model_revision") or "unknown"}`.
 
 | column | meaning |
 | --- | --- |
@@ -1364,6 +1487,9 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("model")
     group.add_argument("--model", default=MODEL_ID,
                        help=f"model id or local path (default: {MODEL_ID}); a fine-tune or mirror")
+    group.add_argument("--model-revision",
+                       help="commit sha, tag or branch of the model's weights (default: "
+                            f"{MODEL_REVISION or 'main'}); the sha it resolves to is recorded")
     group.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS,
                        help=f"generation budget per page (default: {DEFAULT_MAX_TOKENS})")
     group.add_argument("--no-sanity-check", action="store_true",
@@ -1517,8 +1643,11 @@ def import_vllm(argv: list[str]):
 
 
 def effective_llm_kwargs(args) -> dict:
-    """LLM_KWARGS with --llm-kwargs merged over them (a null value removes a key)."""
+    """LLM_KWARGS with --llm-kwargs merged over them (a null value removes a key), and the
+    weights' revision: the sha it resolves to, so the record is what ran."""
     merged = dict(LLM_KWARGS)
+    if resolved_revision(args) or requested_revision(args):
+        merged["revision"] = resolved_revision(args) or requested_revision(args)
     for key, value in json.loads(args.llm_kwargs or "{}").items():
         if value is None:
             merged.pop(key, None)
@@ -1633,7 +1762,7 @@ def add_offline_arguments(parser: argparse.ArgumentParser) -> None:
 def info_entry_for(args, llm_kwargs) -> dict:
     return {
         "model": args.model,
-        "model_revision": MODEL_REVISION,
+        "model_revision": resolved_revision(args),
         "script": Path(sys.argv[0]).name,
         "shape": SCRIPT_SHAPE,
         "image": JOB_IMAGE,
@@ -1689,10 +1818,7 @@ def run_offline_script(doc: str, argv: list[str] | None = None, hub_api=None) ->
             stats.vllm_version = getattr(vllm, "__version__", None)
             info_entry["vllm_version"] = stats.vllm_version
             started = time.monotonic()
-            kwargs = dict(llm_kwargs)
-            if MODEL_REVISION and args.model == MODEL_ID:
-                kwargs.setdefault("revision", MODEL_REVISION)
-            llm = vllm.LLM(model=args.model, **kwargs)
+            llm = vllm.LLM(model=args.model, **llm_kwargs)
             stats.server_startup_s = round(time.monotonic() - started, 2)
             sampling = vllm.SamplingParams(**sampling_kwargs(args))
             run_offline(source, pending, writer, stats, args, check, llm, sampling)

@@ -47,7 +47,6 @@ import re
 # ============================================================================================
 
 MODEL_ID = "ATH-MaaS/OvisOCR2"
-MODEL_REVISION = None  # a commit sha pins the weights; None takes the repo's main branch
 IMAGE_TAG = "v0.26.0"  # vllm/vllm-openai:<tag> this script was run with
 JOB_IMAGE = f"vllm/vllm-openai:{IMAGE_TAG}"
 IMAGE_HAS_UV = True  # the vLLM images have uv: `hf jobs uv run` works
@@ -125,11 +124,13 @@ def sampling_kwargs(args) -> dict:
 
 
 def postprocess(text: str, args) -> tuple[str, dict]:
-    """The card's clean-up: drop figure-placeholder blocks, trim a degenerate repeated tail."""
+    """The card's clean-up, byte for byte (MODEL-FACTS.md, OvisOCR2): strip the text, split it
+    on exactly two newlines, drop the blocks that start with a figure placeholder, join with
+    two newlines, trim a degenerate repeated tail. Other spacing is the model's own."""
+    blocks = text.strip().split("\n\n")
     if not args.keep_image_tags:
-        blocks = re.split(r"\n\s*\n", text)
-        text = "\n\n".join(b for b in blocks if not b.lstrip().startswith('<img src="images/bbox_'))
-    return trim_repeated_tail(text), {}
+        blocks = [b for b in blocks if not b.startswith('<img src="images/bbox_')]
+    return trim_repeated_tail("\n\n".join(blocks)), {}
 
 
 EXTRA_COLUMNS: dict = {}  # column suffix -> "blocks" or "string": model-specific output columns
@@ -144,8 +145,15 @@ def inference_settings(args) -> dict:
 
 # ==== BEGIN COMMON HELPERS (identical in every script; edit one copy, run tools/sync_helpers.py) ====
 # Input, page images, output parts, dataset card, stats. The model section above provides:
-# MODEL_ID, MODEL_REVISION, JOB_IMAGE, IMAGE_HAS_UV, DEFAULT_FLAVOR, SCRIPT_SHAPE, PAGE_FORMAT,
+# MODEL_ID, JOB_IMAGE, IMAGE_HAS_UV, DEFAULT_FLAVOR, SCRIPT_SHAPE, PAGE_FORMAT,
 # target_size(), postprocess(), inference_settings(), EXTRA_COLUMNS, DEFAULT_MAX_TOKENS.
+# These have defaults; a model section sets one only where its model differs:
+MODEL_REVISION = globals().get("MODEL_REVISION")  # a commit sha or tag pins the weights
+RESIZE_FILTER = globals().get("RESIZE_FILTER", "bicubic")  # the model's own resampling filter
+LOOP_TEMPERATURE = globals().get("LOOP_TEMPERATURE", 0.3)  # a looping page's second try
+API_SERVER_COUNT = globals().get("API_SERVER_COUNT", 1)  # a spawned server's API processes
+JOBS_TIMEOUT = globals().get("JOBS_TIMEOUT", "4h")  # Jobs stop after 30 min without one
+IMAGE_TAG_MOVING = globals().get("IMAGE_TAG_MOVING", False)  # True: JOB_IMAGE is no fixed build
 import argparse
 import io
 import json
@@ -217,6 +225,39 @@ def resolve_output(value: str) -> tuple[str, str]:
         return "hub", value
     fail(f"OUTPUT {value!r} is neither a Hub dataset id (namespace/name) nor a local path. "
          f"For a local folder write ./{value} or an absolute path.")
+
+
+def requested_revision(args) -> str | None:
+    """--model-revision, else the model section's pin (which applies to its own model only)."""
+    return args.model_revision or (MODEL_REVISION if args.model == MODEL_ID else None)
+
+
+def hub_commit_sha(model: str, revision: str | None, token: str | None) -> str | None:
+    from huggingface_hub import HfApi
+
+    return HfApi(token=token).model_info(model, revision=revision, timeout=10).sha
+
+
+_RESOLVED_REVISIONS: dict = {}
+
+
+def resolved_revision(args) -> str | None:
+    """The commit sha of the weights this run loads, asked once: None for a local folder or
+    when the Hub cannot be asked (no network); a pinned full sha stands for itself."""
+    requested = requested_revision(args)
+    key = (args.model, requested)
+    if key not in _RESOLVED_REVISIONS:
+        sha = None
+        if not Path(args.model).expanduser().exists():
+            try:
+                sha = hub_commit_sha(args.model, requested, getattr(args, "hf_token", None) or None)
+            except Exception as exc:  # offline, gated, a typo: the run decides, not this record
+                log(f"could not resolve the revision of {args.model} ({type(exc).__name__}); "
+                    f"inference_info records none")
+            if not sha and requested and re.fullmatch(r"[0-9a-f]{40}", requested):
+                sha = requested
+        _RESOLVED_REVISIONS[key] = sha
+    return _RESOLVED_REVISIONS[key]
 
 
 @dataclass
@@ -377,10 +418,11 @@ def prepare_page(cell, decode: bool = True) -> PreparedPage | None:
     A page that needs no change (a JPEG or PNG in RGB, upright, one frame, within bounds) is
     sent byte for byte: no new artifacts, no encoding cost. A complete JPEG (its end-of-image
     marker last) is not decoded at all: damage inside one is left to the server's decoder. Others
-    are decoded once (a JPEG that must shrink is decoded at reduced scale first), turned
-    upright, converted to RGB, downscaled only when above the bound, and encoded once in
-    PAGE_FORMAT: "png" (lossless, for models trained on PNG renders) or "jpeg" (quality 95, as
-    the seed's recipes send). With decode=False, None instead of any pixel work.
+    are decoded once (a JPEG that must shrink is decoded at reduced scale, down to twice the
+    target at most), turned upright, converted to RGB, downscaled only when above the bound
+    with the model's own filter (RESIZE_FILTER: what its authors' pipeline would give), and
+    encoded once in PAGE_FORMAT: "png" (lossless, for models trained on PNG renders) or "jpeg"
+    (quality 95, as the seed's recipes send). With decode=False, None instead of any pixel work.
     """
     from PIL import Image, ImageOps
 
@@ -421,15 +463,17 @@ def prepare_page(cell, decode: bool = True) -> PreparedPage | None:
             if frames > 1:
                 img.seek(0)
             if not same_size and source_format == "JPEG":
+                # a reduced-scale decode, to no less than twice the target: the model's own
+                # filter then does the last step, as on the authors' fully decoded page
                 draft_size = target if upright or orientation not in (5, 6, 7, 8) else target[::-1]
-                img.draft(img.mode if img.mode in ("RGB", "L") else None, draft_size)
+                img.draft(img.mode if img.mode in ("RGB", "L") else None,
+                          (2 * draft_size[0], 2 * draft_size[1]))
             img.load()
             if not upright:
                 img = ImageOps.exif_transpose(img)
             img = to_rgb(img)
-            if img.size != target:  # the cheapest filter that does not alias (Pillow's bilinear
-                # widens with the scale), after a box reduce for large factors
-                img = img.resize(target, Image.Resampling.BILINEAR, reducing_gap=2.0)
+            if img.size != target:  # the filter the model's own pipeline resamples with
+                img = img.resize(target, getattr(Image.Resampling, RESIZE_FILTER.upper()))
             out = io.BytesIO()
             if PAGE_FORMAT == "png":
                 img.save(out, format="PNG", compress_level=1)
@@ -444,6 +488,19 @@ def prepare_page(cell, decode: bool = True) -> PreparedPage | None:
         raise PageError(f"decompression bomb: {exc}") from None
     except Exception as exc:  # undecodable, truncated, unsupported: one row fails, not the run
         raise PageError(f"cannot decode image: {type(exc).__name__}: {exc}") from None
+
+
+def block_box(values, top: int) -> list[int] | None:
+    """A parsed box as four ints in [0, top], or None: a degenerate output's 99999999999 or
+    a missing coordinate must not reach the int32 box column (it would make the part
+    unwritable). Takes strings or numbers; never raises."""
+    try:
+        numbers = [float(v) for v in values]
+    except (TypeError, ValueError, OverflowError):
+        return None
+    if len(numbers) != 4 or not all(0 <= v <= top for v in numbers):  # NaN fails too
+        return None
+    return [int(v) for v in numbers]
 
 
 # ---- text checks ----------------------------------------------------------------------------
@@ -1242,12 +1299,12 @@ def reproduce_command(argv: list[str]) -> str:
     flavor = os.environ.get("JOB_FLAVOR") or os.environ.get("ACCELERATOR") or DEFAULT_FLAVOR
     args = " ".join(shlex.quote(a) for a in redact_argv(argv))
     if IMAGE_HAS_UV:
-        return (f"hf jobs uv run --image {JOB_IMAGE} --flavor {flavor} --secrets HF_TOKEN "
-                f"{script} {args}")
+        return (f"hf jobs uv run --image {JOB_IMAGE} --flavor {flavor} --timeout {JOBS_TIMEOUT} "
+                f"--secrets HF_TOKEN {script} {args}")
     # an image without uv: install it first, and fetch the script by its URL
     inner = f"pip install -q uv && uv run $SCRIPT_URL {args}"
-    return (f"SCRIPT_URL=<raw URL of {script}>; hf jobs run --flavor {flavor} --secrets HF_TOKEN "
-            f"{JOB_IMAGE} -- bash -lc {shlex.quote(inner)}")
+    return (f"SCRIPT_URL=<raw URL of {script}>; hf jobs run --flavor {flavor} --timeout {JOBS_TIMEOUT} "
+            f"--secrets HF_TOKEN {JOB_IMAGE} -- bash -lc {shlex.quote(inner)}")
 
 
 def build_card(source: InputSource, store: OutputStore, args, stats: dict, info_entry: dict,
@@ -1257,6 +1314,7 @@ def build_card(source: InputSource, store: OutputStore, args, stats: dict, info_
     serve = info_entry.get("serve_args")
     on_jobs = os.environ.get("JOB_ID") or os.environ.get("HF_JOB_ID")
     provenance = f"Hugging Face Job {on_jobs}" if on_jobs else "a local run"
+    moving = ", a moving tag: its vLLM version is in the stats" if IMAGE_TAG_MOVING else ""
     return f"""---
 tags:
 - ocr
@@ -1267,8 +1325,9 @@ tags:
 # OCR of `{source.description}` with {MODEL_ID}
 
 Each row of the input with its page transcribed into the `{column}` column by
-[{MODEL_ID}](https://huggingface.co/{MODEL_ID}) on vLLM (`{JOB_IMAGE}`),
+[{MODEL_ID}](https://huggingface.co/{MODEL_ID}) on vLLM (`{JOB_IMAGE}`{moving}),
 with `{Path(sys.argv[0]).name}` ({SCRIPT_SHAPE} shape), from {provenance}.
+Weights: `{args.model}` at revision `{info_entry.get("model_revision") or "unknown"}`.
 
 | column | meaning |
 | --- | --- |
@@ -1339,6 +1398,9 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("model")
     group.add_argument("--model", default=MODEL_ID,
                        help=f"model id or local path (default: {MODEL_ID}); a fine-tune or mirror")
+    group.add_argument("--model-revision",
+                       help="commit sha, tag or branch of the model's weights (default: "
+                            f"{MODEL_REVISION or 'main'}); the sha it resolves to is recorded")
     group.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS,
                        help=f"generation budget per page (default: {DEFAULT_MAX_TOKENS})")
     group.add_argument("--no-sanity-check", action="store_true",
@@ -1492,8 +1554,11 @@ def import_vllm(argv: list[str]):
 
 
 def effective_llm_kwargs(args) -> dict:
-    """LLM_KWARGS with --llm-kwargs merged over them (a null value removes a key)."""
+    """LLM_KWARGS with --llm-kwargs merged over them (a null value removes a key), and the
+    weights' revision: the sha it resolves to, so the record is what ran."""
     merged = dict(LLM_KWARGS)
+    if resolved_revision(args) or requested_revision(args):
+        merged["revision"] = resolved_revision(args) or requested_revision(args)
     for key, value in json.loads(args.llm_kwargs or "{}").items():
         if value is None:
             merged.pop(key, None)
@@ -1608,7 +1673,7 @@ def add_offline_arguments(parser: argparse.ArgumentParser) -> None:
 def info_entry_for(args, llm_kwargs) -> dict:
     return {
         "model": args.model,
-        "model_revision": MODEL_REVISION,
+        "model_revision": resolved_revision(args),
         "script": Path(sys.argv[0]).name,
         "shape": SCRIPT_SHAPE,
         "image": JOB_IMAGE,
@@ -1664,10 +1729,7 @@ def run_offline_script(doc: str, argv: list[str] | None = None, hub_api=None) ->
             stats.vllm_version = getattr(vllm, "__version__", None)
             info_entry["vllm_version"] = stats.vllm_version
             started = time.monotonic()
-            kwargs = dict(llm_kwargs)
-            if MODEL_REVISION and args.model == MODEL_ID:
-                kwargs.setdefault("revision", MODEL_REVISION)
-            llm = vllm.LLM(model=args.model, **kwargs)
+            llm = vllm.LLM(model=args.model, **llm_kwargs)
             stats.server_startup_s = round(time.monotonic() - started, 2)
             sampling = vllm.SamplingParams(**sampling_kwargs(args))
             run_offline(source, pending, writer, stats, args, check, llm, sampling)

@@ -11,6 +11,7 @@ import pytest
 from PIL import Image
 
 from conftest import SERVER_SCRIPTS, load_script, page_image
+from pages import scan_page
 
 ovis = load_script("ovis-ocr2-server.py")
 
@@ -128,6 +129,45 @@ def test_page_above_the_bound_is_resized_to_the_processors_grid():
     assert w * h <= ovis.MAX_PIXELS and w % 32 == 0 and h % 32 == 0
     assert abs(w / h - 4000 / 3000) < 0.02
     assert page.mime == "image/jpeg"
+
+
+# The authors' path: the whole page decoded, then resized to the same size with the model's own
+# filter (MODEL-FACTS.md, "Rules for every OCR model": Qwen-style processors resample with
+# BICUBIC, LightOnOCR's authors render and downscale with LANCZOS). The client must give the
+# same page within one grey level (mean absolute difference, the page as sent, decoded).
+# Measured when written: 0.80 (Ovis, JPEG q95 as sent), 0.00 and 0.39 (LightOn, PNG, the last
+# decoded at 1/2 scale first). Negative controls, by hand, the test failing: Pillow's BILINEAR
+# instead gives 1.37, 2.59 and 2.56; a draft decode to 1/8 scale, 5.19, 9.65 and 6.88.
+@pytest.mark.parametrize("script, size, drafted", [
+    ("ovis-ocr2-server.py", (4000, 5000), False),  # 20 MP, over max_pixels: server path BICUBIC
+    ("lighton-ocr3-saturate.py", (2480, 3508), False),  # A4 at 300 DPI, to 2048 px: LANCZOS
+    ("lighton-ocr3-saturate.py", (6000, 8400), True),  # large: a 1/2-scale decode first
+])
+def test_client_resize_stays_within_one_grey_level_of_the_authors_path(script, size, drafted):
+    module = load_script(script)
+    raw = scan_page(17, size=size)
+    page = module.prepare_page(raw)
+    assert (page.width, page.height) == module.target_size(*size) != size
+    probe = Image.open(io.BytesIO(raw))
+    probe.draft("RGB", (2 * page.width, 2 * page.height))
+    assert (probe.size != size) == drafted, "the page does not exercise the path it names"
+    full = Image.open(io.BytesIO(raw)).convert("RGB")
+    reference = full.resize((page.width, page.height),
+                            {"bicubic": Image.Resampling.BICUBIC,
+                             "lanczos": Image.Resampling.LANCZOS}[module.RESIZE_FILTER])
+    sent = decode(page).convert("RGB")
+    assert sent.size == reference.size
+    mad = np.abs(np.asarray(sent, dtype=np.float32) - np.asarray(reference, dtype=np.float32)).mean()
+    assert mad <= 1.0, f"{script}: {mad:.2f} grey levels from the authors' path"
+
+
+def test_resize_filters_are_the_authors():
+    """MODEL-FACTS.md, "Rules for every OCR model": LANCZOS for LightOnOCR, BICUBIC for the
+    Qwen-style processors (the helper default)."""
+    assert load_script("lighton-ocr3.py").RESIZE_FILTER == "lanczos"
+    assert load_script("lighton-ocr3-saturate.py").RESIZE_FILTER == "lanczos"
+    assert load_script("ovis-ocr2-server.py").RESIZE_FILTER == "bicubic"
+    assert load_script("ovis-ocr2.py").RESIZE_FILTER == "bicubic"
 
 
 def test_small_page_is_never_upscaled():

@@ -44,6 +44,12 @@ def test_entry_agrees_with_the_scripts_own_constants(script):
     assert entry["revision"] == module.MODEL_REVISION
     assert entry["shape"] == module.SCRIPT_SHAPE
     assert entry["image"] == module.JOB_IMAGE
+    assert entry["image_tag_moving"] == module.IMAGE_TAG_MOVING
+    if entry["image"].startswith("vllm/vllm-openai:"):  # vLLM's own images: a pinned release
+        assert re.fullmatch(r"v\d+\.\d+\.\d+", entry["image"].split(":", 1)[1])
+        assert not module.IMAGE_TAG_MOVING
+    else:  # a vendor tag that moves must say so (HPD-Parsing's only tag is latest-nvidia-gpu)
+        assert module.IMAGE_TAG_MOVING == ("latest" in entry["image"].split(":")[-1])
     assert entry["flavor"] == module.DEFAULT_FLAVOR
     assert entry["max_model_len"] == module.MAX_MODEL_LEN
     assert entry["max_tokens"] == module.DEFAULT_MAX_TOKENS

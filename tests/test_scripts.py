@@ -213,3 +213,44 @@ def test_peak_rss_is_the_scripts_own_not_its_parents():
     assert run.returncode == 0, run.stderr
     assert 10 * 2**20 < int(run.stdout) < 300 * 2**20, int(run.stdout) / 2**20
     del ballast
+
+
+def test_usable_cpus_follow_the_affinity_and_the_cgroup_quota(tmp_path, monkeypatch):
+    """os.cpu_count() counts the host's cores; a container's quota and the affinity bind."""
+    module = load_script(SATURATE)
+    monkeypatch.setattr(module.os, "sched_getaffinity", lambda pid: set(range(64)), raising=False)
+    v2 = tmp_path / "v2"
+    v2.mkdir()
+    (v2 / "cpu.max").write_text("400000 100000\n")  # --cpus 4
+    assert module.usable_cpus(str(v2)) == 4
+    (v2 / "cpu.max").write_text("max 100000\n")
+    assert module.usable_cpus(str(v2)) == 64
+    v1 = tmp_path / "v1"
+    (v1 / "cpu").mkdir(parents=True)
+    (v1 / "cpu" / "cpu.cfs_quota_us").write_text("250000\n")
+    (v1 / "cpu" / "cpu.cfs_period_us").write_text("100000\n")
+    assert module.usable_cpus(str(v1)) == 2
+    assert module.usable_cpus(str(tmp_path / "none")) == 64
+    monkeypatch.setattr(module.os, "sched_getaffinity", lambda pid: {0, 1, 2}, raising=False)
+    assert module.usable_cpus(str(tmp_path / "none")) == 3
+
+
+@pytest.mark.parametrize("cpus", [4, 64])
+@pytest.mark.parametrize("script", SERVER_SCRIPTS)
+def test_api_server_count_only_where_it_was_measured(script, cpus, monkeypatch):
+    """MODEL-FACTS.md: 4 API servers were measured for LightOnOCR-3 only (+16% on a100-large);
+    never on HPD-Parsing's fork. Others get none, whatever the machine."""
+    module = load_script(script)
+    monkeypatch.setattr(module, "usable_cpus", lambda *a: cpus)
+    monkeypatch.setattr(module, "resolved_revision", lambda args: None)
+    args = module.server_argument_parser(module.__doc__).parse_args(["in", "./out"])
+    command = module.ServerManager(args, [], Path("/tmp")).serve_command()
+    count = command[command.index("--api-server-count") + 1] if "--api-server-count" in command else None
+    assert count == ("4" if script == SATURATE and cpus >= 12 else None)
+
+
+@pytest.mark.parametrize("script", ["ovis-ocr2-server.py", "hpd-parsing-saturate.py"])
+def test_the_printed_jobs_command_carries_a_timeout(script):
+    """MODEL-FACTS.md, "Rules for every OCR model": Jobs stop after 30 minutes without one."""
+    module = load_script(script)
+    assert f"--timeout {module.JOBS_TIMEOUT} " in module.reproduce_command(["in", "out"])

@@ -529,3 +529,66 @@ def test_client_group_keeps_each_connection_pool_small(stub_server):
     assert codes == [200] * 100
     assert clients == 7  # ceil(100 / 16)
     assert max(peak) <= module.ClientGroup.POOL_SIZE
+
+
+SHA = "0123456789abcdef0123456789abcdef01234567"
+
+
+def test_the_revision_of_a_spawned_server_is_resolved_pinned_and_recorded(tmp_path, stub_server,
+                                                                          monkeypatch):
+    """No network here: the Hub's answer is injected. A server this script did not start
+    records no revision (it cannot know which weights that server loaded)."""
+    module = load_script(OVIS)
+    asked = []
+    monkeypatch.setattr(module, "hub_commit_sha",
+                        lambda model, revision, token: asked.append((model, revision)) or SHA)
+    monkeypatch.setattr(module, "_RESOLVED_REVISIONS", {})
+    write_image_folder(tmp_path / "in", 2)
+    stub = stub_server()
+    assert module.main([str(tmp_path / "in"), str(tmp_path / "reused"), *common(stub)]) == 0
+    info = json.loads(load_output(tmp_path / "reused")["inference_info"][0])
+    assert info[-1]["model_revision"] is None
+    assert "at revision `unknown`" in (tmp_path / "reused" / "README.md").read_text()
+
+    for key, value in fake_vllm_env(tmp_path).items():
+        monkeypatch.setenv(key, value)
+    port = free_port()
+    argv = [str(tmp_path / "in"), str(tmp_path / "spawned"), "--server", f"http://127.0.0.1:{port}",
+            "--model-revision", "v1.0"]
+    assert module.main(argv) == 0
+    command = (tmp_path / "fake-vllm.log").read_text().split()
+    assert command[command.index("--revision") + 1] == SHA  # the sha, not the moving tag
+    assert (module.MODEL_ID, "v1.0") in asked
+    info = json.loads(load_output(tmp_path / "spawned")["inference_info"][0])
+    assert info[-1]["model_revision"] == SHA
+    assert f"at revision `{SHA}`" in (tmp_path / "spawned" / "README.md").read_text()
+
+
+def test_revision_resolution_never_fails_a_run(tmp_path, monkeypatch):
+    import types
+    module = load_script(OVIS)
+    monkeypatch.setattr(module, "_RESOLVED_REVISIONS", {})
+
+    def offline(model, revision, token):
+        raise ConnectionError("no network")
+    monkeypatch.setattr(module, "hub_commit_sha", offline)
+    args = lambda **kw: types.SimpleNamespace(**{"model": module.MODEL_ID, "model_revision": None,  # noqa: E731
+                                                 "hf_token": None, **kw})
+    assert module.resolved_revision(args()) is None
+    assert module.resolved_revision(args(model_revision=SHA)) == SHA  # a full sha stands for itself
+    assert module.resolved_revision(args(model_revision="main")) is None
+    monkeypatch.setattr(module, "hub_commit_sha", lambda *a: pytest.fail("asked the Hub"))
+    assert module.resolved_revision(args(model=str(tmp_path))) is None  # a local folder
+
+
+def test_offline_scripts_load_and_record_the_resolved_revision(monkeypatch):
+    import types
+    module = load_script("lighton-ocr3.py")
+    monkeypatch.setattr(module, "_RESOLVED_REVISIONS", {})
+    monkeypatch.setattr(module, "hub_commit_sha", lambda model, revision, token: SHA)
+    args = types.SimpleNamespace(model=module.MODEL_ID, model_revision=None, hf_token=None,
+                                 llm_kwargs="", output_column="markdown", mode="plain",
+                                 temperature=0.2, max_tokens=10)
+    kwargs = module.effective_llm_kwargs(args)
+    assert kwargs["revision"] == SHA
+    assert module.info_entry_for(args, kwargs)["model_revision"] == SHA

@@ -22,10 +22,11 @@ def table() -> str:
              "| --- | --- | --- | --- | --- | --- | --- |"]
     for entry in registry["scripts"]:
         image = entry["image"]
-        image = image if len(image) < 40 else image.split("/")[-1] + " (vendor image)"
+        notes = ([] if len(image) < 40 else ["vendor image"]) + (["moving tag"] if entry["image_tag_moving"] else [])
+        image = f"`{image if len(image) < 40 else image.split('/')[-1]}`" + (f" ({', '.join(notes)})" if notes else "")
         lines.append(
             f"| [`{entry['script']}`]({entry['script']}) | [{entry['model']}](https://huggingface.co/{entry['model']}) "
-            f"({entry['parameters']}, {entry['license']}) | {entry['shape']} | `{image}` | "
+            f"({entry['parameters']}, {entry['license']}) | {entry['shape']} | {image} | "
             f"`{entry['flavor']}` | {entry['max_model_len']:,} / {entry['max_tokens']:,} | "
             f"{'on' if entry['prefix_caching'] else 'off'} |")
     return "\n".join(lines)
