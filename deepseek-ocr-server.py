@@ -22,8 +22,10 @@ The driver has no torch or vllm dependency: it keeps `--concurrency` pages in fl
 a vLLM OpenAI-compatible server, which it starts itself when none answers.
 
 Run it
-    hf jobs uv run --image vllm/vllm-openai:v0.26.0 --flavor a10g-small --secrets HF_TOKEN \\
+    hf jobs uv run --image vllm/vllm-openai:v0.26.0 --flavor a10g-small --timeout 4h --secrets HF_TOKEN \\
         deepseek-ocr-server.py user/scans user/scans-ocr
+    # --timeout 4h covers about 10,000 pages (0.75 pages/s measured on a10g-small); Jobs
+    # stop a job after 30 min unless told: give more pages more time, or --num-shards
     uv run deepseek-ocr-server.py ./scans ./scans-ocr                 # GPU machine with vllm
     uv run deepseek-ocr-server.py user/scans ./out --server http://gpu-box:8000
 
@@ -1185,6 +1187,12 @@ def parse_arguments(parser: argparse.ArgumentParser, argv: list[str]):
     parser.allow_abbrev = False
     _VALUE_OPTIONS = {s for action in parser._actions for s in action.option_strings
                       if action.nargs != 0}
+
+    def error(message: str) -> "NoReturn":  # noqa: F821  (argparse's, minus any token it echoes)
+        parser.print_usage(sys.stderr)
+        fail(redact_text(message))
+
+    parser.error = error
     args = parser.parse_args(argv)
     validate_arguments(args)
     return args

@@ -20,9 +20,15 @@ lighton-ocr3-saturate.py.
 Run it on Hugging Face Jobs. HPD-Parsing runs only on its vendor's vLLM fork (0.17.1+hpdparsing),
 shipped in an image without uv, so the Job installs uv first and runs this script by URL:
 
-    hf jobs run --flavor a10g-small --secrets HF_TOKEN \\
+    hf jobs run --flavor a10g-small --timeout 4h --secrets HF_TOKEN \\
+        --env 'SCRIPT_URL=<raw URL of hpd-parsing-saturate.py>' \\
         ccr-2vdh3abv-pub.cnc.bj.baidubce.com/paddlepaddle/hpd-parsing-vllm:latest-nvidia-gpu \\
-        -- bash -lc 'pip install -q uv && uv run <raw URL of hpd-parsing-saturate.py> user/scans user/scans-hpd'
+        -- bash -lc 'pip install -q uv && uv run "$SCRIPT_URL" user/scans user/scans-hpd'
+
+SCRIPT_URL travels as a Job environment variable, so the container's shell expands it; fill
+in the raw URL of this file. `--timeout 4h`: Jobs stop a job after 30 minutes unless told
+otherwise; no source measured this model's rate on a10g-small, so time a `--max-samples` run
+first, and give a larger input a longer timeout or `--num-shards`.
 
 The image is about 11 GB (about 7 minutes to pull cold). Its entrypoint serves on port 8118,
 which is this script's default `--server`; when nothing answers there, the script starts
@@ -1180,6 +1186,12 @@ def parse_arguments(parser: argparse.ArgumentParser, argv: list[str]):
     parser.allow_abbrev = False
     _VALUE_OPTIONS = {s for action in parser._actions for s in action.option_strings
                       if action.nargs != 0}
+
+    def error(message: str) -> "NoReturn":  # noqa: F821  (argparse's, minus any token it echoes)
+        parser.print_usage(sys.stderr)
+        fail(redact_text(message))
+
+    parser.error = error
     args = parser.parse_args(argv)
     validate_arguments(args)
     return args

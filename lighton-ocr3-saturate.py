@@ -22,8 +22,10 @@ the seed measured 0.90 -> 2.2 pages/s on a10g-small and 1.27 -> 7.2 pages/s on a
 going from lighton-ocr3.py (batches of 16) to pages in flight.
 
 Run it
-    hf jobs uv run --image vllm/vllm-openai:v0.30.0 --flavor a10g-small --secrets HF_TOKEN \\
+    hf jobs uv run --image vllm/vllm-openai:v0.30.0 --flavor a10g-small --timeout 4h --secrets HF_TOKEN \\
         lighton-ocr3-saturate.py user/scans user/scans-ocr
+    # --timeout 4h covers about 29,000 pages (2.2 pages/s measured on a10g-small); Jobs
+    # stop a job after 30 min unless told: give more pages more time, or --num-shards
     uv run lighton-ocr3-saturate.py ./scans ./scans-ocr --mode grounding
     uv run lighton-ocr3-saturate.py user/scans ./out --server http://gpu-box:8000
 
@@ -1191,6 +1193,12 @@ def parse_arguments(parser: argparse.ArgumentParser, argv: list[str]):
     parser.allow_abbrev = False
     _VALUE_OPTIONS = {s for action in parser._actions for s in action.option_strings
                       if action.nargs != 0}
+
+    def error(message: str) -> "NoReturn":  # noqa: F821  (argparse's, minus any token it echoes)
+        parser.print_usage(sys.stderr)
+        fail(redact_text(message))
+
+    parser.error = error
     args = parser.parse_args(argv)
     validate_arguments(args)
     return args

@@ -22,8 +22,10 @@ decoded gets its error before the batch is built; a batch that raises is split u
 failing row is isolated, and the rest of it is answered.
 
 Run it
-    hf jobs uv run --image vllm/vllm-openai:v0.30.0 --flavor a10g-small --secrets HF_TOKEN \\
+    hf jobs uv run --image vllm/vllm-openai:v0.30.0 --flavor a10g-small --timeout 4h --secrets HF_TOKEN \\
         lighton-ocr3.py user/scans user/scans-ocr
+    # --timeout 4h covers about 12,000 pages (0.90 pages/s measured on a10g-small); Jobs
+    # stop a job after 30 min unless told: give more pages more time, or --num-shards
     uv run lighton-ocr3.py ./scans ./scans-ocr --mode grounding
 
 vLLM is not in the dependency list on purpose: in the vLLM image the script runs on the
@@ -1165,6 +1167,12 @@ def parse_arguments(parser: argparse.ArgumentParser, argv: list[str]):
     parser.allow_abbrev = False
     _VALUE_OPTIONS = {s for action in parser._actions for s in action.option_strings
                       if action.nargs != 0}
+
+    def error(message: str) -> "NoReturn":  # noqa: F821  (argparse's, minus any token it echoes)
+        parser.print_usage(sys.stderr)
+        fail(redact_text(message))
+
+    parser.error = error
     args = parser.parse_args(argv)
     validate_arguments(args)
     return args

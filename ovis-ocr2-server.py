@@ -23,8 +23,10 @@ seed measured 1.44 img/s against 0.83 offline on l4x1, 94/100 outputs byte-ident
 
 Run it
     # on Hugging Face Jobs (the image provides the `vllm` binary; the header names it):
-    hf jobs uv run --image vllm/vllm-openai:v0.26.0 --flavor l4x1 --secrets HF_TOKEN \\
+    hf jobs uv run --image vllm/vllm-openai:v0.26.0 --flavor l4x1 --timeout 4h --secrets HF_TOKEN \\
         ovis-ocr2-server.py user/scans user/scans-ocr
+    # --timeout 4h covers about 19,000 pages (1.44 pages/s measured on l4x1); Jobs
+    # stop a job after 30 min unless told: give more pages more time, or --num-shards
     # on a machine with a GPU and vllm installed: the script starts `vllm serve` itself
     uv run ovis-ocr2-server.py ./scans ./scans-ocr
     # against a server that is already running (nothing is spawned):
@@ -1160,6 +1162,12 @@ def parse_arguments(parser: argparse.ArgumentParser, argv: list[str]):
     parser.allow_abbrev = False
     _VALUE_OPTIONS = {s for action in parser._actions for s in action.option_strings
                       if action.nargs != 0}
+
+    def error(message: str) -> "NoReturn":  # noqa: F821  (argparse's, minus any token it echoes)
+        parser.print_usage(sys.stderr)
+        fail(redact_text(message))
+
+    parser.error = error
     args = parser.parse_args(argv)
     validate_arguments(args)
     return args

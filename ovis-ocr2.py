@@ -23,8 +23,10 @@ built, and a batch that raises is split until the failing row is isolated: one b
 fails its batch.
 
 Run it
-    hf jobs uv run --image vllm/vllm-openai:v0.26.0 --flavor l4x1 --secrets HF_TOKEN \\
+    hf jobs uv run --image vllm/vllm-openai:v0.26.0 --flavor l4x1 --timeout 4h --secrets HF_TOKEN \\
         ovis-ocr2.py user/scans user/scans-ocr
+    # --timeout 4h covers about 11,000 pages (0.83 pages/s measured on l4x1); Jobs
+    # stop a job after 30 min unless told: give more pages more time, or --num-shards
     uv run ovis-ocr2.py ./scans ./scans-ocr          # a machine with a GPU
 
 vLLM is not in the dependency list on purpose: in the vLLM image the script runs on the
@@ -1140,6 +1142,12 @@ def parse_arguments(parser: argparse.ArgumentParser, argv: list[str]):
     parser.allow_abbrev = False
     _VALUE_OPTIONS = {s for action in parser._actions for s in action.option_strings
                       if action.nargs != 0}
+
+    def error(message: str) -> "NoReturn":  # noqa: F821  (argparse's, minus any token it echoes)
+        parser.print_usage(sys.stderr)
+        fail(redact_text(message))
+
+    parser.error = error
     args = parser.parse_args(argv)
     validate_arguments(args)
     return args

@@ -45,6 +45,7 @@ def test_entry_agrees_with_the_scripts_own_constants(script):
     assert entry["shape"] == module.SCRIPT_SHAPE
     assert entry["image"] == module.JOB_IMAGE
     assert entry["flavor"] == module.DEFAULT_FLAVOR
+    assert entry["timeout"] == module.JOB_TIMEOUT
     assert entry["max_model_len"] == module.MAX_MODEL_LEN
     assert entry["max_tokens"] == module.DEFAULT_MAX_TOKENS
     assert entry["prefix_caching"] == module.PREFIX_CACHING
@@ -54,10 +55,12 @@ def test_entry_agrees_with_the_scripts_own_constants(script):
     jobs = meta.get("tool", {}).get("hf-jobs")
     if module.IMAGE_HAS_UV:
         assert jobs["image"] == entry["image"] and jobs["flavor"] == entry["flavor"]
+        assert jobs["timeout"] == entry["timeout"], "Jobs stop a job after 30 min otherwise"
         assert "HF_TOKEN" in jobs["secrets"]
     else:
         assert jobs is None, "an image without uv cannot serve `hf jobs uv run`: no table"
         assert entry["image"] in entry["run_command"] and "pip install -q uv" in entry["run_command"]
+        assert f"--timeout {entry['timeout']}" in entry["run_command"]
 
 
 @pytest.mark.parametrize("script", [s for s in ALL_SCRIPTS if load_script(s).IMAGE_HAS_UV])
@@ -70,6 +73,7 @@ def test_hf_jobs_dry_run_resolves_image_and_flavor_from_the_header(script):
     entry = ENTRIES[script]
     assert f"image    {entry['image']} (from script)" in run.stdout
     assert f"flavor   {entry['flavor']} (from script)" in run.stdout
+    assert f"timeout  {entry['timeout']} (from script)" in run.stdout
     assert "Job not submitted" in run.stdout
 
 
