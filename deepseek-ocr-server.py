@@ -1415,7 +1415,11 @@ def parent_death_signal():
         pass
 def sweep():
     me, group = os.getpid(), os.getpgrp()
-    for entry in os.listdir("/proc"):
+    try:
+        entries = os.listdir("/proc")
+    except OSError:  # no /proc (not Linux): the group was signalled as a whole already
+        entries = []
+    for entry in entries:
         if entry.isdigit() and int(entry) != me:
             try:
                 with open(f"/proc/{entry}/stat") as f:
