@@ -11,6 +11,7 @@
 # [tool.hf-jobs]
 # image = "vllm/vllm-openai:v0.26.0"
 # flavor = "a10g-small"
+# timeout = "4h"
 # secrets = ["HF_TOKEN"]
 # ///
 """OCR a dataset of page images with deepseek-ai/DeepSeek-OCR through a vLLM server.
@@ -21,8 +22,10 @@ The driver has no torch or vllm dependency: it keeps `--concurrency` pages in fl
 a vLLM OpenAI-compatible server, which it starts itself when none answers.
 
 Run it
-    hf jobs uv run --image vllm/vllm-openai:v0.26.0 --flavor a10g-small --secrets HF_TOKEN \\
+    hf jobs uv run --image vllm/vllm-openai:v0.26.0 --flavor a10g-small --timeout 4h --secrets HF_TOKEN \\
         deepseek-ocr-server.py user/scans user/scans-ocr
+    # --timeout 4h covers about 10,000 pages (0.75 pages/s measured on a10g-small); Jobs
+    # stop a job after 30 min unless told: give more pages more time, or --num-shards
     uv run deepseek-ocr-server.py ./scans ./scans-ocr                 # GPU machine with vllm
     uv run deepseek-ocr-server.py user/scans ./out --server http://gpu-box:8000
 
@@ -68,6 +71,8 @@ IMAGE_TAG = "v0.26.0"  # vllm/vllm-openai:<tag> this script was run with
 JOB_IMAGE = f"vllm/vllm-openai:{IMAGE_TAG}"
 IMAGE_HAS_UV = True  # the vLLM images have uv: `hf jobs uv run` works
 DEFAULT_FLAVOR = "a10g-small"
+JOB_TIMEOUT = "4h"  # Jobs stop a job after 30 min unless told: every printed command passes this
+JOB_PAGES_PER_S = 0.75  # 2,165 pages in 2,876 s on a10g-small: about 10,000 pages in 4 h
 SCRIPT_SHAPE = "server"
 
 PROMPTS = {
@@ -212,7 +217,8 @@ MODEL_REVISION = globals().get("MODEL_REVISION")  # a commit sha or tag pins the
 RESIZE_FILTER = globals().get("RESIZE_FILTER", "bicubic")  # the model's own resampling filter
 LOOP_TEMPERATURE = globals().get("LOOP_TEMPERATURE", 0.3)  # a looping page's second try
 API_SERVER_COUNT = globals().get("API_SERVER_COUNT", 1)  # a spawned server's API processes
-JOBS_TIMEOUT = globals().get("JOBS_TIMEOUT", "4h")  # Jobs stop after 30 min without one
+JOB_TIMEOUT = globals().get("JOB_TIMEOUT", "4h")  # Jobs stop after 30 min without one
+JOB_PAGES_PER_S = globals().get("JOB_PAGES_PER_S")  # measured rate on DEFAULT_FLAVOR, if any
 IMAGE_TAG_MOVING = globals().get("IMAGE_TAG_MOVING", False)  # True: JOB_IMAGE is no fixed build
 import argparse
 import io
@@ -227,6 +233,7 @@ import statistics
 import sys
 import threading
 import time
+import urllib.parse
 import warnings
 import zlib
 from dataclasses import dataclass, field
@@ -237,6 +244,15 @@ MAX_DECODE_PIXELS = 250_000_000  # larger than any real scan: above it, a decomp
 PART_NAME = re.compile(r"^part-(\d{9})-(\d{9})\.parquet$")
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
 UPLOAD_ATTEMPTS, UPLOAD_BACKOFF_S, UPLOAD_MAX_WAIT_S = 5, 2.0, 600.0
+# values that look like credentials (Hub tokens, OpenAI-style keys), wherever they appear
+TOKEN_VALUE = re.compile(r"\b(?:hf_|api_org_|sk-)[A-Za-z0-9_-]{8,}")
+# options whose value is a secret, in this script's arguments and in --serve-args
+SECRET_OPTION = re.compile(r"^--(?:[a-z0-9]+[-_])*(?:token|api[-_]key|secret|password)$", re.I)
+# options of this script that do not belong in a Jobs command: secrets travel as --secrets
+# HF_TOKEN, a Job starts its own server, and local paths mean nothing inside its container
+NOT_FOR_JOBS = ("--server", "--no-spawn", "--hf-token", "--api-key", "--work-dir", "--stats-json")
+INPUT_PLACEHOLDER, OUTPUT_PLACEHOLDER = "<your-user>/<input-dataset>", "<your-user>/<output-dataset>"
+_VALUE_OPTIONS: set = set()  # the options that take a value, from the parser (parse_arguments)
 
 
 EXIT_USAGE, EXIT_DEGENERATE, EXIT_REFUSED, EXIT_NOT_WRITTEN, EXIT_NOT_UPLOADED = 2, 3, 4, 5, 6
@@ -1337,34 +1353,161 @@ class RunStats:
         }
 
 
+def redact_text(text: str) -> str:
+    """Token-like values (hf_..., sk-...) replaced, for anything printed or recorded."""
+    return TOKEN_VALUE.sub("***", text)
+
+
+def redact_value(value):
+    """A JSON-like value with secrets replaced: keys named like secrets, token-like strings."""
+    if isinstance(value, dict):
+        return {k: "***" if SECRET_OPTION.match("--" + str(k)) and v else redact_value(v)
+                for k, v in value.items()}
+    if isinstance(value, list):
+        return [redact_value(v) for v in value]
+    return redact_text(value) if isinstance(value, str) else value
+
+
+def _redact_nested(option: str, value: str) -> str:
+    """The value of --serve-args (a command line) or --llm-kwargs (JSON), secrets replaced."""
+    if option == "--serve-args":
+        try:
+            return shlex.join(redact_argv(shlex.split(value)))
+        except ValueError:
+            return redact_text(value)
+    if option == "--llm-kwargs":
+        try:
+            return json.dumps(redact_value(json.loads(value)))
+        except ValueError:
+            return redact_text(value)
+    return redact_text(value)
+
+
 def redact_argv(argv: list[str]) -> list[str]:
-    """The command line with secrets replaced, for logs and cards."""
-    out, hide = [], False
+    """The command line with secrets replaced, for logs, cards and inference_info: the value of
+    every secret option (--hf-token, --api-key, also inside --serve-args and --llm-kwargs) and
+    anything that looks like a token."""
+    out, previous = [], None
     for arg in argv:
-        if hide:
+        name, eq, value = arg.partition("=")
+        if previous is not None and SECRET_OPTION.match(previous):
             out.append("***")
-            hide = False
-            continue
-        if arg in ("--hf-token", "--api-key"):
-            hide = True
-        elif arg.startswith(("--hf-token=", "--api-key=")):
-            arg = arg.split("=", 1)[0] + "=***"
-        out.append(arg)
+        elif previous is not None:
+            out.append(_redact_nested(previous, arg))
+        elif arg.startswith("--") and eq and SECRET_OPTION.match(name):
+            out.append(f"{name}=***")
+        elif arg.startswith("--") and eq:
+            out.append(f"{name}={_redact_nested(name, value)}")
+        else:
+            out.append(redact_text(arg))
+        takes_value = arg.startswith("--") and not eq and (
+            SECRET_OPTION.match(arg) or arg in ("--serve-args", "--llm-kwargs"))
+        previous = arg if takes_value and previous is None else None
     return out
 
 
+def _jobs_script_args(argv: list[str]) -> tuple[list[str], str | None, str | None]:
+    """This run's arguments as a Job should receive them: INPUT and OUTPUT (a local one replaced
+    by a placeholder), the options minus NOT_FOR_JOBS, no secret anywhere (they are dropped,
+    not masked: a masked value would be used). Also the local INPUT and OUTPUT replaced."""
+    positionals, options, i = [], [], 0
+    while i < len(argv):
+        arg = argv[i]
+        name, eq, value = arg.partition("=")
+        if arg == "--":
+            positionals += argv[i + 1:]
+            break
+        if not arg.startswith("--") or arg == "-":
+            positionals.append(arg)
+            i += 1
+            continue
+        takes_value = not eq and (name in _VALUE_OPTIONS or (
+            not _VALUE_OPTIONS and i + 1 < len(argv) and not argv[i + 1].startswith("--")))
+        if takes_value:
+            value = argv[i + 1] if i + 1 < len(argv) else ""
+            i += 2
+        else:
+            i += 1
+        if name in NOT_FOR_JOBS or SECRET_OPTION.match(name):
+            continue
+        if name == "--serve-args":
+            try:
+                words, kept, j = shlex.split(value), [], 0
+                while j < len(words):
+                    word = words[j]
+                    if SECRET_OPTION.match(word.split("=", 1)[0]):
+                        j += 1 if "=" in word else 2
+                        continue
+                    kept.append(word)
+                    j += 1
+                value = shlex.join(kept)
+            except ValueError:
+                value = redact_text(value)
+            if not value:
+                continue
+        elif name == "--llm-kwargs":
+            try:
+                value = json.dumps({k: v for k, v in json.loads(value).items()
+                                    if not SECRET_OPTION.match("--" + str(k))})
+            except (ValueError, AttributeError):
+                value = redact_text(value)
+        elif eq or takes_value:
+            value = _redact_nested(name, value)
+        options += [name, value] if (eq or takes_value) else [name]
+    local_input = local_output = None
+    if positionals and (is_local_target(positionals[0]) or Path(positionals[0]).expanduser().exists()):
+        local_input, positionals[0] = positionals[0], INPUT_PLACEHOLDER
+    if len(positionals) > 1 and is_local_target(positionals[1]):
+        local_output, positionals[1] = positionals[1], OUTPUT_PLACEHOLDER
+    return [redact_text(a) for a in positionals] + options, local_input, local_output
+
+
+def job_flavor() -> str:
+    """The flavor this Job was given (JOB_FLAVOR), else the script's. Never ACCELERATOR: a Job
+    sets it to `cpu` or `gpu`, which is not a flavor."""
+    return os.environ.get("JOB_FLAVOR") or DEFAULT_FLAVOR
+
+
 def reproduce_command(argv: list[str]) -> str:
-    """The Hugging Face Jobs command for this run (secrets redacted)."""
+    """The Hugging Face Jobs command for this run, as it should be pasted: image, flavor and
+    timeout explicit, the token as a Jobs secret, no local path, no secret."""
     script = Path(sys.argv[0]).name
-    flavor = os.environ.get("JOB_FLAVOR") or os.environ.get("ACCELERATOR") or DEFAULT_FLAVOR
-    args = " ".join(shlex.quote(a) for a in redact_argv(argv))
+    args = shlex.join(_jobs_script_args(argv)[0])
+    head = f"--flavor {job_flavor()} --timeout {JOB_TIMEOUT} --secrets HF_TOKEN"
     if IMAGE_HAS_UV:
-        return (f"hf jobs uv run --image {JOB_IMAGE} --flavor {flavor} --timeout {JOBS_TIMEOUT} "
-                f"--secrets HF_TOKEN {script} {args}")
-    # an image without uv: install it first, and fetch the script by its URL
-    inner = f"pip install -q uv && uv run $SCRIPT_URL {args}"
-    return (f"SCRIPT_URL=<raw URL of {script}>; hf jobs run --flavor {flavor} --timeout {JOBS_TIMEOUT} "
-            f"--secrets HF_TOKEN {JOB_IMAGE} -- bash -lc {shlex.quote(inner)}")
+        return f"hf jobs uv run --image {JOB_IMAGE} {head} {script} {args}"
+    # an image without uv: install it first, and fetch the script by its URL (in the Job's
+    # environment, so that the container's shell expands it)
+    inner = f'pip install -q uv && uv run "$SCRIPT_URL" {args}'
+    url = shlex.quote(f"SCRIPT_URL=<raw URL of {script}>")
+    return f"hf jobs run {head} --env {url} {JOB_IMAGE} -- bash -lc {shlex.quote(inner)}"
+
+
+def jobs_command_notes(argv: list[str]) -> list[str]:
+    """What the printed Jobs command covers, and what to fill in before pasting it."""
+    _, local_input, local_output = _jobs_script_args(argv)
+    hours = float(JOB_TIMEOUT[:-1]) if JOB_TIMEOUT.endswith("h") else float(JOB_TIMEOUT) / 3600
+    if JOB_PAGES_PER_S:
+        pages = int((hours - 0.25) * 3600 * JOB_PAGES_PER_S // 1000 * 1000)
+        cover = (f"--timeout {JOB_TIMEOUT} covers about {pages:,} pages at the measured "
+                 f"{JOB_PAGES_PER_S} pages/s on {DEFAULT_FLAVOR} (15 min of start-up allowed)")
+    else:
+        cover = (f"--timeout {JOB_TIMEOUT}: no throughput was measured for this model on "
+                 f"{DEFAULT_FLAVOR}; time a --max-samples run first")
+    notes = [f"{cover}; a larger input needs a longer --timeout, or --num-shards N with one Job "
+             f"per --shard-index (a stopped Job resumes where it ended when rerun)."]
+    if local_input:
+        notes.append(f"INPUT {local_input} is on this machine, which a Job cannot read: push it "
+                     f"first with `hf upload {INPUT_PLACEHOLDER} {local_input} --repo-type "
+                     f"dataset` and put that dataset id in place of {INPUT_PLACEHOLDER}.")
+    if local_output:
+        notes.append(f"OUTPUT {local_output} is a local folder, and a Job's disk is discarded "
+                     f"when it ends: OUTPUT must be a Hub dataset id; put yours in place of "
+                     f"{OUTPUT_PLACEHOLDER} (add --private to keep it private).")
+    if not IMAGE_HAS_UV:
+        notes.append(f"SCRIPT_URL: replace <raw URL of {Path(sys.argv[0]).name}> with the URL "
+                     f"of this script's raw file (the image has no uv, so the Job fetches it).")
+    return notes
 
 
 def build_card(source: InputSource, store: OutputStore, args, stats: dict, info_entry: dict,
@@ -1410,13 +1553,15 @@ Settings:
 {settings}
 ```
 
-Serve flags: `{' '.join(shlex.quote(a) for a in serve) if serve else 'offline engine'}`
+Serve flags: `{shlex.join(redact_argv(serve)) if serve else 'offline engine'}`
 
-Reproduce:
+Reproduce on Hugging Face Jobs:
 
 ```
 {reproduce_command(argv)}
 ```
+
+{chr(10).join("* " + note for note in jobs_command_notes(argv))}
 """
 
 
@@ -1467,6 +1612,109 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
                        help="do not stop when the first pages all come back degenerate")
     group.add_argument("--sanity-pages", type=int, default=8,
                        help="pages the degenerate-output check looks at (default: 8)")
+
+
+def parse_arguments(parser: argparse.ArgumentParser, argv: list[str]):
+    """Parse (no abbreviations: `--hf-tok` must not pass for --hf-token and escape redaction),
+    then validate every argument before anything is read, started or created."""
+    global _VALUE_OPTIONS
+    parser.allow_abbrev = False
+    _VALUE_OPTIONS = {s for action in parser._actions for s in action.option_strings
+                      if action.nargs != 0}
+
+    def error(message: str) -> "NoReturn":  # noqa: F821  (argparse's, minus any token it echoes)
+        parser.print_usage(sys.stderr)
+        fail(redact_text(message))
+
+    parser.error = error
+    args = parser.parse_args(argv)
+    validate_arguments(args)
+    return args
+
+
+def parse_vllm_size(value) -> int | None:
+    """A size as vLLM's command line spells it: 24000, 24k (x1000), 24K (x1024), 25.6k, 1m, 1M,
+    1g, 1G, 1t, 1T (no decimals with K/M/G/T); None for `auto` or -1 (the model's own context,
+    known only from /v1/models once the server is up). ValueError for anything else."""
+    text = str(value).strip()
+    if text.lower() == "auto" or text == "-1":
+        return None
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgGtT])", text)
+    if match:
+        number, suffix = match.groups()
+        if suffix.islower():
+            return int(float(number) * 10 ** (3 * "kmgt".index(suffix) + 3))
+        if "." in number:
+            raise ValueError(f"{text!r}: no decimals with {suffix} (did you mean "
+                             f"{number}{suffix.lower()}?)")
+        return int(number) * 2 ** (10 * "KMGT".index(suffix) + 10)
+    if re.fullmatch(r"\d+", text):
+        return int(text)
+    raise ValueError(f"{text!r} is not a size (write e.g. 32768, 24k, 32K or auto)")
+
+
+def server_url_parts(url: str) -> tuple[str, str, str, int]:
+    """(base, scheme, host, port) of --server. The base keeps a path prefix (a reverse proxy's)
+    and drops a trailing /v1: endpoints are base + /v1/..., /health, /metrics."""
+    parsed = urllib.parse.urlparse(url if "//" in url else "http://" + url)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise ValueError(f"--server {url!r} is not an http(s) URL (write e.g. http://127.0.0.1:8000)")
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)  # ValueError on a bad port
+    path = parsed.path.rstrip("/")
+    if path.endswith("/v1"):
+        path = path[:-3]
+    return f"{parsed.scheme}://{parsed.netloc}{path}", parsed.scheme, parsed.hostname, port
+
+
+def validate_arguments(args) -> None:
+    """Every argument a user can get wrong, at once and together, before any side effect."""
+    problems = []
+    at_least = {"num_shards": 1, "part_rows": 1, "max_tokens": 1, "sanity_pages": 1,
+                "max_samples": 0, "shard_index": 0, "concurrency": 1, "max_retries": 0,
+                "max_restarts": 0, "min_window": 1, "max_window": 1, "api_server_count": 1,
+                "batch_size": 1}
+    for name, low in at_least.items():
+        value = getattr(args, name, None)
+        if value is not None and value < low:
+            problems.append(f"--{name.replace('_', '-')} must be at least {low}, got {value}")
+    for name in ("part_seconds", "server_timeout", "server_down_timeout", "request_timeout",
+                 "adapt_interval", "max_inflight_memory"):
+        value = getattr(args, name, None)
+        if value is not None and not value > 0:
+            problems.append(f"--{name.replace('_', '-')} must be above 0, got {value}")
+    if args.num_shards >= 1 and not 0 <= args.shard_index < args.num_shards:
+        problems.append(f"--shard-index must be in [0, {args.num_shards}) for --num-shards "
+                        f"{args.num_shards}, got {args.shard_index}")
+    if getattr(args, "min_window", None) and getattr(args, "max_window", None) \
+            and args.min_window > args.max_window:
+        problems.append(f"--min-window {args.min_window} is above --max-window {args.max_window}")
+    if getattr(args, "server", None) is not None:
+        try:
+            server_url_parts(args.server)
+        except ValueError as exc:
+            problems.append(str(exc))
+    if getattr(args, "serve_args", None):
+        try:
+            words = shlex.split(args.serve_args)
+        except ValueError as exc:
+            problems.append(f"--serve-args cannot be split as a command line: {exc}")
+            words = []
+        for i, word in enumerate(words):
+            name, eq, value = word.partition("=")
+            if name.replace("_", "-") == "--max-model-len" and (eq or i + 1 < len(words)):
+                try:
+                    parse_vllm_size(value if eq else words[i + 1])
+                except ValueError as exc:
+                    problems.append(f"--serve-args --max-model-len: {exc}")
+    if getattr(args, "llm_kwargs", None):
+        try:
+            if not isinstance(json.loads(args.llm_kwargs), dict):
+                raise ValueError("not a JSON object")
+        except ValueError as exc:
+            problems.append(f"--llm-kwargs must be a JSON object ({exc})")
+    if problems:
+        fail("; ".join(problems) + ".")
+    resolve_output(args.output)  # exits 2 saying how to write a local path
 
 
 def write_stats(stats: dict, args) -> None:
@@ -1597,13 +1845,17 @@ def effective_serve_args(args) -> list[str]:
 
 
 def serve_arg_value(argv: list[str], name: str, default=None):
-    """The last value given for a flag (--name value or --name=value)."""
+    """The last value given for a flag (--name value or --name=value; like vLLM, an option
+    may be spelled with underscores)."""
     value = default
     for i, arg in enumerate(argv):
-        if arg == name and i + 1 < len(argv):
+        option, eq, given = arg.partition("=")
+        if not option.startswith("--") or option.replace("_", "-") != name:
+            continue
+        if eq:
+            value = given
+        elif i + 1 < len(argv):
             value = argv[i + 1]
-        elif arg.startswith(name + "="):
-            value = arg.split("=", 1)[1]
     return value
 
 
@@ -1615,10 +1867,92 @@ def check_context_budget(max_model_len: int, args) -> None:
     """Image tokens + max_tokens must fit the context, or the server answers 400 to every page."""
     need = image_token_budget() + args.max_tokens
     if need > max_model_len:
+        room = max_model_len - image_token_budget()
+        advice = (f"Lower --max-tokens to at most {room}, or raise --max-model-len to at least "
+                  f"{need}." if room > 0 else
+                  f"The largest page alone needs {image_token_budget()} prompt tokens: raise "
+                  f"--max-model-len to at least {need}.")
         fail(f"--max-tokens {args.max_tokens} plus up to {image_token_budget()} prompt tokens "
              f"(the largest page) is {need}, over the server's max_model_len {max_model_len}: "
-             f"every request would be refused. Lower --max-tokens to at most "
-             f"{max_model_len - image_token_budget()}, or raise --max-model-len.")
+             f"every request would be refused. {advice}")
+
+
+def serve_secrets(argv: list[str]) -> tuple[list[str], dict]:
+    """Serve arguments without their secret options, and the environment that carries them
+    instead (a command line is visible to every user of the machine): vLLM reads VLLM_API_KEY
+    and the Hub client HF_TOKEN."""
+    kept, env, i = [], {}, 0
+    names = {"--api-key": "VLLM_API_KEY", "--api_key": "VLLM_API_KEY",
+             "--hf-token": "HF_TOKEN", "--hf_token": "HF_TOKEN"}
+    while i < len(argv):
+        name, eq, value = argv[i].partition("=")
+        if name in names and (eq or i + 1 < len(argv)):
+            env[names[name]] = value if eq else argv[i + 1]
+            i += 1 if eq else 2
+            continue
+        kept.append(argv[i])
+        i += 1
+    return kept, env
+
+
+# Runs `vllm serve` for the driver, as the leader of the server's own process group: when the
+# driver dies without stopping the server (kill -9, a crash, an OOM kill), this notices within
+# half a second (it is re-parented) and stops the whole group, the engine's own child processes
+# included; when `vllm serve` exits, its leftover children go too. It is the server's parent, so
+# it also gives it a parent-death signal (it is single-threaded: prctl applies to it as a whole).
+SERVER_WATCHDOG = r"""
+import os, signal, subprocess, sys, time
+driver = os.getppid()
+signal.signal(signal.SIGTERM, lambda *_: None)  # the driver's stop() signals the whole group
+def parent_death_signal():
+    try:
+        import ctypes
+        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except Exception:
+        pass
+def sweep():
+    me, group = os.getpid(), os.getpgrp()
+    try:
+        entries = os.listdir("/proc")
+    except OSError:  # no /proc (not Linux): the group was signalled as a whole already
+        entries = []
+    for entry in entries:
+        if entry.isdigit() and int(entry) != me:
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                if int(fields[2]) == group:
+                    os.kill(int(entry), signal.SIGKILL)
+            except (OSError, ValueError, IndexError):
+                pass
+server = subprocess.Popen(sys.argv[1:], stdin=subprocess.DEVNULL, preexec_fn=parent_death_signal)
+while True:
+    try:
+        code = server.wait(timeout=0.5)
+        break
+    except subprocess.TimeoutExpired:
+        pass
+    if os.getppid() != driver:
+        os.killpg(0, signal.SIGTERM)
+        try:
+            code = server.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            code = -9
+        break
+sweep()
+sys.exit(code if code >= 0 else 128 - code)
+"""
+
+
+def is_tls_error(exc: BaseException) -> bool:
+    import ssl
+
+    seen = exc
+    while seen is not None:
+        if isinstance(seen, ssl.SSLError) or "SSL" in str(seen) or "CERTIFICATE" in str(seen):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 class ServerManager:
@@ -1626,12 +1960,11 @@ class ServerManager:
 
     def __init__(self, args, argv: list[str], log_dir: Path):
         self.args, self.argv = args, argv
-        parsed = urllib.parse.urlparse(args.server if "//" in args.server else "http://" + args.server)
-        self.base = f"{parsed.scheme}://{parsed.netloc}"
-        self.host = parsed.hostname or "127.0.0.1"
-        self.port = parsed.port or (443 if parsed.scheme == "https" else 80)
+        self.base, scheme, self.host, self.port = server_url_parts(args.server)
         self.local = self.host in ("127.0.0.1", "localhost", "::1", "0.0.0.0")
-        self.api_key = args.api_key or os.environ.get("VLLM_API_KEY") or None
+        serve_args = effective_serve_args(args)
+        self.api_key = args.api_key or os.environ.get("VLLM_API_KEY") or \
+            serve_arg_value(serve_args, "--api-key") or None
         self.headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         self.log_path = log_dir / f"vllm-serve-{self.port}.log"
         self.process: subprocess.Popen | None = None
@@ -1655,24 +1988,76 @@ class ServerManager:
         response.raise_for_status()
         return response.json().get("data", [])
 
-    async def ready(self, client, starting: bool = True) -> bool:
-        if not await self.healthy(client):
-            return False
+    async def probe(self, client, starting: bool = True) -> str:
+        """"ready", "starting" (a server that answers but is not ready, or no answer in time)
+        or "absent" (nothing listens). Raises RunAborted at once for what will never serve
+        this run: a refused API key, a TLS failure, a port that answers as something else."""
+        response = None
+        for attempt in range(2):  # a reset connection is tried once more before judging
+            try:
+                response = await client.get(f"{self.base}/v1/models", headers=self.headers,
+                                            timeout=10)
+                break
+            except httpx.ConnectError as exc:
+                if is_tls_error(exc):
+                    raise RunAborted(f"TLS failed with {self.base}: {exc}. Check the URL's "
+                                     f"scheme (http or https) and the server's certificate.",
+                                     code=2) from None
+                return "absent"
+            except httpx.TimeoutException:
+                return "starting"
+            except httpx.HTTPError as exc:
+                if is_tls_error(exc):
+                    raise RunAborted(f"TLS failed with {self.base}: {exc}. Check the URL's "
+                                     f"scheme (http or https) and the server's certificate.",
+                                     code=2) from None
+                if attempt:
+                    raise RunAborted(
+                        f"port {self.port} answers, but not as an HTTP server ({type(exc).__name__}: "
+                        f"{exc or 'no response'}): it is not an OpenAI-compatible vLLM server. "
+                        f"If it serves HTTPS, write --server https://...; otherwise stop what "
+                        f"uses the port or pass --server with another one.", code=2) from None
+        status = response.status_code
+        if status in (401, 403):
+            hint = "the key sent is wrong: pass the right one with --api-key or VLLM_API_KEY" \
+                if self.api_key else "it wants one: pass --api-key or set VLLM_API_KEY"
+            raise RunAborted(f"the server at {self.base} refuses the API key (HTTP {status} on "
+                             f"/v1/models): {hint}.", code=4)
+        if status in (500, 502, 503, 504):
+            return "starting"  # a proxy whose upstream boots, a server loading its model
         try:
-            models = await self.served_models(client)
-        except (httpx.HTTPError, ValueError):
-            return False
+            payload = response.json()
+        except ValueError:
+            payload = None
+        models = payload.get("data") if isinstance(payload, dict) else None
+        if status != 200 or not isinstance(models, list) or \
+                not all(isinstance(m, dict) for m in models):
+            kind = response.headers.get("content-type", "?").split(";")[0]
+            raise RunAborted(
+                f"port {self.port} answers, but not as an OpenAI-compatible vLLM server: GET "
+                f"{self.base}/v1/models gave HTTP {status} ({kind}) without a model list. "
+                f"Another service uses the port: stop it, or pass --server with the vLLM "
+                f"server's URL (or a free port for the server this script starts).", code=2)
+        try:
+            health = await client.get(f"{self.base}/health", headers=self.headers, timeout=5)
+        except httpx.HTTPError:
+            return "starting"
+        if health.status_code not in (200, 404):  # 404: an OpenAI-compatible proxy, no /health
+            return "starting"
         for entry in models:
             if entry.get("id") == self.model_name:
                 self.max_model_len = entry.get("max_model_len") or self.max_model_len
-                return True
-        names = ", ".join(m.get("id", "?") for m in models)
+                return "ready"
+        names = ", ".join(str(m.get("id", "?")) for m in models)
         message = (f"the server at {self.base} serves {names or 'no model'}, not "
                    f"{self.model_name}. Pass --model with the served name, or point --server "
                    f"elsewhere.")
         if starting:
             fail(message)
         raise RunAborted(message, EXIT_REFUSED)  # it changed under a running job
+
+    async def ready(self, client, starting: bool = True) -> bool:
+        return await self.probe(client, starting) == "ready"
 
     def port_in_use(self) -> bool:
         try:
@@ -1691,28 +2076,59 @@ class ServerManager:
             words = [a.decode(errors="replace") for a in argv if a]
             is_serve = any(w.endswith("vllm") for w in words[:3]) and "serve" in words[:4]
             is_api = any("vllm.entrypoints.openai.api_server" in w for w in words[:4])
-            if (is_serve or is_api) and int(serve_arg_value(words, "--port", 8000)) == self.port:
+            if (is_serve or is_api) and str(serve_arg_value(words, "--port", 8000)) == str(self.port):
                 if self.process is None or int(proc.name) != self.process.pid:
                     return True
         return False
 
+    def planned_budget(self) -> None:
+        """The context budget of the server this script would start (unknown for `auto`)."""
+        max_len = serve_arg_value(effective_serve_args(self.args), "--max-model-len")
+        size = parse_vllm_size(max_len) if max_len else None
+        if size:
+            check_context_budget(size, self.args)
+
+    async def plan(self) -> str:
+        """Before the input is read: "reuse" (a server answers with the model), "wait" (one is
+        starting, or --no-spawn, or a remote URL) or "spawn" (a local port is free, `vllm`
+        exists and the context budget fits). Exits with the reason, and the Jobs command when no
+        server can run here."""
+        timeout = httpx.Timeout(10.0, connect=3.0)
+        async with httpx.AsyncClient(timeout=timeout) as client:
+            state = await self.probe(client)
+        if state == "ready":
+            if self.max_model_len:
+                check_context_budget(int(self.max_model_len), self.args)
+            return "reuse"
+        if state == "starting" or not self.local or self.args.no_spawn or self.vllm_booting_here():
+            log(f"the server at {self.base} is not ready yet: the run will be waiting for it "
+                f"(up to {self.args.server_timeout:.0f} s)")
+            return "wait"
+        self.planned_budget()
+        if shutil.which("vllm") is None:
+            self.explain_missing_vllm()
+        return "spawn"
+
     # -- life cycle --
     async def start(self, client, stats: RunStats) -> None:
         started = time.monotonic()
-        if await self.ready(client):
-            log(f"using the vLLM server at {self.base} ({self.model_name})")
+        not_ours = "not started by this run; it will be left running"
+        state = await self.probe(client)
+        if state == "ready":
+            log(f"using the vLLM server already running at {self.base} ({self.model_name}; "
+                f"{not_ours})")
         elif not self.local or self.args.no_spawn:
-            log(f"waiting for the server at {self.base} (up to {self.args.server_timeout:.0f} s)")
+            log(f"waiting for the server at {self.base} (up to {self.args.server_timeout:.0f} s; "
+                f"{not_ours})")
             await self.wait_ready(client, self.args.server_timeout)
-        elif self.port_in_use() or self.vllm_booting_here():
-            log(f"a server is starting on port {self.port}; waiting for it instead of starting another")
+        elif state == "starting" or self.port_in_use() or self.vllm_booting_here():
+            log(f"a server is starting on port {self.port}; waiting for it instead of starting "
+                f"another ({not_ours})")
             await self.wait_ready(client, self.args.server_timeout)
         else:
             if shutil.which("vllm") is None:
                 self.explain_missing_vllm()
-            max_len = serve_arg_value(effective_serve_args(self.args), "--max-model-len")
-            if max_len:
-                check_context_budget(int(max_len), self.args)
+            self.planned_budget()
             self.spawn()
             await self.wait_ready(client, self.args.server_timeout)
             stats.server_startup_s = round(time.monotonic() - started, 2)
@@ -1721,16 +2137,25 @@ class ServerManager:
         try:
             response = await client.get(f"{self.base}/version", headers=self.headers, timeout=5)
             self.version = response.json().get("version")
-        except (httpx.HTTPError, ValueError):
+        except (httpx.HTTPError, ValueError, AttributeError):
             self.version = None
         stats.vllm_version = self.version
 
     def explain_missing_vllm(self) -> "NoReturn":  # noqa: F821
+        notes = "".join(f"\n  * {note}" for note in jobs_command_notes(self.argv))
+        if JOB_IMAGE.startswith("vllm/vllm-openai:"):
+            image = "whose vLLM image provides `vllm`"
+            local = (f"  * install vLLM on a machine with a GPU (`uv pip install vllm` or `pip "
+                     f"install vllm`), then rerun the same command: the script starts `vllm serve` "
+                     f"itself;\n")
+        else:  # a model that runs only on its vendor's vLLM build, shipped in its image
+            image = f"in the image that carries the only vLLM build this model runs on"
+            local = (f"  * run this script inside {JOB_IMAGE} on a machine with a GPU (`docker "
+                     f"run --gpus all ...`): that image's `vllm` is the vendor's build this model "
+                     f"needs, and no other vLLM runs it;\n")
         log(f"error: nothing answers at {self.base} and there is no `vllm` command here to start "
-            f"a server.\n\nRun it on Hugging Face Jobs, whose vLLM image provides `vllm`:\n  "
-            f"{reproduce_command(self.argv)}\n\nor locally:\n"
-            f"  * install vLLM on a machine with a GPU (`uv pip install vllm` or `pip install vllm`),"
-            f" then rerun the same command: the script starts `vllm serve` itself;\n"
+            f"a server.\n\nRun it on Hugging Face Jobs, {image}:\n  "
+            f"{reproduce_command(self.argv)}{notes}\n\nor locally:\n{local}"
             f"  * or pass --server URL to use a vLLM server that is already running.")
         raise SystemExit(2)
 
@@ -1739,8 +2164,6 @@ class ServerManager:
         self.revision = resolved_revision(self.args)  # what this server loads, and the record
         if self.revision or requested_revision(self.args):
             command += ["--revision", self.revision or requested_revision(self.args)]
-        if self.api_key:
-            command += ["--api-key", self.api_key]
         serve_args = effective_serve_args(self.args)
         if SCRIPT_SHAPE == "saturate" and serve_arg_value(serve_args, "--api-server-count") is None:
             count = self.args.api_server_count or default_api_server_count()
@@ -1749,14 +2172,20 @@ class ServerManager:
         return command + serve_args  # --logits-processors stays last
 
     def spawn(self) -> None:
-        command = self.serve_command() + spawn_args(self.args)
-        log(f"starting: {' '.join(shlex.quote(a) for a in redact_argv(command))}\n"
-            f"  (server log: {self.log_path})")
+        """Start `vllm serve` under SERVER_WATCHDOG, in its own process group; the API key and
+        the Hub token go through its environment, never its command line."""
+        command, secret_env = serve_secrets(self.serve_command() + spawn_args(self.args))
+        env = {**os.environ, **SERVE_ENV, **secret_env}
+        if self.api_key:
+            env["VLLM_API_KEY"] = self.api_key
+        if self.args.hf_token:
+            env["HF_TOKEN"] = self.args.hf_token
+        log(f"starting: {shlex.join(redact_argv(command))}\n  (server log: {self.log_path})")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log_file = open(self.log_path, "ab")
-        self.process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT,
-                                        stdin=subprocess.DEVNULL, start_new_session=True,
-                                        env={**os.environ, **SERVE_ENV})
+        self.process = subprocess.Popen([sys.executable, "-c", SERVER_WATCHDOG, *command],
+                                        stdout=log_file, stderr=subprocess.STDOUT,
+                                        stdin=subprocess.DEVNULL, start_new_session=True, env=env)
         log_file.close()
 
     def log_tail(self, lines: int = 40) -> str:
@@ -1767,13 +2196,22 @@ class ServerManager:
         return "\n".join("  | " + line for line in text[-lines:])
 
     async def wait_ready(self, client, timeout: float) -> None:
+        """Wait for a server that is really starting: the one spawned here, one that answers
+        "not ready yet", or a `vllm serve` booting on the port. A refused key, a TLS failure or
+        another service on the port end the wait at once (RunAborted from probe)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process is not None and self.process.poll() is not None:
                 raise RunAborted(f"vllm serve exited with code {self.process.returncode} before "
                                  f"it was ready. Last lines of {self.log_path}:\n{self.log_tail()}")
-            if await self.ready(client):
+            state = await self.probe(client)
+            if state == "ready":
                 return
+            if state == "absent" and self.process is None and self.local \
+                    and not self.args.no_spawn and not self.vllm_booting_here():
+                raise RunAborted(f"the server that was starting on port {self.port} is gone "
+                                 f"(nothing listens and no `vllm serve` runs for that port); "
+                                 f"rerun to start one.")
             await asyncio.sleep(1.0)
         tail = f"\nLast lines of {self.log_path}:\n{self.log_tail()}" if self.process else ""
         raise RunAborted(f"the server at {self.base} was not ready after {timeout:.0f} s{tail}")
@@ -2393,16 +2831,27 @@ def info_entry_for(args, server_args) -> dict:
         "script": Path(sys.argv[0]).name,
         "shape": SCRIPT_SHAPE,
         "image": JOB_IMAGE,
-        "serve_args": server_args,
+        "serve_args": redact_argv(server_args),
         "column": args.output_column,
         "settings": inference_settings(args),
         "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
 
 
+def plan_server(args, argv: list[str]) -> str:
+    """The server check that comes before reading the input or creating a Hub repo: a server
+    that answers (with this model and a context that fits), or a free local port and a `vllm`
+    to start there; else exit at once, with the Jobs command when no server can run here."""
+    try:
+        return asyncio.run(ServerManager(args, argv, Path(".")).plan())
+    except RunAborted as exc:
+        fail(str(exc), exc.code)
+
+
 def server_argument_parser(doc: str) -> argparse.ArgumentParser:
     """Every option of a server script: input/output, server, then the model's own."""
     parser = argparse.ArgumentParser(
+        allow_abbrev=False,
         description=doc.split("\n\n")[0],
         epilog=doc.split("\n\n", 1)[1] + "\n" + EXIT_CODES,
         formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -2415,8 +2864,8 @@ def server_argument_parser(doc: str) -> argparse.ArgumentParser:
 def run_server_script(doc: str, argv: list[str] | None = None, hub_api=None) -> int:
     """The whole run: arguments, input, engine, output. `main()` calls it with the docstring."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = server_argument_parser(doc).parse_args(argv)
-    resolve_output(args.output)  # a bad OUTPUT fails before any data is touched
+    args = parse_arguments(server_argument_parser(doc), argv)  # a bad OUTPUT fails here
+    plan_server(args, argv)  # before the input is read and the repo created
 
     source = open_input(args)
     check_output_columns(source, args)

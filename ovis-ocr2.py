@@ -10,6 +10,7 @@
 # [tool.hf-jobs]
 # image = "vllm/vllm-openai:v0.26.0"
 # flavor = "l4x1"
+# timeout = "4h"
 # secrets = ["HF_TOKEN"]
 # ///
 """OCR a dataset of page images with ATH-MaaS/OvisOCR2, offline: this script owns vllm.LLM.
@@ -22,8 +23,10 @@ built, and a batch that raises is split until the failing row is isolated: one b
 fails its batch.
 
 Run it
-    hf jobs uv run --image vllm/vllm-openai:v0.26.0 --flavor l4x1 --secrets HF_TOKEN \\
+    hf jobs uv run --image vllm/vllm-openai:v0.26.0 --flavor l4x1 --timeout 4h --secrets HF_TOKEN \\
         ovis-ocr2.py user/scans user/scans-ocr
+    # --timeout 4h covers about 11,000 pages (0.83 pages/s measured on l4x1); Jobs
+    # stop a job after 30 min unless told: give more pages more time, or --num-shards
     uv run ovis-ocr2.py ./scans ./scans-ocr          # a machine with a GPU
 
 vLLM is not in the dependency list on purpose: in the vLLM image the script runs on the
@@ -52,6 +55,8 @@ JOB_IMAGE = f"vllm/vllm-openai:{IMAGE_TAG}"
 IMAGE_HAS_UV = True  # the vLLM images have uv: `hf jobs uv run` works
 VLLM_REQUIREMENT = ">=0.22.1"  # what `uv run --with vllm...` asks for where none is installed
 DEFAULT_FLAVOR = "l4x1"
+JOB_TIMEOUT = "4h"  # Jobs stop a job after 30 min unless told: every printed command passes this
+JOB_PAGES_PER_S = 0.83  # the seed's offline rate on l4x1: about 11,000 pages in 4 h
 SCRIPT_SHAPE = "offline"
 
 # The card's prompt, character for character (it starts with a newline; braces are literal).
@@ -152,7 +157,8 @@ MODEL_REVISION = globals().get("MODEL_REVISION")  # a commit sha or tag pins the
 RESIZE_FILTER = globals().get("RESIZE_FILTER", "bicubic")  # the model's own resampling filter
 LOOP_TEMPERATURE = globals().get("LOOP_TEMPERATURE", 0.3)  # a looping page's second try
 API_SERVER_COUNT = globals().get("API_SERVER_COUNT", 1)  # a spawned server's API processes
-JOBS_TIMEOUT = globals().get("JOBS_TIMEOUT", "4h")  # Jobs stop after 30 min without one
+JOB_TIMEOUT = globals().get("JOB_TIMEOUT", "4h")  # Jobs stop after 30 min without one
+JOB_PAGES_PER_S = globals().get("JOB_PAGES_PER_S")  # measured rate on DEFAULT_FLAVOR, if any
 IMAGE_TAG_MOVING = globals().get("IMAGE_TAG_MOVING", False)  # True: JOB_IMAGE is no fixed build
 import argparse
 import io
@@ -167,6 +173,7 @@ import statistics
 import sys
 import threading
 import time
+import urllib.parse
 import warnings
 import zlib
 from dataclasses import dataclass, field
@@ -177,6 +184,15 @@ MAX_DECODE_PIXELS = 250_000_000  # larger than any real scan: above it, a decomp
 PART_NAME = re.compile(r"^part-(\d{9})-(\d{9})\.parquet$")
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
 UPLOAD_ATTEMPTS, UPLOAD_BACKOFF_S, UPLOAD_MAX_WAIT_S = 5, 2.0, 600.0
+# values that look like credentials (Hub tokens, OpenAI-style keys), wherever they appear
+TOKEN_VALUE = re.compile(r"\b(?:hf_|api_org_|sk-)[A-Za-z0-9_-]{8,}")
+# options whose value is a secret, in this script's arguments and in --serve-args
+SECRET_OPTION = re.compile(r"^--(?:[a-z0-9]+[-_])*(?:token|api[-_]key|secret|password)$", re.I)
+# options of this script that do not belong in a Jobs command: secrets travel as --secrets
+# HF_TOKEN, a Job starts its own server, and local paths mean nothing inside its container
+NOT_FOR_JOBS = ("--server", "--no-spawn", "--hf-token", "--api-key", "--work-dir", "--stats-json")
+INPUT_PLACEHOLDER, OUTPUT_PLACEHOLDER = "<your-user>/<input-dataset>", "<your-user>/<output-dataset>"
+_VALUE_OPTIONS: set = set()  # the options that take a value, from the parser (parse_arguments)
 
 
 EXIT_USAGE, EXIT_DEGENERATE, EXIT_REFUSED, EXIT_NOT_WRITTEN, EXIT_NOT_UPLOADED = 2, 3, 4, 5, 6
@@ -1277,34 +1293,161 @@ class RunStats:
         }
 
 
+def redact_text(text: str) -> str:
+    """Token-like values (hf_..., sk-...) replaced, for anything printed or recorded."""
+    return TOKEN_VALUE.sub("***", text)
+
+
+def redact_value(value):
+    """A JSON-like value with secrets replaced: keys named like secrets, token-like strings."""
+    if isinstance(value, dict):
+        return {k: "***" if SECRET_OPTION.match("--" + str(k)) and v else redact_value(v)
+                for k, v in value.items()}
+    if isinstance(value, list):
+        return [redact_value(v) for v in value]
+    return redact_text(value) if isinstance(value, str) else value
+
+
+def _redact_nested(option: str, value: str) -> str:
+    """The value of --serve-args (a command line) or --llm-kwargs (JSON), secrets replaced."""
+    if option == "--serve-args":
+        try:
+            return shlex.join(redact_argv(shlex.split(value)))
+        except ValueError:
+            return redact_text(value)
+    if option == "--llm-kwargs":
+        try:
+            return json.dumps(redact_value(json.loads(value)))
+        except ValueError:
+            return redact_text(value)
+    return redact_text(value)
+
+
 def redact_argv(argv: list[str]) -> list[str]:
-    """The command line with secrets replaced, for logs and cards."""
-    out, hide = [], False
+    """The command line with secrets replaced, for logs, cards and inference_info: the value of
+    every secret option (--hf-token, --api-key, also inside --serve-args and --llm-kwargs) and
+    anything that looks like a token."""
+    out, previous = [], None
     for arg in argv:
-        if hide:
+        name, eq, value = arg.partition("=")
+        if previous is not None and SECRET_OPTION.match(previous):
             out.append("***")
-            hide = False
-            continue
-        if arg in ("--hf-token", "--api-key"):
-            hide = True
-        elif arg.startswith(("--hf-token=", "--api-key=")):
-            arg = arg.split("=", 1)[0] + "=***"
-        out.append(arg)
+        elif previous is not None:
+            out.append(_redact_nested(previous, arg))
+        elif arg.startswith("--") and eq and SECRET_OPTION.match(name):
+            out.append(f"{name}=***")
+        elif arg.startswith("--") and eq:
+            out.append(f"{name}={_redact_nested(name, value)}")
+        else:
+            out.append(redact_text(arg))
+        takes_value = arg.startswith("--") and not eq and (
+            SECRET_OPTION.match(arg) or arg in ("--serve-args", "--llm-kwargs"))
+        previous = arg if takes_value and previous is None else None
     return out
 
 
+def _jobs_script_args(argv: list[str]) -> tuple[list[str], str | None, str | None]:
+    """This run's arguments as a Job should receive them: INPUT and OUTPUT (a local one replaced
+    by a placeholder), the options minus NOT_FOR_JOBS, no secret anywhere (they are dropped,
+    not masked: a masked value would be used). Also the local INPUT and OUTPUT replaced."""
+    positionals, options, i = [], [], 0
+    while i < len(argv):
+        arg = argv[i]
+        name, eq, value = arg.partition("=")
+        if arg == "--":
+            positionals += argv[i + 1:]
+            break
+        if not arg.startswith("--") or arg == "-":
+            positionals.append(arg)
+            i += 1
+            continue
+        takes_value = not eq and (name in _VALUE_OPTIONS or (
+            not _VALUE_OPTIONS and i + 1 < len(argv) and not argv[i + 1].startswith("--")))
+        if takes_value:
+            value = argv[i + 1] if i + 1 < len(argv) else ""
+            i += 2
+        else:
+            i += 1
+        if name in NOT_FOR_JOBS or SECRET_OPTION.match(name):
+            continue
+        if name == "--serve-args":
+            try:
+                words, kept, j = shlex.split(value), [], 0
+                while j < len(words):
+                    word = words[j]
+                    if SECRET_OPTION.match(word.split("=", 1)[0]):
+                        j += 1 if "=" in word else 2
+                        continue
+                    kept.append(word)
+                    j += 1
+                value = shlex.join(kept)
+            except ValueError:
+                value = redact_text(value)
+            if not value:
+                continue
+        elif name == "--llm-kwargs":
+            try:
+                value = json.dumps({k: v for k, v in json.loads(value).items()
+                                    if not SECRET_OPTION.match("--" + str(k))})
+            except (ValueError, AttributeError):
+                value = redact_text(value)
+        elif eq or takes_value:
+            value = _redact_nested(name, value)
+        options += [name, value] if (eq or takes_value) else [name]
+    local_input = local_output = None
+    if positionals and (is_local_target(positionals[0]) or Path(positionals[0]).expanduser().exists()):
+        local_input, positionals[0] = positionals[0], INPUT_PLACEHOLDER
+    if len(positionals) > 1 and is_local_target(positionals[1]):
+        local_output, positionals[1] = positionals[1], OUTPUT_PLACEHOLDER
+    return [redact_text(a) for a in positionals] + options, local_input, local_output
+
+
+def job_flavor() -> str:
+    """The flavor this Job was given (JOB_FLAVOR), else the script's. Never ACCELERATOR: a Job
+    sets it to `cpu` or `gpu`, which is not a flavor."""
+    return os.environ.get("JOB_FLAVOR") or DEFAULT_FLAVOR
+
+
 def reproduce_command(argv: list[str]) -> str:
-    """The Hugging Face Jobs command for this run (secrets redacted)."""
+    """The Hugging Face Jobs command for this run, as it should be pasted: image, flavor and
+    timeout explicit, the token as a Jobs secret, no local path, no secret."""
     script = Path(sys.argv[0]).name
-    flavor = os.environ.get("JOB_FLAVOR") or os.environ.get("ACCELERATOR") or DEFAULT_FLAVOR
-    args = " ".join(shlex.quote(a) for a in redact_argv(argv))
+    args = shlex.join(_jobs_script_args(argv)[0])
+    head = f"--flavor {job_flavor()} --timeout {JOB_TIMEOUT} --secrets HF_TOKEN"
     if IMAGE_HAS_UV:
-        return (f"hf jobs uv run --image {JOB_IMAGE} --flavor {flavor} --timeout {JOBS_TIMEOUT} "
-                f"--secrets HF_TOKEN {script} {args}")
-    # an image without uv: install it first, and fetch the script by its URL
-    inner = f"pip install -q uv && uv run $SCRIPT_URL {args}"
-    return (f"SCRIPT_URL=<raw URL of {script}>; hf jobs run --flavor {flavor} --timeout {JOBS_TIMEOUT} "
-            f"--secrets HF_TOKEN {JOB_IMAGE} -- bash -lc {shlex.quote(inner)}")
+        return f"hf jobs uv run --image {JOB_IMAGE} {head} {script} {args}"
+    # an image without uv: install it first, and fetch the script by its URL (in the Job's
+    # environment, so that the container's shell expands it)
+    inner = f'pip install -q uv && uv run "$SCRIPT_URL" {args}'
+    url = shlex.quote(f"SCRIPT_URL=<raw URL of {script}>")
+    return f"hf jobs run {head} --env {url} {JOB_IMAGE} -- bash -lc {shlex.quote(inner)}"
+
+
+def jobs_command_notes(argv: list[str]) -> list[str]:
+    """What the printed Jobs command covers, and what to fill in before pasting it."""
+    _, local_input, local_output = _jobs_script_args(argv)
+    hours = float(JOB_TIMEOUT[:-1]) if JOB_TIMEOUT.endswith("h") else float(JOB_TIMEOUT) / 3600
+    if JOB_PAGES_PER_S:
+        pages = int((hours - 0.25) * 3600 * JOB_PAGES_PER_S // 1000 * 1000)
+        cover = (f"--timeout {JOB_TIMEOUT} covers about {pages:,} pages at the measured "
+                 f"{JOB_PAGES_PER_S} pages/s on {DEFAULT_FLAVOR} (15 min of start-up allowed)")
+    else:
+        cover = (f"--timeout {JOB_TIMEOUT}: no throughput was measured for this model on "
+                 f"{DEFAULT_FLAVOR}; time a --max-samples run first")
+    notes = [f"{cover}; a larger input needs a longer --timeout, or --num-shards N with one Job "
+             f"per --shard-index (a stopped Job resumes where it ended when rerun)."]
+    if local_input:
+        notes.append(f"INPUT {local_input} is on this machine, which a Job cannot read: push it "
+                     f"first with `hf upload {INPUT_PLACEHOLDER} {local_input} --repo-type "
+                     f"dataset` and put that dataset id in place of {INPUT_PLACEHOLDER}.")
+    if local_output:
+        notes.append(f"OUTPUT {local_output} is a local folder, and a Job's disk is discarded "
+                     f"when it ends: OUTPUT must be a Hub dataset id; put yours in place of "
+                     f"{OUTPUT_PLACEHOLDER} (add --private to keep it private).")
+    if not IMAGE_HAS_UV:
+        notes.append(f"SCRIPT_URL: replace <raw URL of {Path(sys.argv[0]).name}> with the URL "
+                     f"of this script's raw file (the image has no uv, so the Job fetches it).")
+    return notes
 
 
 def build_card(source: InputSource, store: OutputStore, args, stats: dict, info_entry: dict,
@@ -1350,13 +1493,15 @@ Settings:
 {settings}
 ```
 
-Serve flags: `{' '.join(shlex.quote(a) for a in serve) if serve else 'offline engine'}`
+Serve flags: `{shlex.join(redact_argv(serve)) if serve else 'offline engine'}`
 
-Reproduce:
+Reproduce on Hugging Face Jobs:
 
 ```
 {reproduce_command(argv)}
 ```
+
+{chr(10).join("* " + note for note in jobs_command_notes(argv))}
 """
 
 
@@ -1407,6 +1552,109 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
                        help="do not stop when the first pages all come back degenerate")
     group.add_argument("--sanity-pages", type=int, default=8,
                        help="pages the degenerate-output check looks at (default: 8)")
+
+
+def parse_arguments(parser: argparse.ArgumentParser, argv: list[str]):
+    """Parse (no abbreviations: `--hf-tok` must not pass for --hf-token and escape redaction),
+    then validate every argument before anything is read, started or created."""
+    global _VALUE_OPTIONS
+    parser.allow_abbrev = False
+    _VALUE_OPTIONS = {s for action in parser._actions for s in action.option_strings
+                      if action.nargs != 0}
+
+    def error(message: str) -> "NoReturn":  # noqa: F821  (argparse's, minus any token it echoes)
+        parser.print_usage(sys.stderr)
+        fail(redact_text(message))
+
+    parser.error = error
+    args = parser.parse_args(argv)
+    validate_arguments(args)
+    return args
+
+
+def parse_vllm_size(value) -> int | None:
+    """A size as vLLM's command line spells it: 24000, 24k (x1000), 24K (x1024), 25.6k, 1m, 1M,
+    1g, 1G, 1t, 1T (no decimals with K/M/G/T); None for `auto` or -1 (the model's own context,
+    known only from /v1/models once the server is up). ValueError for anything else."""
+    text = str(value).strip()
+    if text.lower() == "auto" or text == "-1":
+        return None
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgGtT])", text)
+    if match:
+        number, suffix = match.groups()
+        if suffix.islower():
+            return int(float(number) * 10 ** (3 * "kmgt".index(suffix) + 3))
+        if "." in number:
+            raise ValueError(f"{text!r}: no decimals with {suffix} (did you mean "
+                             f"{number}{suffix.lower()}?)")
+        return int(number) * 2 ** (10 * "KMGT".index(suffix) + 10)
+    if re.fullmatch(r"\d+", text):
+        return int(text)
+    raise ValueError(f"{text!r} is not a size (write e.g. 32768, 24k, 32K or auto)")
+
+
+def server_url_parts(url: str) -> tuple[str, str, str, int]:
+    """(base, scheme, host, port) of --server. The base keeps a path prefix (a reverse proxy's)
+    and drops a trailing /v1: endpoints are base + /v1/..., /health, /metrics."""
+    parsed = urllib.parse.urlparse(url if "//" in url else "http://" + url)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise ValueError(f"--server {url!r} is not an http(s) URL (write e.g. http://127.0.0.1:8000)")
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)  # ValueError on a bad port
+    path = parsed.path.rstrip("/")
+    if path.endswith("/v1"):
+        path = path[:-3]
+    return f"{parsed.scheme}://{parsed.netloc}{path}", parsed.scheme, parsed.hostname, port
+
+
+def validate_arguments(args) -> None:
+    """Every argument a user can get wrong, at once and together, before any side effect."""
+    problems = []
+    at_least = {"num_shards": 1, "part_rows": 1, "max_tokens": 1, "sanity_pages": 1,
+                "max_samples": 0, "shard_index": 0, "concurrency": 1, "max_retries": 0,
+                "max_restarts": 0, "min_window": 1, "max_window": 1, "api_server_count": 1,
+                "batch_size": 1}
+    for name, low in at_least.items():
+        value = getattr(args, name, None)
+        if value is not None and value < low:
+            problems.append(f"--{name.replace('_', '-')} must be at least {low}, got {value}")
+    for name in ("part_seconds", "server_timeout", "server_down_timeout", "request_timeout",
+                 "adapt_interval", "max_inflight_memory"):
+        value = getattr(args, name, None)
+        if value is not None and not value > 0:
+            problems.append(f"--{name.replace('_', '-')} must be above 0, got {value}")
+    if args.num_shards >= 1 and not 0 <= args.shard_index < args.num_shards:
+        problems.append(f"--shard-index must be in [0, {args.num_shards}) for --num-shards "
+                        f"{args.num_shards}, got {args.shard_index}")
+    if getattr(args, "min_window", None) and getattr(args, "max_window", None) \
+            and args.min_window > args.max_window:
+        problems.append(f"--min-window {args.min_window} is above --max-window {args.max_window}")
+    if getattr(args, "server", None) is not None:
+        try:
+            server_url_parts(args.server)
+        except ValueError as exc:
+            problems.append(str(exc))
+    if getattr(args, "serve_args", None):
+        try:
+            words = shlex.split(args.serve_args)
+        except ValueError as exc:
+            problems.append(f"--serve-args cannot be split as a command line: {exc}")
+            words = []
+        for i, word in enumerate(words):
+            name, eq, value = word.partition("=")
+            if name.replace("_", "-") == "--max-model-len" and (eq or i + 1 < len(words)):
+                try:
+                    parse_vllm_size(value if eq else words[i + 1])
+                except ValueError as exc:
+                    problems.append(f"--serve-args --max-model-len: {exc}")
+    if getattr(args, "llm_kwargs", None):
+        try:
+            if not isinstance(json.loads(args.llm_kwargs), dict):
+                raise ValueError("not a JSON object")
+        except ValueError as exc:
+            problems.append(f"--llm-kwargs must be a JSON object ({exc})")
+    if problems:
+        fail("; ".join(problems) + ".")
+    resolve_output(args.output)  # exits 2 saying how to write a local path
 
 
 def write_stats(stats: dict, args) -> None:
@@ -1520,6 +1768,38 @@ def _python_has_vllm(python: str) -> bool:
     except (OSError, subprocess.TimeoutExpired):
         return False
     return probe.returncode == 0
+
+
+def gpu_visible() -> bool:
+    """An NVIDIA or AMD GPU device, or nvidia-smi: what a vLLM GPU build needs to run."""
+    devices = ("/dev/nvidiactl", "/dev/nvidia0", "/dev/kfd")
+    return any(Path(d).exists() for d in devices) or shutil.which("nvidia-smi") is not None
+
+
+def check_offline_engine(argv: list[str]) -> None:
+    """Before the input is read and the repo created: this machine can run vllm.LLM, or exit at
+    once with the Jobs command. An importable vllm runs (its CPU build included), as does the
+    machine's own Python with vllm (the vLLM image); without either, a GPU is needed for the
+    vllm that uv would install (several GB)."""
+    import importlib.util
+
+    try:
+        if importlib.util.find_spec("vllm") is not None:
+            return
+    except (ImportError, ValueError):
+        pass
+    if gpu_visible() or os.environ.get("OCR_SCRIPT_REEXEC"):
+        return
+    for candidate in ("/usr/bin/python3", "/usr/local/bin/python3", "/opt/conda/bin/python3"):
+        if Path(candidate).exists() and _python_has_vllm(candidate):
+            return
+    notes = "".join(f"\n  * {note}" for note in jobs_command_notes(argv))
+    log(f"error: no vllm can be imported here and no GPU is visible (no /dev/nvidia*, no "
+        f"nvidia-smi), so vllm.LLM cannot run on this machine.\n\nRun it on Hugging Face Jobs, "
+        f"whose vLLM image provides vllm and a GPU:\n  {reproduce_command(argv)}{notes}\n\n"
+        f"or on a machine with a GPU (the script asks uv for vllm there), or where vllm is "
+        f"installed (its CPU build runs too).")
+    raise SystemExit(2)
 
 
 def import_vllm(argv: list[str]):
@@ -1677,7 +1957,7 @@ def info_entry_for(args, llm_kwargs) -> dict:
         "script": Path(sys.argv[0]).name,
         "shape": SCRIPT_SHAPE,
         "image": JOB_IMAGE,
-        "llm_kwargs": llm_kwargs,
+        "llm_kwargs": redact_value(llm_kwargs),
         "column": args.output_column,
         "settings": inference_settings(args),
         "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -1688,20 +1968,21 @@ def run_offline_script(doc: str, argv: list[str] | None = None, hub_api=None) ->
     """The whole run: arguments, input, engine, output. `main()` calls it with the docstring."""
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = argparse.ArgumentParser(
+        allow_abbrev=False,
         description=doc.split("\n\n")[0],
         epilog=doc.split("\n\n", 1)[1] + "\n" + EXIT_CODES,
         formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common_arguments(parser)
     add_offline_arguments(parser)
     add_model_arguments(parser)
-    args = parser.parse_args(argv)
-    resolve_output(args.output)
+    args = parse_arguments(parser, argv)  # a bad OUTPUT fails here
     llm_kwargs = effective_llm_kwargs(args)
     need = image_token_budget() + args.max_tokens
     if need > int(llm_kwargs.get("max_model_len") or MAX_MODEL_LEN):
         fail(f"--max-tokens {args.max_tokens} plus up to {image_token_budget()} prompt tokens is "
              f"{need}, over max_model_len {llm_kwargs.get('max_model_len')}: every page would "
              f"fail. Lower --max-tokens or raise max_model_len through --llm-kwargs.")
+    check_offline_engine(argv)  # no vllm and no GPU: the Jobs command, before any input is read
 
     source = open_input(args)
     check_output_columns(source, args)

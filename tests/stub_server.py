@@ -75,6 +75,18 @@ def make_handler(stub: Stub):
             self.end_headers()
             self.wfile.write(body)
 
+        def route(self) -> str | None:
+            """The path under --path-prefix (a reverse proxy's); None (after a 404) outside it."""
+            if opts.foreign:  # some other web service on the port: a page for every path
+                self.reply(200, b"<html><body>It works!</body></html>", "text/html")
+                return None
+            if not opts.path_prefix:
+                return self.path
+            if self.path.startswith(opts.path_prefix + "/"):
+                return self.path[len(opts.path_prefix):]
+            self.reply(404, {"error": "not found"})
+            return None
+
         def authorized(self) -> bool:
             if not opts.api_key:
                 return True
@@ -84,20 +96,23 @@ def make_handler(stub: Stub):
             return False
 
         def do_GET(self):
-            if self.path == "/health":
+            path = self.route()
+            if path is None:
+                return
+            if path == "/health":
                 with stub.lock:
                     stub.first_health = stub.first_health or time.monotonic()
                 if time.monotonic() - stub.first_health < opts.health_delay:
                     self.reply(503, {"error": "starting"})
                 else:
                     self.reply(200, b"", "text/plain")
-            elif self.path == "/v1/models":
+            elif path == "/v1/models":
                 if self.authorized():
                     self.reply(200, {"object": "list", "data": [
                         {"id": opts.model, "object": "model", "max_model_len": opts.max_model_len}]})
-            elif self.path == "/version":
+            elif path == "/version":
                 self.reply(200, {"version": "stub-0"})
-            elif self.path == "/metrics":
+            elif path == "/metrics":
                 text = (f"vllm:num_requests_running{{model_name=\"{opts.model}\"}} {stub.running}\n"
                         f"vllm:num_requests_waiting{{model_name=\"{opts.model}\"}} 0\n"
                         f"vllm:kv_cache_usage_perc{{model_name=\"{opts.model}\"}} 0.1\n")
@@ -108,7 +123,10 @@ def make_handler(stub: Stub):
         def do_POST(self):
             length = int(self.headers.get("Content-Length", 0))
             raw = self.rfile.read(length)
-            if self.path != "/v1/chat/completions":
+            path = self.route()
+            if path is None:
+                return
+            if path != "/v1/chat/completions":
                 self.reply(404, {"error": "not found"})
                 return
             if not self.authorized():
@@ -225,10 +243,27 @@ def parse(argv=None):
                    help="every Nth answer says Content-Encoding: gzip over plain JSON")
     p.add_argument("--stop-delay", type=float, default=0.0,
                    help="on SIGTERM, take this many seconds to stop (an engine freeing a GPU)")
-    p.add_argument("--api-key")
+    p.add_argument("--api-key", default=os.environ.get("VLLM_API_KEY"),
+                   help="the key to require (default: VLLM_API_KEY, as vLLM reads it)")
+    p.add_argument("--path-prefix", default="", help="serve under this path, as behind a proxy")
+    p.add_argument("--foreign", action="store_true",
+                   help="answer every path with an HTML page: another web service on the port")
+    p.add_argument("--garbage", action="store_true",
+                   help="not HTTP at all: send a banner line and close, like an SSH server")
     p.add_argument("--request-log", help="append each request's fields (no image) as JSON lines")
     opts, _unknown = p.parse_known_args(argv)
     return opts
+
+
+def serve_garbage(opts) -> None:
+    import socket
+
+    with socket.create_server((opts.host, opts.port)) as listener:
+        print(f"stub (not HTTP) listening on {opts.host}:{opts.port}", flush=True)
+        while True:
+            connection, _ = listener.accept()
+            with connection:
+                connection.sendall(b"SSH-2.0-OpenSSH_9.6\r\n")
 
 
 def serve(opts) -> None:
@@ -243,6 +278,9 @@ def serve(opts) -> None:
             time.sleep(opts.stop_delay)
             os._exit(0)
         signal.signal(signal.SIGTERM, slow_stop)
+    if opts.garbage:
+        serve_garbage(opts)
+        return
     stub = Stub(opts)
     ThreadingHTTPServer.request_queue_size = 1024  # read by listen() in the constructor
     server = ThreadingHTTPServer((opts.host, opts.port), make_handler(stub))

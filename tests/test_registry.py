@@ -51,6 +51,7 @@ def test_entry_agrees_with_the_scripts_own_constants(script):
     else:  # a vendor tag that moves must say so (HPD-Parsing's only tag is latest-nvidia-gpu)
         assert module.IMAGE_TAG_MOVING == ("latest" in entry["image"].split(":")[-1])
     assert entry["flavor"] == module.DEFAULT_FLAVOR
+    assert entry["timeout"] == module.JOB_TIMEOUT
     assert entry["max_model_len"] == module.MAX_MODEL_LEN
     assert entry["max_tokens"] == module.DEFAULT_MAX_TOKENS
     assert entry["prefix_caching"] == module.PREFIX_CACHING
@@ -60,10 +61,12 @@ def test_entry_agrees_with_the_scripts_own_constants(script):
     jobs = meta.get("tool", {}).get("hf-jobs")
     if module.IMAGE_HAS_UV:
         assert jobs["image"] == entry["image"] and jobs["flavor"] == entry["flavor"]
+        assert jobs["timeout"] == entry["timeout"], "Jobs stop a job after 30 min otherwise"
         assert "HF_TOKEN" in jobs["secrets"]
     else:
         assert jobs is None, "an image without uv cannot serve `hf jobs uv run`: no table"
         assert entry["image"] in entry["run_command"] and "pip install -q uv" in entry["run_command"]
+        assert f"--timeout {entry['timeout']}" in entry["run_command"]
 
 
 @pytest.mark.parametrize("script", [s for s in ALL_SCRIPTS if load_script(s).IMAGE_HAS_UV])
@@ -76,6 +79,7 @@ def test_hf_jobs_dry_run_resolves_image_and_flavor_from_the_header(script):
     entry = ENTRIES[script]
     assert f"image    {entry['image']} (from script)" in run.stdout
     assert f"flavor   {entry['flavor']} (from script)" in run.stdout
+    assert f"timeout  {entry['timeout']} (from script)" in run.stdout
     assert "Job not submitted" in run.stdout
 
 

@@ -1,0 +1,367 @@
+"""Issue 16: the first minutes with a script. Arguments are checked before anything else, a run
+that cannot start says so at once with a Jobs command that runs as printed (checked through
+`hf jobs ... --dry-run`), the startup probe names what answers on the port, secrets stay out of
+command lines and records, the spawned server dies with the driver, --server keeps its path."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import (ALL_SCRIPTS, ROOT, SERVER_SCRIPTS, fake_vllm_env, free_port, load_output,
+                      load_script, run_script, wait_port, write_image_folder)
+
+OVIS = "ovis-ocr2-server.py"
+OFFLINE_SCRIPTS = [s for s in ALL_SCRIPTS if s not in SERVER_SCRIPTS]
+REGISTRY = {e["script"]: e for e in json.loads((ROOT / "models.json").read_text())["scripts"]}
+NO_VLLM = {"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": ""}
+TOKEN = "hf_SECRETtokenABCDEF123"
+KEY = "sk-SECRETkeyABCDEF123"
+HF = Path(sys.executable).parent / "hf"
+
+
+def nowhere() -> str:
+    return f"http://127.0.0.1:{free_port()}"
+
+
+def no_secret(*texts: str) -> None:
+    for text in texts:
+        assert TOKEN not in text and KEY not in text, text
+
+
+# ---- 1. arguments -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("extra, message", [
+    (["--part-rows", "0"], "--part-rows must be at least 1, got 0"),
+    (["--max-retries", "-1"], "--max-retries must be at least 0, got -1"),
+    (["--shard-index", "5", "--num-shards", "2"], "--shard-index must be in [0, 2)"),
+    (["--concurrency", "0"], "--concurrency must be at least 1"),
+    (["--request-timeout", "0"], "--request-timeout must be above 0"),
+    (["--serve-args", "--max-model-len 24q"], "'24q' is not a size"),
+    (["--serve-args", "--max-model-len 1.5K"], "no decimals with K"),
+    (["--serve-args", "--seed 'unbalanced"], "--serve-args cannot be split"),
+    (["--server", "ftp://host/x"], "is not an http(s) URL"),
+])
+def test_a_bad_argument_exits_2_at_once_naming_it(tmp_path, extra, message):
+    started = time.monotonic()
+    run = run_script(OVIS, "user/scans", "user/scans-ocr", "--server", nowhere(), *extra,
+                     env=NO_VLLM, timeout=60)
+    assert run.returncode == 2, run.stderr
+    assert message in run.stderr and "Traceback" not in run.stderr
+    assert "hf jobs" not in run.stderr  # refused before the server is even looked for
+    assert time.monotonic() - started < 10
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--batch-size", "0"], "--batch-size must be at least 1"),
+    (["--llm-kwargs", "[1, 2]"], "--llm-kwargs must be a JSON object"),
+    (["--llm-kwargs", "{nope"], "--llm-kwargs must be a JSON object"),
+])
+def test_an_offline_script_checks_its_own_arguments(extra, message):
+    run = run_script("ovis-ocr2.py", "user/scans", "user/out", *extra, env=NO_VLLM, timeout=60)
+    assert run.returncode == 2 and message in run.stderr and "Traceback" not in run.stderr
+
+
+@pytest.mark.parametrize("script", ALL_SCRIPTS)
+def test_no_abbreviation_slips_a_secret_past_redaction(script):
+    run = run_script(script, "user/scans", "user/out", "--hf-tok", TOKEN, env=NO_VLLM, timeout=60)
+    assert run.returncode == 2 and "unrecognized arguments: --hf-tok" in run.stderr
+    no_secret(run.stderr, run.stdout)
+
+
+def test_sizes_are_read_as_vllm_reads_them():
+    module = load_script(OVIS)
+    size = module.parse_vllm_size
+    assert size("24k") == 24_000 and size("24K") == 24_576 and size("25.6k") == 25_600
+    assert size("1m") == 1_000_000 and size("1M") == 1 << 20 and size("2G") == 2 << 30
+    assert size("32768") == 32768 and size(" 8192 ") == 8192
+    assert size("auto") is None and size("AUTO") is None and size("-1") is None
+    for bad in ("1.5K", "24q", "", "k", "-5", "1e4"):
+        with pytest.raises(ValueError):
+            size(bad)
+
+
+@pytest.mark.parametrize("max_len, fits", [("1k", False), ("24K", False), ("32K", True),
+                                           ("32768", True), ("auto", True)])
+def test_the_budget_of_a_server_to_spawn_is_checked_before_anything(max_len, fits):
+    run = run_script(OVIS, "user/scans", "user/out", "--server", nowhere(),
+                     "--serve-args", f"--max-model-len {max_len} --seed 1", env=NO_VLLM, timeout=60)
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    if fits:  # on to the next check: no vllm here
+        assert "no `vllm` command here" in run.stderr
+    else:
+        assert "every request would be refused" in run.stderr
+        assert not re.search(r"at most -\d", run.stderr)
+        assert "raise --max-model-len to at least 24740" in run.stderr
+
+
+def test_a_server_context_below_the_largest_page_never_suggests_a_negative_budget(
+        tmp_path, stub_server):
+    stub = stub_server("--max-model-len", "8000")
+    run = run_script(OVIS, "user/scans", "user/out", "--server", stub.url, timeout=60)
+    assert run.returncode == 2, run.stderr
+    assert "max_model_len 8000" in run.stderr and not re.search(r"at most -\d", run.stderr)
+    assert "The largest page alone needs 8356 prompt tokens" in run.stderr
+
+
+@pytest.mark.parametrize("script", [OVIS, "ovis-ocr2.py"])
+def test_without_vllm_a_hub_input_fails_fast_without_touching_the_hub(script):
+    """No vllm, no GPU, no network: the message comes before the Hub is asked for anything."""
+    started = time.monotonic()
+    run = run_script(script, "user/scans", "./scans-ocr", *(["--server", nowhere()] if
+                     script in SERVER_SCRIPTS else []), env=NO_VLLM, timeout=60)
+    elapsed = time.monotonic() - started
+    assert run.returncode == 2, run.stderr
+    assert "Traceback" not in run.stderr and "ConnectionError" not in run.stderr
+    assert "--timeout 4h" in run.stderr
+    assert elapsed < 5, elapsed
+
+
+# ---- 2. Jobs commands that run as printed --------------------------------------------------
+
+def printed_command(text: str) -> list[str]:
+    (line,) = [l.strip() for l in text.splitlines() if l.strip().startswith("hf jobs ")]
+    return shlex.split(line)  # what a shell makes of the pasted line
+
+
+def dry_run(words: list[str]) -> dict:
+    """`hf jobs ... --dry-run` of a printed command: the Job configuration it would submit."""
+    assert words[:2] == ["hf", "jobs"]
+    at = 4 if words[2] == "uv" else 3
+    run = subprocess.run([str(HF), *words[1:at], "--dry-run", *words[at:]], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1"})
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "Job not submitted" in run.stdout
+    config, key = {}, None
+    for line in run.stdout.splitlines():
+        match = re.match(r"^  (\S+)?\s+(.*)$", line)
+        if match:
+            key = match.group(1) or key
+            config.setdefault(key, []).append(match.group(2))
+    return {k: "\n".join(v) for k, v in config.items()}
+
+
+def check_job(config: dict, script: str, flavor: str | None = None) -> list[str]:
+    """The checks every printed command must pass; returns the script's arguments."""
+    entry, module = REGISTRY[script], load_script(script)
+    assert config["image"] == entry["image"]
+    assert config["flavor"].split()[0] == (flavor or entry["flavor"])
+    assert config["timeout"].split()[0] == entry["timeout"] == module.JOB_TIMEOUT
+    assert config["secrets"].startswith("HF_TOKEN=")
+    if module.IMAGE_HAS_UV:
+        assert config["script"] == script
+        args = shlex.split(config["args"])
+    else:
+        assert config["env"] == f"SCRIPT_URL=<raw URL of {script}>"
+        inner = shlex.split(config["command"])
+        assert inner[:2] == ["bash", "-lc"]
+        assert inner[2].startswith('pip install -q uv && uv run "$SCRIPT_URL" ')
+        args = shlex.split(inner[2].split('"$SCRIPT_URL" ', 1)[1])
+    for word in args:
+        assert word not in ("--server", "--hf-token", "--api-key", "--work-dir", "--no-spawn")
+        assert str(ROOT) not in word and "/tmp" not in word
+    no_secret(*config.values())
+    return args
+
+
+@pytest.mark.parametrize("script", ALL_SCRIPTS)
+def test_the_fail_fast_command_runs_as_printed(tmp_path, script):
+    module = load_script(script)
+    if script in OFFLINE_SCRIPTS and module.gpu_visible():
+        pytest.skip("a GPU is visible: the offline script would run")
+    write_image_folder(tmp_path / "scans", 1)
+    extra = ["--server", nowhere(), "--api-key", KEY,
+             "--serve-args", f"--hf-token {TOKEN} --max-num-seqs 8"] \
+        if script in SERVER_SCRIPTS else ["--llm-kwargs", json.dumps({"hf_token": TOKEN, "seed": 1})]
+    run = run_script(script, str(tmp_path / "scans"), str(tmp_path / "out"), "--hf-token", TOKEN,
+                     "--work-dir", str(tmp_path / "w"), "--max-samples", "3", *extra,
+                     env={**NO_VLLM, "ACCELERATOR": "gpu"}, timeout=60)
+    assert run.returncode == 2, run.stderr
+    no_secret(run.stderr)
+    args = check_job(dry_run(printed_command(run.stderr)), script)
+    assert args[:2] == ["<your-user>/<input-dataset>", "<your-user>/<output-dataset>"]
+    assert args[2:4] == ["--max-samples", "3"]
+    if script in SERVER_SCRIPTS:
+        assert args[4:] == ["--serve-args", "--max-num-seqs 8"]
+    else:
+        assert args[4:] == ["--llm-kwargs", '{"seed": 1}']
+    assert f"hf upload <your-user>/<input-dataset> {tmp_path / 'scans'} --repo-type dataset" \
+        in run.stderr
+    assert "OUTPUT must be a Hub dataset id" in run.stderr
+    assert "pages at the measured" in run.stderr or "no throughput was measured" in run.stderr
+    if not module.IMAGE_HAS_UV:
+        assert module.JOB_IMAGE in run.stderr.split("or locally:")[1]
+        assert "install vLLM" not in run.stderr and "pip install vllm" not in run.stderr
+
+
+def test_a_jobs_flavor_is_kept_and_a_hub_input_and_output_too():
+    run = run_script(OVIS, "user/scans", "user/scans-ocr", "--server", nowhere(), "--split", "test",
+                     env={**NO_VLLM, "JOB_FLAVOR": "a100-large", "ACCELERATOR": "gpu"}, timeout=60)
+    assert run.returncode == 2, run.stderr
+    args = check_job(dry_run(printed_command(run.stderr)), OVIS, flavor="a100-large")
+    assert args == ["user/scans", "user/scans-ocr", "--split", "test"]
+    assert "hf upload" not in run.stderr
+
+
+def test_the_cards_reproduce_command_runs_as_printed(tmp_path, stub_server):
+    stub = stub_server()
+    write_image_folder(tmp_path / "in", 2)
+    run = run_script(OVIS, str(tmp_path / "in"), str(tmp_path / "out"), "--server", stub.url,
+                     "--hf-token", TOKEN, "--serve-args", f"--api-key {KEY} --max-num-seqs 8",
+                     env={"ACCELERATOR": "gpu"})
+    assert run.returncode == 0, run.stderr
+    card = (tmp_path / "out" / "README.md").read_text()
+    block = card.split("Reproduce on Hugging Face Jobs:", 1)[1].split("```")[1]
+    args = check_job(dry_run(printed_command(block)), OVIS)
+    assert args == ["<your-user>/<input-dataset>", "<your-user>/<output-dataset>",
+                    "--serve-args", "--max-num-seqs 8"]
+    assert "hf upload <your-user>/<input-dataset>" in card
+    no_secret(card, run.stderr, "".join(load_output(tmp_path / "out")["inference_info"]))
+    info = json.loads(load_output(tmp_path / "out")["inference_info"][0])[0]
+    assert "--api-key" in info["serve_args"] and "***" in info["serve_args"]
+
+
+# ---- 3. the startup probe ------------------------------------------------------------------
+
+@pytest.mark.parametrize("stub_args, driver_args, code, message", [
+    (["--api-key", "right-key"], ["--api-key", "wrong-key"], 4, "refuses the API key (HTTP 401"),
+    (["--api-key", "right-key"], [], 4, "it wants one: pass --api-key"),
+    (["--foreign"], [], 2, "answers, but not as an OpenAI-compatible vLLM server"),
+    (["--garbage"], [], 2, "answers, but not as an HTTP server"),
+    ([], ["tls"], 2, "TLS failed"),
+])
+def test_the_probe_names_what_answers_at_once(tmp_path, stub_server, stub_args, driver_args,
+                                              code, message):
+    stub = stub_server(*stub_args)
+    url = stub.url.replace("http://", "https://") if driver_args == ["tls"] else stub.url
+    write_image_folder(tmp_path / "in", 2)
+    started = time.monotonic()
+    run = run_script(OVIS, str(tmp_path / "in"), str(tmp_path / "out"), "--server", url,
+                     *[a for a in driver_args if a != "tls"], timeout=60)
+    assert run.returncode == code, run.stderr
+    assert message in run.stderr and "Traceback" not in run.stderr
+    assert "waiting" not in run.stderr
+    assert time.monotonic() - started < 15
+    assert not (tmp_path / "out").exists()  # nothing read, nothing created
+    if not stub_args[:1] == ["--garbage"]:
+        assert stub.requests() == []
+
+
+def test_a_server_not_started_by_the_run_is_named_so_and_left_running(tmp_path, stub_server):
+    stub = stub_server()
+    write_image_folder(tmp_path / "in", 2)
+    run = run_script(OVIS, str(tmp_path / "in"), str(tmp_path / "out"), "--server", stub.url)
+    assert run.returncode == 0, run.stderr
+    assert f"already running at {stub.url}" in run.stderr
+    assert "not started by this run; it will be left running" in run.stderr
+    assert stub.process.poll() is None
+    wait_port(stub.port, timeout=2)
+
+
+# ---- 4. secrets ----------------------------------------------------------------------------
+
+def test_redaction_covers_secret_flags_nested_flags_and_token_values():
+    module = load_script(OVIS)
+    argv = ["in", "out", "--hf-token", "plain", f"--api-key={KEY}", "--serve-args",
+            f"--hf-token abc --api-key=def --seed {TOKEN} --max-num-seqs 8", "--llm-kwargs",
+            json.dumps({"api_key": "abc", "n": 1}), "--max-tokens", "10", f"--model={TOKEN}"]
+    out = module.redact_argv(argv)
+    assert out[:5] == ["in", "out", "--hf-token", "***", "--api-key=***"]
+    assert shlex.split(out[6]) == ["--hf-token", "***", "--api-key=***", "--seed", "***",
+                                   "--max-num-seqs", "8"]
+    assert json.loads(out[8]) == {"api_key": "***", "n": 1}
+    assert out[9:] == ["--max-tokens", "10", "--model=***"]
+    assert "plain" not in " ".join(out) and "def" not in out[6]
+
+
+def test_the_spawned_server_gets_its_secrets_through_the_environment(tmp_path):
+    port = free_port()
+    env = {**fake_vllm_env(tmp_path), "FAKE_VLLM_ENV_LOG": str(tmp_path / "env.log")}
+    write_image_folder(tmp_path / "in", 3)
+    run = run_script(OVIS, str(tmp_path / "in"), str(tmp_path / "out"),
+                     "--server", f"http://127.0.0.1:{port}", "--hf-token", TOKEN,
+                     "--serve-args", f"--api-key {KEY} --max-num-seqs 8", env=env)
+    assert run.returncode == 0, run.stderr  # the stub wants VLLM_API_KEY, the driver sent it
+    (command,) = (tmp_path / "fake-vllm.log").read_text().splitlines()
+    assert "--max-num-seqs 8" in command and "--api-key" not in command
+    no_secret(command, run.stderr, (tmp_path / "out" / "README.md").read_text(),
+              "".join(load_output(tmp_path / "out")["inference_info"]))
+    assert (tmp_path / "env.log").read_text().split() == [f"HF_TOKEN={TOKEN}", f"VLLM_API_KEY={KEY}"]
+
+
+# ---- 5. the spawned server dies with the driver --------------------------------------------
+
+def stub_processes(port: int) -> list:
+    import psutil
+
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        words = proc.info["cmdline"] or []
+        if any(w.endswith("stub_server.py") for w in words) and str(port) in words:
+            found.append(proc)
+    return found
+
+
+def test_a_driver_killed_with_sigkill_takes_its_server_and_the_servers_children_along(tmp_path):
+    port = free_port()
+    env = {**os.environ, **fake_vllm_env(tmp_path, stub_args="--latency 0.5")}
+    write_image_folder(tmp_path / "in", 40)
+    driver = subprocess.Popen(
+        [sys.executable, str(ROOT / OVIS), str(tmp_path / "in"), str(tmp_path / "out"),
+         "--server", f"http://127.0.0.1:{port}", "--concurrency", "2"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_port(port, timeout=60)
+        assert stub_processes(port)  # the fake `vllm` (bash) runs the stub as its child
+        driver.kill()
+        driver.wait(timeout=10)
+        deadline = time.monotonic() + 15
+        while stub_processes(port) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not stub_processes(port), "the server outlived its driver"
+        with pytest.raises(TimeoutError):
+            wait_port(port, timeout=0.5)
+    finally:
+        for proc in stub_processes(port):
+            proc.kill()
+
+
+# ---- 6. --server with a path ---------------------------------------------------------------
+
+@pytest.mark.parametrize("url, base", [
+    ("http://host:9000", "http://host:9000"),
+    ("http://host:9000/", "http://host:9000"),
+    ("http://host:9000/v1", "http://host:9000"),
+    ("https://proxy.example/team/ocr", "https://proxy.example/team/ocr"),
+    ("https://proxy.example/team/ocr/v1/", "https://proxy.example/team/ocr"),
+    ("127.0.0.1:8000", "http://127.0.0.1:8000"),
+])
+def test_server_urls_keep_their_path_prefix(url, base):
+    assert load_script(OVIS).server_url_parts(url)[0] == base
+
+
+@pytest.mark.parametrize("suffix", ["/proxy", "/proxy/v1"])
+def test_a_server_behind_a_path_prefix_is_used(tmp_path, stub_server, suffix):
+    stub = stub_server("--path-prefix", "/proxy")
+    write_image_folder(tmp_path / "in", 2)
+    run = run_script(OVIS, str(tmp_path / "in"), str(tmp_path / "out"), "--server",
+                     stub.url + suffix)
+    assert run.returncode == 0, run.stderr
+    assert load_output(tmp_path / "out").num_rows == 2 and len(stub.requests()) == 2
+
+
+def test_the_registrys_hpd_command_runs_as_printed():
+    entry = REGISTRY["hpd-parsing-saturate.py"]
+    words = shlex.split(entry["run_command"].replace("INPUT OUTPUT", "user/in user/out"))
+    args = check_job(dry_run(words), "hpd-parsing-saturate.py")
+    assert args == ["user/in", "user/out"]
