@@ -636,8 +636,8 @@ class DegenerateCheck:
         self.tripped = False
         self.done = not self.enabled
 
-    def settled(self) -> bool:
-        return self.done
+    def passed(self) -> bool:
+        return self.done and not self.tripped
 
     def observe(self, text: str | None) -> None:
         if self.done:
@@ -2685,7 +2685,7 @@ async def run_server_pipeline(source: InputSource, pending: list[int], writer: P
                     if check.tripped:
                         return
                 writer.add(index, result)
-                if check.settled() and not writer.checked:
+                if check.passed() and not writer.checked:
                     writer.check_passed()
                 stats.record(result, latency)
                 bar.update(1)
@@ -2880,7 +2880,7 @@ def run_server_script(doc: str, argv: list[str] | None = None, hub_api=None) -> 
     server = ServerManager(args, argv, store.meta / "logs")
     check = DegenerateCheck(not args.no_sanity_check and not plan.earlier_ok, args.sanity_pages,
                             len(pending))
-    if check.settled():
+    if check.passed():
         writer.check_passed()
     controller = None
     if SCRIPT_SHAPE == "saturate":

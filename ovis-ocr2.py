@@ -576,8 +576,8 @@ class DegenerateCheck:
         self.tripped = False
         self.done = not self.enabled
 
-    def settled(self) -> bool:
-        return self.done
+    def passed(self) -> bool:
+        return self.done and not self.tripped
 
     def observe(self, text: str | None) -> None:
         if self.done:
@@ -1930,7 +1930,7 @@ def run_offline(source: InputSource, pending: list[int], writer: PartWriter, sta
                 if result.error is None:
                     check.observe(result.text)
                 writer.add(index, result)
-                if check.settled() and not writer.checked:
+                if check.passed() and not writer.checked:
                     writer.check_passed()
                 stats.record(result, latency if result.error is None else None)
             bar.update(len(prepared))
@@ -1996,7 +1996,7 @@ def run_offline_script(doc: str, argv: list[str] | None = None, hub_api=None) ->
     writer = PartWriter(store, source, plan, output_features(source, args), info_entry, args)
     check = DegenerateCheck(not args.no_sanity_check and not plan.earlier_ok, args.sanity_pages,
                             len(pending))
-    if check.settled():
+    if check.passed():
         writer.check_passed()
     recovered = f", {len(plan.recovered)} recovered from the journal" if plan.recovered else ""
     log(f"{len(pending)} of {stats.rows_total} rows to do ({stats.rows_skipped} already done"

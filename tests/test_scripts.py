@@ -253,4 +253,4 @@ def test_api_server_count_only_where_it_was_measured(script, cpus, monkeypatch):
 def test_the_printed_jobs_command_carries_a_timeout(script):
     """MODEL-FACTS.md, "Rules for every OCR model": Jobs stop after 30 minutes without one."""
     module = load_script(script)
-    assert f"--timeout {module.JOBS_TIMEOUT} " in module.reproduce_command(["in", "out"])
+    assert f"--timeout {module.JOB_TIMEOUT} " in module.reproduce_command(["in", "out"])
