@@ -111,15 +111,23 @@ def bench_driver_cost(work: Path) -> None:
     stub, url, _ = start_stub("--no-decode", model=module.MODEL_ID)
     try:
         results = {"ours": [], "reference": []}
+        drivers = {"ours": ROOT / script}
+        if BASELINE:  # the same script at another commit, measured in the same run
+            before = work / "before" / script
+            before.parent.mkdir()
+            before.write_bytes(subprocess.run(["git", "-C", str(ROOT), "show", f"{BASELINE}:{script}"],
+                                              capture_output=True, check=True).stdout)
+            drivers["before"], results["before"] = before, []
         for attempt in range(3):  # interleaved, medians: the machine is noisy
-            out = work / f"out-{attempt}"
-            wall, cpu, run = timed_run([sys.executable, str(ROOT / script), str(mix), str(out),
-                                        "--server", url, "--no-sanity-check", "--concurrency", "32"])
-            assert run.returncode == 0, run.stderr[-2000:]
-            _, cpu1, run1 = timed_run([sys.executable, str(ROOT / script), str(one), str(out) + "-1",
-                                       "--server", url, "--no-sanity-check"])
-            assert run1.returncode == 0, run1.stderr[-2000:]
-            results["ours"].append((wall, cpu, cpu1))
+            for arm, driver in drivers.items():
+                out = work / f"out-{arm}-{attempt}"
+                wall, cpu, run = timed_run([sys.executable, str(driver), str(mix), str(out),
+                                            "--server", url, "--no-sanity-check", "--concurrency", "32"])
+                assert run.returncode == 0, run.stderr[-2000:]
+                _, cpu1, run1 = timed_run([sys.executable, str(driver), str(one), str(out) + "-1",
+                                           "--server", url, "--no-sanity-check"])
+                assert run1.returncode == 0, run1.stderr[-2000:]
+                results[arm].append((wall, cpu, cpu1))
             wall, cpu, run = timed_run([sys.executable, str(ROOT / "benchmarks" / "reference_driver.py"),
                                         str(mix), url, module.MODEL_ID, str(out) + "-ref.parquet"])
             assert run.returncode == 0, run.stdout + run.stderr[-2000:]
@@ -146,6 +154,10 @@ def bench_driver_cost(work: Path) -> None:
     note("driver-cost", "whole process CPU s/page, mix, median of 3: ours | reference",
          f"{per_page['ours']:.3f} | {per_page['reference']:.3f} = {ratio:.2f}x less")
     note("driver-cost", "pages/s incl. start-up: ours | reference", f"{rate['ours']:.1f} | {rate['reference']:.1f}")
+    if BASELINE:
+        note("driver-cost", f"whole process CPU s/page, mix, median of 3: ours | at {BASELINE}",
+             f"{per_page['ours']:.3f} | {per_page['before']:.3f} = "
+             f"{per_page['ours'] / per_page['before']:.0%} (target <= 110%)")
     note("driver-cost", "pages sent bit-exact (no re-encode)", f"{passthrough}/{n}")
 
 
@@ -581,21 +593,24 @@ SECTIONS = {"driver-cost": bench_driver_cost, "memory": bench_memory, "startup":
             "shapes": bench_shapes}
 NEEDS_ENGINE = {"ceiling", "shapes", "scale-out"}
 ROUNDS = 4
+BASELINE = None  # a git ref: driver-cost measures the script at that commit too
 WARM_UP = 2  # untimed pre-encoded passes per script before the ceiling's rounds
 
 
 def main() -> int:
     import argparse
 
-    global ROUNDS
+    global ROUNDS, BASELINE
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("sections", nargs="*", metavar="SECTION",
                         help=f"some of: {', '.join(SECTIONS)} (default: all)")
+    parser.add_argument("--baseline", metavar="GIT_REF",
+                        help="driver-cost also measures ovis-ocr2-server.py at this commit")
     parser.add_argument("--rounds", type=int, default=ROUNDS,
                         help=f"alternating rounds per script in `ceiling` (default: {ROUNDS})")
     options = parser.parse_args()
-    ROUNDS = options.rounds
+    ROUNDS, BASELINE = options.rounds, options.baseline
     unknown = [name for name in options.sections if name not in SECTIONS]
     if unknown:
         parser.error(f"unknown section(s) {', '.join(unknown)}; choose from {', '.join(SECTIONS)}")
