@@ -39,6 +39,15 @@ def journal_rows(out: Path) -> int:
     return sum(len(p.read_text().splitlines()) for p in (out / ".ocr" / "journal").rglob("*.jsonl"))
 
 
+def rows_only_in_journal(out: Path) -> set[int]:
+    rows = {json.loads(line)["row"] for p in (out / ".ocr" / "journal").rglob("*.jsonl")
+            for line in p.read_text().splitlines() if line.endswith("}")}
+    for part in (out / "data").glob("part-*.parquet"):
+        start, stop = part.stem.split("-")[1:]
+        rows -= set(range(int(start), int(stop)))
+    return rows
+
+
 def part_rows(out: Path) -> int:
     total = 0
     for part in (out / "data").glob("part-*.parquet"):
@@ -367,3 +376,79 @@ def test_load_dataset_returns_the_current_rows_after_a_resume_and_for_same_named
     assert load_output(other).num_rows == 2 and load_output(out).num_rows == 6
     assert {p.name for p in out.iterdir()} == {"data", "README.md", ".ocr"}
     assert "configs:" not in (out / "README.md").read_text()
+
+
+# ---- the offline scripts share the write path: the same faults, with a fake vllm.LLM ----------
+
+FAKE_VLLM_PY = ROOT / "tests" / "fake_vllm_py"
+
+
+def offline_env(tmp_path: Path, batch_seconds: float = 0.0, content: str | None = None) -> dict:
+    env = {"PYTHONPATH": f"{FAKE_VLLM_PY}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+           "FAKE_LLM_BATCH_SECONDS": str(batch_seconds), "FAKE_LLM_LOG": str(tmp_path / "llm.log")}
+    if content is not None:
+        env["FAKE_LLM_CONTENT"] = content
+    return env
+
+
+def fake_pages_sent(tmp_path: Path) -> int:
+    log = tmp_path / "llm.log"
+    return sum(int(n) for n in log.read_text().split()) if log.exists() else 0
+
+
+def test_offline_kill_9_loses_no_finished_batch_and_sigterm_saves(tmp_path):
+    paths = write_image_folder(tmp_path / "in", 24)
+    out = tmp_path / "out"
+    args = [sys.executable, str(ROOT / "ovis-ocr2.py"), str(tmp_path / "in"), str(out),
+            "--batch-size", "4"]
+    env = {**os.environ, **offline_env(tmp_path, batch_seconds=0.5)}
+    driver = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                              text=True)
+    wait_for(lambda: journal_rows(out) >= 8, process=driver)
+    driver.kill()
+    driver.wait()
+    journaled = rows_only_in_journal(out)
+    done = len(journaled) + part_rows(out)
+    assert done >= 8
+    sent_before = fake_pages_sent(tmp_path)
+    driver = subprocess.Popen(args + ["--stats-json", str(tmp_path / "s.json")], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: fake_pages_sent(tmp_path) >= sent_before + 4, process=driver)
+    driver.send_signal(signal.SIGTERM)
+    _, stderr = driver.communicate(timeout=60)
+    assert driver.returncode == 143, stderr
+    assert "saved:" in stderr
+    stats = stats_of(tmp_path / "s.json")
+    assert stats["rows_recovered"] == len(journaled)  # written without being generated again
+    saved = load_output(out)
+    assert saved.num_rows >= done + 4 and saved["markdown_error"] == [None] * saved.num_rows
+    run = run_script("ovis-ocr2.py", *args[2:], env=offline_env(tmp_path))
+    assert run.returncode == 0, run.stderr
+    assert fake_pages_sent(tmp_path) <= 24 + 4  # at most one batch in flight was sent twice
+    ds = load_output(out)
+    assert ds["file_name"] == [p.name for p in paths]
+    assert all(t.startswith("# Page ") for t in ds["markdown"])
+
+
+def test_offline_a_clean_up_that_raises_is_that_rows_error(tmp_path, monkeypatch):
+    write_image_folder(tmp_path / "in", 6)
+    module = load_script("lighton-ocr3.py")
+    for name, value in offline_env(tmp_path).items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.syspath_prepend(str(FAKE_VLLM_PY))
+    calls = []
+
+    def flaky(text, args):
+        calls.append(text)
+        if len(calls) == 2:
+            raise OverflowError("int too large to convert")
+        return text, {}
+
+    monkeypatch.setattr(module, "postprocess", flaky)
+    argv = [str(tmp_path / "in"), str(tmp_path / "out"), "--no-sanity-check",
+            "--stats-json", str(tmp_path / "s.json")]
+    assert module.main(argv) == 0
+    ds = load_output(tmp_path / "out")
+    errors = [e for e in ds["markdown_error"] if e]
+    assert len(errors) == 1 and "post-processing failed: OverflowError" in errors[0]
+    assert stats_of(tmp_path / "s.json")["rows_failed"] == 1
