@@ -43,6 +43,16 @@ def page_text(image_bytes: bytes, decode: bool) -> tuple[str | None, str | None]
     return f"# Page {w}x{h}\n\nmean colour {r},{g},{b}; digest {digest}.", None
 
 
+def elide_images(messages):
+    """The messages as sent, each image's data URL cut to its header (the log stays small)."""
+    out = json.loads(json.dumps(messages))
+    for message in out or []:
+        for part in message.get("content") or []:
+            if isinstance(part, dict) and part.get("type") == "image_url":
+                part["image_url"]["url"] = part["image_url"]["url"].split(",", 1)[0] + ",..."
+    return out
+
+
 class Stub:
     def __init__(self, opts):
         self.opts = opts
@@ -136,7 +146,9 @@ def make_handler(stub: Stub):
             if stub.log:
                 with stub.lock:
                     stub.log.write(json.dumps({k: v for k, v in request.items() if k != "messages"}
-                                              | {"texts": text_parts, "n": n, "t": time.time()}) + "\n")
+                                              | {"texts": text_parts, "n": n, "t": time.time(),
+                                                 "messages": elide_images(request.get("messages"))})
+                                   + "\n")
                     stub.log.flush()
             if image_b64 is None:
                 self.reply(400, {"error": "no image in the request"})
