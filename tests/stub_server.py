@@ -59,8 +59,17 @@ class Stub:
         self.lock = threading.Lock()
         self.requests = 0
         self.running = 0
+        self.waiting = 0  # admitted past --capacity's limit: queued, as vLLM's scheduler would
+        self.slots = threading.Condition(self.lock)
         self.first_health = None  # --health-delay counts from the first probe
         self.log = open(opts.request_log, "a") if opts.request_log else None
+
+    def capacity(self, n: int) -> float:
+        """Requests that may run at once when request n arrives (--capacity, --capacity-after)."""
+        after, _, then = (self.opts.capacity_after or "").partition(":")
+        if after and self.requests > int(after):
+            return int(then)
+        return self.opts.capacity or float("inf")
 
     def count(self) -> int:
         with self.lock:
@@ -109,7 +118,7 @@ def make_handler(stub: Stub):
                 self.reply(200, {"version": "stub-0"})
             elif self.path == "/metrics":
                 text = (f"vllm:num_requests_running{{model_name=\"{opts.model}\"}} {stub.running}\n"
-                        f"vllm:num_requests_waiting{{model_name=\"{opts.model}\"}} 0\n"
+                        f"vllm:num_requests_waiting{{model_name=\"{opts.model}\"}} {stub.waiting}\n"
                         f"vllm:kv_cache_usage_perc{{model_name=\"{opts.model}\"}} 0.1\n")
                 self.reply(200, text.encode(), "text/plain")
             else:
@@ -157,7 +166,7 @@ def make_handler(stub: Stub):
                 self.reply(500, {"error": "injected failure"})
                 return
             if opts.fail_every and n % opts.fail_every == 0:
-                self.reply(503, {"error": "injected overload"})
+                self.reply(opts.fail_status, {"error": "injected overload"})
                 return
             if n <= opts.hang_first:
                 time.sleep(opts.hang_seconds)
@@ -169,13 +178,17 @@ def make_handler(stub: Stub):
             if error:
                 self.reply(500, {"error": error})
                 return
-            with stub.lock:
+            with stub.slots:  # at most `capacity` run at once; the rest wait, and are counted
+                stub.waiting += 1
+                stub.slots.wait_for(lambda: stub.running < stub.capacity(n))
+                stub.waiting -= 1
                 stub.running += 1
             try:
                 time.sleep(opts.latency)
             finally:
-                with stub.lock:
+                with stub.slots:
                     stub.running -= 1
+                    stub.slots.notify_all()
             if opts.degenerate:
                 text = "a" * 64
             max_tokens = int(request.get("max_tokens") or 16)
@@ -207,6 +220,13 @@ def parse(argv=None):
     p.add_argument("--start-when", help="bind the port only once this file exists (a booting server)")
     p.add_argument("--reject-digest", action="append", default=[],
                    help="answer 400 to pages whose sha1 starts so")
+    p.add_argument("--capacity", type=int, default=0,
+                   help="at most N requests run at once; the others wait, and /metrics reports "
+                        "them as vllm:num_requests_waiting (default: no limit)")
+    p.add_argument("--capacity-after", help="K:M: from request K+1 on, the capacity is M (an "
+                   "engine that slows down mid-run)")
+    p.add_argument("--fail-status", type=int, default=503,
+                   help="the status --fail-every answers with (default: 503; 429: rate limited)")
     p.add_argument("--degenerate", action="store_true", help="answer every page with 'aaaa...'")
     p.add_argument("--no-decode", action="store_true", help="do not decode images (cheap)")
     p.add_argument("--api-key")
