@@ -212,24 +212,46 @@ def test_resume_after_a_kill_skips_written_rows_without_redoing_them(tmp_path, s
 
 
 def test_sharded_runs_write_disjoint_parts_of_one_output(tmp_path, stub_server):
+    """Each shard sends its own contiguous range of rows, and only those (the stub's answers
+    name the page it received); run out of order, the shared OUTPUT holds exactly the shards
+    done so far, and at the end every row once, in order."""
     stub = stub_server()
     paths = write_image_folder(tmp_path / "in", 17)
-    for shard in range(3):
+    ranges = {0: range(0, 5), 1: range(5, 11), 2: range(11, 17)}  # 17 * i // 3
+    done: list[int] = []
+    for shard in (2, 0, 1):
+        sent_before = len(stub.requests())
+        stats = tmp_path / f"stats-{shard}.json"
         run = run_script(OVIS, str(tmp_path / "in"), str(tmp_path / "out"),
-                         *common(stub, "--num-shards", "3", "--shard-index", str(shard)))
+                         *common(stub, "--num-shards", "3", "--shard-index", str(shard),
+                                 "--stats-json", str(stats)))
         assert run.returncode == 0, run.stderr
-    ds = load_output(tmp_path / "out")
-    assert ds["file_name"] == [p.name for p in paths]
+        result = json.loads(stats.read_text())
+        assert result["rows_total"] == result["rows_ok"] == len(ranges[shard]), (shard, result)
+        assert len(stub.requests()) - sent_before == len(ranges[shard])
+        done = sorted(done + list(ranges[shard]))
+        ds = load_output(tmp_path / "out")
+        assert ds["file_name"] == [paths[i].name for i in done], shard
+        assert ds["markdown"] == [expected_text(paths[i].read_bytes()) for i in done], shard
+    assert done == list(range(17))
 
 
 def test_max_samples_and_shuffle(tmp_path, stub_server):
+    """--seed decides the order: the same seed gives the same rows in the same order, another
+    seed another order."""
     stub = stub_server()
     write_image_folder(tmp_path / "in", 12)
-    run = run_script(OVIS, str(tmp_path / "in"), str(tmp_path / "out"),
-                     *common(stub, "--shuffle", "--seed", "3", "--max-samples", "5"))
-    assert run.returncode == 0, run.stderr
-    names = load_output(tmp_path / "out")["file_name"]
-    assert len(names) == 5 and names != sorted(names)
+
+    def names(seed: int, out: str) -> list[str]:
+        run = run_script(OVIS, str(tmp_path / "in"), str(tmp_path / out),
+                         *common(stub, "--shuffle", "--seed", str(seed), "--max-samples", "5"))
+        assert run.returncode == 0, run.stderr
+        return load_output(tmp_path / out)["file_name"]
+
+    first, again, other = names(3, "a"), names(3, "b"), names(4, "c")
+    assert len(first) == 5 and first != sorted(first)
+    assert again == first, "the same seed must give the same sample"
+    assert other != first, "--seed was ignored"
 
 
 @pytest.mark.parametrize("fault, expect_ok", [
