@@ -1355,7 +1355,7 @@ async def send_page(client, server: ServerManager, body: bytes, args) -> RowResu
             await server.recover(client)  # raises RunAborted when the server is gone for good
             continue
         except httpx.TimeoutException:
-            last_error = f"timed out after {args.request_timeout:.0f} s"
+            last_error = f"timed out after {args.request_timeout:g} s"
         else:
             if response.status_code == 200:
                 try:

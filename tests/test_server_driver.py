@@ -291,7 +291,7 @@ def test_timeouts_that_never_end_become_error_rows(tmp_path, stub_server):
                      *common(stub, "--request-timeout", "0.5", "--max-retries", "1"))
     assert run.returncode == 0, run.stderr
     ds = load_output(tmp_path / "out")
-    assert all("timed out" in e for e in ds["markdown_error"])
+    assert all("timed out after 0.5 s" in e for e in ds["markdown_error"]), ds["markdown_error"]
 
 
 def test_a_remote_server_that_stays_down_ends_the_run_with_finished_rows_saved(tmp_path, stub_server):
