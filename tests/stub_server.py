@@ -191,6 +191,8 @@ def make_handler(stub: Stub):
                     stub.slots.notify_all()
             if opts.degenerate:
                 text = "a" * 64
+            elif opts.answer_file:  # a model's own output shape (grounding markers, blocks)
+                text = open(opts.answer_file, encoding="utf-8").read()
             max_tokens = int(request.get("max_tokens") or 16)
             self.reply(200, {
                 "id": f"stub-{n}", "object": "chat.completion", "model": opts.model,
@@ -227,6 +229,7 @@ def parse(argv=None):
                    "engine that slows down mid-run)")
     p.add_argument("--fail-status", type=int, default=503,
                    help="the status --fail-every answers with (default: 503; 429: rate limited)")
+    p.add_argument("--answer-file", help="answer every page with this file's text")
     p.add_argument("--degenerate", action="store_true", help="answer every page with 'aaaa...'")
     p.add_argument("--no-decode", action="store_true", help="do not decode images (cheap)")
     p.add_argument("--api-key")
