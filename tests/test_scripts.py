@@ -67,21 +67,34 @@ def test_sync_tool_detects_and_repairs_a_drifted_copy(tmp_path):
 
 
 @pytest.mark.parametrize("script", ALL_SCRIPTS)
-def test_prefix_caching_is_off_everywhere_but_hpd(script):
+def test_the_official_ocr_flags_everywhere_but_hpd(script):
+    """The README: every script uses --no-enable-prefix-caching, --mm-processor-cache-gb 0 and
+    --limit-mm-per-prompt '{"image": 1}' (offline: the vllm.LLM arguments), but HPD-Parsing,
+    which keeps its vendor's command: prefix caching on, no multimodal-cache flag."""
     module = load_script(script)
     flags = list(getattr(module, "SERVE_ARGS", []))
-    llm = getattr(module, "LLM_KWARGS", {})
+    llm = getattr(module, "LLM_KWARGS", None)
+
+    def value(flag):
+        return flags[flags.index(flag) + 1] if flag in flags else None
+
+    if flags:
+        assert json.loads(value("--limit-mm-per-prompt")) == {"image": 1}
     if script.startswith("hpd-parsing"):
         # HPD's children reuse the parent's prefix KV (hit rate 52.9% on 5 pages): keep it on
         assert module.PREFIX_CACHING is True
         assert "--enable-prefix-caching" in flags and "--no-enable-prefix-caching" not in flags
+        assert "--mm-processor-cache-gb" not in flags
+        readme = (ROOT / "README.md").read_text()
+        assert "does not set `--mm-processor-cache-gb`" in readme
+    elif llm is not None:
+        assert module.PREFIX_CACHING is False
+        assert llm["enable_prefix_caching"] is False and llm["mm_processor_cache_gb"] == 0
+        assert llm["limit_mm_per_prompt"] == {"image": 1}
     else:
         assert module.PREFIX_CACHING is False
-        assert "--enable-prefix-caching" not in flags
-        if flags:
-            assert "--no-enable-prefix-caching" in flags
-        if llm:
-            assert llm.get("enable_prefix_caching") is False
+        assert "--no-enable-prefix-caching" in flags and "--enable-prefix-caching" not in flags
+        assert value("--mm-processor-cache-gb") == "0"
 
 
 def telemetry_rows(stats: Path) -> list[dict]:
