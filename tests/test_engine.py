@@ -239,8 +239,7 @@ def test_deepseek_ngram_processor_and_vllm_xargs_reach_the_engine(engine, tmp_pa
     try:
         server.wait()
         args = types.SimpleNamespace(max_tokens=64, prompt=None, prompt_mode="free")
-        page = deepseek.PreparedPage(page_image(7, size=(448, 448), fmt="JPEG"), "image/jpeg",
-                                     448, 448, True)
+        page = deepseek.prepare_page(page_image(7, size=(448, 448), fmt="JPEG"))
 
         def ask(xargs) -> str:
             body = json.loads(deepseek.request_body(page, str(tiny_model("qwen3_5_flat")), args))

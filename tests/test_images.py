@@ -33,27 +33,24 @@ def test_rgb_jpeg_within_bounds_is_sent_byte_for_byte():
     assert page.passthrough and page.data == raw and page.mime == "image/jpeg"
 
 
-def test_a_page_sent_as_it_is_is_prepared_on_the_event_loop_without_decoding(monkeypatch):
+def test_a_complete_jpeg_that_needs_no_change_is_sent_without_decoding(monkeypatch):
+    """The README: a complete JPEG that needs no change is sent without being decoded."""
     raw = page_image(1, fmt="JPEG")
     from PIL import ImageFile
     monkeypatch.setattr(ImageFile.ImageFile, "load", lambda self: pytest.fail("decoded a pixel"))
-    page = ovis.prepare_page_inline({"bytes": raw, "path": None})
+    page = ovis.prepare_page({"bytes": raw, "path": None})
     assert page.passthrough and page.data == raw
 
 
-@pytest.mark.parametrize("cell", [
-    {"bytes": None, "path": "/some/page.jpg"},  # a file to read: that is the pool's job
-    page_image(3, size=(4000, 5000), fmt="JPEG"),  # must shrink
-    page_image(4, fmt="JPEG")[:3000],  # no end-of-image marker: decoding must tell
-    encode(Image.new("L", (200, 300), 128), "PNG"),  # grayscale: to RGB
-])
-def test_pages_that_need_work_are_left_to_the_pool(cell):
-    assert ovis.prepare_page_inline(cell) is None
+def test_a_page_given_as_a_file_path_is_read_and_sent_like_its_bytes(tmp_path):
+    raw = page_image(3, fmt="JPEG")
+    (tmp_path / "page.jpg").write_bytes(raw)
+    page = ovis.prepare_page({"bytes": None, "path": str(tmp_path / "page.jpg")})
+    assert page.passthrough and page.data == raw and page.mime == "image/jpeg"
 
 
-def test_a_jpeg_with_bytes_after_its_end_is_decoded_to_check_and_sent_as_it_is():
+def test_a_jpeg_with_bytes_after_its_end_is_checked_and_sent_as_it_is():
     raw = page_image(1, fmt="JPEG") + b"scanner trailer"
-    assert ovis.prepare_page_inline(raw) is None
     page = ovis.prepare_page(raw)
     assert page.passthrough and page.data == raw
 
@@ -204,7 +201,7 @@ def test_request_body_splices_the_page_exactly(script):
 
     module = load_script(script)
     raw = page_image(7, fmt="JPEG")
-    page = module.PreparedPage(raw, "image/jpeg", 640, 820, True)
+    page = module.prepare_page(raw)  # sent as it is: the same bytes
 
     import types
 
