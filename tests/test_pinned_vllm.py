@@ -16,15 +16,12 @@ checked by name against the release's request model, then validated by it.
 from __future__ import annotations
 
 import json
-import os
-import sys
-from pathlib import Path
 
 import pytest
 
 import engine_env
 import pinned_vllm
-from conftest import (ALL_SCRIPTS, ROOT, TESTS, fake_vllm_env, free_port, load_script,
+from conftest import (ALL_SCRIPTS, TESTS, fake_vllm_env, free_port, load_script,
                       run_script, write_image_folder)
 from engine import REQUIRE_ENGINE, engine_or_skip, vllm_check
 
@@ -103,11 +100,12 @@ def captured(tmp_path_factory) -> dict:
         assert run.returncode == 0, run.stderr[-3000:]
         calls = {c["call"]: c for c in map(json.loads, (tmp / "calls.jsonl").read_text().splitlines())}
         out[script] = {"llm": calls["LLM"]["kwargs"], "sampling": calls["SamplingParams"]["kwargs"],
-                       "chat": {k: v for k, v in calls["chat"]["kwargs"].items()}}
+                       "chat": calls["chat"]["kwargs"]}
     return out
 
 
-def payload_for(release: str, captured: dict, later: bool = True) -> dict:
+def payload_for(release: str, captured: dict) -> dict:
+    """The release's scripts' captured calls, and the negative controls."""
     serve, request, offline = {}, {}, {}
     for script in SERVER:
         if pinned_vllm.release_of(load_script(script)) != release:
@@ -122,16 +120,15 @@ def payload_for(release: str, captured: dict, later: bool = True) -> dict:
     for script in OFFLINE:
         if pinned_vllm.release_of(load_script(script)) == release:
             offline[script] = captured[script]
-    if later:
-        base_request = next(iter(request.values()), None) or captured[SERVER[0]]["request"]
-        base_argv = next(iter(serve.values()), None) or captured[SERVER[0]]["argv"]
-        serve["bogus"] = [*base_argv, "--no-such-flag", "1"]
-        serve["later"] = [*base_argv, *LATER[release]["flag"]]
-        request["bogus"] = {**base_request, "no_such_field": 1}
-        request["later"] = {**base_request, **LATER[release]["field"]}
-        offline["later"] = {"llm": {"max_model_len": 8192, **LATER[release]["llm"]},
-                            "sampling": {"temperature": 0.0}, "chat": {}}
-        offline["bogus sampling"] = {"llm": {}, "sampling": {"no_such_field": 1}, "chat": {}}
+    base_request = next(iter(request.values()), None) or captured[SERVER[0]]["request"]
+    base_argv = next(iter(serve.values()), None) or captured[SERVER[0]]["argv"]
+    serve["bogus"] = [*base_argv, "--no-such-flag", "1"]
+    serve["later"] = [*base_argv, *LATER[release]["flag"]]
+    request["bogus"] = {**base_request, "no_such_field": 1}
+    request["later"] = {**base_request, **LATER[release]["field"]}
+    offline["later"] = {"llm": {"max_model_len": 8192, **LATER[release]["llm"]},
+                        "sampling": {"temperature": 0.0}, "chat": {}}
+    offline["bogus sampling"] = {"llm": {}, "sampling": {"no_such_field": 1}, "chat": {}}
     return {"serve-args": serve, "request": request, "offline": offline}
 
 
