@@ -155,6 +155,9 @@ def test_serve_command_parses_with_the_pinned_release(engine, captured, script):
     release = pinned_vllm.release_of(module)
     result = results_for(release, captured)["serve-args"][script]
     assert result["ok"], f"{script}: vLLM {release} (its image's) refuses its serve command: {result['error']}"
+    for flag in FORK_ONLY_FLAGS.get(script, {}):
+        refused = results_for(release, captured)["serve-args"][f"{script} fork-only {flag}"]
+        assert not refused["ok"], f"upstream {release} accepts {flag}: it is not fork-only"
     values = result["values"]
     assert values["max_model_len"] == module.MAX_MODEL_LEN
     assert values["enable_prefix_caching"] is module.PREFIX_CACHING
@@ -162,9 +165,6 @@ def test_serve_command_parses_with_the_pinned_release(engine, captured, script):
     if script.startswith("hpd-parsing"):
         assert values["speculative_config"]["method"] == "medusa"
         assert "use_prefill_query_quantization=True" in values["attention_config"]
-    for flag in FORK_ONLY_FLAGS.get(script, {}):
-        refused = results_for(release, captured)["serve-args"][f"{script} fork-only {flag}"]
-        assert not refused["ok"], f"upstream {release} accepts {flag}: it is not fork-only"
 
 
 @pytest.mark.parametrize("script", SERVER)
