@@ -1841,12 +1841,15 @@ def finish_run(code: int, writer: PartWriter, check: DegenerateCheck, store: Out
 # build_messages(), sampling_kwargs(), VLLM_REQUIREMENT; the common block provides the rest.
 import base64
 import shutil
+import site
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
 
 for _extra_site in filter(None, os.environ.get("OCR_SCRIPT_EXTRA_SITE", "").split(os.pathsep)):
     if _extra_site not in sys.path:
-        sys.path.append(_extra_site)  # after the image's own packages: its torch and vllm win
+        # appended after the image's own packages (its torch and vllm win), with the folder's
+        # .pth files read: uv's layered environments link their packages through one
+        site.addsitedir(_extra_site)
 
 
 def _python_has_vllm(python: str) -> bool:
@@ -1905,7 +1908,6 @@ def import_vllm(argv: list[str]):
     if os.environ.get("OCR_SCRIPT_REEXEC"):
         fail(f"vllm cannot be imported. Run this script in the vLLM image (hf jobs uv run --image "
              f"{JOB_IMAGE} ...) or on a GPU machine with `pip install vllm`.")
-    import site
 
     env = {**os.environ, "OCR_SCRIPT_REEXEC": "1"}
     script = str(Path(sys.argv[0]).resolve())

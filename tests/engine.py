@@ -41,12 +41,16 @@ def tiny_model(kind: str) -> Path:
     return target
 
 
-def vllm_check(command: str, payload: dict, model: Path) -> dict:
+def vllm_check(command: str, payload: dict, model: Path | None = None,
+               env: dict | None = None) -> dict:
+    """tests/vllm_checks.py in the engine's Python; `env` (tests/pinned_vllm.py) may put a
+    pinned release's `vllm` first on the path. Fails the test when the checker itself fails."""
+    extra = {"CHECK_MODEL": str(model)} if model else {}
     result = subprocess.run([str(engine_env.python()), str(TESTS / "vllm_checks.py"), command,
                              json.dumps(payload)], capture_output=True, text=True,
-                            env=engine_env.engine_environ({"CHECK_MODEL": str(model)}), timeout=600)
+                            env={**(env or engine_env.engine_environ()), **extra}, timeout=600)
     lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
-    assert lines, f"vllm_checks.py failed:\n{result.stderr[-3000:]}"
+    assert result.returncode == 0 and lines, f"vllm_checks.py failed:\n{result.stderr[-3000:]}"
     return json.loads(lines[-1][len("RESULT "):])
 
 

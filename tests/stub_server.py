@@ -43,14 +43,33 @@ def page_text(image_bytes: bytes, decode: bool) -> tuple[str | None, str | None]
     return f"# Page {w}x{h}\n\nmean colour {r},{g},{b}; digest {digest}.", None
 
 
+def elide_images(messages):
+    """The messages as sent, each image's data URL cut to its header (the log stays small)."""
+    out = json.loads(json.dumps(messages))
+    for message in out or []:
+        for part in message.get("content") or []:
+            if isinstance(part, dict) and part.get("type") == "image_url":
+                part["image_url"]["url"] = part["image_url"]["url"].split(",", 1)[0] + ",..."
+    return out
+
+
 class Stub:
     def __init__(self, opts):
         self.opts = opts
         self.lock = threading.Lock()
         self.requests = 0
         self.running = 0
+        self.waiting = 0  # admitted past --capacity's limit: queued, as vLLM's scheduler would
+        self.slots = threading.Condition(self.lock)
         self.first_health = None  # --health-delay counts from the first probe
         self.log = open(opts.request_log, "a") if opts.request_log else None
+
+    def capacity(self, n: int) -> float:
+        """Requests that may run at once when request n arrives (--capacity, --capacity-after)."""
+        after, _, then = (self.opts.capacity_after or "").partition(":")
+        if after and self.requests > int(after):
+            return int(then)
+        return self.opts.capacity or float("inf")
 
     def count(self) -> int:
         with self.lock:
@@ -114,7 +133,7 @@ def make_handler(stub: Stub):
                 self.reply(200, {"version": "stub-0"})
             elif path == "/metrics":
                 text = (f"vllm:num_requests_running{{model_name=\"{opts.model}\"}} {stub.running}\n"
-                        f"vllm:num_requests_waiting{{model_name=\"{opts.model}\"}} 0\n"
+                        f"vllm:num_requests_waiting{{model_name=\"{opts.model}\"}} {stub.waiting}\n"
                         f"vllm:kv_cache_usage_perc{{model_name=\"{opts.model}\"}} 0.1\n")
                 self.reply(200, text.encode(), "text/plain")
             else:
@@ -159,7 +178,9 @@ def make_handler(stub: Stub):
             if stub.log:
                 with stub.lock:
                     stub.log.write(json.dumps({k: v for k, v in request.items() if k != "messages"}
-                                              | {"texts": text_parts, "n": n, "t": time.time()}) + "\n")
+                                              | {"texts": text_parts, "n": n, "t": time.time(),
+                                                 "messages": elide_images(request.get("messages"))})
+                                   + "\n")
                     stub.log.flush()
             if image_b64 is None:
                 self.reply(400, {"error": "no image in the request"})
@@ -168,7 +189,7 @@ def make_handler(stub: Stub):
                 self.reply(500, {"error": "injected failure"})
                 return
             if opts.fail_every and n % opts.fail_every == 0:
-                self.reply(503, {"error": "injected overload"})
+                self.reply(opts.fail_status, {"error": "injected overload"})
                 return
             if n <= opts.hang_first:
                 time.sleep(opts.hang_seconds)
@@ -180,17 +201,23 @@ def make_handler(stub: Stub):
             if error:
                 self.reply(500, {"error": error})
                 return
-            with stub.lock:
+            with stub.slots:  # at most `capacity` run at once; the rest wait, and are counted
+                stub.waiting += 1
+                stub.slots.wait_for(lambda: stub.running < stub.capacity(n))
+                stub.waiting -= 1
                 stub.running += 1
             try:
                 time.sleep(opts.latency)
             finally:
-                with stub.lock:
+                with stub.slots:
                     stub.running -= 1
+                    stub.slots.notify_all()
             if opts.degenerate:
                 text = "a" * 64
-            if opts.content is not None:
+            elif opts.content is not None:
                 text = json.loads(opts.content)  # JSON: any string, lone surrogates included
+            elif opts.answer_file:  # a model's own output shape (grounding markers, blocks)
+                text = open(opts.answer_file, encoding="utf-8").read()
             max_tokens = int(request.get("max_tokens") or 16)
             if opts.malformed_every and n % opts.malformed_every == 0:
                 self.reply(200, {"id": f"stub-{n}", "choices": [{"message": text}]})
@@ -232,6 +259,14 @@ def parse(argv=None):
     p.add_argument("--start-when", help="bind the port only once this file exists (a booting server)")
     p.add_argument("--reject-digest", action="append", default=[],
                    help="answer 400 to pages whose sha1 starts so")
+    p.add_argument("--capacity", type=int, default=0,
+                   help="at most N requests run at once; the others wait, and /metrics reports "
+                        "them as vllm:num_requests_waiting (default: no limit)")
+    p.add_argument("--capacity-after", help="K:M: from request K+1 on, the capacity is M (an "
+                   "engine that slows down mid-run)")
+    p.add_argument("--fail-status", type=int, default=503,
+                   help="the status --fail-every answers with (default: 503; 429: rate limited)")
+    p.add_argument("--answer-file", help="answer every page with this file's text")
     p.add_argument("--degenerate", action="store_true", help="answer every page with 'aaaa...'")
     p.add_argument("--no-decode", action="store_true", help="do not decode images (cheap)")
     p.add_argument("--refuse-after", type=int, help="answer --refuse-status to request N+1 on")

@@ -160,32 +160,44 @@ def test_every_script_has_an_engine_case():
 
 
 def test_serve_args_are_accepted_by_the_real_vllm_parser(engine):
+    """The CI engine's own parser (tests/test_pinned_vllm.py checks each script's pinned one)."""
     model = tiny_model("qwen3_5")
     payload = {s: list(load_script(s).SERVE_ARGS) for s in ALL_SCRIPTS
                if hasattr(load_script(s), "SERVE_ARGS")}
+    # and a flag this vLLM does not know is refused, so the check can fail
+    payload["bogus"] = ["--max-model-len", "8192", "--no-such-flag", "1"]
     results = vllm_check("serve-args", payload, model)
-    for script, result in results.items():
+    assert results["__vllm__"]["version"].startswith(engine_env.VLLM_CPU_VERSION)
+    for script in payload:
+        if script == "bogus":
+            continue
+        result = results[script]
         assert result["ok"], f"{script}: vLLM {engine_env.VLLM_CPU_VERSION} rejects its SERVE_ARGS: {result['error']}"
         module = load_script(script)
         values = result["values"]
         assert values["max_model_len"] == module.MAX_MODEL_LEN, script
         assert values["enable_prefix_caching"] is module.PREFIX_CACHING, script
         assert values["limit_mm_per_prompt"] == {"image": 1}, script
-    # and a flag this vLLM does not know is refused, so the check can fail
-    bogus = vllm_check("serve-args", {"bogus": ["--max-model-len", "8192", "--no-such-flag", "1"]},
-                       model)
-    assert not bogus["bogus"]["ok"]
+    assert not results["bogus"]["ok"]
+    assert "unrecognized arguments: --no-such-flag" in results["bogus"]["error"]
 
 
 def test_llm_kwargs_are_accepted_by_the_real_vllm_engine_args(engine):
+    """EngineArgs built from each offline script's LLM(...) arguments, and the model config
+    built from them on a tiny checkpoint: the values are validated, not only named."""
     model = tiny_model("qwen3_5")
     payload = {s: dict(load_script(s).LLM_KWARGS) for s in sorted(OFFLINE_CASES)}
     payload["bogus"] = {"max_model_len": 8192, "no_such_argument": 1}
+    payload["bad value"] = {"max_model_len": 8192, "limit_mm_per_prompt": "one image"}
     results = vllm_check("llm-kwargs", payload, model)
     for script in OFFLINE_CASES:
         assert results[script]["ok"], f"{script}: {results[script]['error']}"
-        assert int(results[script]["values"]["max_model_len"]) == load_script(script).MAX_MODEL_LEN
-    assert not results["bogus"]["ok"]
+        values = results[script]["values"]
+        for key, value in load_script(script).LLM_KWARGS.items():
+            assert values[key] == value, (script, key, values[key])
+        assert values["model_config.max_model_len"] == load_script(script).MAX_MODEL_LEN
+    assert not results["bogus"]["ok"] and "no_such_argument" in results["bogus"]["error"]
+    assert not results["bad value"]["ok"], results["bad value"]
 
 
 @pytest.mark.parametrize("script", sorted(ENGINE_CASES))
@@ -227,8 +239,7 @@ def test_deepseek_ngram_processor_and_vllm_xargs_reach_the_engine(engine, tmp_pa
     try:
         server.wait()
         args = types.SimpleNamespace(max_tokens=64, prompt=None, prompt_mode="free")
-        page = deepseek.PreparedPage(page_image(7, size=(448, 448), fmt="JPEG"), "image/jpeg",
-                                     448, 448, True)
+        page = deepseek.prepare_page(page_image(7, size=(448, 448), fmt="JPEG"))
 
         def ask(xargs) -> str:
             body = json.loads(deepseek.request_body(page, str(tiny_model("qwen3_5_flat")), args))

@@ -34,27 +34,24 @@ def test_rgb_jpeg_within_bounds_is_sent_byte_for_byte():
     assert page.passthrough and page.data == raw and page.mime == "image/jpeg"
 
 
-def test_a_page_sent_as_it_is_is_prepared_on_the_event_loop_without_decoding(monkeypatch):
+def test_a_complete_jpeg_that_needs_no_change_is_sent_without_decoding(monkeypatch):
+    """The README: a complete JPEG that needs no change is sent without being decoded."""
     raw = page_image(1, fmt="JPEG")
     from PIL import ImageFile
     monkeypatch.setattr(ImageFile.ImageFile, "load", lambda self: pytest.fail("decoded a pixel"))
-    page = ovis.prepare_page_inline({"bytes": raw, "path": None})
+    page = ovis.prepare_page({"bytes": raw, "path": None})
     assert page.passthrough and page.data == raw
 
 
-@pytest.mark.parametrize("cell", [
-    {"bytes": None, "path": "/some/page.jpg"},  # a file to read: that is the pool's job
-    page_image(3, size=(4000, 5000), fmt="JPEG"),  # must shrink
-    page_image(4, fmt="JPEG")[:3000],  # no end-of-image marker: decoding must tell
-    encode(Image.new("L", (200, 300), 128), "PNG"),  # grayscale: to RGB
-])
-def test_pages_that_need_work_are_left_to_the_pool(cell):
-    assert ovis.prepare_page_inline(cell) is None
+def test_a_page_given_as_a_file_path_is_read_and_sent_like_its_bytes(tmp_path):
+    raw = page_image(3, fmt="JPEG")
+    (tmp_path / "page.jpg").write_bytes(raw)
+    page = ovis.prepare_page({"bytes": None, "path": str(tmp_path / "page.jpg")})
+    assert page.passthrough and page.data == raw and page.mime == "image/jpeg"
 
 
-def test_a_jpeg_with_bytes_after_its_end_is_decoded_to_check_and_sent_as_it_is():
+def test_a_jpeg_with_bytes_after_its_end_is_checked_and_sent_as_it_is():
     raw = page_image(1, fmt="JPEG") + b"scanner trailer"
-    assert ovis.prepare_page_inline(raw) is None
     page = ovis.prepare_page(raw)
     assert page.passthrough and page.data == raw
 
@@ -83,14 +80,40 @@ def test_twelve_bit_scan_is_scaled_by_its_depth():
     assert out.max() > 245 and 100 < out.mean() < 155
 
 
+def colour_chart() -> Image.Image:
+    """Four flat patches on white: red, green, blue and dark grey, each 100 px square."""
+    img = Image.new("RGB", (300, 300), (255, 255, 255))
+    for box, colour in (((20, 20, 120, 120), (220, 30, 30)), ((180, 20, 280, 120), (30, 200, 40)),
+                        ((20, 180, 120, 280), (30, 40, 210)), ((180, 180, 280, 280), (60, 60, 60))):
+        img.paste(colour, box)
+    return img
+
+
+PATCH_CENTRES = [(70, 70), (230, 70), (70, 230), (230, 230), (150, 150)]  # the last is paper
+
+
 @pytest.mark.parametrize("mode", ["L", "1", "P", "CMYK", "LA", "RGBA"])
-def test_other_modes_become_rgb(mode):
-    base = Image.open(io.BytesIO(page_image(3)))
+def test_other_modes_become_rgb_with_their_colours(mode):
+    """The page's colours (or grey levels) survive: each patch comes out as the mode itself
+    shows it, within the JPEG the page is sent as (CMYK is a classic place for inverted or
+    swapped channels; a grey page must keep its levels)."""
+    base = colour_chart()
     img = base.convert(mode)
     fmt = "JPEG" if mode == "CMYK" else "PNG"
-    page = ovis.prepare_page(encode(img, fmt))
-    out = decode(page)
+    raw = encode(img, fmt)
+    out = decode(ovis.prepare_page(raw))
     assert out.mode == "RGB" and out.size == base.size
+    shown = Image.open(io.BytesIO(raw)).convert("RGB")  # what the scan itself looks like
+
+    def patch(image, xy):  # a patch's mean colour (a palette page is dithered)
+        x, y = xy
+        return np.asarray(image, dtype=float)[y - 30:y + 30, x - 30:x + 30].mean(axis=(0, 1))
+
+    for xy in PATCH_CENTRES:
+        got, want = patch(out, xy), patch(shown, xy)
+        assert np.abs(got - want).max() <= 8, (mode, xy, got, want)
+        if mode in ("P", "CMYK", "RGBA"):  # colour modes: the chart's own colours
+            assert np.abs(got - patch(base, xy)).max() <= 24, (mode, xy, got, patch(base, xy))
 
 
 def test_transparent_background_is_flattened_on_white():
@@ -110,15 +133,26 @@ def test_multi_frame_tiff_uses_the_first_page():
     assert out.size == (300, 400) and out.getpixel((5, 5)) == (255, 255, 255)
 
 
-def test_exif_rotated_jpeg_is_turned_upright():
+@pytest.mark.parametrize("orientation, corner", [
+    (3, "bottom-right"),  # rotated 180 degrees
+    (6, "top-right"),     # to be turned 90 degrees clockwise to display
+    (8, "bottom-left"),   # to be turned 90 degrees counter-clockwise
+])
+def test_exif_rotated_jpeg_is_turned_upright(orientation, corner):
+    """A dark square in the stored image's top-left corner must end where a viewer shows it."""
     img = Image.new("RGB", (400, 200), (255, 255, 255))
     img.paste((0, 0, 0), (0, 0, 50, 50))
     exif = Image.Exif()
-    exif[0x0112] = 6  # rotate 90 degrees clockwise to display
-    raw = encode(img, "JPEG", exif=exif.tobytes())
-    page = ovis.prepare_page(raw)
+    exif[0x0112] = orientation
+    page = ovis.prepare_page(encode(img, "JPEG", exif=exif.tobytes()))
     assert not page.passthrough
-    assert decode(page).size == (200, 400)
+    out = decode(page).convert("L")
+    width, height = (400, 200) if orientation == 3 else (200, 400)
+    assert out.size == (width, height)
+    corners = {"top-left": (25, 25), "top-right": (width - 25, 25),
+               "bottom-left": (25, height - 25), "bottom-right": (width - 25, height - 25)}
+    for name, xy in corners.items():
+        assert (out.getpixel(xy) < 60) == (name == corner), (orientation, name, out.getpixel(xy))
 
 
 def test_page_above_the_bound_is_resized_to_the_processors_grid():
@@ -207,7 +241,7 @@ def test_request_body_splices_the_page_exactly(script):
 
     module = load_script(script)
     raw = page_image(7, fmt="JPEG")
-    page = module.PreparedPage(raw, "image/jpeg", 640, 820, True)
+    page = module.prepare_page(raw)  # sent as it is: the same bytes
 
     import types
 

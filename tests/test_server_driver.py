@@ -216,24 +216,46 @@ def test_resume_after_a_kill_skips_written_rows_without_redoing_them(tmp_path, s
 
 
 def test_sharded_runs_write_disjoint_parts_of_one_output(tmp_path, stub_server):
+    """Each shard sends its own contiguous range of rows, and only those (the stub's answers
+    name the page it received); run out of order, the shared OUTPUT holds exactly the shards
+    done so far, and at the end every row once, in order."""
     stub = stub_server()
     paths = write_image_folder(tmp_path / "in", 17)
-    for shard in range(3):
+    ranges = {0: range(0, 5), 1: range(5, 11), 2: range(11, 17)}  # 17 * i // 3
+    done: list[int] = []
+    for shard in (2, 0, 1):
+        sent_before = len(stub.requests())
+        stats = tmp_path / f"stats-{shard}.json"
         run = run_script(OVIS, str(tmp_path / "in"), str(tmp_path / "out"),
-                         *common(stub, "--num-shards", "3", "--shard-index", str(shard)))
+                         *common(stub, "--num-shards", "3", "--shard-index", str(shard),
+                                 "--stats-json", str(stats)))
         assert run.returncode == 0, run.stderr
-    ds = load_output(tmp_path / "out")
-    assert ds["file_name"] == [p.name for p in paths]
+        result = json.loads(stats.read_text())
+        assert result["rows_total"] == result["rows_ok"] == len(ranges[shard]), (shard, result)
+        assert len(stub.requests()) - sent_before == len(ranges[shard])
+        done = sorted(done + list(ranges[shard]))
+        ds = load_output(tmp_path / "out")
+        assert ds["file_name"] == [paths[i].name for i in done], shard
+        assert ds["markdown"] == [expected_text(paths[i].read_bytes()) for i in done], shard
+    assert done == list(range(17))
 
 
 def test_max_samples_and_shuffle(tmp_path, stub_server):
+    """--seed decides the order: the same seed gives the same rows in the same order, another
+    seed another order."""
     stub = stub_server()
     write_image_folder(tmp_path / "in", 12)
-    run = run_script(OVIS, str(tmp_path / "in"), str(tmp_path / "out"),
-                     *common(stub, "--shuffle", "--seed", "3", "--max-samples", "5"))
-    assert run.returncode == 0, run.stderr
-    names = load_output(tmp_path / "out")["file_name"]
-    assert len(names) == 5 and names != sorted(names)
+
+    def names(seed: int, out: str) -> list[str]:
+        run = run_script(OVIS, str(tmp_path / "in"), str(tmp_path / out),
+                         *common(stub, "--shuffle", "--seed", str(seed), "--max-samples", "5"))
+        assert run.returncode == 0, run.stderr
+        return load_output(tmp_path / out)["file_name"]
+
+    first, again, other = names(3, "a"), names(3, "b"), names(4, "c")
+    assert len(first) == 5 and first != sorted(first)
+    assert again == first, "the same seed must give the same sample"
+    assert other != first, "--seed was ignored"
 
 
 @pytest.mark.parametrize("fault, expect_ok", [
@@ -273,7 +295,7 @@ def test_timeouts_that_never_end_become_error_rows(tmp_path, stub_server):
                      *common(stub, "--request-timeout", "0.5", "--max-retries", "1"))
     assert run.returncode == 0, run.stderr
     ds = load_output(tmp_path / "out")
-    assert all("timed out" in e for e in ds["markdown_error"])
+    assert all("timed out after 0.5 s" in e for e in ds["markdown_error"]), ds["markdown_error"]
 
 
 def test_a_remote_server_that_stays_down_ends_the_run_with_finished_rows_saved(tmp_path, stub_server):
@@ -306,23 +328,35 @@ def test_a_slow_health_endpoint_is_waited_for(tmp_path, stub_server):
 
 
 def test_spawns_vllm_serve_with_the_scripts_flags_and_stops_it(tmp_path):
+    """What `vllm serve` receives, read as vLLM reads it (a flag's last value wins), not as one
+    exact string: the model, 127.0.0.1 and the URL's port, every flag of the script, and
+    --serve-args after them, so they override."""
     port = free_port()
-    env = fake_vllm_env(tmp_path)
+    env = {**fake_vllm_env(tmp_path), "FAKE_VLLM_ARGV": str(tmp_path / "argv")}
     write_image_folder(tmp_path / "in", 4)
     run = run_script(OVIS, str(tmp_path / "in"), str(tmp_path / "out"),
                      "--server", f"http://127.0.0.1:{port}",
                      "--serve-args", "--max-num-seqs 64 --max-model-len 30000", env=env)
     assert run.returncode == 0, run.stderr
-    invocations = (tmp_path / "fake-vllm.log").read_text().splitlines()
-    assert len(invocations) == 1
+    assert len((tmp_path / "fake-vllm.log").read_text().splitlines()) == 1  # one start
+    argv = [a.decode() for a in (tmp_path / "argv").read_bytes().split(b"\0")[:-1]]
     module = load_script(OVIS)
-    expected = ["serve", module.MODEL_ID, "--host", "127.0.0.1", "--port", str(port),
-                *module.SERVE_ARGS, "--max-num-seqs", "64", "--max-model-len", "30000"]
-    assert invocations[0] == " ".join(expected)
+
+    def last(flag):
+        values = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == flag]
+        return values[-1] if values else None
+
+    assert argv[:2] == ["serve", module.MODEL_ID]
+    assert last("--host") == "127.0.0.1" and last("--port") == str(port)
+    script_flags = module.SERVE_ARGS
+    for i, flag in enumerate(script_flags):
+        if flag.startswith("--") and flag != "--max-model-len":
+            has_value = i + 1 < len(script_flags) and not script_flags[i + 1].startswith("--")
+            assert flag in argv and (not has_value or last(flag) == script_flags[i + 1]), flag
+    assert last("--max-num-seqs") == "64" and last("--max-model-len") == "30000"
     with pytest.raises(OSError):  # the spawned server's whole process group is gone
         wait_port(port, timeout=0.5)
-    stats = load_output(tmp_path / "out")
-    assert stats.num_rows == 4
+    assert load_output(tmp_path / "out").num_rows == 4
 
 
 def test_a_spawned_server_that_dies_is_restarted_and_its_pages_sent_again(tmp_path):
@@ -507,28 +541,19 @@ def test_every_server_script_runs_against_the_stub(tmp_path, stub_server, script
     assert ds.num_rows == len(paths) and all(e is None for e in ds["markdown_error"])
 
 
-def test_client_group_keeps_each_connection_pool_small(stub_server):
-    """httpx's pool costs grow with its size (quadratically when idle): 100 pages in flight go
-    through pools of at most 16, and every answer still comes back."""
-    import asyncio
-
-    module = load_script("ovis-ocr2-server.py")
-    stub = stub_server("--latency", "0.5")
-    peak = []
-
-    async def main():
-        async with module.ClientGroup(timeout=30) as group:
-            async def one():
-                response = await group.get(f"{stub.url}/health")
-                peak.append(max(group.busy))
-                return response.status_code
-            codes = await asyncio.gather(*(one() for _ in range(100)))
-            return codes, len(group.clients)
-
-    codes, clients = asyncio.run(main())
-    assert codes == [200] * 100
-    assert clients == 7  # ceil(100 / 16)
-    assert max(peak) <= module.ClientGroup.POOL_SIZE
+def test_the_window_is_really_in_flight_at_the_server(tmp_path, stub_server):
+    """--concurrency 100: a hundred pages reach the server before the first answer is back
+    (however the driver spreads them over its connections)."""
+    stub = stub_server("--latency", "2", "--no-decode")
+    write_image_folder(tmp_path / "in", 100, fmt="JPEG")
+    stats = tmp_path / "stats.json"
+    run = run_script(OVIS, str(tmp_path / "in"), str(tmp_path / "out"),
+                     *common(stub, "--concurrency", "100", "--stats-json", str(stats)))
+    assert run.returncode == 0, run.stderr
+    arrivals = sorted(request["t"] for request in stub.requests())
+    assert len(arrivals) == 100
+    assert arrivals[-1] - arrivals[0] < 2.0, "some pages waited for others' answers"
+    assert json.loads(stats.read_text())["peak_in_flight"] == 100
 
 
 SHA = "0123456789abcdef0123456789abcdef01234567"

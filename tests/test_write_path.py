@@ -380,20 +380,19 @@ def test_load_dataset_returns_the_current_rows_after_a_resume_and_for_same_named
 
 # ---- the offline scripts share the write path: the same faults, with a fake vllm.LLM ----------
 
-FAKE_VLLM_PY = ROOT / "tests" / "fake_vllm_py"
+FAKE_VLLM_PKG = ROOT / "tests" / "fake_vllm_pkg"
 
 
-def offline_env(tmp_path: Path, batch_seconds: float = 0.0, content: str | None = None) -> dict:
-    env = {"PYTHONPATH": f"{FAKE_VLLM_PY}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-           "FAKE_LLM_BATCH_SECONDS": str(batch_seconds), "FAKE_LLM_LOG": str(tmp_path / "llm.log")}
-    if content is not None:
-        env["FAKE_LLM_CONTENT"] = content
-    return env
+def offline_env(tmp_path: Path, batch_seconds: float = 0.0) -> dict:
+    return {"PYTHONPATH": f"{FAKE_VLLM_PKG}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+            "FAKE_VLLM_BATCH_SECONDS": str(batch_seconds),
+            "FAKE_VLLM_CALLS": str(tmp_path / "llm.jsonl")}
 
 
 def fake_pages_sent(tmp_path: Path) -> int:
-    log = tmp_path / "llm.log"
-    return sum(int(n) for n in log.read_text().split()) if log.exists() else 0
+    log = tmp_path / "llm.jsonl"
+    calls = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+    return sum(call["pages"] for call in calls if call["call"] == "chat")
 
 
 def test_offline_kill_9_loses_no_finished_batch_and_sigterm_saves(tmp_path):
@@ -413,7 +412,7 @@ def test_offline_kill_9_loses_no_finished_batch_and_sigterm_saves(tmp_path):
     sent_before = fake_pages_sent(tmp_path)
     driver = subprocess.Popen(args + ["--stats-json", str(tmp_path / "s.json")], env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    wait_for(lambda: fake_pages_sent(tmp_path) >= sent_before + 4, process=driver)
+    wait_for(lambda: len(rows_only_in_journal(out)) + part_rows(out) >= done + 4, process=driver)
     driver.send_signal(signal.SIGTERM)
     _, stderr = driver.communicate(timeout=60)
     assert driver.returncode == 143, stderr
@@ -427,7 +426,7 @@ def test_offline_kill_9_loses_no_finished_batch_and_sigterm_saves(tmp_path):
     assert fake_pages_sent(tmp_path) <= 24 + 4  # at most one batch in flight was sent twice
     ds = load_output(out)
     assert ds["file_name"] == [p.name for p in paths]
-    assert all(t.startswith("# Page ") for t in ds["markdown"])
+    assert ds["markdown"] == [expected_text(p.read_bytes()) for p in paths]
 
 
 def test_offline_a_clean_up_that_raises_is_that_rows_error(tmp_path, monkeypatch):
@@ -435,7 +434,7 @@ def test_offline_a_clean_up_that_raises_is_that_rows_error(tmp_path, monkeypatch
     module = load_script("lighton-ocr3.py")
     for name, value in offline_env(tmp_path).items():
         monkeypatch.setenv(name, value)
-    monkeypatch.syspath_prepend(str(FAKE_VLLM_PY))
+    monkeypatch.syspath_prepend(str(FAKE_VLLM_PKG))
     calls = []
 
     def flaky(text, args):

@@ -1,0 +1,61 @@
+"""A fake `vllm` package for the offline scripts' driver paths (no engine, no torch): put its
+parent folder on PYTHONPATH. `LLM.chat` answers each page with the stub server's text for the
+image it was given. Every call is appended, as a JSON line, to $FAKE_VLLM_CALLS (when set), so
+tests can hand the exact keyword arguments a script gives vllm.LLM, vllm.SamplingParams and
+LLM.chat to the pinned vLLM release's own definitions (tests/test_pinned_vllm.py).
+
+It is never the proof that a script works with vLLM: tests/test_engine.py is.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+__version__ = "fake-0"
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/: the stub's page_text
+from stub_server import page_text  # noqa: E402
+
+
+def _record(call: str, **fields) -> None:
+    path = os.environ.get("FAKE_VLLM_CALLS")
+    if path:
+        with open(path, "a") as out:
+            out.write(json.dumps({"call": call, **fields}, default=repr) + "\n")
+
+
+class SamplingParams:
+    def __init__(self, **kwargs):
+        _record("SamplingParams", kwargs=kwargs)
+        self.kwargs = kwargs
+
+
+class LLM:
+    def __init__(self, model: str, **kwargs):
+        _record("LLM", model=model, kwargs=kwargs)
+        self.model = model
+
+    def chat(self, messages, sampling_params=None, **kwargs):
+        time.sleep(float(os.environ.get("FAKE_VLLM_BATCH_SECONDS") or 0))  # a batch's work
+        _record("chat", pages=len(messages), kwargs=kwargs)
+        fail_on = os.environ.get("FAKE_VLLM_FAIL_ON")  # a page whose text this says raises
+        max_tokens = (sampling_params.kwargs.get("max_tokens") if sampling_params else None) or 16
+        outputs = []
+        for conversation in messages:
+            url = next(part["image_url"]["url"] for message in conversation
+                       for part in message["content"] if part.get("type") == "image_url")
+            raw = base64.b64decode(re.match(r"data:image/[a-z]+;base64,(.*)$", url, re.S).group(1))
+            text, error = page_text(raw, decode=True)
+            if error or (fail_on and fail_on in text):
+                raise ValueError(error or "injected failure")
+            tokens = list(range(min(max_tokens, len(text) // 4)))
+            outputs.append(SimpleNamespace(
+                prompt_token_ids=list(range(100)),
+                outputs=[SimpleNamespace(text=text, finish_reason="stop", token_ids=tokens)]))
+        return outputs
