@@ -343,6 +343,7 @@ class InputSource:
     description: str
     lo: int  # this shard's rows are dataset rows [lo, hi)
     hi: int
+    rows_full: int = 0  # the input's rows before --shuffle and --max-samples
 
 
 def _load_local_dataset(path: Path, args):
@@ -395,6 +396,7 @@ def open_input(args) -> InputSource:
              f"{', '.join(ds.column_names)}{hint}. Pass --image-column NAME.")
     if isinstance(ds.features[args.image_column], datasets.Image):
         ds = ds.cast_column(args.image_column, datasets.Image(decode=False))
+    rows_full = len(ds)
     if args.shuffle:
         ds = ds.shuffle(seed=args.seed)
     if args.max_samples is not None:
@@ -403,7 +405,7 @@ def open_input(args) -> InputSource:
         fail(f"--shard-index must be in [0, {args.num_shards}), got {args.shard_index}")
     n = len(ds)
     lo, hi = n * args.shard_index // args.num_shards, n * (args.shard_index + 1) // args.num_shards
-    return InputSource(ds, args.image_column, description, lo, hi)
+    return InputSource(ds, args.image_column, description, lo, hi, rows_full)
 
 
 def check_output_columns(source: InputSource, args) -> list[str]:
@@ -1011,6 +1013,145 @@ def plan_rows(source: InputSource, store: "OutputStore", args) -> RowPlan:
     return RowPlan(pending, recovered, redo, skipped, earlier_ok)
 
 
+# ---- what one run is: the manifest, and one writer per shard -------------------------------
+
+# Options that may change between the runs of one OUTPUT: which shard runs, how fast and how
+# hard it tries. A closed list: every other option, and any added later, is the run's identity.
+MAY_CHANGE = {
+    "input", "output", "revision", "shard_index", "max_samples", "concurrency", "request_timeout",
+    "max_retries", "server", "api_key", "no_spawn", "server_timeout", "server_down_timeout",
+    "max_restarts", "abort_after_failures", "abort_after_seconds", "min_window", "max_window",
+    "adapt_interval", "max_inflight_memory", "api_server_count", "batch_size", "stats_json",
+    "work_dir", "hf_token", "private", "part_rows", "part_seconds", "retry_errors", "restart",
+    "overwrite", "no_sanity_check", "sanity_pages", "serve_args", "llm_kwargs"}
+# engine flags that change speed and memory, never the text (the rest of the engine is identity)
+MAY_CHANGE_ENGINE = {"gpu-memory-utilization", "data-parallel-size", "tensor-parallel-size",
+                     "pipeline-parallel-size", "api-server-count", "speculative-config",
+                     "max-num-seqs", "max-num-batched-tokens", "host", "port", "enforce-eager",
+                     "swap-space", "kv-cache-memory"}
+
+
+def input_identity(args) -> dict:
+    """What the input is: a Hub dataset at the revision this run read, or a local path's files
+    (names, with sizes and times for data files; the ordered names of images)."""
+    import hashlib
+
+    local = Path(args.input).expanduser()
+    if not local.exists():
+        return {"hub": args.input, "revision": hub_dataset_sha(args) or args.revision}
+    files = [local] if local.is_file() else sorted(
+        p for p in local.rglob("*") if p.is_file()
+        and not any(part.startswith(".") for part in p.relative_to(local).parts))
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(os.fsencode(str(path.relative_to(local) if path != local else path.name)))
+        if path.suffix.lower() not in IMAGE_EXTENSIONS:
+            stat = path.stat()
+            digest.update(f"\0{stat.st_size}\0{stat.st_mtime_ns}".encode())
+        digest.update(b"\n")
+    return {"files": len(files), "digest": digest.hexdigest()[:20]}
+
+
+def hub_dataset_sha(args) -> str | None:
+    try:
+        from huggingface_hub import HfApi
+
+        return HfApi(token=args.hf_token or None).dataset_info(
+            args.input, revision=args.revision, timeout=10).sha
+    except Exception:  # offline, or a private dataset without a token: datasets will say so
+        return None
+
+
+def run_identity(args, source: InputSource, engine: dict) -> dict:
+    options = {k: v for k, v in sorted(vars(args).items()) if k not in MAY_CHANGE}
+    if not args.shuffle:
+        options.pop("seed", None)
+    flags = {k.lstrip("-").replace("_", "-"): v for k, v in engine.items()}
+    return {"script": Path(sys.argv[0]).name, "input": input_identity(args), "rows": source.rows_full,
+            "options": options, "settings": inference_settings(args),
+            "engine": {k: v for k, v in sorted(flags.items()) if k not in MAY_CHANGE_ENGINE}}
+
+
+def identity_differences(old, new, where: str = "") -> list[str]:
+    if isinstance(old, dict) and isinstance(new, dict):
+        out = []
+        for key in sorted(set(old) | set(new), key=str):
+            label = f"--{key.replace('_', '-')}" if where == "options" else \
+                f"{where}.{key}" if where else key
+            out += identity_differences(old.get(key), new.get(key), label)
+        return out
+    return [] if old == new else [f"{where}: was {json.dumps(old)}, now {json.dumps(new)}"]
+
+
+def flag_values(argv: list[str]) -> dict:
+    """--flag value pairs of a command line as a dict (a bare flag is True)."""
+    out, i = {}, 0
+    while i < len(argv):
+        name, _, value = argv[i].partition("=")
+        if value or i + 1 >= len(argv) or argv[i + 1].startswith("--"):
+            out[name] = value or True
+            i += 1
+        else:
+            out[name] = argv[i + 1]
+            i += 2
+    return out
+
+
+def pinned_input(store: "OutputStore", args):
+    """A rerun without --revision reads the Hub input at the revision the first run read."""
+    path = store.meta / "manifest.json"
+    if args.revision is None and path.exists():
+        try:
+            args.revision = json.loads(path.read_text())["identity"]["input"].get("revision")
+        except (ValueError, KeyError, TypeError, AttributeError):
+            pass
+    return args
+
+
+def claim_output(store: "OutputStore", identity: dict, args) -> None:
+    """The first run of an OUTPUT records what the run is; every later run (another shard, a
+    rerun) must be the same run, or is refused before any work, each difference named."""
+    identity = json.loads(json.dumps(identity))  # as it reads back
+    manifest = {"identity": identity, "max_samples": args.max_samples,
+                "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    existing = store.create_manifest(manifest)
+    if existing is None:
+        return
+    problems = identity_differences(existing.get("identity"), identity)
+    before, now = existing.get("max_samples"), args.max_samples
+    if before != now:
+        if args.num_shards == 1 and (now is None or (before is not None and now > before)):
+            store.update_manifest({**existing, "max_samples": now})  # the same order, longer
+        else:
+            problems.append(f"--max-samples: was {before}, now {now} (only a larger one, on an "
+                            f"unsharded run)")
+    if problems:
+        fail(f"OUTPUT {store.location()} holds another run, so resuming into it would mix "
+             f"two runs:\n  " + "\n  ".join(problems) + "\nWrite to another OUTPUT, or pass "
+             f"--restart to delete what OUTPUT holds and start it over.")
+
+
+def take_lock(path: Path, location: str):
+    """An exclusive lock the OS releases when this process dies, however it dies."""
+    import fcntl
+    import socket
+
+    handle = open(path, "a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.seek(0)
+        holder = handle.read().strip() or "another process"
+        fail(f"{holder} is writing this shard of {location} right now. Wait for it to end (or "
+             f"stop it), or write to another OUTPUT; shards of one run use --shard-index.")
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"pid {os.getpid()} on {socket.gethostname()}, since "
+                 f"{time.strftime('%Y-%m-%d %H:%M:%S')}")
+    handle.flush()
+    return handle
+
+
 class OutputStore:
     """Parts under data/ of a local folder, or of a staging folder whose parts go to a Hub repo
     in batched commits (at most one per 36 s x shards: the Hub takes about 128 commits an hour
@@ -1032,9 +1173,19 @@ class OutputStore:
                 Path.home() / ".cache" / "ocr-vllm-scripts" / "outputs"
             self.root = base / self.target.replace("/", "__")
         self.meta = self.root / ".ocr"
-        (self.root / "data").mkdir(parents=True, exist_ok=True)
-        self.journal = Journal(self.meta / "journal" / f"shard-{args.shard_index}-of-{args.num_shards}")
-        self.remote_names: set[str] = set()
+        try:
+            (self.root / "data").mkdir(parents=True, exist_ok=True)
+            self.meta.mkdir(exist_ok=True)
+        except OSError as exc:
+            fail(f"cannot create {self.root}: {exc}")
+        shard = f"shard-{args.shard_index}-of-{args.num_shards}"
+        self.lock = take_lock(self.meta / f"lock-{shard}", self.location())
+        self.journal = Journal(self.meta / "journal" / shard)
+        self.remote_names: set[str] = set()  # data parts on the Hub
+        self.known: set[str] = set()  # parts on the Hub that this run saw or wrote
+        self.shard_range = (0, 0)
+        self.conflict: str | None = None
+        self.keep_local: set[str] = set()  # staged parts with rows a rerun redoes: kept here
         self.queued: dict[str, Path] = {}  # path in repo -> local file, for the next commit
         self.commit_interval = 36.0 * max(1, args.num_shards)
         self.last_commit = -math.inf
@@ -1043,8 +1194,84 @@ class OutputStore:
         if self.api is not None:
             self.api.create_repo(self.target, repo_type="dataset", private=args.private or None,
                                  exist_ok=True)
+            self.sync_from_hub()
+        if args.restart:
+            self.restart()
+
+    def sync_from_hub(self) -> None:
+        """The Hub is the truth, the staging folder a cache: its manifest wins, and a repo that
+        holds no run (deleted, or never written) means a fresh start."""
+        files = set(self.api.list_repo_files(self.target, repo_type="dataset"))
+        self.remote_names = {Path(f).name for f in files if f.startswith("data/")}
+        self.known = set(self.remote_names)
+        manifest = self.meta / "manifest.json"
+        if ".ocr/manifest.json" in files:
+            downloaded = self.api.hf_hub_download(self.target, ".ocr/manifest.json",
+                                                  repo_type="dataset", local_dir=self.meta / "hub")
+            manifest.write_bytes(Path(downloaded).read_bytes())
+        elif not self.remote_names and (self.meta / "on-hub").exists():
+            log(f"{self.target} no longer holds the run this staging copy sent there (the repo "
+                f"was deleted?): starting afresh, clearing {self.root}")
+            self.clear_local()  # (staged parts never sent anywhere are sent below instead)
+        for path in self.local_parts():  # staged parts the Hub already covers: never resent
+            start, stop = ranges_from_names([path.name])[0]
+            if path.name not in self.remote_names and any(
+                    a < stop and start < b for a, b in ranges_from_names(self.remote_names)):
+                path.unlink(missing_ok=True)
+
+    def local_parts(self) -> list[Path]:
+        return sorted((self.root / "data").glob("part-*.parquet"))
+
+    def clear_local(self) -> None:
+        import shutil
+
+        for path in self.local_parts():
+            path.unlink(missing_ok=True)
+        for name in ("manifest.json", "on-hub"):
+            (self.meta / name).unlink(missing_ok=True)
+        (self.root / "README.md").unlink(missing_ok=True)
+        shutil.rmtree(self.meta / "journal", ignore_errors=True)
+
+    def restart(self) -> None:
+        """--restart: OUTPUT's rows, card and manifest removed (on the Hub in one commit)."""
+        log(f"--restart: removing the rows, card and manifest of {self.location()}")
+        if self.api is not None:
+            from huggingface_hub import CommitOperationDelete
+
             files = self.api.list_repo_files(self.target, repo_type="dataset")
-            self.remote_names = {Path(f).name for f in files if f.startswith("data/")}
+            doomed = [f for f in files if f.startswith(("data/", ".ocr/")) or f == "README.md"]
+            if doomed:
+                self.api.create_commit(self.target, repo_type="dataset",
+                                       commit_message="Restart the OCR run",
+                                       operations=[CommitOperationDelete(path_in_repo=f)
+                                                   for f in doomed])
+            self.remote_names, self.known = set(), set()
+        self.clear_local()
+        self.journal = Journal(self.journal.folder)
+
+    def create_manifest(self, manifest: dict) -> dict | None:
+        """Record the run, atomically, unless OUTPUT has one: then return that one."""
+        path = self.meta / "manifest.json"
+        tmp = path.with_name(f".manifest.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(manifest, indent=1))
+        try:
+            os.link(tmp, path)  # fails if another run (a shard started first) made it
+        except FileExistsError:
+            return json.loads(path.read_text())
+        finally:
+            tmp.unlink(missing_ok=True)
+        if self.api is not None:
+            self.commit_now({".ocr/manifest.json": path})
+        return None
+
+    def update_manifest(self, manifest: dict) -> None:
+        path = self.meta / "manifest.json"
+        tmp = path.with_name(f".manifest.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(manifest, indent=1))
+        os.replace(tmp, path)
+        if self.api is not None:
+            with self.queue_lock:
+                self.queued[".ocr/manifest.json"] = path
 
     def parts(self) -> list[tuple[tuple[int, int], Path | None]]:
         """((start, stop), local path or None when only the Hub has it) of every part."""
@@ -1057,7 +1284,7 @@ class OutputStore:
 
     def resend_local_parts(self) -> None:
         """Parts a killed or offline run left on disk but never uploaded."""
-        for path in sorted((self.root / "data").glob("part-*.parquet")):
+        for path in self.local_parts():
             if path.name not in self.remote_names:
                 self.publish(path)
 
@@ -1088,9 +1315,18 @@ class OutputStore:
                       for name, local in files.items()]
         for attempt in range(UPLOAD_ATTEMPTS):
             try:
+                self.check_no_other_writer()
+                if self.conflict:
+                    return False
                 self.api.create_commit(self.target, operations=operations, repo_type="dataset",
                                        commit_message=f"Add {len(files)} file(s) (OCR)")
-                self.remote_names.update(Path(name).name for name in files if name.startswith("data/"))
+                self.last_commit = time.monotonic()
+                (self.meta / "on-hub").touch()  # this staging copy has reached the Hub
+                committed = {Path(name).name for name in files if name.startswith("data/")}
+                self.remote_names |= committed
+                self.known |= committed
+                for name in committed - self.keep_local:  # on the Hub now: the cache can go
+                    (self.root / "data" / name).unlink(missing_ok=True)
                 return True
             except Exception as exc:  # network, rate limit, a concurrent commit
                 response = getattr(exc, "response", None)
@@ -1114,6 +1350,25 @@ class OutputStore:
                 self.queued.setdefault(name, local)  # the final commit tries them again
         return False
 
+    def commit_now(self, files: dict) -> None:
+        """Commit at once; what fails stays queued for the next commits."""
+        if not self._commit(files) and self.conflict:
+            fail(self.conflict)
+
+    def check_no_other_writer(self) -> None:
+        """Two writers of one shard (a Job retried while the first attempt still runs): no OS
+        lock sees the other container, so before each commit the repo is checked for parts in
+        this shard's range that this run neither found at its start nor wrote."""
+        lo, hi = self.shard_range
+        files = self.api.list_repo_files(self.target, repo_type="dataset")
+        foreign = [Path(f).name for f in files if f.startswith("data/")
+                   and Path(f).name not in self.known
+                   and any(a < hi and lo < b for a, b in ranges_from_names([f]))]
+        if foreign:
+            self.conflict = (f"another run is writing rows {lo}-{hi} of {self.target} at the same "
+                             f"time ({', '.join(sorted(foreign)[:3])} appeared): stopping this "
+                             f"one so that no row is written twice")
+
     def finish(self, card: str | None) -> None:
         """The card, then (Hub) every queued file in one last commit."""
         if card is not None:
@@ -1122,6 +1377,9 @@ class OutputStore:
             return
         if self.committing is not None:
             self.committing.join()
+        if self.conflict:
+            log(f"error: {self.conflict}")
+            return
         with self.queue_lock:
             files, self.queued = self.queued, {}
         if card is not None:
@@ -1224,6 +1482,8 @@ class PartWriter:
             return
         self.parts_written += 1
         self._written(chunk, results)
+        if any(r.error_kind == SERVER for r in results):
+            self.store.keep_local.add(path.name)  # a rerun here redoes them
         self.store.publish(path)
 
     def _replace(self, everything: bool) -> None:
@@ -1586,6 +1846,9 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
                        help="column for the text; diagnostics are named after it (default: markdown)")
     group.add_argument("--overwrite", action="store_true",
                        help="replace result columns that the input already has")
+    group.add_argument("--restart", action="store_true",
+                       help="delete what OUTPUT holds (rows, card, manifest) and start it over: "
+                            "the way out when a rerun is refused as another run")
     group.add_argument("--retry-errors", action="store_true",
                        help="redo every error row of OUTPUT (a rerun always redoes the rows the "
                             "server or the connection failed, never those the page failed)")
@@ -1794,6 +2057,8 @@ def finish_run(code: int, writer: PartWriter, check: DegenerateCheck, store: Out
             + "; rerun the same command to finish them")
     wrote = writer.rows_ok + writer.rows_failed
     store.finish(make_card(result) if wrote and not check.tripped else None)
+    if store.conflict and not code:
+        code = EXIT_USAGE
     if store.upload_failures and not code:
         code = EXIT_NOT_UPLOADED
     result["exit_code"] = code
@@ -2636,6 +2901,8 @@ async def run_server_pipeline(source: InputSource, pending: list[int], writer: P
                        mininterval=0.5 if sys.stderr.isatty() else 10.0)
 
             async def flush_if_due(final: bool = False) -> None:
+                if store.conflict:
+                    raise RunAborted(store.conflict, EXIT_USAGE)
                 if final or writer.due():
                     async with write_lock:
                         await loop.run_in_executor(write_pool, writer.flush, final)
@@ -2867,9 +3134,11 @@ def run_server_script(doc: str, argv: list[str] | None = None, hub_api=None) -> 
     args = parse_arguments(server_argument_parser(doc), argv)  # a bad OUTPUT fails here
     plan_server(args, argv)  # before the input is read and the repo created
 
-    source = open_input(args)
-    check_output_columns(source, args)
     store = OutputStore(args.output, args, hub_api)
+    source = open_input(pinned_input(store, args))
+    check_output_columns(source, args)
+    claim_output(store, run_identity(args, source, flag_values(effective_serve_args(args))), args)
+    store.shard_range = (source.lo, source.hi)
     store.resend_local_parts()
     plan = plan_rows(source, store, args)
     pending = plan.pending

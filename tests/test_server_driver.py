@@ -474,11 +474,22 @@ class FakeHub:
         base = self.root / repo_id
         return [str(p.relative_to(base)) for p in base.rglob("*") if p.is_file()]
 
+    def hf_hub_download(self, repo_id, filename, repo_type=None, local_dir=None):
+        import shutil
+
+        target = Path(local_dir) / filename
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(self.root / repo_id / filename, target)
+        return str(target)
+
     def create_commit(self, repo_id, operations, commit_message=None, repo_type=None, **kwargs):
         if self.fail_uploads:
             raise ConnectionError("hub unreachable (injected)")
         for op in operations:
             target = self.root / repo_id / op.path_in_repo
+            if not hasattr(op, "path_or_fileobj"):  # a CommitOperationDelete
+                target.unlink()
+                continue
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy(op.path_or_fileobj, target)
             self.calls.append(("upload_file", op.path_in_repo))

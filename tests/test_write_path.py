@@ -327,6 +327,14 @@ class RateLimitedHub:
         base = self.root / repo_id
         return [str(p.relative_to(base)) for p in base.rglob("*") if p.is_file()]
 
+    def hf_hub_download(self, repo_id, filename, repo_type=None, local_dir=None):
+        import shutil
+
+        target = Path(local_dir) / filename
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(self.root / repo_id / filename, target)
+        return str(target)
+
     def create_commit(self, repo_id, operations, commit_message=None, repo_type=None, **kwargs):
         import shutil
 
@@ -338,6 +346,9 @@ class RateLimitedHub:
             raise error
         for op in operations:
             target = self.root / repo_id / op.path_in_repo
+            if not hasattr(op, "path_or_fileobj"):  # a CommitOperationDelete
+                target.unlink()
+                continue
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy(op.path_or_fileobj, target)
         self.commits.append([op.path_in_repo for op in operations])
@@ -354,7 +365,8 @@ def test_hub_commits_are_batched_and_honour_retry_after(tmp_path, stub_server):
     assert len(hub.attempts) >= 2 and hub.attempts[1] - hub.attempts[0] >= 1.0  # Retry-After
     files = [f for commit in hub.commits for f in commit]
     assert sum(f.startswith("data/part-") for f in files) == 6  # 6 parts ...
-    assert len(hub.commits) <= 2  # ... in at most 2 commits (one per 36 s, then the last)
+    assert len(hub.commits) <= 2  # the manifest, then the last: one commit per 36 s at most
+    assert hub.commits[0] == [".ocr/manifest.json"]
     assert "README.md" in hub.commits[-1]
     ds = load_output(tmp_path / "hub" / "user/ocr-out")
     assert ds["file_name"] == [p.name for p in paths]

@@ -1,0 +1,215 @@
+"""Resume only the same run: the run manifest, one writer per output and shard, the Hub as the
+truth for a Hub OUTPUT. Against the stub server, as a user reruns a command."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, load_output, load_script, run_script, write_image_folder
+from stub_server import page_text
+from test_write_path import RateLimitedHub, journal_rows, wait_for
+
+OVIS = "ovis-ocr2-server.py"
+
+
+def expected_text(raw: bytes) -> str:
+    return page_text(raw, decode=True)[0]
+
+
+def common(stub, *extra):
+    return ["--server", stub.url, "--part-rows", "5", *extra]
+
+
+@pytest.mark.parametrize("first, second, named", [
+    (["--shuffle", "--seed", "1", "--max-samples", "5"], ["--shuffle", "--seed", "2"], "--seed"),
+    ([], ["--output-column", "text"], "--output-column"),
+    ([], ["--max-tokens", "900"], "max_tokens"),
+    (["--max-samples", "6"], ["--max-samples", "4"], "--max-samples"),
+])
+def test_a_rerun_that_is_another_run_is_refused_before_any_work(tmp_path, stub_server, first,
+                                                                second, named):
+    stub = stub_server()
+    write_image_folder(tmp_path / "in", 10)
+    args = [str(tmp_path / "in"), str(tmp_path / "out")]
+    assert run_script(OVIS, *args, *common(stub, *first)).returncode == 0
+    card = (tmp_path / "out" / "README.md").read_text()
+    sent = len(stub.requests())
+    run = run_script(OVIS, *args, *common(stub, *second))
+    assert run.returncode == 2, run.stderr
+    assert named in run.stderr and "--restart" in run.stderr and "another OUTPUT" in run.stderr
+    assert len(stub.requests()) == sent
+    assert (tmp_path / "out" / "README.md").read_text() == card
+    run = run_script(OVIS, *args, *common(stub, *second, "--restart"))  # the way out
+    assert run.returncode == 0, run.stderr
+    ds = load_output(tmp_path / "out")
+    assert ds.num_rows == (4 if "4" in second else 10)
+    assert len(set(ds["file_name"])) == ds.num_rows
+
+
+def test_a_changed_input_folder_or_another_script_is_refused(tmp_path, stub_server):
+    stub = stub_server()
+    write_image_folder(tmp_path / "in", 6)
+    args = [str(tmp_path / "in"), str(tmp_path / "out")]
+    assert run_script(OVIS, *args, *common(stub)).returncode == 0
+    (tmp_path / "in" / "page_0003.png").rename(tmp_path / "in" / "page_9999.png")
+    run = run_script(OVIS, *args, *common(stub))
+    assert run.returncode == 2 and "input" in run.stderr, run.stderr
+    (tmp_path / "in" / "page_9999.png").rename(tmp_path / "in" / "page_0003.png")
+    lighton = load_script("lighton-ocr3-saturate.py")
+    other = stub_server("--model", lighton.MODEL_ID)
+    run = run_script("lighton-ocr3-saturate.py", *args, *common(other))
+    assert run.returncode == 2 and "script" in run.stderr, run.stderr
+    assert other.requests() == []
+
+
+def test_a_larger_max_samples_over_the_same_order_continues_the_run(tmp_path, stub_server):
+    stub = stub_server()
+    paths = write_image_folder(tmp_path / "in", 9)
+    args = [str(tmp_path / "in"), str(tmp_path / "out"), "--shuffle", "--seed", "5"]
+    assert run_script(OVIS, *args, *common(stub, "--max-samples", "4")).returncode == 0
+    first = load_output(tmp_path / "out")["file_name"]
+    assert run_script(OVIS, *args, *common(stub)).returncode == 0
+    ds = load_output(tmp_path / "out")
+    assert ds["file_name"][:4] == first and sorted(ds["file_name"]) == [p.name for p in paths]
+    assert len(stub.requests()) == 9
+
+
+def test_a_rerun_with_nothing_to_do_leaves_the_card_alone(tmp_path, stub_server):
+    stub = stub_server()
+    write_image_folder(tmp_path / "in", 3)
+    args = [str(tmp_path / "in"), str(tmp_path / "out"), *common(stub)]
+    assert run_script(OVIS, *args).returncode == 0
+    card = (tmp_path / "out" / "README.md").read_text()
+    assert run_script(OVIS, *args).returncode == 0
+    assert (tmp_path / "out" / "README.md").read_text() == card
+
+
+def test_two_processes_on_one_output_the_second_is_refused_naming_the_first(tmp_path, stub_server):
+    stub = stub_server("--latency", "0.2")
+    paths = write_image_folder(tmp_path / "in", 30)
+    out = tmp_path / "out"
+    first = subprocess.Popen([sys.executable, str(ROOT / OVIS), str(tmp_path / "in"), str(out),
+                              *common(stub, "--concurrency", "2")],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: journal_rows(out) >= 2, process=first)
+    second = run_script(OVIS, str(tmp_path / "in"), str(out), *common(stub))
+    assert second.returncode == 2, second.stderr
+    assert f"pid {first.pid}" in second.stderr
+    assert first.wait(timeout=120) == 0, first.stderr.read()
+    ds = load_output(out)
+    assert ds["file_name"] == [p.name for p in paths]  # 30 rows, none twice
+    assert len(stub.requests()) == 30
+
+
+def test_shards_of_one_run_write_side_by_side(tmp_path, stub_server):
+    stub = stub_server("--latency", "0.1")
+    paths = write_image_folder(tmp_path / "in", 12)
+    out = tmp_path / "out"
+    shards = [subprocess.Popen([sys.executable, str(ROOT / OVIS), str(tmp_path / "in"), str(out),
+                                *common(stub, "--num-shards", "2", "--shard-index", str(i))],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+              for i in range(2)]
+    for shard in shards:
+        assert shard.wait(timeout=120) == 0, shard.stderr.read()
+    assert load_output(out)["file_name"] == [p.name for p in paths]
+
+
+def hub_run(module, hub, tmp_path, stub, stage, *extra):
+    argv = [str(tmp_path / "in"), "user/ocr-out", "--work-dir", str(tmp_path / stage),
+            *common(stub, *extra)]
+    return module.main(argv, hub_api=hub)
+
+
+def test_the_hub_is_the_truth_for_a_hub_output(tmp_path, stub_server, capsys):
+    stub = stub_server()
+    paths = write_image_folder(tmp_path / "in", 8)
+    module = load_script(OVIS)
+    hub = RateLimitedHub(tmp_path / "hub")
+    assert hub_run(module, hub, tmp_path, stub, "laptop", "--max-samples", "4") == 0
+    # the staging copy is a cache: parts on the Hub are not kept on disk
+    assert not list((tmp_path / "laptop" / "user__ocr-out" / "data").glob("*.parquet"))
+    # the user deletes the repo to start over: the rerun starts afresh, saying so
+    shutil.rmtree(tmp_path / "hub" / "user/ocr-out")
+    sent = len(stub.requests())
+    assert hub_run(module, hub, tmp_path, stub, "laptop") == 0
+    assert "starting afresh" in capsys.readouterr().err
+    assert len(stub.requests()) - sent == 8
+    ds = load_output(tmp_path / "hub" / "user/ocr-out")
+    assert ds["file_name"] == [p.name for p in paths]
+
+
+def test_staged_parts_the_hub_already_covers_are_never_sent_again(tmp_path, stub_server):
+    stub = stub_server()
+    paths = write_image_folder(tmp_path / "in", 8)
+    module = load_script(OVIS)
+    offline = RateLimitedHub(tmp_path / "hub", refuse_first=10 ** 6)  # a laptop whose uploads fail
+    module.UPLOAD_ATTEMPTS, attempts = 1, module.UPLOAD_ATTEMPTS
+    try:
+        assert hub_run(module, offline, tmp_path, stub, "laptop", "--max-samples", "4") == 6
+    finally:
+        module.UPLOAD_ATTEMPTS = attempts
+    online = RateLimitedHub(tmp_path / "hub")
+    assert hub_run(module, online, tmp_path, stub, "job", "--part-rows", "3") == 0  # a Job: all 8
+    sent = len(stub.requests())
+    assert hub_run(module, online, tmp_path, stub, "laptop") == 0  # the laptop again
+    assert len(stub.requests()) == sent
+    ds = load_output(tmp_path / "hub" / "user/ocr-out")
+    assert ds["file_name"] == [p.name for p in paths]  # pages 0-3 once
+
+
+class IntrudingHub(RateLimitedHub):
+    """Another writer of the same rows commits a part while this run is going."""
+
+    def __init__(self, root: Path, foreign: Path):
+        super().__init__(root)
+        self.foreign, self.listings = foreign, 0
+
+    def list_repo_files(self, repo_id, repo_type=None):
+        self.listings += 1
+        if self.listings == 2:  # after this run's start
+            target = self.root / repo_id / "data" / "part-000000005-000000010.parquet"
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(self.foreign, target)
+        return super().list_repo_files(repo_id, repo_type)
+
+
+def test_a_second_writer_on_the_hub_stops_instead_of_doubling_rows(tmp_path, stub_server):
+    stub = stub_server("--latency", "0.05")
+    write_image_folder(tmp_path / "in", 20)
+    write_image_folder(tmp_path / "other", 1)
+    module = load_script(OVIS)
+    assert module.main([str(tmp_path / "other"), str(tmp_path / "x"), *common(stub)]) == 0
+    foreign = next((tmp_path / "x" / "data").glob("*.parquet"))
+    hub = IntrudingHub(tmp_path / "hub", foreign)
+    code = hub_run(module, hub, tmp_path, stub, "stage", "--concurrency", "2")
+    assert code == 2
+    files = [f for commit in hub.commits for f in commit if f.startswith("data/")]
+    assert not any("000000005-000000010" in f for f in files)  # it never wrote over the other
+
+
+def test_a_hub_input_is_pinned_to_the_revision_the_first_run_read(tmp_path, stub_server,
+                                                                  monkeypatch):
+    import datasets
+
+    stub = stub_server()
+    module = load_script(OVIS)
+    paths = write_image_folder(tmp_path / "in", 3)
+    local = datasets.Dataset.from_dict(
+        {"image": [{"bytes": p.read_bytes(), "path": None} for p in paths]},
+        features=datasets.Features({"image": datasets.Image()}))
+    asked = []
+    monkeypatch.setattr(datasets, "load_dataset",
+                        lambda *a, **k: asked.append(k.get("revision")) or local)
+    monkeypatch.setattr(module, "hub_dataset_sha", lambda args: args.revision or "c0ffee" * 6)
+    argv = ["user/scans", str(tmp_path / "out"), *common(stub)]
+    assert module.main(argv) == 0
+    assert module.main(list(argv)) == 0  # the rerun, without --revision
+    assert asked == [None, "c0ffee" * 6]
+    manifest = json.loads((tmp_path / "out" / ".ocr" / "manifest.json").read_text())
+    assert manifest["identity"]["input"] == {"hub": "user/scans", "revision": "c0ffee" * 6}
