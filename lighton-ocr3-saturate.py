@@ -407,32 +407,316 @@ class InputSource:
     rows_full: int = 0  # the input's rows before --shuffle and --max-samples
 
 
+TABLE_EXTENSIONS = {".parquet", ".arrow"}  # a folder of these is read by `datasets` itself
+METADATA_NAMES = ("metadata.csv", "metadata.jsonl", "metadata.parquet")  # as imagefolder's
+ODD_NAMES_MAX_BYTES = 1 << 30  # images whose names are not UTF-8 are held in memory: a bound
+_PATH_BASE: list = []  # INPUT's folder, where relative path strings in the image column point
+
+
+def shown_path(path) -> str:
+    """A path as valid text: a name that is not UTF-8 (an old zip's Latin-1) shows its bytes
+    as \\xNN escapes instead of breaking Arrow, JSON or the terminal."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
+
+
+def _nothing_to_do(what: str) -> "NoReturn":  # noqa: F821
+    log(f"INPUT {what} has no rows: nothing to do (nothing written)")
+    raise SystemExit(0)
+
+
+def check_output_outside_input(args) -> None:
+    """OUTPUT equal to or inside a local INPUT folder (symlinks resolved) would read its own
+    parts as input on the next run: refused before anything is written."""
+    source = Path(args.input).expanduser()
+    if not source.is_dir() or not is_local_target(args.output):
+        return
+    source, target = source.resolve(), Path(args.output).expanduser().resolve()
+    if target == source or source in target.parents:
+        fail(f"OUTPUT must not be INPUT or inside INPUT: {shown_path(target)} is "
+             f"{'INPUT itself' if target == source else 'inside INPUT ' + shown_path(source)}. "
+             f"A rerun would read the output's own files as input and leave images unread. "
+             f"Write it beside INPUT, e.g. {shown_path(source.parent / (source.name + '-ocr'))}")
+
+
+def _walk_folder(root: Path) -> list[Path]:
+    """Every file under root, in path order. Symlinked folders are followed, each real folder
+    once: a link back to a folder already read (a loop, or a second link to it) is skipped
+    and said. Hidden names (.x: .git, .ocr, macOS ._ files) are left out, as `datasets` does."""
+    files: list[Path] = []
+    seen: set = set()
+    hidden = 0
+    stack = [root]
+    while stack:
+        folder = stack.pop()
+        try:
+            info = folder.stat()
+            entries = list(os.scandir(folder))
+        except OSError as exc:
+            fail(f"cannot read the folder {shown_path(folder)} of INPUT: {exc.strerror or exc}")
+        if (info.st_dev, info.st_ino) in seen:
+            log(f"skipped {shown_path(folder)}: a symlink to a folder already read "
+                f"({shown_path(folder.resolve())}; a loop, or a second link to it)")
+            continue
+        seen.add((info.st_dev, info.st_ino))
+        for entry in entries:
+            if entry.name.startswith("."):
+                hidden += 1
+                continue
+            try:
+                is_dir = entry.is_dir()  # follows a symlink
+            except OSError:
+                is_dir = False
+            (stack if is_dir else files).append(Path(entry.path))
+    if hidden:
+        log(f"left out {hidden} hidden file(s) or folder(s) of INPUT (names starting with '.')")
+    return sorted(files)
+
+
+def _read_metadata(root: Path, metadata_files: list[Path], relative: list[str]):
+    """imagefolder's metadata files (csv, jsonl, parquet; `file_name` relative to the metadata
+    file's own folder), joined to the images by name: an Arrow table, one row per image."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.csv as pcsv
+    import pyarrow.json as pjson
+    import pyarrow.parquet as pq
+
+    tables, keys = [], []
+    for path in metadata_files:
+        try:
+            table = pq.read_table(str(path)) if path.suffix == ".parquet" else \
+                pcsv.read_csv(str(path)) if path.suffix == ".csv" else pjson.read_json(str(path))
+        except Exception as exc:
+            fail(f"cannot read the metadata file {shown_path(path)}: {type(exc).__name__}: {exc}")
+        if "file_name" not in table.column_names:
+            fail(f"the metadata file {shown_path(path)} has no file_name column (columns: "
+                 f"{', '.join(table.column_names)}); add one naming each image relative to "
+                 f"its folder, or move the file out of INPUT")
+        if "image" in table.column_names:
+            fail(f"the metadata file {shown_path(path)} has an image column, which is where "
+                 f"the scans go; rename it")
+        base = path.parent.relative_to(root).as_posix()
+        for name in pc.cast(table.column("file_name"), pa.string()).to_pylist():
+            keys.append(os.path.normpath(f"{base}/{name}") if name is not None else None)
+        tables.append(table.drop_columns(["file_name"]))
+    try:
+        meta = pa.concat_tables(tables, promote_options="permissive")
+    except Exception as exc:
+        fail(f"the metadata files of INPUT do not share their columns "
+             f"({', '.join(shown_path(p) for p in metadata_files)}): {exc}")
+    row_of: dict = {}
+    for row, key in enumerate(keys):
+        if key is not None:
+            row_of.setdefault(key, row)
+    take = [row_of.get(name) for name in relative]
+    unlisted = [name for name, row in zip(relative, take) if row is None]
+    if unlisted:
+        log(f"{len(unlisted)} image(s) not named in the metadata file(s) ({shown_path(unlisted[0])}"
+            f"{', ...' if len(unlisted) > 1 else ''}): OCR'd all the same, their metadata "
+            f"columns empty")
+    absent = sorted(set(row_of) - set(relative))
+    if absent:
+        log(f"{len(absent)} metadata row(s) name no image in INPUT ({absent[0]}"
+            f"{', ...' if len(absent) > 1 else ''}): left out")
+    return meta.take(pa.array(take, type=pa.int64()))
+
+
+def _image_folder(root: Path, images: list[Path], metadata_files: list[Path]):
+    """The scripts' own reader of a folder of scans: one row per image, `file_name` its path
+    relative to INPUT, plus the columns of any metadata file beside them."""
+    import datasets
+
+    relative = [p.relative_to(root).as_posix() for p in images]
+    cells = [{"bytes": None, "path": str(p)} for p in images]
+    odd = [i for i, p in enumerate(images) if shown_path(p) != str(p)]
+    if odd:  # not valid text for Arrow: read now, under a readable name (the real file is read)
+        size = 0
+        for i in odd:
+            try:
+                size += images[i].stat().st_size
+            except OSError:  # a broken link: its row says it cannot be read
+                pass
+        if size > ODD_NAMES_MAX_BYTES:
+            fail(f"{len(odd)} image name(s) are not UTF-8 (e.g. {shown_path(images[odd[0]])}) "
+                 f"and they total {size / 2**30:.1f} GiB, more than is read into memory; "
+                 f"rename them to UTF-8 first (e.g. convmv -f latin1 -t utf8 -r --notest DIR)")
+        for i in odd:
+            try:
+                data = images[i].read_bytes()
+            except OSError:
+                data = None  # the row's error says it cannot be read
+            cells[i] = {"bytes": data, "path": shown_path(images[i].name)}
+        log(f"{len(odd)} image name(s) are not UTF-8 (e.g. {shown_path(relative[odd[0]])}); "
+            f"file_name shows their bytes as \\xNN")
+    features = datasets.Features({"image": datasets.Image(decode=False),
+                                  "file_name": datasets.Value("string")})
+    ds = datasets.Dataset.from_dict(
+        {"image": cells, "file_name": [shown_path(name) for name in relative]}, features=features)
+    if metadata_files:
+        meta = _read_metadata(root, metadata_files, relative)
+        ds = datasets.concatenate_datasets([ds, datasets.Dataset(meta)], axis=1)
+    return ds
+
+
+def _check_table_files(files: list[Path]) -> list[Path]:
+    """The table files that hold rows: an empty (0-byte) or unreadable file is refused by
+    name; a parquet file of no rows is left out (datasets fails on one)."""
+    import pyarrow.parquet as pq
+
+    kept = []
+    for path in files:
+        if path.stat().st_size == 0:
+            fail(f"INPUT file {shown_path(path)} is empty (0 bytes), not a {path.suffix} file: "
+                 f"remove it, or write it again")
+        if path.suffix != ".parquet":
+            kept.append(path)
+            continue
+        try:
+            rows = pq.ParquetFile(str(path)).metadata.num_rows
+        except Exception as exc:
+            fail(f"INPUT file {shown_path(path)} is not a readable parquet file "
+                 f"({type(exc).__name__}: {exc})")
+        if rows:
+            kept.append(path)
+    return kept
+
+
+def _config_names(path: Path) -> list[str]:
+    import datasets
+
+    try:
+        return list(datasets.get_dataset_config_names(str(path)))
+    except Exception:
+        return []
+
+
+def _load_table_folder(path: Path, args):
+    """A folder of parquet/arrow files (a Hub snapshot: data/train-*.parquet, split-named
+    files, README `configs:`), read as `datasets.load_dataset(folder)` reads it."""
+    import datasets
+
+    try:
+        builder = datasets.load_dataset_builder(str(path), args.config)
+    except ValueError as exc:  # a config missing or unknown: datasets says which exist
+        configs = _config_names(path)
+        wanted = f"--config {args.config!r} is not" if args.config else "no --config is"
+        fail(f"{wanted} a config of {shown_path(path)}; it has: {', '.join(configs) or '?'}. "
+             f"Pass --config NAME ({str(exc).splitlines()[0]})")
+    except Exception as exc:
+        fail(f"datasets cannot read the folder {shown_path(path)}: {type(exc).__name__}: {exc}")
+    data_files = builder.config.data_files or {}
+    if args.split not in data_files:
+        fail(f"split {args.split!r} not in {shown_path(path)}"
+             f"{' (config ' + repr(args.config) + ')' if args.config else ''}; it has: "
+             f"{', '.join(data_files) or 'none'}. Pass --split NAME.")
+    files = _check_table_files([Path(f) for f in data_files[args.split]])
+    if not files:
+        _nothing_to_do(f"{shown_path(path)} (split {args.split})")
+    try:
+        # The resolved files, passed explicitly: datasets caches a README config by its name
+        # alone and would serve a changed folder's old rows; explicit files are hashed with
+        # their dates, so a changed file is read fresh. Only this split is prepared.
+        return datasets.load_dataset(str(path), args.config, split=args.split,
+                                     data_files={args.split: [str(f) for f in files]})
+    except Exception as exc:
+        fail(f"datasets cannot read {shown_path(path)} (split {args.split}): "
+             f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+             f"{' (' + str(exc.__cause__) + ')' if exc.__cause__ else ''}")
+
+
 def _load_local_dataset(path: Path, args):
+    """What a local INPUT is: a parquet/arrow file; a save_to_disk folder; a folder of table
+    files (read by `datasets`, splits and configs honoured); or a folder of images (the
+    scripts' own reader, with `file_name` and any metadata file). Never both silently."""
     import datasets
 
     if path.is_file():
-        if path.suffix != ".parquet":
-            fail(f"INPUT file {path} is not a .parquet file; pass a folder of images instead.")
-        return datasets.load_dataset("parquet", data_files=[str(path)], split="train")
+        if path.suffix not in TABLE_EXTENSIONS:
+            fail(f"INPUT file {shown_path(path)} is not a .parquet or .arrow file; pass a "
+                 f"folder of images instead.")
+        if not _check_table_files([path]):
+            _nothing_to_do(shown_path(path))
+        try:
+            return datasets.load_dataset(path.suffix[1:], data_files=[str(path)], split="train")
+        except Exception as exc:
+            fail(f"datasets cannot read {shown_path(path)}: {type(exc).__name__}: {exc}")
     if (path / "state.json").exists() or (path / "dataset_dict.json").exists():
-        loaded = datasets.load_from_disk(str(path))
+        try:
+            loaded = datasets.load_from_disk(str(path))
+        except Exception as exc:
+            fail(f"cannot load the save_to_disk folder {shown_path(path)}: "
+                 f"{type(exc).__name__}: {exc}")
         if isinstance(loaded, datasets.DatasetDict):
             if args.split not in loaded:
-                fail(f"split {args.split!r} not in {path}; it has {sorted(loaded)}")
+                fail(f"split {args.split!r} not in {shown_path(path)}; it has: "
+                     f"{', '.join(loaded)}. Pass --split NAME.")
             loaded = loaded[args.split]
         return loaded
-    parquet_files = sorted(str(p) for p in path.rglob("*.parquet"))
-    if parquet_files:
-        return datasets.load_dataset("parquet", data_files=parquet_files, split="train")
-    image_files = sorted(p for p in path.rglob("*") if p.suffix.lower() in IMAGE_EXTENSIONS)
-    if not image_files:
-        fail(f"INPUT folder {path} holds no images, no .parquet files and no saved dataset.")
-    features = datasets.Features({"image": datasets.Image(decode=False),
-                                  "file_name": datasets.Value("string")})
-    return datasets.Dataset.from_dict(
-        {"image": [{"bytes": None, "path": str(p)} for p in image_files],
-         "file_name": [str(p.relative_to(path)) for p in image_files]},
-        features=features)
+    files = _walk_folder(path)
+    images = [p for p in files if p.suffix.lower() in IMAGE_EXTENSIONS]
+    metadata = [p for p in files if p.name in METADATA_NAMES]
+    tables = [p for p in files if p.suffix in TABLE_EXTENSIONS and p not in metadata]
+    if images and tables:
+        shown = ", ".join(shown_path(p.relative_to(path)) for p in tables[:3])
+        fail(f"INPUT {shown_path(path)} holds {len(images)} image(s) and {len(tables)} "
+             f"table file(s) ({shown}{', ...' if len(tables) > 3 else ''}), and which to read "
+             f"is ambiguous. To OCR the images, move the table files out of the folder (a "
+             f"metadata.parquet/jsonl/csv beside the images is joined by file_name); to OCR "
+             f"the table, pass its file or folder as INPUT.")
+    if images:
+        ignored = [f"--{k} {v}" for k, v in (("config", args.config), ("split", args.split))
+                   if v and v != ("train" if k == "split" else None)]
+        if ignored:
+            log(f"{' and '.join(ignored)} ignored: INPUT is a folder of images, read whole")
+        return _image_folder(path, images, metadata)
+    if tables or any(p.suffix in TABLE_EXTENSIONS for p in metadata):
+        return _load_table_folder(path, args)
+    fail(f"INPUT folder {shown_path(path)} holds no images, no .parquet or .arrow files and "
+         f"no saved dataset.")
+
+
+def _feature_name(feature) -> str:
+    import datasets
+
+    if isinstance(feature, datasets.Value):
+        return feature.dtype
+    if isinstance(feature, dict):
+        return "struct of " + ", ".join(feature)
+    return type(feature).__name__ + (f" of {_feature_name(feature.feature)}"
+                                     if hasattr(feature, "feature") else "")
+
+
+def _check_image_column(ds, column: str, lo: int, hi: int, base: Path | None) -> None:
+    """One clear refusal up front, from the column's type and its first rows, instead of an
+    error on every row: lists of images, values that are no image, paths that lead nowhere."""
+    import datasets
+
+    feature = ds.features[column]
+    advice = (f"pass --image-column NAME of a column of images (columns: "
+              f"{', '.join(ds.column_names)})")
+    if isinstance(feature, (list, tuple)) or hasattr(feature, "feature"):
+        fail(f"image column {column!r} holds lists ({_feature_name(feature)}), and these "
+             f"scripts OCR one image per row: flatten it first (one row per page), or {advice}")
+    binary = isinstance(feature, datasets.Value) and feature.dtype in ("binary", "large_binary")
+    text = isinstance(feature, datasets.Value) and feature.dtype in ("string", "large_string")
+    struct = isinstance(feature, dict) and "bytes" in feature
+    if not (isinstance(feature, datasets.Image) or binary or text or struct):
+        fail(f"image column {column!r} is of type {_feature_name(feature)}, not images; {advice}")
+    if binary or hi <= lo:
+        return
+    sample = ds.select_columns([column]).select(range(lo, min(hi, lo + 16)))[column]
+    paths = [c if isinstance(c, str) else c.get("path") for c in sample
+             if isinstance(c, str) or isinstance(c, dict) and c.get("bytes") is None]
+    paths = [p for p in paths if p]
+    if not paths:
+        return
+    found = [Path(p).expanduser().is_file() or base is not None and (base / p).is_file()
+             for p in paths]
+    if not any(found):
+        where = f"{Path.cwd()}" + (f" and {base}" if base is not None else "")
+        fail(f"image column {column!r} holds paths that lead to no file, e.g. {paths[0]!r} "
+             f"(relative ones looked up in {where}). Write absolute paths, or paths relative "
+             f"to INPUT's folder; or {advice}")
 
 
 def open_input(args) -> InputSource:
@@ -440,15 +724,24 @@ def open_input(args) -> InputSource:
     import datasets
 
     local = Path(args.input).expanduser()
+    base = None
     if local.exists():
+        check_output_outside_input(args)
         ds = _load_local_dataset(local, args)
-        description = str(local.resolve())
+        description = shown_path(local.resolve())
+        base = local.resolve() if local.is_dir() else local.resolve().parent
     elif REPO_ID.match(args.input):
-        ds = datasets.load_dataset(args.input, args.config, split=args.split,
-                                   revision=args.revision, token=args.hf_token or None)
+        try:
+            ds = datasets.load_dataset(args.input, args.config, split=args.split,
+                                       revision=args.revision, token=args.hf_token or None)
+        except Exception as exc:  # a typo, a missing split or config, gated, offline
+            fail(f"cannot load the Hub dataset {args.input}: {type(exc).__name__}: "
+                 f"{redact_text(str(exc))}")
         description = args.input
     else:
         fail(f"INPUT {args.input!r} is neither an existing path nor a Hub dataset id.")
+    if len(ds) == 0:
+        _nothing_to_do(description)
     if args.image_column not in ds.column_names:
         image_like = [name for name, feature in ds.features.items()
                       if isinstance(feature, datasets.Image)]
@@ -466,6 +759,8 @@ def open_input(args) -> InputSource:
         fail(f"--shard-index must be in [0, {args.num_shards}), got {args.shard_index}")
     n = len(ds)
     lo, hi = n * args.shard_index // args.num_shards, n * (args.shard_index + 1) // args.num_shards
+    _check_image_column(ds, args.image_column, lo, hi, base)
+    _PATH_BASE[:] = [base] if base is not None else []
     return InputSource(ds, args.image_column, description, lo, hi, rows_full)
 
 
@@ -496,6 +791,15 @@ class PreparedPage:
     passthrough: bool
 
 
+def _resolve_image_path(value: str) -> Path:
+    """A path string of the image column: as written (absolute, or from the working folder),
+    else relative to INPUT's folder."""
+    path = Path(value).expanduser()
+    if not path.is_absolute() and _PATH_BASE and not path.exists():
+        return _PATH_BASE[0] / path
+    return path
+
+
 def read_cell_bytes(cell) -> bytes:
     if cell is None:
         raise PageError("missing image (empty cell)")
@@ -503,7 +807,7 @@ def read_cell_bytes(cell) -> bytes:
         data, path = cell.get("bytes"), cell.get("path")
         if data is None and path:
             try:
-                data = Path(path).read_bytes()
+                data = _resolve_image_path(path).read_bytes()
             except OSError as exc:
                 raise PageError(f"cannot read image file {path}: {exc}") from None
         if data is None:
@@ -511,7 +815,7 @@ def read_cell_bytes(cell) -> bytes:
         cell = data
     elif isinstance(cell, str):
         try:
-            cell = Path(cell).read_bytes()
+            cell = _resolve_image_path(cell).read_bytes()
         except OSError as exc:
             raise PageError(f"cannot read image file {cell}: {exc}") from None
     if not isinstance(cell, (bytes, bytearray, memoryview)):
@@ -1224,6 +1528,7 @@ class OutputStore:
         self.api = None
         self.upload_failures: list[str] = []
         if self.kind == "local":
+            check_output_outside_input(args)  # before a folder is made inside the input
             self.root = Path(self.target)
         else:
             if hub_api is None:

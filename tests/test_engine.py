@@ -318,7 +318,7 @@ def test_a_killed_vllm_serve_is_restarted_and_nothing_is_lost(engine, tmp_path):
         assert pids, "the driver's vllm serve was not found"
         for pid in pids:
             import os
-            os.killpg(pid, signal.SIGKILL)  # the server and its engine core die mid-run
+            os.kill(pid, signal.SIGKILL)  # the server dies mid-run (its watchdog sweeps the rest)
         _, stderr = process.communicate(timeout=900)
     finally:
         if process.poll() is None:

@@ -1,0 +1,316 @@
+"""Local inputs, end to end against the stub server: what a folder is read as (images with their
+metadata, a Hub snapshot with splits and configs, a save_to_disk folder), and every input a user
+can get wrong answered up front (OUTPUT inside INPUT, odd file names, empty files, symlinked
+folders, image columns the scripts cannot send), never a traceback, never rows silently lost.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, load_output, page_image, run_script, write_image_folder
+
+sys.path.insert(0, str(ROOT / "tests"))
+from stub_server import page_text  # noqa: E402
+
+OVIS = "ovis-ocr2-server.py"
+
+
+def expected_text(raw: bytes) -> str:
+    return page_text(raw, decode=True)[0]
+
+
+def common(stub, *extra):
+    return ["--server", stub.url, "--part-rows", "5", "--request-timeout", "20", *extra]
+
+
+def no_traceback(run):
+    assert "Traceback" not in run.stderr, run.stderr
+
+
+def write_table(path: Path, columns: dict, features: dict | None = None) -> Path:
+    """A parquet file written by `datasets` (so an Image column carries its feature type)."""
+    import datasets
+
+    ds = datasets.Dataset.from_dict(columns, features=datasets.Features(features) if features else None)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    ds.to_parquet(str(path))
+    return path
+
+
+def image_table(path: Path, seeds: list[int], **extra) -> list[bytes]:
+    import datasets
+
+    cells = [page_image(s, fmt="JPEG") for s in seeds]
+    features = {"image": datasets.Image(), "seed": datasets.Value("int64")}
+    columns = {"image": [{"bytes": c, "path": None} for c in cells], "seed": seeds}
+    write_table(path, columns, features)
+    return cells
+
+
+# ---- OUTPUT inside INPUT -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("where", ["inside", "equal", "inside_through_a_symlink"])
+def test_an_output_inside_the_input_folder_is_refused_before_anything_is_written(
+        tmp_path, stub_server, where):
+    stub = stub_server()
+    source = tmp_path / "scans"
+    write_image_folder(source, 4)
+    if where == "inside":
+        output = source / "ocr"
+    elif where == "equal":
+        output = source
+    else:
+        (tmp_path / "link").symlink_to(source)
+        output = tmp_path / "link" / "ocr"
+    before = sorted(p.name for p in source.rglob("*"))
+    run = run_script(OVIS, str(source), str(output), *common(stub))
+    assert run.returncode == 2, run.stderr
+    assert "inside INPUT" in run.stderr and str(tmp_path / "scans-ocr") in run.stderr
+    no_traceback(run)
+    assert sorted(p.name for p in source.rglob("*")) == before  # nothing written
+    assert stub.requests() == []
+
+
+# ---- a folder of images: its own reader, with the metadata datasets would join ----------------
+
+def test_a_metadata_parquet_beside_the_images_is_joined_not_read_instead(tmp_path, stub_server):
+    stub = stub_server()
+    paths = write_image_folder(tmp_path / "in", 5)
+    write_table(tmp_path / "in" / "metadata.parquet",
+                {"file_name": [p.name for p in paths[:4]], "page_no": [10, 11, 12, 13]})
+    run = run_script(OVIS, str(tmp_path / "in"), str(tmp_path / "out"), *common(stub))
+    assert run.returncode == 0, run.stderr
+    ds = load_output(tmp_path / "out")
+    assert ds["file_name"] == [p.name for p in paths]  # every image, the unlisted one too
+    assert ds["page_no"] == [10, 11, 12, 13, None]
+    assert ds["markdown"] == [expected_text(p.read_bytes()) for p in paths]
+    assert "1 image" in run.stderr and "metadata" in run.stderr  # the unlisted one is named
+
+
+def test_a_metadata_jsonl_in_a_subfolder_joins_by_its_own_relative_names(tmp_path, stub_server):
+    stub = stub_server()
+    top = write_image_folder(tmp_path / "in", 1)
+    sub = write_image_folder(tmp_path / "in" / "box1", 2)
+    (tmp_path / "in" / "box1" / "metadata.jsonl").write_text(
+        "".join(f'{{"file_name": "{p.name}", "shelf": "B{i}"}}\n' for i, p in enumerate(sub)))
+    run = run_script(OVIS, str(tmp_path / "in"), str(tmp_path / "out"), *common(stub))
+    assert run.returncode == 0, run.stderr
+    ds = load_output(tmp_path / "out")
+    assert ds["file_name"] == [f"box1/{p.name}" for p in sub] + [top[0].name]
+    assert ds["shelf"] == ["B0", "B1", None]
+
+
+def test_a_data_parquet_beside_the_images_is_refused_naming_both_ways_out(tmp_path, stub_server):
+    stub = stub_server()
+    write_image_folder(tmp_path / "in", 3)
+    image_table(tmp_path / "in" / "old" / "scores.parquet", [1, 2])
+    run = run_script(OVIS, str(tmp_path / "in"), str(tmp_path / "out"), *common(stub))
+    assert run.returncode == 2, run.stderr
+    assert "3 image" in run.stderr and "scores.parquet" in run.stderr
+    assert "move" in run.stderr and "as INPUT" in run.stderr
+    no_traceback(run)
+    assert stub.requests() == []
+
+
+# ---- a Hub snapshot on disk: read as datasets reads it -----------------------------------------
+
+def snapshot(folder: Path) -> dict:
+    train = image_table(folder / "data" / "train-00000-of-00001.parquet", [0, 1, 2])
+    test = image_table(folder / "data" / "test-00000-of-00001.parquet", [7, 8])
+    return {"train": train, "test": test}
+
+
+def test_a_hub_snapshot_honours_split(tmp_path, stub_server):
+    stub = stub_server()
+    cells = snapshot(tmp_path / "snap")
+    run = run_script(OVIS, str(tmp_path / "snap"), str(tmp_path / "out"),
+                     *common(stub, "--split", "test"))
+    assert run.returncode == 0, run.stderr
+    ds = load_output(tmp_path / "out")
+    assert ds["seed"] == [7, 8]
+    assert ds["markdown"] == [expected_text(c) for c in cells["test"]]
+
+
+def test_a_missing_split_lists_the_splits(tmp_path, stub_server):
+    stub = stub_server()
+    snapshot(tmp_path / "snap")
+    run = run_script(OVIS, str(tmp_path / "snap"), str(tmp_path / "out"),
+                     *common(stub, "--split", "validation"))
+    assert run.returncode == 2, run.stderr
+    assert "validation" in run.stderr and "train, test" in run.stderr
+    no_traceback(run)
+
+
+CONFIGS_CARD = """---
+configs:
+- config_name: letters
+  data_files:
+  - split: train
+    path: letters/*.parquet
+- config_name: maps
+  data_files:
+  - split: train
+    path: maps/*.parquet
+---
+# two configs
+"""
+
+
+def test_configs_are_honoured_and_a_missing_one_lists_them(tmp_path, stub_server):
+    stub = stub_server()
+    image_table(tmp_path / "snap" / "letters" / "a.parquet", [0, 1])
+    maps = image_table(tmp_path / "snap" / "maps" / "a.parquet", [5, 6, 7])
+    (tmp_path / "snap" / "README.md").write_text(CONFIGS_CARD)
+    for extra in ([], ["--config", "charters"]):
+        run = run_script(OVIS, str(tmp_path / "snap"), str(tmp_path / "out"), *common(stub, *extra))
+        assert run.returncode == 2, run.stderr
+        assert "letters, maps" in run.stderr and "--config" in run.stderr
+        no_traceback(run)
+    run = run_script(OVIS, str(tmp_path / "snap"), str(tmp_path / "out"),
+                     *common(stub, "--config", "maps"))
+    assert run.returncode == 0, run.stderr
+    ds = load_output(tmp_path / "out")
+    assert ds["seed"] == [5, 6, 7] and ds["markdown"] == [expected_text(c) for c in maps]
+
+
+def test_a_changed_input_folder_is_read_fresh_not_from_the_datasets_cache(tmp_path, stub_server):
+    """datasets caches a README config by its name alone: a folder changed between two runs
+    would come back stale (the scripts pass the resolved files, whose dates are hashed)."""
+    stub = stub_server()
+    image_table(tmp_path / "snap" / "maps" / "a.parquet", [5, 6])
+    image_table(tmp_path / "snap" / "letters" / "a.parquet", [0])
+    (tmp_path / "snap" / "README.md").write_text(CONFIGS_CARD)
+    run = run_script(OVIS, str(tmp_path / "snap"), str(tmp_path / "one"),
+                     *common(stub, "--config", "maps"))
+    assert run.returncode == 0, run.stderr
+    image_table(tmp_path / "snap" / "maps" / "a.parquet", [5, 6, 9])
+    run = run_script(OVIS, str(tmp_path / "snap"), str(tmp_path / "two"),
+                     *common(stub, "--config", "maps"))
+    assert run.returncode == 0, run.stderr
+    assert load_output(tmp_path / "two")["seed"] == [5, 6, 9]
+
+
+# ---- names, empty files, symlinks -------------------------------------------------------------
+
+def test_a_file_name_that_is_not_utf8_is_ocrd_under_a_readable_name(tmp_path, stub_server):
+    stub = stub_server()
+    paths = write_image_folder(tmp_path / "in", 2)
+    latin1 = os.path.join(os.fsencode(tmp_path / "in"), b"caf\xe9.png")
+    data = page_image(42)
+    with open(latin1, "wb") as f:
+        f.write(data)
+    run = run_script(OVIS, str(tmp_path / "in"), str(tmp_path / "out"), *common(stub))
+    assert run.returncode == 0, run.stderr
+    ds = load_output(tmp_path / "out")
+    assert ds["file_name"] == ["caf\\xe9.png"] + [p.name for p in paths]
+    assert ds["markdown"] == [expected_text(data)] + [expected_text(p.read_bytes()) for p in paths]
+    assert ds["markdown_error"] == [None] * 3
+
+
+def test_an_empty_image_file_is_an_error_row(tmp_path, stub_server):
+    stub = stub_server()
+    paths = write_image_folder(tmp_path / "in", 2)
+    (tmp_path / "in" / "blank.png").write_bytes(b"")
+    run = run_script(OVIS, str(tmp_path / "in"), str(tmp_path / "out"), *common(stub))
+    assert run.returncode == 0, run.stderr
+    ds = load_output(tmp_path / "out")
+    assert ds["file_name"] == ["blank.png"] + [p.name for p in paths]
+    assert "empty image bytes" in ds["markdown_error"][0]
+    assert ds["markdown_error"][1:] == [None, None]
+
+
+@pytest.mark.parametrize("layout", ["zero_bytes", "zero_bytes_in_folder"])
+def test_an_empty_parquet_file_exits_2_with_a_message(tmp_path, stub_server, layout):
+    stub = stub_server()
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "input.parquet").write_bytes(b"")
+    target = tmp_path / "in" / "input.parquet" if layout == "zero_bytes" else tmp_path / "in"
+    run = run_script(OVIS, str(target), str(tmp_path / "out"), *common(stub))
+    assert run.returncode == 2, run.stderr
+    assert "0 bytes" in run.stderr and "input.parquet" in run.stderr
+    no_traceback(run)
+
+
+@pytest.mark.parametrize("layout", ["file", "folder"])
+def test_a_parquet_with_no_rows_is_nothing_to_do(tmp_path, stub_server, layout):
+    import datasets
+
+    stub = stub_server()
+    path = write_table(tmp_path / "in" / "input.parquet", {"image": []},
+                       {"image": datasets.Image()})
+    target = path if layout == "file" else tmp_path / "in"
+    run = run_script(OVIS, str(target), str(tmp_path / "out"), *common(stub))
+    assert run.returncode == 0, run.stderr
+    assert "no rows" in run.stderr
+    no_traceback(run)
+    assert stub.requests() == []
+
+
+def test_symlinked_subfolders_are_followed_and_a_loop_is_not(tmp_path, stub_server):
+    stub = stub_server()
+    own = write_image_folder(tmp_path / "in", 2)
+    elsewhere = write_image_folder(tmp_path / "elsewhere", 2)
+    (tmp_path / "in" / "linked").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    (tmp_path / "in" / "loop").symlink_to(tmp_path / "in", target_is_directory=True)
+    run = run_script(OVIS, str(tmp_path / "in"), str(tmp_path / "out"), *common(stub))
+    assert run.returncode == 0, run.stderr
+    ds = load_output(tmp_path / "out")
+    assert ds["file_name"] == [f"linked/{p.name}" for p in elsewhere] + [p.name for p in own]
+    assert ds["markdown"] == [expected_text(p.read_bytes()) for p in elsewhere + own]
+    assert "loop" in run.stderr
+
+
+# ---- image columns the scripts cannot send: one message up front ------------------------------
+
+def test_a_column_of_lists_of_images_is_refused_up_front(tmp_path, stub_server):
+    import datasets
+
+    stub = stub_server()
+    pages = [[{"bytes": page_image(i), "path": None}, {"bytes": page_image(i + 9), "path": None}]
+             for i in range(3)]
+    write_table(tmp_path / "in" / "books.parquet", {"image": pages},
+                {"image": datasets.Sequence(datasets.Image())})
+    run = run_script(OVIS, str(tmp_path / "in"), str(tmp_path / "out"), *common(stub))
+    assert run.returncode == 2, run.stderr
+    assert "'image'" in run.stderr and "list" in run.stderr.lower()
+    assert "one image per row" in run.stderr
+    no_traceback(run)
+    assert stub.requests() == []
+
+
+def test_relative_path_strings_that_do_not_resolve_are_refused_up_front(tmp_path, stub_server):
+    stub = stub_server()
+    write_table(tmp_path / "in" / "list.parquet", {"image": ["scans/a.png", "scans/b.png"]})
+    run = run_script(OVIS, str(tmp_path / "in"), str(tmp_path / "out"), *common(stub))
+    assert run.returncode == 2, run.stderr
+    assert "'image'" in run.stderr and "scans/a.png" in run.stderr and "absolute" in run.stderr
+    no_traceback(run)
+    assert stub.requests() == []
+
+
+def test_path_strings_relative_to_the_input_folder_or_absolute_are_read(tmp_path, stub_server):
+    stub = stub_server()
+    paths = write_image_folder(tmp_path / "in" / "scans", 3)
+    cells = ["scans/" + paths[0].name, str(paths[1]), "scans/" + paths[2].name]
+    write_table(tmp_path / "in" / "list.parquet", {"image": cells})
+    run = run_script(OVIS, str(tmp_path / "in" / "list.parquet"), str(tmp_path / "out"),
+                     *common(stub))
+    assert run.returncode == 0, run.stderr
+    ds = load_output(tmp_path / "out")
+    assert ds["image"] == cells
+    assert ds["markdown"] == [expected_text(p.read_bytes()) for p in paths]
+
+
+def test_a_column_of_another_type_is_refused_up_front(tmp_path, stub_server):
+    stub = stub_server()
+    write_table(tmp_path / "in" / "t.parquet", {"page": [1, 2], "image": [0.5, 0.7]})
+    run = run_script(OVIS, str(tmp_path / "in"), str(tmp_path / "out"), *common(stub))
+    assert run.returncode == 2, run.stderr
+    assert "'image'" in run.stderr and "float64" in run.stderr and "--image-column" in run.stderr
+    no_traceback(run)
+    assert stub.requests() == []
