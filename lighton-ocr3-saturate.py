@@ -1366,6 +1366,7 @@ def plan_rows(source: InputSource, store: "OutputStore", args) -> RowPlan:
                 earlier_ok += 1
             elif (kind == SERVER or args.retry_errors) and lo <= start + offset < hi:
                 redo[start + offset] = path
+    store.keep_local.update(path.name for path in redo.values())  # rewritten here later
     uncovered = [source.lo + i for i, flag in enumerate(covered) if not flag]
     recovered = store.journal.replay(lambda i: i in redo or (source.lo <= i < source.hi
                                                              and not covered[i - source.lo]))
@@ -3505,8 +3506,8 @@ def run_server_script(doc: str, argv: list[str] | None = None, hub_api=None) -> 
     check_output_columns(source, args)
     claim_output(store, run_identity(args, source, flag_values(effective_serve_args(args))), args)
     store.shard_range = (source.lo, source.hi)
-    store.resend_local_parts()
     plan = plan_rows(source, store, args)
+    store.resend_local_parts()
     pending = plan.pending
     stats = RunStats(rows_total=source.hi - source.lo, rows_skipped=plan.skipped)
     stats.extra["rows_recovered"] = len(plan.recovered)

@@ -65,7 +65,8 @@ def test_a_hub_input_is_read_with_its_config_split_revision_and_token(tmp_path, 
 
 LAYOUT_RUNS = {  # script: (its model's raw output, its flags, the block labels it must give)
     "lighton-ocr3-saturate.py": (LIGHTON_GROUNDING, ["--mode", "grounding"],
-                                 ["title", "text", "image", "text", "page_number"]),
+                                 ["title", "text", "table", "image", "text", "text+",
+                                  "page_number"]),  # a continuation is a block of its own
     "deepseek-ocr-server.py": (DEEPSEEK_DOCUMENT, [],
                                ["title", "text", "table", "image", "image", "text"]),
     "hpd-parsing-saturate.py": (HPD_OUTPUT, [], ["doc_title", "text", "table", "chart", "seal", "text"]),
@@ -100,14 +101,17 @@ def test_blocks_raw_output_and_card_read_back_after_a_layout_run(tmp_path, stub_
     if script.startswith("lighton"):
         assert {tuple(r["texts"]) for r in stub.requests()} == {("grounding",)}
     card = (out / "README.md").read_text()
-    assert card.startswith("---\n") and "path: data/*.parquet" in card  # the Hub viewer's config
+    # no configs block: datasets would serve a cached copy of the folder by its name
+    assert card.startswith("---\n") and "configs:" not in card
     assert module.MODEL_ID in card and module.JOB_IMAGE in card
     stats = json.loads((tmp_path / "stats.json").read_text())
     assert f'"rows_ok": {stats["rows_ok"]}' in card and stats["rows_ok"] == 3
     serve_line = next(line for line in card.splitlines() if line.startswith("Serve flags:"))
     assert all(flag in serve_line for flag in module.SERVE_ARGS if flag.startswith("--"))
-    reproduce = card.split("Reproduce:", 1)[1]
-    assert script in reproduce and "--keep-raw" in reproduce and str(tmp_path / "in") in reproduce
+    reproduce = card.split("Reproduce on Hugging Face Jobs:", 1)[1]
+    assert script in reproduce and "--keep-raw" in reproduce
+    command = reproduce.split("```")[1]  # a local path would mean nothing inside a Job
+    assert str(tmp_path) not in command and "<your-user>/<input-dataset>" in command
     assert all(flag in reproduce for flag in flags)
 
 
@@ -179,6 +183,9 @@ def test_an_offline_script_without_vllm_asks_uv_for_it(tmp_path):
                        'shift 3  # run --with REQUIREMENT\n'
                        f'PYTHONPATH={TESTS / "fake_vllm_pkg"} exec "{sys.executable}" "$@"\n')
     fake_uv.chmod(0o755)
+    gpu = tmp_path / "bin" / "nvidia-smi"  # a GPU machine: only there is vllm worth installing
+    gpu.write_text("#!/bin/sh\necho 'GPU 0: NVIDIA L4'\n")
+    gpu.chmod(0o755)
     script = "lighton-ocr3.py"
     module = load_script(script)
     write_image_folder(tmp_path / "in", 2, fmt="JPEG")
