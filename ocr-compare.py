@@ -104,6 +104,9 @@ _MD_EM_STAR = re.compile(r"\*(?=[^\s*])(.+?)(?<=[^\s*])\*", re.S)
 _MD_EM_UNDER = re.compile(r"(?<!\w)_(?=[^\s_])(.+?)(?<=[^\s_])_(?!\w)", re.S)
 _MD_STRIKE = re.compile(r"~~(.+?)~~", re.S)
 _MD_ESCAPE = re.compile(r"\\([!-/:-@\[-`{-~])")
+# An escaped character (\*) is set aside as a private-use code point while the markup is
+# stripped, so that it is never read as markup, and put back as itself at the end.
+_ESCAPED = re.compile("[\U000F0021-\U000F007E]")
 _HYPHENATION = re.compile(r"(?<=\w)[-¬][ \t]*\n[ \t]*(?=\w)")
 _QUOTE_DASH_MAP = {
     **{c: "'" for c in "\u2018\u2019\u201a\u201b\u2032\u2039\u203a"},
@@ -148,6 +151,9 @@ def collapse_whitespace(text: str) -> str:
 
 def strip_markup(text: str) -> str:
     """Markdown and HTML markup out, the text it marks up kept (line structure kept too)."""
+    escaped = "\\" in text
+    if escaped:
+        text = _MD_ESCAPE.sub(lambda m: chr(0xF0000 + ord(m.group(1))), text)
     if "<" in text:
         text = _HTML_COMMENT.sub("", text)
         text = _HTML_BREAK.sub("\n", text)
@@ -179,8 +185,8 @@ def strip_markup(text: str) -> str:
         text = text.replace("`", "")
     if "|" in text:
         text = text.replace("|", " ")
-    if "\\" in text:
-        text = _MD_ESCAPE.sub(r"\1", text)
+    if escaped:
+        text = _ESCAPED.sub(lambda m: chr(ord(m.group()) - 0xF0000), text)
     return text
 
 
@@ -429,15 +435,15 @@ def _load_local(label: str, path: Path, wanted: list[str], args) -> Side:
     # datasets caches a local folder load by the folder's name, so a rerun into the same
     # folder (or two outputs both called ./out) could be answered from a stale cache. pyarrow
     # reads the files as they are now, and only the columns compared (never the images).
+    manifest_key = manifest_row_identity(path) if path.is_dir() else None
     schema_names = list(dict.fromkeys(n for f in files for n in pq.read_schema(f).names))
-    keep = [c for c in dict.fromkeys(wanted) if c in schema_names]
+    keep = [c for c in dict.fromkeys(wanted + (manifest_key or [])) if c in schema_names]
     tables = []
     for f in files:
         names = pq.read_schema(f).names
         tables.append(pq.read_table(f, columns=[c for c in keep if c in names]))
     table = pa.concat_tables(tables, promote_options="default") if len(tables) > 1 else tables[0]
-    side = _table_to_side(label, str(path), str(path.resolve()), table, keep,
-                          manifest_row_identity(path) if path.is_dir() else None)
+    side = _table_to_side(label, str(path), str(path.resolve()), table, keep, manifest_key)
     side.available = schema_names
     return side
 
@@ -452,6 +458,9 @@ def _load_hub(label: str, repo: str, wanted: list[str], args) -> Side:
         names = list(features) if features else None
         kwargs = {}
         if names is not None:
+            if wanted[0] not in names:
+                raise UsageError(f"column {wanted[0]!r} not in {label} ({repo}); it has: "
+                                 f"{', '.join(names)}")
             kwargs["columns"] = [c for c in dict.fromkeys(wanted) if c in names]
         try:
             ds = datasets.load_dataset(repo, args.config, split=args.split, revision=args.revision,
@@ -470,7 +479,7 @@ def _load_hub(label: str, repo: str, wanted: list[str], args) -> Side:
     keep = [c for c in dict.fromkeys(wanted) if c in ds.column_names]
     table = ds.select_columns(keep).flatten_indices().data.table if keep else ds.data.table
     side = _table_to_side(label, repo, f"{repo} (split {args.split})", table, keep)
-    side.available = list(ds.column_names)
+    side.available = names if names is not None else list(ds.column_names)
     side.num_rows = ds.num_rows
     return side
 
@@ -884,16 +893,23 @@ def print_parity(report: dict, args, out) -> None:
         w("rows where one side failed:")
         for row in failed:
             w(f"  {row['key']}: {'A' if row['a_failed'] else 'B'} has no text")
+    looping = [row for row in report["rows"] if row["a_looping"] or row["b_looping"]][: args.show]
+    if looping:
+        w()
+        w("rows that loop (finish reason length with a repeated tail, or degenerate output):")
+        for row in looping:
+            sides = " and ".join(s for s, f in (("A", row["a_looping"]), ("B", row["b_looping"])) if f)
+            w(f"  {row['key']}: {sides}{' (identical)' if row['identical'] else ''}")
 
 
 def print_accuracy(report: dict, args, out) -> None:
     systems = report["systems"]
     norm = report["normalisation"]
     w = lambda line="": print(line, file=out)  # noqa: E731
+    w(f"reference: {report['reference']} [{report['reference_column']}]")
     for label, system in systems.items():
-        w(f"accuracy: {label} = {system['source']} [{system['column']}]")
-    w(f"reference: {report['reference']} [{report['reference_column']}], rows matched by "
-      f"{report['matched_by']}")
+        w(f"accuracy of {label} = {system['source']} [{system['column']}], rows matched to the "
+          f"reference by {system['matched_by']}")
     w(f"normalisation: {norm} ({report['normalisation_summary']})")
     w(f"{CHARACTERS_NOTE}; pages count when the normalised reference has >= "
       f"{report['min_reference_chars']} characters")
@@ -940,7 +956,9 @@ def print_accuracy(report: dict, args, out) -> None:
             for row in worst:
                 hyp = norm_apply(report, detail["texts"].text[row["row"]])
                 ref = norm_apply(report, detail["refs"][row["ref_row"]])
-                loop = " (looping: counts as 1 in the headline)" if row["looping"] and row["cer"] > 1 else " (looping)" if row["looping"] else ""
+                loop = ""
+                if row["looping"]:
+                    loop = " (looping: counts as 1 in the headline)" if row["cer"] > 1 else " (looping)"
                 w(f" {row['key']}: CER {row['cer']:.4f}, WER {fmt(row['wer'])}{loop}")
                 for text_line in side_by_side(hyp, ref, width, lines=2):
                     w(text_line)
@@ -1008,9 +1026,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("a", metavar="A", help="a Hub dataset id or a local output/parquet/saved dataset")
     parser.add_argument("b", metavar="B", nargs="?",
                         help="a second run, for parity (or, with --reference, a second system)")
-    parser.add_argument("--column", default="markdown", help="text column of A (default: markdown)")
-    parser.add_argument("--column-b", default=None, help="text column of B (default: --column)")
-    parser.add_argument("--key", default=None, type=lambda s: [c.strip() for c in s.split(",") if c.strip()],
+    parser.add_argument("--column", default="markdown", metavar="COLUMN", help="text column of A (default: markdown)")
+    parser.add_argument("--column-b", default=None, metavar="COLUMN", help="text column of B (default: --column)")
+    parser.add_argument("--key", default=None, metavar="COL[,COL]", type=lambda s: [c.strip() for c in s.split(",") if c.strip()],
                         help="column(s) that identify a row on both sides, comma-separated "
                              "(default: file_name [+ page_number], else the run manifest's row "
                              "identity, else row order)")
@@ -1019,11 +1037,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--reference-column", default=None, metavar="COLUMN",
                         help="ground-truth text column: in A when no --reference is given, else "
                              "in the reference dataset (default there: text)")
-    parser.add_argument("--min-reference-chars", type=int, default=20,
+    parser.add_argument("--min-reference-chars", type=int, default=20, metavar="N",
                         help="pages count when the normalised reference has at least this many "
                              "characters (default: 20)")
-    parser.add_argument("--normalise", "--normalize", default="reading", choices=sorted(NORMALISATIONS),
-                        help="text normalisation before distances (default: reading)")
+    parser.add_argument("--normalise", "--normalize", default="reading", choices=sorted(NORMALISATIONS), metavar="NAME",
+                        help="text normalisation before distances: diplomatic or reading (default: reading)")
     parser.add_argument("--by", default=None, metavar="COLUMN",
                         help="break the figures down by this column (a volume, a language)")
     parser.add_argument("--json", default=None, metavar="PATH", help="write the figures as JSON")
@@ -1031,9 +1049,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="write a PNG histogram of per-page CER (accuracy) or similarity (parity)")
     parser.add_argument("--rows", default=None, metavar="PATH",
                         help="write per-row figures (.csv, else JSON lines)")
-    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1,
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, metavar="N",
                         help="processes that score rows, on Linux (default: one per core)")
-    parser.add_argument("--show", type=int, default=5, help="worst pairs or pages shown (default: 5)")
+    parser.add_argument("--show", type=int, default=5, metavar="N", help="worst pairs or pages shown (default: 5)")
     parser.add_argument("--split", default="train", help="split of Hub or saved datasets (default: train)")
     parser.add_argument("--config", default=None, help="Hub dataset config")
     parser.add_argument("--revision", default=None, help="Hub dataset revision")
@@ -1089,7 +1107,7 @@ def run(args, out=sys.stdout) -> dict:
                  "min_reference_chars": args.min_reference_chars}
         for label, side, column in systems:
             if side is ref:
-                match = Match([(i, i) for i in range(side.num_rows)], "the same rows", 0, 0, None)
+                match = Match([(i, i) for i in range(side.num_rows)], "row (the reference is a column of A)", 0, 0, None)
             else:
                 match = match_rows(side, ref, args.key)
             group_of = _group_lookup(args.by, side, ref)
@@ -1101,9 +1119,9 @@ def run(args, out=sys.stdout) -> dict:
             else:
                 result["b"] = {"source": side.description, "column": column,
                                "matched_by": match.how, **figures}
-            shown["systems"][label] = {"source": side.description, "column": column, "figures": figures}
+            shown["systems"][label] = {"source": side.description, "column": column,
+                                       "matched_by": match.how, "figures": figures}
             shown["details"][label] = detail
-            shown["matched_by"] = match.how
         result["seconds"] = round(time.perf_counter() - started, 3)
         if args.plot:
             series = {f"{label} ({shown['systems'][label]['source']})":
