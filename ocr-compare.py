@@ -91,23 +91,25 @@ _HTML_BREAK = re.compile(r"<br\s*/?>|</?(?:p|div|tr|li|ul|ol|h[1-6]|table|thead|
                          r"blockquote|pre|caption|figure|section)\b[^>]*>", re.I)
 _HTML_CELL = re.compile(r"</?(?:td|th)\b[^>]*>", re.I)
 _HTML_TAG = re.compile(r"</?[A-Za-z][A-Za-z0-9-]*(?:\s[^<>]*)?/?>")
-_MD_FENCE = re.compile(r"^[ \t]*(?:```|~~~).*$", re.M)
-_MD_RULE = re.compile(r"^[ \t]*([-*_])(?:[ \t]*\1){2,}[ \t]*$", re.M)
-_MD_TABLE_RULE = re.compile(r"^[ \t]*\|?(?:[ \t]*:?-{3,}:?[ \t]*\|)+(?:[ \t]*:?-{3,}:?[ \t]*)?$", re.M)
-_MD_HEADING = re.compile(r"^[ \t]{0,3}#{1,6}[ \t]+", re.M)
-_MD_QUOTE = re.compile(r"^[ \t]*(?:>[ \t]?)+", re.M)
-_MD_BULLET = re.compile(r"^[ \t]*[-*+][ \t]+", re.M)
+# Line markup, matched against one line at a time (only lines that start with a mark are read)
+_LINE_MARKS = frozenset("#>-*+_|`~:")
+_MD_FENCE = re.compile(r"[ \t]*(?:```|~~~)")
+_MD_RULE = re.compile(r"[ \t]*([-*_])(?:[ \t]*\1){2,}[ \t\r]*$")
+_MD_TABLE_RULE = re.compile(r"[ \t]*\|?(?:[ \t]*:?-{3,}:?[ \t]*\|)+(?:[ \t]*:?-{3,}:?[ \t]*)?[ \t\r]*$")
+_MD_QUOTE = re.compile(r"[ \t]*(?:>[ \t]?)+")
+_MD_HEADING = re.compile(r"[ \t]{0,3}#{1,6}(?:[ \t]+|$)")
+_MD_BULLET = re.compile(r"[ \t]*[-*+][ \t]+")
 _MD_IMAGE = re.compile(r"!\[[^\]]*\]\([^)]*\)")
 _MD_LINK = re.compile(r"\[([^\]]*)\]\([^)]*\)")
 _MD_STRONG = re.compile(r"(\*\*|__)(?=\S)(.+?)(?<=\S)\1", re.S)
 _MD_EM_STAR = re.compile(r"\*(?=[^\s*])(.+?)(?<=[^\s*])\*", re.S)
-_MD_EM_UNDER = re.compile(r"(?<!\w)_(?=[^\s_])(.+?)(?<=[^\s_])_(?!\w)", re.S)
+_MD_EM_UNDER = re.compile(r"_(?<!\w_)(?=[^\s_])(.+?)(?<=[^\s_])_(?!\w)", re.S)  # "_" first: fast
 _MD_STRIKE = re.compile(r"~~(.+?)~~", re.S)
 _MD_ESCAPE = re.compile(r"\\([!-/:-@\[-`{-~])")
 # An escaped character (\*) is set aside as a private-use code point while the markup is
 # stripped, so that it is never read as markup, and put back as itself at the end.
 _ESCAPED = re.compile("[\U000F0021-\U000F007E]")
-_HYPHENATION = re.compile(r"(?<=\w)[-¬][ \t]*\n[ \t]*(?=\w)")
+_HYPHENATION = re.compile(r"[-¬](?<=\w[-¬])[ \t]*\n[ \t]*(?=\w)")  # the hyphen first: fast
 _QUOTE_DASH_MAP = {
     **{c: "'" for c in "\u2018\u2019\u201a\u201b\u2032\u2039\u203a"},
     **{c: '"' for c in "\u201c\u201d\u201e\u201f\u2033\u00ab\u00bb\u301d\u301e"},
@@ -123,10 +125,11 @@ _invisible: tuple | None = None
 def _invisible_chars() -> tuple:
     """Format characters (zero-width space and joiners, soft hyphen, BOM, direction marks) and
     control characters other than whitespace, which `reading` drops: (set, pattern). Built
-    once, on first use, from this Python's Unicode database (about 0.1 s)."""
+    once, on first use, from this Python's Unicode database: the planes where Unicode puts
+    them (0 and 1, and the tags of plane 14); the others hold ideographs and private use."""
     global _invisible
     if _invisible is None:
-        points = [cp for cp in range(sys.maxunicode + 1)
+        points = [cp for cp in (*range(0x20000), *range(0xE0000, 0xE1000))
                   if unicodedata.category(chr(cp)) in ("Cf", "Cc") and not chr(cp).isspace()]
         ranges, start, prev = [], points[0], points[0]
         for cp in points[1:] + [-1]:
@@ -145,8 +148,28 @@ def _drop_invisible(text: str, chars: set) -> str:
     return text if invisible.isdisjoint(chars) else pattern.sub("", text)
 
 
-def collapse_whitespace(text: str) -> str:
-    return " ".join(text.split())
+def _strip_line(line: str) -> str:
+    if _MD_FENCE.match(line) or _MD_RULE.match(line) or _MD_TABLE_RULE.match(line):
+        return ""
+    for pattern in (_MD_QUOTE, _MD_HEADING, _MD_BULLET):  # "> - item", "> # title"
+        match = pattern.match(line)
+        if match:
+            line = line[match.end():]
+    return line
+
+
+def _strip_lines(text: str) -> str:
+    """Fences, rules, table rules, quote marks, heading marks and bullets: a line at a time,
+    and only the lines that start with one of their characters (a regex over the whole page
+    per kind of markup costs several times more)."""
+    lines = text.split("\n")
+    changed = False
+    for k, line in enumerate(lines):
+        if line.lstrip(" \t")[:1] in _LINE_MARKS:
+            stripped = _strip_line(line)
+            if stripped is not line:
+                lines[k], changed = stripped, True
+    return "\n".join(lines) if changed else text
 
 
 def strip_markup(text: str) -> str:
@@ -161,23 +184,15 @@ def strip_markup(text: str) -> str:
         text = _HTML_TAG.sub("", text)
     if "&" in text:
         text = html.unescape(text)
-    if "`" in text or "~" in text:
-        text = _MD_FENCE.sub("", text)
-    if "-" in text or "*" in text or "_" in text or "|" in text:
-        text = _MD_RULE.sub("", text)
-        text = _MD_TABLE_RULE.sub("", text)
-    if "#" in text:
-        text = _MD_HEADING.sub("", text)
-    if ">" in text:
-        text = _MD_QUOTE.sub("", text)
-    if "-" in text or "*" in text or "+" in text:
-        text = _MD_BULLET.sub("", text)
+    text = _strip_lines(text)
     if "](" in text:
         text = _MD_IMAGE.sub("", text)
         text = _MD_LINK.sub(r"\1", text)
-    if "*" in text or "_" in text:
+    if "**" in text or "__" in text:
         text = _MD_STRONG.sub(r"\2", text)
+    if "*" in text:
         text = _MD_EM_STAR.sub(r"\1", text)
+    if "_" in text:
         text = _MD_EM_UNDER.sub(r"\1", text)
     if "~~" in text:
         text = _MD_STRIKE.sub(r"\1", text)
@@ -190,11 +205,11 @@ def strip_markup(text: str) -> str:
     return text
 
 
-def normalise_diplomatic(text: str) -> str:
-    return collapse_whitespace(unicodedata.normalize("NFC", text))
+def diplomatic_words(text: str) -> list[str]:
+    return unicodedata.normalize("NFC", text).split()
 
 
-def normalise_reading(text: str) -> str:
+def reading_words(text: str) -> list[str]:
     text = unicodedata.normalize("NFKC", text)
     chars = set(text)
     text = _drop_invisible(text, chars)
@@ -206,16 +221,25 @@ def normalise_reading(text: str) -> str:
         text = strip_markup(text)  # removes characters only: `chars` still covers the text
     if not _QUOTE_DASH_CHARS.isdisjoint(chars):
         text = _QUOTE_DASH.sub(lambda m: _QUOTE_DASH_MAP[m.group()], text)
-    if "\n" in chars and ("-" in chars or "¬" in chars):
+    if "\n" in chars and ("-" in chars or "\u00ac" in chars):
         text = _HYPHENATION.sub("", text)
-    return collapse_whitespace(text.casefold())
+    return text.casefold().split()
+
+
+def normalise_diplomatic(text: str) -> str:
+    return " ".join(diplomatic_words(text))
+
+
+def normalise_reading(text: str) -> str:
+    return " ".join(reading_words(text))
 
 
 @dataclass(frozen=True)
 class Normalisation:
     name: str
     version: int
-    apply: object
+    apply: object  # text -> normalised text (words joined by one space)
+    words: object  # text -> its words: the same split once, for WER
     summary: str
 
     @property
@@ -224,9 +248,9 @@ class Normalisation:
 
 
 NORMALISATIONS = {
-    "diplomatic": Normalisation("diplomatic", 1, normalise_diplomatic,
+    "diplomatic": Normalisation("diplomatic", 1, normalise_diplomatic, diplomatic_words,
                                 "Unicode NFC, whitespace collapsed"),
-    "reading": Normalisation("reading", 1, normalise_reading,
+    "reading": Normalisation("reading", 1, normalise_reading, reading_words,
                              "Markdown/HTML markup stripped, NFKC, invisible characters dropped, "
                              "quotes and dashes unified, line-end hyphenation joined, case folded, "
                              "whitespace collapsed"),
@@ -440,8 +464,10 @@ def _load_local(label: str, path: Path, wanted: list[str], args) -> Side:
     keep = [c for c in dict.fromkeys(wanted + (manifest_key or [])) if c in schema_names]
     tables = []
     for f in files:
-        names = pq.read_schema(f).names
-        tables.append(pq.read_table(f, columns=[c for c in keep if c in names]))
+        # ParquetFile.read, not pq.read_table: the latter goes through pyarrow.dataset, whose
+        # import alone costs about 2 s here
+        handle = pq.ParquetFile(f)
+        tables.append(handle.read(columns=[c for c in keep if c in handle.schema_arrow.names]))
     table = pa.concat_tables(tables, promote_options="default") if len(tables) > 1 else tables[0]
     side = _table_to_side(label, str(path), str(path.resolve()), table, keep, manifest_key)
     side.available = schema_names
@@ -562,6 +588,7 @@ class Texts:
     `<column>_error` says why)."""
     text: list
     finish: list
+    error: list
 
     def failed(self, i: int) -> bool:
         return self.text[i] is None
@@ -574,7 +601,8 @@ def read_texts(side: Side, column: str) -> Texts:
         raise UsageError(f"column {column!r} not in {side.label} ({side.spec}); it has: "
                          f"{', '.join(strings)}. Pass --column{'-b' if side.label == 'B' else ''} NAME")
     finish = side.columns.get(f"{column}_finish_reason") or [None] * side.num_rows
-    return Texts(side.column(column), finish)
+    errors = side.columns.get(f"{column}_error") or [None] * side.num_rows
+    return Texts(side.column(column), finish, errors)
 
 
 def side_columns(column: str) -> list[str]:
@@ -600,20 +628,21 @@ def score_page(hyp, finish, ref, norm_name: str, min_chars: int) -> tuple:
     looping); status is ok, looping, error, short reference or no reference."""
     if not isinstance(ref, str):
         return "no reference", None, None, None, None, False
-    apply = NORMALISATIONS[norm_name].apply
-    ref_norm = apply(ref)
+    words = NORMALISATIONS[norm_name].words
+    ref_words = words(ref)
+    ref_norm = " ".join(ref_words)
     if len(ref_norm) < min_chars:
         return "short reference", len(ref_norm), None, None, None, False
     if hyp is None:
         return "error", len(ref_norm), None, None, None, False
     looping = is_looping(hyp, finish)
-    hyp_norm = apply(hyp)
-    ref_words = ref_norm.split()
+    hyp_words = words(hyp)
     return ("looping" if looping else "ok", len(ref_norm), len(ref_words),
-            edit_distance(hyp_norm, ref_norm), edit_distance(hyp_norm.split(), ref_words), looping)
+            edit_distance(" ".join(hyp_words), ref_norm), edit_distance(hyp_words, ref_words), looping)
 
 
 _JOB: dict = {}  # the rows being scored; forked workers inherit it instead of receiving a copy
+WORKERS_USED = {"processes": 1}  # how many processes scored the last rows (reported in --json)
 PARALLEL_MIN_ROWS = 2000
 
 
@@ -633,14 +662,20 @@ def score_rows(function, columns: list[list], const: tuple, workers: int) -> lis
 
     n = len(columns[0]) if columns else 0
     _JOB = {"function": function, "columns": columns, "const": const}
+    _invisible_chars()  # built once here, not once per worker
     try:
-        if workers > 1 and n >= PARALLEL_MIN_ROWS and sys.platform.startswith("linux") \
-                and __name__ == "__main__":
+        # the workers find _score_range by name in __main__: so only when this file runs as
+        # the program (not imported by a test, nor run under a profiler)
+        runs_as_main = getattr(sys.modules.get("__main__"), "_score_range", None) is _score_range
+        if workers > 1 and n >= PARALLEL_MIN_ROWS and sys.platform.startswith("linux") and runs_as_main:
             from concurrent.futures import ProcessPoolExecutor
             chunk = max(250, n // (workers * 16))
             bounds = [(lo, min(n, lo + chunk)) for lo in range(0, n, chunk)]
             with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
-                return [result for part in pool.map(_score_range, bounds) for result in part]
+                results = [result for part in pool.map(_score_range, bounds) for result in part]
+            WORKERS_USED["processes"] = workers
+            return results
+        WORKERS_USED["processes"] = 1
         return _score_range((0, n))
     finally:
         _JOB = {}
@@ -892,7 +927,10 @@ def print_parity(report: dict, args, out) -> None:
         w()
         w("rows where one side failed:")
         for row in failed:
-            w(f"  {row['key']}: {'A' if row['a_failed'] else 'B'} has no text")
+            texts, index = (ta, row["a_row"]) if row["a_failed"] else (tb, row["b_row"])
+            why = texts.error[index]
+            w(f"  {row['key']}: {'A' if row['a_failed'] else 'B'} has no text"
+              + (f" ({clip(visible(why), 100)})" if why else ""))
     looping = [row for row in report["rows"] if row["a_looping"] or row["b_looping"]][: args.show]
     if looping:
         w()
@@ -1073,9 +1111,12 @@ def run(args, out=sys.stdout) -> dict:
     if not accuracy_mode:
         a = load_side("A", args.a, side_columns(args.column) + extra, args)
         b = load_side("B", args.b, side_columns(column_b) + extra, args)
+        loaded = time.perf_counter()
         report = parity(a, b, args, norm)
         result = report["result"]
         result["seconds"] = round(time.perf_counter() - started, 3)
+        result["seconds_loading"] = round(loaded - started, 3)
+        result["worker_processes"] = WORKERS_USED["processes"]
         if args.plot:
             rest = [r["similarity"] for r in report["rows"] if r.get("identical") is False]
             write_plot(args.plot, f"similarity of the {len(rest)} non-identical pages "
@@ -1097,6 +1138,7 @@ def run(args, out=sys.stdout) -> dict:
         systems = [("A", a, args.column)]
         if args.b is not None:
             systems.append(("B", load_side("B", args.b, side_columns(column_b) + extra, args), column_b))
+        loaded = time.perf_counter()
         result = {"mode": "accuracy", "normalisation": norm.label,
                   "normalisation_summary": norm.summary, "characters": CHARACTERS_NOTE,
                   "reference": ref.description, "reference_column": ref_column,
@@ -1123,6 +1165,8 @@ def run(args, out=sys.stdout) -> dict:
                                        "matched_by": match.how, "figures": figures}
             shown["details"][label] = detail
         result["seconds"] = round(time.perf_counter() - started, 3)
+        result["seconds_loading"] = round(loaded - started, 3)
+        result["worker_processes"] = WORKERS_USED["processes"]
         if args.plot:
             series = {f"{label} ({shown['systems'][label]['source']})":
                       [r["cer"] for r in shown["details"][label]["rows"] if "cer" in r]
