@@ -1168,11 +1168,13 @@ def run(args, out=sys.stdout) -> dict:
         result["seconds_loading"] = round(loaded - started, 3)
         result["worker_processes"] = WORKERS_USED["processes"]
         if args.plot:
+            # what the headline counts (a looping page at 1), and anything above 1 drawn at 1
             series = {f"{label} ({shown['systems'][label]['source']})":
-                      [r["cer"] for r in shown["details"][label]["rows"] if "cer" in r]
+                      [min(r["cer"], 1.0) for r in shown["details"][label]["rows"] if "cer" in r]
                       for label in shown["systems"]}
             write_plot(args.plot, f"CER per page ({norm.label}; reference >= "
-                       f"{args.min_reference_chars} chars)", series, "CER per page")
+                       f"{args.min_reference_chars} chars)", series,
+                       "CER per page (looping pages, and any page above 1, drawn at 1)")
         if args.rows:
             rows = []
             for label in shown["systems"]:
