@@ -412,3 +412,17 @@ def test_compare_is_a_tool_not_a_model_script():
     import re
     assert not re.search(r"^\s*(import|from) (Levenshtein|difflib)\b", text, re.M)  # GPL; autojunk
     assert SCRIPT in (ROOT / "README.md").read_text()
+
+
+def test_hub_loader_selects_columns_through_the_builder(compare, tmp_path, monkeypatch):
+    """The Hub path (no network here): load_dataset_builder and load_dataset(columns=...) on a
+    folder the datasets library resolves the way it resolves a Hub repo of parquet files."""
+    import types
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "cache"))
+    out = accuracy_output(tmp_path / "repo")
+    args = types.SimpleNamespace(hf_token=None, config=None, revision=None, split="train")
+    side = compare._load_hub("A", str(out), ["markdown", "markdown_finish_reason", "gt", "nope"], args)
+    assert side.num_rows == 7 and sorted(side.columns) == ["gt", "markdown", "markdown_finish_reason"]
+    assert "volume" in side.available and side.column("gt")[0] == R0
+    with pytest.raises(compare.UsageError, match="column 'text' not in A"):
+        compare._load_hub("A", str(out), ["text"], args)
