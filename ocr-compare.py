@@ -597,7 +597,7 @@ class Texts:
 def read_texts(side: Side, column: str) -> Texts:
     if not side.has(column):
         strings = [name for name in side.available if not name.endswith(
-            ("_error", "_finish_reason", "_prompt_tokens", "_completion_tokens"))]
+            ("_error", "_error_kind", "_finish_reason", "_prompt_tokens", "_completion_tokens"))]
         raise UsageError(f"column {column!r} not in {side.label} ({side.spec}); it has: "
                          f"{', '.join(strings)}. Pass --column{'-b' if side.label == 'B' else ''} NAME")
     finish = side.columns.get(f"{column}_finish_reason") or [None] * side.num_rows
