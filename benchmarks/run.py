@@ -20,6 +20,10 @@ Sections (all by default, in this order; 8 to 11 minutes on 2 cores):
   shapes         lighton-ocr3.py (offline) vs lighton-ocr3-saturate.py with a fixed window of
                  32 and with the adaptive window, on the real engine with long-tailed page
                  lengths (benchmarks/page_length.py)
+  compare        ocr-compare.py on 100,000 pages of 2,000 characters (Markdown, some pages
+                 edited): parity of two outputs, and CER/WER against a ground-truth column;
+                 wall and CPU seconds of the whole command (reading the parquet included).
+                 Not in the default run (about 3 minutes): name it
 
 The real-engine sections use the CPU vLLM environment and tiny checkpoints the tests build, and
 share one `vllm serve` (LightOnOCR-3's flags, the page-length processor loaded). Results go to
@@ -586,11 +590,81 @@ def bench_stub_1000(work: Path) -> None:
          f"{result['peak_rss_bytes'] / 2**20:.0f} MiB | {result['peak_in_flight']}")
 
 
+# ---- ocr-compare.py --------------------------------------------------------------------------
+
+COMPARE_PAGES, COMPARE_CHARS = 100_000, 2_000
+
+
+def compare_corpus(folder: Path, pages: int, chars: int, seed: int = 19) -> tuple[Path, Path]:
+    """Two collection-shaped outputs of the same pages: A, and B with a few characters changed
+    on every third page; A also holds the ground truth (the plain text, hyphenation unjoined).
+    Pages are Markdown: a heading, bold words, 80-character lines, some hyphenated line ends."""
+    import random
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = random.Random(seed)
+    letters = "abcdefghijklmnopqrstuvwxyz\u00e4\u00f6\u00fc\u00df\u00e9"
+    vocab = ["".join(rng.choices(letters, k=rng.randint(1, 11))) for _ in range(20_000)]
+    a, b, truth = [], [], []
+    for page in range(pages):
+        words = rng.choices(vocab, k=chars // 5)
+        plain = " ".join(words)[:chars]
+        truth.append(plain)
+        lines = [plain[i:i + 80] for i in range(0, len(plain), 80)]
+        body = "\n".join(line + ("-" if k % 7 == 3 and line[-1:].isalpha() else "")
+                         for k, line in enumerate(lines[1:]))
+        start = body.index(" ") + 1
+        end = body.index(" ", start)
+        markdown = f"# {lines[0]}\n\n{body[:start]}**{body[start:end]}**{body[end:]}"  # one bold word
+        a.append(markdown)
+        if page % 3 == 0:
+            edited = list(markdown)
+            for _ in range(20):
+                edited[rng.randrange(len(edited))] = rng.choice(letters)
+            markdown = "".join(edited)
+        b.append(markdown)
+    names = [f"page_{i:06d}.png" for i in range(pages)]
+    for name, texts, extra in (("a", a, {"text": truth}), ("b", b, {})):
+        (folder / name / "data").mkdir(parents=True)
+        pq.write_table(pa.table({"file_name": names, "markdown": texts,
+                                 "markdown_error": pa.nulls(pages, pa.string()),
+                                 "markdown_finish_reason": ["stop"] * pages, **extra}),
+                       folder / name / "data" / f"part-000000000-{pages:09d}.parquet")
+    return folder / "a", folder / "b"
+
+
+def bench_compare(work: Path) -> None:
+    began = time.monotonic()
+    a, b = compare_corpus(work, COMPARE_PAGES, COMPARE_CHARS)
+    note("compare", f"{COMPARE_PAGES:,} pages of {COMPARE_CHARS:,} characters written",
+         f"{time.monotonic() - began:.0f} s")
+    uv = shutil.which("uv")
+    for label, args in (("parity of two outputs", [str(a), str(b)]),
+                        ("CER/WER against ground truth", [str(a), "--reference-column", "text"])):
+        report = work / "compare.json"
+        # under uv, as a user runs it (the environment is cached by then: --help ran first)
+        subprocess.run([uv, "run", "-q", str(ROOT / "ocr-compare.py"), "--help"], capture_output=True)
+        wall, cpu, run = timed_run([uv, "run", "-q", str(ROOT / "ocr-compare.py"), *args,
+                                    "--json", str(report)])
+        assert run.returncode == 0, run.stderr[-2000:]
+        figures = json.loads(report.read_text())
+        RESULTS.setdefault("compare", {})[label] = {"wall_s": wall, "cpu_s": cpu,
+                                                    "inside_s": figures["seconds"],
+                                                    "loading_s": figures["seconds_loading"]}
+        note("compare", f"ocr-compare.py, {label}: wall | CPU | reading the parquet",
+             f"{wall:.1f} s | {cpu:.1f} s | {figures['seconds_loading']:.1f} s")
+    load = os.getloadavg()[0]
+    note("compare", "load average when it ended (other work on the machine)", f"{load:.1f}")
+
+
 # In this order: the stub sections, then scale-out (its shards boot while the shared engine
 # does), then the timed real-engine sections with nothing else running.
 SECTIONS = {"driver-cost": bench_driver_cost, "memory": bench_memory, "startup": bench_startup,
             "stub-1000": bench_stub_1000, "scale-out": bench_scale_out, "ceiling": bench_ceiling,
-            "shapes": bench_shapes}
+            "shapes": bench_shapes, "compare": bench_compare}
+NOT_BY_DEFAULT = {"compare"}  # run when named: it measures another tool, not the drivers
 NEEDS_ENGINE = {"ceiling", "shapes", "scale-out"}
 ROUNDS = 4
 BASELINE = None  # a git ref: driver-cost measures the script at that commit too
@@ -614,7 +688,8 @@ def main() -> int:
     unknown = [name for name in options.sections if name not in SECTIONS]
     if unknown:
         parser.error(f"unknown section(s) {', '.join(unknown)}; choose from {', '.join(SECTIONS)}")
-    chosen = [name for name in SECTIONS if name in options.sections] or list(SECTIONS)
+    chosen = [name for name in SECTIONS if name in options.sections] or \
+        [name for name in SECTIONS if name not in NOT_BY_DEFAULT]
     # This machine sets PYTHONDONTWRITEBYTECODE, so every driver process would compile its
     # imports again (about 4 s of CPU); users' Pythons keep bytecode.
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)

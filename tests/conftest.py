@@ -6,6 +6,7 @@ import importlib.util
 import io
 import os
 import random
+import re
 import socket
 import subprocess
 import sys
@@ -22,9 +23,19 @@ ROOT = Path(__file__).resolve().parent.parent
 # user has one: outputs must load fresh through it (same folder names, resumed outputs).
 os.environ.setdefault("HF_DATASETS_CACHE", tempfile.mkdtemp(prefix="ocr-tests-datasets-"))
 TESTS = ROOT / "tests"
-SERVER_SCRIPTS = sorted(p.name for p in ROOT.glob("*.py")
-                        if p.name.endswith(("-server.py", "-saturate.py")))
-ALL_SCRIPTS = sorted(p.name for p in ROOT.glob("*.py"))
+# A top-level script that is a tool of the collection, not a model script (ocr-compare.py),
+# says so with this line; it has no models.json entry, no helper blocks, no engine case.
+TOOL_MARKER = re.compile(r'^SCRIPT_KIND = "tool"$', re.M)
+
+
+def is_tool_script(path: Path) -> bool:
+    return bool(TOOL_MARKER.search(path.read_text()))
+
+
+TOOL_SCRIPTS = sorted(p.name for p in ROOT.glob("*.py") if is_tool_script(p))
+ALL_SCRIPTS = sorted(p.name for p in ROOT.glob("*.py") if not is_tool_script(p))  # model scripts
+SERVER_SCRIPTS = sorted(name for name in ALL_SCRIPTS
+                        if name.endswith(("-server.py", "-saturate.py")))
 _loaded: dict[str, object] = {}
 
 

@@ -20,7 +20,8 @@ def run_bench(*args: str) -> subprocess.CompletedProcess:
 def test_help_lists_every_section_and_unknown_ones_are_refused():
     shown = run_bench("--help")
     assert shown.returncode == 0, shown.stderr
-    for section in ("driver-cost", "memory", "startup", "stub-1000", "scale-out", "ceiling", "shapes"):
+    for section in ("driver-cost", "memory", "startup", "stub-1000", "scale-out", "ceiling", "shapes",
+                    "compare"):
         assert section in shown.stdout
     refused = run_bench("ceiling", "no-such-section")
     assert refused.returncode == 2
@@ -113,3 +114,15 @@ def test_the_ceilings_clients_stay_off_the_engines_compute_cores(tmp_path):
         assert child == str(sorted(before - {0}))  # a driver started from here inherits it
     else:
         assert inside == before  # nothing to keep clear of: left as it was
+
+
+def test_compare_corpus_edits_every_third_page_and_keeps_the_truth(tmp_path):
+    import pyarrow.parquet as pq
+    bench = load_bench()
+    a, b = bench.compare_corpus(tmp_path, 30, 500)
+    ta = pq.read_table(next((a / "data").glob("*.parquet"))).to_pydict()
+    tb = pq.read_table(next((b / "data").glob("*.parquet"))).to_pydict()
+    assert ta["file_name"] == tb["file_name"] and len(ta["markdown"]) == 30
+    assert [x != y for x, y in zip(ta["markdown"], tb["markdown"])] == [k % 3 == 0 for k in range(30)]
+    assert all(len(t) == 500 and "#" not in t for t in ta["text"])
+    assert all(m.startswith("# ") and "**" in m for m in ta["markdown"])

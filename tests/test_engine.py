@@ -286,6 +286,32 @@ def test_offline_and_server_outputs_agree_at_temperature_0(engine, tmp_path_fact
     assert identical >= len(pairs) - 1, pairs
 
 
+@pytest.mark.parametrize("script", sorted(OFFLINE_CASES))
+def test_ocr_compare_agrees_with_the_parity_test(engine, tmp_path_factory, script):
+    """ocr-compare.py on the same two real-engine outputs counts what the test above counts."""
+    offline_run, offline_out, _, _ = run_once(script, tmp_path_factory)
+    server_run, server_out, _, _ = run_once(OFFLINE_CASES[script]["server"], tmp_path_factory)
+    assert offline_run.returncode == 0 and server_run.returncode == 0
+    offline = load_output(offline_out)["markdown"]
+    server = load_output(server_out)["markdown"]
+    both = [i for i in range(ROWS) if offline[i] is not None and server[i] is not None]
+    identical = sum(offline[i] == server[i] for i in both)
+    for key in ([], ["--key", "row_id"]):  # engine_pages() has no file_name: row order, or row_id
+        report = offline_out.parent / f"compare{len(key)}.json"
+        run = subprocess.run([sys.executable, str(ROOT / "ocr-compare.py"), str(offline_out),
+                              str(server_out), "--json", str(report), *key],
+                             capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0, run.stderr
+        figures = json.loads(report.read_text())
+        assert figures["matched_by"] == ("key row_id" if key else "row order")
+        assert figures["rows_matched"] == ROWS and figures["rows_compared"] == len(both)
+        assert figures["identical"] == identical
+        assert figures["rows_excluded"] == ROWS - len(both)  # the bad rows fail on both sides
+        assert figures["excluded"]["both_failed"] == ROWS - len(both)
+    FIGURES.append(f"ocr-compare.py {script} vs {OFFLINE_CASES[script]['server']}:")
+    FIGURES.extend("  " + line for line in run.stdout.splitlines())
+
+
 def test_degenerate_check_trips_on_a_real_degenerate_engine(engine, tmp_path):
     model = tiny_model("qwen3_5_flat")
     cells = [page_image(200 + i, size=(448, 448), fmt="JPEG") for i in range(4)]

@@ -1,0 +1,1210 @@
+# /// script
+# requires-python = ">=3.10"
+# dependencies = [
+#     "datasets>=3.0",
+#     "pyarrow>=15",
+#     "numpy",
+#     "rapidfuzz>=3.6",
+#     "matplotlib>=3.7",
+# ]
+# ///
+"""Compare OCR outputs: parity between two runs, or accuracy against ground truth.
+
+No GPU, no vllm: it reads two datasets (or one and its ground truth) and prints a table.
+
+Parity (two runs: offline vs server, two models, before and after a vLLM upgrade)
+    uv run ocr-compare.py ./run-offline ./run-server
+    rows are matched by key, then: how many are byte-identical, the similarity of the rest
+    (1 - Levenshtein distance / the longer length: min, p5, median), the rows where one side
+    failed or looped, and the worst pairs side by side.
+
+Accuracy (against ground truth)
+    uv run ocr-compare.py ./scans-ocr --reference-column text        # ground truth in A
+    uv run ocr-compare.py ./scans-ocr --reference user/scans-gt --reference-column text
+    uv run ocr-compare.py ./model-a ./model-b --reference user/scans-gt   # two models, one truth
+    CER and WER per page and overall: the pooled (micro) rate is the headline (all edits over
+    all reference characters), then the per-page median and the per-page mean (the figure
+    the collection's source document quotes). Only pages whose normalised reference has at
+    least --min-reference-chars characters count. A looping page (finish reason `length`
+    with a repeated tail, or degenerate output) counts with its rate capped at 1, and the
+    rates without looping pages are printed beside; error rows (no text) are left out and
+    reported as a rate of their own.
+
+A, B and --reference are Hub dataset ids (user/name) or local paths: an output folder of the
+collection (data/*.parquet), a .parquet file or folder of them, or a save_to_disk folder.
+
+Rows are matched by --key COL[,COL]; by default by `file_name` (with `page_number` where
+both sides have it), else by the row identity the run manifest (OUTPUT/.ocr/manifest.json)
+names, else by row order when both sides have the same number of rows.
+
+Normalisation (--normalise, printed with every figure; characters are Unicode code points)
+    diplomatic  Unicode NFC, whitespace runs collapsed to one space
+    reading     (default) Markdown and HTML markup stripped, NFKC, invisible characters
+                dropped, quotes and dashes unified, line-end hyphenation joined, case
+                folded, whitespace collapsed
+    Byte-identical counts always compare the raw text.
+
+More examples
+    uv run ocr-compare.py ./a ./b --json parity.json --plot parity.png
+    uv run ocr-compare.py ./out --reference-column gt --by volume --rows pages.csv
+    uv run ocr-compare.py user/a user/b --column markdown --column-b text --key page_id
+
+Exit status: 0 when the comparison ran, 2 on a usage or input problem (said in one line).
+"""
+
+import argparse
+import csv
+import html
+import json
+import math
+import os
+import re
+import sys
+import time
+import unicodedata
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# Not a model script: tests/conftest.py, tools/sync_helpers.py and the registry tests skip
+# every top-level script that carries this line (no models.json entry, no helper blocks).
+SCRIPT_KIND = "tool"
+
+PROG = "ocr-compare.py"
+REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+DEFAULT_KEY = ("file_name", "page_number")  # page_number is used where both sides have it
+MANIFEST = Path(".ocr") / "manifest.json"
+CHARACTERS_NOTE = "characters are Unicode code points; words are whitespace-separated"
+
+
+class UsageError(Exception):
+    """A problem with the arguments or the input: printed in one line, exit 2."""
+
+
+# ---- normalisation ----------------------------------------------------------------------------
+# Each normalisation has a name and a version. Change what one does and its version goes up, so
+# figures computed under different rules are never mistaken for each other.
+
+_WS = re.compile(r"\s+")
+_HTML_COMMENT = re.compile(r"<!--.*?-->", re.S)
+_HTML_BREAK = re.compile(r"<br\s*/?>|</?(?:p|div|tr|li|ul|ol|h[1-6]|table|thead|tbody|tfoot|"
+                         r"blockquote|pre|caption|figure|section)\b[^>]*>", re.I)
+_HTML_CELL = re.compile(r"</?(?:td|th)\b[^>]*>", re.I)
+_HTML_TAG = re.compile(r"</?[A-Za-z][A-Za-z0-9-]*(?:\s[^<>]*)?/?>")
+# Line markup, matched against one line at a time (only lines that start with a mark are read)
+_LINE_MARKS = frozenset("#>-*+_|`~:")
+_MD_FENCE = re.compile(r"[ \t]*(?:```|~~~)")
+_MD_RULE = re.compile(r"[ \t]*([-*_])(?:[ \t]*\1){2,}[ \t\r]*$")
+_MD_TABLE_RULE = re.compile(r"[ \t]*\|?(?:[ \t]*:?-{3,}:?[ \t]*\|)+(?:[ \t]*:?-{3,}:?[ \t]*)?[ \t\r]*$")
+_MD_QUOTE = re.compile(r"[ \t]*(?:>[ \t]?)+")
+_MD_HEADING = re.compile(r"[ \t]{0,3}#{1,6}(?:[ \t]+|$)")
+_MD_BULLET = re.compile(r"[ \t]*[-*+][ \t]+")
+_MD_IMAGE = re.compile(r"!\[[^\]]*\]\([^)]*\)")
+_MD_LINK = re.compile(r"\[([^\]]*)\]\([^)]*\)")
+_MD_STRONG = re.compile(r"(\*\*|__)(?=\S)(.+?)(?<=\S)\1", re.S)
+_MD_EM_STAR = re.compile(r"\*(?=[^\s*])(.+?)(?<=[^\s*])\*", re.S)
+_MD_EM_UNDER = re.compile(r"_(?<!\w_)(?=[^\s_])(.+?)(?<=[^\s_])_(?!\w)", re.S)  # "_" first: fast
+_MD_STRIKE = re.compile(r"~~(.+?)~~", re.S)
+_MD_ESCAPE = re.compile(r"\\([!-/:-@\[-`{-~])")
+# An escaped character (\*) is set aside as a private-use code point while the markup is
+# stripped, so that it is never read as markup, and put back as itself at the end.
+_ESCAPED = re.compile("[\U000F0021-\U000F007E]")
+_HYPHENATION = re.compile(r"[-¬](?<=\w[-¬])[ \t]*\n[ \t]*(?=\w)")  # the hyphen first: fast
+_QUOTE_DASH_MAP = {
+    **{c: "'" for c in "\u2018\u2019\u201a\u201b\u2032\u2039\u203a"},
+    **{c: '"' for c in "\u201c\u201d\u201e\u201f\u2033\u00ab\u00bb\u301d\u301e"},
+    **{c: "-" for c in "\u2010\u2011\u2012\u2013\u2014\u2015\u2043\u2212\u2e17\ufe58\ufe63\uff0d"},
+}
+# A regex over the few characters to replace, not str.translate: translate looks every
+# character of the page up in its table (about 0.2 ms a page), a regex scan is ten times faster.
+_QUOTE_DASH = re.compile("[" + "".join(_QUOTE_DASH_MAP) + "]")
+_QUOTE_DASH_CHARS = frozenset(_QUOTE_DASH_MAP)
+_invisible: tuple | None = None
+
+
+def _invisible_chars() -> tuple:
+    """Format characters (zero-width space and joiners, soft hyphen, BOM, direction marks) and
+    control characters other than whitespace, which `reading` drops: (set, pattern). Built
+    once, on first use, from this Python's Unicode database: the planes where Unicode puts
+    them (0 and 1, and the tags of plane 14); the others hold ideographs and private use."""
+    global _invisible
+    if _invisible is None:
+        points = [cp for cp in (*range(0x20000), *range(0xE0000, 0xE1000))
+                  if unicodedata.category(chr(cp)) in ("Cf", "Cc") and not chr(cp).isspace()]
+        ranges, start, prev = [], points[0], points[0]
+        for cp in points[1:] + [-1]:
+            if cp != prev + 1:
+                ranges.append(re.escape(chr(start)) if start == prev
+                              else f"{re.escape(chr(start))}-{re.escape(chr(prev))}")
+                start = cp
+            prev = cp
+        _invisible = (frozenset(map(chr, points)), re.compile("[" + "".join(ranges) + "]+"))
+    return _invisible
+
+
+def _drop_invisible(text: str, chars: set) -> str:
+    invisible, pattern = _invisible_chars()
+    # a set test on the page's distinct characters costs a fraction of a regex scan of the page
+    return text if invisible.isdisjoint(chars) else pattern.sub("", text)
+
+
+def _strip_line(line: str) -> str:
+    if _MD_FENCE.match(line) or _MD_RULE.match(line) or _MD_TABLE_RULE.match(line):
+        return ""
+    for pattern in (_MD_QUOTE, _MD_HEADING, _MD_BULLET):  # "> - item", "> # title"
+        match = pattern.match(line)
+        if match:
+            line = line[match.end():]
+    return line
+
+
+def _strip_lines(text: str) -> str:
+    """Fences, rules, table rules, quote marks, heading marks and bullets: a line at a time,
+    and only the lines that start with one of their characters (a regex over the whole page
+    per kind of markup costs several times more)."""
+    lines = text.split("\n")
+    changed = False
+    for k, line in enumerate(lines):
+        if line.lstrip(" \t")[:1] in _LINE_MARKS:
+            stripped = _strip_line(line)
+            if stripped is not line:
+                lines[k], changed = stripped, True
+    return "\n".join(lines) if changed else text
+
+
+def strip_markup(text: str) -> str:
+    """Markdown and HTML markup out, the text it marks up kept (line structure kept too)."""
+    escaped = "\\" in text
+    if escaped:
+        text = _MD_ESCAPE.sub(lambda m: chr(0xF0000 + ord(m.group(1))), text)
+    if "<" in text:
+        text = _HTML_COMMENT.sub("", text)
+        text = _HTML_BREAK.sub("\n", text)
+        text = _HTML_CELL.sub(" ", text)
+        text = _HTML_TAG.sub("", text)
+    if "&" in text:
+        text = html.unescape(text)
+    text = _strip_lines(text)
+    if "](" in text:
+        text = _MD_IMAGE.sub("", text)
+        text = _MD_LINK.sub(r"\1", text)
+    if "**" in text or "__" in text:
+        text = _MD_STRONG.sub(r"\2", text)
+    if "*" in text:
+        text = _MD_EM_STAR.sub(r"\1", text)
+    if "_" in text:
+        text = _MD_EM_UNDER.sub(r"\1", text)
+    if "~~" in text:
+        text = _MD_STRIKE.sub(r"\1", text)
+    if "`" in text:
+        text = text.replace("`", "")
+    if "|" in text:
+        text = text.replace("|", " ")
+    if escaped:
+        text = _ESCAPED.sub(lambda m: chr(ord(m.group()) - 0xF0000), text)
+    return text
+
+
+def diplomatic_words(text: str) -> list[str]:
+    return unicodedata.normalize("NFC", text).split()
+
+
+def reading_words(text: str) -> list[str]:
+    text = unicodedata.normalize("NFKC", text)
+    chars = set(text)
+    text = _drop_invisible(text, chars)
+    if "&" in chars:  # an entity may stand for a character NFKC changes or an invisible one
+        text = unicodedata.normalize("NFKC", strip_markup(text))
+        chars = set(text)
+        text = _drop_invisible(text, chars)
+    else:
+        text = strip_markup(text)  # removes characters only: `chars` still covers the text
+    if not _QUOTE_DASH_CHARS.isdisjoint(chars):
+        text = _QUOTE_DASH.sub(lambda m: _QUOTE_DASH_MAP[m.group()], text)
+    if "\n" in chars and ("-" in chars or "\u00ac" in chars):
+        text = _HYPHENATION.sub("", text)
+    return text.casefold().split()
+
+
+def normalise_diplomatic(text: str) -> str:
+    return " ".join(diplomatic_words(text))
+
+
+def normalise_reading(text: str) -> str:
+    return " ".join(reading_words(text))
+
+
+@dataclass(frozen=True)
+class Normalisation:
+    name: str
+    version: int
+    apply: object  # text -> normalised text (words joined by one space)
+    words: object  # text -> its words: the same split once, for WER
+    summary: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.name}-v{self.version}"
+
+
+NORMALISATIONS = {
+    "diplomatic": Normalisation("diplomatic", 1, normalise_diplomatic, diplomatic_words,
+                                "Unicode NFC, whitespace collapsed"),
+    "reading": Normalisation("reading", 1, normalise_reading, reading_words,
+                             "Markdown/HTML markup stripped, NFKC, invisible characters dropped, "
+                             "quotes and dashes unified, line-end hyphenation joined, case folded, "
+                             "whitespace collapsed"),
+}
+
+
+# ---- looping detection (the collection's detector, copied: scripts share no code) --------------
+
+def repeated_tail(text: str, max_period: int = 200) -> tuple[int, int]:
+    """(period, repeats) of the longest run of one unit repeated at the end of text.
+
+    The model scripts' answer, found faster: a unit repeated at least twice ends in the
+    text's last character, so only the periods where that character recurs are tried."""
+    best = (0, 0)
+    n = len(text)
+    limit = min(max_period, n // 2)
+    if limit < 1:
+        return best
+    last, low, pos = text[-1], n - 1 - limit, n - 2
+    while pos >= low:
+        pos = text.rfind(last, low, pos + 1)
+        if pos < 0:
+            break
+        period = n - 1 - pos
+        pos -= 1
+        unit = text[-period:]
+        repeats, end = 1, n - period
+        while end >= period and text[end - period:end] == unit:
+            repeats += 1
+            end -= period
+        if repeats >= 2 and repeats * period > best[0] * best[1]:
+            best = (period, repeats)
+    return best
+
+
+def looks_degenerate(text: str | None) -> bool:
+    """Empty, one character over and over, or mostly a repetition loop (the model scripts'
+    sanity check, same thresholds)."""
+    if not text or not text.strip():
+        return True
+    # (the model scripts' copy lists every visible character; the set of distinct ones decides
+    # the same question without a Python loop over the page)
+    distinct = {c for c in set(text) if not c.isspace()}
+    if len(distinct) <= 2 and sum(text.count(c) for c in distinct) >= 8:
+        return True
+    if len(text) >= 40:
+        period, repeats = repeated_tail(text)
+        if repeats >= 5 and period * repeats >= len(text) * 0.5:
+            return True
+    if len(text) >= 200:
+        data = text.encode()
+        if len(zlib.compress(data)) < len(data) * 0.05:
+            return True
+    return False
+
+
+def is_looping(text: str | None, finish_reason: str | None) -> bool:
+    """A page that ran out of tokens repeating itself, or degenerate output."""
+    if text is None:
+        return False  # an error row, counted as such
+    if finish_reason == "length":
+        period, repeats = repeated_tail(text)
+        if repeats >= 5 and period * repeats >= 100:
+            return True
+    return looks_degenerate(text)
+
+
+# ---- distances ---------------------------------------------------------------------------------
+
+def edit_distance(a, b) -> int:
+    """Levenshtein distance of two strings (or two lists of words), exact.
+
+    rapidfuzz first with a bound: below it, its banded algorithm answers several times faster
+    on the near-identical pages OCR comparisons are mostly made of, and the answer is exact;
+    above it (it then answers bound + 1), once more without one."""
+    from rapidfuzz.distance import Levenshtein
+
+    bound = max(32, abs(len(a) - len(b)), max(len(a), len(b)) // 16)
+    distance = Levenshtein.distance(a, b, score_cutoff=bound)
+    return distance if distance <= bound else Levenshtein.distance(a, b)
+
+
+def similarity(distance: int, a_len: int, b_len: int) -> float:
+    longer = max(a_len, b_len)
+    return 1.0 if longer == 0 else 1.0 - distance / longer
+
+
+def quantile(values: list[float], q: float) -> float | None:
+    """Linear interpolation between closest ranks (numpy's default); None when empty."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    position = (len(ordered) - 1) * q
+    low = math.floor(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+# ---- loading -----------------------------------------------------------------------------------
+
+@dataclass
+class Side:
+    """One dataset, reduced to the columns the comparison needs (as Python lists)."""
+    label: str
+    spec: str
+    description: str
+    num_rows: int
+    available: list[str]
+    columns: dict[str, list] = field(default_factory=dict)
+    manifest_key: list[str] | None = None
+
+    def has(self, name: str) -> bool:
+        return name in self.available
+
+    def column(self, name: str) -> list:
+        return self.columns[name]
+
+
+def is_local(spec: str) -> bool:
+    return spec.startswith(("/", "./", "../", "~")) or Path(spec).expanduser().exists()
+
+
+def local_parquet_files(path: Path) -> list[Path]:
+    """A collection output keeps its rows in data/*.parquet (parts named by row range, so name
+    order is row order); anything else: every .parquet below the folder."""
+    data = path / "data"
+    if data.is_dir():
+        files = sorted(data.glob("*.parquet"))
+        if files:
+            return files
+    return sorted(p for p in path.rglob("*.parquet") if ".ocr" not in p.parts and "logs" not in p.parts)
+
+
+def manifest_row_identity(path: Path) -> list[str] | None:
+    """HOOK for the run manifest (OUTPUT/.ocr/manifest.json, being built in issue 15).
+
+    Returns the column(s) the manifest names as the row identity, read from its
+    `row_identity` field (a column name or a list of them), or None when there is no manifest
+    or it names none. Only this function knows the manifest's layout: when the manifest
+    settles, adapt it here.
+    """
+    manifest = path / MANIFEST
+    if not manifest.is_file():
+        return None
+    try:
+        data = json.loads(manifest.read_text())
+    except (OSError, ValueError):
+        return None
+    identity = data.get("row_identity") if isinstance(data, dict) else None
+    if isinstance(identity, str):
+        return [identity]
+    if isinstance(identity, list) and identity and all(isinstance(c, str) for c in identity):
+        return identity
+    return None
+
+
+def load_side(label: str, spec: str, wanted: list[str], args) -> Side:
+    """Read only the wanted columns that exist (never the images)."""
+    if is_local(spec):
+        return _load_local(label, Path(spec).expanduser(), wanted, args)
+    if not REPO_ID.match(spec):
+        raise UsageError(f"{label} {spec!r} is neither an existing path nor a Hub dataset id "
+                         f"(namespace/name); for a local folder write ./{spec}")
+    return _load_hub(label, spec, wanted, args)
+
+
+def _table_to_side(label, spec, description, table, wanted, manifest_key=None) -> Side:
+    available = list(table.column_names)
+    keep = [c for c in dict.fromkeys(wanted) if c in available]
+    side = Side(label, spec, description, table.num_rows, available, manifest_key=manifest_key)
+    for name in keep:
+        side.columns[name] = table.column(name).to_pylist()
+    return side
+
+
+def _load_local(label: str, path: Path, wanted: list[str], args) -> Side:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if not path.exists():
+        raise UsageError(f"{label} {str(path)!r} does not exist")
+    if path.is_file():
+        if path.suffix != ".parquet":
+            raise UsageError(f"{label} {str(path)!r} is not a .parquet file or a folder")
+        files = [path]
+    elif (path / "state.json").exists() or (path / "dataset_dict.json").exists():
+        import datasets
+        loaded = datasets.load_from_disk(str(path))
+        if isinstance(loaded, datasets.DatasetDict):
+            if args.split not in loaded:
+                raise UsageError(f"split {args.split!r} not in {path}; it has {sorted(loaded)}")
+            loaded = loaded[args.split]
+        table = loaded.data.table
+        if loaded._indices is not None:  # a selected/shuffled view: materialise its rows
+            table = loaded.flatten_indices().data.table
+        return _table_to_side(label, str(path), str(path.resolve()), table, wanted)
+    else:
+        files = local_parquet_files(path)
+        if not files:
+            raise UsageError(f"{label} {str(path)!r} holds no .parquet files and no saved dataset")
+    # Read the parquet files directly with pyarrow rather than datasets.load_dataset(folder):
+    # datasets caches a local folder load by the folder's name, so a rerun into the same
+    # folder (or two outputs both called ./out) could be answered from a stale cache. pyarrow
+    # reads the files as they are now, and only the columns compared (never the images).
+    manifest_key = manifest_row_identity(path) if path.is_dir() else None
+    schema_names = list(dict.fromkeys(n for f in files for n in pq.read_schema(f).names))
+    keep = [c for c in dict.fromkeys(wanted + (manifest_key or [])) if c in schema_names]
+    tables = []
+    for f in files:
+        # ParquetFile.read, not pq.read_table: the latter goes through pyarrow.dataset, whose
+        # import alone costs about 2 s here
+        handle = pq.ParquetFile(f)
+        tables.append(handle.read(columns=[c for c in keep if c in handle.schema_arrow.names]))
+    table = pa.concat_tables(tables, promote_options="default") if len(tables) > 1 else tables[0]
+    side = _table_to_side(label, str(path), str(path.resolve()), table, keep, manifest_key)
+    side.available = schema_names
+    return side
+
+
+def _load_hub(label: str, repo: str, wanted: list[str], args) -> Side:
+    import datasets
+
+    token = args.hf_token or os.environ.get("HF_TOKEN") or None
+    try:
+        builder = datasets.load_dataset_builder(repo, args.config, revision=args.revision, token=token)
+        features = builder.info.features
+        names = list(features) if features else None
+        kwargs = {}
+        if names is not None:
+            if wanted[0] not in names:
+                raise UsageError(f"column {wanted[0]!r} not in {label} ({repo}); it has: "
+                                 f"{', '.join(names)}")
+            kwargs["columns"] = [c for c in dict.fromkeys(wanted) if c in names]
+        try:
+            ds = datasets.load_dataset(repo, args.config, split=args.split, revision=args.revision,
+                                       token=token, **kwargs)
+        except (TypeError, ValueError):
+            if not kwargs:
+                raise
+            # a builder without column selection (not parquet-backed): load every column
+            ds = datasets.load_dataset(repo, args.config, split=args.split, revision=args.revision,
+                                       token=token)
+    except UsageError:
+        raise
+    except Exception as exc:  # not found, private, offline, bad split: one clear line
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UsageError(f"cannot load {label} {repo!r} from the Hub: {type(exc).__name__}: {message}")
+    keep = [c for c in dict.fromkeys(wanted) if c in ds.column_names]
+    table = ds.select_columns(keep).flatten_indices().data.table if keep else ds.data.table
+    side = _table_to_side(label, repo, f"{repo} (split {args.split})", table, keep)
+    side.available = names if names is not None else list(ds.column_names)
+    side.num_rows = ds.num_rows
+    return side
+
+
+# ---- matching rows -----------------------------------------------------------------------------
+
+@dataclass
+class Match:
+    pairs: list[tuple[int, int]]  # (row in left, row in right)
+    how: str
+    left_only: int
+    right_only: int
+    key_columns: list[str] | None
+
+
+def _key_values(side: Side, columns: list[str]) -> list[tuple]:
+    return list(zip(*(side.column(c) for c in columns)))
+
+
+def default_key(left: Side, right: Side) -> tuple[list[str] | None, str]:
+    if left.has("file_name") and right.has("file_name"):
+        if left.has("page_number") and right.has("page_number"):
+            return ["file_name", "page_number"], "file_name and page_number"
+        return ["file_name"], "file_name"
+    if left.manifest_key and left.manifest_key == right.manifest_key and \
+            all(left.has(c) and right.has(c) for c in left.manifest_key):
+        return list(left.manifest_key), f"the run manifest's row identity ({', '.join(left.manifest_key)})"
+    return None, "row order"
+
+
+def match_rows(left: Side, right: Side, key: list[str] | None) -> Match:
+    """Pair the rows of two sides by key columns, or by row order."""
+    how = f"key {', '.join(key)}" if key else None
+    if not key:
+        key, how = default_key(left, right)
+    if key is None:
+        if left.num_rows != right.num_rows:
+            raise UsageError(
+                f"{left.label} has {left.num_rows} rows and {right.label} {right.num_rows}, and "
+                f"there is no key to match them by (no file_name in both, no run manifest): "
+                f"pass --key COLUMN naming a column both have")
+        return Match([(i, i) for i in range(left.num_rows)], "row order", 0, 0, None)
+    for side in (left, right):
+        missing = [c for c in key if not side.has(c)]
+        if missing:
+            raise UsageError(f"key column(s) {', '.join(missing)} not in {side.label} "
+                             f"({side.spec}); it has: {', '.join(side.available)}")
+    left_keys, right_keys = _key_values(left, key), _key_values(right, key)
+    index: dict[tuple, int] = {}
+    for i, value in enumerate(right_keys):
+        if value in index:
+            raise UsageError(f"key {', '.join(key)} is not unique in {right.label}: "
+                             f"{_show_key(value)} appears twice; pass --key with more columns")
+        index[value] = i
+    pairs, seen = [], set()
+    for i, value in enumerate(left_keys):
+        if value in seen:
+            raise UsageError(f"key {', '.join(key)} is not unique in {left.label}: "
+                             f"{_show_key(value)} appears twice; pass --key with more columns")
+        seen.add(value)
+        j = index.get(value)
+        if j is not None:
+            pairs.append((i, j))
+    if not pairs:
+        raise UsageError(f"no row of {left.label} matches a row of {right.label} by "
+                         f"{', '.join(key)} (e.g. {_show_key(left_keys[0]) if left_keys else '-'} "
+                         f"against {_show_key(right_keys[0]) if right_keys else '-'})")
+    return Match(pairs, how, left.num_rows - len(pairs), right.num_rows - len(pairs), key)
+
+
+def _show_key(value: tuple) -> str:
+    return " / ".join(str(v) for v in value)
+
+
+# ---- one system's texts ------------------------------------------------------------------------
+
+@dataclass
+class Texts:
+    """A side's text column and finish reasons; a null text is an error row (whether or not
+    `<column>_error` says why)."""
+    text: list
+    finish: list
+    error: list
+
+    def failed(self, i: int) -> bool:
+        return self.text[i] is None
+
+
+def read_texts(side: Side, column: str) -> Texts:
+    if not side.has(column):
+        strings = [name for name in side.available if not name.endswith(
+            ("_error", "_error_kind", "_finish_reason", "_prompt_tokens", "_completion_tokens"))]
+        raise UsageError(f"column {column!r} not in {side.label} ({side.spec}); it has: "
+                         f"{', '.join(strings)}. Pass --column{'-b' if side.label == 'B' else ''} NAME")
+    finish = side.columns.get(f"{column}_finish_reason") or [None] * side.num_rows
+    errors = side.columns.get(f"{column}_error") or [None] * side.num_rows
+    return Texts(side.column(column), finish, errors)
+
+
+def side_columns(column: str) -> list[str]:
+    return [column, f"{column}_error", f"{column}_finish_reason"]
+
+
+# ---- scoring, one row at a time, in worker processes -------------------------------------------
+
+def score_pair(x: str, y: str, finish_x, finish_y, norm_name: str) -> tuple:
+    """Parity of two texts: (identical, identical after normalisation, similarity,
+    x looping, y looping)."""
+    loop_x = is_looping(x, finish_x)
+    loop_y = loop_x if x == y and finish_x == finish_y else is_looping(y, finish_y)
+    if x == y:
+        return True, True, 1.0, loop_x, loop_y
+    apply = NORMALISATIONS[norm_name].apply
+    nx, ny = apply(x), apply(y)
+    return False, nx == ny, similarity(edit_distance(nx, ny), len(nx), len(ny)), loop_x, loop_y
+
+
+def score_page(hyp, finish, ref, norm_name: str, min_chars: int) -> tuple:
+    """Accuracy of one page: (status, reference chars, reference words, char edits, word edits,
+    looping); status is ok, looping, error, short reference or no reference."""
+    if not isinstance(ref, str):
+        return "no reference", None, None, None, None, False
+    words = NORMALISATIONS[norm_name].words
+    ref_words = words(ref)
+    ref_norm = " ".join(ref_words)
+    if len(ref_norm) < min_chars:
+        return "short reference", len(ref_norm), None, None, None, False
+    if hyp is None:
+        return "error", len(ref_norm), None, None, None, False
+    looping = is_looping(hyp, finish)
+    hyp_words = words(hyp)
+    return ("looping" if looping else "ok", len(ref_norm), len(ref_words),
+            edit_distance(" ".join(hyp_words), ref_norm), edit_distance(hyp_words, ref_words), looping)
+
+
+_JOB: dict = {}  # the rows being scored; forked workers inherit it instead of receiving a copy
+WORKERS_USED = {"processes": 1}  # how many processes scored the last rows (reported in --json)
+PARALLEL_MIN_ROWS = 2000
+
+
+def _score_range(bounds: tuple[int, int]) -> list[tuple]:
+    lo, hi = bounds
+    function, columns, const = _JOB["function"], _JOB["columns"], _JOB["const"]
+    return [function(*(column[k] for column in columns), *const) for k in range(lo, hi)]
+
+
+def score_rows(function, columns: list[list], const: tuple, workers: int) -> list[tuple]:
+    """function(*row, *const) for every row of the columns, in order. With more than one
+    worker and enough rows, forked processes share the work: they inherit the texts (nothing
+    is pickled but the row ranges and the results). Where fork does not exist (Windows, and
+    macOS by policy) it runs in this process."""
+    global _JOB
+    import multiprocessing
+
+    n = len(columns[0]) if columns else 0
+    _JOB = {"function": function, "columns": columns, "const": const}
+    _invisible_chars()  # built once here, not once per worker
+    try:
+        # the workers find _score_range by name in __main__: so only when this file runs as
+        # the program (not imported by a test, nor run under a profiler)
+        runs_as_main = getattr(sys.modules.get("__main__"), "_score_range", None) is _score_range
+        if workers > 1 and n >= PARALLEL_MIN_ROWS and sys.platform.startswith("linux") and runs_as_main:
+            from concurrent.futures import ProcessPoolExecutor
+            chunk = max(250, n // (workers * 16))
+            bounds = [(lo, min(n, lo + chunk)) for lo in range(0, n, chunk)]
+            with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
+                results = [result for part in pool.map(_score_range, bounds) for result in part]
+            WORKERS_USED["processes"] = workers
+            return results
+        WORKERS_USED["processes"] = 1
+        return _score_range((0, n))
+    finally:
+        _JOB = {}
+
+
+# ---- parity ------------------------------------------------------------------------------------
+
+def parity(a: Side, b: Side, args, norm: Normalisation) -> dict:
+    match = match_rows(a, b, args.key)
+    ta, tb = read_texts(a, args.column), read_texts(b, args.column_b or args.column)
+    group_of = _group_lookup(args.by, a, b)
+    both = [(i, j) for i, j in match.pairs if not ta.failed(i) and not tb.failed(j)]
+    scores = iter(score_rows(score_pair, [[ta.text[i] for i, _ in both], [tb.text[j] for _, j in both],
+                                          [ta.finish[i] for i, _ in both], [tb.finish[j] for _, j in both]],
+                             (norm.name,), args.workers))
+    rows, compared = [], []
+    counts = {"both_failed": 0, "a_failed": 0, "b_failed": 0}
+    for i, j in match.pairs:
+        fa, fb = ta.failed(i), tb.failed(j)
+        row = {"key": _row_key(match, a, i), "a_row": i, "b_row": j, "a_failed": fa, "b_failed": fb,
+               "group": group_of(i, j)}
+        if fa or fb:
+            counts["both_failed" if fa and fb else "a_failed" if fa else "b_failed"] += 1
+            row.update(identical=None, identical_normalised=None, similarity=None,
+                       a_looping=None, b_looping=None)
+        else:
+            (row["identical"], row["identical_normalised"], row["similarity"],
+             row["a_looping"], row["b_looping"]) = next(scores)
+            compared.append(row)
+        rows.append(row)
+    excluded = {"a_failed": counts["a_failed"], "b_failed": counts["b_failed"],
+                "both_failed": counts["both_failed"], "only_in_a": match.left_only,
+                "only_in_b": match.right_only}
+    result = {
+        "mode": "parity", "a": a.description, "b": b.description,
+        "column": args.column, "column_b": args.column_b or args.column,
+        "matched_by": match.how, "normalisation": norm.label,
+        "normalisation_summary": norm.summary, "characters": CHARACTERS_NOTE,
+        "rows_matched": len(match.pairs), "rows_compared": len(compared),
+        "rows_excluded": sum(excluded.values()), "excluded": excluded,
+        **parity_figures(compared),
+    }
+    if args.by:
+        result["by"] = {"column": args.by, "groups": {
+            str(g): parity_figures([r for r in compared if r["group"] == g])
+            for g in sorted({r["group"] for r in rows}, key=str)}}
+    worst = sorted((r for r in compared if not r["identical"]), key=lambda r: r["similarity"])
+    return {"result": result, "rows": rows, "worst": worst, "texts": (ta, tb)}
+
+
+def parity_figures(compared: list[dict]) -> dict:
+    rest = [r["similarity"] for r in compared if not r["identical"]]
+    identical = sum(r["identical"] for r in compared)
+    return {
+        "identical": identical,
+        "identical_share": identical / len(compared) if compared else None,
+        "identical_normalised": sum(r["identical_normalised"] for r in compared),
+        "different": len(rest),
+        "similarity_min": min(rest) if rest else None,
+        "similarity_p5": quantile(rest, 0.05),
+        "similarity_median": quantile(rest, 0.5),
+        "similarity_median_all": quantile([r["similarity"] for r in compared], 0.5),
+        "looping_a": sum(bool(r["a_looping"]) for r in compared),
+        "looping_b": sum(bool(r["b_looping"]) for r in compared),
+    }
+
+
+# ---- accuracy ----------------------------------------------------------------------------------
+
+def accuracy(system: Side, column: str, ref_side: Side, ref_column: str, match: Match,
+             args, norm: Normalisation, group_of) -> dict:
+    """CER and WER of one system's pages against the reference, per page and pooled."""
+    texts = read_texts(system, column)
+    if not ref_side.has(ref_column):
+        raise UsageError(f"reference column {ref_column!r} not in {ref_side.label} "
+                         f"({ref_side.spec}); it has: {', '.join(ref_side.available)}")
+    refs = ref_side.column(ref_column)
+    scores = score_rows(score_page, [[texts.text[i] for i, _ in match.pairs],
+                                     [texts.finish[i] for i, _ in match.pairs],
+                                     [refs[j] for _, j in match.pairs]],
+                        (norm.name, max(1, args.min_reference_chars)), args.workers)
+    rows = []
+    for (i, j), (status, chars, words, char_edits, word_edits, looping) in zip(match.pairs, scores):
+        row = {"key": _row_key(match, system, i), "row": i, "ref_row": j, "group": group_of(i, j),
+               "status": status, "ref_chars": chars}
+        if status in ("ok", "looping"):
+            row.update(ref_words=words, char_edits=char_edits, word_edits=word_edits,
+                       cer=char_edits / chars, wer=word_edits / words if words else None,
+                       looping=looping)
+        rows.append(row)
+    count = {status: sum(r["status"] == status for r in rows)
+             for status in ("error", "short reference", "no reference")}
+    scored = [r for r in rows if r["status"] in ("ok", "looping")]
+    eligible = len(scored) + count["error"]
+    result = {
+        "rows_matched": len(match.pairs), "rows_compared": len(scored),
+        "rows_excluded": len(rows) - len(scored) + match.left_only, "excluded": {
+            "error": count["error"], "short_reference": count["short reference"],
+            "no_reference": count["no reference"], "unmatched": match.left_only},
+        "error_rows": count["error"],
+        "error_rate": count["error"] / eligible if eligible else None,
+        **accuracy_figures(scored),
+    }
+    if args.by:
+        result["by"] = {"column": args.by, "groups": {
+            str(g): {"rows_compared": len([r for r in scored if r["group"] == g]),
+                     "error_rows": len([r for r in rows if r["group"] == g and r["status"] == "error"]),
+                     **accuracy_figures([r for r in scored if r["group"] == g])}
+            for g in sorted({r["group"] for r in rows}, key=str)}}
+    return {"result": result, "rows": rows, "texts": texts, "refs": refs}
+
+
+def accuracy_figures(scored: list[dict]) -> dict:
+    """Headline rates (looping pages capped at 1 per page) and the rates without them."""
+    def rates(rows: list[dict], unit: str, capped: bool) -> dict:
+        edits_key, len_key = ("char_edits", "ref_chars") if unit == "cer" else ("word_edits", "ref_words")
+        rows = [r for r in rows if r.get(len_key)]
+        edits = [min(r[edits_key], r[len_key]) if capped and r["looping"] else r[edits_key] for r in rows]
+        lengths = [r[len_key] for r in rows]
+        per_page = [e / n for e, n in zip(edits, lengths)]
+        return {"micro": sum(edits) / sum(lengths) if lengths else None,
+                "median": quantile(per_page, 0.5), "mean": mean(per_page)}
+
+    out = {}
+    clean = [r for r in scored if not r["looping"]]
+    for unit in ("cer", "wer"):
+        headline, without = rates(scored, unit, True), rates(clean, unit, False)
+        for stat in ("micro", "median", "mean"):
+            out[f"{unit}_{stat}"] = headline[stat]
+        for stat in ("micro", "median", "mean"):
+            out[f"{unit}_{stat}_without_looping"] = without[stat]
+    looping = len(scored) - len(clean)
+    out["looping_pages"] = looping
+    out["looping_rate"] = looping / len(scored) if scored else None
+    return out
+
+
+# ---- shared bits -------------------------------------------------------------------------------
+
+def _row_key(match: Match, side: Side, i: int) -> str:
+    if match.key_columns:
+        return _show_key(tuple(side.column(c)[i] for c in match.key_columns))
+    return f"row {i}"
+
+
+def _group_lookup(by: str | None, *sides: Side):
+    """Group value of a matched pair: the --by column of the first side that has it."""
+    if not by:
+        return lambda i, j: None
+    for position, side in enumerate(sides):
+        if side.has(by):
+            values = side.column(by)
+            return (lambda i, j: values[i]) if position == 0 else (lambda i, j: values[j])
+    raise UsageError(f"--by column {by!r} is in none of: "
+                     + "; ".join(f"{s.label} ({', '.join(s.available)})" for s in sides))
+
+
+def fmt(value, digits: int = 4) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def pct(part: int, whole: int) -> str:
+    return f"{part / whole:.1%}" if whole else "-"
+
+
+def clip(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: max(0, width - 1)] + "…"
+
+
+def visible(text: str) -> str:
+    return text.replace("\r", "\\r").replace("\t", "\\t").replace("\n", "\u21b5")
+
+
+def side_by_side(a: str, b: str, width: int, lines: int = 4) -> list[str]:
+    """The region around the first difference of a and b, in two columns."""
+    start = 0
+    limit = min(len(a), len(b))
+    while start < limit and a[start] == b[start]:
+        start += 1
+    start = max(0, start - 20)
+    column = max(20, (width - 5) // 2)
+    chunk = column * lines
+    left, right = visible(a[start:start + chunk]), visible(b[start:start + chunk])
+    prefix = "…" if start else ""
+    left, right = prefix + left, prefix + right
+    out = []
+    for k in range(lines):
+        l_part, r_part = left[k * column:(k + 1) * column], right[k * column:(k + 1) * column]
+        if not l_part and not r_part:
+            break
+        out.append(f"  {l_part:<{column}} | {r_part}")
+    return out
+
+
+# ---- reporting ---------------------------------------------------------------------------------
+
+def print_parity(report: dict, args, out) -> None:
+    r = report["result"]
+    width = min(max(shutil_width(), 80), 160)
+    w = lambda line="": print(line, file=out)  # noqa: E731
+    w(f"parity: A = {r['a']} [{r['column']}]")
+    w(f"        B = {r['b']} [{r['column_b']}]")
+    w(f"rows matched by {r['matched_by']}: {r['rows_matched']}; compared (text on both sides): "
+      f"{r['rows_compared']}; excluded: {r['rows_excluded']}")
+    w(f"normalisation for similarity: {r['normalisation']} ({r['normalisation_summary']})")
+    w(f"similarity = 1 - Levenshtein distance / longer length; {CHARACTERS_NOTE}")
+    w()
+    n = r["rows_compared"]
+    table = [
+        ("byte-identical (raw text)", f"{r['identical']} / {n}  ({pct(r['identical'], n)})"),
+        (f"identical after {r['normalisation']}", f"{r['identical_normalised']} / {n}"),
+        (f"similarity of the {r['different']} others: min", fmt(r["similarity_min"])),
+        ("                                    p5", fmt(r["similarity_p5"])),
+        ("                                median", fmt(r["similarity_median"])),
+        ("one side failed: A only / B only", f"{r['excluded']['a_failed']} / {r['excluded']['b_failed']}"),
+        ("both failed", str(r["excluded"]["both_failed"])),
+        ("looping or degenerate: A / B", f"{r['looping_a']} / {r['looping_b']}"),
+        ("unmatched rows: only in A / only in B", f"{r['excluded']['only_in_a']} / {r['excluded']['only_in_b']}"),
+    ]
+    label_width = max(len(k) for k, _ in table)
+    for k, v in table:
+        w(f"  {k:<{label_width}}  {v}")
+    if "by" in r:
+        w()
+        w(f"by {r['by']['column']}:")
+        w(f"  {'group':<24} {'identical':>12} {'sim min':>8} {'sim med':>8}")
+        for g, f in r["by"]["groups"].items():
+            total = f["identical"] + f["different"]
+            w(f"  {clip(g, 24):<24} {f['identical']:>5} / {total:<4} {fmt(f['similarity_min']):>8} "
+              f"{fmt(f['similarity_median']):>8}")
+    ta, tb = report["texts"]
+    worst = report["worst"][: args.show]
+    failed = [row for row in report["rows"] if row["a_failed"] != row["b_failed"]][: args.show]
+    if worst:
+        w()
+        w(f"worst pairs ({r['normalisation']} similarity), from the first difference; A | B:")
+        for row in worst:
+            a_text, b_text = ta.text[row["a_row"]], tb.text[row["b_row"]]
+            loops = [side for side, flag in (("A", row["a_looping"]), ("B", row["b_looping"])) if flag]
+            loop = f"; looping: {' and '.join(loops)}" if loops else ""
+            w(f" {row['key']}: similarity {row['similarity']:.4f}, {len(a_text)} vs {len(b_text)} chars{loop}")
+            for line in side_by_side(a_text, b_text, width):
+                w(line)
+    if failed:
+        w()
+        w("rows where one side failed:")
+        for row in failed:
+            texts, index = (ta, row["a_row"]) if row["a_failed"] else (tb, row["b_row"])
+            why = texts.error[index]
+            w(f"  {row['key']}: {'A' if row['a_failed'] else 'B'} has no text"
+              + (f" ({clip(visible(why), 100)})" if why else ""))
+    looping = [row for row in report["rows"] if row["a_looping"] or row["b_looping"]][: args.show]
+    if looping:
+        w()
+        w("rows that loop (finish reason length with a repeated tail, or degenerate output):")
+        for row in looping:
+            sides = " and ".join(s for s, f in (("A", row["a_looping"]), ("B", row["b_looping"])) if f)
+            w(f"  {row['key']}: {sides}{' (identical)' if row['identical'] else ''}")
+
+
+def print_accuracy(report: dict, args, out) -> None:
+    systems = report["systems"]
+    norm = report["normalisation"]
+    w = lambda line="": print(line, file=out)  # noqa: E731
+    w(f"reference: {report['reference']} [{report['reference_column']}]")
+    for label, system in systems.items():
+        w(f"accuracy of {label} = {system['source']} [{system['column']}], rows matched to the "
+          f"reference by {system['matched_by']}")
+    w(f"normalisation: {norm} ({report['normalisation_summary']})")
+    w(f"{CHARACTERS_NOTE}; pages count when the normalised reference has >= "
+      f"{report['min_reference_chars']} characters")
+    w()
+    labels = list(systems)
+    header = f"  {'':<34}" + "".join(f"{label + ' CER':>10}{label + ' WER':>10}" for label in labels)
+    w(header)
+
+    def line(title: str, key: str) -> None:
+        cells = "".join(f"{fmt(systems[l]['figures'][f'cer_{key}']):>10}"
+                        f"{fmt(systems[l]['figures'][f'wer_{key}']):>10}" for l in labels)
+        w(f"  {title:<34}{cells}")
+
+    line("pooled (micro): the headline", "micro")
+    line("per-page median", "median")
+    line("per-page mean (source doc's figure)", "mean")
+    line("without looping pages: pooled", "micro_without_looping")
+    line("                       median", "median_without_looping")
+    line("                       mean", "mean_without_looping")
+    w()
+    for label in labels:
+        f = systems[label]["figures"]
+        ex = f["excluded"]
+        w(f"  {label}: {f['rows_compared']} pages scored; looping {f['looping_pages']} "
+          f"({fmt(f['looping_rate'], 3)}), capped at 1 in the headline; error rows "
+          f"{f['error_rows']} (rate {fmt(f['error_rate'], 3)}), left out; reference under "
+          f"{report['min_reference_chars']} chars {ex['short_reference']}, no reference "
+          f"{ex['no_reference']}, unmatched {ex['unmatched']}")
+    if args.by:
+        w()
+        w(f"by {args.by} (pooled / median / mean CER, pages):")
+        for label in labels:
+            for g, f in systems[label]["figures"]["by"]["groups"].items():
+                w(f"  {label} {clip(g, 28):<28} {fmt(f['cer_micro']):>8} {fmt(f['cer_median']):>8} "
+                  f"{fmt(f['cer_mean']):>8}  {f['rows_compared']:>6} pages, {f['error_rows']} errors")
+    width = min(max(shutil_width(), 80), 160)
+    for label in labels:
+        detail = report["details"][label]
+        scored = [r for r in detail["rows"] if r["status"] in ("ok", "looping")]
+        worst = sorted(scored, key=lambda r: -r["cer"])[: args.show]
+        if worst:
+            w()
+            w(f"{label}: worst pages by CER ({norm}), from the first difference; output | reference:")
+            for row in worst:
+                hyp = norm_apply(report, detail["texts"].text[row["row"]])
+                ref = norm_apply(report, detail["refs"][row["ref_row"]])
+                loop = ""
+                if row["looping"]:
+                    loop = " (looping: counts as 1 in the headline)" if row["cer"] > 1 else " (looping)"
+                w(f" {row['key']}: CER {row['cer']:.4f}, WER {fmt(row['wer'])}{loop}")
+                for text_line in side_by_side(hyp, ref, width, lines=2):
+                    w(text_line)
+
+
+def norm_apply(report: dict, text) -> str:
+    return NORMALISATIONS[report["normalisation_name"]].apply(text or "")
+
+
+def shutil_width() -> int:
+    import shutil
+    return shutil.get_terminal_size((120, 24)).columns
+
+
+def write_plot(path: str, title: str, series: dict[str, list[float]], xlabel: str) -> None:
+    """A histogram per series (CER or similarity per page), medians marked."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=110)
+    values = [v for vs in series.values() for v in vs]
+    top = max(values) if values else 1.0
+    low = min(values) if values else 0.0
+    bins = 50 if values else 10
+    span = (min(low, 0.0), max(top, 1e-9)) if "CER" in xlabel else (min(low, 0.999), 1.0)
+    for label, vs in series.items():
+        if not vs:
+            continue
+        median = quantile(vs, 0.5)
+        ax.hist(vs, bins=bins, range=span, alpha=0.6, label=f"{label} (n={len(vs)}, median {median:.4f})")
+        ax.axvline(median, linestyle="--", linewidth=1)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("pages")
+    ax.set_title(title, fontsize=10)
+    if values:
+        ax.legend(fontsize=8)
+    else:
+        ax.text(0.5, 0.5, "no pages to plot", ha="center", va="center", transform=ax.transAxes)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def write_rows(path: str, rows: list[dict]) -> None:
+    """Per-row figures: CSV when PATH ends in .csv, else JSON lines."""
+    if path.endswith(".csv"):
+        names = list(dict.fromkeys(k for r in rows for k in r))
+        with open(path, "w", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=names)
+            writer.writeheader()
+            writer.writerows(rows)
+    else:
+        with open(path, "w") as handle:
+            for r in rows:
+                handle.write(json.dumps(r, default=str) + "\n")
+
+
+# ---- main --------------------------------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG, description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
+    parser.add_argument("a", metavar="A", help="a Hub dataset id or a local output/parquet/saved dataset")
+    parser.add_argument("b", metavar="B", nargs="?",
+                        help="a second run, for parity (or, with --reference, a second system)")
+    parser.add_argument("--column", default="markdown", metavar="COLUMN", help="text column of A (default: markdown)")
+    parser.add_argument("--column-b", default=None, metavar="COLUMN", help="text column of B (default: --column)")
+    parser.add_argument("--key", default=None, metavar="COL[,COL]", type=lambda s: [c.strip() for c in s.split(",") if c.strip()],
+                        help="column(s) that identify a row on both sides, comma-separated "
+                             "(default: file_name [+ page_number], else the run manifest's row "
+                             "identity, else row order)")
+    parser.add_argument("--reference", default=None, metavar="DATASET",
+                        help="ground-truth dataset, joined by the key (accuracy mode)")
+    parser.add_argument("--reference-column", default=None, metavar="COLUMN",
+                        help="ground-truth text column: in A when no --reference is given, else "
+                             "in the reference dataset (default there: text)")
+    parser.add_argument("--min-reference-chars", type=int, default=20, metavar="N",
+                        help="pages count when the normalised reference has at least this many "
+                             "characters (default: 20)")
+    parser.add_argument("--normalise", "--normalize", default="reading", choices=sorted(NORMALISATIONS), metavar="NAME",
+                        help="text normalisation before distances: diplomatic or reading (default: reading)")
+    parser.add_argument("--by", default=None, metavar="COLUMN",
+                        help="break the figures down by this column (a volume, a language)")
+    parser.add_argument("--json", default=None, metavar="PATH", help="write the figures as JSON")
+    parser.add_argument("--plot", default=None, metavar="PATH",
+                        help="write a PNG histogram of per-page CER (accuracy) or similarity (parity)")
+    parser.add_argument("--rows", default=None, metavar="PATH",
+                        help="write per-row figures (.csv, else JSON lines)")
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, metavar="N",
+                        help="processes that score rows, on Linux (default: one per core)")
+    parser.add_argument("--show", type=int, default=5, metavar="N", help="worst pairs or pages shown (default: 5)")
+    parser.add_argument("--split", default="train", help="split of Hub or saved datasets (default: train)")
+    parser.add_argument("--config", default=None, help="Hub dataset config")
+    parser.add_argument("--revision", default=None, help="Hub dataset revision")
+    parser.add_argument("--hf-token", default=None, help="Hub token (default: HF_TOKEN or the cached login)")
+    return parser
+
+
+def run(args, out=sys.stdout) -> dict:
+    norm = NORMALISATIONS[args.normalise]
+    accuracy_mode = args.reference is not None or args.reference_column is not None
+    if not accuracy_mode and args.b is None:
+        raise UsageError("give B to compare two runs, or --reference-column / --reference for "
+                         "accuracy against ground truth (see --help)")
+    if args.min_reference_chars < 0:
+        raise UsageError("--min-reference-chars must be >= 0")
+    started = time.perf_counter()
+    column_b = args.column_b or args.column
+    extra = list(args.key or []) + list(DEFAULT_KEY) + ([args.by] if args.by else [])
+    if not accuracy_mode:
+        a = load_side("A", args.a, side_columns(args.column) + extra, args)
+        b = load_side("B", args.b, side_columns(column_b) + extra, args)
+        loaded = time.perf_counter()
+        report = parity(a, b, args, norm)
+        result = report["result"]
+        result["seconds"] = round(time.perf_counter() - started, 3)
+        result["seconds_loading"] = round(loaded - started, 3)
+        result["worker_processes"] = WORKERS_USED["processes"]
+        if args.plot:
+            rest = [r["similarity"] for r in report["rows"] if r.get("identical") is False]
+            write_plot(args.plot, f"similarity of the {len(rest)} non-identical pages "
+                       f"({norm.label}; {result['identical']}/{result['rows_compared']} byte-identical)",
+                       {"A vs B": rest}, "similarity (1 - Levenshtein / longer length)")
+        if args.rows:
+            write_rows(args.rows, [{k: v for k, v in r.items() if k != "group" or args.by}
+                                   for r in report["rows"]])
+        write_json(args, result)
+        print_parity(report, args, out)
+    else:
+        ref_column = args.reference_column or "text"
+        a = load_side("A", args.a, side_columns(args.column) + extra
+                      + ([] if args.reference else [ref_column]), args)
+        if args.reference:
+            ref = load_side("reference", args.reference, [ref_column] + extra, args)
+        else:
+            ref = a
+        systems = [("A", a, args.column)]
+        if args.b is not None:
+            systems.append(("B", load_side("B", args.b, side_columns(column_b) + extra, args), column_b))
+        loaded = time.perf_counter()
+        result = {"mode": "accuracy", "normalisation": norm.label,
+                  "normalisation_summary": norm.summary, "characters": CHARACTERS_NOTE,
+                  "reference": ref.description, "reference_column": ref_column,
+                  "min_reference_chars": args.min_reference_chars}
+        shown = {"systems": {}, "details": {}, "normalisation": norm.label,
+                 "normalisation_name": norm.name, "normalisation_summary": norm.summary,
+                 "reference": ref.description, "reference_column": ref_column,
+                 "min_reference_chars": args.min_reference_chars}
+        for label, side, column in systems:
+            if side is ref:
+                match = Match([(i, i) for i in range(side.num_rows)], "row (the reference is a column of A)", 0, 0, None)
+            else:
+                match = match_rows(side, ref, args.key)
+            group_of = _group_lookup(args.by, side, ref)
+            detail = accuracy(side, column, ref, ref_column, match, args, norm, group_of)
+            figures = detail["result"]
+            if label == "A":
+                result.update({"a": side.description, "column": column, "matched_by": match.how,
+                               **figures})
+            else:
+                result["b"] = {"source": side.description, "column": column,
+                               "matched_by": match.how, **figures}
+            shown["systems"][label] = {"source": side.description, "column": column,
+                                       "matched_by": match.how, "figures": figures}
+            shown["details"][label] = detail
+        result["seconds"] = round(time.perf_counter() - started, 3)
+        result["seconds_loading"] = round(loaded - started, 3)
+        result["worker_processes"] = WORKERS_USED["processes"]
+        if args.plot:
+            # what the headline counts (a looping page at 1), and anything above 1 drawn at 1
+            series = {f"{label} ({shown['systems'][label]['source']})":
+                      [min(r["cer"], 1.0) for r in shown["details"][label]["rows"] if "cer" in r]
+                      for label in shown["systems"]}
+            write_plot(args.plot, f"CER per page ({norm.label}; reference >= "
+                       f"{args.min_reference_chars} chars)", series,
+                       "CER per page (looping pages, and any page above 1, drawn at 1)")
+        if args.rows:
+            rows = []
+            for label in shown["systems"]:
+                for r in shown["details"][label]["rows"]:
+                    rows.append({"system": label, **{k: v for k, v in r.items()
+                                                     if k != "group" or args.by}})
+            write_rows(args.rows, rows)
+        write_json(args, result)
+        print_accuracy(shown, args, out)
+    return result
+
+
+def write_json(args, result: dict) -> None:
+    """Written before the table is printed, so a closed pipe (`| head`) never loses it."""
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2, default=str) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        run(args)
+    except UsageError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        return 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
