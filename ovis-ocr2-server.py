@@ -1278,124 +1278,6 @@ def plan_rows(source: InputSource, store: "OutputStore", args) -> RowPlan:
     return RowPlan(pending, recovered, redo, skipped, earlier_ok)
 
 
-# ---- what one run is: the manifest, and one writer per shard -------------------------------
-
-# Options that may change between the runs of one OUTPUT: which shard runs, how fast and how
-# hard it tries. A closed list: every other option, and any added later, is the run's identity.
-MAY_CHANGE = {
-    "input", "output", "revision", "shard_index", "max_samples", "concurrency", "request_timeout",
-    "max_retries", "server", "api_key", "no_spawn", "server_timeout", "server_down_timeout",
-    "max_restarts", "abort_after_failures", "abort_after_seconds", "min_window", "max_window",
-    "adapt_interval", "max_inflight_memory", "api_server_count", "batch_size", "stats_json",
-    "work_dir", "hf_token", "private", "part_rows", "part_seconds", "retry_errors", "restart",
-    "overwrite", "no_sanity_check", "sanity_pages", "serve_args", "llm_kwargs"}
-# engine flags that change speed and memory, never the text (the rest of the engine is identity)
-MAY_CHANGE_ENGINE = {"gpu-memory-utilization", "data-parallel-size", "tensor-parallel-size",
-                     "pipeline-parallel-size", "api-server-count", "speculative-config",
-                     "max-num-seqs", "max-num-batched-tokens", "host", "port", "enforce-eager",
-                     "swap-space", "kv-cache-memory"}
-
-
-def input_identity(args) -> dict:
-    """What the input is: a Hub dataset at the revision this run read, or a local path's files
-    (names, with sizes and times for data files; the ordered names of images)."""
-    import hashlib
-
-    local = Path(args.input).expanduser()
-    if not local.exists():
-        return {"hub": args.input, "revision": hub_dataset_sha(args) or args.revision}
-    files = [local] if local.is_file() else sorted(
-        p for p in local.rglob("*") if p.is_file()
-        and not any(part.startswith(".") for part in p.relative_to(local).parts))
-    digest = hashlib.sha256()
-    for path in files:
-        digest.update(os.fsencode(str(path.relative_to(local) if path != local else path.name)))
-        if path.suffix.lower() not in IMAGE_EXTENSIONS:
-            stat = path.stat()
-            digest.update(f"\0{stat.st_size}\0{stat.st_mtime_ns}".encode())
-        digest.update(b"\n")
-    return {"files": len(files), "digest": digest.hexdigest()[:20]}
-
-
-def hub_dataset_sha(args) -> str | None:
-    try:
-        from huggingface_hub import HfApi
-
-        return HfApi(token=args.hf_token or None).dataset_info(
-            args.input, revision=args.revision, timeout=10).sha
-    except Exception:  # offline, or a private dataset without a token: datasets will say so
-        return None
-
-
-def run_identity(args, source: InputSource, engine: dict) -> dict:
-    options = {k: v for k, v in sorted(vars(args).items()) if k not in MAY_CHANGE}
-    if not args.shuffle:
-        options.pop("seed", None)
-    flags = {k.lstrip("-").replace("_", "-"): v for k, v in engine.items()}
-    return {"script": Path(sys.argv[0]).name, "input": input_identity(args), "rows": source.rows_full,
-            "options": options, "settings": inference_settings(args),
-            "engine": {k: v for k, v in sorted(flags.items()) if k not in MAY_CHANGE_ENGINE}}
-
-
-def identity_differences(old, new, where: str = "") -> list[str]:
-    if isinstance(old, dict) and isinstance(new, dict):
-        out = []
-        for key in sorted(set(old) | set(new), key=str):
-            label = f"--{key.replace('_', '-')}" if where == "options" else \
-                f"{where}.{key}" if where else key
-            out += identity_differences(old.get(key), new.get(key), label)
-        return out
-    return [] if old == new else [f"{where}: was {json.dumps(old)}, now {json.dumps(new)}"]
-
-
-def flag_values(argv: list[str]) -> dict:
-    """--flag value pairs of a command line as a dict (a bare flag is True)."""
-    out, i = {}, 0
-    while i < len(argv):
-        name, _, value = argv[i].partition("=")
-        if value or i + 1 >= len(argv) or argv[i + 1].startswith("--"):
-            out[name] = value or True
-            i += 1
-        else:
-            out[name] = argv[i + 1]
-            i += 2
-    return out
-
-
-def pinned_input(store: "OutputStore", args):
-    """A rerun without --revision reads the Hub input at the revision the first run read."""
-    path = store.meta / "manifest.json"
-    if args.revision is None and path.exists():
-        try:
-            args.revision = json.loads(path.read_text())["identity"]["input"].get("revision")
-        except (ValueError, KeyError, TypeError, AttributeError):
-            pass
-    return args
-
-
-def claim_output(store: "OutputStore", identity: dict, args) -> None:
-    """The first run of an OUTPUT records what the run is; every later run (another shard, a
-    rerun) must be the same run, or is refused before any work, each difference named."""
-    identity = json.loads(json.dumps(identity))  # as it reads back
-    manifest = {"identity": identity, "max_samples": args.max_samples,
-                "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    existing = store.create_manifest(manifest)
-    if existing is None:
-        return
-    problems = identity_differences(existing.get("identity"), identity)
-    before, now = existing.get("max_samples"), args.max_samples
-    if before != now:
-        if args.num_shards == 1 and (now is None or (before is not None and now > before)):
-            store.update_manifest({**existing, "max_samples": now})  # the same order, longer
-        else:
-            problems.append(f"--max-samples: was {before}, now {now} (only a larger one, on an "
-                            f"unsharded run)")
-    if problems:
-        fail(f"OUTPUT {store.location()} holds another run, so resuming into it would mix "
-             f"two runs:\n  " + "\n  ".join(problems) + "\nWrite to another OUTPUT, or pass "
-             f"--restart to delete what OUTPUT holds and start it over.")
-
-
 def take_lock(path: Path, location: str):
     """An exclusive lock the OS releases when this process dies, however it dies."""
     import fcntl
@@ -1792,6 +1674,124 @@ def iter_image_cells(source: InputSource, indices: list[int], batch: int = 64):
         yield from zip(chunk, cells)
 
 
+# ---- what one run is: the run manifest ---------------------------------------------------------
+
+# Options that may change between the runs of one OUTPUT: which shard runs, how fast and how
+# hard it tries. A closed list: every other option, and any added later, is the run's identity.
+MAY_CHANGE = {
+    "input", "output", "revision", "shard_index", "max_samples", "concurrency", "request_timeout",
+    "max_retries", "server", "api_key", "no_spawn", "server_timeout", "server_down_timeout",
+    "max_restarts", "abort_after_failures", "abort_after_seconds", "min_window", "max_window",
+    "adapt_interval", "max_inflight_memory", "api_server_count", "batch_size", "stats_json",
+    "work_dir", "hf_token", "private", "part_rows", "part_seconds", "retry_errors", "restart",
+    "overwrite", "no_sanity_check", "sanity_pages", "serve_args", "llm_kwargs"}
+# engine flags that change speed and memory, never the text (the rest of the engine is identity)
+MAY_CHANGE_ENGINE = {"gpu-memory-utilization", "data-parallel-size", "tensor-parallel-size",
+                     "pipeline-parallel-size", "api-server-count", "speculative-config",
+                     "max-num-seqs", "max-num-batched-tokens", "host", "port", "enforce-eager",
+                     "swap-space", "kv-cache-memory"}
+
+
+def input_identity(args) -> dict:
+    """What the input is: a Hub dataset at the revision this run read, or a local path's files
+    (names, with sizes and times for data files; the ordered names of images)."""
+    import hashlib
+
+    local = Path(args.input).expanduser()
+    if not local.exists():
+        return {"hub": args.input, "revision": hub_dataset_sha(args) or args.revision}
+    files = [local] if local.is_file() else sorted(
+        p for p in local.rglob("*") if p.is_file()
+        and not any(part.startswith(".") for part in p.relative_to(local).parts))
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(os.fsencode(str(path.relative_to(local) if path != local else path.name)))
+        if path.suffix.lower() not in IMAGE_EXTENSIONS:
+            stat = path.stat()
+            digest.update(f"\0{stat.st_size}\0{stat.st_mtime_ns}".encode())
+        digest.update(b"\n")
+    return {"files": len(files), "digest": digest.hexdigest()[:20]}
+
+
+def hub_dataset_sha(args) -> str | None:
+    try:
+        from huggingface_hub import HfApi
+
+        return HfApi(token=args.hf_token or None).dataset_info(
+            args.input, revision=args.revision, timeout=10).sha
+    except Exception:  # offline, or a private dataset without a token: datasets will say so
+        return None
+
+
+def run_identity(args, source: InputSource, engine: dict) -> dict:
+    options = {k: v for k, v in sorted(vars(args).items()) if k not in MAY_CHANGE}
+    if not args.shuffle:
+        options.pop("seed", None)
+    flags = {k.lstrip("-").replace("_", "-"): v for k, v in engine.items()}
+    return {"script": Path(sys.argv[0]).name, "input": input_identity(args), "rows": source.rows_full,
+            "options": options, "settings": inference_settings(args),
+            "engine": {k: v for k, v in sorted(flags.items()) if k not in MAY_CHANGE_ENGINE}}
+
+
+def identity_differences(old, new, where: str = "") -> list[str]:
+    if isinstance(old, dict) and isinstance(new, dict):
+        out = []
+        for key in sorted(set(old) | set(new), key=str):
+            label = f"--{key.replace('_', '-')}" if where == "options" else \
+                f"{where}.{key}" if where else key
+            out += identity_differences(old.get(key), new.get(key), label)
+        return out
+    return [] if old == new else [f"{where}: was {json.dumps(old)}, now {json.dumps(new)}"]
+
+
+def flag_values(argv: list[str]) -> dict:
+    """--flag value pairs of a command line as a dict (a bare flag is True)."""
+    out, i = {}, 0
+    while i < len(argv):
+        name, _, value = argv[i].partition("=")
+        if value or i + 1 >= len(argv) or argv[i + 1].startswith("--"):
+            out[name] = value or True
+            i += 1
+        else:
+            out[name] = argv[i + 1]
+            i += 2
+    return out
+
+
+def pinned_input(store: "OutputStore", args):
+    """A rerun without --revision reads the Hub input at the revision the first run read."""
+    path = store.meta / "manifest.json"
+    if args.revision is None and path.exists():
+        try:
+            args.revision = json.loads(path.read_text())["identity"]["input"].get("revision")
+        except (ValueError, KeyError, TypeError, AttributeError):
+            pass
+    return args
+
+
+def claim_output(store: "OutputStore", identity: dict, args) -> None:
+    """The first run of an OUTPUT records what the run is; every later run (another shard, a
+    rerun) must be the same run, or is refused before any work, each difference named."""
+    identity = json.loads(json.dumps(identity))  # as it reads back
+    manifest = {"identity": identity, "max_samples": args.max_samples,
+                "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    existing = store.create_manifest(manifest)
+    if existing is None:
+        return
+    problems = identity_differences(existing.get("identity"), identity)
+    before, now = existing.get("max_samples"), args.max_samples
+    if before != now:
+        if args.num_shards == 1 and (now is None or (before is not None and now > before)):
+            store.update_manifest({**existing, "max_samples": now})  # the same order, longer
+        else:
+            problems.append(f"--max-samples: was {before}, now {now} (only a larger one, on an "
+                            f"unsharded run)")
+    if problems:
+        fail(f"OUTPUT {store.location()} holds another run, so resuming into it would mix "
+             f"two runs:\n  " + "\n  ".join(problems) + "\nWrite to another OUTPUT, or pass "
+             f"--restart to delete what OUTPUT holds and start it over.")
+
+
 # ---- stats and the card ----------------------------------------------------------------------
 
 def peak_rss_bytes() -> int:
@@ -1878,6 +1878,8 @@ class RunStats:
             **self.extra,
         }
 
+
+# ---- secrets and the Jobs command ------------------------------------------------------------
 
 def redact_text(text: str) -> str:
     """Token-like values (hf_..., sk-...) replaced, for anything printed or recorded."""
@@ -2091,6 +2093,8 @@ Reproduce on Hugging Face Jobs:
 """
 
 
+# ---- arguments -------------------------------------------------------------------------------
+
 def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("input", help="Hub dataset id, or a local folder of images, .parquet "
                         "file/folder, or save_to_disk folder")
@@ -2252,6 +2256,8 @@ def write_stats(stats: dict, args) -> None:
         Path(args.stats_json).expanduser().write_text(json.dumps(stats, indent=2))
 
 
+# ---- one run, whatever ends it ---------------------------------------------------------------
+
 def observe_recovered(plan: RowPlan, check: DegenerateCheck) -> None:
     """Rows a killed run journaled before its degenerate check had spoken: judged first."""
     for result in plan.recovered.values():
@@ -2287,10 +2293,69 @@ class Interrupts:
             signal.signal(sig, handler)
 
 
-def finish_run(code: int, writer: PartWriter, check: DegenerateCheck, store: OutputStore,
-               stats: RunStats, interrupts: Interrupts, stop_engine, make_card, args) -> int:
+@dataclass
+class Run:
+    """One run, from its checked input to its output."""
+    args: object
+    store: OutputStore
+    source: InputSource
+    plan: RowPlan
+    stats: RunStats
+    writer: PartWriter
+    check: DegenerateCheck
+    info_entry: dict
+
+
+def open_run(args, hub_api, engine: dict, info_entry: dict) -> Run:
+    """Everything that may refuse the run, before any engine starts: the output (its lock),
+    the input (at the pinned revision), the manifest, then the rows this run does."""
+    store = OutputStore(args.output, args, hub_api)
+    source = open_input(pinned_input(store, args))
+    check_output_columns(source, args)
+    claim_output(store, run_identity(args, source, engine), args)
+    store.shard_range = (source.lo, source.hi)
+    plan = plan_rows(source, store, args)
+    store.resend_local_parts()
+    stats = RunStats(rows_total=source.hi - source.lo, rows_skipped=plan.skipped)
+    stats.extra["rows_recovered"] = len(plan.recovered)
+    writer = PartWriter(store, source, plan, output_features(source, args), info_entry, args)
+    check = DegenerateCheck(not args.no_sanity_check and not plan.earlier_ok, args.sanity_pages,
+                            len(plan.pending))
+    if check.passed():
+        writer.check_passed()
+    recovered = f", {len(plan.recovered)} recovered from the journal" if plan.recovered else ""
+    log(f"{len(plan.pending)} of {stats.rows_total} rows to do ({stats.rows_skipped} already "
+        f"done{recovered}; {len(plan.redo)} error rows redone) -> {store.location()}")
+    return Run(args, store, source, plan, stats, writer, check, info_entry)
+
+
+def run_guarded(run: Run, work, stop_engine, argv: list[str]) -> int:
+    """work() under the failure policy: whatever ends it, the finished rows are saved and the
+    exit code tells the truth."""
+    interrupts = Interrupts()
+    code = 0
+    try:
+        observe_recovered(run.plan, run.check)
+        if run.plan.pending:
+            work()
+    except RunAborted as exc:
+        log(f"error: {exc}")
+        code = exc.code
+    except KeyboardInterrupt:
+        log("interrupted: saving the finished rows")
+        code = interrupts.exit_code()
+    except Exception:  # a bug or an unforeseen failure: keep what is finished, then say what
+        import traceback
+        traceback.print_exc()
+        log("error: the run failed; saving the finished rows")
+        code = EXIT_NOT_WRITTEN
+    return finish_run(code, run, interrupts, stop_engine, argv)
+
+
+def finish_run(code: int, run: Run, interrupts: Interrupts, stop_engine, argv: list[str]) -> int:
     """The end of every run, whatever ended it: save the finished rows (signals wait), stop the
     engine, then the card, the stats and the exit code that tells the truth."""
+    writer, check, store, stats, args = run.writer, run.check, run.store, run.stats, run.args
     try:
         try:
             check.finish()
@@ -2322,7 +2387,8 @@ def finish_run(code: int, writer: PartWriter, check: DegenerateCheck, store: Out
             + (f" ({writer.write_errors[-1]})" if writer.write_errors else "")
             + "; rerun the same command to finish them")
     wrote = writer.rows_ok + writer.rows_failed
-    store.finish(make_card(result) if wrote and not check.tripped else None)
+    store.finish(build_card(run.source, store, args, result, run.info_entry, argv)
+                 if wrote and not check.tripped else None)
     if store.conflict and not code:
         code = EXIT_USAGE
     if store.upload_failures and not code:
@@ -3400,59 +3466,31 @@ def run_server_script(doc: str, argv: list[str] | None = None, hub_api=None) -> 
     args = parse_arguments(server_argument_parser(doc), argv)  # a bad OUTPUT fails here
     plan_server(args, argv)  # before the input is read and the repo created
 
-    store = OutputStore(args.output, args, hub_api)
-    source = open_input(pinned_input(store, args))
-    check_output_columns(source, args)
-    claim_output(store, run_identity(args, source, flag_values(effective_serve_args(args))), args)
-    store.shard_range = (source.lo, source.hi)
-    plan = plan_rows(source, store, args)
-    store.resend_local_parts()
-    pending = plan.pending
-    stats = RunStats(rows_total=source.hi - source.lo, rows_skipped=plan.skipped)
-    stats.extra["rows_recovered"] = len(plan.recovered)
-    info_entry = info_entry_for(args, effective_serve_args(args))
-    writer = PartWriter(store, source, plan, output_features(source, args), info_entry, args)
-    server = ServerManager(args, argv, store.meta / "logs")
-    check = DegenerateCheck(not args.no_sanity_check and not plan.earlier_ok, args.sanity_pages,
-                            len(pending))
-    if check.passed():
-        writer.check_passed()
+    run = open_run(args, hub_api, flag_values(effective_serve_args(args)),
+                   info_entry_for(args, effective_serve_args(args)))
+    server = ServerManager(args, argv, run.store.meta / "logs")
     controller = None
+    window = Window(args.concurrency or args.min_window if SCRIPT_SHAPE == "saturate"
+                    else args.concurrency)
     if SCRIPT_SHAPE == "saturate":
-        window = Window(args.concurrency or args.min_window)
         telemetry = Path(args.stats_json).expanduser().with_suffix(".telemetry.jsonl") \
-            if args.stats_json else store.meta / "logs" / "telemetry.jsonl"
+            if args.stats_json else run.store.meta / "logs" / "telemetry.jsonl"
         telemetry.parent.mkdir(parents=True, exist_ok=True)
-        controller = WindowController(window, stats, args, telemetry, adaptive=not args.concurrency)
-    else:
-        window = Window(args.concurrency)
-    recovered = f", {len(plan.recovered)} recovered from the journal" if plan.recovered else ""
-    log(f"{len(pending)} of {stats.rows_total} rows to do ({stats.rows_skipped} already done"
-        f"{recovered}; {len(plan.redo)} error rows redone) -> {store.location()}")
-    interrupts = Interrupts()
-    code = 0
-    try:
-        observe_recovered(plan, check)
-        if pending:
-            asyncio.run(run_server_pipeline(source, pending, writer, stats, args, server,
-                                            window, check, controller))
-    except RunAborted as exc:
-        log(f"error: {exc}")
-        code = exc.code
-    except KeyboardInterrupt:
-        log("interrupted: saving the finished rows")
-        code = interrupts.exit_code()
-    except Exception:  # a bug or an unforeseen failure: keep what is finished, then say what
-        import traceback
-        traceback.print_exc()
-        log("error: the run failed; saving the finished rows")
-        code = EXIT_NOT_WRITTEN
-    if controller is not None:
-        stats.extra.update({"bound_by": controller.bound_by(), "window_final": window.limit,
-                            "memory_budget_bytes": controller.budget,
-                            "prefix_cache_hit_rate": controller.prefix_hit_rate})
-    return finish_run(code, writer, check, store, stats, interrupts, server.stop,
-                      lambda result: build_card(source, store, args, result, info_entry, argv), args)
+        controller = WindowController(window, run.stats, args, telemetry,
+                                      adaptive=not args.concurrency)
+
+    def work() -> None:
+        try:
+            asyncio.run(run_server_pipeline(run.source, run.plan.pending, run.writer, run.stats,
+                                            args, server, window, run.check, controller))
+        finally:
+            if controller is not None:
+                run.stats.extra.update({
+                    "bound_by": controller.bound_by(), "window_final": window.limit,
+                    "memory_budget_bytes": controller.budget,
+                    "prefix_cache_hit_rate": controller.prefix_hit_rate})
+
+    return run_guarded(run, work, server.stop, argv)
 # ==== END SERVER HELPERS ====
 
 
