@@ -2139,6 +2139,24 @@ def jobs_command_notes(argv: list[str]) -> list[str]:
     return notes
 
 
+def output_counts(store: OutputStore, column: str) -> str:
+    """The whole output's rows, counted from its parts (every shard, every earlier run)."""
+    import pyarrow.parquet as pq
+
+    rows = failed = elsewhere = 0
+    for (start, stop), path in store.parts():
+        rows += stop - start
+        try:
+            errors = pq.read_table(str(path), columns=[f"{column}_error"]).column(0)
+            failed += len(errors) - errors.null_count
+        except Exception:  # only on the Hub (the staging copy is a cache), or another layout
+            elsewhere += stop - start
+    counted = f"{rows - failed - elsewhere:,} with text and {failed:,} error rows"
+    if elsewhere:
+        counted += f" among the {rows - elsewhere:,} staged here ({elsewhere:,} are on the Hub only)"
+    return f"This output holds {rows:,} rows: {counted}."
+
+
 def build_card(source: InputSource, store: OutputStore, args, stats: dict, info_entry: dict,
                argv: list[str]) -> str:
     column = args.output_column
@@ -2169,6 +2187,8 @@ Weights: `{args.model}` at revision `{info_entry.get("model_revision") or "unkno
 | `{column}_finish_reason` | `stop`, or `length` when the token budget ran out |
 | `{column}_prompt_tokens`, `{column}_completion_tokens` | token counts of the request |
 | `inference_info` | JSON list, one entry per model run over this dataset |
+
+{output_counts(store, column)}
 
 ## This run
 

@@ -90,6 +90,16 @@ def test_a_rerun_with_nothing_to_do_leaves_the_card_alone(tmp_path, stub_server)
     assert (tmp_path / "out" / "README.md").read_text() == card
 
 
+def test_the_card_counts_the_whole_output_after_shards(tmp_path, stub_server):
+    stub = stub_server()
+    write_image_folder(tmp_path / "in", 9)
+    for shard in ("1", "0"):
+        assert run_script(OVIS, str(tmp_path / "in"), str(tmp_path / "out"),
+                          *common(stub, "--num-shards", "2", "--shard-index", shard)).returncode == 0
+    card = (tmp_path / "out" / "README.md").read_text()
+    assert "This output holds 9 rows: 9 with text and 0 error rows." in card  # not shard 0's 4
+
+
 def test_two_processes_on_one_output_the_second_is_refused_naming_the_first(tmp_path, stub_server):
     stub = stub_server("--latency", "0.2")
     paths = write_image_folder(tmp_path / "in", 30)
