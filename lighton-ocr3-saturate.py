@@ -1371,9 +1371,9 @@ def plan_rows(source: InputSource, store: "OutputStore", args) -> RowPlan:
     recovered = store.journal.replay(lambda i: i in redo or (source.lo <= i < source.hi
                                                              and not covered[i - source.lo]))
     for index, result in list(recovered.items()):
-        if index in redo and result.error is not None and result.error_kind == SERVER \
-                and not args.retry_errors:
-            del recovered[index]  # a redo that failed again the same way: redo it once more
+        if index in redo and result.error is not None:
+            del recovered[index]  # an error row the part holds already (or a redo that failed
+            # again before a kill): redone once more
     pending = sorted(i for i in set(uncovered) | set(redo) if i not in recovered)
     skipped = source.hi - source.lo - len(pending) - len(recovered)
     return RowPlan(pending, recovered, redo, skipped, earlier_ok)
@@ -1435,6 +1435,7 @@ class OutputStore:
         self.shard_range = (0, 0)
         self.conflict: str | None = None
         self.keep_local: set[str] = set()  # staged parts with rows a rerun redoes: kept here
+        self.created_manifest = False
         self.queued: dict[str, Path] = {}  # path in repo -> local file, for the next commit
         self.commit_interval = 36.0 * max(1, args.num_shards)
         self.last_commit = -math.inf
@@ -1446,6 +1447,7 @@ class OutputStore:
             self.sync_from_hub()
         if args.restart:
             self.restart()
+        self.remove_dead_temp_files()
 
     def sync_from_hub(self) -> None:
         """The Hub is the truth, the staging folder a cache: its manifest wins, and a repo that
@@ -1472,17 +1474,42 @@ class OutputStore:
         return sorted((self.root / "data").glob("part-*.parquet"))
 
     def clear_local(self) -> None:
+        """Journal first and manifest last: a kill half-way leaves no rows of the old run that
+        a new run would take for its own."""
         import shutil
 
+        shutil.rmtree(self.meta / "journal", ignore_errors=True)
         for path in self.local_parts():
             path.unlink(missing_ok=True)
-        for name in ("manifest.json", "on-hub"):
-            (self.meta / name).unlink(missing_ok=True)
         (self.root / "README.md").unlink(missing_ok=True)
-        shutil.rmtree(self.meta / "journal", ignore_errors=True)
+        for name in ("on-hub", "manifest.json"):
+            (self.meta / name).unlink(missing_ok=True)
+
+    def remove_dead_temp_files(self) -> None:
+        """A part write a kill cut short leaves .part-*.PID.tmp: removed once PID is gone."""
+        for path in (self.root / "data").glob(".part-*.tmp"):
+            try:
+                os.kill(int(path.name.rsplit(".", 2)[-2]), 0)
+            except (ValueError, ProcessLookupError):
+                path.unlink(missing_ok=True)
+            except PermissionError:
+                pass  # alive, another user's
 
     def restart(self) -> None:
-        """--restart: OUTPUT's rows, card and manifest removed (on the Hub in one commit)."""
+        """--restart: OUTPUT's rows, card and manifest removed (on the Hub in one commit), all
+        shards' alike, so never while another shard of it runs here."""
+        import fcntl
+
+        for path in self.meta.glob("lock-*"):
+            if path.name == Path(self.lock.name).name:
+                continue
+            with open(path, "a+") as other:
+                try:
+                    fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except OSError:
+                    other.seek(0)
+                    fail(f"--restart removes every shard's rows, and {other.read().strip()} is "
+                         f"writing another shard of {self.location()}: stop it first")
         log(f"--restart: removing the rows, card and manifest of {self.location()}")
         if self.api is not None:
             from huggingface_hub import CommitOperationDelete
@@ -1509,9 +1536,28 @@ class OutputStore:
             return json.loads(path.read_text())
         finally:
             tmp.unlink(missing_ok=True)
+        self.created_manifest = True
         if self.api is not None:
             self.commit_now({".ocr/manifest.json": path})
         return None
+
+    def forget_run(self) -> None:
+        """A run that wrote nothing leaves no manifest behind (a degenerate stop, say)."""
+        if self.created_manifest:
+            (self.meta / "manifest.json").unlink(missing_ok=True)
+            if self.api is not None:
+                from huggingface_hub import CommitOperationDelete
+
+                try:
+                    self.api.create_commit(self.target, repo_type="dataset",
+                                           commit_message="Remove the manifest of a run that "
+                                                          "wrote nothing",
+                                           operations=[CommitOperationDelete(
+                                               path_in_repo=".ocr/manifest.json")])
+                except Exception:
+                    pass  # a later run compares against it: --restart clears it
+                with self.queue_lock:
+                    self.queued.pop(".ocr/manifest.json", None)
 
     def update_manifest(self, manifest: dict) -> None:
         path = self.meta / "manifest.json"
@@ -1794,8 +1840,10 @@ MAY_CHANGE_ENGINE = {"gpu-memory-utilization", "data-parallel-size", "tensor-par
 
 
 def input_identity(args) -> dict:
-    """What the input is: a Hub dataset at the revision this run read, or a local path's files
-    (names, with sizes and times for data files; the ordered names of images)."""
+    """What the input is: a Hub dataset at the revision this run read, or a local path's files:
+    names and sizes, and for data files (parquet, arrow) a hash of their last 64 KiB, where
+    parquet keeps its footer: an image re-rendered under the same name, or a table rewritten,
+    is another input; a file only touched or copied is the same one."""
     import hashlib
 
     local = Path(args.input).expanduser()
@@ -1804,14 +1852,20 @@ def input_identity(args) -> dict:
     files = [local] if local.is_file() else sorted(
         p for p in local.rglob("*") if p.is_file()
         and not any(part.startswith(".") for part in p.relative_to(local).parts))
-    digest = hashlib.sha256()
+    entries = []
     for path in files:
-        digest.update(os.fsencode(str(path.relative_to(local) if path != local else path.name)))
+        size = path.stat().st_size
+        entry = f"{path.relative_to(local) if path != local else path.name} {size} B"
         if path.suffix.lower() not in IMAGE_EXTENSIONS:
-            stat = path.stat()
-            digest.update(f"\0{stat.st_size}\0{stat.st_mtime_ns}".encode())
-        digest.update(b"\n")
-    return {"files": len(files), "digest": digest.hexdigest()[:20]}
+            with open(path, "rb") as handle:
+                handle.seek(max(0, size - 65536))
+                entry += f" #{hashlib.sha1(handle.read()).hexdigest()[:12]}"
+        entries.append(entry)
+    text = "\n".join(entries).encode("utf-8", "surrogateescape")
+    identity = {"files": len(files), "digest": hashlib.sha256(text).hexdigest()[:20]}
+    if len(entries) <= 2000:  # small enough to name what changed
+        identity["list"] = entries
+    return identity
 
 
 def hub_dataset_sha(args) -> str | None:
@@ -1835,7 +1889,14 @@ def run_identity(args, source: InputSource, engine: dict) -> dict:
 
 
 def identity_differences(old, new, where: str = "") -> list[str]:
+    if where == "input.list" and isinstance(old, list) and isinstance(new, list) and old != new:
+        gone, added = sorted(set(old) - set(new)), sorted(set(new) - set(old))
+        return [f"input files: {len(gone)} gone or changed ({', '.join(gone[:3])}"
+                f"{', ...' if len(gone) > 3 else ''}), {len(added)} new or changed "
+                f"({', '.join(added[:3])}{', ...' if len(added) > 3 else ''})"]
     if isinstance(old, dict) and isinstance(new, dict):
+        if where == "input" and "list" in old and "list" in new:
+            old, new = ({k: v for k, v in d.items() if k != "digest"} for d in (old, new))
         out = []
         for key in sorted(set(old) | set(new), key=str):
             label = f"--{key.replace('_', '-')}" if where == "options" else \
@@ -2450,6 +2511,23 @@ def open_run(args, hub_api, engine: dict, info_entry: dict) -> Run:
     return Run(args, store, source, plan, stats, writer, check, info_entry)
 
 
+def early_exits_reported(args, body) -> int:
+    """body() with the exits that come before any page is sent (a refused rerun, a held lock,
+    a Ctrl-C while the input loads) reported in --stats-json too: never an earlier run's file."""
+    def report(code: int) -> None:
+        write_stats({"rows_total": 0, "rows_ok": 0, "rows_failed": 0, "rows_skipped": 0,
+                     "rows_not_written": 0, "exit_code": code}, args)
+    try:
+        return body()
+    except SystemExit as exc:
+        report(exc.code if isinstance(exc.code, int) else EXIT_USAGE)
+        raise
+    except KeyboardInterrupt:
+        log("interrupted before any page was sent: nothing to save")
+        report(130)
+        return 130
+
+
 def run_guarded(run: Run, work, stop_engine, argv: list[str]) -> int:
     """work() under the failure policy: whatever ends it, the finished rows are saved and the
     exit code tells the truth."""
@@ -2500,6 +2578,7 @@ def finish_run(code: int, run: Run, interrupts: Interrupts, stop_engine, argv: l
         stop_engine(False)
     except KeyboardInterrupt:
         stop_engine(True)
+    interrupts.saved = False  # the card and the last commit wait for no signal either
     stats.rows_ok, stats.rows_failed = writer.rows_ok, writer.rows_failed
     result = stats.as_dict()
     if result["rows_not_written"] and not code:
@@ -2508,8 +2587,11 @@ def finish_run(code: int, run: Run, interrupts: Interrupts, stop_engine, argv: l
             + (f" ({writer.write_errors[-1]})" if writer.write_errors else "")
             + "; rerun the same command to finish them")
     wrote = writer.rows_ok + writer.rows_failed
+    if not wrote and not store.parts() and not list(store.journal.folder.glob("*.jsonl")):
+        store.forget_run()  # nothing written: the next run may be another one
+    card_missing = store.parts() and not (store.root / "README.md").exists()
     store.finish(build_card(run.source, store, args, result, run.info_entry, argv)
-                 if wrote and not check.tripped else None)
+                 if (wrote or card_missing) and not check.tripped else None)
     if store.conflict and not code:
         code = EXIT_USAGE
     if store.upload_failures and not code:
@@ -3072,17 +3154,25 @@ async def send_page(client, server: "ServerManager", body: bytes, args) -> RowRe
 
 class FailureStorm:
     """Aborts the run when every page fails for the server's reasons, many pages in a row over a
-    while: a dataset of error rows helps nobody, and the rerun will redo them."""
+    while (or every page of a short run): a dataset of error rows helps nobody, and the rerun
+    will redo them."""
+
+    def at_end(self, pages: int) -> None:
+        if pages >= 5 and self.count == pages:
+            raise RunAborted(f"all {pages} pages of this run failed on the server's side (last: "
+                             f"{self.last}); their rows are written as errors that a rerun "
+                             f"redoes once the server is fixed.", EXIT_REFUSED)
 
     def __init__(self, pages: int, seconds: float):
         self.pages, self.seconds = pages, seconds
-        self.count, self.since = 0, None
+        self.count, self.since, self.last = 0, None, ""
 
     def observe(self, result: RowResult) -> None:
         if result.error_kind != SERVER:
             self.count, self.since = 0, None
             return
         self.count += 1
+        self.last = result.error[:300]
         self.since = self.since or time.monotonic()
         if self.count >= self.pages and time.monotonic() - self.since >= self.seconds:
             raise RunAborted(f"the last {self.count} pages all failed on the server's side over "
@@ -3434,6 +3524,7 @@ async def run_server_pipeline(source: InputSource, pending: list[int], writer: P
                     task.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
                 raise failure[0]
+            storm.at_end(len(stats.finished_at))
             if adapting is not None:  # one last sample: the final state, the final counters
                 adapting.cancel()
                 await asyncio.gather(adapting, return_exceptions=True)
@@ -3585,8 +3676,11 @@ def run_server_script(doc: str, argv: list[str] | None = None, hub_api=None) -> 
     """The whole run: arguments, input, engine, output. `main()` calls it with the docstring."""
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_arguments(server_argument_parser(doc), argv)  # a bad OUTPUT fails here
-    plan_server(args, argv)  # before the input is read and the repo created
+    return early_exits_reported(args, lambda: server_run(args, argv, hub_api))
 
+
+def server_run(args, argv: list[str], hub_api) -> int:
+    plan_server(args, argv)  # before the input is read and the repo created
     run = open_run(args, hub_api, flag_values(effective_serve_args(args)),
                    info_entry_for(args, effective_serve_args(args)))
     server = ServerManager(args, argv, run.store.meta / "logs")

@@ -223,3 +223,98 @@ def test_a_hub_input_is_pinned_to_the_revision_the_first_run_read(tmp_path, stub
     assert asked == [None, "c0ffee" * 6]
     manifest = json.loads((tmp_path / "out" / ".ocr" / "manifest.json").read_text())
     assert manifest["identity"]["input"] == {"hub": "user/scans", "revision": "c0ffee" * 6}
+
+
+# ---- found by trying to break it (each failed before its fix) ---------------------------------
+
+def test_restart_is_refused_while_another_shard_of_the_output_runs(tmp_path, stub_server):
+    slow, fast = stub_server("--latency", "0.3"), stub_server()
+    write_image_folder(tmp_path / "in", 20)
+    out = tmp_path / "out"
+    shard0 = subprocess.Popen([sys.executable, str(ROOT / OVIS), str(tmp_path / "in"), str(out),
+                               *common(slow, "--num-shards", "2", "--shard-index", "0",
+                                       "--concurrency", "1")],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: journal_rows(out) >= 1, process=shard0)
+    run = run_script(OVIS, str(tmp_path / "in"), str(out),
+                     *common(fast, "--num-shards", "2", "--shard-index", "1", "--restart"))
+    assert run.returncode == 2 and f"pid {shard0.pid}" in run.stderr, run.stderr
+    assert shard0.wait(timeout=120) == 0
+    assert load_output(out).num_rows == 10  # shard 0's rows all there
+
+
+def test_images_rerendered_under_the_same_names_are_another_input(tmp_path, stub_server):
+    stub = stub_server()
+    write_image_folder(tmp_path / "in", 4)
+    args = [str(tmp_path / "in"), str(tmp_path / "out"), *common(stub)]
+    assert run_script(OVIS, *args).returncode == 0
+    from conftest import page_image
+    (tmp_path / "in" / "page_0002.png").write_bytes(page_image(77))  # another page, same name
+    run = run_script(OVIS, *args)
+    assert run.returncode == 2 and "page_0002.png" in run.stderr, run.stderr
+
+
+def test_a_touched_or_copied_parquet_is_the_same_input(tmp_path, stub_server):
+    from conftest import page_image, write_parquet_dataset
+    stub = stub_server()
+    path = write_parquet_dataset(tmp_path / "pq", [page_image(i) for i in range(3)])
+    args = [str(tmp_path / "pq"), str(tmp_path / "out"), *common(stub)]
+    assert run_script(OVIS, *args).returncode == 0
+    data = path.read_bytes()
+    path.unlink()
+    path.write_bytes(data)  # copied back: a new time, the same bytes
+    run = run_script(OVIS, *args)
+    assert run.returncode == 0, run.stderr
+    assert len(stub.requests()) == 3
+
+
+def test_retry_errors_after_a_killed_run_redoes_the_errors(tmp_path, stub_server):
+    """A killed run leaves its journal behind, error rows included, though its parts hold them."""
+    import hashlib
+    paths = write_image_folder(tmp_path / "in", 6)
+    refused = hashlib.sha1(paths[1].read_bytes()).hexdigest()[:12]
+    args = [str(tmp_path / "in"), str(tmp_path / "out")]
+    assert run_script(OVIS, *args, *common(stub_server("--reject-digest", refused))).returncode == 0
+    journal = tmp_path / "out" / ".ocr" / "journal" / "shard-0-of-1"
+    journal.mkdir(parents=True, exist_ok=True)
+    error = load_output(tmp_path / "out")["markdown_error"][1]
+    (journal / "00000000000000000001-1.jsonl").write_text(json.dumps(
+        {"row": 1, "text": None, "error": error, "error_kind": "page", "finish_reason": None,
+         "prompt_tokens": None, "completion_tokens": None, "extras": {}}) + "\n")
+    good = stub_server()
+    assert run_script(OVIS, *args, *common(good, "--retry-errors")).returncode == 0
+    assert len(good.requests()) == 1
+    assert load_output(tmp_path / "out")["markdown"] == [expected_text(p.read_bytes()) for p in paths]
+
+
+def test_a_lost_card_is_written_again_and_a_refusal_leaves_its_own_stats(tmp_path, stub_server):
+    stub = stub_server()
+    write_image_folder(tmp_path / "in", 3)
+    args = [str(tmp_path / "in"), str(tmp_path / "out")]
+    assert run_script(OVIS, *args, *common(stub, "--stats-json", str(tmp_path / "s.json"))).returncode == 0
+    (tmp_path / "out" / "README.md").unlink()  # a kill while the card was written
+    assert run_script(OVIS, *args, *common(stub)).returncode == 0
+    assert (tmp_path / "out" / "README.md").exists()
+    run = run_script(OVIS, *args, *common(stub, "--max-tokens", "700",
+                                         "--stats-json", str(tmp_path / "s.json")))
+    assert run.returncode == 2
+    stats = json.loads((tmp_path / "s.json").read_text())
+    assert stats["exit_code"] == 2 and stats["rows_ok"] == 0
+
+
+def test_a_degenerate_stop_leaves_no_manifest_behind(tmp_path, stub_server):
+    bad, good = stub_server("--degenerate"), stub_server()
+    write_image_folder(tmp_path / "in", 6)
+    args = [str(tmp_path / "in"), str(tmp_path / "out")]
+    assert run_script(OVIS, *args, *common(bad)).returncode == 3
+    run = run_script(OVIS, *args, *common(good, "--max-tokens", "900"))  # other flags: fine
+    assert run.returncode == 0, run.stderr
+
+
+def test_a_short_run_whose_every_page_fails_on_the_server_exits_4(tmp_path, stub_server):
+    stub = stub_server("--fail-first", "1000")
+    write_image_folder(tmp_path / "in", 6)
+    run = run_script(OVIS, str(tmp_path / "in"), str(tmp_path / "out"),
+                     *common(stub, "--max-retries", "0"))
+    assert run.returncode == 4 and "all 6 pages" in run.stderr, run.stderr
+    assert set(load_output(tmp_path / "out")["markdown_error_kind"]) == {"server"}
