@@ -1610,11 +1610,12 @@ class OutputStore:
                       for name, local in files.items()]
         for attempt in range(UPLOAD_ATTEMPTS):
             try:
-                self.check_no_other_writer()
+                head = self.check_no_other_writer()
                 if self.conflict:
                     return False
                 self.api.create_commit(self.target, operations=operations, repo_type="dataset",
-                                       commit_message=f"Add {len(files)} file(s) (OCR)")
+                                       commit_message=f"Add {len(files)} file(s) (OCR)",
+                                       parent_commit=head)  # 412 if anyone committed since
                 self.last_commit = time.monotonic()
                 (self.meta / "on-hub").touch()  # this staging copy has reached the Hub
                 committed = {Path(name).name for name in files if name.startswith("data/")}
@@ -1650,12 +1651,15 @@ class OutputStore:
         if not self._commit(files) and self.conflict:
             fail(self.conflict)
 
-    def check_no_other_writer(self) -> None:
+    def check_no_other_writer(self) -> str:
         """Two writers of one shard (a Job retried while the first attempt still runs): no OS
-        lock sees the other container, so before each commit the repo is checked for parts in
-        this shard's range that this run neither found at its start nor wrote."""
+        lock sees the other container, so before each commit the repo's head is checked for
+        parts in this shard's range that this run neither found at its start nor wrote; the
+        commit then names that head as its parent, so a commit that lands in between makes the
+        Hub refuse it (412) and the check runs again. Returns the head."""
         lo, hi = self.shard_range
-        files = self.api.list_repo_files(self.target, repo_type="dataset")
+        head = self.api.repo_info(self.target, repo_type="dataset").sha
+        files = self.api.list_repo_files(self.target, repo_type="dataset", revision=head)
         foreign = [Path(f).name for f in files if f.startswith("data/")
                    and Path(f).name not in self.known
                    and any(a < hi and lo < b for a, b in ranges_from_names([f]))]
@@ -1663,6 +1667,7 @@ class OutputStore:
             self.conflict = (f"another run is writing rows {lo}-{hi} of {self.target} at the same "
                              f"time ({', '.join(sorted(foreign)[:3])} appeared): stopping this "
                              f"one so that no row is written twice")
+        return head
 
     def finish(self, card: str | None) -> None:
         """The card, then (Hub) every queued file in one last commit."""

@@ -180,7 +180,7 @@ class IntrudingHub(RateLimitedHub):
         super().__init__(root)
         self.foreign, self.listings = foreign, 0
 
-    def list_repo_files(self, repo_id, repo_type=None):
+    def list_repo_files(self, repo_id, repo_type=None, revision=None):
         self.listings += 1
         if self.listings == 2:  # after this run's start
             target = self.root / repo_id / "data" / "part-000000005-000000010.parquet"
@@ -318,3 +318,37 @@ def test_a_short_run_whose_every_page_fails_on_the_server_exits_4(tmp_path, stub
                      *common(stub, "--max-retries", "0"))
     assert run.returncode == 4 and "all 6 pages" in run.stderr, run.stderr
     assert set(load_output(tmp_path / "out")["markdown_error_kind"]) == {"server"}
+
+
+class RacingHub(RateLimitedHub):
+    """Another writer commits a part of the same rows between this run's check and its commit:
+    the commit names the head it checked, so the Hub refuses it (412) and the check runs again."""
+
+    def __init__(self, root: Path, foreign: Path):
+        super().__init__(root)
+        self.foreign, self.raced = foreign, False
+
+    def create_commit(self, repo_id, operations, commit_message=None, repo_type=None,
+                      parent_commit=None):
+        if not self.raced and any(op.path_in_repo.startswith("data/") for op in operations):
+            self.raced = True  # the other writer's commit lands first
+            target = self.root / repo_id / "data" / "part-000000000-000000004.parquet"
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(self.foreign, target)
+            self.head += 1
+        return super().create_commit(repo_id, operations, commit_message, repo_type,
+                                     parent_commit)
+
+
+def test_a_commit_that_lands_between_the_check_and_this_commit_is_refused(tmp_path, stub_server,
+                                                                         monkeypatch):
+    stub = stub_server("--latency", "0.05")
+    write_image_folder(tmp_path / "in", 8)
+    write_image_folder(tmp_path / "other", 4)
+    module = load_script(OVIS)
+    monkeypatch.setattr(module, "UPLOAD_BACKOFF_S", 0.01)
+    assert module.main([str(tmp_path / "other"), str(tmp_path / "x"), *common(stub)]) == 0
+    hub = RacingHub(tmp_path / "hub", next((tmp_path / "x" / "data").glob("*.parquet")))
+    assert hub_run(module, hub, tmp_path, stub, "stage", "--part-rows", "4") == 2
+    written = [f for commit in hub.commits for f in commit if f.startswith("data/")]
+    assert written == []  # this run never committed a part over the other writer's

@@ -319,11 +319,16 @@ class RateLimitedHub:
 
     def __init__(self, root: Path, refuse_first: int = 0):
         self.root, self.refuse_first, self.commits, self.attempts = root, refuse_first, [], []
+        self.head = 0
 
     def create_repo(self, repo_id, repo_type=None, private=None, exist_ok=False):
         (self.root / repo_id).mkdir(parents=True, exist_ok=True)
 
-    def list_repo_files(self, repo_id, repo_type=None):
+    def repo_info(self, repo_id, repo_type=None):
+        import types
+        return types.SimpleNamespace(sha=f"head-{self.head}")
+
+    def list_repo_files(self, repo_id, repo_type=None, revision=None):
         base = self.root / repo_id
         return [str(p.relative_to(base)) for p in base.rglob("*") if p.is_file()]
 
@@ -335,7 +340,13 @@ class RateLimitedHub:
         shutil.copy(self.root / repo_id / filename, target)
         return str(target)
 
-    def create_commit(self, repo_id, operations, commit_message=None, repo_type=None, **kwargs):
+    def create_commit(self, repo_id, operations, commit_message=None, repo_type=None,
+                      parent_commit=None):
+        if parent_commit is not None and parent_commit != f"head-{self.head}":
+            error = RuntimeError("412 Precondition Failed: the head moved (injected)")
+            error.response = type("Response", (), {"status_code": 412, "headers": {}})()
+            raise error
+        self.head += 1
         import shutil
 
         self.attempts.append(time.monotonic())
