@@ -158,6 +158,62 @@ def load_output(folder: Path):
     return datasets.load_dataset(str(folder), split="train")
 
 
+class FakeHub:
+    """The HfApi calls an OutputStore makes, against a folder (no network here): a head that
+    moves with each commit (a commit naming another parent is refused with 412), uploads that
+    fail on demand, and a 429 with Retry-After for the first `refuse_first` attempts."""
+
+    def __init__(self, root: Path, fail_uploads: bool = False, refuse_first: int = 0):
+        self.root, self.fail_uploads, self.refuse_first = root, fail_uploads, refuse_first
+        self.calls, self.commits, self.attempts, self.head = [], [], [], 0
+
+    @staticmethod
+    def refusal(message: str, status: int, headers: dict) -> Exception:
+        error = RuntimeError(message)
+        error.response = type("Response", (), {"status_code": status, "headers": headers})()
+        return error
+
+    def create_repo(self, repo_id, repo_type=None, private=None, exist_ok=False):
+        self.calls.append(("create_repo", repo_id, private))
+        (self.root / repo_id).mkdir(parents=True, exist_ok=True)
+
+    def repo_info(self, repo_id, repo_type=None):
+        import types
+        return types.SimpleNamespace(sha=f"head-{self.head}")
+
+    def list_repo_files(self, repo_id, repo_type=None, revision=None):
+        base = self.root / repo_id
+        return [str(p.relative_to(base)) for p in base.rglob("*") if p.is_file()]
+
+    def hf_hub_download(self, repo_id, filename, repo_type=None, local_dir=None):
+        import shutil
+        target = Path(local_dir) / filename
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(self.root / repo_id / filename, target)
+        return str(target)
+
+    def create_commit(self, repo_id, operations, commit_message=None, repo_type=None,
+                      parent_commit=None):
+        import shutil
+        self.attempts.append(time.monotonic())
+        if self.fail_uploads:
+            raise ConnectionError("hub unreachable (injected)")
+        if len(self.attempts) <= self.refuse_first:
+            raise self.refusal("429 Too Many Requests (injected)", 429, {"Retry-After": "1"})
+        if parent_commit is not None and parent_commit != f"head-{self.head}":
+            raise self.refusal("412 Precondition Failed: the head moved (injected)", 412, {})
+        for op in operations:
+            target = self.root / repo_id / op.path_in_repo
+            if not hasattr(op, "path_or_fileobj"):  # a CommitOperationDelete
+                target.unlink()
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(op.path_or_fileobj, target)
+            self.calls.append(("upload_file", op.path_in_repo))
+        self.head += 1
+        self.commits.append([op.path_in_repo for op in operations])
+
+
 def pytest_terminal_summary(terminalreporter):
     """Figures the engine tests measured (throughput, parity), printed in every run's log."""
     import sys as _sys

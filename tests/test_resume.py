@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, load_output, load_script, run_script, write_image_folder
+from conftest import ROOT, FakeHub, load_output, load_script, run_script, write_image_folder
 from stub_server import page_text
-from test_write_path import RateLimitedHub, journal_rows, wait_for
+from test_write_path import journal_rows, wait_for
 
 OVIS = "ovis-ocr2-server.py"
 
@@ -140,7 +140,7 @@ def test_the_hub_is_the_truth_for_a_hub_output(tmp_path, stub_server, capsys):
     stub = stub_server()
     paths = write_image_folder(tmp_path / "in", 8)
     module = load_script(OVIS)
-    hub = RateLimitedHub(tmp_path / "hub")
+    hub = FakeHub(tmp_path / "hub")
     assert hub_run(module, hub, tmp_path, stub, "laptop", "--max-samples", "4") == 0
     # the staging copy is a cache: parts on the Hub are not kept on disk
     assert not list((tmp_path / "laptop" / "user__ocr-out" / "data").glob("*.parquet"))
@@ -158,13 +158,13 @@ def test_staged_parts_the_hub_already_covers_are_never_sent_again(tmp_path, stub
     stub = stub_server()
     paths = write_image_folder(tmp_path / "in", 8)
     module = load_script(OVIS)
-    offline = RateLimitedHub(tmp_path / "hub", refuse_first=10 ** 6)  # a laptop whose uploads fail
+    offline = FakeHub(tmp_path / "hub", refuse_first=10 ** 6)  # a laptop whose uploads fail
     module.UPLOAD_ATTEMPTS, attempts = 1, module.UPLOAD_ATTEMPTS
     try:
         assert hub_run(module, offline, tmp_path, stub, "laptop", "--max-samples", "4") == 6
     finally:
         module.UPLOAD_ATTEMPTS = attempts
-    online = RateLimitedHub(tmp_path / "hub")
+    online = FakeHub(tmp_path / "hub")
     assert hub_run(module, online, tmp_path, stub, "job", "--part-rows", "3") == 0  # a Job: all 8
     sent = len(stub.requests())
     assert hub_run(module, online, tmp_path, stub, "laptop") == 0  # the laptop again
@@ -173,7 +173,7 @@ def test_staged_parts_the_hub_already_covers_are_never_sent_again(tmp_path, stub
     assert ds["file_name"] == [p.name for p in paths]  # pages 0-3 once
 
 
-class IntrudingHub(RateLimitedHub):
+class IntrudingHub(FakeHub):
     """Another writer of the same rows commits a part while this run is going."""
 
     def __init__(self, root: Path, foreign: Path):
@@ -320,7 +320,7 @@ def test_a_short_run_whose_every_page_fails_on_the_server_exits_4(tmp_path, stub
     assert set(load_output(tmp_path / "out")["markdown_error_kind"]) == {"server"}
 
 
-class RacingHub(RateLimitedHub):
+class RacingHub(FakeHub):
     """Another writer commits a part of the same rows between this run's check and its commit:
     the commit names the head it checked, so the Hub refuses it (412) and the check runs again."""
 

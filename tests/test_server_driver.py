@@ -11,18 +11,17 @@ from __future__ import annotations
 import io
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 from PIL import Image
 
-from conftest import (ROOT, SERVER_SCRIPTS, fake_vllm_env, free_port, load_output, load_script,
-                      page_image, run_script, wait_port, write_image_folder, write_parquet_dataset)
+from conftest import (ROOT, SERVER_SCRIPTS, FakeHub, fake_vllm_env, free_port, load_output,
+                      load_script, page_image, run_script, wait_port, write_image_folder,
+                      write_parquet_dataset)
 
 sys.path.insert(0, str(ROOT / "tests"))
 from stub_server import page_text  # noqa: E402
@@ -458,53 +457,6 @@ def test_api_key_is_sent_and_never_written(tmp_path, stub_server):
     assert "sekrit" not in run.stderr + run.stdout
     assert "sekrit" not in (tmp_path / "out" / "README.md").read_text()
     assert "sekrit" not in "".join(load_output(tmp_path / "out")["inference_info"])
-
-
-class FakeHub:
-    """The HfApi calls the store makes, against a folder; fails uploads on demand."""
-
-    def __init__(self, root: Path, fail_uploads: bool = False):
-        self.root, self.fail_uploads, self.calls = root, fail_uploads, []
-        self.head = 0
-
-    def create_repo(self, repo_id, repo_type=None, private=None, exist_ok=False):
-        self.calls.append(("create_repo", repo_id, private))
-        (self.root / repo_id).mkdir(parents=True, exist_ok=True)
-
-    def repo_info(self, repo_id, repo_type=None):
-        import types
-        return types.SimpleNamespace(sha=f"head-{self.head}")
-
-    def list_repo_files(self, repo_id, repo_type=None, revision=None):
-        base = self.root / repo_id
-        return [str(p.relative_to(base)) for p in base.rglob("*") if p.is_file()]
-
-    def hf_hub_download(self, repo_id, filename, repo_type=None, local_dir=None):
-        import shutil
-
-        target = Path(local_dir) / filename
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(self.root / repo_id / filename, target)
-        return str(target)
-
-    def create_commit(self, repo_id, operations, commit_message=None, repo_type=None,
-                      parent_commit=None):
-        if parent_commit is not None and parent_commit != f"head-{self.head}":
-            error = RuntimeError("412 Precondition Failed: the head moved (injected)")
-            error.response = type("Response", (), {"status_code": 412, "headers": {}})()
-            raise error
-        self.head += 1
-        if self.fail_uploads:
-            raise ConnectionError("hub unreachable (injected)")
-        for op in operations:
-            target = self.root / repo_id / op.path_in_repo
-            if not hasattr(op, "path_or_fileobj"):  # a CommitOperationDelete
-                target.unlink()
-                continue
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy(op.path_or_fileobj, target)
-            self.calls.append(("upload_file", op.path_in_repo))
-        self.calls.append(("commit", len(operations)))
 
 
 def test_hub_output_uploads_parts_and_card_and_resumes_from_the_repo(tmp_path, stub_server, capsys):

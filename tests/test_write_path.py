@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import (ROOT, fake_vllm_env, free_port, load_output, load_script, run_script,
-                      wait_port, write_image_folder)
+from conftest import (ROOT, FakeHub, fake_vllm_env, free_port, load_output, load_script,
+                      run_script, wait_port, write_image_folder)
 from stub_server import page_text
 
 OVIS = "ovis-ocr2-server.py"
@@ -171,12 +171,13 @@ def test_a_server_that_refuses_the_run_stops_it_with_exit_4(tmp_path, stub_serve
     assert run.returncode == 4, run.stderr
     assert cause in run.stderr and f"HTTP {status}" in run.stderr
     stats = stats_of(tmp_path / "s.json")
-    assert stats["rows_ok"] == 6 and stats["rows_failed"] == 0 and stats["rows_not_written"] == 14
-    assert load_output(tmp_path / "out")["markdown_error"] == [None] * 6  # no error rows
+    ok = stats["rows_ok"]  # 6 answered; the page in flight beside the refused one may be lost
+    assert ok in (5, 6) and stats["rows_failed"] == 0 and stats["rows_not_written"] == 20 - ok
+    assert load_output(tmp_path / "out")["markdown_error"] == [None] * ok  # no error rows
     good = stub_server()
     run = run_script(OVIS, *args[:2], *common(good, "--concurrency", "2"))
     assert run.returncode == 0, run.stderr
-    assert len(good.requests()) == 14
+    assert len(good.requests()) == 20 - ok
     ds = load_output(tmp_path / "out")
     assert ds["markdown"] == [expected_text(p.read_bytes()) for p in paths]
 
@@ -314,61 +315,10 @@ def test_a_part_that_cannot_be_written_keeps_its_rows(tmp_path, stub_server, cap
     assert stats_of(tmp_path / "s.json")["rows_not_written"] == 8
 
 
-class RateLimitedHub:
-    """The HfApi calls the store makes, against a folder; answers 429 with Retry-After once."""
-
-    def __init__(self, root: Path, refuse_first: int = 0):
-        self.root, self.refuse_first, self.commits, self.attempts = root, refuse_first, [], []
-        self.head = 0
-
-    def create_repo(self, repo_id, repo_type=None, private=None, exist_ok=False):
-        (self.root / repo_id).mkdir(parents=True, exist_ok=True)
-
-    def repo_info(self, repo_id, repo_type=None):
-        import types
-        return types.SimpleNamespace(sha=f"head-{self.head}")
-
-    def list_repo_files(self, repo_id, repo_type=None, revision=None):
-        base = self.root / repo_id
-        return [str(p.relative_to(base)) for p in base.rglob("*") if p.is_file()]
-
-    def hf_hub_download(self, repo_id, filename, repo_type=None, local_dir=None):
-        import shutil
-
-        target = Path(local_dir) / filename
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(self.root / repo_id / filename, target)
-        return str(target)
-
-    def create_commit(self, repo_id, operations, commit_message=None, repo_type=None,
-                      parent_commit=None):
-        if parent_commit is not None and parent_commit != f"head-{self.head}":
-            error = RuntimeError("412 Precondition Failed: the head moved (injected)")
-            error.response = type("Response", (), {"status_code": 412, "headers": {}})()
-            raise error
-        self.head += 1
-        import shutil
-
-        self.attempts.append(time.monotonic())
-        if len(self.attempts) <= self.refuse_first:
-            error = RuntimeError("429 Too Many Requests (injected)")
-            error.response = type("Response", (), {"status_code": 429,
-                                                   "headers": {"Retry-After": "1"}})()
-            raise error
-        for op in operations:
-            target = self.root / repo_id / op.path_in_repo
-            if not hasattr(op, "path_or_fileobj"):  # a CommitOperationDelete
-                target.unlink()
-                continue
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy(op.path_or_fileobj, target)
-        self.commits.append([op.path_in_repo for op in operations])
-
-
 def test_hub_commits_are_batched_and_honour_retry_after(tmp_path, stub_server):
     stub = stub_server("--latency", "0.05")
     paths = write_image_folder(tmp_path / "in", 12)
-    hub = RateLimitedHub(tmp_path / "hub", refuse_first=1)
+    hub = FakeHub(tmp_path / "hub", refuse_first=1)
     module = load_script(OVIS)
     argv = [str(tmp_path / "in"), "user/ocr-out", "--work-dir", str(tmp_path / "stage"),
             *common(stub, "--part-rows", "2", "--concurrency", "2")]
@@ -432,7 +382,6 @@ def test_offline_kill_9_loses_no_finished_batch_and_sigterm_saves(tmp_path):
     journaled = rows_only_in_journal(out)
     done = len(journaled) + part_rows(out)
     assert done >= 8
-    sent_before = fake_pages_sent(tmp_path)
     driver = subprocess.Popen(args + ["--stats-json", str(tmp_path / "s.json")], env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     wait_for(lambda: len(rows_only_in_journal(out)) + part_rows(out) >= done + 4, process=driver)
