@@ -93,6 +93,13 @@ def write_parquet_dataset(folder: Path, cells: list, extra: dict | None = None) 
     return path
 
 
+def expected_text(raw: bytes) -> str:
+    """The stub's answer for a page sent as these exact bytes."""
+    from stub_server import page_text
+
+    return page_text(raw, decode=True)[0]
+
+
 class StubServer:
     def __init__(self, port: int, process: subprocess.Popen, log: Path):
         self.port, self.process, self.log = port, process, log

@@ -7,21 +7,14 @@ folders, image columns the scripts cannot send), never a traceback, never rows s
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, load_output, page_image, run_script, write_image_folder
+from conftest import expected_text, load_output, page_image, run_script, write_image_folder
 
-sys.path.insert(0, str(ROOT / "tests"))
-from stub_server import page_text  # noqa: E402
 
 OVIS = "ovis-ocr2-server.py"
-
-
-def expected_text(raw: bytes) -> str:
-    return page_text(raw, decode=True)[0]
 
 
 def common(stub, *extra):

@@ -11,15 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, FakeHub, load_output, load_script, run_script, write_image_folder
-from stub_server import page_text
+from conftest import (ROOT, FakeHub, expected_text, load_output, load_script, run_script,
+                      write_image_folder)
 from test_write_path import journal_rows, wait_for
 
 OVIS = "ovis-ocr2-server.py"
-
-
-def expected_text(raw: bytes) -> str:
-    return page_text(raw, decode=True)[0]
 
 
 def common(stub, *extra):

@@ -19,18 +19,12 @@ import time
 import pytest
 from PIL import Image
 
-from conftest import (ROOT, SERVER_SCRIPTS, FakeHub, fake_vllm_env, free_port, load_output,
-                      load_script, page_image, run_script, wait_port, write_image_folder,
-                      write_parquet_dataset)
+from conftest import (FakeHub, ROOT, SERVER_SCRIPTS, expected_text, fake_vllm_env, free_port,
+                      load_output, load_script, page_image, run_script, wait_port,
+                      write_image_folder, write_parquet_dataset)
 
-sys.path.insert(0, str(ROOT / "tests"))
-from stub_server import page_text  # noqa: E402
 
 OVIS = "ovis-ocr2-server.py"
-
-
-def expected_text(raw: bytes) -> str:
-    return page_text(raw, decode=True)[0]
 
 
 def common(stub, *extra):

@@ -20,15 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import (ROOT, FakeHub, fake_vllm_env, free_port, load_output, load_script,
-                      run_script, wait_port, write_image_folder)
-from stub_server import page_text
+from conftest import (FakeHub, ROOT, expected_text, fake_vllm_env, free_port, load_output,
+                      load_script, run_script, wait_port, write_image_folder)
 
 OVIS = "ovis-ocr2-server.py"
-
-
-def expected_text(raw: bytes) -> str:
-    return page_text(raw, decode=True)[0]
 
 
 def common(stub, *extra):
