@@ -4,6 +4,7 @@
 #     "datasets>=3.0",
 #     "huggingface_hub>=0.34",
 #     "pillow>=10.4",
+#     "pypdfium2>=4.30",
 #     "httpx>=0.27",
 #     "tqdm>=4.66",
 # ]
@@ -180,6 +181,7 @@ API_SERVER_COUNT = globals().get("API_SERVER_COUNT", 1)  # a spawned server's AP
 JOB_TIMEOUT = globals().get("JOB_TIMEOUT", "4h")  # Jobs stop after 30 min without one
 JOB_PAGES_PER_S = globals().get("JOB_PAGES_PER_S")  # measured rate on DEFAULT_FLAVOR, if any
 IMAGE_TAG_MOVING = globals().get("IMAGE_TAG_MOVING", False)  # True: JOB_IMAGE is no fixed build
+PDF_DPI = globals().get("PDF_DPI", 400)  # a PDF page's render DPI, unless the model's bound is less
 import argparse
 import io
 import json
@@ -301,15 +303,17 @@ class InputSource:
     dataset: object  # datasets.Dataset, image column not decoded, rows in run order
     image_column: str
     description: str
-    lo: int  # this shard's rows are dataset rows [lo, hi)
+    lo: int  # this shard's rows are output rows [lo, hi): input rows, or PDF pages
     hi: int
     rows_full: int = 0  # the input's rows before --shuffle and --max-samples
+    pdf: "PdfPages | None" = None  # a PDF input: output row i is a page of input row pdf.doc[i]
 
 
 TABLE_EXTENSIONS = {".parquet", ".arrow"}  # a folder of these is read by `datasets` itself
 METADATA_NAMES = ("metadata.csv", "metadata.jsonl", "metadata.parquet")  # as imagefolder's
 ODD_NAMES_MAX_BYTES = 1 << 30  # images whose names are not UTF-8 are held in memory: a bound
 _PATH_BASE: list = []  # INPUT's folder, where relative path strings in the image column point
+_TEXT_LAYER_COLUMNS: list = []  # "text_layer", "skipped": the PDF text columns this run writes
 
 
 def shown_path(path) -> str:
@@ -427,6 +431,7 @@ def _image_folder(root: Path, images: list[Path], metadata_files: list[Path]):
 
     relative = [p.relative_to(root).as_posix() for p in images]
     cells = [{"bytes": None, "path": str(p)} for p in images]
+    pdfs = [str(p) if p.suffix.lower() == ".pdf" else None for p in images]
     odd = [i for i, p in enumerate(images) if shown_path(p) != str(p)]
     if odd:  # not valid text for Arrow: read now, under a readable name (the real file is read)
         size = 0
@@ -447,10 +452,14 @@ def _image_folder(root: Path, images: list[Path], metadata_files: list[Path]):
             cells[i] = {"bytes": data, "path": shown_path(images[i].name)}
         log(f"{len(odd)} image name(s) are not UTF-8 (e.g. {shown_path(relative[odd[0]])}); "
             f"file_name shows their bytes as \\xNN")
-    features = datasets.Features({"image": datasets.Image(decode=False),
-                                  "file_name": datasets.Value("string")})
-    ds = datasets.Dataset.from_dict(
-        {"image": cells, "file_name": [shown_path(name) for name in relative]}, features=features)
+    columns = {"image": [None if pdf else cell for cell, pdf in zip(cells, pdfs)],
+               "file_name": [shown_path(name) for name in relative], "pdf": pdfs}
+    features = {"image": datasets.Image(decode=False), "file_name": datasets.Value("string"),
+                "pdf": datasets.Value("string")}
+    for name in ("image", "pdf"):  # a folder of PDFs only has no image column, and vice versa
+        if all(value is None for value in columns[name]):
+            del columns[name], features[name]
+    ds = datasets.Dataset.from_dict(columns, features=datasets.Features(features))
     if metadata_files:
         meta = _read_metadata(root, metadata_files, relative)
         ds = datasets.concatenate_datasets([ds, datasets.Dataset(meta)], axis=1)
@@ -552,7 +561,7 @@ def _load_local_dataset(path: Path, args):
             loaded = loaded[args.split]
         return loaded
     files = _walk_folder(path)
-    images = [p for p in files if p.suffix.lower() in IMAGE_EXTENSIONS]
+    images = [p for p in files if p.suffix.lower() in IMAGE_EXTENSIONS or p.suffix.lower() == ".pdf"]
     metadata = [p for p in files if p.name in METADATA_NAMES]
     tables = [p for p in files if p.suffix in TABLE_EXTENSIONS and p not in metadata]
     if images and tables:
@@ -570,8 +579,8 @@ def _load_local_dataset(path: Path, args):
         return _image_folder(path, images, metadata)
     if tables or any(p.suffix in TABLE_EXTENSIONS for p in metadata):
         return _load_table_folder(path, args)
-    fail(f"INPUT folder {shown_path(path)} holds no images, no .parquet or .arrow files and "
-         f"no saved dataset.")
+    fail(f"INPUT folder {shown_path(path)} holds no images, no PDFs, no .parquet or .arrow files "
+         f"and no saved dataset.")
 
 
 def _feature_name(feature) -> str:
@@ -641,13 +650,18 @@ def open_input(args) -> InputSource:
         fail(f"INPUT {args.input!r} is neither an existing path nor a Hub dataset id.")
     if len(ds) == 0:
         _nothing_to_do(description)
-    if args.image_column not in ds.column_names:
+    pdf_column = find_pdf_column(ds, args)
+    if pdf_column is not None and getattr(datasets, "Pdf", None) is not None and \
+            isinstance(ds.features[pdf_column], datasets.Pdf):
+        ds = ds.cast_column(pdf_column, datasets.Pdf(decode=False))  # the bytes, opened here
+    if args.image_column not in ds.column_names and pdf_column is None:
         image_like = [name for name, feature in ds.features.items()
                       if isinstance(feature, datasets.Image)]
         hint = f"; image-typed: {', '.join(image_like)}" if image_like else ""
         fail(f"image column {args.image_column!r} not found. Columns: "
              f"{', '.join(ds.column_names)}{hint}. Pass --image-column NAME.")
-    if isinstance(ds.features[args.image_column], datasets.Image):
+    if args.image_column in ds.column_names and \
+            isinstance(ds.features[args.image_column], datasets.Image):
         ds = ds.cast_column(args.image_column, datasets.Image(decode=False))
     rows_full = len(ds)
     if args.shuffle:
@@ -658,9 +672,16 @@ def open_input(args) -> InputSource:
         fail(f"--shard-index must be in [0, {args.num_shards}), got {args.shard_index}")
     n = len(ds)
     lo, hi = n * args.shard_index // args.num_shards, n * (args.shard_index + 1) // args.num_shards
-    _check_image_column(ds, args.image_column, lo, hi, base)
     _PATH_BASE[:] = [base] if base is not None else []
-    return InputSource(ds, args.image_column, description, lo, hi, rows_full)
+    _TEXT_LAYER_COLUMNS[:] = ["text_layer"] * bool(args.text_layer or args.skip_text_pages) + \
+        ["skipped"] * bool(args.skip_text_pages)
+    if pdf_column is None:
+        _check_image_column(ds, args.image_column, lo, hi, base)
+        return InputSource(ds, args.image_column, description, lo, hi, rows_full)
+    pages = count_pdf_pages(ds, pdf_column, args)
+    shown = ds.remove_columns([pdf_column])  # the output names each document, never its bytes
+    lo, hi = pages.first_row(lo), pages.first_row(hi)  # shards split documents
+    return InputSource(shown, args.image_column, description, lo, hi, rows_full, pages)
 
 
 def check_output_columns(source: InputSource, args) -> list[str]:
@@ -676,7 +697,8 @@ def check_output_columns(source: InputSource, args) -> list[str]:
 def result_column_names(column: str) -> list[str]:
     return [column, f"{column}_error", f"{column}_error_kind", f"{column}_finish_reason",
             f"{column}_prompt_tokens", f"{column}_completion_tokens"] + \
-        [f"{column}_{suffix}" for suffix in EXTRA_COLUMNS]
+        [f"{column}_{suffix}" for suffix in EXTRA_COLUMNS] + \
+        [f"{column}_{suffix}" for suffix in _TEXT_LAYER_COLUMNS]
 
 
 # ---- page images --------------------------------------------------------------------------
@@ -688,6 +710,8 @@ class PreparedPage:
     width: int
     height: int
     passthrough: bool
+    text_layer: str | None = None  # a PDF page's embedded text, when asked for
+    skipped: bool = False  # not to be sent: its text layer has enough text (--skip-text-pages)
 
 
 def _resolve_image_path(value: str) -> Path:
@@ -768,6 +792,8 @@ def prepare_page(cell, decode: bool = True) -> PreparedPage | None:
     """
     from PIL import Image, ImageOps
 
+    if isinstance(cell, PdfPage):
+        return render_pdf_page(cell)
     raw = read_cell_bytes(cell)
     try:
         with warnings.catch_warnings():
@@ -816,20 +842,348 @@ def prepare_page(cell, decode: bool = True) -> PreparedPage | None:
             img = to_rgb(img)
             if img.size != target:  # the filter the model's own pipeline resamples with
                 img = img.resize(target, getattr(Image.Resampling, RESIZE_FILTER.upper()))
-            out = io.BytesIO()
-            if PAGE_FORMAT == "png":
-                img.save(out, format="PNG", compress_level=1)
-                mime = "image/png"
-            else:
-                img.save(out, format="JPEG", quality=95)
-                mime = "image/jpeg"
-            return PreparedPage(out.getvalue(), mime, target[0], target[1], False)
+            data, mime = encode_page(img)
+            return PreparedPage(data, mime, target[0], target[1], False)
     except PageError:
         raise
     except Image.DecompressionBombError as exc:
         raise PageError(f"decompression bomb: {exc}") from None
     except Exception as exc:  # undecodable, truncated, unsupported: one row fails, not the run
         raise PageError(f"cannot decode image: {type(exc).__name__}: {exc}") from None
+
+
+# ---- PDF documents ---------------------------------------------------------------------------
+# One output row per page; a page is rendered once, at the size the model wants, in a worker
+# process (PDFium is not thread-safe, and a page that hangs or crashes it must not take the run).
+
+PDF_MIN_DPI, PDF_MAX_DPI = 72, 400
+PDF_MAX_PIXELS = 12_000_000  # above any model's input here: a poster-sized page shrinks to it
+PDF_COLUMNS = {"page_number": "int32", "page_count": "int32"}
+
+
+def find_pdf_column(ds, args) -> str | None:
+    """--pdf-column; else a column of the `datasets.Pdf` type, the folder reader's `pdf`, or an
+    image column whose first cells are PDFs (bytes starting %PDF-, or paths ending .pdf)."""
+    import datasets
+
+    if args.pdf_column:
+        if args.pdf_column not in ds.column_names:
+            fail(f"--pdf-column {args.pdf_column!r} not found. Columns: {', '.join(ds.column_names)}")
+        return args.pdf_column
+    pdf_type = getattr(datasets, "Pdf", None)
+    typed = [name for name, feature in ds.features.items()
+             if pdf_type is not None and isinstance(feature, pdf_type)]
+    if len(typed) > 1:
+        fail(f"INPUT has several PDF columns ({', '.join(typed)}); pass --pdf-column NAME")
+    if typed:
+        return typed[0]
+    if "pdf" in ds.column_names and ds.features["pdf"] == datasets.Value("string"):
+        return "pdf"
+    column = args.image_column
+    if column in ds.column_names and not isinstance(ds.features[column], datasets.Image):
+        for cell in ds.select_columns([column]).select(range(min(8, len(ds))))[column]:
+            held = cell.get("bytes") or cell.get("path") if isinstance(cell, dict) else cell
+            if isinstance(held, bytes) and held[:5] == b"%PDF-" or \
+                    isinstance(held, str) and held.lower().endswith(".pdf"):
+                return column
+    return None
+
+
+def parse_pages(spec: str | None) -> list[tuple[int, int | None]] | None:
+    """--pages "1-5,8,10-" as 1-based inclusive ranges (None: to the end); None: every page."""
+    if not spec:
+        return None
+    ranges = []
+    for item in spec.replace(" ", "").split(","):
+        match = re.fullmatch(r"(\d+)(?:(-)(\d*))?", item)
+        if not match or int(match.group(1)) < 1 or match.group(3) and \
+                int(match.group(3)) < int(match.group(1)):
+            raise ValueError(f"--pages {spec!r}: {item!r} is not N, A-B or A- (1-based)")
+        first = int(match.group(1))
+        last = first if not match.group(2) else int(match.group(3)) if match.group(3) else None
+        ranges.append((first, last))
+    return ranges
+
+
+def selected_pages(ranges, count: int) -> list[int]:
+    if ranges is None:
+        return list(range(1, count + 1))
+    return sorted({n for first, last in ranges for n in range(first, min(count, last or count) + 1)})
+
+
+@dataclass
+class PdfPage:
+    """One page to render: the document's row, its file (else its bytes are in the input), the
+    1-based page number; or why the document has no page to render."""
+    doc_row: int
+    path: str | None
+    number: int | None
+    error: str | None = None
+
+
+@dataclass
+class PdfPages:
+    """The output rows of a PDF input: row i is page number[i] of input row doc[i] (number 0:
+    a row that is an image, or a document whose pages cannot be counted, see errors)."""
+    docs: object  # the input, PDF column included
+    column: str
+    doc: object  # numpy int64 per output row
+    number: object  # numpy int32 per output row
+    count: object
+    paths: dict  # doc row -> its file, when it is one
+    errors: dict  # doc row -> why it has no page to render
+
+    def first_row(self, doc_row: int) -> int:
+        import numpy as np
+
+        return int(np.searchsorted(self.doc, doc_row, side="left"))
+
+    def is_pdf(self, doc_row: int) -> bool:
+        return doc_row in self.errors or doc_row in self.paths or self.count_of(doc_row) > 0
+
+    def count_of(self, doc_row: int) -> int:
+        i = self.first_row(doc_row)
+        return int(self.count[i]) if i < len(self.doc) and self.doc[i] == doc_row else 0
+
+    def page(self, i: int) -> PdfPage:
+        row = int(self.doc[i])
+        return PdfPage(row, self.paths.get(row), int(self.number[i]) or None, self.errors.get(row))
+
+
+def pdf_source(cell) -> tuple[bytes | str | None, str | None]:
+    """(what PDFium opens: bytes or a file path, the path to show) for a cell of a PDF column."""
+    data, path = (cell.get("bytes"), cell.get("path")) if isinstance(cell, dict) else \
+        (cell, None) if isinstance(cell, (bytes, bytearray, memoryview)) else (None, cell)
+    if data is not None:
+        return bytes(data), path
+    if isinstance(path, str) and path:
+        return str(_resolve_image_path(path)), path
+    return None, None
+
+
+def pdf_open_error(exc: BaseException, data=None) -> str:
+    text = str(exc)
+    if "password" in text.lower():
+        return "the PDF is encrypted: a password is needed to open it"
+    if isinstance(data, bytes) and re.search(rb"/Count\s*0\b", data) and \
+            not re.search(rb"/Count\s*[1-9]", data):  # PDFium refuses an empty page tree
+        return "the PDF has no pages"
+    if "format" in text.lower() or "corrupt" in text.lower():
+        return f"not a readable PDF (corrupt or truncated): {text}"
+    return f"cannot open the PDF: {type(exc).__name__}: {text}"
+
+
+def count_pdf_pages(ds, column: str, args) -> PdfPages:
+    """Every document's page count, read without rendering (the output's row numbers come from
+    them, so every shard counts the whole input, once per run)."""
+    import numpy as np
+    import pypdfium2 as pdfium
+    from tqdm import tqdm
+
+    ranges = parse_pages(args.pages)
+    doc, number, count, paths, errors = [], [], [], {}, {}
+    cells = ds.select_columns([column])
+    for row in tqdm(range(len(ds)), desc="counting PDF pages", unit="doc", disable=len(ds) < 50,
+                    mininterval=0.5 if sys.stderr.isatty() else 10.0):
+        data, shown = pdf_source(cells[row][column])
+        if isinstance(data, str):
+            paths[row] = data
+        pages: list[int] = []
+        if data is None:
+            if column != "pdf" or "image" not in ds.column_names:  # else: an image of the folder
+                errors[row] = "missing PDF (empty cell)"
+        else:
+            try:
+                if isinstance(data, str) and not os.path.isfile(data):
+                    raise PageError(f"cannot read the PDF file {shown}: no such file")
+                document = pdfium.PdfDocument(data)
+                try:
+                    total = len(document)
+                finally:
+                    document.close()
+                pages = selected_pages(ranges, total)
+                if not total:
+                    errors[row] = "the PDF has no pages"
+                elif not pages:
+                    errors[row] = f"none of --pages {args.pages} is in this {total}-page PDF"
+            except PageError as exc:
+                errors[row] = str(exc)
+            except Exception as exc:
+                errors[row] = pdf_open_error(exc, data if isinstance(data, bytes) else
+                                             Path(data).read_bytes()[:1 << 20])
+        for page in pages or [0]:
+            doc.append(row)
+            number.append(page)
+            count.append(total if pages else 0)
+    if errors:
+        log(f"{len(errors)} PDF(s) cannot be rendered (e.g. row {min(errors)}: "
+            f"{errors[min(errors)]}): each becomes an error row")
+    return PdfPages(ds, column, np.array(doc, dtype=np.int64), np.array(number, dtype=np.int32),
+                    np.array(count, dtype=np.int32), paths, errors)
+
+
+def input_features(source: InputSource):
+    """The input's columns as the output carries them (PDF input: the page's number and count)."""
+    import datasets
+
+    features = datasets.Features(source.dataset.features)
+    if source.pdf is not None:
+        features.update({name: datasets.Value(kind) for name, kind in PDF_COLUMNS.items()})
+    return features
+
+
+def input_rows(source: InputSource, indices: list[int]) -> dict:
+    """The input columns of these output rows."""
+    pdf = source.pdf
+    if pdf is None:
+        return source.dataset.select(indices).to_dict()
+    rows = source.dataset.select([int(pdf.doc[i]) for i in indices]).to_dict()
+    rows["page_number"] = [int(pdf.number[i]) or None for i in indices]
+    rows["page_count"] = [int(pdf.count[i]) or None for i in indices]
+    return rows
+
+
+def pdf_render_size(width_pt: float, height_pt: float, dpi: float) -> tuple[float, tuple[int, int]]:
+    """(PDFium's scale, the size in pixels) for a page of this size in points, after its
+    rotation: at `dpi`, within PDF_MAX_PIXELS, then within the model's own bound."""
+    if not (width_pt > 0 and height_pt > 0):
+        raise PageError(f"the page has no area ({width_pt} x {height_pt} pt)")
+    width, height = width_pt * dpi / 72, height_pt * dpi / 72
+    shrink = min(1.0, math.sqrt(PDF_MAX_PIXELS / (width * height)))
+    target = target_size(max(1, round(width * shrink)), max(1, round(height * shrink)))
+    return target[0] / width_pt, target
+
+
+def _render_pdf_page(page, dpi: float, text_layer: bool, skip_chars: int | None) -> tuple:
+    from PIL import Image
+
+    layer = page.get_textpage().get_text_bounded() if text_layer or skip_chars else None
+    if skip_chars and sum(not c.isspace() for c in layer) >= skip_chars:
+        return "skip", layer
+    scale, target = pdf_render_size(*page.get_size(), dpi)
+    img = to_rgb(page.render(scale=scale, may_draw_forms=True).to_pil())
+    if img.size != target:  # a pixel of rounding, or the model's grid
+        img = img.resize(target, getattr(Image.Resampling, RESIZE_FILTER.upper()))
+    data, mime = encode_page(img)
+    return "ok", data, mime, target[0], target[1], layer
+
+
+def _pdf_worker(conn, docs, column: str, dpi: float, text_layer: bool, skip_chars) -> None:
+    """A render process: jobs in, pages out; the last document stays open for its next page."""
+    import pypdfium2 as pdfium
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
+    opened: tuple | None = None
+    while True:
+        try:
+            job = conn.recv()
+        except (EOFError, OSError):  # the driver is gone
+            return
+        doc_row, path, number = job
+        try:
+            if opened is None or opened[0] != doc_row:
+                if opened is not None:
+                    opened[1].close()
+                opened = None
+                data = path or pdf_source(docs[doc_row][column])[0]
+                document = pdfium.PdfDocument(data)
+                document.init_forms()  # form fields drawn, as a viewer shows them
+                opened = (doc_row, document)
+            try:
+                page = opened[1][number - 1]
+            except Exception as exc:
+                raise PageError(f"cannot load page {number}: {exc}") from None
+            reply = _render_pdf_page(page, dpi, text_layer, skip_chars)
+        except PageError as exc:
+            reply = ("error", str(exc))
+        except Exception as exc:
+            reply = ("error", pdf_open_error(exc) if opened is None else
+                     f"cannot render page {number}: {type(exc).__name__}: {exc}")
+        conn.send(reply)
+
+
+class PdfRenderer:
+    """Worker processes that render PDF pages; blocking and thread-safe. A page that takes
+    longer than the deadline, or crashes PDFium, is that page's error; its worker is replaced.
+    A page goes to the worker that has its document open, when it is free."""
+
+    def __init__(self, pdf: PdfPages, args):
+        import multiprocessing
+
+        self.pdf, self.args = pdf, args
+        self.context = multiprocessing.get_context("fork")  # the workers read the input as is
+        self.options = (args.pdf_dpi or PDF_DPI, bool(args.text_layer), args.skip_text_pages)
+        self.idle = [self._start() for _ in range(max(1, args.pdf_workers))]
+        self.ready = threading.Condition()
+
+    def _start(self) -> list:
+        ours, theirs = self.context.Pipe()
+        with warnings.catch_warnings():  # fork beside the driver's threads: the child runs no
+            warnings.simplefilter("ignore", DeprecationWarning)  # Python of theirs
+            process = self.context.Process(target=_pdf_worker, daemon=True, args=(
+                theirs, self.pdf.docs, self.pdf.column, *self.options))
+            process.start()
+        theirs.close()
+        return [process, ours, None]  # the process, its pipe, the document it has open
+
+    def render(self, page: PdfPage) -> "PreparedPage":
+        if page.error is not None:
+            raise PageError(page.error)
+        with self.ready:
+            while not self.idle:
+                self.ready.wait()
+            worker = next((w for w in self.idle if w[2] == page.doc_row), self.idle[0])
+            self.idle.remove(worker)
+        replace = True  # unless it answers: a worker that hung or died is not reused
+        try:
+            worker[1].send((page.doc_row, page.path, page.number))
+            if not worker[1].poll(self.args.pdf_page_timeout):
+                raise PageError(f"rendering page {page.number} took more than "
+                                f"{self.args.pdf_page_timeout:g} s (--pdf-page-timeout)")
+            reply = worker[1].recv()
+            replace = False
+        except (EOFError, OSError):
+            raise PageError(f"the PDF renderer crashed on page {page.number}") from None
+        finally:
+            if replace:
+                worker[0].kill()
+                worker[0].join(timeout=5)
+                worker[1].close()
+                worker = self._start()
+            else:
+                worker[2] = page.doc_row
+            with self.ready:
+                self.idle.append(worker)
+                self.ready.notify()
+        if reply[0] == "error":
+            raise PageError(reply[1])
+        if reply[0] == "skip":
+            return PreparedPage(b"", "", 0, 0, False, text_layer=reply[1], skipped=True)
+        _, data, mime, width, height, layer = reply
+        return PreparedPage(data, mime, width, height, False, text_layer=layer)
+
+    def close(self) -> None:
+        for process, pipe, _ in self.idle:
+            pipe.close()
+            process.kill()
+
+
+_RENDERER: list = []  # the run's PdfRenderer, started before any page is prepared
+
+
+def render_pdf_page(page: PdfPage) -> "PreparedPage":
+    if not _RENDERER:
+        raise PageError("internal: no PDF renderer was started")
+    return _RENDERER[0].render(page)
+
+
+def encode_page(img) -> tuple[bytes, str]:
+    out = io.BytesIO()
+    if PAGE_FORMAT == "png":
+        img.save(out, format="PNG", compress_level=1)
+        return out.getvalue(), "image/png"
+    img.save(out, format="JPEG", quality=95)
+    return out.getvalue(), "image/jpeg"
 
 
 def block_box(values, top: int) -> list[int] | None:
@@ -942,10 +1296,25 @@ class RowResult:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     extras: dict = field(default_factory=dict)
+    text_layer: str | None = None  # a PDF page's embedded text (--text-layer, --skip-text-pages)
+    skipped: str | None = None  # why the page was not sent: its text layer was enough
 
 
 def error_row(message: str, kind: str) -> RowResult:
     return RowResult(error=message, error_kind=kind)
+
+
+class TextLayerEnough(Exception):
+    """A PDF page not to send: its text layer is its row (--skip-text-pages)."""
+
+    def __init__(self, result: RowResult):
+        self.result = result
+
+
+def text_layer_row(page: PreparedPage, args) -> RowResult:
+    chars = sum(not c.isspace() for c in page.text_layer)
+    return RowResult(text_layer=page.text_layer, skipped=f"not sent: its text layer has {chars} "
+                     f"characters (--skip-text-pages {args.skip_text_pages})")
 
 
 def exception_row(exc: BaseException, kind: str, what: str = "") -> RowResult:
@@ -955,7 +1324,7 @@ def exception_row(exc: BaseException, kind: str, what: str = "") -> RowResult:
 
 def postprocessed(result: RowResult, args) -> RowResult:
     """The model's clean-up applied; an exception in it is this row's error, not the run's."""
-    if result.error is not None:
+    if result.error is not None or result.skipped is not None:
         return result
     try:
         result.text, result.extras = postprocess(result.text, args)
@@ -981,7 +1350,7 @@ def output_features(source: InputSource, args):
     import datasets
 
     features = datasets.Features(
-        {k: v for k, v in source.dataset.features.items()
+        {k: v for k, v in input_features(source).items()
          if k not in result_column_names(args.output_column) and k != "inference_info"})
     if isinstance(features.get(source.image_column), datasets.Image):
         features[source.image_column] = datasets.Image()  # decoded on load, shown by the viewer
@@ -994,6 +1363,8 @@ def output_features(source: InputSource, args):
     features[f"{column}_completion_tokens"] = datasets.Value("int32")
     for suffix, kind in EXTRA_COLUMNS.items():
         features[f"{column}_{suffix}"] = extra_feature(kind)
+    for suffix in _TEXT_LAYER_COLUMNS:
+        features[f"{column}_{suffix}"] = datasets.Value("string")
     features["inference_info"] = datasets.Value("string")
     return features
 
@@ -1017,6 +1388,8 @@ def result_columns(results: list, column: str) -> dict:
            f"{column}_completion_tokens": [r.completion_tokens for r in results]}
     for suffix in EXTRA_COLUMNS:
         out[f"{column}_{suffix}"] = [r.extras.get(suffix) for r in results]
+    for suffix in _TEXT_LAYER_COLUMNS:
+        out[f"{column}_{suffix}"] = [getattr(r, suffix) for r in results]
     return out
 
 
@@ -1053,8 +1426,8 @@ def write_part(path: Path, source: InputSource, indices: list[int], results: lis
         with pq.ParquetWriter(str(tmp), features.arrow_schema) as writer:
             for offset in range(0, len(indices), 32):
                 chunk = indices[offset:offset + 32]
-                rows = source.dataset.select(chunk)
-                batch = {k: v for k, v in rows.to_dict().items() if k in features}
+                rows = input_rows(source, chunk)
+                batch = {k: v for k, v in rows.items() if k in features}
                 image_cells = batch.get(source.image_column) or []
                 for i, cell in enumerate(image_cells):  # embed image files that were only paths
                     if isinstance(cell, dict) and cell.get("bytes") is None and cell.get("path"):
@@ -1063,8 +1436,7 @@ def write_part(path: Path, source: InputSource, indices: list[int], results: lis
                                               "path": Path(cell["path"]).name}
                         except OSError:
                             pass  # unreadable: the row's error says so; keep the path
-                old_info = rows["inference_info"] if "inference_info" in rows.column_names \
-                    else [None] * len(chunk)
+                old_info = rows.get("inference_info") or [None] * len(chunk)
                 batch["inference_info"] = [append_info(old, info_entry) for old in old_info]
                 part = results[offset:offset + 32]
                 for i, result in enumerate(part):
@@ -1620,6 +1992,7 @@ class PartWriter:
         self.lock = threading.Lock()
         self.last_flush = time.monotonic()
         self.rows_ok = self.rows_failed = self.parts_written = 0
+        self.rows_text_layer = 0  # of rows_ok: pages not sent, their text layer was enough
         self.write_errors: list[str] = []
         self.failed: set[Path] = set()
 
@@ -1669,6 +2042,7 @@ class PartWriter:
         ok = sum(r.error is None for r in results)
         self.rows_ok += ok
         self.rows_failed += len(results) - ok
+        self.rows_text_layer += sum(r.skipped is not None for r in results)
         self.store.journal.written(indices)
 
     def _write(self, chunk: list[int]) -> None:
@@ -1717,11 +2091,18 @@ class PartWriter:
 
 
 def iter_image_cells(source: InputSource, indices: list[int], batch: int = 64):
-    """(index, cell) in order, reading only the image column, a batch at a time."""
-    column_only = source.dataset.select_columns([source.image_column])
+    """(index, cell) in order, reading only the image column, a batch at a time; a PDF page's
+    cell is a PdfPage, which prepare_page renders."""
+    pdf = source.pdf
+    has_images = source.image_column in source.dataset.column_names
+    column_only = source.dataset.select_columns([source.image_column]) if has_images else None
     for offset in range(0, len(indices), batch):
         chunk = indices[offset:offset + batch]
-        cells = column_only.select(chunk)[source.image_column]
+        rows = chunk if pdf is None else [int(pdf.doc[i]) for i in chunk]
+        cells = column_only.select(rows)[source.image_column] if has_images else [None] * len(rows)
+        if pdf is not None:
+            cells = [pdf.page(i) if pdf.is_pdf(row) else cell
+                     for i, row, cell in zip(chunk, rows, cells)]
         yield from zip(chunk, cells)
 
 
@@ -1735,7 +2116,8 @@ MAY_CHANGE = {
     "max_restarts", "abort_after_failures", "abort_after_seconds", "min_window", "max_window",
     "adapt_interval", "max_inflight_memory", "api_server_count", "batch_size", "stats_json",
     "work_dir", "hf_token", "private", "part_rows", "part_seconds", "retry_errors", "restart",
-    "overwrite", "no_sanity_check", "sanity_pages", "serve_args", "llm_kwargs"}
+    "overwrite", "no_sanity_check", "sanity_pages", "serve_args", "llm_kwargs", "pdf_workers",
+    "pdf_page_timeout"}
 # engine flags that change speed and memory, never the text (the rest of the engine is identity)
 MAY_CHANGE_ENGINE = {"gpu-memory-utilization", "data-parallel-size", "tensor-parallel-size",
                      "pipeline-parallel-size", "api-server-count", "speculative-config",
@@ -1877,6 +2259,7 @@ class RunStats:
         self.started = time.monotonic()
         self.rows_total, self.rows_skipped = rows_total, rows_skipped
         self.rows_ok = self.rows_failed = 0  # rows written, error rows included (the writer's count)
+        self.rows_text_layer = 0  # rows written from their PDF text layer, not sent
         self.errors_seen = 0
         self.latencies: list[float] = []
         self.finished_at: list[float] = []
@@ -1927,7 +2310,9 @@ class RunStats:
         return {
             "rows_total": self.rows_total, "rows_ok": self.rows_ok,
             "rows_failed": self.rows_failed, "rows_skipped": self.rows_skipped,
-            "rows_not_written": self.rows_total - self.rows_ok - self.rows_failed - self.rows_skipped,
+            "rows_text_layer": self.rows_text_layer,
+            "rows_not_written": self.rows_total - self.rows_ok - self.rows_failed
+            - self.rows_skipped - self.rows_text_layer,
             "elapsed_s": round(elapsed, 3),
             "active_s": round(active, 3) if active else None,
             "pages_per_s": round(done / elapsed, 4) if elapsed > 0 else None,
@@ -2197,6 +2582,28 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--num-shards", type=int, default=1,
                        help="split the input into N contiguous ranges (one per Job)")
     group.add_argument("--shard-index", type=int, default=0, help="which range this run does")
+    group = parser.add_argument_group(
+        "PDF input", "PDFs are read from a folder (beside images or not), a column of the "
+        "datasets Pdf type, or a column of PDF bytes or paths; each page is one output row, "
+        "with page_number and page_count, rendered at the size the model wants")
+    group.add_argument("--pdf-column", help="the column holding PDFs, when not detected")
+    group.add_argument("--pages", help="pages of each PDF to do, 1-based, e.g. 1-5,8,10- "
+                       "(default: all)")
+    group.add_argument("--pdf-dpi", type=float,
+                       help=f"the most DPI a page is rendered at, {PDF_MIN_DPI} to {PDF_MAX_DPI} "
+                            f"(default: {PDF_DPI}); the model's own size bound and a "
+                            f"{PDF_MAX_PIXELS / 1e6:g} MP cap come first")
+    group.add_argument("--text-layer", action="store_true",
+                       help="add <column>_text_layer: the text embedded in each PDF page")
+    group.add_argument("--skip-text-pages", type=int, metavar="N",
+                       help="do not send pages whose text layer has at least N characters "
+                            "(not counting spaces): their row holds the text layer, and "
+                            "<column>_skipped says why (counted as rows_text_layer)")
+    group.add_argument("--pdf-workers", type=int, default=max(1, min(4, os.cpu_count() or 1)),
+                       help="processes rendering PDF pages (default: up to 4)")
+    group.add_argument("--pdf-page-timeout", type=float, default=120.0,
+                       help="seconds a page may take to render before it becomes an error row "
+                            "(default: 120)")
     group = parser.add_argument_group("output")
     group.add_argument("--output-column", default="markdown",
                        help="column for the text; diagnostics are named after it (default: markdown)")
@@ -2291,16 +2698,22 @@ def validate_arguments(args) -> None:
     at_least = {"num_shards": 1, "part_rows": 1, "max_tokens": 1, "sanity_pages": 1,
                 "max_samples": 0, "shard_index": 0, "concurrency": 1, "max_retries": 0,
                 "max_restarts": 0, "min_window": 1, "max_window": 1, "api_server_count": 1,
-                "batch_size": 1}
+                "batch_size": 1, "skip_text_pages": 1, "pdf_workers": 1}
     for name, low in at_least.items():
         value = getattr(args, name, None)
         if value is not None and value < low:
             problems.append(f"--{name.replace('_', '-')} must be at least {low}, got {value}")
     for name in ("part_seconds", "server_timeout", "server_down_timeout", "request_timeout",
-                 "adapt_interval", "max_inflight_memory"):
+                 "adapt_interval", "max_inflight_memory", "pdf_page_timeout"):
         value = getattr(args, name, None)
         if value is not None and not value > 0:
             problems.append(f"--{name.replace('_', '-')} must be above 0, got {value}")
+    if args.pdf_dpi is not None and not PDF_MIN_DPI <= args.pdf_dpi <= PDF_MAX_DPI:
+        problems.append(f"--pdf-dpi must be {PDF_MIN_DPI} to {PDF_MAX_DPI}, got {args.pdf_dpi:g}")
+    try:
+        parse_pages(args.pages)
+    except ValueError as exc:
+        problems.append(str(exc))
     if args.num_shards >= 1 and not 0 <= args.shard_index < args.num_shards:
         problems.append(f"--shard-index must be in [0, {args.num_shards}) for --num-shards "
                         f"{args.num_shards}, got {args.shard_index}")
@@ -2347,7 +2760,7 @@ def write_stats(stats: dict, args) -> None:
 def observe_recovered(plan: RowPlan, check: DegenerateCheck) -> None:
     """Rows a killed run journaled before its degenerate check had spoken: judged first."""
     for result in plan.recovered.values():
-        if result.error is None:
+        if result.error is None and result.skipped is None:
             check.observe(result.text)
 
 
@@ -2402,6 +2815,8 @@ def open_run(args, hub_api, engine: dict, info_entry: dict) -> Run:
     store.shard_range = (source.lo, source.hi)
     plan = plan_rows(source, store, args)
     store.resend_local_parts()
+    if source.pdf is not None and plan.pending:
+        _RENDERER[:] = [PdfRenderer(source.pdf, args)]  # forked before the driver's threads
     stats = RunStats(rows_total=source.hi - source.lo, rows_skipped=plan.skipped)
     stats.extra["rows_recovered"] = len(plan.recovered)
     writer = PartWriter(store, source, plan, output_features(source, args), info_entry, args)
@@ -2420,6 +2835,7 @@ def early_exits_reported(args, body) -> int:
     a Ctrl-C while the input loads) reported in --stats-json too: never an earlier run's file."""
     def report(code: int) -> None:
         write_stats({"rows_total": 0, "rows_ok": 0, "rows_failed": 0, "rows_skipped": 0,
+                     "rows_text_layer": 0,
                      "rows_not_written": 0, "exit_code": code}, args)
     try:
         return body()
@@ -2483,7 +2899,10 @@ def finish_run(code: int, run: Run, interrupts: Interrupts, stop_engine, argv: l
     except KeyboardInterrupt:
         stop_engine(True)
     interrupts.saved = False  # the card and the last commit wait for no signal either
-    stats.rows_ok, stats.rows_failed = writer.rows_ok, writer.rows_failed
+    while _RENDERER:
+        _RENDERER.pop().close()
+    stats.rows_ok, stats.rows_failed = writer.rows_ok - writer.rows_text_layer, writer.rows_failed
+    stats.rows_text_layer = writer.rows_text_layer
     result = stats.as_dict()
     if result["rows_not_written"] and not code:
         code = EXIT_NOT_WRITTEN
@@ -2502,7 +2921,9 @@ def finish_run(code: int, run: Run, interrupts: Interrupts, stop_engine, argv: l
         code = EXIT_NOT_UPLOADED
     result["exit_code"] = code
     write_stats(result, args)
-    log(f"done: {result['rows_ok']} ok, {result['rows_failed']} failed, "
+    text_layer = f"{result['rows_text_layer']} from their text layer, " \
+        if result["rows_text_layer"] else ""
+    log(f"done: {result['rows_ok']} ok, {result['rows_failed']} failed, {text_layer}"
         f"{result['rows_skipped']} skipped, {result['rows_not_written']} not written in "
         f"{result['elapsed_s']:.1f} s ({result['pages_per_s'] or 0:.2f} pages/s) -> "
         f"{store.location()} (exit {code})")
@@ -3366,6 +3787,9 @@ async def run_server_pipeline(source: InputSource, pending: list[int], writer: P
                     finally:
                         if controller:
                             controller.preparing -= 1
+                    if page.skipped:
+                        raise TextLayerEnough(text_layer_row(page, args))
+                    layer = page.text_layer
                     body = request_body(page, server.model_name, args)
                     del page, cell
                     if controller:
@@ -3379,6 +3803,9 @@ async def run_server_pipeline(source: InputSource, pending: list[int], writer: P
                         result = exception_row(exc, SERVER, "request failed: ")
                     del body
                     latency = time.monotonic() - sent
+                    result.text_layer = layer
+                except TextLayerEnough as enough:
+                    result = enough.result
                 except PageError as exc:
                     result = error_row(str(exc), PAGE)
                 except RunAborted as exc:
@@ -3391,7 +3818,7 @@ async def run_server_pipeline(source: InputSource, pending: list[int], writer: P
                     await window.release()  # the answer is in: the next page may go
                 result = postprocessed(result, args)
                 try:
-                    if result.error is None:
+                    if result.error is None and result.skipped is None:
                         check.observe(result.text)
                     storm.observe(result)
                 except RunAborted as exc:
