@@ -349,7 +349,7 @@ class InputSource:
     lo: int  # this shard's rows are output rows [lo, hi): input rows, or PDF pages
     hi: int
     rows_full: int = 0  # the input's rows before --shuffle and --max-samples
-    pdf: "PdfPages | None" = None  # a PDF input: output row i is a page of input row pdf.doc[i]
+    pdf: object = None  # PdfPages, for a PDF input: output row i is a page of input row pdf.doc[i]
 
 
 TABLE_EXTENSIONS = {".parquet", ".arrow"}  # a folder of these is read by `datasets` itself
@@ -1111,14 +1111,25 @@ def _render_pdf_page(page, dpi: float, text_layer: bool, skip_chars: int | None)
     return "ok", data, mime, target[0], target[1], layer
 
 
-def _pdf_worker(conn, docs, column: str, dpi: float, text_layer: bool, skip_chars) -> None:
-    """A render process: jobs in, pages out; the last document stays open for its next page."""
+def _pdf_worker(conn, driver: int, docs, column: str, dpi: float, text_layer: bool,
+                skip_chars) -> None:
+    """A render process: jobs in, pages out; the last document stays open for its next page.
+    It dies with the driver, however the driver dies: it holds a copy of the output's lock."""
     import pypdfium2 as pdfium
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG (Linux)
+    except Exception:
+        pass  # elsewhere: the parent's pid is watched below
     opened: tuple | None = None
     while True:
         try:
+            while not conn.poll(1.0):
+                if os.getppid() != driver:
+                    return
             job = conn.recv()
         except (EOFError, OSError):  # the driver is gone
             return
@@ -1164,7 +1175,7 @@ class PdfRenderer:
         with warnings.catch_warnings():  # fork beside the driver's threads: the child runs no
             warnings.simplefilter("ignore", DeprecationWarning)  # Python of theirs
             process = self.context.Process(target=_pdf_worker, daemon=True, args=(
-                theirs, self.pdf.docs, self.pdf.column, *self.options))
+                theirs, os.getpid(), self.pdf.docs, self.pdf.column, *self.options))
             process.start()
         theirs.close()
         return [process, ours, None]  # the process, its pipe, the document it has open

@@ -1,0 +1,297 @@
+"""PDF input, end to end against the stub server (and the fake vLLM package for the offline
+scripts): one row per page, rendered once at the size each model wants, bad documents as
+error rows, page selection, the text layer, resume at page granularity, shards over documents.
+
+The PDFs are made here (tests/pdfs.py): flat pages of known colour, size and rotation, with real
+text, so the stub's answer ("# Page WxH / mean colour r,g,b") says what reached the server.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, load_output, load_script, page_image, run_script
+from pdfs import Page, colour_of, make_pdf, zero_page_pdf
+
+LIGHTON = "lighton-ocr3-saturate.py"  # longest edge 2048 on a 32 px grid
+OVIS = "ovis-ocr2-server.py"  # a pixel cap (8.3 MP) on a 32 px grid
+DEEPSEEK = "deepseek-ocr-server.py"  # no client-side bound: 200 DPI, 12 MP cap
+ANSWER = re.compile(r"# Page (\d+)x(\d+)\n\nmean colour (\d+),(\d+),(\d+);")
+
+
+def common(stub, *extra):
+    return ["--server", stub.url, "--model", "ATH-MaaS/OvisOCR2", "--part-rows", "5",
+            "--request-timeout", "60", *extra]
+
+
+def answered(text: str | None) -> tuple[tuple[int, int], tuple[int, int, int]]:
+    """(size, mean colour) of the page the stub was sent."""
+    match = ANSWER.match(text or "")
+    assert match, text
+    w, h, r, g, b = map(int, match.groups())
+    return (w, h), (r, g, b)
+
+
+def close_to(colour, expected, tolerance=6) -> bool:
+    return all(abs(a - round(b * 255)) <= tolerance for a, b in zip(colour, expected))
+
+
+def stats_of(path: Path) -> dict:
+    stats = json.loads(path.read_text())
+    assert stats["rows_ok"] + stats["rows_failed"] + stats["rows_skipped"] + \
+        stats["rows_text_layer"] + stats["rows_not_written"] == stats["rows_total"], stats
+    return stats
+
+
+def no_traceback(run):
+    assert "Traceback" not in run.stderr, run.stderr
+
+
+def test_a_folder_of_pdfs_and_images_gives_one_row_per_page(tmp_path, stub_server):
+    stub = stub_server()
+    source = tmp_path / "scans"
+    source.mkdir()
+    (source / "a.pdf").write_bytes(make_pdf([Page(colour=colour_of(i), text=f"page {i + 1}")
+                                             for i in range(5)]))
+    (source / "b.pdf").write_bytes(make_pdf([Page(rotation=90, colour=(0.2, 0.5, 0.8)),
+                                             Page(width=842, height=595, colour=(0.8, 0.3, 0.2))]))
+    (source / "c.png").write_bytes(page_image(3))
+    out = tmp_path / "out"
+    run = run_script(LIGHTON, str(source), str(out), *common(stub, "--stats-json",
+                                                             str(tmp_path / "s.json")))
+    assert run.returncode == 0, run.stderr
+    ds = load_output(out)
+    rows = list(zip(ds["file_name"], ds["page_number"], ds["page_count"]))
+    assert rows == [("a.pdf", n, 5) for n in range(1, 6)] + [("b.pdf", 1, 2), ("b.pdf", 2, 2),
+                                                             ("c.png", None, None)]
+    assert "pdf" not in ds.column_names  # the document is named by file_name, not carried
+    assert ds["image"][:7] == [None] * 7 and ds["image"][7] is not None
+    for i in range(5):
+        size, colour = answered(ds["markdown"][i])
+        assert size == (1568, 2048), size  # Letter at 400 DPI is 3400x4400: longest edge 2048
+        assert close_to(colour, colour_of(i)), (colour, colour_of(i))
+    rotated, landscape = answered(ds["markdown"][5])[0], answered(ds["markdown"][6])[0]
+    assert rotated == (1568, 2048)  # a /Rotate 90 page of a landscape box reads upright
+    assert landscape == (2048, 1440)  # A4 landscape: 842x595 pt, on the 32 px grid
+    assert answered(ds["markdown"][7])[0] == (640, 820)  # the image, as before
+    stats = stats_of(tmp_path / "s.json")
+    assert stats["rows_total"] == 8 and stats["rows_ok"] == 8
+
+
+@pytest.mark.parametrize("script, expected", [
+    (OVIS, (2880, 2880)),  # the pixel cap, 2880x2880 on a 32 px grid
+    (DEEPSEEK, (3464, 3464)),  # no bound of its own: 200 DPI, then the 12 MP cap
+    (LIGHTON, (2048, 2048)),
+])
+def test_a_giant_page_is_rendered_at_the_bound_never_at_full_dpi(tmp_path, stub_server, script,
+                                                                 expected):
+    """A 200-inch page (14400 pt) at 400 DPI would be an 80,000-pixel bitmap."""
+    stub = stub_server("--model", load_script(script).MODEL_ID)
+    source = tmp_path / "in"
+    source.mkdir()
+    (source / "poster.pdf").write_bytes(make_pdf([Page(14400, 14400, colour=(0.9, 0.1, 0.1))]))
+    started = time.monotonic()
+    run = run_script(script, str(source), str(tmp_path / "out"), "--server", stub.url,
+                     "--stats-json", str(tmp_path / "s.json"))
+    assert run.returncode == 0, run.stderr
+    row = load_output(tmp_path / "out")[0]
+    size, colour = answered(row["markdown"])
+    assert size == expected and close_to(colour, (0.9, 0.1, 0.1))
+    assert json.loads((tmp_path / "s.json").read_text())["peak_rss_bytes"] < 1.5e9
+    assert time.monotonic() - started < 120
+
+
+def test_bad_documents_become_error_rows_naming_the_reason(tmp_path, stub_server):
+    stub = stub_server()
+    source = tmp_path / "in"
+    source.mkdir()
+    good = make_pdf([Page(colour=colour_of(i)) for i in range(3)])
+    (source / "1-good.pdf").write_bytes(good)
+    (source / "2-encrypted.pdf").write_bytes(make_pdf([Page(text="secret")], password="pw"))
+    (source / "3-truncated.pdf").write_bytes(good[:300])
+    (source / "4-empty.pdf").write_bytes(zero_page_pdf())
+    (source / "5-not-a-pdf.pdf").write_bytes(b"just text, named .pdf")
+    (source / "6-good.pdf").write_bytes(make_pdf([Page(colour=(0.1, 0.6, 0.3))]))
+    out = tmp_path / "out"
+    run = run_script(OVIS, str(source), str(out), *common(stub, "--stats-json",
+                                                          str(tmp_path / "s.json")))
+    assert run.returncode == 0, run.stderr
+    no_traceback(run)
+    ds = load_output(out)
+    by_file = {}
+    for row in ds:
+        by_file.setdefault(row["file_name"], []).append(row)
+    assert [r["page_number"] for r in by_file["1-good.pdf"]] == [1, 2, 3]
+    assert all(r["markdown"] for r in by_file["1-good.pdf"] + by_file["6-good.pdf"])
+    for name, reason in [("2-encrypted.pdf", "encrypted"), ("3-truncated.pdf", "corrupt or truncated"),
+                         ("4-empty.pdf", "no pages"), ("5-not-a-pdf.pdf", "not a readable PDF")]:
+        (row,) = by_file[name]  # one row: its pages cannot be counted
+        assert reason in row["markdown_error"] and row["markdown_error_kind"] == "page", row
+        assert row["markdown"] is None and row["page_number"] is None
+    stats = stats_of(tmp_path / "s.json")
+    assert stats["rows_total"] == 8 and stats["rows_ok"] == 4 and stats["rows_failed"] == 4
+    assert len(stub.requests()) == 4  # nothing sent for a document that cannot be opened
+
+
+def test_a_pdf_typed_hub_style_dataset_keeps_its_columns_not_its_bytes(tmp_path, stub_server):
+    """A `datasets.Pdf` column, read as bytes by the script (the feature's own objects render at
+    72 DPI); the other columns repeat on each page; the PDF bytes stay out of the output."""
+    import datasets
+
+    stub = stub_server()
+    docs = [make_pdf([Page(colour=colour_of(10 * d + i), text="x" * 200) for i in range(n)])
+            for d, n in enumerate([2, 1, 3])]
+    features = datasets.Features({"doc": datasets.Pdf(), "title": datasets.Value("string")})
+    ds = datasets.Dataset.from_dict({"doc": [{"bytes": d, "path": f"d{i}.pdf"}
+                                             for i, d in enumerate(docs)],
+                                     "title": ["first", "second", "third"]}, features=features)
+    source = tmp_path / "in" / "data.parquet"
+    source.parent.mkdir()
+    ds.to_parquet(str(source))
+    out = tmp_path / "out"
+    run = run_script(LIGHTON, str(source), str(out), *common(stub))
+    assert run.returncode == 0, run.stderr
+    result = load_output(out)
+    assert result["title"] == ["first"] * 2 + ["second"] + ["third"] * 3
+    assert result["page_number"] == [1, 2, 1, 1, 2, 3]
+    assert result["page_count"] == [2, 2, 1, 3, 3, 3]
+    assert "doc" not in result.column_names
+    for i, (d, p) in enumerate([(0, 0), (0, 1), (1, 0), (2, 0), (2, 1), (2, 2)]):
+        assert close_to(answered(result["markdown"][i])[1], colour_of(10 * d + p), tolerance=12)
+    assert sum(f.stat().st_size for f in (out / "data").glob("*.parquet")) < 100_000
+
+
+def test_a_column_of_pdf_bytes_pages_and_a_selection_out_of_range(tmp_path, stub_server):
+    import datasets
+
+    stub = stub_server()
+    docs = [make_pdf([Page(colour=colour_of(i)) for i in range(n)]) for n in (6, 1)]
+    ds = datasets.Dataset.from_dict({"blob": docs, "id": ["long", "short"]})
+    source = tmp_path / "in.parquet"
+    ds.to_parquet(str(source))
+    out = tmp_path / "out"
+    run = run_script(OVIS, str(source), str(out), *common(stub, "--pdf-column", "blob",
+                                                          "--pages", "2-3,5-"))
+    assert run.returncode == 0, run.stderr
+    result = load_output(out)
+    assert list(zip(result["id"], result["page_number"])) == [
+        ("long", 2), ("long", 3), ("long", 5), ("long", 6), ("short", None)]
+    assert "none of --pages 2-3,5- is in this 1-page PDF" in result["markdown_error"][4]
+    for i, page in enumerate([2, 3, 5, 6]):
+        assert close_to(answered(result["markdown"][i])[1], colour_of(page - 1))
+    refused = run_script(OVIS, str(source), str(out), *common(stub, "--pdf-column", "blob",
+                                                              "--pages", "1-2"))
+    assert refused.returncode == 2 and "pages" in refused.stderr  # another run: refused
+    bad = run_script(OVIS, str(source), str(tmp_path / "o2"), *common(stub, "--pages", "3-1"))
+    assert bad.returncode == 2 and "--pages" in bad.stderr
+    no_traceback(bad)
+
+
+def test_text_layer_and_skipping_pages_that_have_enough_text(tmp_path, stub_server):
+    stub = stub_server()
+    source = tmp_path / "in"
+    source.mkdir()
+    lines = "\n".join(f"Line {i} of a born-digital page with real text." for i in range(20))
+    (source / "mixed.pdf").write_bytes(make_pdf([
+        Page(text=lines), Page(colour=(0.3, 0.3, 0.3)), Page(text="Short caption"),
+        Page(text=lines)]))
+    out = tmp_path / "out"
+    run = run_script(OVIS, str(source), str(out), *common(stub, "--skip-text-pages", "200",
+                                                          "--stats-json", str(tmp_path / "s.json")))
+    assert run.returncode == 0, run.stderr
+    ds = load_output(out)
+    assert ds["markdown_text_layer"][0].splitlines()[0] == "Line 0 of a born-digital page with real text."
+    assert ds["markdown_text_layer"][1] == "" and ds["markdown_text_layer"][2] == "Short caption"
+    assert [s is not None for s in ds["markdown_skipped"]] == [True, False, False, True]
+    assert "--skip-text-pages 200" in ds["markdown_skipped"][0]
+    assert ds["markdown"][0] is None and ds["markdown"][1] and ds["markdown"][2]
+    assert len(stub.requests()) == 2  # the pages with enough text were not sent
+    stats = stats_of(tmp_path / "s.json")
+    assert stats["rows_text_layer"] == 2 and stats["rows_ok"] == 2 and stats["rows_failed"] == 0
+    assert "2 from their text layer" in run.stderr
+
+
+def test_a_killed_run_resumes_at_the_page_inside_a_long_pdf(tmp_path, stub_server):
+    """kill -9 in the middle of a 60-page PDF: the rerun sends only the pages not answered."""
+    stub = stub_server("--latency", "0.15")
+    source = tmp_path / "in"
+    source.mkdir()
+    (source / "long.pdf").write_bytes(make_pdf([Page(colour=colour_of(i)) for i in range(60)]))
+    out = tmp_path / "out"
+    args = [str(source), str(out), *common(stub, "--concurrency", "2")]
+    driver = subprocess.Popen([sys.executable, str(ROOT / OVIS), *args], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while len(stub.requests()) < 25:
+        assert time.monotonic() < deadline and driver.poll() is None, driver.stderr.read()
+        time.sleep(0.05)
+    driver.kill()
+    driver.wait()
+    sent_before = len(stub.requests())
+    run = run_script(OVIS, *args)
+    assert run.returncode == 0, run.stderr
+    resent = len(stub.requests()) - sent_before
+    assert 60 - sent_before <= resent <= 60 - sent_before + 2  # + the pages in flight
+    ds = load_output(out)
+    assert ds["page_number"] == list(range(1, 61))
+    for i in range(60):
+        assert close_to(answered(ds["markdown"][i])[1], colour_of(i))
+
+
+def test_shards_split_documents_and_together_cover_every_page(tmp_path, stub_server):
+    stub = stub_server()
+    source = tmp_path / "in"
+    source.mkdir()
+    for d, n in enumerate([3, 1, 4, 2, 5]):
+        (source / f"doc{d}.pdf").write_bytes(make_pdf([Page(colour=colour_of(i)) for i in range(n)]))
+    out = tmp_path / "out"
+    for shard in (0, 1):
+        run = run_script(OVIS, str(source), str(out), *common(stub, "--num-shards", "2",
+                                                              "--shard-index", str(shard)))
+        assert run.returncode == 0, run.stderr
+    ds = load_output(out)
+    assert list(zip(ds["file_name"], ds["page_number"])) == [
+        (f"doc{d}.pdf", p) for d, n in enumerate([3, 1, 4, 2, 5]) for p in range(1, n + 1)]
+    assert len(stub.requests()) == 15
+
+
+def test_a_page_that_hangs_or_crashes_the_renderer_is_its_own_error_row(tmp_path, stub_server,
+                                                                      monkeypatch):
+    """The render deadline and a crashing PDFium, in-process: the worker processes are forked
+    from this one, so a render function that hangs on page 2 and dies on page 4 reaches them.
+    The pages are told apart by their widths (600 + i points)."""
+    module = load_script(OVIS)
+    stub = stub_server()
+    source = tmp_path / "in"
+    source.mkdir()
+    (source / "doc.pdf").write_bytes(make_pdf([Page(width=600 + i, colour=colour_of(i))
+                                               for i in range(6)]))
+    real = module._render_pdf_page
+
+    def render(page, *options):
+        width = round(page.get_size()[0])
+        if width == 601:
+            time.sleep(60)  # page 2 hangs
+        if width == 603:
+            os._exit(1)  # page 4 takes its worker down
+        return real(page, *options)
+
+    monkeypatch.setattr(module, "_render_pdf_page", render)
+    out = tmp_path / "out"
+    code = module.main([str(source), str(out), "--server", stub.url, "--pdf-page-timeout", "3",
+                        "--pdf-workers", "2"])
+    assert code == 0
+    ds = load_output(out)
+    errors = ds["markdown_error"]
+    assert "took more than 3 s" in errors[1] and "crashed on page 4" in errors[3], errors
+    assert [e is None for e in errors] == [True, False, True, False, True, True]
+    assert all(ds["markdown"][i] for i in (0, 2, 4, 5))
+    assert ds["markdown_error_kind"][1] == ds["markdown_error_kind"][3] == "page"
