@@ -676,11 +676,17 @@ def open_input(args) -> InputSource:
     _TEXT_LAYER_COLUMNS[:] = ["text_layer"] * bool(args.text_layer or args.skip_text_pages) + \
         ["skipped"] * bool(args.skip_text_pages)
     if pdf_column is None:
+        unused = [flag for flag, value in (("--pages", args.pages),
+                                           ("--per-document", args.per_document)) if value]
+        if unused:
+            log(f"{' and '.join(unused)} ignored: INPUT holds no PDFs")
         _check_image_column(ds, args.image_column, lo, hi, base)
         return InputSource(ds, args.image_column, description, lo, hi, rows_full)
     pages = count_pdf_pages(ds, pdf_column, args)
+    pages.per_document = bool(args.per_document)
     shown = ds.remove_columns([pdf_column])  # the output names each document, never its bytes
-    lo, hi = pages.first_row(lo), pages.first_row(hi)  # shards split documents
+    if not pages.per_document:
+        lo, hi = pages.first_row(lo), pages.first_row(hi)  # shards split documents
     return InputSource(shown, args.image_column, description, lo, hi, rows_full, pages)
 
 
@@ -932,6 +938,11 @@ class PdfPages:
     count: object
     paths: dict  # doc row -> its file, when it is one
     errors: dict  # doc row -> why it has no page to render
+    per_document: bool = False  # output rows are documents, their pages joined (--per-document)
+
+    def rows_of(self, doc_row: int) -> range:
+        """The page rows of a document."""
+        return range(self.first_row(doc_row), self.first_row(doc_row + 1))
 
     def first_row(self, doc_row: int) -> int:
         import numpy as np
@@ -1028,7 +1039,8 @@ def input_features(source: InputSource):
 
     features = datasets.Features(source.dataset.features)
     if source.pdf is not None:
-        features.update({name: datasets.Value(kind) for name, kind in PDF_COLUMNS.items()})
+        features.update({name: datasets.Value(kind) for name, kind in PDF_COLUMNS.items()
+                         if name == "page_count" or not source.pdf.per_document})
     return features
 
 
@@ -1037,6 +1049,10 @@ def input_rows(source: InputSource, indices: list[int]) -> dict:
     pdf = source.pdf
     if pdf is None:
         return source.dataset.select(indices).to_dict()
+    if pdf.per_document:
+        rows = source.dataset.select(indices).to_dict()
+        rows["page_count"] = [pdf.count_of(i) or None for i in indices]
+        return rows
     rows = source.dataset.select([int(pdf.doc[i]) for i in indices]).to_dict()
     rows["page_number"] = [int(pdf.number[i]) or None for i in indices]
     rows["page_count"] = [int(pdf.count[i]) or None for i in indices]
@@ -1313,6 +1329,35 @@ class RowResult:
 
 def error_row(message: str, kind: str) -> RowResult:
     return RowResult(error=message, error_kind=kind)
+
+
+def joined_pages(pages: list[tuple[int, RowResult]]) -> RowResult:
+    """A document's row from its pages' (--per-document): the good pages' texts in page order,
+    each after a line that says which page follows; each failed page named in the error."""
+    if len(pages) == 1 and not pages[0][0]:
+        return pages[0][1]  # an image, or a document whose pages could not be counted
+    marked = lambda values: "\n\n".join(f"<!-- page {n} -->\n\n{v}" for n, v in values  # noqa: E731
+                                       if v is not None) or None
+    ok = [(n, r) for n, r in pages if r.error is None]
+    errors = [(n, r) for n, r in pages if r.error is not None]
+    counts = lambda name: sum(getattr(r, name) or 0 for _, r in ok) or None  # noqa: E731
+    extras = {}
+    for suffix, kind in EXTRA_COLUMNS.items():
+        values = [(n, r.extras.get(suffix)) for n, r in ok]
+        extras[suffix] = [b for _, v in values for b in v or []] if kind == "blocks" else \
+            marked(values)
+    skipped = [n for n, r in pages if r.skipped]
+    return RowResult(
+        text=marked((n, r.text) for n, r in ok),
+        error="; ".join(f"page {n}: {r.error}" for n, r in errors) or None,
+        error_kind=None if not errors else SERVER if any(r.error_kind == SERVER for _, r in errors)
+        else PAGE,
+        finish_reason="length" if any(r.finish_reason == "length" for _, r in ok) else
+        next((r.finish_reason for _, r in ok if r.finish_reason), None),
+        prompt_tokens=counts("prompt_tokens"), completion_tokens=counts("completion_tokens"),
+        extras=extras, text_layer=marked((n, r.text_layer) for n, r in pages),
+        skipped=f"pages {', '.join(map(str, skipped))} not sent: their text layer was enough"
+        if skipped else None)
 
 
 class TextLayerEnough(Exception):
@@ -1619,6 +1664,8 @@ class RowPlan:
     redo: dict  # row -> the part holding its error row, which this run redoes
     skipped: int  # rows done before and not redone
     earlier_ok: int  # rows earlier runs wrote with text
+    send: list[int] = field(default_factory=list)  # what to send: the pending rows, or their pages
+    pages: dict = field(default_factory=dict)  # --per-document: page -> result, from the journal
 
 
 def plan_rows(source: InputSource, store: "OutputStore", args) -> RowPlan:
@@ -1650,15 +1697,25 @@ def plan_rows(source: InputSource, store: "OutputStore", args) -> RowPlan:
                 redo[start + offset] = path
     store.keep_local.update(path.name for path in redo.values())  # rewritten here later
     uncovered = [source.lo + i for i, flag in enumerate(covered) if not flag]
-    recovered = store.journal.replay(lambda i: i in redo or (source.lo <= i < source.hi
-                                                             and not covered[i - source.lo]))
+    wanted = lambda i: i in redo or (source.lo <= i < source.hi  # noqa: E731
+                                     and not covered[i - source.lo])
+    per_document = source.pdf is not None and source.pdf.per_document
+    # --per-document journals each page under -1 - page, until its document is whole
+    recovered = store.journal.replay(lambda i: wanted(i) if i >= 0 else per_document and
+                                     -i <= len(source.pdf.doc) and wanted(int(source.pdf.doc[-1 - i])))
+    pages = {-1 - i: recovered.pop(i) for i in [i for i in recovered if i < 0]}
     for index, result in list(recovered.items()):
         if index in redo and result.error is not None:
             del recovered[index]  # an error row the part holds already (or a redo that failed
             # again before a kill): redone once more
     pending = sorted(i for i in set(uncovered) | set(redo) if i not in recovered)
     skipped = source.hi - source.lo - len(pending) - len(recovered)
-    return RowPlan(pending, recovered, redo, skipped, earlier_ok)
+    if not per_document:
+        return RowPlan(pending, recovered, redo, skipped, earlier_ok, pending)
+    pages = {i: r for i, r in pages.items() if int(source.pdf.doc[i]) in pending
+             and r.error_kind != SERVER}
+    send = [i for doc in pending for i in source.pdf.rows_of(doc) if i not in pages]
+    return RowPlan(pending, recovered, redo, skipped, earlier_ok, send, pages)
 
 
 def take_lock(path: Path, location: str):
@@ -2006,9 +2063,27 @@ class PartWriter:
         self.rows_text_layer = 0  # of rows_ok: pages not sent, their text layer was enough
         self.write_errors: list[str] = []
         self.failed: set[Path] = set()
+        self.open_documents: dict[int, dict] = {}  # --per-document: doc -> its pages finished
+        for index, result in plan.pages.items():
+            self.add(index, result, journaled=True)
 
-    def add(self, index: int, result: RowResult) -> None:
-        self.store.journal.append(index, result)
+    def add(self, index: int, result: RowResult, journaled: bool = False) -> None:
+        pdf = self.source.pdf
+        if pdf is not None and pdf.per_document:  # a page: its document's row once all are in
+            if not journaled:
+                self.store.journal.append(-1 - index, result)
+            doc = int(pdf.doc[index])
+            pages = self.open_documents.setdefault(doc, {})
+            pages[index] = result
+            if len(pages) < len(pdf.rows_of(doc)):
+                return
+            del self.open_documents[doc]
+            result = joined_pages([(int(pdf.number[i]), pages[i]) for i in sorted(pages)])
+            self.store.journal.append(doc, result)
+            self.store.journal.written([-1 - i for i in pages])
+            index = doc
+        else:
+            self.store.journal.append(index, result)
         with self.lock:
             self.results[index] = result
             block = index // self.args.part_rows
@@ -2053,7 +2128,7 @@ class PartWriter:
         ok = sum(r.error is None for r in results)
         self.rows_ok += ok
         self.rows_failed += len(results) - ok
-        self.rows_text_layer += sum(r.skipped is not None for r in results)
+        self.rows_text_layer += sum(r.skipped is not None and r.text is None for r in results)
         self.store.journal.written(indices)
 
     def _write(self, chunk: list[int]) -> None:
@@ -2604,6 +2679,9 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
                        help=f"the most DPI a page is rendered at, {PDF_MIN_DPI} to {PDF_MAX_DPI} "
                             f"(default: {PDF_DPI}); the model's own size bound and a "
                             f"{PDF_MAX_PIXELS / 1e6:g} MP cap come first")
+    group.add_argument("--per-document", action="store_true",
+                       help="one row per PDF instead of per page: its pages' texts in order, each "
+                            "after a line <!-- page N -->; failed pages named in the error column")
     group.add_argument("--text-layer", action="store_true",
                        help="add <column>_text_layer: the text embedded in each PDF page")
     group.add_argument("--skip-text-pages", type=int, metavar="N",
@@ -2826,18 +2904,19 @@ def open_run(args, hub_api, engine: dict, info_entry: dict) -> Run:
     store.shard_range = (source.lo, source.hi)
     plan = plan_rows(source, store, args)
     store.resend_local_parts()
-    if source.pdf is not None and plan.pending:
+    if source.pdf is not None and plan.send:
         _RENDERER[:] = [PdfRenderer(source.pdf, args)]  # forked before the driver's threads
     stats = RunStats(rows_total=source.hi - source.lo, rows_skipped=plan.skipped)
     stats.extra["rows_recovered"] = len(plan.recovered)
     writer = PartWriter(store, source, plan, output_features(source, args), info_entry, args)
     check = DegenerateCheck(not args.no_sanity_check and not plan.earlier_ok, args.sanity_pages,
-                            len(plan.pending))
+                            len(plan.send))
     if check.passed():
         writer.check_passed()
     recovered = f", {len(plan.recovered)} recovered from the journal" if plan.recovered else ""
-    log(f"{len(plan.pending)} of {stats.rows_total} rows to do ({stats.rows_skipped} already "
-        f"done{recovered}; {len(plan.redo)} error rows redone) -> {store.location()}")
+    pages = f" ({len(plan.send)} pages to send)" if plan.send != plan.pending else ""
+    log(f"{len(plan.pending)} of {stats.rows_total} rows to do{pages} ({stats.rows_skipped} "
+        f"already done{recovered}; {len(plan.redo)} error rows redone) -> {store.location()}")
     return Run(args, store, source, plan, stats, writer, check, info_entry)
 
 
@@ -2866,7 +2945,7 @@ def run_guarded(run: Run, work, stop_engine, argv: list[str]) -> int:
     code = 0
     try:
         observe_recovered(run.plan, run.check)
-        if run.plan.pending:
+        if run.plan.send:
             work()
     except RunAborted as exc:
         log(f"error: {exc}")
@@ -4038,7 +4117,7 @@ def server_run(args, argv: list[str], hub_api) -> int:
 
     def work() -> None:
         try:
-            asyncio.run(run_server_pipeline(run.source, run.plan.pending, run.writer, run.stats,
+            asyncio.run(run_server_pipeline(run.source, run.plan.send, run.writer, run.stats,
                                             args, server, window, run.check, controller))
         finally:
             if controller is not None:

@@ -198,6 +198,11 @@ def make_handler(stub: Stub):
             if opts.reject_digest and hashlib.sha1(image_bytes).hexdigest()[:12] in opts.reject_digest:
                 self.reply(400, {"error": "injected: this page is refused"})
                 return
+            if opts.reject_smaller_than and text and \
+                    int(text.split("x")[0].split()[-1]) < opts.reject_smaller_than:
+                self.reply(400, {"error": "image too small: height and width must be larger "
+                                          "than factor"})  # as a Qwen-style processor says
+                return
             if error:
                 self.reply(500, {"error": error})
                 return
@@ -259,6 +264,8 @@ def parse(argv=None):
     p.add_argument("--start-when", help="bind the port only once this file exists (a booting server)")
     p.add_argument("--reject-digest", action="append", default=[],
                    help="answer 400 to pages whose sha1 starts so")
+    p.add_argument("--reject-smaller-than", type=int, default=0,
+                   help="answer 400 to pages narrower than N pixels (needs decoding)")
     p.add_argument("--capacity", type=int, default=0,
                    help="at most N requests run at once; the others wait, and /metrics reports "
                         "them as vllm:num_requests_waiting (default: no limit)")

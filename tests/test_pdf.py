@@ -295,3 +295,46 @@ def test_a_page_that_hangs_or_crashes_the_renderer_is_its_own_error_row(tmp_path
     assert [e is None for e in errors] == [True, False, True, False, True, True]
     assert all(ds["markdown"][i] for i in (0, 2, 4, 5))
     assert ds["markdown_error_kind"][1] == ds["markdown_error_kind"][3] == "page"
+
+
+def test_per_document_joins_pages_in_order_and_resumes_inside_a_document(tmp_path, stub_server):
+    """--per-document: one row per PDF, its pages in order after <!-- page N --> lines, a failed
+    page named in the error beside the good pages' text; kill -9 inside a document, and the
+    rerun sends only the pages not answered (they wait in the journal, not in a part)."""
+    stub = stub_server("--latency", "0.15", "--reject-smaller-than", "28")
+    source = tmp_path / "in"
+    source.mkdir()
+    (source / "a.pdf").write_bytes(make_pdf([Page(colour=colour_of(i)) for i in range(40)]))
+    (source / "b.pdf").write_bytes(make_pdf([Page(colour=colour_of(50)), Page(0.5, 0.5)]))
+    (source / "c.pdf").write_bytes(make_pdf([Page()], password="pw"))
+    (source / "d.png").write_bytes(page_image(4))
+    out = tmp_path / "out"
+    args = [str(source), str(out), *common(stub, "--per-document", "--concurrency", "2")]
+    driver = subprocess.Popen([sys.executable, str(ROOT / OVIS), *args], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while len(stub.requests()) < 15:
+        assert time.monotonic() < deadline and driver.poll() is None, driver.stderr.read()
+        time.sleep(0.05)
+    driver.kill()
+    driver.wait()
+    assert not list((out / "data").glob("*.parquet"))  # document a is not whole yet
+    sent_before = len(stub.requests())
+    run = run_script(OVIS, *args, "--stats-json", str(tmp_path / "s.json"))
+    assert run.returncode == 0, run.stderr
+    assert len(stub.requests()) - sent_before <= 41 - sent_before + 2 + 1  # + in flight, + d.png
+    ds = load_output(out)
+    assert ds["file_name"] == ["a.pdf", "b.pdf", "c.pdf", "d.png"]
+    assert ds["page_count"] == [40, 2, None, None] and "page_number" not in ds.column_names
+    a = ds["markdown"][0]
+    assert re.findall(r"<!-- page (\d+) -->", a) == [str(n) for n in range(1, 41)]
+    for n, chunk in enumerate(a.split("<!-- page ")[1:]):
+        assert close_to(answered(chunk.split("-->\n\n", 1)[1])[1], colour_of(n))
+    assert ds["markdown_error"][0] is None
+    b_text, b_error = ds["markdown"][1], ds["markdown_error"][1]
+    assert b_text.startswith("<!-- page 1 -->") and "page 2" not in b_text  # the good page kept
+    assert b_error.startswith("page 2: ") and ds["markdown_error_kind"][1] == "page"
+    assert "encrypted" in ds["markdown_error"][2] and ds["markdown"][2] is None
+    assert answered(ds["markdown"][3])[0] == (640, 820)  # an image row is as before
+    stats = stats_of(tmp_path / "s.json")
+    assert stats["rows_total"] == 4 and stats["rows_ok"] == 2 and stats["rows_failed"] == 2
