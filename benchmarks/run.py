@@ -20,6 +20,11 @@ Sections (all by default, in this order; 8 to 11 minutes on 2 cores):
   shapes         lighton-ocr3.py (offline) vs lighton-ocr3-saturate.py with a fixed window of
                  32 and with the adaptive window, on the real engine with long-tailed page
                  lengths (benchmarks/page_length.py)
+  pdf            a 500-page PDF through lighton-ocr3-saturate.py against a zero-latency stub:
+                 pages rendered per second with 1 and 2 render workers, and the driver's peak
+                 RSS, next to rendering every page up front in one process (what a tool that
+                 turns a PDF into a list of images does); plus the render rate of one worker
+                 alone (in-process, no driver)
   compare        ocr-compare.py on 100,000 pages of 2,000 characters (Markdown, some pages
                  edited): parity of two outputs, and CER/WER against a ground-truth column;
                  wall and CPU seconds of the whole command (reading the parquet included).
@@ -659,11 +664,92 @@ def bench_compare(work: Path) -> None:
     note("compare", "load average when it ended (other work on the machine)", f"{load:.1f}")
 
 
+# ---- PDF input -----------------------------------------------------------------------------------
+
+PDF_PAGES = 500
+UP_FRONT = """
+import resource, sys, time
+sys.path.insert(0, {tests!r})
+from conftest import load_script
+import pypdfium2 as pdfium
+module = load_script({script!r})
+document = pdfium.PdfDocument({pdf!r})
+began = time.monotonic()
+pages = [module._render_pdf_page(document[i], module.PDF_DPI, False, None) for i in range(len(document))]
+elapsed = time.monotonic() - began
+print(len(pages), elapsed, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+"""
+
+
+def tree_peak_rss(cmd: list[str]) -> tuple[float, int, str]:
+    """(wall seconds, the peak of the summed RSS of the process and its children, stdout),
+    sampled every 20 ms: the render workers count, not only the driver."""
+    import psutil
+
+    began = time.monotonic()
+    process = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    parent, peak = psutil.Process(process.pid), 0
+    while process.poll() is None:
+        try:
+            tree = [parent, *parent.children(recursive=True)]
+            peak = max(peak, sum(p.memory_info().rss for p in tree if p.is_running()))
+        except psutil.Error:
+            pass
+        time.sleep(0.02)
+    out, err = process.communicate()
+    assert process.returncode == 0, err[-2000:]
+    return time.monotonic() - began, peak, out
+
+
+def bench_pdf(work: Path) -> None:
+    from pdfs import Page, colour_of, make_pdf
+
+    script = "lighton-ocr3-saturate.py"
+    module = load_script(script)
+    folder = work / "pdf"
+    folder.mkdir()
+    text = "\n".join(f"Line {i}: a page of a long report, with words in it." for i in range(40))
+    pdf = folder / "report.pdf"
+    pdf.write_bytes(make_pdf([Page(colour=colour_of(i), text=text) for i in range(PDF_PAGES)]))
+    note("pdf", f"{PDF_PAGES}-page Letter PDF with text: {pdf.stat().st_size / 2**20:.1f} MiB; "
+         f"pages sent at", "1568x2048 PNG")
+    _, up_front_rss, out = tree_peak_rss([sys.executable, "-c", UP_FRONT.format(
+        tests=str(ROOT / "tests"), script=script, pdf=str(pdf))])
+    count, elapsed, _ = out.split()
+    alone = int(count) / float(elapsed)
+    stub, url, _ = start_stub("--no-decode", model=module.MODEL_ID)
+    figures = {}
+    try:
+        for workers in (1, 2):
+            stats = work / f"pdf-{workers}.json"
+            wall, tree_rss, _ = tree_peak_rss([
+                sys.executable, str(ROOT / script), str(folder), str(work / f"pdf-out-{workers}"),
+                "--server", url, "--concurrency", "8", "--pdf-workers", str(workers),
+                "--no-sanity-check", "--stats-json", str(stats)])
+            result = json.loads(stats.read_text())
+            figures[workers] = (result["pages_per_s"], result["peak_rss_bytes"], wall, tree_rss)
+    finally:
+        stub.kill()
+    RESULTS["pdf"] = {"pages": PDF_PAGES, "one_worker_alone_pages_per_s": alone,
+                      "up_front_peak_rss_bytes": int(up_front_rss),
+                      "driver": {w: {"pages_per_s": f[0], "peak_rss_bytes": f[1], "wall_s": f[2],
+                                     "peak_rss_with_workers_bytes": f[3]}
+                                 for w, f in figures.items()}}
+    note("pdf", "one render worker alone (in-process): pages/s", f"{alone:.1f}")
+    note("pdf", "driver with 1 | 2 render workers: pages/s end to end",
+         f"{figures[1][0]:.1f} | {figures[2][0]:.1f}")
+    note("pdf", "peak RSS of the driver alone, 1 | 2 workers", f"{figures[1][1] / 2**20:.0f} | "
+         f"{figures[2][1] / 2**20:.0f} MiB")
+    note("pdf", "peak RSS with its workers, 1 | 2 workers | every page rendered up front",
+         f"{figures[1][3] / 2**20:.0f} | {figures[2][3] / 2**20:.0f} | "
+         f"{up_front_rss / 2**20:.0f} MiB")
+
+
 # In this order: the stub sections, then scale-out (its shards boot while the shared engine
 # does), then the timed real-engine sections with nothing else running.
 SECTIONS = {"driver-cost": bench_driver_cost, "memory": bench_memory, "startup": bench_startup,
             "stub-1000": bench_stub_1000, "scale-out": bench_scale_out, "ceiling": bench_ceiling,
-            "shapes": bench_shapes, "compare": bench_compare}
+            "shapes": bench_shapes, "pdf": bench_pdf, "compare": bench_compare}
 NOT_BY_DEFAULT = {"compare"}  # run when named: it measures another tool, not the drivers
 NEEDS_ENGINE = {"ceiling", "shapes", "scale-out"}
 ROUNDS = 4
