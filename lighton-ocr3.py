@@ -500,7 +500,7 @@ def _image_folder(root: Path, images: list[Path], metadata_files: list[Path]):
 
     relative = [p.relative_to(root).as_posix() for p in images]
     cells = [{"bytes": None, "path": str(p)} for p in images]
-    pdfs = [str(p) if p.suffix.lower() == ".pdf" else None for p in images]
+    is_pdf = [p.suffix.lower() == ".pdf" for p in images]
     odd = [i for i, p in enumerate(images) if shown_path(p) != str(p)]
     if odd:  # not valid text for Arrow: read now, under a readable name (the real file is read)
         size = 0
@@ -521,10 +521,11 @@ def _image_folder(root: Path, images: list[Path], metadata_files: list[Path]):
             cells[i] = {"bytes": data, "path": shown_path(images[i].name)}
         log(f"{len(odd)} image name(s) are not UTF-8 (e.g. {shown_path(relative[odd[0]])}); "
             f"file_name shows their bytes as \\xNN")
-    columns = {"image": [None if pdf else cell for cell, pdf in zip(cells, pdfs)],
-               "file_name": [shown_path(name) for name in relative], "pdf": pdfs}
+    columns = {"image": [None if pdf else cell for cell, pdf in zip(cells, is_pdf)],
+               "file_name": [shown_path(name) for name in relative],
+               "pdf": [cell if pdf else None for cell, pdf in zip(cells, is_pdf)]}
     features = {"image": datasets.Image(decode=False), "file_name": datasets.Value("string"),
-                "pdf": datasets.Value("string")}
+                "pdf": {"bytes": datasets.Value("binary"), "path": datasets.Value("string")}}
     for name in ("image", "pdf"):  # a folder of PDFs only has no image column, and vice versa
         if all(value is None for value in columns[name]):
             del columns[name], features[name]
@@ -607,10 +608,12 @@ def _load_local_dataset(path: Path, args):
     scripts' own reader, with `file_name` and any metadata file). Never both silently."""
     import datasets
 
+    if path.is_file() and path.suffix.lower() == ".pdf":
+        return _image_folder(path.parent, [path], [])  # one document: a folder of one
     if path.is_file():
         if path.suffix not in TABLE_EXTENSIONS:
-            fail(f"INPUT file {shown_path(path)} is not a .parquet or .arrow file; pass a "
-                 f"folder of images instead.")
+            fail(f"INPUT file {shown_path(path)} is not a .parquet, .arrow or .pdf file; pass a "
+                 f"folder of images or PDFs instead.")
         if not _check_table_files([path]):
             _nothing_to_do(shown_path(path))
         try:
@@ -719,6 +722,7 @@ def open_input(args) -> InputSource:
         fail(f"INPUT {args.input!r} is neither an existing path nor a Hub dataset id.")
     if len(ds) == 0:
         _nothing_to_do(description)
+    _PATH_BASE[:] = [base] if base is not None else []
     pdf_column = find_pdf_column(ds, args)
     if pdf_column is not None and getattr(datasets, "Pdf", None) is not None and \
             isinstance(ds.features[pdf_column], datasets.Pdf):
@@ -728,7 +732,8 @@ def open_input(args) -> InputSource:
                       if isinstance(feature, datasets.Image)]
         hint = f"; image-typed: {', '.join(image_like)}" if image_like else ""
         fail(f"image column {args.image_column!r} not found. Columns: "
-             f"{', '.join(ds.column_names)}{hint}. Pass --image-column NAME.")
+             f"{', '.join(ds.column_names)}{hint}. Pass --image-column NAME, or --pdf-column "
+             f"NAME for a column of PDF bytes or paths.")
     if args.image_column in ds.column_names and \
             isinstance(ds.features[args.image_column], datasets.Image):
         ds = ds.cast_column(args.image_column, datasets.Image(decode=False))
@@ -753,7 +758,12 @@ def open_input(args) -> InputSource:
         return InputSource(ds, args.image_column, description, lo, hi, rows_full)
     pages = count_pdf_pages(ds, pdf_column, args)
     pages.per_document = bool(args.per_document)
-    shown = ds.remove_columns([pdf_column])  # the output names each document, never its bytes
+    shown = ds  # the output names each document (a folder's file_name does), never its bytes
+    if "file_name" not in ds.column_names:
+        shown = shown.add_column(" name", pages.names)
+    shown = shown.remove_columns([pdf_column])
+    if " name" in shown.column_names:
+        shown = shown.rename_column(" name", pdf_column)
     if not pages.per_document:
         lo, hi = pages.first_row(lo), pages.first_row(hi)  # shards split documents
     return InputSource(shown, args.image_column, description, lo, hi, rows_full, pages)
@@ -934,6 +944,7 @@ def prepare_page(cell, decode: bool = True) -> PreparedPage | None:
 PDF_MIN_DPI, PDF_MAX_DPI = 72, 400
 PDF_MAX_PIXELS = 12_000_000  # above any model's input here: a poster-sized page shrinks to it
 PDF_COLUMNS = {"page_number": "int32", "page_count": "int32"}
+PDF_MAX_SIDE = 16384  # pixels: above it, no encoder (JPEG stops at 65,535) or processor will do
 
 
 def find_pdf_column(ds, args) -> str | None:
@@ -944,6 +955,11 @@ def find_pdf_column(ds, args) -> str | None:
     if args.pdf_column:
         if args.pdf_column not in ds.column_names:
             fail(f"--pdf-column {args.pdf_column!r} not found. Columns: {', '.join(ds.column_names)}")
+        cells = ds.select_columns([args.pdf_column]).select(range(min(16, len(ds))))
+        if not any(looks_like_pdf(cell) for cell in cells[args.pdf_column] if cell is not None) \
+                and any(cell is not None for cell in cells[args.pdf_column]):
+            fail(f"--pdf-column {args.pdf_column!r} holds no PDFs in its first rows (PDF bytes "
+                 f"start with %PDF-; paths must lead to PDF files)")
         return args.pdf_column
     pdf_type = getattr(datasets, "Pdf", None)
     typed = [name for name, feature in ds.features.items()
@@ -952,16 +968,22 @@ def find_pdf_column(ds, args) -> str | None:
         fail(f"INPUT has several PDF columns ({', '.join(typed)}); pass --pdf-column NAME")
     if typed:
         return typed[0]
-    if "pdf" in ds.column_names and ds.features["pdf"] == datasets.Value("string"):
-        return "pdf"
+    if isinstance(ds.features.get("pdf"), dict) and set(ds.features["pdf"]) == {"bytes", "path"}:
+        return "pdf"  # the folder reader's
     column = args.image_column
     if column in ds.column_names and not isinstance(ds.features[column], datasets.Image):
-        for cell in ds.select_columns([column]).select(range(min(8, len(ds))))[column]:
-            held = cell.get("bytes") or cell.get("path") if isinstance(cell, dict) else cell
-            if isinstance(held, bytes) and held[:5] == b"%PDF-" or \
-                    isinstance(held, str) and held.lower().endswith(".pdf"):
-                return column
+        if any(looks_like_pdf(cell) for cell in
+               ds.select_columns([column]).select(range(min(8, len(ds))))[column]):
+            return column
     return None
+
+
+def looks_like_pdf(cell) -> bool:
+    data, shown = pdf_source(cell)
+    if isinstance(data, bytes):
+        return data[:5] == b"%PDF-"
+    return isinstance(data, str) and (data.lower().endswith(".pdf") or
+                                      (_file_ends(data, 5) or b"")[:5] == b"%PDF-")
 
 
 def parse_pages(spec: str | None) -> list[tuple[int, int | None]] | None:
@@ -978,6 +1000,19 @@ def parse_pages(spec: str | None) -> list[tuple[int, int | None]] | None:
         last = first if not match.group(2) else int(match.group(3)) if match.group(3) else None
         ranges.append((first, last))
     return ranges
+
+
+def canonical_pages(ranges) -> str | None:
+    merged: list[list] = []
+    for first, last in sorted(ranges or [], key=lambda r: r[0]):
+        if merged and (merged[-1][1] is None or first <= merged[-1][1] + 1):
+            if merged[-1][1] is not None:
+                merged[-1][1] = None if last is None else max(merged[-1][1], last)
+        else:
+            merged.append([first, last])
+    if not merged or merged == [[1, None]]:
+        return None
+    return ",".join(f"{a}" if a == b else f"{a}-{b or ''}" for a, b in merged)
 
 
 def selected_pages(ranges, count: int) -> list[int]:
@@ -1007,7 +1042,24 @@ class PdfPages:
     count: object
     paths: dict  # doc row -> its file, when it is one
     errors: dict  # doc row -> why it has no page to render
+    names: list = field(default_factory=list)  # doc row -> the document's path as its cell says
     per_document: bool = False  # output rows are documents, their pages joined (--per-document)
+
+    def fingerprint(self) -> str:
+        """The documents as counted: their pages, and for files outside the input, each one's
+        size and last 64 KiB (where a PDF keeps its trailer): a PDF replaced is another input."""
+        import hashlib
+
+        digest = hashlib.sha256(self.doc.tobytes() + self.number.tobytes() + self.count.tobytes())
+        for row, path in sorted(self.paths.items()):
+            try:
+                size = os.path.getsize(path)
+                with open(path, "rb") as handle:
+                    handle.seek(max(0, size - 65536))
+                    digest.update(f"{row} {size}".encode() + handle.read())
+            except OSError:
+                digest.update(f"{row} missing".encode())
+        return digest.hexdigest()[:20]
 
     def rows_of(self, doc_row: int) -> range:
         """The page rows of a document."""
@@ -1042,15 +1094,28 @@ def pdf_source(cell) -> tuple[bytes | str | None, str | None]:
 
 
 def pdf_open_error(exc: BaseException, data=None) -> str:
+    """Why PDFium would not open a document. Its error code can be an earlier document's, so
+    the bytes have the last word: an empty page tree, an /Encrypt entry."""
     text = str(exc)
-    if "password" in text.lower():
-        return "the PDF is encrypted: a password is needed to open it"
     if isinstance(data, bytes) and re.search(rb"/Count\s*0\b", data) and \
             not re.search(rb"/Count\s*[1-9]", data):  # PDFium refuses an empty page tree
         return "the PDF has no pages"
-    if "format" in text.lower() or "corrupt" in text.lower():
+    if "password" in text.lower() and (not isinstance(data, bytes) or b"/Encrypt" in data):
+        return "the PDF is encrypted: a password is needed to open it"
+    if "format" in text.lower() or "corrupt" in text.lower() or "password" in text.lower():
         return f"not a readable PDF (corrupt or truncated): {text}"
     return f"cannot open the PDF: {type(exc).__name__}: {text}"
+
+
+def _file_ends(path: str, size: int = 1 << 20) -> bytes | None:
+    """A file's first and last MiB (where a PDF keeps its trailer), or None."""
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(size)
+            handle.seek(max(len(head), os.path.getsize(path) - size))
+            return head + handle.read(size)
+    except OSError:
+        return None
 
 
 def count_pdf_pages(ds, column: str, args) -> PdfPages:
@@ -1061,11 +1126,12 @@ def count_pdf_pages(ds, column: str, args) -> PdfPages:
     from tqdm import tqdm
 
     ranges = parse_pages(args.pages)
-    doc, number, count, paths, errors = [], [], [], {}, {}
+    doc, number, count, paths, errors, names = [], [], [], {}, {}, []
     cells = ds.select_columns([column])
     for row in tqdm(range(len(ds)), desc="counting PDF pages", unit="doc", disable=len(ds) < 50,
                     mininterval=0.5 if sys.stderr.isatty() else 10.0):
         data, shown = pdf_source(cells[row][column])
+        names.append(shown)
         if isinstance(data, str):
             paths[row] = data
         pages: list[int] = []
@@ -1090,7 +1156,7 @@ def count_pdf_pages(ds, column: str, args) -> PdfPages:
                 errors[row] = str(exc)
             except Exception as exc:
                 errors[row] = pdf_open_error(exc, data if isinstance(data, bytes) else
-                                             Path(data).read_bytes()[:1 << 20])
+                                             _file_ends(data))
         for page in pages or [0]:
             doc.append(row)
             number.append(page)
@@ -1099,7 +1165,8 @@ def count_pdf_pages(ds, column: str, args) -> PdfPages:
         log(f"{len(errors)} PDF(s) cannot be rendered (e.g. row {min(errors)}: "
             f"{errors[min(errors)]}): each becomes an error row")
     return PdfPages(ds, column, np.array(doc, dtype=np.int64), np.array(number, dtype=np.int32),
-                    np.array(count, dtype=np.int32), paths, errors)
+                    np.array(count, dtype=np.int32), paths, errors, names)
+
 
 
 def input_features(source: InputSource):
@@ -1134,7 +1201,7 @@ def pdf_render_size(width_pt: float, height_pt: float, dpi: float) -> tuple[floa
     if not (width_pt > 0 and height_pt > 0):
         raise PageError(f"the page has no area ({width_pt} x {height_pt} pt)")
     width, height = width_pt * dpi / 72, height_pt * dpi / 72
-    shrink = min(1.0, math.sqrt(PDF_MAX_PIXELS / (width * height)))
+    shrink = min(1.0, math.sqrt(PDF_MAX_PIXELS / (width * height)), PDF_MAX_SIDE / max(width, height))
     target = target_size(max(1, round(width * shrink)), max(1, round(height * shrink)))
     return target[0] / width_pt, target
 
@@ -1143,6 +1210,8 @@ def _render_pdf_page(page, dpi: float, text_layer: bool, skip_chars: int | None)
     from PIL import Image
 
     layer = page.get_textpage().get_text_bounded() if text_layer or skip_chars else None
+    if layer is not None:
+        layer = layer.replace("\r\n", "\n").replace("\r", "\n")  # PDFium ends lines with \r\n
     if skip_chars and sum(not c.isspace() for c in layer) >= skip_chars:
         return "skip", layer
     scale, target = pdf_render_size(*page.get_size(), dpi)
@@ -1208,7 +1277,7 @@ class PdfRenderer:
 
         self.pdf, self.args = pdf, args
         self.context = multiprocessing.get_context("fork")  # the workers read the input as is
-        self.options = (args.pdf_dpi or PDF_DPI, bool(args.text_layer), args.skip_text_pages)
+        self.options = (args.pdf_dpi, bool(args.text_layer), args.skip_text_pages)
         self.idle = [self._start() for _ in range(max(1, args.pdf_workers))]
         self.ready = threading.Condition()
 
@@ -2324,7 +2393,9 @@ def run_identity(args, source: InputSource, engine: dict) -> dict:
     if not args.shuffle:
         options.pop("seed", None)
     flags = {k.lstrip("-").replace("_", "-"): v for k, v in engine.items()}
-    return {"script": Path(sys.argv[0]).name, "input": input_identity(args), "rows": source.rows_full,
+    pdf = {"pdf": source.pdf.fingerprint()} if source.pdf is not None else {}
+    return {"script": Path(sys.argv[0]).name, "input": input_identity(args), **pdf,
+            "rows": source.rows_full,
             "options": options, "settings": inference_settings(args),
             "engine": {k: v for k, v in sorted(flags.items()) if k not in MAY_CHANGE_ENGINE}}
 
@@ -2648,18 +2719,41 @@ def output_counts(store: OutputStore, column: str) -> str:
     """The whole output's rows, counted from its parts (every shard, every earlier run)."""
     import pyarrow.parquet as pq
 
-    rows = failed = elsewhere = 0
+    rows = failed = text_layer = elsewhere = 0
     for (start, stop), path in store.parts():
         rows += stop - start
         try:
             errors = pq.read_table(str(path), columns=[f"{column}_error"]).column(0)
             failed += len(errors) - errors.null_count
+            if f"{column}_skipped" in pq.read_schema(str(path)).names:
+                table = pq.read_table(str(path), columns=[column, f"{column}_skipped"])
+                text_layer += sum(t is None and s is not None for t, s in zip(
+                    *(table.column(i).to_pylist() for i in range(2))))
         except Exception:  # only on the Hub (the staging copy is a cache), or another layout
             elsewhere += stop - start
-    counted = f"{rows - failed - elsewhere:,} with text and {failed:,} error rows"
+    texts = rows - failed - text_layer - elsewhere
+    counted = f"{texts:,} with text" + (f", {text_layer:,} from their PDF text layer (not sent)"
+                                        if text_layer else "") + f" and {failed:,} error rows"
     if elsewhere:
         counted += f" among the {rows - elsewhere:,} staged here ({elsewhere:,} are on the Hub only)"
     return f"This output holds {rows:,} rows: {counted}."
+
+
+def pdf_card_rows(source: InputSource, column: str) -> str:
+    rows = []
+    if source.pdf is not None:
+        if not source.pdf.per_document:
+            rows.append("| `page_number` | the page of its PDF, from 1; null for an image or a "
+                        "PDF that cannot be opened |")
+        rows.append("| `page_count` | the pages of its PDF |")
+        if source.pdf.per_document:
+            rows.append(f"| `{column}` | the PDF's pages, each after a line `<!-- page N -->` |")
+    if "text_layer" in _TEXT_LAYER_COLUMNS:
+        rows.append(f"| `{column}_text_layer` | the text embedded in the PDF page |")
+    if "skipped" in _TEXT_LAYER_COLUMNS:
+        rows.append(f"| `{column}_skipped` | why the page was not sent (its text layer has "
+                    f"enough text); `{column}` is null then |")
+    return "".join(row + "\n" for row in rows)
 
 
 def build_card(source: InputSource, store: OutputStore, args, stats: dict, info_entry: dict,
@@ -2691,7 +2785,7 @@ Weights: `{args.model}` at revision `{info_entry.get("model_revision") or "unkno
 | `{column}_error_kind` | `page` (the page caused it: final) or `server` (a rerun retries it) |
 | `{column}_finish_reason` | `stop`, or `length` when the token budget ran out |
 | `{column}_prompt_tokens`, `{column}_completion_tokens` | token counts of the request |
-| `inference_info` | JSON list, one entry per model run over this dataset |
+{pdf_card_rows(source, column)}| `inference_info` | JSON list, one entry per model run over this dataset |
 
 {output_counts(store, column)}
 
@@ -2731,7 +2825,8 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--split", default="train", help="split to read (default: train)")
     group.add_argument("--revision", help="Hub INPUT revision (branch, tag or commit)")
     group.add_argument("--image-column", default="image", help="column holding the page image")
-    group.add_argument("--max-samples", type=int, help="only the first N rows (after --shuffle)")
+    group.add_argument("--max-samples", type=int, help="only the first N rows (after --shuffle); "
+                       "for PDF input, N documents")
     group.add_argument("--shuffle", action="store_true", help="shuffle rows before --max-samples")
     group.add_argument("--seed", type=int, default=42, help="shuffle seed (default: 42)")
     group.add_argument("--num-shards", type=int, default=1,
@@ -2744,7 +2839,7 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--pdf-column", help="the column holding PDFs, when not detected")
     group.add_argument("--pages", help="pages of each PDF to do, 1-based, e.g. 1-5,8,10- "
                        "(default: all)")
-    group.add_argument("--pdf-dpi", type=float,
+    group.add_argument("--pdf-dpi", type=float, default=PDF_DPI,
                        help=f"the most DPI a page is rendered at, {PDF_MIN_DPI} to {PDF_MAX_DPI} "
                             f"(default: {PDF_DPI}); the model's own size bound and a "
                             f"{PDF_MAX_PIXELS / 1e6:g} MP cap come first")
@@ -2868,8 +2963,8 @@ def validate_arguments(args) -> None:
             problems.append(f"--{name.replace('_', '-')} must be above 0, got {value}")
     if args.pdf_dpi is not None and not PDF_MIN_DPI <= args.pdf_dpi <= PDF_MAX_DPI:
         problems.append(f"--pdf-dpi must be {PDF_MIN_DPI} to {PDF_MAX_DPI}, got {args.pdf_dpi:g}")
-    try:
-        parse_pages(args.pages)
+    try:  # one spelling per selection, so that "1-" and "1-3,2-" are the same run as none
+        args.pages = canonical_pages(parse_pages(args.pages))
     except ValueError as exc:
         problems.append(str(exc))
     if args.num_shards >= 1 and not 0 <= args.shard_index < args.num_shards:

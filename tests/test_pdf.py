@@ -163,7 +163,7 @@ def test_a_pdf_typed_hub_style_dataset_keeps_its_columns_not_its_bytes(tmp_path,
     assert result["title"] == ["first"] * 2 + ["second"] + ["third"] * 3
     assert result["page_number"] == [1, 2, 1, 1, 2, 3]
     assert result["page_count"] == [2, 2, 1, 3, 3, 3]
-    assert "doc" not in result.column_names
+    assert result["doc"] == ["d0.pdf"] * 2 + ["d1.pdf"] + ["d2.pdf"] * 3  # its name, not its bytes
     for i, (d, p) in enumerate([(0, 0), (0, 1), (1, 0), (2, 0), (2, 1), (2, 2)]):
         assert close_to(answered(result["markdown"][i])[1], colour_of(10 * d + p), tolerance=12)
     assert sum(f.stat().st_size for f in (out / "data").glob("*.parquet")) < 100_000
@@ -339,3 +339,76 @@ def test_per_document_joins_pages_in_order_and_resumes_inside_a_document(tmp_pat
     assert answered(ds["markdown"][3])[0] == (640, 820)  # an image row is as before
     stats = stats_of(tmp_path / "s.json")
     assert stats["rows_total"] == 4 and stats["rows_ok"] == 2 and stats["rows_failed"] == 2
+
+
+def test_a_pdf_path_column_names_its_documents_and_a_replaced_pdf_is_another_run(tmp_path,
+                                                                                 stub_server):
+    """A column of PDF paths (relative to the table's folder): the output keeps each page's
+    document path; a PDF replaced under the same path makes the rerun another run (refused),
+    not a resume that labels pages with the wrong document."""
+    import datasets
+
+    stub = stub_server()
+    folder = tmp_path / "in"
+    (folder / "files").mkdir(parents=True)
+    for d, n in enumerate([1, 2]):
+        (folder / "files" / f"doc{d}.pdf").write_bytes(make_pdf([Page(colour=colour_of(i))
+                                                                 for i in range(n)]))
+    table = folder / "docs.parquet"
+    datasets.Dataset.from_dict({"document": ["files/doc0.pdf", "files/doc1.pdf"]}).to_parquet(str(table))
+    out = tmp_path / "out"
+    args = [str(table), str(out), *common(stub, "--pdf-column", "document")]
+    run = run_script(OVIS, *args)
+    assert run.returncode == 0, run.stderr
+    ds = load_output(out)
+    assert list(zip(ds["document"], ds["page_number"])) == [
+        ("files/doc0.pdf", 1), ("files/doc1.pdf", 1), ("files/doc1.pdf", 2)]
+    (folder / "files" / "doc0.pdf").write_bytes(make_pdf([Page(colour=colour_of(i)) for i in range(3)]))
+    again = run_script(OVIS, *args)
+    assert again.returncode == 2 and "pdf" in again.stderr, again.stderr
+    restarted = run_script(OVIS, *args, "--restart")
+    assert restarted.returncode == 0, restarted.stderr
+    assert load_output(out)["page_number"] == [1, 2, 3, 1, 2]
+
+
+def test_a_single_pdf_file_odd_names_and_the_card(tmp_path, stub_server):
+    stub = stub_server()
+    odd = tmp_path / "odd"
+    odd.mkdir()
+    name = os.fsdecode(b"caf\xe9.pdf")  # a Latin-1 name, not UTF-8
+    (odd / name).write_bytes(make_pdf([Page(colour=colour_of(1)), Page(colour=colour_of(2))]))
+    run = run_script(OVIS, str(odd), str(tmp_path / "o1"), *common(stub))
+    assert run.returncode == 0, run.stderr
+    no_traceback(run)
+    ds = load_output(tmp_path / "o1")
+    assert ds["file_name"] == ["caf\\xe9.pdf"] * 2 and all(ds["markdown"])
+    single = tmp_path / "report.PDF"
+    single.write_bytes(make_pdf([Page(text="x" * 50), Page(colour=colour_of(3))]))
+    out = tmp_path / "o2"
+    run = run_script(OVIS, str(single), str(out), *common(stub, "--skip-text-pages", "20"))
+    assert run.returncode == 0, run.stderr
+    ds = load_output(out)
+    assert ds["file_name"] == ["report.PDF"] * 2 and ds["page_number"] == [1, 2]
+    assert ds["markdown_text_layer"][0] == "x" * 50 and ds["markdown"][0] is None
+    card = (out / "README.md").read_text()
+    assert "1 with text, 1 from their PDF text layer (not sent) and 0 error rows" in card
+    assert "`page_number`" in card and "`markdown_skipped`" in card
+
+
+def test_pdf_flags_that_would_only_fail_later_are_refused_up_front(tmp_path, stub_server):
+    import datasets
+
+    stub = stub_server()
+    table = tmp_path / "t.parquet"
+    datasets.Dataset.from_dict({"id": ["a", "b"], "blob": [b"not a pdf", b"nor this"]}).to_parquet(str(table))
+    for flag, column in (("--pdf-column", "id"), ("--pdf-column", "blob")):
+        run = run_script(OVIS, str(table), str(tmp_path / f"o-{column}"), *common(stub, flag, column))
+        assert run.returncode == 2 and "holds no PDFs" in run.stderr, run.stderr
+        no_traceback(run)
+    missing = run_script(OVIS, str(table), str(tmp_path / "o3"), *common(stub))
+    assert missing.returncode == 2 and "--pdf-column" in missing.stderr
+    for value in ("0", "3-1", "x", "1,,2"):
+        run = run_script(OVIS, str(table), str(tmp_path / "o4"), *common(stub, "--pages", value))
+        assert run.returncode == 2 and "--pages" in run.stderr, (value, run.stderr)
+    run = run_script(OVIS, str(table), str(tmp_path / "o5"), *common(stub, "--pdf-dpi", "50"))
+    assert run.returncode == 2 and "--pdf-dpi" in run.stderr
