@@ -15,7 +15,7 @@
 # timeout = "4h"
 # secrets = ["HF_TOKEN"]
 # ///
-"""OCR a dataset of page images with deepseek-ai/DeepSeek-OCR through a vLLM server.
+"""OCR a dataset of page images or PDFs with deepseek-ai/DeepSeek-OCR through a vLLM server.
 
 Every page becomes clean Markdown in a new column, and with a grounding prompt (the default)
 a blocks column gives the layout: label, box (0-999 on both axes) and text of every block.
@@ -2790,8 +2790,8 @@ Reproduce on Hugging Face Jobs:
 # ---- arguments -------------------------------------------------------------------------------
 
 def add_common_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("input", help="Hub dataset id, or a local folder of images, .parquet "
-                        "file/folder, or save_to_disk folder")
+    parser.add_argument("input", help="Hub dataset id, or a local folder of images and/or PDFs, "
+                        "a .pdf file, a .parquet file/folder, or a save_to_disk folder")
     parser.add_argument("output", help="Hub dataset id (namespace/name), or a local folder "
                         "(write ./name or an absolute path)")
     group = parser.add_argument_group("input")

@@ -2827,8 +2827,8 @@ Reproduce on Hugging Face Jobs:
 # ---- arguments -------------------------------------------------------------------------------
 
 def add_common_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("input", help="Hub dataset id, or a local folder of images, .parquet "
-                        "file/folder, or save_to_disk folder")
+    parser.add_argument("input", help="Hub dataset id, or a local folder of images and/or PDFs, "
+                        "a .pdf file, a .parquet file/folder, or a save_to_disk folder")
     parser.add_argument("output", help="Hub dataset id (namespace/name), or a local folder "
                         "(write ./name or an absolute path)")
     group = parser.add_argument_group("input")

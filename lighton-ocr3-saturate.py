@@ -15,7 +15,8 @@
 # timeout = "4h"
 # secrets = ["HF_TOKEN"]
 # ///
-"""OCR a dataset of page images with lightonai/LightOnOCR-3-0.8B, keeping vLLM saturated.
+"""OCR a dataset of page images or PDFs with lightonai/LightOnOCR-3-0.8B, keeping vLLM
+saturated.
 
 A driver with no torch or vllm dependency feeds a vLLM server (its own `vllm serve`, or the
 one at `--server`) through an adaptive window of pages in flight, instead of fixed batches:
@@ -2848,8 +2849,8 @@ Reproduce on Hugging Face Jobs:
 # ---- arguments -------------------------------------------------------------------------------
 
 def add_common_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("input", help="Hub dataset id, or a local folder of images, .parquet "
-                        "file/folder, or save_to_disk folder")
+    parser.add_argument("input", help="Hub dataset id, or a local folder of images and/or PDFs, "
+                        "a .pdf file, a .parquet file/folder, or a save_to_disk folder")
     parser.add_argument("output", help="Hub dataset id (namespace/name), or a local folder "
                         "(write ./name or an absolute path)")
     group = parser.add_argument_group("input")

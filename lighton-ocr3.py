@@ -14,8 +14,8 @@
 # timeout = "4h"
 # secrets = ["HF_TOKEN"]
 # ///
-"""OCR a dataset of page images with lightonai/LightOnOCR-3-0.8B, offline: this script owns
-vllm.LLM and generates in fixed batches.
+"""OCR a dataset of page images or PDFs with lightonai/LightOnOCR-3-0.8B, offline: this
+script owns vllm.LLM and generates in fixed batches.
 
 The baseline lighton-ocr3-saturate.py is measured against (the seed: 0.90 against 2.2 pages/s
 on a10g-small); use it when you want one process and no HTTP. A page whose image cannot be
@@ -2816,8 +2816,8 @@ Reproduce on Hugging Face Jobs:
 # ---- arguments -------------------------------------------------------------------------------
 
 def add_common_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("input", help="Hub dataset id, or a local folder of images, .parquet "
-                        "file/folder, or save_to_disk folder")
+    parser.add_argument("input", help="Hub dataset id, or a local folder of images and/or PDFs, "
+                        "a .pdf file, a .parquet file/folder, or a save_to_disk folder")
     parser.add_argument("output", help="Hub dataset id (namespace/name), or a local folder "
                         "(write ./name or an absolute path)")
     group = parser.add_argument_group("input")

@@ -15,7 +15,7 @@
 # timeout = "4h"
 # secrets = ["HF_TOKEN"]
 # ///
-"""OCR a dataset of page images with ATH-MaaS/OvisOCR2 through a vLLM server.
+"""OCR a dataset of page images or PDFs with ATH-MaaS/OvisOCR2 through a vLLM server.
 
 Every page becomes Markdown (LaTeX formulas, HTML tables) in a new column. The driver has no
 torch or vllm dependency: it talks to a vLLM OpenAI-compatible server and keeps
@@ -33,8 +33,8 @@ Run it
     # against a server that is already running (nothing is spawned):
     uv run ovis-ocr2-server.py user/scans ./out --server http://gpu-box:8000
 
-INPUT is a Hub dataset id or a local folder of images, a .parquet file or folder, or a
-`save_to_disk` folder. OUTPUT is a Hub dataset id or a local folder (start it with ./ or /).
+INPUT is a Hub dataset id or a local folder of images and/or PDFs (one row per PDF page), a
+.pdf file, a .parquet file or folder, or a `save_to_disk` folder. OUTPUT is a Hub dataset id or a local folder (start it with ./ or /).
 Rerunning the same command resumes: rows already written are skipped.
 
 Where the serve flags come from
@@ -2747,8 +2747,8 @@ Reproduce on Hugging Face Jobs:
 # ---- arguments -------------------------------------------------------------------------------
 
 def add_common_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("input", help="Hub dataset id, or a local folder of images, .parquet "
-                        "file/folder, or save_to_disk folder")
+    parser.add_argument("input", help="Hub dataset id, or a local folder of images and/or PDFs, "
+                        "a .pdf file, a .parquet file/folder, or a save_to_disk folder")
     parser.add_argument("output", help="Hub dataset id (namespace/name), or a local folder "
                         "(write ./name or an absolute path)")
     group = parser.add_argument_group("input")

@@ -14,7 +14,8 @@
 # timeout = "4h"
 # secrets = ["HF_TOKEN"]
 # ///
-"""OCR a dataset of page images with ATH-MaaS/OvisOCR2, offline: this script owns vllm.LLM.
+"""OCR a dataset of page images or PDFs with ATH-MaaS/OvisOCR2, offline: this script owns
+vllm.LLM.
 
 Pages go to the engine in fixed batches (`--batch-size`, default 16), the shape of the model
 card's own example. It is the baseline that ovis-ocr2-server.py is measured against (the seed:
@@ -2727,8 +2728,8 @@ Reproduce on Hugging Face Jobs:
 # ---- arguments -------------------------------------------------------------------------------
 
 def add_common_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("input", help="Hub dataset id, or a local folder of images, .parquet "
-                        "file/folder, or save_to_disk folder")
+    parser.add_argument("input", help="Hub dataset id, or a local folder of images and/or PDFs, "
+                        "a .pdf file, a .parquet file/folder, or a save_to_disk folder")
     parser.add_argument("output", help="Hub dataset id (namespace/name), or a local folder "
                         "(write ./name or an absolute path)")
     group = parser.add_argument_group("input")

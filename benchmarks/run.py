@@ -20,11 +20,11 @@ Sections (all by default, in this order; 8 to 11 minutes on 2 cores):
   shapes         lighton-ocr3.py (offline) vs lighton-ocr3-saturate.py with a fixed window of
                  32 and with the adaptive window, on the real engine with long-tailed page
                  lengths (benchmarks/page_length.py)
-  pdf            a 500-page PDF through lighton-ocr3-saturate.py against a zero-latency stub:
-                 pages rendered per second with 1 and 2 render workers, and the driver's peak
-                 RSS, next to rendering every page up front in one process (what a tool that
-                 turns a PDF into a list of images does); plus the render rate of one worker
-                 alone (in-process, no driver)
+  pdf            100- and 500-page PDFs through lighton-ocr3-saturate.py against a zero-latency
+                 stub: pages/s with 1 and 2 render workers, and the peak memory (PSS) of the
+                 driver with its workers, next to rendering every page up front as bitmaps
+                 (what a tool that turns a PDF into a list of images does); plus the render
+                 rate of one worker alone (in-process, no driver)
   compare        ocr-compare.py on 100,000 pages of 2,000 characters (Markdown, some pages
                  edited): parity of two outputs, and CER/WER against a ground-truth column;
                  wall and CPU seconds of the whole command (reading the parquet included).
@@ -666,24 +666,31 @@ def bench_compare(work: Path) -> None:
 
 # ---- PDF input -----------------------------------------------------------------------------------
 
-PDF_PAGES = 500
+PDF_PAGES = (100, 500)
 UP_FRONT = """
-import resource, sys, time
+import sys, time
 sys.path.insert(0, {tests!r})
 from conftest import load_script
 import pypdfium2 as pdfium
 module = load_script({script!r})
 document = pdfium.PdfDocument({pdf!r})
 began = time.monotonic()
-pages = [module._render_pdf_page(document[i], module.PDF_DPI, False, None) for i in range(len(document))]
+pages = []  # as a PDF-to-images tool returns them: every page a bitmap, at the driver's size
+for page in document:
+    scale, size = module.pdf_render_size(*page.get_size(), module.PDF_DPI)
+    pages.append(page.render(scale=scale).to_pil())
 elapsed = time.monotonic() - began
-print(len(pages), elapsed, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+began = time.monotonic()
+for page in list(document)[:50]:  # what a render worker does per page: render, then encode
+    module._render_pdf_page(page, module.PDF_DPI, False, None)
+print(len(pages), elapsed, 50 / (time.monotonic() - began))
 """
 
 
-def tree_peak_rss(cmd: list[str]) -> tuple[float, int, str]:
-    """(wall seconds, the peak of the summed RSS of the process and its children, stdout),
-    sampled every 20 ms: the render workers count, not only the driver."""
+def tree_peak_pss(cmd: list[str]) -> tuple[float, int, str]:
+    """(wall seconds, the peak of the summed PSS of the process and its children, stdout),
+    sampled every 0.1 s: the render workers count, and pages they share with the driver
+    (forked) are counted once."""
     import psutil
 
     began = time.monotonic()
@@ -692,10 +699,10 @@ def tree_peak_rss(cmd: list[str]) -> tuple[float, int, str]:
     while process.poll() is None:
         try:
             tree = [parent, *parent.children(recursive=True)]
-            peak = max(peak, sum(p.memory_info().rss for p in tree if p.is_running()))
+            peak = max(peak, sum(p.memory_full_info().pss for p in tree))
         except psutil.Error:
             pass
-        time.sleep(0.02)
+        time.sleep(0.1)
     out, err = process.communicate()
     assert process.returncode == 0, err[-2000:]
     return time.monotonic() - began, peak, out
@@ -706,43 +713,48 @@ def bench_pdf(work: Path) -> None:
 
     script = "lighton-ocr3-saturate.py"
     module = load_script(script)
-    folder = work / "pdf"
-    folder.mkdir()
     text = "\n".join(f"Line {i}: a page of a long report, with words in it." for i in range(40))
-    pdf = folder / "report.pdf"
-    pdf.write_bytes(make_pdf([Page(colour=colour_of(i), text=text) for i in range(PDF_PAGES)]))
-    note("pdf", f"{PDF_PAGES}-page Letter PDF with text: {pdf.stat().st_size / 2**20:.1f} MiB; "
-         f"pages sent at", "1568x2048 PNG")
-    _, up_front_rss, out = tree_peak_rss([sys.executable, "-c", UP_FRONT.format(
-        tests=str(ROOT / "tests"), script=script, pdf=str(pdf))])
-    count, elapsed, _ = out.split()
-    alone = int(count) / float(elapsed)
     stub, url, _ = start_stub("--no-decode", model=module.MODEL_ID)
-    figures = {}
+    figures: dict = {}
     try:
-        for workers in (1, 2):
-            stats = work / f"pdf-{workers}.json"
-            wall, tree_rss, _ = tree_peak_rss([
-                sys.executable, str(ROOT / script), str(folder), str(work / f"pdf-out-{workers}"),
-                "--server", url, "--concurrency", "8", "--pdf-workers", str(workers),
-                "--no-sanity-check", "--stats-json", str(stats)])
-            result = json.loads(stats.read_text())
-            figures[workers] = (result["pages_per_s"], result["peak_rss_bytes"], wall, tree_rss)
+        for pages in PDF_PAGES:
+            folder = work / f"pdf{pages}"
+            folder.mkdir()
+            pdf = folder / "report.pdf"
+            pdf.write_bytes(make_pdf([Page(colour=colour_of(i), text=text) for i in range(pages)]))
+            _, up_front, out = tree_peak_pss([sys.executable, "-c", UP_FRONT.format(
+                tests=str(ROOT / "tests"), script=script, pdf=str(pdf))])
+            count, elapsed, encoded = out.split()
+            figures[pages] = {"up_front_peak_pss": up_front,
+                              "render_only_pages_per_s": int(count) / float(elapsed),
+                              "render_and_encode_pages_per_s": float(encoded)}
+            for workers in (1, 2) if pages == max(PDF_PAGES) else (2,):
+                stats = work / f"pdf-{pages}-{workers}.json"
+                wall, pss, _ = tree_peak_pss([
+                    sys.executable, str(ROOT / script), str(folder), str(work / f"out-{pages}-{workers}"),
+                    "--server", url, "--concurrency", "8", "--pdf-workers", str(workers),
+                    "--no-sanity-check", "--stats-json", str(stats)])
+                result = json.loads(stats.read_text())
+                figures[pages][f"driver_{workers}_workers"] = {
+                    "pages_per_s": result["pages_per_s"], "peak_pss": pss, "wall_s": wall,
+                    "driver_peak_rss": result["peak_rss_bytes"]}
     finally:
         stub.kill()
-    RESULTS["pdf"] = {"pages": PDF_PAGES, "one_worker_alone_pages_per_s": alone,
-                      "up_front_peak_rss_bytes": int(up_front_rss),
-                      "driver": {w: {"pages_per_s": f[0], "peak_rss_bytes": f[1], "wall_s": f[2],
-                                     "peak_rss_with_workers_bytes": f[3]}
-                                 for w, f in figures.items()}}
-    note("pdf", "one render worker alone (in-process): pages/s", f"{alone:.1f}")
-    note("pdf", "driver with 1 | 2 render workers: pages/s end to end",
-         f"{figures[1][0]:.1f} | {figures[2][0]:.1f}")
-    note("pdf", "peak RSS of the driver alone, 1 | 2 workers", f"{figures[1][1] / 2**20:.0f} | "
-         f"{figures[2][1] / 2**20:.0f} MiB")
-    note("pdf", "peak RSS with its workers, 1 | 2 workers | every page rendered up front",
-         f"{figures[1][3] / 2**20:.0f} | {figures[2][3] / 2**20:.0f} | "
-         f"{up_front_rss / 2**20:.0f} MiB")
+    RESULTS["pdf"] = figures
+    big, small = max(PDF_PAGES), min(PDF_PAGES)
+    mib = lambda value: f"{value / 2**20:.0f}"  # noqa: E731
+    note("pdf", "Letter pages with text, sent at 1568x2048 (PNG); 8 pages in flight", "")
+    note("pdf", "one render worker's work alone, in-process: render | render + PNG encode, pages/s",
+         f"{figures[big]['render_only_pages_per_s']:.1f} | "
+         f"{figures[big]['render_and_encode_pages_per_s']:.1f}")
+    note("pdf", f"driver, {big} pages, 1 | 2 render workers: pages/s end to end",
+         f"{figures[big]['driver_1_workers']['pages_per_s']:.1f} | "
+         f"{figures[big]['driver_2_workers']['pages_per_s']:.1f}")
+    note("pdf", f"peak PSS, driver + 2 workers: {small} | {big} pages",
+         f"{mib(figures[small]['driver_2_workers']['peak_pss'])} | "
+         f"{mib(figures[big]['driver_2_workers']['peak_pss'])} MiB")
+    note("pdf", f"peak PSS, every page rendered up front (bitmaps): {small} | {big} pages",
+         f"{mib(figures[small]['up_front_peak_pss'])} | {mib(figures[big]['up_front_peak_pss'])} MiB")
 
 
 # In this order: the stub sections, then scale-out (its shards boot while the shared engine
