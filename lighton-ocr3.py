@@ -990,7 +990,8 @@ class DegenerateCheck:
     """Stops the run when the first completed pages are all degenerate: a wrong model/image
     pair looks like normal load from outside (full GPU, no errors). It judges at least
     MIN_EVIDENCE pages (a blank last page proves nothing), and never a rerun of an output whose
-    earlier runs wrote text."""
+    earlier runs wrote text. A page sent again because it looped counts as degenerate: at a
+    higher temperature a broken engine's loop can turn into noise that passes for text."""
 
     MIN_EVIDENCE = 3
 
@@ -1004,10 +1005,10 @@ class DegenerateCheck:
     def passed(self) -> bool:
         return self.done and not self.tripped
 
-    def observe(self, text: str | None) -> None:
+    def observe(self, result: "RowResult") -> None:
         if self.done:
             return
-        self.seen.append(looks_degenerate(text))
+        self.seen.append((result.attempts or 1) > 1 or looks_degenerate(result.text))
         if len(self.seen) >= self.pages:
             self.finish()
 
@@ -2482,7 +2483,7 @@ def observe_recovered(plan: RowPlan, check: DegenerateCheck) -> None:
     """Rows a killed run journaled before its degenerate check had spoken: judged first."""
     for result in plan.recovered.values():
         if result.error is None:
-            check.observe(result.text)
+            check.observe(result)
 
 
 class Interrupts:
@@ -2846,7 +2847,7 @@ def run_offline(source: InputSource, pending: list[int], writer: PartWriter, sta
                 stats.count_loops(results[index])
                 result = postprocessed(results[index], args)
                 if result.error is None:
-                    check.observe(result.text)
+                    check.observe(result)
                 writer.add(index, result)
                 if check.passed() and not writer.checked:
                     writer.check_passed()
