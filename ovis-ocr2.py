@@ -2188,7 +2188,7 @@ Weights: `{args.model}` at revision `{info_entry.get("model_revision") or "unkno
 | `{column}_error_kind` | `page` (the page caused it: final) or `server` (a rerun retries it) |
 | `{column}_finish_reason` | `stop`, or `length` when the token budget ran out |
 | `{column}_prompt_tokens`, `{column}_completion_tokens` | token counts of the request |
-| `{column}_attempts` | generations the text took: 2 when the first looped and was sent again |
+| `{column}_attempts` | generations the text took: above 1 when it looped and was sent again |
 | `inference_info` | JSON list, one entry per model run over this dataset |
 
 {output_counts(store, column)}

@@ -399,3 +399,30 @@ def test_looping_pages_are_retried_on_the_real_engine_with_a_seed_that_reproduce
                    f"{len(looping)}/3 pages looped greedily, {stats['pages_loop_retried']} "
                    f"retried, {changed} kept a different answer, "
                    f"{stats['pages_still_looping']} still loop; rerun identical")
+
+
+def test_looping_pages_are_retried_by_real_vllm_llm_with_per_row_seeds(engine, tmp_path):
+    """The offline path: the looping pages of a batch go to LLM.chat again in one call with a
+    list of SamplingParams, each with its row's seed; a rerun repeats the retries."""
+    script = "ovis-ocr2.py"
+    model = tiny_model("qwen3_5_flat")
+    cells = [page_image(400 + i, size=(448, 448), fmt="JPEG") for i in range(3)]
+    source = write_parquet_dataset(tmp_path / "in", cells)
+
+    def run(*extra: str):
+        done = run_driver(script, str(source), str(tmp_path / "out"), "--model", str(model),
+                          "--llm-kwargs", OFFLINE_CASES[script]["llm_kwargs"], "--max-tokens",
+                          "48", "--no-sanity-check", "--batch-size", "4",
+                          "--stats-json", str(tmp_path / "stats.json"), *extra,
+                          python=str(engine_env.python()))
+        assert done.returncode == 0, done.stderr[-4000:]
+        return load_output(tmp_path / "out"), json.loads((tmp_path / "stats.json").read_text())
+
+    first, stats = run()
+    again, _ = run("--restart")
+    assert first["markdown_attempts"] == [2, 2, 2], "every greedy page of this checkpoint loops"
+    assert stats["pages_loop_retried"] == 3
+    assert again["markdown"] == first["markdown"], "the seeds make a rerun repeat the retries"
+    FIGURES.append(f"loop retries offline ({script}, qwen3_5_flat, 48 tokens): "
+                   f"{stats['pages_loop_retried']}/3 retried, {stats['pages_still_looping']} "
+                   f"still loop; rerun identical")
