@@ -693,7 +693,7 @@ def check_output_columns(source: InputSource, args) -> list[str]:
 
 def result_column_names(column: str) -> list[str]:
     return [column, f"{column}_error", f"{column}_error_kind", f"{column}_finish_reason",
-            f"{column}_prompt_tokens", f"{column}_completion_tokens"] + \
+            f"{column}_prompt_tokens", f"{column}_completion_tokens", f"{column}_attempts"] + \
         [f"{column}_{suffix}" for suffix in EXTRA_COLUMNS] + \
         [f"{column}_{suffix}" for suffix in _TEXT_LAYER_COLUMNS]
 
@@ -1318,11 +1318,42 @@ def looks_degenerate(text: str | None) -> bool:
     return False
 
 
+def loops(text: str | None, finish_reason: str | None) -> bool:
+    """The raw answer of a page worth sending again: text the degenerate check would flag, or
+    one cut at max_tokens that ends in the loop trim_repeated_tail trims (>= 5 repeats over >=
+    100 chars: a real page cut mid-text rarely ends that way). A blank page is not a loop."""
+    if not text or not text.strip():
+        return False
+    if looks_degenerate(text):
+        return True
+    if finish_reason != "length":
+        return False
+    period, repeats = repeated_tail(text)
+    return repeats >= 5 and period * repeats >= 100
+
+
+def loop_seed(index: int, attempt: int) -> int:
+    """The seed of a row's retry: the same row and attempt, the same seed, so a rerun repeats it."""
+    return zlib.crc32(f"{index}:{attempt}".encode()) & 0x7FFFFFFF
+
+
+def kept_attempt(kept: "RowResult", retry: "RowResult") -> "RowResult":
+    """Of a looping answer and its retry: the retry when it does not loop or is shorter; a
+    retry that failed leaves the looping answer (still text, better than an error)."""
+    attempts = (kept.attempts or 1) + 1
+    if retry.error is None and (not loops(retry.text, retry.finish_reason)
+                                or len(retry.text) < len(kept.text)):
+        kept = retry
+    kept.attempts = attempts
+    return kept
+
+
 class DegenerateCheck:
     """Stops the run when the first completed pages are all degenerate: a wrong model/image
     pair looks like normal load from outside (full GPU, no errors). It judges at least
     MIN_EVIDENCE pages (a blank last page proves nothing), and never a rerun of an output whose
-    earlier runs wrote text."""
+    earlier runs wrote text. A page sent again because it looped counts as degenerate: at a
+    higher temperature a broken engine's loop can turn into noise that passes for text."""
 
     MIN_EVIDENCE = 3
 
@@ -1336,10 +1367,10 @@ class DegenerateCheck:
     def passed(self) -> bool:
         return self.done and not self.tripped
 
-    def observe(self, text: str | None) -> None:
+    def observe(self, result: "RowResult") -> None:
         if self.done:
             return
-        self.seen.append(looks_degenerate(text))
+        self.seen.append((result.attempts or 1) > 1 or looks_degenerate(result.text))
         if len(self.seen) >= self.pages:
             self.finish()
 
@@ -1373,6 +1404,7 @@ class RowResult:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     extras: dict = field(default_factory=dict)
+    attempts: int | None = None  # generations the text took (loop retries); None on an error row
     text_layer: str | None = None  # a PDF page's embedded text (--text-layer, --skip-text-pages)
     skipped: str | None = None  # why the page was not sent: its text layer was enough
 
@@ -1405,6 +1437,7 @@ def joined_pages(pages: list[tuple[int, RowResult]]) -> RowResult:
         finish_reason="length" if any(r.finish_reason == "length" for _, r in ok) else
         next((r.finish_reason for _, r in ok if r.finish_reason), None),
         prompt_tokens=counts("prompt_tokens"), completion_tokens=counts("completion_tokens"),
+        attempts=max((r.attempts for _, r in ok if r.attempts is not None), default=None),
         extras=extras, text_layer=marked((n, r.text_layer) for n, r in pages),
         skipped=f"pages {', '.join(map(str, skipped))} not sent: their text layer was enough"
         if skipped else None)
@@ -1419,8 +1452,8 @@ class TextLayerEnough(Exception):
 
 def text_layer_row(page: PreparedPage, args) -> RowResult:
     chars = sum(not c.isspace() for c in page.text_layer)
-    return RowResult(text_layer=page.text_layer, skipped=f"not sent: its text layer has {chars} "
-                     f"characters (--skip-text-pages {args.skip_text_pages})")
+    return RowResult(text_layer=page.text_layer, attempts=0, skipped=f"not sent: its text layer "
+                     f"has {chars} characters (--skip-text-pages {args.skip_text_pages})")
 
 
 def exception_row(exc: BaseException, kind: str, what: str = "") -> RowResult:
@@ -1467,6 +1500,7 @@ def output_features(source: InputSource, args):
     features[f"{column}_finish_reason"] = datasets.Value("string")
     features[f"{column}_prompt_tokens"] = datasets.Value("int32")
     features[f"{column}_completion_tokens"] = datasets.Value("int32")
+    features[f"{column}_attempts"] = datasets.Value("int32")
     for suffix, kind in EXTRA_COLUMNS.items():
         features[f"{column}_{suffix}"] = extra_feature(kind)
     for suffix in _TEXT_LAYER_COLUMNS:
@@ -1491,7 +1525,8 @@ def result_columns(results: list, column: str) -> dict:
            f"{column}_error_kind": [r.error_kind for r in results],
            f"{column}_finish_reason": [r.finish_reason for r in results],
            f"{column}_prompt_tokens": [r.prompt_tokens for r in results],
-           f"{column}_completion_tokens": [r.completion_tokens for r in results]}
+           f"{column}_completion_tokens": [r.completion_tokens for r in results],
+           f"{column}_attempts": [r.attempts for r in results]}
     for suffix in EXTRA_COLUMNS:
         out[f"{column}_{suffix}"] = [r.extras.get(suffix) for r in results]
     for suffix in _TEXT_LAYER_COLUMNS:
@@ -2300,15 +2335,22 @@ def hub_dataset_sha(args) -> str | None:
         return None
 
 
+def run_settings(args) -> dict:
+    """The model's settings and the loop retry's: what the card, inference_info and manifest say."""
+    return {**inference_settings(args), "loop_retries": args.loop_retries,
+            "loop_temperature": LOOP_TEMPERATURE}
+
+
 def run_identity(args, source: InputSource, engine: dict) -> dict:
     options = {k: v for k, v in sorted(vars(args).items()) if k not in MAY_CHANGE}
+    options.pop("loop_retries", None)  # in the settings
     if not args.shuffle:
         options.pop("seed", None)
     flags = {k.lstrip("-").replace("_", "-"): v for k, v in engine.items()}
     pdf = {"pdf": source.pdf.fingerprint()} if source.pdf is not None else {}
     return {"script": Path(sys.argv[0]).name, "input": input_identity(args), **pdf,
             "rows": source.rows_full,
-            "options": options, "settings": inference_settings(args),
+            "options": options, "settings": run_settings(args),
             "engine": {k: v for k, v in sorted(flags.items()) if k not in MAY_CHANGE_ENGINE}}
 
 
@@ -2404,6 +2446,7 @@ class RunStats:
         self.first_started: float | None = None  # the first page entered the pipeline
         self.tokens: list[int] = []
         self.in_flight = self.peak_in_flight = 0
+        self.loop_retried = self.still_looping = 0
         self.server_startup_s = None
         self.vllm_version = None
         self.extra: dict = {}
@@ -2414,6 +2457,11 @@ class RunStats:
             self.latencies.append(latency)
         self.finished_at.append(time.monotonic())
         self.tokens.append(result.completion_tokens or 0)
+
+    def count_loops(self, result: RowResult) -> None:
+        """A page's raw answer, after its loop retries."""
+        self.loop_retried += (result.attempts or 1) > 1
+        self.still_looping += result.error is None and loops(result.text, result.finish_reason)
 
     def enter(self) -> None:
         self.first_started = self.first_started or time.monotonic()
@@ -2461,6 +2509,7 @@ class RunStats:
             "mean_in_flight": round(sum(self.latencies) / active, 2)
             if self.latencies and active else None,
             "peak_in_flight": self.peak_in_flight,
+            "pages_loop_retried": self.loop_retried, "pages_still_looping": self.still_looping,
             "peak_rss_bytes": peak_rss_bytes(),
             "server_startup_s": self.server_startup_s,
             "vllm_version": self.vllm_version,
@@ -2668,10 +2717,19 @@ def pdf_card_rows(source: InputSource, column: str) -> str:
     return "".join(row + "\n" for row in rows)
 
 
+def loop_summary(stats: dict, args) -> str:
+    retried, looping = stats.get("pages_loop_retried") or 0, stats.get("pages_still_looping") or 0
+    if not args.loop_retries:
+        return f"Looping pages were not sent again (`--loop-retries 0`); {looping:,} loop."
+    return (f"{retried:,} pages looped and were sent again at temperature {LOOP_TEMPERATURE} "
+            f"with a seed from the row (`--loop-retries {args.loop_retries}`); "
+            f"{looping:,} still loop.")
+
+
 def build_card(source: InputSource, store: OutputStore, args, stats: dict, info_entry: dict,
                argv: list[str]) -> str:
     column = args.output_column
-    settings = json.dumps(inference_settings(args), indent=2, ensure_ascii=False)
+    settings = json.dumps(run_settings(args), indent=2, ensure_ascii=False)
     serve = info_entry.get("serve_args")
     on_jobs = os.environ.get("JOB_ID") or os.environ.get("HF_JOB_ID")
     provenance = f"Hugging Face Job {on_jobs}" if on_jobs else "a local run"
@@ -2697,11 +2755,14 @@ Weights: `{args.model}` at revision `{info_entry.get("model_revision") or "unkno
 | `{column}_error_kind` | `page` (the page caused it: final) or `server` (a rerun retries it) |
 | `{column}_finish_reason` | `stop`, or `length` when the token budget ran out |
 | `{column}_prompt_tokens`, `{column}_completion_tokens` | token counts of the request |
+| `{column}_attempts` | generations the text took: above 1 when it looped and was sent again |
 {pdf_card_rows(source, column)}| `inference_info` | JSON list, one entry per model run over this dataset |
 
 {output_counts(store, column)}
 
 ## This run
+
+{loop_summary(stats, args)}
 
 ```json
 {json.dumps(stats, indent=2)}
@@ -2803,6 +2864,12 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
                        help="do not stop when the first pages all come back degenerate")
     group.add_argument("--sanity-pages", type=int, default=8,
                        help="pages the degenerate-output check looks at (default: 8)")
+    group.add_argument("--loop-retries", type=int, default=1,
+                       help="send a page whose answer loops (a repetition loop, or cut at "
+                            f"--max-tokens with a repeated tail) again, up to N times, at "
+                            f"temperature {LOOP_TEMPERATURE} with a seed from the row (a rerun "
+                            f"repeats it); the answer that does not loop is kept, else the "
+                            f"shorter. 0 turns it off (default: 1)")
 
 
 def parse_arguments(parser: argparse.ArgumentParser, argv: list[str]):
@@ -2863,7 +2930,7 @@ def validate_arguments(args) -> None:
     at_least = {"num_shards": 1, "part_rows": 1, "max_tokens": 1, "sanity_pages": 1,
                 "max_samples": 0, "shard_index": 0, "concurrency": 1, "max_retries": 0,
                 "max_restarts": 0, "min_window": 1, "max_window": 1, "api_server_count": 1,
-                "batch_size": 1, "skip_text_pages": 1, "pdf_workers": 1}
+                "batch_size": 1, "skip_text_pages": 1, "pdf_workers": 1, "loop_retries": 0}
     for name, low in at_least.items():
         value = getattr(args, name, None)
         if value is not None and value < low:
@@ -2926,7 +2993,7 @@ def observe_recovered(plan: RowPlan, check: DegenerateCheck) -> None:
     """Rows a killed run journaled before its degenerate check had spoken: judged first."""
     for result in plan.recovered.values():
         if result.error is None and result.skipped is None:
-            check.observe(result.text)
+            check.observe(result)
 
 
 class Interrupts:
@@ -3205,7 +3272,8 @@ def data_url(page: PreparedPage) -> str:
 
 
 def generate_batch(llm, sampling, items: list, args) -> list[RowResult]:
-    """Results for [(index, page)]; a batch that raises is split until the bad row is alone."""
+    """Results for [(index, page)]; a batch that raises is split until the bad row is alone.
+    `sampling`: one SamplingParams for every page, or a list of one per page."""
     try:
         outputs = llm.chat([build_messages(data_url(page), args) for _, page in items], sampling,
                            use_tqdm=False, **CHAT_KWARGS)
@@ -3215,15 +3283,17 @@ def generate_batch(llm, sampling, items: list, args) -> list[RowResult]:
         if len(items) == 1:
             return [exception_row(exc, PAGE, "generation failed: ")]
         half = len(items) // 2
-        return generate_batch(llm, sampling, items[:half], args) + \
-            generate_batch(llm, sampling, items[half:], args)
+        first, rest = (sampling[:half], sampling[half:]) if isinstance(sampling, list) \
+            else (sampling, sampling)
+        return generate_batch(llm, first, items[:half], args) + \
+            generate_batch(llm, rest, items[half:], args)
     results = []
     for output in outputs:
         try:
             completion = output.outputs[0]
             results.append(RowResult(text=completion.text, finish_reason=completion.finish_reason,
                                      prompt_tokens=len(output.prompt_token_ids or []),
-                                     completion_tokens=len(completion.token_ids)))
+                                     completion_tokens=len(completion.token_ids), attempts=1))
         except Exception as exc:  # an output without a completion: this row's error
             results.append(exception_row(exc, PAGE, "unreadable output: "))
     return results
@@ -3238,8 +3308,21 @@ def prepare_or_error(cell):
         return exception_row(exc, PAGE)
 
 
+def retry_loops(llm, loop_sampling, items: list, results: dict, args) -> None:
+    """The batch's looping pages again, in one generate call per retry round, each with the
+    seed of its row (loop_sampling(seed) is a SamplingParams at LOOP_TEMPERATURE)."""
+    for attempt in range(1, args.loop_retries + 1):
+        looping = [(index, page) for index, page in items if results[index].error is None
+                   and loops(results[index].text, results[index].finish_reason)]
+        if not looping:
+            return
+        sampling = [loop_sampling(loop_seed(index, attempt)) for index, _ in looping]
+        for (index, _), retry in zip(looping, generate_batch(llm, sampling, looping, args)):
+            results[index] = kept_attempt(results[index], retry)
+
+
 def run_offline(source: InputSource, pending: list[int], writer: PartWriter, stats: RunStats,
-                args, check: DegenerateCheck, llm, sampling) -> None:
+                args, check: DegenerateCheck, llm, sampling, loop_sampling) -> None:
     """Fixed batches; the next batch's pages are prepared while the engine runs this one."""
     from tqdm import tqdm
 
@@ -3280,11 +3363,13 @@ def run_offline(source: InputSource, pending: list[int], writer: PartWriter, sta
                 for (index, page), result in zip(valid, generate_batch(llm, sampling, valid, args)):
                     result.text_layer = page.text_layer
                     results[index] = result
+                retry_loops(llm, loop_sampling, valid, results, args)
             latency = time.monotonic() - started
             for index, _ in prepared:
+                stats.count_loops(results[index])
                 result = postprocessed(results[index], args)
-                if result.error is None:
-                    check.observe(result.text)
+                if result.error is None and result.skipped is None:
+                    check.observe(result)
                 writer.add(index, result)
                 if check.passed() and not writer.checked:
                     writer.check_passed()
@@ -3315,7 +3400,7 @@ def info_entry_for(args, llm_kwargs) -> dict:
         "image": JOB_IMAGE,
         "llm_kwargs": redact_value(llm_kwargs),
         "column": args.output_column,
-        "settings": inference_settings(args),
+        "settings": run_settings(args),
         "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
 
@@ -3352,8 +3437,13 @@ def offline_run(args, argv: list[str], hub_api, llm_kwargs: dict) -> int:
         llm = vllm.LLM(model=args.model, **llm_kwargs)
         run.stats.server_startup_s = round(time.monotonic() - started, 2)
         sampling = vllm.SamplingParams(**sampling_kwargs(args))
+
+        def loop_sampling(seed: int):
+            return vllm.SamplingParams(**{**sampling_kwargs(args),
+                                          "temperature": LOOP_TEMPERATURE, "seed": seed})
+
         run_offline(run.source, run.plan.send, run.writer, run.stats, args, run.check, llm,
-                    sampling)
+                    sampling, loop_sampling)
 
     return run_guarded(run, work, lambda force: None, argv)
 # ==== END OFFLINE HELPERS ====

@@ -43,6 +43,13 @@ def page_text(image_bytes: bytes, decode: bool) -> tuple[str | None, str | None]
     return f"# Page {w}x{h}\n\nmean colour {r},{g},{b}; digest {digest}.", None
 
 
+def loop_text(text: str, seed) -> str:
+    """A page's answer fallen into a repetition loop (cut at max_tokens): the greedy loop runs
+    40 lines, a seeded one 20 to 34 (so the retry's is the shorter)."""
+    lines = 40 if seed is None else 20 + int(seed) % 15
+    return text + "\n" + "the same line again\n" * lines
+
+
 def elide_images(messages):
     """The messages as sent, each image's data URL cut to its header (the log stays small)."""
     out = json.loads(json.dumps(messages))
@@ -224,6 +231,9 @@ def make_handler(stub: Stub):
             elif opts.answer_file:  # a model's own output shape (grounding markers, blocks)
                 text = open(opts.answer_file, encoding="utf-8").read()
             max_tokens = int(request.get("max_tokens") or 16)
+            finish = "stop"
+            if opts.loop_below is not None and float(request.get("temperature") or 0) < opts.loop_below:
+                text, finish = loop_text(text, request.get("seed")), "length"
             if opts.malformed_every and n % opts.malformed_every == 0:
                 self.reply(200, {"id": f"stub-{n}", "choices": [{"message": text}]})
                 return
@@ -238,7 +248,7 @@ def make_handler(stub: Stub):
                 return
             self.reply(200, {
                 "id": f"stub-{n}", "object": "chat.completion", "model": opts.model,
-                "choices": [{"index": 0, "finish_reason": "stop",
+                "choices": [{"index": 0, "finish_reason": finish,
                              "message": {"role": "assistant", "content": text}}],
                 "usage": {"prompt_tokens": 100, "completion_tokens": min(max_tokens, len(text) // 4),
                           "total_tokens": 100 + len(text) // 4},
@@ -275,6 +285,9 @@ def parse(argv=None):
                    help="the status --fail-every answers with (default: 503; 429: rate limited)")
     p.add_argument("--answer-file", help="answer every page with this file's text")
     p.add_argument("--degenerate", action="store_true", help="answer every page with 'aaaa...'")
+    p.add_argument("--loop-below", type=float,
+                   help="a request at a temperature below this answers a repetition loop cut at "
+                        "max_tokens (finish_reason length): 0.25 loops greedy pages only, 9 always")
     p.add_argument("--no-decode", action="store_true", help="do not decode images (cheap)")
     p.add_argument("--refuse-after", type=int, help="answer --refuse-status to request N+1 on")
     p.add_argument("--refuse-status", type=int, default=401)

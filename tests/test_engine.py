@@ -394,3 +394,82 @@ def test_pdf_pages_reach_the_real_engine_alike_offline_and_served(engine, tmp_pa
     FIGURES.append(f"PDF pages, ovis-ocr2.py vs ovis-ocr2-server.py: {same}/4 byte-identical, "
                    f"prompt tokens {served['markdown_prompt_tokens'][:4]}")
     assert same >= 3
+
+
+LOOP_RETRY_TEXTS: dict[str, list] = {}  # the server test's kept texts, for the offline test
+
+
+def test_looping_pages_are_retried_on_the_real_engine_with_a_seed_that_reproduces(engine,
+                                                                                    tmp_path):
+    """The looping checkpoint on a real `vllm serve`: greedy, every page loops; the retry at
+    LOOP_TEMPERATURE with the row's seed reaches the engine (a rerun with --restart gives the
+    same text), and the kept text does not loop or is no longer than the greedy loop."""
+    script = "ovis-ocr2-server.py"
+    module = load_script(script)
+    model = tiny_model("qwen3_5_flat")
+    cells = [page_image(400 + i, size=(448, 448), fmt="JPEG") for i in range(3)]
+    source = write_parquet_dataset(tmp_path / "in", cells)
+    server = RunningServer(model, free_port(), list(module.SERVE_ARGS), tmp_path / "vllm-serve.log")
+
+    def run(out: str, *extra: str):
+        done = run_driver(script, str(source), str(tmp_path / out), "--model", str(model),
+                          "--server", server.url, "--max-tokens", "48", "--no-sanity-check",
+                          "--stats-json", str(tmp_path / f"{out}.json"), *extra)
+        assert done.returncode == 0, done.stderr[-4000:]
+        return load_output(tmp_path / out), json.loads((tmp_path / f"{out}.json").read_text())
+
+    try:
+        server.wait()
+        greedy, greedy_stats = run("greedy", "--loop-retries", "0")
+        retried, stats = run("retried")
+        again, _ = run("retried", "--restart")
+    finally:
+        server.stop()
+    looping = [i for i in range(3) if module.loops(greedy["markdown"][i],
+                                                   greedy["markdown_finish_reason"][i])]
+    assert looping, "the looping checkpoint must loop greedily"
+    assert greedy["markdown_attempts"] == [1, 1, 1]
+    assert greedy_stats["pages_still_looping"] == len(looping)
+    assert [i for i in range(3) if retried["markdown_attempts"][i] == 2] == looping
+    assert stats["pages_loop_retried"] == len(looping)
+    for i in looping:
+        text, finish = retried["markdown"][i], retried["markdown_finish_reason"][i]
+        assert not module.loops(text, finish) or len(text) <= len(greedy["markdown"][i]), text
+    assert again["markdown"] == retried["markdown"], "the seed makes a rerun repeat the retry"
+    LOOP_RETRY_TEXTS[script] = retried["markdown"]
+    changed = sum(retried["markdown"][i] != greedy["markdown"][i] for i in looping)
+    assert changed, "a retry at a temperature above 0 must be able to change the text"
+    FIGURES.append(f"loop retries on the real engine ({script}, qwen3_5_flat, 48 tokens): "
+                   f"{len(looping)}/3 pages looped greedily, {stats['pages_loop_retried']} "
+                   f"retried, {changed} kept a different answer, "
+                   f"{stats['pages_still_looping']} still loop; rerun identical")
+
+
+def test_looping_pages_are_retried_by_real_vllm_llm_with_per_row_seeds(engine, tmp_path):
+    """The offline path: the looping pages of a batch go to LLM.chat again in one call with a
+    list of SamplingParams, each with its row's seed. One engine start: the seeds are shown to
+    reach the engine by the server test's retries (same pages, same seeds) coming out the same."""
+    script = "ovis-ocr2.py"
+    model = tiny_model("qwen3_5_flat")
+    cells = [page_image(400 + i, size=(448, 448), fmt="JPEG") for i in range(3)]
+    source = write_parquet_dataset(tmp_path / "in", cells)
+
+    def run(*extra: str):
+        done = run_driver(script, str(source), str(tmp_path / "out"), "--model", str(model),
+                          "--llm-kwargs", OFFLINE_CASES[script]["llm_kwargs"], "--max-tokens",
+                          "48", "--no-sanity-check", "--batch-size", "4",
+                          "--stats-json", str(tmp_path / "stats.json"), *extra,
+                          python=str(engine_env.python()))
+        assert done.returncode == 0, done.stderr[-4000:]
+        return load_output(tmp_path / "out"), json.loads((tmp_path / "stats.json").read_text())
+
+    first, stats = run()
+    assert first["markdown_attempts"] == [2, 2, 2], "every greedy page of this checkpoint loops"
+    assert stats["pages_loop_retried"] == 3
+    server = LOOP_RETRY_TEXTS.get("ovis-ocr2-server.py")
+    if server is not None:
+        assert first["markdown"] == server, "the same seeds give the same retries"
+    FIGURES.append(f"loop retries offline ({script}, qwen3_5_flat, 48 tokens): "
+                   f"{stats['pages_loop_retried']}/3 retried, {stats['pages_still_looping']} "
+                   f"still loop; " + ("same texts as the server's retries" if server is not None
+                                      else "(the server test did not run)"))

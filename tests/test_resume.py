@@ -26,6 +26,7 @@ def common(stub, *extra):
     (["--shuffle", "--seed", "1", "--max-samples", "5"], ["--shuffle", "--seed", "2"], "--seed"),
     ([], ["--output-column", "text"], "--output-column"),
     ([], ["--max-tokens", "900"], "max_tokens"),
+    ([], ["--loop-retries", "2"], "loop_retries"),
     (["--max-samples", "6"], ["--max-samples", "4"], "--max-samples"),
 ])
 def test_a_rerun_that_is_another_run_is_refused_before_any_work(tmp_path, stub_server, first,

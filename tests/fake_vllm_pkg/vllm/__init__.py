@@ -20,7 +20,7 @@ from types import SimpleNamespace
 
 __version__ = "fake-0"
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/: the stub's page_text
-from stub_server import page_text  # noqa: E402
+from stub_server import loop_text, page_text  # noqa: E402
 
 
 def _record(call: str, **fields) -> None:
@@ -43,19 +43,28 @@ class LLM:
 
     def chat(self, messages, sampling_params=None, **kwargs):
         time.sleep(float(os.environ.get("FAKE_VLLM_BATCH_SECONDS") or 0))  # a batch's work
-        _record("chat", pages=len(messages), kwargs=kwargs)
+        per_page = sampling_params if isinstance(sampling_params, list) \
+            else [sampling_params] * len(messages)
+        assert len(per_page) == len(messages), "one SamplingParams per conversation"
+        _record("chat", pages=len(messages), kwargs=kwargs,
+                seeds=[p.kwargs.get("seed") if p else None for p in per_page])
         fail_on = os.environ.get("FAKE_VLLM_FAIL_ON")  # a page whose text this says raises
-        max_tokens = (sampling_params.kwargs.get("max_tokens") if sampling_params else None) or 16
+        loop_below = os.environ.get("FAKE_VLLM_LOOP_BELOW")  # as the stub's --loop-below
         outputs = []
-        for conversation in messages:
+        for conversation, params in zip(messages, per_page):
+            sampling = params.kwargs if params else {}
+            max_tokens = sampling.get("max_tokens") or 16
             url = next(part["image_url"]["url"] for message in conversation
                        for part in message["content"] if part.get("type") == "image_url")
             raw = base64.b64decode(re.match(r"data:image/[a-z]+;base64,(.*)$", url, re.S).group(1))
             text, error = page_text(raw, decode=True)
             if error or (fail_on and fail_on in text):
                 raise ValueError(error or "injected failure")
+            finish = "stop"
+            if loop_below and float(sampling.get("temperature") or 0) < float(loop_below):
+                text, finish = loop_text(text, sampling.get("seed")), "length"
             tokens = list(range(min(max_tokens, len(text) // 4)))
             outputs.append(SimpleNamespace(
                 prompt_token_ids=list(range(100)),
-                outputs=[SimpleNamespace(text=text, finish_reason="stop", token_ids=tokens)]))
+                outputs=[SimpleNamespace(text=text, finish_reason=finish, token_ids=tokens)]))
         return outputs

@@ -1,0 +1,236 @@
+"""Pages that loop (issue #17, item 4): a page whose answer falls into a repetition loop is sent
+again at LOOP_TEMPERATURE with a seed from its row; the attempt that does not loop is kept, else
+the shorter; `<column>_attempts` records it, the stats and the card count it.
+
+The stub's and the fake vllm's `--loop-below T` fault answers a loop cut at max_tokens to a
+request below temperature T (0.25: greedy pages loop and retries do not; 9: everything loops).
+The real engine's looping checkpoint is in test_engine.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import types
+
+import pytest
+
+from conftest import (ROOT, SERVER_SCRIPTS, expected_text, load_output, load_script, run_script,
+                      write_image_folder)
+
+OVIS = "ovis-ocr2-server.py"
+LOOP_LINE = "the same line again"
+ovis = load_script(OVIS)
+
+
+# ---- the pieces --------------------------------------------------------------------------------
+
+def test_what_counts_as_a_loop():
+    page = "# Title\n\nA normal page of text with several words, and a table.\n"
+    loop = page + "the same line again\n" * 20
+    assert ovis.loops(loop, "length") and ovis.loops(loop, "stop")  # degenerate either way
+    assert not ovis.loops("", "length") and not ovis.loops("  \n", "stop")  # blank: not a loop
+    assert not ovis.loops(page, "length")  # cut short, but no repeated tail
+    # a tail repeated 5 times over 100+ chars counts only when the budget ran out
+    short_loop = page * 8 + "| x | y |\n" * 10
+    assert not ovis.looks_degenerate(short_loop)
+    assert ovis.loops(short_loop, "length") and not ovis.loops(short_loop, "stop")
+    assert not ovis.loops(page * 8 + "| x | y |\n" * 4, "length")  # 4 repeats: a table, not a loop
+
+
+def test_the_seed_comes_from_the_row_and_the_attempt():
+    seeds = {ovis.loop_seed(row, attempt) for row in range(1000) for attempt in (1, 2)}
+    assert len(seeds) == 2000 and all(0 <= s < 2 ** 31 for s in seeds)
+    assert ovis.loop_seed(7, 1) == ovis.loop_seed(7, 1)
+
+
+def test_the_kept_attempt_is_the_one_that_does_not_loop_else_the_shorter():
+    R = ovis.RowResult
+    looping = lambda n: R(text="x\n" + "again and again\n" * n, finish_reason="length", attempts=1)  # noqa: E731
+    clean = R(text="a clean page", finish_reason="stop", attempts=1)
+    kept = ovis.kept_attempt(looping(30), clean)
+    assert kept.text == "a clean page" and kept.attempts == 2
+    assert ovis.kept_attempt(looping(30), looping(20)).text == looping(20).text
+    assert ovis.kept_attempt(looping(20), looping(30)).text == looping(20).text
+    failed = ovis.kept_attempt(looping(20), ovis.error_row("HTTP 500", ovis.SERVER))
+    assert failed.text == looping(20).text and failed.error is None and failed.attempts == 2
+    assert ovis.kept_attempt(kept, looping(5)).attempts == 3
+
+
+def test_a_retry_body_is_the_same_request_with_the_loop_temperature_and_seed():
+    args = types.SimpleNamespace(max_tokens=100, keep_image_tags=False)
+    page = ovis.PreparedPage(data=b"\x89PNG page bytes", mime="image/png", width=1, height=1,
+                             passthrough=True)
+    body = ovis.request_body(page, "m", args)
+    first = ovis.loop_retry_body(body, "m", args, 1234, None)
+    second = ovis.loop_retry_body(first, "m", args, 99, 1234)
+    original = json.loads(body)
+    for retry, seed in ((first, 1234), (second, 99)):
+        sent = json.loads(retry)
+        assert sent.pop("seed") == seed and sent.pop("temperature") == ovis.LOOP_TEMPERATURE
+        assert sent == {k: v for k, v in original.items() if k != "temperature"}
+
+
+# ---- server scripts against the stub ------------------------------------------------------------
+
+def served_name(script: str) -> str:
+    module = load_script(script)
+    return getattr(module, "SERVED_NAME", module.MODEL_ID)
+
+
+def loop_run(tmp_path, stub_server, script, stub_args, *extra, pages=6, out="out"):
+    stub = stub_server("--model", served_name(script), *stub_args)
+    paths = write_image_folder(tmp_path / "in", pages)
+    stats_path = tmp_path / f"{out}.stats.json"
+    run = run_script(script, str(tmp_path / "in"), str(tmp_path / out), "--server", stub.url,
+                     "--max-tokens", "1000", "--no-sanity-check", "--stats-json", str(stats_path),
+                     *extra)
+    stats = json.loads(stats_path.read_text()) if stats_path.exists() else None
+    return run, stub, paths, stats
+
+
+@pytest.mark.parametrize("script", SERVER_SCRIPTS)
+def test_a_looping_page_is_sent_again_and_the_clean_answer_kept(tmp_path, stub_server, script):
+    module = load_script(script)
+    run, stub, paths, stats = loop_run(tmp_path, stub_server, script, ["--loop-below", "0.25"])
+    assert run.returncode == 0, run.stderr[-3000:]
+    ds = load_output(tmp_path / "out")
+    assert ds["markdown_attempts"] == [2] * 6
+    assert set(ds["markdown_finish_reason"]) == {"stop"}
+    assert not any(LOOP_LINE in text for text in ds["markdown"]), ds["markdown"]
+    if script == OVIS:
+        assert ds["markdown"] == [expected_text(p.read_bytes()) for p in paths]
+    sent = sorted(stub.requests(), key=lambda r: r["n"])
+    assert len(sent) == 12
+    firsts = [r for r in sent if "seed" not in r]
+    retries = [r for r in sent if "seed" in r]
+    assert len(firsts) == 6 and all(r["temperature"] < module.LOOP_TEMPERATURE for r in firsts)
+    assert all(r["temperature"] == module.LOOP_TEMPERATURE for r in retries)
+    assert sorted(r["seed"] for r in retries) == sorted(module.loop_seed(i, 1) for i in range(6))
+    assert stats["pages_loop_retried"] == 6 and stats["pages_still_looping"] == 0
+    card = (tmp_path / "out" / "README.md").read_text()
+    assert "6 pages looped and were sent again at temperature 0.3" in card
+    assert "0 still loop" in card and "`markdown_attempts`" in card
+
+
+def test_a_page_that_loops_on_every_attempt_keeps_the_shorter(tmp_path, stub_server):
+    run, stub, paths, stats = loop_run(tmp_path, stub_server, OVIS, ["--loop-below", "9"])
+    assert run.returncode == 0, run.stderr[-3000:]
+    ds = load_output(tmp_path / "out")
+    assert ds["markdown_attempts"] == [2] * 6
+    assert set(ds["markdown_finish_reason"]) == {"length"}
+    # the stub's greedy loop is 40 lines, a seeded one 20 to 34: the retry is kept
+    for i, text in enumerate(ds["markdown"]):
+        assert text.count(LOOP_LINE) == 20 + ovis.loop_seed(i, 1) % 15, text
+    assert stats["pages_loop_retried"] == 6 and stats["pages_still_looping"] == 6
+    assert "6 still loop" in (tmp_path / "out" / "README.md").read_text()
+
+
+def test_loop_retries_0_sends_each_page_once(tmp_path, stub_server):
+    run, stub, paths, stats = loop_run(tmp_path, stub_server, OVIS, ["--loop-below", "9"],
+                                       "--loop-retries", "0")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert len(stub.requests()) == 6 and not any("seed" in r for r in stub.requests())
+    ds = load_output(tmp_path / "out")
+    assert ds["markdown_attempts"] == [1] * 6
+    assert all(text.count(LOOP_LINE) == 40 for text in ds["markdown"])
+    assert stats["pages_loop_retried"] == 0 and stats["pages_still_looping"] == 6
+    assert "not sent again (`--loop-retries 0`)" in (tmp_path / "out" / "README.md").read_text()
+
+
+def test_two_retries_stop_at_the_first_clean_answer_and_a_clean_page_is_sent_once(tmp_path,
+                                                                                  stub_server):
+    run, stub, paths, stats = loop_run(tmp_path, stub_server, OVIS, [], "--loop-retries", "2")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert len(stub.requests()) == 6
+    assert load_output(tmp_path / "out")["markdown_attempts"] == [1] * 6
+    assert stats["pages_loop_retried"] == 0 and stats["pages_still_looping"] == 0
+    run, stub, paths, stats = loop_run(tmp_path, stub_server, OVIS, ["--loop-below", "9"],
+                                       "--loop-retries", "2", out="out2")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert load_output(tmp_path / "out2")["markdown_attempts"] == [3] * 6
+    assert sorted(r["seed"] for r in stub.requests() if "seed" in r) == \
+        sorted(ovis.loop_seed(i, a) for i in range(6) for a in (1, 2))
+
+
+def test_a_rerun_sends_the_same_seeds_and_another_loop_retries_is_refused(tmp_path, stub_server):
+    run, stub, paths, _ = loop_run(tmp_path, stub_server, OVIS, ["--loop-below", "9"])
+    assert run.returncode == 0, run.stderr[-3000:]
+    first_seeds = {r["seed"] for r in stub.requests() if "seed" in r}
+    first_texts = load_output(tmp_path / "out")["markdown"]
+    base = [str(tmp_path / "in"), str(tmp_path / "out"), "--server", stub.url, "--max-tokens",
+            "1000", "--no-sanity-check"]
+    refused = run_script(OVIS, *base, "--loop-retries", "0")
+    assert refused.returncode == 2 and "loop_retries" in refused.stderr, refused.stderr
+    assert "--restart" in refused.stderr
+    sent = len(stub.requests())
+    again = run_script(OVIS, *base, "--restart")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert {r["seed"] for r in stub.requests()[sent:] if "seed" in r} == first_seeds
+    assert load_output(tmp_path / "out")["markdown"] == first_texts
+
+
+def test_a_resumed_output_keeps_the_attempts_column_on_every_row(tmp_path, stub_server):
+    run, stub, _, _ = loop_run(tmp_path, stub_server, OVIS, ["--loop-below", "0.25"],
+                               "--max-samples", "3", "--part-rows", "2", pages=7)
+    assert run.returncode == 0, run.stderr[-3000:]
+    run = run_script(OVIS, str(tmp_path / "in"), str(tmp_path / "out"), "--server", stub.url,
+                     "--max-tokens", "1000", "--no-sanity-check", "--part-rows", "2")
+    assert run.returncode == 0, run.stderr[-3000:]
+    ds = load_output(tmp_path / "out")
+    assert ds.num_rows == 7 and ds["markdown_attempts"] == [2] * 7
+
+
+@pytest.mark.parametrize("fault", [["--degenerate"], ["--loop-below", "0.25"]],
+                         ids=["retries-loop-too", "retries-clean"])
+def test_every_page_looping_still_trips_the_degenerate_check(tmp_path, stub_server, fault):
+    """Whether the retries loop too or not: an engine whose first pages all loop is suspect
+    (a broken engine's loop can become noise at a higher temperature)."""
+    stub = stub_server(*fault)
+    write_image_folder(tmp_path / "in", 4)
+    run = run_script(OVIS, str(tmp_path / "in"), str(tmp_path / "out"), "--server", stub.url,
+                     "--sanity-pages", "4", "--max-tokens", "1000")
+    assert run.returncode == 3, run.stderr[-3000:]
+    assert len(stub.requests()) == 8  # each page was given its second chance first
+    assert not list((tmp_path / "out" / "data").glob("*.parquet"))
+
+
+def test_the_degenerate_check_counts_a_retried_page_and_spares_a_clean_one():
+    R = ovis.RowResult
+    check = ovis.DegenerateCheck(True, 3, 10)
+    for _ in range(3):
+        check.observe(R(text="a clean page of text", attempts=1))
+    assert check.passed()
+    check = ovis.DegenerateCheck(True, 3, 10)
+    with pytest.raises(ovis.RunAborted):
+        for _ in range(3):
+            check.observe(R(text="a clean page of text", attempts=2))
+
+
+# ---- offline scripts with the fake vllm package -------------------------------------------------
+
+@pytest.mark.parametrize("script", ["ovis-ocr2.py", "lighton-ocr3.py"])
+def test_offline_looping_pages_are_regenerated_with_a_seed_each(tmp_path, script):
+    module = load_script(script)
+    paths = write_image_folder(tmp_path / "in", 5)
+    calls = tmp_path / "llm.jsonl"
+    env = {"PYTHONPATH": f"{ROOT / 'tests' / 'fake_vllm_pkg'}{os.pathsep}"
+                         f"{os.environ.get('PYTHONPATH', '')}",
+           "FAKE_VLLM_CALLS": str(calls), "FAKE_VLLM_LOOP_BELOW": "0.25"}
+    run = run_script(script, str(tmp_path / "in"), str(tmp_path / "out"), "--batch-size", "4",
+                     "--max-tokens", "1000", "--no-sanity-check", "--stats-json", str(tmp_path / "stats.json"),
+                     env=env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    ds = load_output(tmp_path / "out")
+    assert ds["markdown_attempts"] == [2] * 5
+    assert not any(LOOP_LINE in text for text in ds["markdown"])
+    if script == "ovis-ocr2.py":
+        assert ds["markdown"] == [expected_text(p.read_bytes()) for p in paths]
+    chats = [json.loads(line) for line in calls.read_text().splitlines()]
+    chats = [c for c in chats if c["call"] == "chat"]
+    # a batch, then its looping pages in one more call, each with its own row's seed
+    assert [c["pages"] for c in chats] == [4, 4, 1, 1]
+    assert chats[1]["seeds"] == [module.loop_seed(i, 1) for i in range(4)]
+    assert chats[3]["seeds"] == [module.loop_seed(4, 1)]
+    stats = json.loads((tmp_path / "stats.json").read_text())
+    assert stats["pages_loop_retried"] == 5 and stats["pages_still_looping"] == 0
