@@ -357,6 +357,7 @@ METADATA_NAMES = ("metadata.csv", "metadata.jsonl", "metadata.parquet")  # as im
 ODD_NAMES_MAX_BYTES = 1 << 30  # images whose names are not UTF-8 are held in memory: a bound
 _PATH_BASE: list = []  # INPUT's folder, where relative path strings in the image column point
 _TEXT_LAYER_COLUMNS: list = []  # "text_layer", "skipped": the PDF text columns this run writes
+_WARNED: set = set()  # warnings said once per run
 
 
 def shown_path(path) -> str:
@@ -1109,6 +1110,7 @@ def count_pdf_pages(ds, column: str, args) -> PdfPages:
         if isinstance(data, str):
             paths[row] = data
         pages: list[int] = []
+        total = 0
         if data is None:
             if column != "pdf" or "image" not in ds.column_names:  # else: an image of the folder
                 errors[row] = "missing PDF (empty cell)"
@@ -1134,7 +1136,7 @@ def count_pdf_pages(ds, column: str, args) -> PdfPages:
         for page in pages or [0]:
             doc.append(row)
             number.append(page)
-            count.append(total if pages else 0)
+            count.append(total)
     if errors:
         log(f"{len(errors)} PDF(s) cannot be rendered (e.g. row {min(errors)}: "
             f"{errors[min(errors)]}): each becomes an error row")
@@ -1400,11 +1402,21 @@ def loop_seed(index: int, attempt: int) -> int:
 
 
 def kept_attempt(kept: "RowResult", retry: "RowResult") -> "RowResult":
-    """Of a looping answer and its retry: the retry when it does not loop or is shorter; a
-    retry that failed leaves the looping answer (still text, better than an error)."""
+    """Of a looping answer and its retry: the retry when it does not loop or is shorter. A
+    retry the server or transport failed makes the row that error (a rerun redoes it); one
+    refused as a request (a 400: a seed the server does not take, say) leaves the looping
+    answer, and says so once."""
+    if retry.error is not None:
+        if retry.error_kind == SERVER:
+            return error_row(f"the answer looped, and sending it again failed: {retry.error}",
+                             SERVER)
+        if "loop retry refused" not in _WARNED:
+            _WARNED.add("loop retry refused")
+            log(f"warning: a looping page's retry was refused ({retry.error[:300]}); its "
+                f"looping answer is kept (pages_still_looping counts them)")
+        return kept
     attempts = (kept.attempts or 1) + 1
-    if retry.error is None and (not loops(retry.text, retry.finish_reason)
-                                or len(retry.text) < len(kept.text)):
+    if not loops(retry.text, retry.finish_reason) or len(retry.text) < len(kept.text):
         kept = retry
     kept.attempts = attempts
     return kept
@@ -1423,6 +1435,7 @@ class DegenerateCheck:
         self.enabled = enabled and expected > 0
         self.pages = max(self.MIN_EVIDENCE, pages)
         self.seen: list[bool] = []
+        self.fixed_by_retry = 0
         self.tripped = False
         self.done = not self.enabled
 
@@ -1432,7 +1445,9 @@ class DegenerateCheck:
     def observe(self, result: "RowResult") -> None:
         if self.done:
             return
-        self.seen.append((result.attempts or 1) > 1 or looks_degenerate(result.text))
+        retried = (result.attempts or 1) > 1
+        self.fixed_by_retry += retried and not looks_degenerate(result.text)
+        self.seen.append(retried or looks_degenerate(result.text))
         if len(self.seen) >= self.pages:
             self.finish()
 
@@ -1443,9 +1458,11 @@ class DegenerateCheck:
         self.done = True
         if len(self.seen) >= self.MIN_EVIDENCE and all(self.seen):
             self.tripped = True
+            fixed = f" ({self.fixed_by_retry} of them only at the first try: their retry at " \
+                f"temperature {LOOP_TEMPERATURE} came back as text)" if self.fixed_by_retry else ""
             raise RunAborted(
                 f"the first {len(self.seen)} pages all came back degenerate (empty, one "
-                f"character repeated, or a repetition loop). That is what a wrong model / engine "
+                f"character repeated, or a repetition loop){fixed}. That is what a wrong model / engine "
                 f"pair looks like: this script was validated with {MODEL_ID} on "
                 f"{JOB_IMAGE}. Check --model and the image; pass "
                 f"--no-sanity-check to write such output anyway.", code=EXIT_DEGENERATE)
@@ -1480,10 +1497,13 @@ def joined_pages(pages: list[tuple[int, RowResult]]) -> RowResult:
     each after a line that says which page follows; each failed page named in the error."""
     if len(pages) == 1 and not pages[0][0]:
         return pages[0][1]  # an image, or a document whose pages could not be counted
-    marked = lambda values: "\n\n".join(f"<!-- page {n} -->\n\n{v}" for n, v in values  # noqa: E731
-                                       if v is not None) or None
+    marked = lambda values: "\n\n".join(  # noqa: E731
+        f"<!-- page {n} -->" + (f"\n\n{v}" if v else "") for n, v in values if v is not None) or None
     ok = [(n, r) for n, r in pages if r.error is None]
     errors = [(n, r) for n, r in pages if r.error is not None]
+    # every page has its line; a page not sent has its text layer, a failed page nothing
+    texts = [(n, r.text if r.skipped is None else r.text_layer) if r.error is None else (n, "")
+             for n, r in pages]
     counts = lambda name: sum(getattr(r, name) or 0 for _, r in ok) or None  # noqa: E731
     extras = {}
     for suffix, kind in EXTRA_COLUMNS.items():
@@ -1492,7 +1512,7 @@ def joined_pages(pages: list[tuple[int, RowResult]]) -> RowResult:
             marked(values)
     skipped = [n for n, r in pages if r.skipped]
     return RowResult(
-        text=marked((n, r.text) for n, r in ok),
+        text=marked(texts) if any(t for _, t in texts) else None,
         error="; ".join(f"page {n}: {r.error}" for n, r in errors) or None,
         error_kind=None if not errors else SERVER if any(r.error_kind == SERVER for _, r in errors)
         else PAGE,
@@ -1501,8 +1521,8 @@ def joined_pages(pages: list[tuple[int, RowResult]]) -> RowResult:
         prompt_tokens=counts("prompt_tokens"), completion_tokens=counts("completion_tokens"),
         attempts=max((r.attempts for _, r in ok if r.attempts is not None), default=None),
         extras=extras, text_layer=marked((n, r.text_layer) for n, r in pages),
-        skipped=f"pages {', '.join(map(str, skipped))} not sent: their text layer was enough"
-        if skipped else None)
+        skipped=f"pages {', '.join(map(str, skipped))} not sent: their text layer (in the text "
+        f"too) was enough" if skipped else None)
 
 
 class TextLayerEnough(Exception):
@@ -1859,8 +1879,9 @@ def plan_rows(source: InputSource, store: "OutputStore", args) -> RowPlan:
     skipped = source.hi - source.lo - len(pending) - len(recovered)
     if not per_document:
         return RowPlan(pending, recovered, redo, skipped, earlier_ok, pending)
-    pages = {i: r for i, r in pages.items() if int(source.pdf.doc[i]) in pending
-             and r.error_kind != SERVER}
+    pending_docs = set(pending)
+    pages = {i: r for i, r in pages.items() if int(source.pdf.doc[i]) in pending_docs
+             and (r.error is None or r.error_kind == PAGE and not args.retry_errors)}
     send = [i for doc in pending for i in source.pdf.rows_of(doc) if i not in pages]
     return RowPlan(pending, recovered, redo, skipped, earlier_ok, send, pages)
 
@@ -2227,7 +2248,8 @@ class PartWriter:
             del self.open_documents[doc]
             result = joined_pages([(int(pdf.number[i]), pages[i]) for i in sorted(pages)])
             self.store.journal.append(doc, result)
-            self.store.journal.written([-1 - i for i in pages])
+            if result.error is None:  # else its pages stay: a rerun redoes only the failed ones
+                self.store.journal.written([-1 - i for i in pages])
             index = doc
         else:
             self.store.journal.append(index, result)
@@ -2275,7 +2297,7 @@ class PartWriter:
         ok = sum(r.error is None for r in results)
         self.rows_ok += ok
         self.rows_failed += len(results) - ok
-        self.rows_text_layer += sum(r.skipped is not None and r.text is None for r in results)
+        self.rows_text_layer += sum(r.skipped is not None and r.attempts == 0 for r in results)
         self.store.journal.written(indices)
 
     def _write(self, chunk: list[int]) -> None:
@@ -2769,8 +2791,6 @@ def pdf_card_rows(source: InputSource, column: str) -> str:
             rows.append("| `page_number` | the page of its PDF, from 1; null for an image or a "
                         "PDF that cannot be opened |")
         rows.append("| `page_count` | the pages of its PDF |")
-        if source.pdf.per_document:
-            rows.append(f"| `{column}` | the PDF's pages, each after a line `<!-- page N -->` |")
     if "text_layer" in _TEXT_LAYER_COLUMNS:
         rows.append(f"| `{column}_text_layer` | the text embedded in the PDF page |")
     if "skipped" in _TEXT_LAYER_COLUMNS:
@@ -2812,7 +2832,7 @@ Weights: `{args.model}` at revision `{info_entry.get("model_revision") or "unkno
 
 | column | meaning |
 | --- | --- |
-| `{column}` | the page as Markdown; null when the row failed |
+| `{column}` | {"the PDF's pages as Markdown, each after a line `<!-- page N -->`" if source.pdf is not None and source.pdf.per_document else "the page as Markdown"}; null when the row failed |
 | `{column}_error` | why the row failed; null on success |
 | `{column}_error_kind` | `page` (the page caused it: final) or `server` (a rerun retries it) |
 | `{column}_finish_reason` | `stop`, or `length` when the token budget ran out |
@@ -3002,6 +3022,9 @@ def validate_arguments(args) -> None:
         value = getattr(args, name, None)
         if value is not None and not value > 0:
             problems.append(f"--{name.replace('_', '-')} must be above 0, got {value}")
+    if args.loop_retries > 5:
+        problems.append(f"--loop-retries must be at most 5, got {args.loop_retries} (a page that "
+                        f"still loops after that will loop again)")
     if args.pdf_dpi is not None and not PDF_MIN_DPI <= args.pdf_dpi <= PDF_MAX_DPI:
         problems.append(f"--pdf-dpi must be {PDF_MIN_DPI} to {PDF_MAX_DPI}, got {args.pdf_dpi:g}")
     try:  # one spelling per selection, so that "1-" and "1-3,2-" are the same run as none
@@ -3185,7 +3208,9 @@ def finish_run(code: int, run: Run, interrupts: Interrupts, stop_engine, argv: l
             writer.flush(final=True)
             store.journal.close()
             if code:
-                log(f"saved: {writer.rows_ok + writer.rows_failed} finished rows are in "
+                pages = sum(map(len, writer.open_documents.values()))
+                pages = f" (and {pages} pages of unfinished documents)" if pages else ""
+                log(f"saved: {writer.rows_ok + writer.rows_failed} finished rows{pages} are in "
                     f"{store.location()}; rerun the same command to resume")
     finally:
         interrupts.saved = True

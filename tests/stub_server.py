@@ -202,6 +202,9 @@ def make_handler(stub: Stub):
                 time.sleep(opts.hang_seconds)
             image_bytes = base64.b64decode(image_b64)
             text, error = page_text(image_bytes, not opts.no_decode)
+            if opts.fail_seeded and request.get("seed") is not None:
+                self.reply(500, {"error": "injected: a request with a seed fails"})
+                return
             if opts.reject_digest and hashlib.sha1(image_bytes).hexdigest()[:12] in opts.reject_digest:
                 self.reply(400, {"error": "injected: this page is refused"})
                 return
@@ -274,6 +277,8 @@ def parse(argv=None):
     p.add_argument("--start-when", help="bind the port only once this file exists (a booting server)")
     p.add_argument("--reject-digest", action="append", default=[],
                    help="answer 400 to pages whose sha1 starts so")
+    p.add_argument("--fail-seeded", action="store_true",
+                   help="answer 500 to every request that carries a seed (a loop retry)")
     p.add_argument("--reject-smaller-than", type=int, default=0,
                    help="answer 400 to pages narrower than N pixels (needs decoding)")
     p.add_argument("--capacity", type=int, default=0,

@@ -53,7 +53,10 @@ def test_the_kept_attempt_is_the_one_that_does_not_loop_else_the_shorter():
     assert ovis.kept_attempt(looping(30), looping(20)).text == looping(20).text
     assert ovis.kept_attempt(looping(20), looping(30)).text == looping(20).text
     failed = ovis.kept_attempt(looping(20), ovis.error_row("HTTP 500", ovis.SERVER))
-    assert failed.text == looping(20).text and failed.error is None and failed.attempts == 2
+    assert failed.text is None and failed.error_kind == "server"  # a rerun redoes the page
+    assert "looped, and sending it again failed: HTTP 500" in failed.error
+    refused = ovis.kept_attempt(looping(20), ovis.error_row("HTTP 400: seed", ovis.PAGE))
+    assert refused.text == looping(20).text and refused.error is None and refused.attempts == 1
     assert ovis.kept_attempt(kept, looping(5)).attempts == 3
 
 
@@ -192,6 +195,8 @@ def test_every_page_looping_still_trips_the_degenerate_check(tmp_path, stub_serv
                      "--sanity-pages", "4", "--max-tokens", "1000")
     assert run.returncode == 3, run.stderr[-3000:]
     assert len(stub.requests()) == 8  # each page was given its second chance first
+    fixed = "4 of them only at the first try: their retry at temperature 0.3 came back as text"
+    assert (fixed in run.stderr) == (fault == ["--loop-below", "0.25"]), run.stderr
     assert not list((tmp_path / "out" / "data").glob("*.parquet"))
 
 
@@ -234,3 +239,28 @@ def test_offline_looping_pages_are_regenerated_with_a_seed_each(tmp_path, script
     assert chats[3]["seeds"] == [module.loop_seed(4, 1)]
     stats = json.loads((tmp_path / "stats.json").read_text())
     assert stats["pages_loop_retried"] == 5 and stats["pages_still_looping"] == 0
+
+
+def test_a_loop_retry_the_server_fails_is_an_error_row_the_rerun_redoes(tmp_path, stub_server):
+    """Never the loop kept as if it were the answer: the row names the failed retry, its kind
+    is the server's, and the rerun against a healthy server sends those pages again."""
+    failing = stub_server("--loop-below", "0.25", "--fail-seeded")
+    write_image_folder(tmp_path / "in", 4)
+    base = [str(tmp_path / "in"), str(tmp_path / "out"), "--max-tokens", "1000",
+            "--no-sanity-check", "--max-retries", "0"]
+    run = run_script(OVIS, *base, "--server", failing.url)
+    assert run.returncode in (0, 4), run.stderr[-3000:]
+    ds = load_output(tmp_path / "out")
+    assert all("looped, and sending it again failed" in e for e in ds["markdown_error"])
+    assert set(ds["markdown_error_kind"]) == {"server"} and ds["markdown"] == [None] * 4
+    failing.stop()
+    healthy = stub_server("--loop-below", "0.25")
+    run = run_script(OVIS, *base, "--server", healthy.url)
+    assert run.returncode == 0, run.stderr[-3000:]
+    ds = load_output(tmp_path / "out")
+    assert ds["markdown_error"] == [None] * 4 and ds["markdown_attempts"] == [2] * 4
+
+
+def test_loop_retries_are_bounded(tmp_path, stub_server):
+    run = run_script(OVIS, str(tmp_path), str(tmp_path / "out"), "--loop-retries", "1000")
+    assert run.returncode == 2 and "--loop-retries must be at most 5" in run.stderr

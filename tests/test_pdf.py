@@ -333,7 +333,8 @@ def test_per_document_joins_pages_in_order_and_resumes_inside_a_document(tmp_pat
         assert close_to(answered(chunk.split("-->\n\n", 1)[1])[1], colour_of(n))
     assert ds["markdown_error"][0] is None
     b_text, b_error = ds["markdown"][1], ds["markdown_error"][1]
-    assert b_text.startswith("<!-- page 1 -->") and "page 2" not in b_text  # the good page kept
+    assert b_text.startswith("<!-- page 1 -->") and b_text.endswith("<!-- page 2 -->")  # kept,
+    # and the failed page's line without text
     assert b_error.startswith("page 2: ") and ds["markdown_error_kind"][1] == "page"
     assert "encrypted" in ds["markdown_error"][2] and ds["markdown"][2] is None
     assert answered(ds["markdown"][3])[0] == (640, 820)  # an image row is as before
@@ -412,3 +413,51 @@ def test_pdf_flags_that_would_only_fail_later_are_refused_up_front(tmp_path, stu
         assert run.returncode == 2 and "--pages" in run.stderr, (value, run.stderr)
     run = run_script(OVIS, str(table), str(tmp_path / "o5"), *common(stub, "--pdf-dpi", "50"))
     assert run.returncode == 2 and "--pdf-dpi" in run.stderr
+
+
+def test_per_document_rerun_redoes_only_the_failed_pages(tmp_path, stub_server):
+    """A document whose one page failed on the server's side is an error row; the rerun sends
+    that page alone (its good pages wait in the journal), not the whole document."""
+    source = tmp_path / "in"
+    source.mkdir()
+    (source / "a.pdf").write_bytes(make_pdf([Page(colour=colour_of(i)) for i in range(5)]))
+    out = tmp_path / "out"
+    failing = stub_server("--fail-first", "1")
+    args = [str(source), str(out), "--model", "ATH-MaaS/OvisOCR2", "--per-document",
+            "--max-retries", "0", "--concurrency", "1"]
+    run = run_script(OVIS, *args, "--server", failing.url)
+    assert run.returncode == 0, run.stderr
+    (row,) = load_output(out)
+    assert row["markdown_error"].startswith("page 1: ") and row["markdown_error_kind"] == "server"
+    failing.stop()
+    healthy = stub_server()
+    run = run_script(OVIS, *args, "--server", healthy.url)
+    assert run.returncode == 0, run.stderr
+    assert len(healthy.requests()) == 1  # page 1 only
+    (row,) = load_output(out)
+    assert row["markdown_error"] is None
+    assert re.findall(r"<!-- page (\d) -->", row["markdown"]) == ["1", "2", "3", "4", "5"]
+    assert not list((out / ".ocr" / "journal").rglob("*.jsonl"))
+
+
+def test_per_document_with_skipped_pages_reads_in_order(tmp_path, stub_server):
+    stub = stub_server()
+    source = tmp_path / "in"
+    source.mkdir()
+    words = "born-digital text " * 5
+    (source / "c.pdf").write_bytes(make_pdf([Page(text=words), Page(colour=colour_of(1)),
+                                             Page(text=words), Page(colour=colour_of(3))]))
+    (source / "d.pdf").write_bytes(make_pdf([Page(text=words)]))
+    out = tmp_path / "out"
+    run = run_script(OVIS, str(source), str(out), *common(stub, "--per-document",
+                                                          "--skip-text-pages", "20",
+                                                          "--stats-json", str(tmp_path / "s.json")))
+    assert run.returncode == 0, run.stderr
+    c, d = load_output(out)
+    assert re.findall(r"<!-- page (\d) -->", c["markdown"]) == ["1", "2", "3", "4"]
+    assert c["markdown"].split("<!-- page 2 -->")[0].strip().endswith(words.strip())
+    assert "pages 1, 3 not sent" in c["markdown_skipped"]
+    assert len(stub.requests()) == 2
+    stats = stats_of(tmp_path / "s.json")
+    assert stats["rows_ok"] == 1 and stats["rows_text_layer"] == 1  # d: its text layer only
+    assert d["markdown_attempts"] == 0
