@@ -51,6 +51,18 @@ def stats_of(path: Path) -> dict:
     return stats
 
 
+def kill_9_after_requests(args: list[str], stub, requests: int) -> None:
+    """Start the driver, and kill -9 it once the stub has seen this many requests."""
+    driver = subprocess.Popen([sys.executable, str(ROOT / OVIS), *args], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while len(stub.requests()) < requests:
+        assert time.monotonic() < deadline and driver.poll() is None, driver.stderr.read()
+        time.sleep(0.05)
+    driver.kill()
+    driver.wait()
+
+
 def no_traceback(run):
     assert "Traceback" not in run.stderr, run.stderr
 
@@ -227,14 +239,7 @@ def test_a_killed_run_resumes_at_the_page_inside_a_long_pdf(tmp_path, stub_serve
     (source / "long.pdf").write_bytes(make_pdf([Page(colour=colour_of(i)) for i in range(60)]))
     out = tmp_path / "out"
     args = [str(source), str(out), *common(stub, "--concurrency", "2")]
-    driver = subprocess.Popen([sys.executable, str(ROOT / OVIS), *args], stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
-    while len(stub.requests()) < 25:
-        assert time.monotonic() < deadline and driver.poll() is None, driver.stderr.read()
-        time.sleep(0.05)
-    driver.kill()
-    driver.wait()
+    kill_9_after_requests(args, stub, 25)
     sent_before = len(stub.requests())
     run = run_script(OVIS, *args)
     assert run.returncode == 0, run.stderr
@@ -310,14 +315,7 @@ def test_per_document_joins_pages_in_order_and_resumes_inside_a_document(tmp_pat
     (source / "d.png").write_bytes(page_image(4))
     out = tmp_path / "out"
     args = [str(source), str(out), *common(stub, "--per-document", "--concurrency", "2")]
-    driver = subprocess.Popen([sys.executable, str(ROOT / OVIS), *args], stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
-    while len(stub.requests()) < 15:
-        assert time.monotonic() < deadline and driver.poll() is None, driver.stderr.read()
-        time.sleep(0.05)
-    driver.kill()
-    driver.wait()
+    kill_9_after_requests(args, stub, 15)
     assert not list((out / "data").glob("*.parquet"))  # document a is not whole yet
     sent_before = len(stub.requests())
     run = run_script(OVIS, *args, "--stats-json", str(tmp_path / "s.json"))
