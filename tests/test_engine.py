@@ -19,12 +19,13 @@ from pathlib import Path
 import pytest
 
 from conftest import (ALL_SCRIPTS, ROOT, SERVER_SCRIPTS, free_port, load_output, load_script,
-                      page_image, write_parquet_dataset)
+                      page_image, record_figure, write_parquet_dataset)
 from engine import (RunningServer, engine_or_skip, run_driver, tiny_model, vllm_check,
                     vllm_serve_pids)
 import engine_env
 
-pytestmark = pytest.mark.engine
+# one xdist worker runs them all, in order, while the other runs the stub tests
+pytestmark = [pytest.mark.engine, pytest.mark.xdist_group("engine")]
 
 # Per script: the tiny checkpoint standing in for its model, and what must change on a CPU
 # (only the model path and, where needed, the context length; nothing else of SERVE_ARGS).
@@ -46,7 +47,10 @@ ENGINE_CASES = {
                                                  "HPD-Parsing", "--max-model-len", "16384",
                                                  "--limit-mm-per-prompt", '{"image": 1}',
                                                  "--enable-chunked-prefill",
-                                                 "--enable-prefix-caching"]},
+                                                 "--enable-prefix-caching",
+                                                 # not a flag of the script's: the stand-in
+                                                 # starts without graph compilation
+                                                 "--enforce-eager"]},
 }
 # Offline scripts: the server script of the same model (for parity) and --llm-kwargs on a CPU.
 OFFLINE_CASES = {
@@ -62,12 +66,25 @@ MAX_TOKENS = "24"
 EAGER_SERVE = ["--enforce-eager"]
 EAGER_DRIVER = ["--serve-args=--enforce-eager"]
 EAGER_LLM = json.dumps({"enforce_eager": True})
-FIGURES: list[str] = []  # printed at the end of the session (tests/conftest.py)
 
 
 @pytest.fixture(scope="session")
 def engine():
     return engine_or_skip()
+
+
+@pytest.fixture(scope="module")
+def looping_server(engine, tmp_path_factory):
+    """`vllm serve` of the looping checkpoint with OvisOCR2's serve flags, started once for the
+    tests that need an engine whose greedy pages loop (each start is half a minute here)."""
+    server = RunningServer(tiny_model("qwen3_5_flat"), free_port(),
+                           list(load_script("ovis-ocr2-server.py").SERVE_ARGS) + EAGER_SERVE,
+                           tmp_path_factory.mktemp("looping-serve") / "vllm-serve.log")
+    try:
+        server.wait()
+        yield server
+    finally:
+        server.stop()
 
 
 def engine_pages(folder: Path) -> Path:
@@ -229,7 +246,7 @@ def test_saturate_scripts_read_the_engines_gauges(engine, tmp_path_factory, scri
     assert stats["bound_by"] in {"engine", "preprocessing", "memory", "input"}
     if script.startswith("hpd-parsing"):
         assert stats["prefix_cache_hit_rate"] is not None  # from the real server's counters
-        FIGURES.append(f"{script}: prefix cache hit rate {stats['prefix_cache_hit_rate']:.1%} "
+        record_figure(f"{script}: prefix cache hit rate {stats['prefix_cache_hit_rate']:.1%} "
                        f"on the stand-in (the fork's figure is 43.9-52.9%)")
 
 
@@ -273,7 +290,7 @@ def test_offline_script_runs_batches_on_real_vllm_llm(engine, tmp_path_factory, 
     assert run.returncode == 0, run.stderr[-4000:]
     check_engine_output(load_output(out), script)  # the bad rows' batch-mates were answered
     assert stats["rows_ok"] in (6, 7) and stats["peak_in_flight"] <= 4
-    FIGURES.append(f"{script}: offline {stats['pages_per_s']:.2f} pages/s overall, "
+    record_figure(f"{script}: offline {stats['pages_per_s']:.2f} pages/s overall, "
                    f"{stats['pages_per_s_steady'] or 0:.2f} steady, engine start "
                    f"{stats['server_startup_s']:.0f} s (tiny model, {MAX_TOKENS} tokens/page)")
 
@@ -287,7 +304,7 @@ def test_offline_and_server_outputs_agree_at_temperature_0(engine, tmp_path_fact
     server = load_output(server_out)["markdown"]
     pairs = [(offline[i], server[i]) for i in GOOD_ROWS]
     identical = sum(a == b for a, b in pairs)
-    FIGURES.append(f"parity {script} vs {OFFLINE_CASES[script]['server']}: {identical}/{len(pairs)} "
+    record_figure(f"parity {script} vs {OFFLINE_CASES[script]['server']}: {identical}/{len(pairs)} "
                    f"byte-identical at temperature 0")
     assert identical >= len(pairs) - 1, pairs
 
@@ -314,17 +331,17 @@ def test_ocr_compare_agrees_with_the_parity_test(engine, tmp_path_factory, scrip
         assert figures["identical"] == identical
         assert figures["rows_excluded"] == ROWS - len(both)  # the bad rows fail on both sides
         assert figures["excluded"]["both_failed"] == ROWS - len(both)
-    FIGURES.append(f"ocr-compare.py {script} vs {OFFLINE_CASES[script]['server']}:")
-    FIGURES.extend("  " + line for line in run.stdout.splitlines())
+    record_figure("\n  ".join([f"ocr-compare.py {script} vs {OFFLINE_CASES[script]['server']}:",
+                                *run.stdout.splitlines()]))
 
 
-def test_degenerate_check_trips_on_a_real_degenerate_engine(engine, tmp_path):
+def test_degenerate_check_trips_on_a_real_degenerate_engine(looping_server, tmp_path):
     model = tiny_model("qwen3_5_flat")
     cells = [page_image(200 + i, size=(448, 448), fmt="JPEG") for i in range(4)]
     source = write_parquet_dataset(tmp_path / "in", cells)
     run = run_driver("ovis-ocr2-server.py", str(source), str(tmp_path / "out"), "--model",
-                     str(model), "--server", f"http://127.0.0.1:{free_port()}",
-                     "--max-tokens", "48", "--sanity-pages", "4", *EAGER_DRIVER)
+                     str(model), "--server", looping_server.url,
+                     "--max-tokens", "48", "--sanity-pages", "4")
     assert run.returncode == 3, run.stderr[-3000:]
     assert "degenerate" in run.stderr and "vllm/vllm-openai:" in run.stderr
     assert not list((tmp_path / "out" / "data").glob("*.parquet"))
@@ -332,12 +349,12 @@ def test_degenerate_check_trips_on_a_real_degenerate_engine(engine, tmp_path):
 
 def test_a_killed_vllm_serve_is_restarted_and_nothing_is_lost(engine, tmp_path):
     model = tiny_model("qwen3_5")
-    cells = [page_image(300 + i, size=(448, 448), fmt="JPEG") for i in range(16)]
+    cells = [page_image(300 + i, size=(448, 448), fmt="JPEG") for i in range(8)]
     source = write_parquet_dataset(tmp_path / "in", cells)
     port = free_port()
     process = subprocess.Popen(
         [sys.executable, str(ROOT / "ovis-ocr2-server.py"), str(source), str(tmp_path / "out"),
-         "--model", str(model), "--server", f"http://127.0.0.1:{port}", "--max-tokens", "200",
+         "--model", str(model), "--server", f"http://127.0.0.1:{port}", "--max-tokens", "120",
          "--concurrency", "1", "--part-rows", "2", "--no-sanity-check", *EAGER_DRIVER],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         env=engine_env.engine_environ())
@@ -358,7 +375,7 @@ def test_a_killed_vllm_serve_is_restarted_and_nothing_is_lost(engine, tmp_path):
     assert process.returncode == 0, stderr[-4000:]
     assert "restart 1/3" in stderr
     ds = load_output(tmp_path / "out")
-    assert ds["row_id"] == list(range(16))
+    assert ds["row_id"] == list(range(8))
     assert all(e is None for e in ds["markdown_error"]), ds["markdown_error"]
 
 
@@ -399,7 +416,7 @@ def test_pdf_pages_reach_the_real_engine_alike_offline_and_served(engine, tmp_pa
     offline, served = outputs["ovis-ocr2.py"], outputs["ovis-ocr2-server.py"]
     assert offline["markdown_prompt_tokens"] == served["markdown_prompt_tokens"]
     same = sum(a == b for a, b in zip(offline["markdown"][:4], served["markdown"][:4]))
-    FIGURES.append(f"PDF pages, ovis-ocr2.py vs ovis-ocr2-server.py: {same}/4 byte-identical, "
+    record_figure(f"PDF pages, ovis-ocr2.py vs ovis-ocr2-server.py: {same}/4 byte-identical, "
                    f"prompt tokens {served['markdown_prompt_tokens'][:4]}")
     assert same >= 3
 
@@ -407,7 +424,7 @@ def test_pdf_pages_reach_the_real_engine_alike_offline_and_served(engine, tmp_pa
 LOOP_RETRY_TEXTS: dict[str, list] = {}  # the server test's kept texts, for the offline test
 
 
-def test_looping_pages_are_retried_on_the_real_engine_with_a_seed_that_reproduces(engine,
+def test_looping_pages_are_retried_on_the_real_engine_with_a_seed_that_reproduces(looping_server,
                                                                                     tmp_path):
     """The looping checkpoint on a real `vllm serve`: greedy, every page loops; the retry at
     LOOP_TEMPERATURE with the row's seed reaches the engine (a rerun with --restart gives the
@@ -417,8 +434,7 @@ def test_looping_pages_are_retried_on_the_real_engine_with_a_seed_that_reproduce
     model = tiny_model("qwen3_5_flat")
     cells = [page_image(400 + i, size=(448, 448), fmt="JPEG") for i in range(3)]
     source = write_parquet_dataset(tmp_path / "in", cells)
-    server = RunningServer(model, free_port(), list(module.SERVE_ARGS) + EAGER_SERVE,
-                           tmp_path / "vllm-serve.log")
+    server = looping_server
 
     def run(out: str, *extra: str):
         done = run_driver(script, str(source), str(tmp_path / out), "--model", str(model),
@@ -427,13 +443,9 @@ def test_looping_pages_are_retried_on_the_real_engine_with_a_seed_that_reproduce
         assert done.returncode == 0, done.stderr[-4000:]
         return load_output(tmp_path / out), json.loads((tmp_path / f"{out}.json").read_text())
 
-    try:
-        server.wait()
-        greedy, greedy_stats = run("greedy", "--loop-retries", "0")
-        retried, stats = run("retried")
-        again, _ = run("retried", "--restart")
-    finally:
-        server.stop()
+    greedy, greedy_stats = run("greedy", "--loop-retries", "0")
+    retried, stats = run("retried")
+    again, _ = run("retried", "--restart")
     looping = [i for i in range(3) if module.loops(greedy["markdown"][i],
                                                    greedy["markdown_finish_reason"][i])]
     assert looping, "the looping checkpoint must loop greedily"
@@ -448,7 +460,7 @@ def test_looping_pages_are_retried_on_the_real_engine_with_a_seed_that_reproduce
     LOOP_RETRY_TEXTS[script] = retried["markdown"]
     changed = sum(retried["markdown"][i] != greedy["markdown"][i] for i in looping)
     assert changed, "a retry at a temperature above 0 must be able to change the text"
-    FIGURES.append(f"loop retries on the real engine ({script}, qwen3_5_flat, 48 tokens): "
+    record_figure(f"loop retries on the real engine ({script}, qwen3_5_flat, 48 tokens): "
                    f"{len(looping)}/3 pages looped greedily, {stats['pages_loop_retried']} "
                    f"retried, {changed} kept a different answer, "
                    f"{stats['pages_still_looping']} still loop; rerun identical")
@@ -478,7 +490,7 @@ def test_looping_pages_are_retried_by_real_vllm_llm_with_per_row_seeds(engine, t
     server = LOOP_RETRY_TEXTS.get("ovis-ocr2-server.py")
     if server is not None:
         assert first["markdown"] == server, "the same seeds give the same retries"
-    FIGURES.append(f"loop retries offline ({script}, qwen3_5_flat, 48 tokens): "
+    record_figure(f"loop retries offline ({script}, qwen3_5_flat, 48 tokens): "
                    f"{stats['pages_loop_retried']}/3 retried, {stats['pages_still_looping']} "
                    f"still loop; " + ("same texts as the server's retries" if server is not None
                                       else "(the server test did not run)"))
