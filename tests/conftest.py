@@ -23,6 +23,10 @@ ROOT = Path(__file__).resolve().parent.parent
 # user has one: outputs must load fresh through it (same folder names, resumed outputs).
 os.environ.setdefault("HF_DATASETS_CACHE", tempfile.mkdtemp(prefix="ocr-tests-datasets-"))
 TESTS = ROOT / "tests"
+# Figures the engine tests measure, printed at the end of the run. The xdist workers inherit
+# this file's path from the controller, which prints it.
+if "OCR_TEST_FIGURES" not in os.environ:
+    os.environ["OCR_TEST_FIGURES"] = tempfile.mkstemp(prefix="ocr-test-figures-", suffix=".txt")[1]
 # A top-level script that is a tool of the collection, not a model script (ocr-compare.py),
 # says so with this line; it has no models.json entry, no helper blocks, no engine case.
 TOOL_MARKER = re.compile(r'^SCRIPT_KIND = "tool"$', re.M)
@@ -221,12 +225,15 @@ class FakeHub:
         self.commits.append([op.path_in_repo for op in operations])
 
 
+def record_figure(line: str) -> None:
+    """A figure an engine test measured (throughput, parity), for the end of the run's log."""
+    with open(os.environ["OCR_TEST_FIGURES"], "a") as figures:
+        figures.write(line + "\n")
+
+
 def pytest_terminal_summary(terminalreporter):
-    """Figures the engine tests measured (throughput, parity), printed in every run's log."""
-    import sys as _sys
-    module = _sys.modules.get("test_engine")
-    figures = getattr(module, "FIGURES", []) if module else []
+    figures = Path(os.environ["OCR_TEST_FIGURES"]).read_text()
     if figures:
         terminalreporter.section("figures measured on the real engine")
-        for line in figures:
+        for line in figures.splitlines():
             terminalreporter.write_line(line)
