@@ -3375,6 +3375,7 @@ class ServerManager:
         self.max_model_len: int | None = None
         self.version: str | None = None
         self.revision: str | None = None  # the weights' sha, known only for a server started here
+        self.engines = 1  # data-parallel engines of a server started here
         self._lock = asyncio.Lock()
 
     # -- probes --
@@ -3571,7 +3572,9 @@ class ServerManager:
             count = self.args.api_server_count or default_api_server_count()
             if count > 1:
                 command += ["--api-server-count", str(count)]
-        return command + serve_args  # --logits-processors stays last
+        parallel = data_parallel_args(serve_args)
+        self.engines = int(parallel[1]) if parallel else 1
+        return command + parallel + serve_args  # --logits-processors stays last
 
     def spawn(self) -> None:
         """Start `vllm serve` under SERVER_WATCHDOG, in its own process group; the API key and
@@ -4073,6 +4076,8 @@ async def run_server_pipeline(source: InputSource, pending: list[int], writer: P
             await server.start(client, stats)
             writer.info_entry["vllm_version"] = server.version
             writer.info_entry["model_revision"] = server.revision
+            if not args.concurrency and server.engines > 1:  # a window for every engine
+                await window.resize(max(window.limit, PAGES_PER_ENGINE * server.engines))
             adapting = asyncio.create_task(controller.run(client, server)) if controller else None
             bar = tqdm(total=len(pending), unit="page", dynamic_ncols=True, smoothing=0.1,
                        mininterval=0.5 if sys.stderr.isatty() else 10.0)
@@ -4210,8 +4215,10 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--abort-after-seconds", type=float, default=60.0,
                        help="see --abort-after-failures (default: 60)")
     if SCRIPT_SHAPE != "saturate":
-        group.add_argument("--concurrency", type=int, default=32,
-                           help="pages in flight at once (default: 32, the seed's setting)")
+        group.add_argument("--concurrency", type=int, default=None,
+                           help=f"pages in flight at once (default: {PAGES_PER_ENGINE} per engine, "
+                                f"the seed's setting: {PAGES_PER_ENGINE} x N when this script "
+                                f"starts vLLM on N GPUs)")
         return
     group = parser.add_argument_group("saturation (the window adapts to keep the engine busy)")
     group.add_argument("--concurrency", type=int, default=None,
@@ -4270,12 +4277,40 @@ def usable_cpus(cgroup_root: str = "/sys/fs/cgroup") -> int:
     return max(1, count)
 
 
+PAGES_PER_ENGINE = 32  # the window per engine when --concurrency is not given: the seed's setting
+PARALLEL_FLAGS = ("--data-parallel-size", "--tensor-parallel-size", "--pipeline-parallel-size")
+
+
+def visible_gpus() -> int:
+    """GPUs this process may use: CUDA_VISIBLE_DEVICES when set, else `nvidia-smi -L`."""
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is not None:
+        return len([d for d in listed.split(",") if d.strip() not in ("", "-1")])
+    try:
+        listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True,
+                                 timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return sum(line.startswith("GPU ") for line in listing.splitlines())
+
+
+def data_parallel_args(serve_args: list[str]) -> list[str]:
+    """One engine per GPU (vLLM's data parallelism) on a machine with several, unless the serve
+    arguments already say how to use them: a multi-GPU flavor is paid for every GPU."""
+    given = any(serve_arg_value(serve_args, flag) for flag in PARALLEL_FLAGS) or \
+        any(arg.split("=")[0] in ("-dp", "-tp", "-pp") for arg in serve_args)
+    gpus = 0 if given else visible_gpus()
+    return ["--data-parallel-size", str(gpus)] if gpus > 1 else []
+
+
 def default_api_server_count() -> int:
     """One API server preprocesses images on one core. Where a model section measured more
     (API_SERVER_COUNT; LightOnOCR-3: 4 gave +9% to +16% on flavors of 12+ vCPUs), that many
     when this process may use API_SERVERS_MIN_CPUS CPUs; else 1: on small flavors host memory
     binds first, and extra servers only cost memory."""
     return API_SERVER_COUNT if usable_cpus() >= API_SERVERS_MIN_CPUS else 1
+
+
 def info_entry_for(args, server_args) -> dict:
     return {
         "model": args.model,
@@ -4326,8 +4361,8 @@ def server_run(args, argv: list[str], hub_api) -> int:
                    info_entry_for(args, effective_serve_args(args)))
     server = ServerManager(args, argv, run.store.meta / "logs")
     controller = None
-    window = Window(args.concurrency or args.min_window if SCRIPT_SHAPE == "saturate"
-                    else args.concurrency)
+    window = Window(args.concurrency or (args.min_window if SCRIPT_SHAPE == "saturate"
+                                         else PAGES_PER_ENGINE))
     if SCRIPT_SHAPE == "saturate":
         telemetry = Path(args.stats_json).expanduser().with_suffix(".telemetry.jsonl") \
             if args.stats_json else run.store.meta / "logs" / "telemetry.jsonl"

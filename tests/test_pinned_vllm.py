@@ -83,10 +83,12 @@ def captured(tmp_path_factory) -> dict:
         env = fake_vllm_env(tmp, stub_args=f"--request-log {tmp / 'requests.jsonl'}"
                             + (f" --model {served}" if served else ""))
         env["FAKE_VLLM_ARGV"] = str(tmp / "argv")
+        env["CUDA_VISIBLE_DEVICES"] = "0,1"  # two GPUs: the release must take --data-parallel-size
         run = run_script(script, str(tmp / "in"), str(tmp / "out"), "--server",
                          f"http://127.0.0.1:{free_port()}", "--no-sanity-check", *extra, env=env)
         assert run.returncode == 0, run.stderr[-3000:]
         argv = (tmp / "argv").read_bytes().split(b"\0")[:-1]
+        assert b"--data-parallel-size" in argv, argv
         (request,) = [json.loads(line) for line in (tmp / "requests.jsonl").read_text().splitlines()]
         for key in ("texts", "n", "t"):  # the stub's own bookkeeping
             request.pop(key)

@@ -322,3 +322,59 @@ def test_the_printed_jobs_command_carries_a_timeout(script):
     """MODEL-FACTS.md, "Rules for every OCR model": Jobs stop after 30 minutes without one."""
     module = load_script(script)
     assert f"--timeout {module.JOB_TIMEOUT} " in module.reproduce_command(["in", "out"])
+
+
+@pytest.mark.parametrize("environment, nvidia_smi, serve_args, expected", [
+    ({"CUDA_VISIBLE_DEVICES": "0,1,2,3"}, None, "", ["--data-parallel-size", "4"]),
+    ({"CUDA_VISIBLE_DEVICES": "GPU-1a2b,GPU-3c4d"}, None, "", ["--data-parallel-size", "2"]),
+    ({"CUDA_VISIBLE_DEVICES": "0"}, None, "", []),
+    ({"CUDA_VISIBLE_DEVICES": ""}, None, "", []),  # no GPU visible
+    ({}, 8, "", ["--data-parallel-size", "8"]),  # nvidia-smi -L lists 8
+    ({}, 1, "", []),
+    ({}, None, "", []),  # no nvidia-smi: a CPU machine
+    ({"CUDA_VISIBLE_DEVICES": "0,1,2,3"}, None, "--tensor-parallel-size 4", []),
+    ({"CUDA_VISIBLE_DEVICES": "0,1,2,3"}, None, "--data_parallel_size=2", []),
+    ({"CUDA_VISIBLE_DEVICES": "0,1,2,3"}, None, "-tp 2", []),
+])
+def test_a_spawned_server_gets_one_engine_per_visible_gpu_unless_told_otherwise(
+        tmp_path, monkeypatch, environment, nvidia_smi, serve_args, expected):
+    """A multi-GPU flavor is paid for every GPU: vLLM's data parallelism, one engine per GPU,
+    unless --serve-args already sets a parallel size. `nvidia-smi -L` prints a line per GPU,
+    "GPU 0: NVIDIA L4 (UUID: GPU-...)"."""
+    module = load_script("ovis-ocr2-server.py")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    for key, value in environment.items():
+        monkeypatch.setenv(key, value)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    if nvidia_smi is not None:
+        (bin_dir / "nvidia-smi").write_text("#!/bin/sh\n" + "".join(
+            f'echo "GPU {i}: NVIDIA L4 (UUID: GPU-{i:08x}-0000-0000-0000-000000000000)"\n'
+            for i in range(nvidia_smi)))
+        (bin_dir / "nvidia-smi").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    monkeypatch.setattr(module, "resolved_revision", lambda args: None)
+    args = module.server_argument_parser(module.__doc__).parse_args(
+        ["in", "./out", f"--serve-args={serve_args}"])
+    command = module.ServerManager(args, [], tmp_path).serve_command()
+    given = command[command.index("--data-parallel-size"):][:2] \
+        if "--data-parallel-size" in command[:command.index("--port") + 4] else []
+    assert given == expected, command
+    assert command.count("--data-parallel-size") + command.count("--data_parallel_size=2") <= 1
+
+
+def test_with_several_gpus_the_default_window_grows_with_the_engines(tmp_path):
+    """Four visible GPUs: the spawned server runs four engines and the fixed window is 32 per
+    engine; --concurrency still fixes it."""
+    write_image_folder(tmp_path / "in", 80, fmt="JPEG")
+    env = {**fake_vllm_env(tmp_path, stub_args="--latency 0.4"), "CUDA_VISIBLE_DEVICES": "0,1,2,3"}
+    for name, extra, most in (("default", [], 80), ("fixed", ["--concurrency", "8"], 8)):
+        stats = tmp_path / f"{name}.json"
+        run = run_script("ovis-ocr2-server.py", str(tmp_path / "in"), str(tmp_path / name),
+                         "--server", f"http://127.0.0.1:{free_port()}", "--no-sanity-check",
+                         "--stats-json", str(stats), *extra, env=env)
+        assert run.returncode == 0, run.stderr[-3000:]
+        assert "--data-parallel-size 4" in (tmp_path / "fake-vllm.log").read_text().splitlines()[-1]
+        peak = json.loads(stats.read_text())["peak_in_flight"]
+        assert (peak > 32 if name == "default" else peak <= most), (name, peak)
+        assert load_output(tmp_path / name).num_rows == 80
