@@ -293,7 +293,6 @@ import random
 import resource
 import shlex
 import signal
-import statistics
 import sys
 import threading
 import time
@@ -593,15 +592,6 @@ def _check_table_files(files: list[Path]) -> list[Path]:
     return kept
 
 
-def _config_names(path: Path) -> list[str]:
-    import datasets
-
-    try:
-        return list(datasets.get_dataset_config_names(str(path)))
-    except Exception:
-        return []
-
-
 def _load_table_folder(path: Path, args):
     """A folder of parquet/arrow files (a Hub snapshot: data/train-*.parquet, split-named
     files, README `configs:`), read as `datasets.load_dataset(folder)` reads it."""
@@ -610,7 +600,10 @@ def _load_table_folder(path: Path, args):
     try:
         builder = datasets.load_dataset_builder(str(path), args.config)
     except ValueError as exc:  # a config missing or unknown: datasets says which exist
-        configs = _config_names(path)
+        try:
+            configs = datasets.get_dataset_config_names(str(path))
+        except Exception:
+            configs = []
         wanted = f"--config {args.config!r} is not" if args.config else "no --config is"
         fail(f"{wanted} a config of {shown_path(path)}; it has: {', '.join(configs) or '?'}. "
              f"Pass --config NAME ({str(exc).splitlines()[0]})")
@@ -756,7 +749,7 @@ def open_input(args) -> InputSource:
         fail(f"INPUT {args.input!r} is neither an existing path nor a Hub dataset id.")
     if len(ds) == 0:
         _nothing_to_do(description)
-    _PATH_BASE[:] = [base] if base is not None else []
+    _PATH_BASE[:] = [base] if base is not None else []  # before a PDF column is looked for
     pdf_column = find_pdf_column(ds, args)
     if pdf_column is not None and getattr(datasets, "Pdf", None) is not None and \
             isinstance(ds.features[pdf_column], datasets.Pdf):
@@ -776,11 +769,8 @@ def open_input(args) -> InputSource:
         ds = ds.shuffle(seed=args.seed)
     if args.max_samples is not None:
         ds = ds.select(range(min(args.max_samples, len(ds))))
-    if not 0 <= args.shard_index < args.num_shards:
-        fail(f"--shard-index must be in [0, {args.num_shards}), got {args.shard_index}")
     n = len(ds)
     lo, hi = n * args.shard_index // args.num_shards, n * (args.shard_index + 1) // args.num_shards
-    _PATH_BASE[:] = [base] if base is not None else []
     _TEXT_LAYER_COLUMNS[:] = ["text_layer"] * bool(args.text_layer or args.skip_text_pages) + \
         ["skipped"] * bool(args.skip_text_pages)
     if pdf_column is None:
@@ -813,11 +803,16 @@ def check_output_columns(source: InputSource, args) -> list[str]:
     return names
 
 
+# RowResult's fields that are result columns, and their type: `text` is the output column, the
+# others <column>_<field>; after them come EXTRA_COLUMNS, then the PDF text columns of this run
+RESULT_FIELDS = {"text": "string", "error": "string", "error_kind": "string",
+                 "finish_reason": "string", "prompt_tokens": "int32", "completion_tokens": "int32",
+                 "attempts": "int32"}
+
+
 def result_column_names(column: str) -> list[str]:
-    return [column, f"{column}_error", f"{column}_error_kind", f"{column}_finish_reason",
-            f"{column}_prompt_tokens", f"{column}_completion_tokens", f"{column}_attempts"] + \
-        [f"{column}_{suffix}" for suffix in EXTRA_COLUMNS] + \
-        [f"{column}_{suffix}" for suffix in _TEXT_LAYER_COLUMNS]
+    suffixes = [*RESULT_FIELDS, *EXTRA_COLUMNS, *_TEXT_LAYER_COLUMNS][1:]  # after `text`
+    return [column] + [f"{column}_{suffix}" for suffix in suffixes]
 
 
 # ---- page images --------------------------------------------------------------------------
@@ -847,15 +842,10 @@ def read_cell_bytes(cell) -> bytes:
         raise PageError("missing image (empty cell)")
     if isinstance(cell, dict):
         data, path = cell.get("bytes"), cell.get("path")
-        if data is None and path:
-            try:
-                data = _resolve_image_path(path).read_bytes()
-            except OSError as exc:
-                raise PageError(f"cannot read image file {path}: {exc}") from None
-        if data is None:
+        if data is None and not path:
             raise PageError("missing image (cell has neither bytes nor path)")
-        cell = data
-    elif isinstance(cell, str):
+        cell = path if data is None else data
+    if isinstance(cell, str):
         try:
             cell = _resolve_image_path(cell).read_bytes()
         except OSError as exc:
@@ -912,7 +902,7 @@ def prepare_page(cell, decode: bool = True) -> PreparedPage | None:
     from PIL import Image, ImageOps
 
     if isinstance(cell, PdfPage):
-        return render_pdf_page(cell)
+        return _RENDERER[0].render(cell)
     raw = read_cell_bytes(cell)
     try:
         with warnings.catch_warnings():
@@ -989,9 +979,9 @@ def find_pdf_column(ds, args) -> str | None:
     if args.pdf_column:
         if args.pdf_column not in ds.column_names:
             fail(f"--pdf-column {args.pdf_column!r} not found. Columns: {', '.join(ds.column_names)}")
-        cells = ds.select_columns([args.pdf_column]).select(range(min(16, len(ds))))
-        if not any(looks_like_pdf(cell) for cell in cells[args.pdf_column] if cell is not None) \
-                and any(cell is not None for cell in cells[args.pdf_column]):
+        column = args.pdf_column
+        cells = ds.select_columns([column]).select(range(min(16, len(ds))))[column]
+        if any(cell is not None for cell in cells) and not any(map(looks_like_pdf, cells)):
             fail(f"--pdf-column {args.pdf_column!r} holds no PDFs in its first rows (PDF bytes "
                  f"start with %PDF-; paths must lead to PDF files)")
         return args.pdf_column
@@ -1081,16 +1071,13 @@ class PdfPages:
 
     def fingerprint(self) -> str:
         """The documents as counted: their pages, and for files outside the input, each one's
-        size and last 64 KiB (where a PDF keeps its trailer): a PDF replaced is another input."""
+        size and file_tail(): a PDF replaced is another input."""
         import hashlib
 
         digest = hashlib.sha256(self.doc.tobytes() + self.number.tobytes() + self.count.tobytes())
         for row, path in sorted(self.paths.items()):
             try:
-                size = os.path.getsize(path)
-                with open(path, "rb") as handle:
-                    handle.seek(max(0, size - 65536))
-                    digest.update(f"{row} {size}".encode() + handle.read())
+                digest.update(f"{row} {os.path.getsize(path)}".encode() + file_tail(path))
             except OSError:
                 digest.update(f"{row} missing".encode())
         return digest.hexdigest()[:20]
@@ -1139,6 +1126,14 @@ def pdf_open_error(exc: BaseException, data=None) -> str:
     if "format" in text.lower() or "corrupt" in text.lower() or "password" in text.lower():
         return f"not a readable PDF (corrupt or truncated): {text}"
     return f"cannot open the PDF: {type(exc).__name__}: {text}"
+
+
+def file_tail(path) -> bytes:
+    """A file's last 64 KiB, where parquet keeps its footer and a PDF its trailer: a file
+    rewritten shows there, one only touched or copied does not. OSError if unreadable."""
+    with open(path, "rb") as handle:
+        handle.seek(max(0, os.fstat(handle.fileno()).st_size - 65536))
+        return handle.read()
 
 
 def _file_ends(path: str, size: int = 1 << 20) -> bytes | None:
@@ -1368,13 +1363,7 @@ class PdfRenderer:
             process.kill()
 
 
-_RENDERER: list = []  # the run's PdfRenderer, started before any page is prepared
-
-
-def render_pdf_page(page: PdfPage) -> "PreparedPage":
-    if not _RENDERER:
-        raise PageError("internal: no PDF renderer was started")
-    return _RENDERER[0].render(page)
+_RENDERER: list = []  # the run's PdfRenderer, started (open_run) before any page is prepared
 
 
 def encode_page(img) -> tuple[bytes, str]:
@@ -1491,12 +1480,11 @@ class DegenerateCheck:
     MIN_EVIDENCE = 3
 
     def __init__(self, enabled: bool, pages: int, expected: int):
-        self.enabled = enabled and expected > 0
         self.pages = max(self.MIN_EVIDENCE, pages)
         self.seen: list[bool] = []
         self.fixed_by_retry = 0
         self.tripped = False
-        self.done = not self.enabled
+        self.done = not (enabled and expected > 0)
 
     def passed(self) -> bool:
         return self.done and not self.tripped
@@ -1584,13 +1572,6 @@ def joined_pages(pages: list[tuple[int, RowResult]]) -> RowResult:
         f"too) was enough" if skipped else None)
 
 
-class TextLayerEnough(Exception):
-    """A PDF page not to send: its text layer is its row (--skip-text-pages)."""
-
-    def __init__(self, result: RowResult):
-        self.result = result
-
-
 def text_layer_row(page: PreparedPage, args) -> RowResult:
     chars = sum(not c.isspace() for c in page.text_layer)
     return RowResult(text_layer=page.text_layer, attempts=0, skipped=f"not sent: its text layer "
@@ -1634,18 +1615,11 @@ def output_features(source: InputSource, args):
          if k not in result_column_names(args.output_column) and k != "inference_info"})
     if isinstance(features.get(source.image_column), datasets.Image):
         features[source.image_column] = datasets.Image()  # decoded on load, shown by the viewer
-    column = args.output_column
-    features[column] = datasets.Value("string")
-    features[f"{column}_error"] = datasets.Value("string")
-    features[f"{column}_error_kind"] = datasets.Value("string")
-    features[f"{column}_finish_reason"] = datasets.Value("string")
-    features[f"{column}_prompt_tokens"] = datasets.Value("int32")
-    features[f"{column}_completion_tokens"] = datasets.Value("int32")
-    features[f"{column}_attempts"] = datasets.Value("int32")
-    for suffix, kind in EXTRA_COLUMNS.items():
-        features[f"{column}_{suffix}"] = extra_feature(kind)
-    for suffix in _TEXT_LAYER_COLUMNS:
-        features[f"{column}_{suffix}"] = datasets.Value("string")
+    kinds = [datasets.Value(kind) for kind in RESULT_FIELDS.values()] + \
+        [extra_feature(kind) for kind in EXTRA_COLUMNS.values()] + \
+        [datasets.Value("string")] * len(_TEXT_LAYER_COLUMNS)
+    for name, feature in zip(result_column_names(args.output_column), kinds):
+        features[name] = feature
     features["inference_info"] = datasets.Value("string")
     return features
 
@@ -1662,17 +1636,10 @@ def extra_feature(kind: str):
 
 
 def result_columns(results: list, column: str) -> dict:
-    out = {column: [r.text for r in results], f"{column}_error": [r.error for r in results],
-           f"{column}_error_kind": [r.error_kind for r in results],
-           f"{column}_finish_reason": [r.finish_reason for r in results],
-           f"{column}_prompt_tokens": [r.prompt_tokens for r in results],
-           f"{column}_completion_tokens": [r.completion_tokens for r in results],
-           f"{column}_attempts": [r.attempts for r in results]}
-    for suffix in EXTRA_COLUMNS:
-        out[f"{column}_{suffix}"] = [r.extras.get(suffix) for r in results]
-    for suffix in _TEXT_LAYER_COLUMNS:
-        out[f"{column}_{suffix}"] = [getattr(r, suffix) for r in results]
-    return out
+    values = [[getattr(r, name) for r in results] for name in RESULT_FIELDS] + \
+        [[r.extras.get(suffix) for r in results] for suffix in EXTRA_COLUMNS] + \
+        [[getattr(r, name) for r in results] for name in _TEXT_LAYER_COLUMNS]
+    return dict(zip(result_column_names(column), values))
 
 
 def encode_rows(batch: dict, results: list, features, args):
@@ -2078,15 +2045,10 @@ class OutputStore:
                          f"writing another shard of {self.location()}: stop it first")
         log(f"--restart: removing the rows, card and manifest of {self.location()}")
         if self.api is not None:
-            from huggingface_hub import CommitOperationDelete
-
             files = self.api.list_repo_files(self.target, repo_type="dataset")
             doomed = [f for f in files if f.startswith(("data/", ".ocr/")) or f == "README.md"]
             if doomed:
-                self.api.create_commit(self.target, repo_type="dataset",
-                                       commit_message="Restart the OCR run",
-                                       operations=[CommitOperationDelete(path_in_repo=f)
-                                                   for f in doomed])
+                self.delete_on_hub(doomed, "Restart the OCR run")
             self.remote_names, self.known = set(), set()
         self.clear_local()
         self.journal = Journal(self.journal.folder)
@@ -2112,18 +2074,19 @@ class OutputStore:
         if self.created_manifest:
             (self.meta / "manifest.json").unlink(missing_ok=True)
             if self.api is not None:
-                from huggingface_hub import CommitOperationDelete
-
                 try:
-                    self.api.create_commit(self.target, repo_type="dataset",
-                                           commit_message="Remove the manifest of a run that "
-                                                          "wrote nothing",
-                                           operations=[CommitOperationDelete(
-                                               path_in_repo=".ocr/manifest.json")])
+                    self.delete_on_hub([".ocr/manifest.json"],
+                                       "Remove the manifest of a run that wrote nothing")
                 except Exception:
                     pass  # a later run compares against it: --restart clears it
                 with self.queue_lock:
                     self.queued.pop(".ocr/manifest.json", None)
+
+    def delete_on_hub(self, files: list[str], message: str) -> None:
+        from huggingface_hub import CommitOperationDelete
+
+        self.api.create_commit(self.target, repo_type="dataset", commit_message=message,
+                               operations=[CommitOperationDelete(path_in_repo=f) for f in files])
 
     def update_manifest(self, manifest: dict) -> None:
         path = self.meta / "manifest.json"
@@ -2139,9 +2102,6 @@ class OutputStore:
         local = {p.name: p for p in (self.root / "data").glob("part-*.parquet")}
         names = set(local) | self.remote_names
         return [(r, local.get(part_name(*r))) for r in ranges_from_names(names)]
-
-    def done_ranges(self) -> list[tuple[int, int]]:
-        return [r for r, _ in self.parts()]
 
     def resend_local_parts(self) -> None:
         """Parts a killed or offline run left on disk but never uploaded."""
@@ -2271,9 +2231,9 @@ class PartWriter:
     rows of the other blocks are written too. A redone error row replaces it in its part."""
 
     def __init__(self, store: OutputStore, source: InputSource, plan: RowPlan, features,
-                 info_entry: dict, args):
+                 info_entry: dict, check: "DegenerateCheck", args):
         self.store, self.source, self.features = store, source, features
-        self.info_entry, self.args = info_entry, args
+        self.info_entry, self.check, self.args = info_entry, check, args
         self.redo = dict(plan.redo)  # row -> part holding its error row, until replaced
         self.results: dict[int, RowResult] = dict(plan.recovered)  # finished, in no part yet
         self.left: dict[int, int] = {}  # block -> its rows not finished yet
@@ -2283,7 +2243,6 @@ class PartWriter:
                 self.left[block] = self.left.get(block, 0) + 1
         self.complete = {i // args.part_rows for i in self.results if i not in self.redo} \
             - set(self.left)
-        self.checked = False  # the degenerate check has passed: parts may be written
         self.lock = threading.Lock()
         self.last_flush = time.monotonic()
         self.rows_ok = self.rows_failed = self.parts_written = 0
@@ -2321,11 +2280,8 @@ class PartWriter:
                     del self.left[block]
                     self.complete.add(block)
 
-    def check_passed(self) -> None:
-        self.checked = True
-
     def due(self) -> bool:
-        return self.checked and bool(self.results) and (
+        return self.check.passed() and bool(self.results) and (
             bool(self.complete) or time.monotonic() - self.last_flush >= self.args.part_seconds)
 
     def flush(self, final: bool = False) -> None:
@@ -2400,9 +2356,6 @@ class PartWriter:
         self.write_errors.append(message)
         self.last_flush = time.monotonic()  # wait a while before the next attempt
 
-    def unwritten(self) -> int:
-        return len(self.results)
-
 
 def iter_image_cells(source: InputSource, indices: list[int], batch: int = 64):
     """(index, cell) in order, reading only the image column, a batch at a time; a PDF page's
@@ -2441,9 +2394,8 @@ MAY_CHANGE_ENGINE = {"gpu-memory-utilization", "data-parallel-size", "tensor-par
 
 def input_identity(args) -> dict:
     """What the input is: a Hub dataset at the revision this run read, or a local path's files:
-    names and sizes, and for data files (parquet, arrow) a hash of their last 64 KiB, where
-    parquet keeps its footer: an image re-rendered under the same name, or a table rewritten,
-    is another input; a file only touched or copied is the same one."""
+    names and sizes, and for files other than images a hash of their file_tail(): an image
+    re-rendered under the same name, or a table rewritten, is another input."""
     import hashlib
 
     local = Path(args.input).expanduser()
@@ -2457,9 +2409,7 @@ def input_identity(args) -> dict:
         size = path.stat().st_size
         entry = f"{path.relative_to(local) if path != local else path.name} {size} B"
         if path.suffix.lower() not in IMAGE_EXTENSIONS:
-            with open(path, "rb") as handle:
-                handle.seek(max(0, size - 65536))
-                entry += f" #{hashlib.sha1(handle.read()).hexdigest()[:12]}"
+            entry += f" #{hashlib.sha1(file_tail(path)).hexdigest()[:12]}"
         entries.append(entry)
     text = "\n".join(entries).encode("utf-8", "surrogateescape")
     identity = {"files": len(files), "digest": hashlib.sha256(text).hexdigest()[:20]}
@@ -2620,15 +2570,12 @@ class RunStats:
             if self.finished_at and self.first_started else None
         done = len(self.finished_at)
         steady_rate = steady_tokens = None
-        if done >= 10:  # leave out start-up and tail: the middle 80% of completions
+        if done >= 2:  # leave out start-up and tail: the middle 80% of completions (from 10 on)
             a, b = done // 10, done - done // 10 - 1
             span = self.finished_at[b] - self.finished_at[a]
             if span > 0:
                 steady_rate = (b - a) / span
                 steady_tokens = sum(self.tokens[a + 1:b + 1]) / span
-        elif done >= 2 and self.finished_at[-1] > self.finished_at[0]:
-            span = self.finished_at[-1] - self.finished_at[0]
-            steady_rate, steady_tokens = (done - 1) / span, sum(self.tokens[1:]) / span
 
         def quantile(q):
             if not self.latencies:
@@ -3195,11 +3142,10 @@ def open_run(args, hub_api, engine: dict, info_entry: dict) -> Run:
         _RENDERER[:] = [PdfRenderer(source.pdf, args)]  # forked before the driver's threads
     stats = RunStats(rows_total=source.hi - source.lo, rows_skipped=plan.skipped)
     stats.extra["rows_recovered"] = len(plan.recovered)
-    writer = PartWriter(store, source, plan, output_features(source, args), info_entry, args)
     check = DegenerateCheck(not args.no_sanity_check and not plan.earlier_ok, args.sanity_pages,
                             len(plan.send))
-    if check.passed():
-        writer.check_passed()
+    writer = PartWriter(store, source, plan, output_features(source, args), info_entry, check,
+                        args)
     recovered = f", {len(plan.recovered)} recovered from the journal" if plan.recovered else ""
     pages = f" ({len(plan.send)} pages to send)" if plan.send != plan.pending else ""
     log(f"{len(plan.pending)} of {stats.rows_total} rows to do{pages} ({stats.rows_skipped} "
@@ -3262,8 +3208,6 @@ def finish_run(code: int, run: Run, interrupts: Interrupts, stop_engine, argv: l
             store.journal.close(discard=True)
             log("the pages finished so far are all degenerate: nothing is written")
         else:
-            if not writer.checked:
-                writer.check_passed()
             writer.flush(final=True)
             store.journal.close()
             if code:
@@ -3317,11 +3261,10 @@ def finish_run(code: int, run: Run, interrupts: Interrupts, stop_engine, argv: l
 # block provides the rest.
 import asyncio
 import base64
-import math
 import shutil
 import socket
+import statistics
 import subprocess
-import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -3480,18 +3423,6 @@ class ServerManager:
         self._lock = asyncio.Lock()
 
     # -- probes --
-    async def healthy(self, client) -> bool:
-        try:
-            response = await client.get(f"{self.base}/health", headers=self.headers, timeout=5)
-            return response.status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    async def served_models(self, client) -> list[dict]:
-        response = await client.get(f"{self.base}/v1/models", headers=self.headers, timeout=10)
-        response.raise_for_status()
-        return response.json().get("data", [])
-
     async def probe(self, client, starting: bool = True) -> str:
         """"ready", "starting" (a server that answers but is not ready, or no answer in time)
         or "absent" (nothing listens). Raises RunAborted at once for what will never serve
@@ -3502,12 +3433,6 @@ class ServerManager:
                 response = await client.get(f"{self.base}/v1/models", headers=self.headers,
                                             timeout=10)
                 break
-            except httpx.ConnectError as exc:
-                if is_tls_error(exc):
-                    raise RunAborted(f"TLS failed with {self.base}: {exc}. Check the URL's "
-                                     f"scheme (http or https) and the server's certificate.",
-                                     code=2) from None
-                return "absent"
             except httpx.TimeoutException:
                 return "starting"
             except httpx.HTTPError as exc:
@@ -3515,6 +3440,8 @@ class ServerManager:
                     raise RunAborted(f"TLS failed with {self.base}: {exc}. Check the URL's "
                                      f"scheme (http or https) and the server's certificate.",
                                      code=2) from None
+                if isinstance(exc, httpx.ConnectError):
+                    return "absent"
                 if attempt:
                     raise RunAborted(
                         f"port {self.port} answers, but not as an HTTP server ({type(exc).__name__}: "
@@ -4198,25 +4125,24 @@ async def run_server_pipeline(source: InputSource, pending: list[int], writer: P
                     finally:
                         if controller:
                             controller.preparing -= 1
-                    if page.skipped:
-                        raise TextLayerEnough(text_layer_row(page, args))
-                    layer = page.text_layer
-                    body = request_body(page, server.model_name, args)
-                    del page, cell
-                    if controller:
-                        controller.note_body(len(body))
-                    sent = time.monotonic()
-                    try:
-                        result = await send_until_clean(client, server, body, index, args)
-                    except (RunAborted, PageError):
-                        raise
-                    except Exception as exc:  # whatever the transport raised: the server's side
-                        result = exception_row(exc, SERVER, "request failed: ")
-                    del body
-                    latency = time.monotonic() - sent
-                    result.text_layer = layer
-                except TextLayerEnough as enough:
-                    result = enough.result
+                    if page.skipped:  # not sent: its text layer is its row
+                        result = text_layer_row(page, args)
+                    else:
+                        layer = page.text_layer
+                        body = request_body(page, server.model_name, args)
+                        del page, cell
+                        if controller:
+                            controller.note_body(len(body))
+                        sent = time.monotonic()
+                        try:
+                            result = await send_until_clean(client, server, body, index, args)
+                        except (RunAborted, PageError):
+                            raise
+                        except Exception as exc:  # whatever the transport raised: the server's
+                            result = exception_row(exc, SERVER, "request failed: ")
+                        del body
+                        latency = time.monotonic() - sent
+                        result.text_layer = layer
                 except PageError as exc:
                     result = error_row(str(exc), PAGE)
                 except RunAborted as exc:
@@ -4238,8 +4164,6 @@ async def run_server_pipeline(source: InputSource, pending: list[int], writer: P
                     if check.tripped:
                         return
                 writer.add(index, result)
-                if check.passed() and not writer.checked:
-                    writer.check_passed()
                 stats.record(result, latency)
                 bar.update(1)
                 if result.error is not None:
