@@ -246,7 +246,6 @@ def sampling_kwargs(args) -> dict:
 MODEL_REVISION = globals().get("MODEL_REVISION")  # a commit sha or tag pins the weights
 RESIZE_FILTER = globals().get("RESIZE_FILTER", "bicubic")  # the model's own resampling filter
 LOOP_TEMPERATURE = globals().get("LOOP_TEMPERATURE", 0.3)  # a looping page's second try
-API_SERVER_COUNT = globals().get("API_SERVER_COUNT", 1)  # a spawned server's API processes
 JOB_TIMEOUT = globals().get("JOB_TIMEOUT", "4h")  # Jobs stop after 30 min without one
 JOB_PAGES_PER_S = globals().get("JOB_PAGES_PER_S")  # measured rate on DEFAULT_FLAVOR, if any
 IMAGE_TAG_MOVING = globals().get("IMAGE_TAG_MOVING", False)  # True: JOB_IMAGE is no fixed build
@@ -760,14 +759,12 @@ def open_input(args) -> InputSource:
     return InputSource(shown, args.image_column, description, lo, hi, rows_full, pages)
 
 
-def check_output_columns(source: InputSource, args) -> list[str]:
-    """The result columns; a clash with an input column fails before any inference."""
-    names = result_column_names(args.output_column)
-    clash = [c for c in names if c in source.dataset.column_names]
+def check_output_columns(source: InputSource, args) -> None:
+    """A result column that clashes with an input column fails before any inference."""
+    clash = [c for c in result_column_names(args.output_column) if c in source.dataset.column_names]
     if clash and not args.overwrite:
         fail(f"input already has column(s) {', '.join(clash)}; pass --overwrite to replace "
              f"them or --output-column NAME to write elsewhere.")
-    return names
 
 
 # RowResult's fields that are result columns, and their type: `text` is the output column, the
@@ -858,14 +855,10 @@ def prepare_page(cell, decode: bool = True) -> PreparedPage | None:
     """Encoded bytes to send for one cell; raises PageError for anything that is not a page.
 
     A page that needs no change (a JPEG or PNG in RGB, upright, one frame, within bounds) is
-    sent byte for byte: no new artifacts, no encoding cost. A complete JPEG (its end-of-image
-    marker last) is not decoded at all: damage inside one is left to the server's decoder. Others
-    are decoded once (a JPEG that must shrink is decoded at reduced scale, down to twice the
-    target at most), turned upright, converted to RGB, downscaled only when above the bound
-    with the model's own filter (RESIZE_FILTER: what its authors' pipeline would give), and
-    encoded once in PAGE_FORMAT: "png" (lossless, for models trained on PNG renders) or "jpeg"
-    (quality 95, as the seed's recipes send). With decode=False, None instead of any pixel work.
-    """
+    sent byte for byte: no new artifacts, no encoding cost; a complete JPEG is not even decoded
+    (damage inside one is left to the server's decoder). Others are decoded once, turned
+    upright, converted to RGB, resized to target_size() and encoded once (encode_page). With
+    decode=False, None instead of any pixel work."""
     from PIL import Image, ImageOps
 
     if isinstance(cell, PdfPage):
@@ -1135,10 +1128,10 @@ def count_pdf_pages(ds, column: str, args) -> PdfPages:
         if data is None:
             if column != "pdf" or "image" not in ds.column_names:  # else: an image of the folder
                 errors[row] = "missing PDF (empty cell)"
+        elif isinstance(data, str) and not os.path.isfile(data):
+            errors[row] = f"cannot read the PDF file {shown}: no such file"
         else:
             try:
-                if isinstance(data, str) and not os.path.isfile(data):
-                    raise PageError(f"cannot read the PDF file {shown}: no such file")
                 document = pdfium.PdfDocument(data)
                 try:
                     total = len(document)
@@ -1149,8 +1142,6 @@ def count_pdf_pages(ds, column: str, args) -> PdfPages:
                     errors[row] = "the PDF has no pages"
                 elif not pages:
                     errors[row] = f"none of --pages {args.pages} is in this {total}-page PDF"
-            except PageError as exc:
-                errors[row] = str(exc)
             except Exception as exc:
                 errors[row] = pdf_open_error(exc, data if isinstance(data, bytes) else
                                              _file_ends(data))
@@ -1334,6 +1325,8 @@ _RENDERER: list = []  # the run's PdfRenderer, started (open_run) before any pag
 
 
 def encode_page(img) -> tuple[bytes, str]:
+    """PAGE_FORMAT "png": lossless, for models trained on PNG renders; "jpeg": quality 95, as
+    the seed's recipes send."""
     out = io.BytesIO()
     if PAGE_FORMAT == "png":
         img.save(out, format="PNG", compress_level=1)
@@ -2066,7 +2059,7 @@ class OutputStore:
 
     def parts(self) -> list[tuple[tuple[int, int], Path | None]]:
         """((start, stop), local path or None when only the Hub has it) of every part."""
-        local = {p.name: p for p in (self.root / "data").glob("part-*.parquet")}
+        local = {p.name: p for p in self.local_parts()}
         names = set(local) | self.remote_names
         return [(r, local.get(part_name(*r))) for r in ranges_from_names(names)]
 
@@ -2432,20 +2425,6 @@ def identity_differences(old, new, where: str = "") -> list[str]:
     return [] if old == new else [f"{where}: was {json.dumps(old)}, now {json.dumps(new)}"]
 
 
-def flag_values(argv: list[str]) -> dict:
-    """--flag value pairs of a command line as a dict (a bare flag is True)."""
-    out, i = {}, 0
-    while i < len(argv):
-        name, _, value = argv[i].partition("=")
-        if value or i + 1 >= len(argv) or argv[i + 1].startswith("--"):
-            out[name] = value or True
-            i += 1
-        else:
-            out[name] = argv[i + 1]
-            i += 2
-    return out
-
-
 def pinned_input(store: "OutputStore", args):
     """A rerun without --revision reads the Hub input at the revision the first run read."""
     path = store.meta / "manifest.json"
@@ -2482,16 +2461,22 @@ def claim_output(store: "OutputStore", identity: dict, args) -> None:
 
 # ---- stats and the card ----------------------------------------------------------------------
 
-def peak_rss_bytes() -> int:
-    """This program's peak resident memory: /proc's VmHWM. (ru_maxrss also counts the memory
-    the parent process had when it started this one.)"""
+def proc_bytes(path: str, key: str) -> int | None:
+    """A "key: N kB" line of a /proc file (Linux), in bytes; None without it."""
     try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
+        for line in Path(path).read_text().splitlines():
+            if line.startswith(key + ":"):
                 return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return None
+
+
+def peak_rss_bytes() -> int:
+    """This program's peak resident memory: /proc's VmHWM. (ru_maxrss also counts the memory
+    the parent process had when it started this one.)"""
+    return proc_bytes("/proc/self/status", "VmHWM") or \
+        resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 class RunStats:
@@ -2591,8 +2576,11 @@ def redact_value(value):
     return redact_text(value) if isinstance(value, str) else value
 
 
-def _redact_nested(option: str, value: str) -> str:
-    """The value of --serve-args (a command line) or --llm-kwargs (JSON), secrets replaced."""
+def _redact_option_value(option: str, value: str) -> str:
+    """The value of an option, secrets replaced: all of a secret option's, those inside
+    --serve-args (a command line) or --llm-kwargs (JSON), anything that looks like a token."""
+    if SECRET_OPTION.match(option):
+        return "***"
     if option == "--serve-args":
         try:
             return shlex.join(redact_argv(shlex.split(value)))
@@ -2613,14 +2601,10 @@ def redact_argv(argv: list[str]) -> list[str]:
     out, previous = [], None
     for arg in argv:
         name, eq, value = arg.partition("=")
-        if previous is not None and SECRET_OPTION.match(previous):
-            out.append("***")
-        elif previous is not None:
-            out.append(_redact_nested(previous, arg))
-        elif arg.startswith("--") and eq and SECRET_OPTION.match(name):
-            out.append(f"{name}=***")
+        if previous is not None:
+            out.append(_redact_option_value(previous, arg))
         elif arg.startswith("--") and eq:
-            out.append(f"{name}={_redact_nested(name, value)}")
+            out.append(f"{name}={_redact_option_value(name, value)}")
         else:
             out.append(redact_text(arg))
         takes_value = arg.startswith("--") and not eq and (
@@ -2675,7 +2659,7 @@ def _jobs_script_args(argv: list[str]) -> tuple[list[str], str | None, str | Non
             except (ValueError, AttributeError):
                 value = redact_text(value)
         elif eq or takes_value:
-            value = _redact_nested(name, value)
+            value = _redact_option_value(name, value)
         options += [name, value] if (eq or takes_value) else [name]
     local_input = local_output = None
     if positionals and (is_local_target(positionals[0]) or Path(positionals[0]).expanduser().exists()):

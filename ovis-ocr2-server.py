@@ -177,7 +177,6 @@ def inference_settings(args) -> dict:
 MODEL_REVISION = globals().get("MODEL_REVISION")  # a commit sha or tag pins the weights
 RESIZE_FILTER = globals().get("RESIZE_FILTER", "bicubic")  # the model's own resampling filter
 LOOP_TEMPERATURE = globals().get("LOOP_TEMPERATURE", 0.3)  # a looping page's second try
-API_SERVER_COUNT = globals().get("API_SERVER_COUNT", 1)  # a spawned server's API processes
 JOB_TIMEOUT = globals().get("JOB_TIMEOUT", "4h")  # Jobs stop after 30 min without one
 JOB_PAGES_PER_S = globals().get("JOB_PAGES_PER_S")  # measured rate on DEFAULT_FLAVOR, if any
 IMAGE_TAG_MOVING = globals().get("IMAGE_TAG_MOVING", False)  # True: JOB_IMAGE is no fixed build
@@ -691,14 +690,12 @@ def open_input(args) -> InputSource:
     return InputSource(shown, args.image_column, description, lo, hi, rows_full, pages)
 
 
-def check_output_columns(source: InputSource, args) -> list[str]:
-    """The result columns; a clash with an input column fails before any inference."""
-    names = result_column_names(args.output_column)
-    clash = [c for c in names if c in source.dataset.column_names]
+def check_output_columns(source: InputSource, args) -> None:
+    """A result column that clashes with an input column fails before any inference."""
+    clash = [c for c in result_column_names(args.output_column) if c in source.dataset.column_names]
     if clash and not args.overwrite:
         fail(f"input already has column(s) {', '.join(clash)}; pass --overwrite to replace "
              f"them or --output-column NAME to write elsewhere.")
-    return names
 
 
 # RowResult's fields that are result columns, and their type: `text` is the output column, the
@@ -789,14 +786,10 @@ def prepare_page(cell, decode: bool = True) -> PreparedPage | None:
     """Encoded bytes to send for one cell; raises PageError for anything that is not a page.
 
     A page that needs no change (a JPEG or PNG in RGB, upright, one frame, within bounds) is
-    sent byte for byte: no new artifacts, no encoding cost. A complete JPEG (its end-of-image
-    marker last) is not decoded at all: damage inside one is left to the server's decoder. Others
-    are decoded once (a JPEG that must shrink is decoded at reduced scale, down to twice the
-    target at most), turned upright, converted to RGB, downscaled only when above the bound
-    with the model's own filter (RESIZE_FILTER: what its authors' pipeline would give), and
-    encoded once in PAGE_FORMAT: "png" (lossless, for models trained on PNG renders) or "jpeg"
-    (quality 95, as the seed's recipes send). With decode=False, None instead of any pixel work.
-    """
+    sent byte for byte: no new artifacts, no encoding cost; a complete JPEG is not even decoded
+    (damage inside one is left to the server's decoder). Others are decoded once, turned
+    upright, converted to RGB, resized to target_size() and encoded once (encode_page). With
+    decode=False, None instead of any pixel work."""
     from PIL import Image, ImageOps
 
     if isinstance(cell, PdfPage):
@@ -1066,10 +1059,10 @@ def count_pdf_pages(ds, column: str, args) -> PdfPages:
         if data is None:
             if column != "pdf" or "image" not in ds.column_names:  # else: an image of the folder
                 errors[row] = "missing PDF (empty cell)"
+        elif isinstance(data, str) and not os.path.isfile(data):
+            errors[row] = f"cannot read the PDF file {shown}: no such file"
         else:
             try:
-                if isinstance(data, str) and not os.path.isfile(data):
-                    raise PageError(f"cannot read the PDF file {shown}: no such file")
                 document = pdfium.PdfDocument(data)
                 try:
                     total = len(document)
@@ -1080,8 +1073,6 @@ def count_pdf_pages(ds, column: str, args) -> PdfPages:
                     errors[row] = "the PDF has no pages"
                 elif not pages:
                     errors[row] = f"none of --pages {args.pages} is in this {total}-page PDF"
-            except PageError as exc:
-                errors[row] = str(exc)
             except Exception as exc:
                 errors[row] = pdf_open_error(exc, data if isinstance(data, bytes) else
                                              _file_ends(data))
@@ -1265,6 +1256,8 @@ _RENDERER: list = []  # the run's PdfRenderer, started (open_run) before any pag
 
 
 def encode_page(img) -> tuple[bytes, str]:
+    """PAGE_FORMAT "png": lossless, for models trained on PNG renders; "jpeg": quality 95, as
+    the seed's recipes send."""
     out = io.BytesIO()
     if PAGE_FORMAT == "png":
         img.save(out, format="PNG", compress_level=1)
@@ -1997,7 +1990,7 @@ class OutputStore:
 
     def parts(self) -> list[tuple[tuple[int, int], Path | None]]:
         """((start, stop), local path or None when only the Hub has it) of every part."""
-        local = {p.name: p for p in (self.root / "data").glob("part-*.parquet")}
+        local = {p.name: p for p in self.local_parts()}
         names = set(local) | self.remote_names
         return [(r, local.get(part_name(*r))) for r in ranges_from_names(names)]
 
@@ -2363,20 +2356,6 @@ def identity_differences(old, new, where: str = "") -> list[str]:
     return [] if old == new else [f"{where}: was {json.dumps(old)}, now {json.dumps(new)}"]
 
 
-def flag_values(argv: list[str]) -> dict:
-    """--flag value pairs of a command line as a dict (a bare flag is True)."""
-    out, i = {}, 0
-    while i < len(argv):
-        name, _, value = argv[i].partition("=")
-        if value or i + 1 >= len(argv) or argv[i + 1].startswith("--"):
-            out[name] = value or True
-            i += 1
-        else:
-            out[name] = argv[i + 1]
-            i += 2
-    return out
-
-
 def pinned_input(store: "OutputStore", args):
     """A rerun without --revision reads the Hub input at the revision the first run read."""
     path = store.meta / "manifest.json"
@@ -2413,16 +2392,22 @@ def claim_output(store: "OutputStore", identity: dict, args) -> None:
 
 # ---- stats and the card ----------------------------------------------------------------------
 
-def peak_rss_bytes() -> int:
-    """This program's peak resident memory: /proc's VmHWM. (ru_maxrss also counts the memory
-    the parent process had when it started this one.)"""
+def proc_bytes(path: str, key: str) -> int | None:
+    """A "key: N kB" line of a /proc file (Linux), in bytes; None without it."""
     try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
+        for line in Path(path).read_text().splitlines():
+            if line.startswith(key + ":"):
                 return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return None
+
+
+def peak_rss_bytes() -> int:
+    """This program's peak resident memory: /proc's VmHWM. (ru_maxrss also counts the memory
+    the parent process had when it started this one.)"""
+    return proc_bytes("/proc/self/status", "VmHWM") or \
+        resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 class RunStats:
@@ -2522,8 +2507,11 @@ def redact_value(value):
     return redact_text(value) if isinstance(value, str) else value
 
 
-def _redact_nested(option: str, value: str) -> str:
-    """The value of --serve-args (a command line) or --llm-kwargs (JSON), secrets replaced."""
+def _redact_option_value(option: str, value: str) -> str:
+    """The value of an option, secrets replaced: all of a secret option's, those inside
+    --serve-args (a command line) or --llm-kwargs (JSON), anything that looks like a token."""
+    if SECRET_OPTION.match(option):
+        return "***"
     if option == "--serve-args":
         try:
             return shlex.join(redact_argv(shlex.split(value)))
@@ -2544,14 +2532,10 @@ def redact_argv(argv: list[str]) -> list[str]:
     out, previous = [], None
     for arg in argv:
         name, eq, value = arg.partition("=")
-        if previous is not None and SECRET_OPTION.match(previous):
-            out.append("***")
-        elif previous is not None:
-            out.append(_redact_nested(previous, arg))
-        elif arg.startswith("--") and eq and SECRET_OPTION.match(name):
-            out.append(f"{name}=***")
+        if previous is not None:
+            out.append(_redact_option_value(previous, arg))
         elif arg.startswith("--") and eq:
-            out.append(f"{name}={_redact_nested(name, value)}")
+            out.append(f"{name}={_redact_option_value(name, value)}")
         else:
             out.append(redact_text(arg))
         takes_value = arg.startswith("--") and not eq and (
@@ -2606,7 +2590,7 @@ def _jobs_script_args(argv: list[str]) -> tuple[list[str], str | None, str | Non
             except (ValueError, AttributeError):
                 value = redact_text(value)
         elif eq or takes_value:
-            value = _redact_nested(name, value)
+            value = _redact_option_value(name, value)
         options += [name, value] if (eq or takes_value) else [name]
     local_input = local_output = None
     if positionals and (is_local_target(positionals[0]) or Path(positionals[0]).expanduser().exists()):
@@ -3204,6 +3188,20 @@ def serve_arg_value(argv: list[str], name: str, default=None):
     return value
 
 
+def flag_values(argv: list[str]) -> dict:
+    """--flag value pairs of a command line as a dict (a bare flag is True)."""
+    out, i = {}, 0
+    while i < len(argv):
+        name, _, value = argv[i].partition("=")
+        if value or i + 1 >= len(argv) or argv[i + 1].startswith("--"):
+            out[name] = value or True
+            i += 1
+        else:
+            out[name] = argv[i + 1]
+            i += 2
+    return out
+
+
 def served_model_name(args) -> str:
     return serve_arg_value(effective_serve_args(args), "--served-model-name") or args.model
 
@@ -3718,12 +3716,6 @@ class FailureStorm:
     while (or every page of a short run): a dataset of error rows helps nobody, and the rerun
     will redo them."""
 
-    def at_end(self, pages: int) -> None:
-        if pages >= 5 and self.count == pages:
-            raise RunAborted(f"all {pages} pages of this run failed on the server's side (last: "
-                             f"{self.last}); their rows are written as errors that a rerun "
-                             f"redoes once the server is fixed.", EXIT_REFUSED)
-
     def __init__(self, pages: int, seconds: float):
         self.pages, self.seconds = pages, seconds
         self.count, self.since, self.last = 0, None, ""
@@ -3740,6 +3732,12 @@ class FailureStorm:
                              f"{time.monotonic() - self.since:.0f} s (last: {result.error[:300]}); "
                              f"stopping instead of writing error rows. Finished rows are saved; "
                              f"rerun the same command once the server is fixed.", EXIT_REFUSED)
+
+    def at_end(self, pages: int) -> None:
+        if pages >= 5 and self.count == pages:
+            raise RunAborted(f"all {pages} pages of this run failed on the server's side (last: "
+                             f"{self.last}); their rows are written as errors that a rerun "
+                             f"redoes once the server is fixed.", EXIT_REFUSED)
 
 
 class ClientGroup:
@@ -3810,13 +3808,8 @@ class Window:
 
 
 def available_memory_bytes() -> int:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 8 << 30
+    available = proc_bytes("/proc/meminfo", "MemAvailable")
+    return 8 << 30 if available is None else available
 
 
 def parse_metrics(text: str) -> dict:
@@ -3870,7 +3863,7 @@ class WindowController:
         if len(self.page_bytes) > 256:
             del self.page_bytes[:128]
 
-    def on_result(self, result: RowResult, latency) -> None:
+    def on_result(self, result: RowResult) -> None:
         self.tokens += result.completion_tokens or 0
         self.pages += 1
         self.completions_since_change += 1
@@ -4036,7 +4029,7 @@ async def run_server_pipeline(source: InputSource, pending: list[int], writer: P
                             result = await send_until_clean(client, server, body, index, args)
                         except (RunAborted, PageError):
                             raise
-                        except Exception as exc:  # whatever the transport raised: the server's
+                        except Exception as exc:  # whatever the transport raised: the server's side
                             result = exception_row(exc, SERVER, "request failed: ")
                         del body
                         latency = time.monotonic() - sent
@@ -4067,7 +4060,7 @@ async def run_server_pipeline(source: InputSource, pending: list[int], writer: P
                 if result.error is not None:
                     bar.set_postfix(errors=stats.errors_seen, refresh=False)
                 if controller is not None:
-                    controller.on_result(result, latency)
+                    controller.on_result(result)
                 await flush_if_due()
 
             tasks: set[asyncio.Task] = set()
@@ -4156,6 +4149,7 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
                             f"or more CPUs, else 1; see the docstring)")
 
 
+API_SERVER_COUNT = globals().get("API_SERVER_COUNT", 1)  # a model section's measured count
 API_SERVERS_MIN_CPUS = 12  # the flavors where more API servers were measured to help had 12+
 
 
