@@ -1812,7 +1812,6 @@ class OutputStore:
 
     def __init__(self, target: str, args, hub_api=None):
         self.kind, self.target = resolve_output(target)
-        self.args = args
         self.api = None
         self.upload_failures: list[str] = []
         if self.kind == "local":
@@ -2117,7 +2116,7 @@ class PartWriter:
             - set(self.left)
         self.lock = threading.Lock()
         self.last_flush = time.monotonic()
-        self.rows_ok = self.rows_failed = self.parts_written = 0
+        self.rows_ok = self.rows_failed = 0
         self.rows_text_layer = 0  # of rows_ok: pages not sent, their text layer was enough
         self.write_errors: list[str] = []
         self.failed: set[Path] = set()
@@ -2195,7 +2194,6 @@ class PartWriter:
         except Exception as exc:  # a full disk, a bad input cell: keep the rows, try again later
             self._write_failed(path, exc)
             return
-        self.parts_written += 1
         self._written(chunk, results)
         if any(r.error_kind == SERVER for r in results):
             self.store.keep_local.add(path.name)  # a rerun here redoes them
@@ -2581,18 +2579,14 @@ def _jobs_script_args(argv: list[str]) -> tuple[list[str], str | None, str | Non
     return [redact_text(a) for a in positionals] + options, local_input, local_output
 
 
-def job_flavor() -> str:
-    """The flavor this Job was given (JOB_FLAVOR), else the script's. Never ACCELERATOR: a Job
-    sets it to `cpu` or `gpu`, which is not a flavor."""
-    return os.environ.get("JOB_FLAVOR") or DEFAULT_FLAVOR
-
-
 def reproduce_command(argv: list[str]) -> str:
     """The Hugging Face Jobs command for this run, as it should be pasted: image, flavor and
     timeout explicit, the token as a Jobs secret, no local path, no secret."""
     script = Path(sys.argv[0]).name
     args = shlex.join(_jobs_script_args(argv)[0])
-    head = f"--flavor {job_flavor()} --timeout {JOB_TIMEOUT} --secrets HF_TOKEN"
+    # the flavor this Job was given, else the script's; never ACCELERATOR (`cpu` or `gpu` in a Job)
+    flavor = os.environ.get("JOB_FLAVOR") or DEFAULT_FLAVOR
+    head = f"--flavor {flavor} --timeout {JOB_TIMEOUT} --secrets HF_TOKEN"
     if IMAGE_HAS_UV:
         return f"hf jobs uv run --image {JOB_IMAGE} {head} {script} {args}"
     # an image without uv: install it first, and fetch the script by its URL (in the Job's
@@ -2943,13 +2937,6 @@ def write_stats(stats: dict, args) -> None:
 
 # ---- one run, whatever ends it ---------------------------------------------------------------
 
-def observe_recovered(plan: RowPlan, check: DegenerateCheck) -> None:
-    """Rows a killed run journaled before its degenerate check had spoken: judged first."""
-    for result in plan.recovered.values():
-        if result.error is None and result.skipped is None:
-            check.observe(result)
-
-
 class Interrupts:
     """SIGINT and SIGTERM (a cancelled Job) stop the run once, as KeyboardInterrupt; until the
     finished rows are saved, further signals only say so. After that, one more stops the
@@ -3021,8 +3008,7 @@ def early_exits_reported(args, body) -> int:
     a Ctrl-C while the input loads) reported in --stats-json too: never an earlier run's file."""
     def report(code: int) -> None:
         write_stats({"rows_total": 0, "rows_ok": 0, "rows_failed": 0, "rows_skipped": 0,
-                     "rows_text_layer": 0,
-                     "rows_not_written": 0, "exit_code": code}, args)
+                     "rows_text_layer": 0, "rows_not_written": 0, "exit_code": code}, args)
     try:
         return body()
     except SystemExit as exc:
@@ -3040,7 +3026,9 @@ def run_guarded(run: Run, work, stop_engine, argv: list[str]) -> int:
     interrupts = Interrupts()
     code = 0
     try:
-        observe_recovered(run.plan, run.check)
+        for result in run.plan.recovered.values():  # journaled by a killed run: judged first
+            if result.error is None and result.skipped is None:
+                run.check.observe(result)
         if run.plan.send:
             work()
     except RunAborted as exc:
