@@ -780,10 +780,15 @@ def read_cell_bytes(cell) -> bytes:
         raise PageError("missing image (empty cell)")
     if isinstance(cell, dict):
         data, path = cell.get("bytes"), cell.get("path")
-        if data is None and not path:
+        if data is None and path:
+            try:
+                data = _resolve_image_path(path).read_bytes()
+            except OSError as exc:
+                raise PageError(f"cannot read image file {path}: {exc}") from None
+        if data is None:
             raise PageError("missing image (cell has neither bytes nor path)")
-        cell = path if data is None else data
-    if isinstance(cell, str):
+        cell = data
+    elif isinstance(cell, str):
         try:
             cell = _resolve_image_path(cell).read_bytes()
         except OSError as exc:
@@ -1730,8 +1735,8 @@ class Journal:
         return rows
 
     def append(self, index: int, result: RowResult) -> None:
-        entry = {"row": index, **{k: v for k, v in result.__dict__.items()}}
-        line = json.dumps(entry) + "\n"  # ASCII escapes: any text, lone surrogates included
+        # ASCII escapes: any text, lone surrogates included
+        line = json.dumps({"row": index, **result.__dict__}) + "\n"
         with self.lock:
             try:
                 if self.file is None or self.lines >= self.ROTATE_ROWS:
@@ -2567,9 +2572,8 @@ def _redact_option_value(option: str, value: str) -> str:
 
 
 def redact_argv(argv: list[str]) -> list[str]:
-    """The command line with secrets replaced, for logs, cards and inference_info: the value of
-    every secret option (--hf-token, --api-key, also inside --serve-args and --llm-kwargs) and
-    anything that looks like a token."""
+    """The command line with secrets replaced (_redact_option_value), for logs, cards and
+    inference_info."""
     out, previous = [], None
     for arg in argv:
         name, eq, value = arg.partition("=")
@@ -2587,8 +2591,8 @@ def redact_argv(argv: list[str]) -> list[str]:
 
 def _jobs_script_args(argv: list[str]) -> tuple[list[str], str | None, str | None]:
     """This run's arguments as a Job should receive them: INPUT and OUTPUT (a local one replaced
-    by a placeholder), the options minus NOT_FOR_JOBS, no secret anywhere (they are dropped,
-    not masked: a masked value would be used). Also the local INPUT and OUTPUT replaced."""
+    by a placeholder, returned too), the options minus NOT_FOR_JOBS, no secret anywhere
+    (they are dropped, not masked: a masked value would be used)."""
     positionals, options, i = [], [], 0
     while i < len(argv):
         arg = argv[i]
