@@ -295,7 +295,6 @@ import signal
 import sys
 import threading
 import time
-import urllib.parse
 import warnings
 import zlib
 from dataclasses import dataclass, field
@@ -2942,9 +2941,10 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
                             f"shorter. 0 turns it off (default: 1)")
 
 
-def parse_arguments(parser: argparse.ArgumentParser, argv: list[str]):
+def parse_arguments(parser: argparse.ArgumentParser, argv: list[str], engine_problems):
     """Parse (no abbreviations: `--hf-tok` must not pass for --hf-token and escape redaction),
-    then validate every argument before anything is read, started or created."""
+    then validate every argument before anything is read, started or created; the server's
+    or the offline engine's own options by engine_problems(args)."""
     global _VALUE_OPTIONS
     parser.allow_abbrev = False
     _VALUE_OPTIONS = {s for action in parser._actions for s in action.option_strings
@@ -2956,45 +2956,11 @@ def parse_arguments(parser: argparse.ArgumentParser, argv: list[str]):
 
     parser.error = error
     args = parser.parse_args(argv)
-    validate_arguments(args)
+    validate_arguments(args, engine_problems(args))
     return args
 
 
-def parse_vllm_size(value) -> int | None:
-    """A size as vLLM's command line spells it: 24000, 24k (x1000), 24K (x1024), 25.6k, 1m, 1M,
-    1g, 1G, 1t, 1T (no decimals with K/M/G/T); None for `auto` or -1 (the model's own context,
-    known only from /v1/models once the server is up). ValueError for anything else."""
-    text = str(value).strip()
-    if text.lower() == "auto" or text == "-1":
-        return None
-    match = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgGtT])", text)
-    if match:
-        number, suffix = match.groups()
-        if suffix.islower():
-            return int(float(number) * 10 ** (3 * "kmgt".index(suffix) + 3))
-        if "." in number:
-            raise ValueError(f"{text!r}: no decimals with {suffix} (did you mean "
-                             f"{number}{suffix.lower()}?)")
-        return int(number) * 2 ** (10 * "KMGT".index(suffix) + 10)
-    if re.fullmatch(r"\d+", text):
-        return int(text)
-    raise ValueError(f"{text!r} is not a size (write e.g. 32768, 24k, 32K or auto)")
-
-
-def server_url_parts(url: str) -> tuple[str, str, str, int]:
-    """(base, scheme, host, port) of --server. The base keeps a path prefix (a reverse proxy's)
-    and drops a trailing /v1: endpoints are base + /v1/..., /health, /metrics."""
-    parsed = urllib.parse.urlparse(url if "//" in url else "http://" + url)
-    if parsed.scheme not in ("http", "https") or not parsed.hostname:
-        raise ValueError(f"--server {url!r} is not an http(s) URL (write e.g. http://127.0.0.1:8000)")
-    port = parsed.port or (443 if parsed.scheme == "https" else 80)  # ValueError on a bad port
-    path = parsed.path.rstrip("/")
-    if path.endswith("/v1"):
-        path = path[:-3]
-    return f"{parsed.scheme}://{parsed.netloc}{path}", parsed.scheme, parsed.hostname, port
-
-
-def validate_arguments(args) -> None:
+def validate_arguments(args, engine_problems: list[str]) -> None:
     """Every argument a user can get wrong, at once and together, before any side effect."""
     problems = []
     at_least = {"num_shards": 1, "part_rows": 1, "max_tokens": 1, "sanity_pages": 1,
@@ -3022,33 +2988,7 @@ def validate_arguments(args) -> None:
     if args.num_shards >= 1 and not 0 <= args.shard_index < args.num_shards:
         problems.append(f"--shard-index must be in [0, {args.num_shards}) for --num-shards "
                         f"{args.num_shards}, got {args.shard_index}")
-    if getattr(args, "min_window", None) and getattr(args, "max_window", None) \
-            and args.min_window > args.max_window:
-        problems.append(f"--min-window {args.min_window} is above --max-window {args.max_window}")
-    if getattr(args, "server", None) is not None:
-        try:
-            server_url_parts(args.server)
-        except ValueError as exc:
-            problems.append(str(exc))
-    if getattr(args, "serve_args", None):
-        try:
-            words = shlex.split(args.serve_args)
-        except ValueError as exc:
-            problems.append(f"--serve-args cannot be split as a command line: {exc}")
-            words = []
-        for i, word in enumerate(words):
-            name, eq, value = word.partition("=")
-            if name.replace("_", "-") == "--max-model-len" and (eq or i + 1 < len(words)):
-                try:
-                    parse_vllm_size(value if eq else words[i + 1])
-                except ValueError as exc:
-                    problems.append(f"--serve-args --max-model-len: {exc}")
-    if getattr(args, "llm_kwargs", None):
-        try:
-            if not isinstance(json.loads(args.llm_kwargs), dict):
-                raise ValueError("not a JSON object")
-        except ValueError as exc:
-            problems.append(f"--llm-kwargs must be a JSON object ({exc})")
+    problems += engine_problems
     if problems:
         fail("; ".join(problems) + ".")
     resolve_output(args.output)  # exits 2 saying how to write a local path
@@ -3241,6 +3181,7 @@ import shutil
 import socket
 import statistics
 import subprocess
+import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -3294,6 +3235,65 @@ def flag_values(argv: list[str]) -> dict:
             out[name] = argv[i + 1]
             i += 2
     return out
+
+
+def parse_vllm_size(value) -> int | None:
+    """A size as vLLM's command line spells it: 24000, 24k (x1000), 24K (x1024), 25.6k, 1m, 1M,
+    1g, 1G, 1t, 1T (no decimals with K/M/G/T); None for `auto` or -1 (the model's own context,
+    known only from /v1/models once the server is up). ValueError for anything else."""
+    text = str(value).strip()
+    if text.lower() == "auto" or text == "-1":
+        return None
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgGtT])", text)
+    if match:
+        number, suffix = match.groups()
+        if suffix.islower():
+            return int(float(number) * 10 ** (3 * "kmgt".index(suffix) + 3))
+        if "." in number:
+            raise ValueError(f"{text!r}: no decimals with {suffix} (did you mean "
+                             f"{number}{suffix.lower()}?)")
+        return int(number) * 2 ** (10 * "KMGT".index(suffix) + 10)
+    if re.fullmatch(r"\d+", text):
+        return int(text)
+    raise ValueError(f"{text!r} is not a size (write e.g. 32768, 24k, 32K or auto)")
+
+
+def server_url_parts(url: str) -> tuple[str, str, int]:
+    """(base, host, port) of --server. The base keeps a path prefix (a reverse proxy's)
+    and drops a trailing /v1: endpoints are base + /v1/..., /health, /metrics."""
+    parsed = urllib.parse.urlparse(url if "//" in url else "http://" + url)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise ValueError(f"--server {url!r} is not an http(s) URL (write e.g. http://127.0.0.1:8000)")
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)  # ValueError on a bad port
+    path = parsed.path.rstrip("/")
+    if path.endswith("/v1"):
+        path = path[:-3]
+    return f"{parsed.scheme}://{parsed.netloc}{path}", parsed.hostname, port
+
+
+def server_argument_problems(args) -> list[str]:
+    """The server options a user can get wrong (parse_arguments reports them with the rest)."""
+    problems = []
+    if getattr(args, "min_window", None) and getattr(args, "max_window", None) \
+            and args.min_window > args.max_window:
+        problems.append(f"--min-window {args.min_window} is above --max-window {args.max_window}")
+    try:
+        server_url_parts(args.server)
+    except ValueError as exc:
+        problems.append(str(exc))
+    try:
+        words = shlex.split(args.serve_args)
+    except ValueError as exc:
+        problems.append(f"--serve-args cannot be split as a command line: {exc}")
+        words = []
+    for i, word in enumerate(words):
+        name, eq, value = word.partition("=")
+        if name.replace("_", "-") == "--max-model-len" and (eq or i + 1 < len(words)):
+            try:
+                parse_vllm_size(value if eq else words[i + 1])
+            except ValueError as exc:
+                problems.append(f"--serve-args --max-model-len: {exc}")
+    return problems
 
 
 def served_model_name(args) -> str:
@@ -3397,7 +3397,7 @@ class ServerManager:
 
     def __init__(self, args, argv: list[str], log_dir: Path):
         self.args, self.argv = args, argv
-        self.base, scheme, self.host, self.port = server_url_parts(args.server)
+        self.base, self.host, self.port = server_url_parts(args.server)
         self.local = self.host in ("127.0.0.1", "localhost", "::1", "0.0.0.0")
         serve_args = effective_serve_args(args)
         self.api_key = args.api_key or os.environ.get("VLLM_API_KEY") or \
@@ -4328,7 +4328,8 @@ def server_argument_parser(doc: str) -> argparse.ArgumentParser:
 def run_server_script(doc: str, argv: list[str] | None = None, hub_api=None) -> int:
     """The whole run: arguments, input, engine, output. `main()` calls it with the docstring."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = parse_arguments(server_argument_parser(doc), argv)  # a bad OUTPUT fails here
+    parser = server_argument_parser(doc)
+    args = parse_arguments(parser, argv, server_argument_problems)  # a bad OUTPUT fails here
     return early_exits_reported(args, lambda: server_run(args, argv, hub_api))
 
 
