@@ -730,8 +730,7 @@ def open_input(args) -> InputSource:
 
     local = Path(args.input).expanduser()
     base = None
-    if local.exists():
-        check_output_outside_input(args)
+    if local.exists():  # (OutputStore made sure that OUTPUT is not inside it)
         ds = _load_local_dataset(local, args)
         description = shown_path(local.resolve())
         base = local.resolve() if local.is_dir() else local.resolve().parent
@@ -781,7 +780,7 @@ def open_input(args) -> InputSource:
     pages = count_pdf_pages(ds, pdf_column, args)
     pages.per_document = bool(args.per_document)
     shown = ds  # the output names each document (a folder's file_name does), never its bytes
-    if "file_name" not in ds.column_names:
+    if "file_name" not in ds.column_names:  # added before the PDF column goes: no columns, no rows
         shown = shown.add_column(" name", pages.names)
     shown = shown.remove_columns([pdf_column])
     if " name" in shown.column_names:
@@ -1717,6 +1716,7 @@ def opens(cell) -> bool:
 def replace_rows(path: Path, start: int, redone: dict, features, args) -> None:
     """Rewrite a part with some of its rows' results replaced (a rerun redid error rows);
     atomic, so a row is never in two parts."""
+    import datasets
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -1728,8 +1728,6 @@ def replace_rows(path: Path, start: int, redone: dict, features, args) -> None:
     for name, values in replaced.items():
         old = columns.get(name, [None] * table.num_rows)
         columns[name] = [new if r is not None else prev for new, prev, r in zip(values, old, results)]
-    import datasets
-
     encoded = datasets.Features({n: features[n] for n in names}).encode_batch(columns)
     for name in names:
         array = pa.array(encoded[name], type=features.arrow_schema.field(name).type)
