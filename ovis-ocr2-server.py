@@ -177,7 +177,6 @@ def inference_settings(args) -> dict:
 MODEL_REVISION = globals().get("MODEL_REVISION")  # a commit sha or tag pins the weights
 RESIZE_FILTER = globals().get("RESIZE_FILTER", "bicubic")  # the model's own resampling filter
 LOOP_TEMPERATURE = globals().get("LOOP_TEMPERATURE", 0.3)  # a looping page's second try
-API_SERVER_COUNT = globals().get("API_SERVER_COUNT", 1)  # a spawned server's API processes
 JOB_TIMEOUT = globals().get("JOB_TIMEOUT", "4h")  # Jobs stop after 30 min without one
 JOB_PAGES_PER_S = globals().get("JOB_PAGES_PER_S")  # measured rate on DEFAULT_FLAVOR, if any
 IMAGE_TAG_MOVING = globals().get("IMAGE_TAG_MOVING", False)  # True: JOB_IMAGE is no fixed build
@@ -191,11 +190,9 @@ import random
 import resource
 import shlex
 import signal
-import statistics
 import sys
 import threading
 import time
-import urllib.parse
 import warnings
 import zlib
 from dataclasses import dataclass, field
@@ -491,15 +488,6 @@ def _check_table_files(files: list[Path]) -> list[Path]:
     return kept
 
 
-def _config_names(path: Path) -> list[str]:
-    import datasets
-
-    try:
-        return list(datasets.get_dataset_config_names(str(path)))
-    except Exception:
-        return []
-
-
 def _load_table_folder(path: Path, args):
     """A folder of parquet/arrow files (a Hub snapshot: data/train-*.parquet, split-named
     files, README `configs:`), read as `datasets.load_dataset(folder)` reads it."""
@@ -508,7 +496,10 @@ def _load_table_folder(path: Path, args):
     try:
         builder = datasets.load_dataset_builder(str(path), args.config)
     except ValueError as exc:  # a config missing or unknown: datasets says which exist
-        configs = _config_names(path)
+        try:
+            configs = datasets.get_dataset_config_names(str(path))
+        except Exception:
+            configs = []
         wanted = f"--config {args.config!r} is not" if args.config else "no --config is"
         fail(f"{wanted} a config of {shown_path(path)}; it has: {', '.join(configs) or '?'}. "
              f"Pass --config NAME ({str(exc).splitlines()[0]})")
@@ -637,8 +628,7 @@ def open_input(args) -> InputSource:
 
     local = Path(args.input).expanduser()
     base = None
-    if local.exists():
-        check_output_outside_input(args)
+    if local.exists():  # (OutputStore made sure that OUTPUT is not inside it)
         ds = _load_local_dataset(local, args)
         description = shown_path(local.resolve())
         base = local.resolve() if local.is_dir() else local.resolve().parent
@@ -654,7 +644,7 @@ def open_input(args) -> InputSource:
         fail(f"INPUT {args.input!r} is neither an existing path nor a Hub dataset id.")
     if len(ds) == 0:
         _nothing_to_do(description)
-    _PATH_BASE[:] = [base] if base is not None else []
+    _PATH_BASE[:] = [base] if base is not None else []  # before a PDF column is looked for
     pdf_column = find_pdf_column(ds, args)
     if pdf_column is not None and getattr(datasets, "Pdf", None) is not None and \
             isinstance(ds.features[pdf_column], datasets.Pdf):
@@ -674,11 +664,8 @@ def open_input(args) -> InputSource:
         ds = ds.shuffle(seed=args.seed)
     if args.max_samples is not None:
         ds = ds.select(range(min(args.max_samples, len(ds))))
-    if not 0 <= args.shard_index < args.num_shards:
-        fail(f"--shard-index must be in [0, {args.num_shards}), got {args.shard_index}")
     n = len(ds)
     lo, hi = n * args.shard_index // args.num_shards, n * (args.shard_index + 1) // args.num_shards
-    _PATH_BASE[:] = [base] if base is not None else []
     _TEXT_LAYER_COLUMNS[:] = ["text_layer"] * bool(args.text_layer or args.skip_text_pages) + \
         ["skipped"] * bool(args.skip_text_pages)
     if pdf_column is None:
@@ -691,7 +678,7 @@ def open_input(args) -> InputSource:
     pages = count_pdf_pages(ds, pdf_column, args)
     pages.per_document = bool(args.per_document)
     shown = ds  # the output names each document (a folder's file_name does), never its bytes
-    if "file_name" not in ds.column_names:
+    if "file_name" not in ds.column_names:  # added before the PDF column goes: no columns, no rows
         shown = shown.add_column(" name", pages.names)
     shown = shown.remove_columns([pdf_column])
     if " name" in shown.column_names:
@@ -701,21 +688,24 @@ def open_input(args) -> InputSource:
     return InputSource(shown, args.image_column, description, lo, hi, rows_full, pages)
 
 
-def check_output_columns(source: InputSource, args) -> list[str]:
-    """The result columns; a clash with an input column fails before any inference."""
-    names = result_column_names(args.output_column)
-    clash = [c for c in names if c in source.dataset.column_names]
+def check_output_columns(source: InputSource, args) -> None:
+    """A result column that clashes with an input column fails before any inference."""
+    clash = [c for c in result_column_names(args.output_column) if c in source.dataset.column_names]
     if clash and not args.overwrite:
         fail(f"input already has column(s) {', '.join(clash)}; pass --overwrite to replace "
              f"them or --output-column NAME to write elsewhere.")
-    return names
+
+
+# RowResult's fields that are result columns, and their type: `text` is the output column, the
+# others <column>_<field>; after them come EXTRA_COLUMNS, then the PDF text columns of this run
+RESULT_FIELDS = {"text": "string", "error": "string", "error_kind": "string",
+                 "finish_reason": "string", "prompt_tokens": "int32", "completion_tokens": "int32",
+                 "attempts": "int32"}
 
 
 def result_column_names(column: str) -> list[str]:
-    return [column, f"{column}_error", f"{column}_error_kind", f"{column}_finish_reason",
-            f"{column}_prompt_tokens", f"{column}_completion_tokens", f"{column}_attempts"] + \
-        [f"{column}_{suffix}" for suffix in EXTRA_COLUMNS] + \
-        [f"{column}_{suffix}" for suffix in _TEXT_LAYER_COLUMNS]
+    suffixes = [*RESULT_FIELDS, *EXTRA_COLUMNS, *_TEXT_LAYER_COLUMNS][1:]  # after `text`
+    return [column] + [f"{column}_{suffix}" for suffix in suffixes]
 
 
 # ---- page images --------------------------------------------------------------------------
@@ -799,18 +789,14 @@ def prepare_page(cell, decode: bool = True) -> PreparedPage | None:
     """Encoded bytes to send for one cell; raises PageError for anything that is not a page.
 
     A page that needs no change (a JPEG or PNG in RGB, upright, one frame, within bounds) is
-    sent byte for byte: no new artifacts, no encoding cost. A complete JPEG (its end-of-image
-    marker last) is not decoded at all: damage inside one is left to the server's decoder. Others
-    are decoded once (a JPEG that must shrink is decoded at reduced scale, down to twice the
-    target at most), turned upright, converted to RGB, downscaled only when above the bound
-    with the model's own filter (RESIZE_FILTER: what its authors' pipeline would give), and
-    encoded once in PAGE_FORMAT: "png" (lossless, for models trained on PNG renders) or "jpeg"
-    (quality 95, as the seed's recipes send). With decode=False, None instead of any pixel work.
-    """
+    sent byte for byte: no new artifacts, no encoding cost; a complete JPEG is not even decoded
+    (damage inside one is left to the server's decoder). Others are decoded once, turned
+    upright, converted to RGB, resized to target_size() and encoded once (encode_page). With
+    decode=False, None instead of any pixel work."""
     from PIL import Image, ImageOps
 
     if isinstance(cell, PdfPage):
-        return render_pdf_page(cell)
+        return _RENDERER[0].render(cell)
     raw = read_cell_bytes(cell)
     try:
         with warnings.catch_warnings():
@@ -887,9 +873,9 @@ def find_pdf_column(ds, args) -> str | None:
     if args.pdf_column:
         if args.pdf_column not in ds.column_names:
             fail(f"--pdf-column {args.pdf_column!r} not found. Columns: {', '.join(ds.column_names)}")
-        cells = ds.select_columns([args.pdf_column]).select(range(min(16, len(ds))))
-        if not any(looks_like_pdf(cell) for cell in cells[args.pdf_column] if cell is not None) \
-                and any(cell is not None for cell in cells[args.pdf_column]):
+        column = args.pdf_column
+        cells = ds.select_columns([column]).select(range(min(16, len(ds))))[column]
+        if any(cell is not None for cell in cells) and not any(map(looks_like_pdf, cells)):
             fail(f"--pdf-column {args.pdf_column!r} holds no PDFs in its first rows (PDF bytes "
                  f"start with %PDF-; paths must lead to PDF files)")
         return args.pdf_column
@@ -979,16 +965,13 @@ class PdfPages:
 
     def fingerprint(self) -> str:
         """The documents as counted: their pages, and for files outside the input, each one's
-        size and last 64 KiB (where a PDF keeps its trailer): a PDF replaced is another input."""
+        size and file_tail(): a PDF replaced is another input."""
         import hashlib
 
         digest = hashlib.sha256(self.doc.tobytes() + self.number.tobytes() + self.count.tobytes())
         for row, path in sorted(self.paths.items()):
             try:
-                size = os.path.getsize(path)
-                with open(path, "rb") as handle:
-                    handle.seek(max(0, size - 65536))
-                    digest.update(f"{row} {size}".encode() + handle.read())
+                digest.update(f"{row} {os.path.getsize(path)}".encode() + file_tail(path))
             except OSError:
                 digest.update(f"{row} missing".encode())
         return digest.hexdigest()[:20]
@@ -1039,6 +1022,14 @@ def pdf_open_error(exc: BaseException, data=None) -> str:
     return f"cannot open the PDF: {type(exc).__name__}: {text}"
 
 
+def file_tail(path) -> bytes:
+    """A file's last 64 KiB, where parquet keeps its footer and a PDF its trailer: a file
+    rewritten shows there, one only touched or copied does not. OSError if unreadable."""
+    with open(path, "rb") as handle:
+        handle.seek(max(0, os.fstat(handle.fileno()).st_size - 65536))
+        return handle.read()
+
+
 def _file_ends(path: str, size: int = 1 << 20) -> bytes | None:
     """A file's first and last MiB (where a PDF keeps its trailer), or None."""
     try:
@@ -1071,10 +1062,10 @@ def count_pdf_pages(ds, column: str, args) -> PdfPages:
         if data is None:
             if column != "pdf" or "image" not in ds.column_names:  # else: an image of the folder
                 errors[row] = "missing PDF (empty cell)"
+        elif isinstance(data, str) and not os.path.isfile(data):
+            errors[row] = f"cannot read the PDF file {shown}: no such file"
         else:
             try:
-                if isinstance(data, str) and not os.path.isfile(data):
-                    raise PageError(f"cannot read the PDF file {shown}: no such file")
                 document = pdfium.PdfDocument(data)
                 try:
                     total = len(document)
@@ -1085,8 +1076,6 @@ def count_pdf_pages(ds, column: str, args) -> PdfPages:
                     errors[row] = "the PDF has no pages"
                 elif not pages:
                     errors[row] = f"none of --pages {args.pages} is in this {total}-page PDF"
-            except PageError as exc:
-                errors[row] = str(exc)
             except Exception as exc:
                 errors[row] = pdf_open_error(exc, data if isinstance(data, bytes) else
                                              _file_ends(data))
@@ -1266,16 +1255,12 @@ class PdfRenderer:
             process.kill()
 
 
-_RENDERER: list = []  # the run's PdfRenderer, started before any page is prepared
-
-
-def render_pdf_page(page: PdfPage) -> "PreparedPage":
-    if not _RENDERER:
-        raise PageError("internal: no PDF renderer was started")
-    return _RENDERER[0].render(page)
+_RENDERER: list = []  # the run's PdfRenderer, started (open_run) before any page is prepared
 
 
 def encode_page(img) -> tuple[bytes, str]:
+    """PAGE_FORMAT "png": lossless, for models trained on PNG renders; "jpeg": quality 95, as
+    the seed's recipes send."""
     out = io.BytesIO()
     if PAGE_FORMAT == "png":
         img.save(out, format="PNG", compress_level=1)
@@ -1389,12 +1374,11 @@ class DegenerateCheck:
     MIN_EVIDENCE = 3
 
     def __init__(self, enabled: bool, pages: int, expected: int):
-        self.enabled = enabled and expected > 0
         self.pages = max(self.MIN_EVIDENCE, pages)
         self.seen: list[bool] = []
         self.fixed_by_retry = 0
         self.tripped = False
-        self.done = not self.enabled
+        self.done = not (enabled and expected > 0)
 
     def passed(self) -> bool:
         return self.done and not self.tripped
@@ -1482,13 +1466,6 @@ def joined_pages(pages: list[tuple[int, RowResult]]) -> RowResult:
         f"too) was enough" if skipped else None)
 
 
-class TextLayerEnough(Exception):
-    """A PDF page not to send: its text layer is its row (--skip-text-pages)."""
-
-    def __init__(self, result: RowResult):
-        self.result = result
-
-
 def text_layer_row(page: PreparedPage, args) -> RowResult:
     chars = sum(not c.isspace() for c in page.text_layer)
     return RowResult(text_layer=page.text_layer, attempts=0, skipped=f"not sent: its text layer "
@@ -1532,18 +1509,11 @@ def output_features(source: InputSource, args):
          if k not in result_column_names(args.output_column) and k != "inference_info"})
     if isinstance(features.get(source.image_column), datasets.Image):
         features[source.image_column] = datasets.Image()  # decoded on load, shown by the viewer
-    column = args.output_column
-    features[column] = datasets.Value("string")
-    features[f"{column}_error"] = datasets.Value("string")
-    features[f"{column}_error_kind"] = datasets.Value("string")
-    features[f"{column}_finish_reason"] = datasets.Value("string")
-    features[f"{column}_prompt_tokens"] = datasets.Value("int32")
-    features[f"{column}_completion_tokens"] = datasets.Value("int32")
-    features[f"{column}_attempts"] = datasets.Value("int32")
-    for suffix, kind in EXTRA_COLUMNS.items():
-        features[f"{column}_{suffix}"] = extra_feature(kind)
-    for suffix in _TEXT_LAYER_COLUMNS:
-        features[f"{column}_{suffix}"] = datasets.Value("string")
+    kinds = [datasets.Value(kind) for kind in RESULT_FIELDS.values()] + \
+        [extra_feature(kind) for kind in EXTRA_COLUMNS.values()] + \
+        [datasets.Value("string")] * len(_TEXT_LAYER_COLUMNS)
+    for name, feature in zip(result_column_names(args.output_column), kinds):
+        features[name] = feature
     features["inference_info"] = datasets.Value("string")
     return features
 
@@ -1560,17 +1530,10 @@ def extra_feature(kind: str):
 
 
 def result_columns(results: list, column: str) -> dict:
-    out = {column: [r.text for r in results], f"{column}_error": [r.error for r in results],
-           f"{column}_error_kind": [r.error_kind for r in results],
-           f"{column}_finish_reason": [r.finish_reason for r in results],
-           f"{column}_prompt_tokens": [r.prompt_tokens for r in results],
-           f"{column}_completion_tokens": [r.completion_tokens for r in results],
-           f"{column}_attempts": [r.attempts for r in results]}
-    for suffix in EXTRA_COLUMNS:
-        out[f"{column}_{suffix}"] = [r.extras.get(suffix) for r in results]
-    for suffix in _TEXT_LAYER_COLUMNS:
-        out[f"{column}_{suffix}"] = [getattr(r, suffix) for r in results]
-    return out
+    values = [[getattr(r, name) for r in results] for name in RESULT_FIELDS] + \
+        [[r.extras.get(suffix) for r in results] for suffix in EXTRA_COLUMNS] + \
+        [[getattr(r, name) for r in results] for name in _TEXT_LAYER_COLUMNS]
+    return dict(zip(result_column_names(column), values))
 
 
 def encode_rows(batch: dict, results: list, features, args):
@@ -1651,6 +1614,7 @@ def opens(cell) -> bool:
 def replace_rows(path: Path, start: int, redone: dict, features, args) -> None:
     """Rewrite a part with some of its rows' results replaced (a rerun redid error rows);
     atomic, so a row is never in two parts."""
+    import datasets
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -1662,8 +1626,6 @@ def replace_rows(path: Path, start: int, redone: dict, features, args) -> None:
     for name, values in replaced.items():
         old = columns.get(name, [None] * table.num_rows)
         columns[name] = [new if r is not None else prev for new, prev, r in zip(values, old, results)]
-    import datasets
-
     encoded = datasets.Features({n: features[n] for n in names}).encode_batch(columns)
     for name in names:
         array = pa.array(encoded[name], type=features.arrow_schema.field(name).type)
@@ -1727,8 +1689,8 @@ class Journal:
         return rows
 
     def append(self, index: int, result: RowResult) -> None:
-        entry = {"row": index, **{k: v for k, v in result.__dict__.items()}}
-        line = json.dumps(entry) + "\n"  # ASCII escapes: any text, lone surrogates included
+        # ASCII escapes: any text, lone surrogates included
+        line = json.dumps({"row": index, **result.__dict__}) + "\n"
         with self.lock:
             try:
                 if self.file is None or self.lines >= self.ROTATE_ROWS:
@@ -1871,7 +1833,6 @@ class OutputStore:
 
     def __init__(self, target: str, args, hub_api=None):
         self.kind, self.target = resolve_output(target)
-        self.args = args
         self.api = None
         self.upload_failures: list[str] = []
         if self.kind == "local":
@@ -1976,15 +1937,10 @@ class OutputStore:
                          f"writing another shard of {self.location()}: stop it first")
         log(f"--restart: removing the rows, card and manifest of {self.location()}")
         if self.api is not None:
-            from huggingface_hub import CommitOperationDelete
-
             files = self.api.list_repo_files(self.target, repo_type="dataset")
             doomed = [f for f in files if f.startswith(("data/", ".ocr/")) or f == "README.md"]
             if doomed:
-                self.api.create_commit(self.target, repo_type="dataset",
-                                       commit_message="Restart the OCR run",
-                                       operations=[CommitOperationDelete(path_in_repo=f)
-                                                   for f in doomed])
+                self.delete_on_hub(doomed, "Restart the OCR run")
             self.remote_names, self.known = set(), set()
         self.clear_local()
         self.journal = Journal(self.journal.folder)
@@ -2010,18 +1966,19 @@ class OutputStore:
         if self.created_manifest:
             (self.meta / "manifest.json").unlink(missing_ok=True)
             if self.api is not None:
-                from huggingface_hub import CommitOperationDelete
-
                 try:
-                    self.api.create_commit(self.target, repo_type="dataset",
-                                           commit_message="Remove the manifest of a run that "
-                                                          "wrote nothing",
-                                           operations=[CommitOperationDelete(
-                                               path_in_repo=".ocr/manifest.json")])
+                    self.delete_on_hub([".ocr/manifest.json"],
+                                       "Remove the manifest of a run that wrote nothing")
                 except Exception:
                     pass  # a later run compares against it: --restart clears it
                 with self.queue_lock:
                     self.queued.pop(".ocr/manifest.json", None)
+
+    def delete_on_hub(self, files: list[str], message: str) -> None:
+        from huggingface_hub import CommitOperationDelete
+
+        self.api.create_commit(self.target, repo_type="dataset", commit_message=message,
+                               operations=[CommitOperationDelete(path_in_repo=f) for f in files])
 
     def update_manifest(self, manifest: dict) -> None:
         path = self.meta / "manifest.json"
@@ -2034,12 +1991,9 @@ class OutputStore:
 
     def parts(self) -> list[tuple[tuple[int, int], Path | None]]:
         """((start, stop), local path or None when only the Hub has it) of every part."""
-        local = {p.name: p for p in (self.root / "data").glob("part-*.parquet")}
+        local = {p.name: p for p in self.local_parts()}
         names = set(local) | self.remote_names
         return [(r, local.get(part_name(*r))) for r in ranges_from_names(names)]
-
-    def done_ranges(self) -> list[tuple[int, int]]:
-        return [r for r, _ in self.parts()]
 
     def resend_local_parts(self) -> None:
         """Parts a killed or offline run left on disk but never uploaded."""
@@ -2169,9 +2123,9 @@ class PartWriter:
     rows of the other blocks are written too. A redone error row replaces it in its part."""
 
     def __init__(self, store: OutputStore, source: InputSource, plan: RowPlan, features,
-                 info_entry: dict, args):
+                 info_entry: dict, check: "DegenerateCheck", args):
         self.store, self.source, self.features = store, source, features
-        self.info_entry, self.args = info_entry, args
+        self.info_entry, self.check, self.args = info_entry, check, args
         self.redo = dict(plan.redo)  # row -> part holding its error row, until replaced
         self.results: dict[int, RowResult] = dict(plan.recovered)  # finished, in no part yet
         self.left: dict[int, int] = {}  # block -> its rows not finished yet
@@ -2181,10 +2135,9 @@ class PartWriter:
                 self.left[block] = self.left.get(block, 0) + 1
         self.complete = {i // args.part_rows for i in self.results if i not in self.redo} \
             - set(self.left)
-        self.checked = False  # the degenerate check has passed: parts may be written
         self.lock = threading.Lock()
         self.last_flush = time.monotonic()
-        self.rows_ok = self.rows_failed = self.parts_written = 0
+        self.rows_ok = self.rows_failed = 0
         self.rows_text_layer = 0  # of rows_ok: pages not sent, their text layer was enough
         self.write_errors: list[str] = []
         self.failed: set[Path] = set()
@@ -2219,11 +2172,8 @@ class PartWriter:
                     del self.left[block]
                     self.complete.add(block)
 
-    def check_passed(self) -> None:
-        self.checked = True
-
     def due(self) -> bool:
-        return self.checked and bool(self.results) and (
+        return self.check.passed() and bool(self.results) and (
             bool(self.complete) or time.monotonic() - self.last_flush >= self.args.part_seconds)
 
     def flush(self, final: bool = False) -> None:
@@ -2265,7 +2215,6 @@ class PartWriter:
         except Exception as exc:  # a full disk, a bad input cell: keep the rows, try again later
             self._write_failed(path, exc)
             return
-        self.parts_written += 1
         self._written(chunk, results)
         if any(r.error_kind == SERVER for r in results):
             self.store.keep_local.add(path.name)  # a rerun here redoes them
@@ -2297,9 +2246,6 @@ class PartWriter:
         log(f"error: {message}; its rows are kept and written again later")
         self.write_errors.append(message)
         self.last_flush = time.monotonic()  # wait a while before the next attempt
-
-    def unwritten(self) -> int:
-        return len(self.results)
 
 
 def iter_image_cells(source: InputSource, indices: list[int], batch: int = 64):
@@ -2339,9 +2285,8 @@ MAY_CHANGE_ENGINE = {"gpu-memory-utilization", "data-parallel-size", "tensor-par
 
 def input_identity(args) -> dict:
     """What the input is: a Hub dataset at the revision this run read, or a local path's files:
-    names and sizes, and for data files (parquet, arrow) a hash of their last 64 KiB, where
-    parquet keeps its footer: an image re-rendered under the same name, or a table rewritten,
-    is another input; a file only touched or copied is the same one."""
+    names and sizes, and for files other than images a hash of their file_tail(): an image
+    re-rendered under the same name, or a table rewritten, is another input."""
     import hashlib
 
     local = Path(args.input).expanduser()
@@ -2355,9 +2300,7 @@ def input_identity(args) -> dict:
         size = path.stat().st_size
         entry = f"{path.relative_to(local) if path != local else path.name} {size} B"
         if path.suffix.lower() not in IMAGE_EXTENSIONS:
-            with open(path, "rb") as handle:
-                handle.seek(max(0, size - 65536))
-                entry += f" #{hashlib.sha1(handle.read()).hexdigest()[:12]}"
+            entry += f" #{hashlib.sha1(file_tail(path)).hexdigest()[:12]}"
         entries.append(entry)
     text = "\n".join(entries).encode("utf-8", "surrogateescape")
     identity = {"files": len(files), "digest": hashlib.sha256(text).hexdigest()[:20]}
@@ -2413,20 +2356,6 @@ def identity_differences(old, new, where: str = "") -> list[str]:
     return [] if old == new else [f"{where}: was {json.dumps(old)}, now {json.dumps(new)}"]
 
 
-def flag_values(argv: list[str]) -> dict:
-    """--flag value pairs of a command line as a dict (a bare flag is True)."""
-    out, i = {}, 0
-    while i < len(argv):
-        name, _, value = argv[i].partition("=")
-        if value or i + 1 >= len(argv) or argv[i + 1].startswith("--"):
-            out[name] = value or True
-            i += 1
-        else:
-            out[name] = argv[i + 1]
-            i += 2
-    return out
-
-
 def pinned_input(store: "OutputStore", args):
     """A rerun without --revision reads the Hub input at the revision the first run read."""
     path = store.meta / "manifest.json"
@@ -2463,16 +2392,22 @@ def claim_output(store: "OutputStore", identity: dict, args) -> None:
 
 # ---- stats and the card ----------------------------------------------------------------------
 
-def peak_rss_bytes() -> int:
-    """This program's peak resident memory: /proc's VmHWM. (ru_maxrss also counts the memory
-    the parent process had when it started this one.)"""
+def proc_bytes(path: str, key: str) -> int | None:
+    """A "key: N kB" line of a /proc file (Linux), in bytes; None without it."""
     try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
+        for line in Path(path).read_text().splitlines():
+            if line.startswith(key + ":"):
                 return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return None
+
+
+def peak_rss_bytes() -> int:
+    """This program's peak resident memory: /proc's VmHWM. (ru_maxrss also counts the memory
+    the parent process had when it started this one.)"""
+    return proc_bytes("/proc/self/status", "VmHWM") or \
+        resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 class RunStats:
@@ -2518,15 +2453,12 @@ class RunStats:
             if self.finished_at and self.first_started else None
         done = len(self.finished_at)
         steady_rate = steady_tokens = None
-        if done >= 10:  # leave out start-up and tail: the middle 80% of completions
+        if done >= 2:  # leave out start-up and tail: the middle 80% of completions (from 10 on)
             a, b = done // 10, done - done // 10 - 1
             span = self.finished_at[b] - self.finished_at[a]
             if span > 0:
                 steady_rate = (b - a) / span
                 steady_tokens = sum(self.tokens[a + 1:b + 1]) / span
-        elif done >= 2 and self.finished_at[-1] > self.finished_at[0]:
-            span = self.finished_at[-1] - self.finished_at[0]
-            steady_rate, steady_tokens = (done - 1) / span, sum(self.tokens[1:]) / span
 
         def quantile(q):
             if not self.latencies:
@@ -2575,8 +2507,11 @@ def redact_value(value):
     return redact_text(value) if isinstance(value, str) else value
 
 
-def _redact_nested(option: str, value: str) -> str:
-    """The value of --serve-args (a command line) or --llm-kwargs (JSON), secrets replaced."""
+def _redact_option_value(option: str, value: str) -> str:
+    """The value of an option, secrets replaced: all of a secret option's, those inside
+    --serve-args (a command line) or --llm-kwargs (JSON), anything that looks like a token."""
+    if SECRET_OPTION.match(option):
+        return "***"
     if option == "--serve-args":
         try:
             return shlex.join(redact_argv(shlex.split(value)))
@@ -2591,20 +2526,15 @@ def _redact_nested(option: str, value: str) -> str:
 
 
 def redact_argv(argv: list[str]) -> list[str]:
-    """The command line with secrets replaced, for logs, cards and inference_info: the value of
-    every secret option (--hf-token, --api-key, also inside --serve-args and --llm-kwargs) and
-    anything that looks like a token."""
+    """The command line with secrets replaced (_redact_option_value), for logs, cards and
+    inference_info."""
     out, previous = [], None
     for arg in argv:
         name, eq, value = arg.partition("=")
-        if previous is not None and SECRET_OPTION.match(previous):
-            out.append("***")
-        elif previous is not None:
-            out.append(_redact_nested(previous, arg))
-        elif arg.startswith("--") and eq and SECRET_OPTION.match(name):
-            out.append(f"{name}=***")
+        if previous is not None:
+            out.append(_redact_option_value(previous, arg))
         elif arg.startswith("--") and eq:
-            out.append(f"{name}={_redact_nested(name, value)}")
+            out.append(f"{name}={_redact_option_value(name, value)}")
         else:
             out.append(redact_text(arg))
         takes_value = arg.startswith("--") and not eq and (
@@ -2615,8 +2545,8 @@ def redact_argv(argv: list[str]) -> list[str]:
 
 def _jobs_script_args(argv: list[str]) -> tuple[list[str], str | None, str | None]:
     """This run's arguments as a Job should receive them: INPUT and OUTPUT (a local one replaced
-    by a placeholder), the options minus NOT_FOR_JOBS, no secret anywhere (they are dropped,
-    not masked: a masked value would be used). Also the local INPUT and OUTPUT replaced."""
+    by a placeholder, returned too), the options minus NOT_FOR_JOBS, no secret anywhere
+    (they are dropped, not masked: a masked value would be used)."""
     positionals, options, i = [], [], 0
     while i < len(argv):
         arg = argv[i]
@@ -2659,7 +2589,7 @@ def _jobs_script_args(argv: list[str]) -> tuple[list[str], str | None, str | Non
             except (ValueError, AttributeError):
                 value = redact_text(value)
         elif eq or takes_value:
-            value = _redact_nested(name, value)
+            value = _redact_option_value(name, value)
         options += [name, value] if (eq or takes_value) else [name]
     local_input = local_output = None
     if positionals and (is_local_target(positionals[0]) or Path(positionals[0]).expanduser().exists()):
@@ -2669,18 +2599,14 @@ def _jobs_script_args(argv: list[str]) -> tuple[list[str], str | None, str | Non
     return [redact_text(a) for a in positionals] + options, local_input, local_output
 
 
-def job_flavor() -> str:
-    """The flavor this Job was given (JOB_FLAVOR), else the script's. Never ACCELERATOR: a Job
-    sets it to `cpu` or `gpu`, which is not a flavor."""
-    return os.environ.get("JOB_FLAVOR") or DEFAULT_FLAVOR
-
-
 def reproduce_command(argv: list[str]) -> str:
     """The Hugging Face Jobs command for this run, as it should be pasted: image, flavor and
     timeout explicit, the token as a Jobs secret, no local path, no secret."""
     script = Path(sys.argv[0]).name
     args = shlex.join(_jobs_script_args(argv)[0])
-    head = f"--flavor {job_flavor()} --timeout {JOB_TIMEOUT} --secrets HF_TOKEN"
+    # the flavor this Job was given, else the script's; never ACCELERATOR (`cpu` or `gpu` in a Job)
+    flavor = os.environ.get("JOB_FLAVOR") or DEFAULT_FLAVOR
+    head = f"--flavor {flavor} --timeout {JOB_TIMEOUT} --secrets HF_TOKEN"
     if IMAGE_HAS_UV:
         return f"hf jobs uv run --image {JOB_IMAGE} {head} {script} {args}"
     # an image without uv: install it first, and fetch the script by its URL (in the Job's
@@ -2911,9 +2837,10 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
                             f"shorter. 0 turns it off (default: 1)")
 
 
-def parse_arguments(parser: argparse.ArgumentParser, argv: list[str]):
+def parse_arguments(parser: argparse.ArgumentParser, argv: list[str], engine_problems):
     """Parse (no abbreviations: `--hf-tok` must not pass for --hf-token and escape redaction),
-    then validate every argument before anything is read, started or created."""
+    then validate every argument before anything is read, started or created; the server's
+    or the offline engine's own options by engine_problems(args)."""
     global _VALUE_OPTIONS
     parser.allow_abbrev = False
     _VALUE_OPTIONS = {s for action in parser._actions for s in action.option_strings
@@ -2925,45 +2852,11 @@ def parse_arguments(parser: argparse.ArgumentParser, argv: list[str]):
 
     parser.error = error
     args = parser.parse_args(argv)
-    validate_arguments(args)
+    validate_arguments(args, engine_problems(args))
     return args
 
 
-def parse_vllm_size(value) -> int | None:
-    """A size as vLLM's command line spells it: 24000, 24k (x1000), 24K (x1024), 25.6k, 1m, 1M,
-    1g, 1G, 1t, 1T (no decimals with K/M/G/T); None for `auto` or -1 (the model's own context,
-    known only from /v1/models once the server is up). ValueError for anything else."""
-    text = str(value).strip()
-    if text.lower() == "auto" or text == "-1":
-        return None
-    match = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgGtT])", text)
-    if match:
-        number, suffix = match.groups()
-        if suffix.islower():
-            return int(float(number) * 10 ** (3 * "kmgt".index(suffix) + 3))
-        if "." in number:
-            raise ValueError(f"{text!r}: no decimals with {suffix} (did you mean "
-                             f"{number}{suffix.lower()}?)")
-        return int(number) * 2 ** (10 * "KMGT".index(suffix) + 10)
-    if re.fullmatch(r"\d+", text):
-        return int(text)
-    raise ValueError(f"{text!r} is not a size (write e.g. 32768, 24k, 32K or auto)")
-
-
-def server_url_parts(url: str) -> tuple[str, str, str, int]:
-    """(base, scheme, host, port) of --server. The base keeps a path prefix (a reverse proxy's)
-    and drops a trailing /v1: endpoints are base + /v1/..., /health, /metrics."""
-    parsed = urllib.parse.urlparse(url if "//" in url else "http://" + url)
-    if parsed.scheme not in ("http", "https") or not parsed.hostname:
-        raise ValueError(f"--server {url!r} is not an http(s) URL (write e.g. http://127.0.0.1:8000)")
-    port = parsed.port or (443 if parsed.scheme == "https" else 80)  # ValueError on a bad port
-    path = parsed.path.rstrip("/")
-    if path.endswith("/v1"):
-        path = path[:-3]
-    return f"{parsed.scheme}://{parsed.netloc}{path}", parsed.scheme, parsed.hostname, port
-
-
-def validate_arguments(args) -> None:
+def validate_arguments(args, engine_problems: list[str]) -> None:
     """Every argument a user can get wrong, at once and together, before any side effect."""
     problems = []
     at_least = {"num_shards": 1, "part_rows": 1, "max_tokens": 1, "sanity_pages": 1,
@@ -2991,33 +2884,7 @@ def validate_arguments(args) -> None:
     if args.num_shards >= 1 and not 0 <= args.shard_index < args.num_shards:
         problems.append(f"--shard-index must be in [0, {args.num_shards}) for --num-shards "
                         f"{args.num_shards}, got {args.shard_index}")
-    if getattr(args, "min_window", None) and getattr(args, "max_window", None) \
-            and args.min_window > args.max_window:
-        problems.append(f"--min-window {args.min_window} is above --max-window {args.max_window}")
-    if getattr(args, "server", None) is not None:
-        try:
-            server_url_parts(args.server)
-        except ValueError as exc:
-            problems.append(str(exc))
-    if getattr(args, "serve_args", None):
-        try:
-            words = shlex.split(args.serve_args)
-        except ValueError as exc:
-            problems.append(f"--serve-args cannot be split as a command line: {exc}")
-            words = []
-        for i, word in enumerate(words):
-            name, eq, value = word.partition("=")
-            if name.replace("_", "-") == "--max-model-len" and (eq or i + 1 < len(words)):
-                try:
-                    parse_vllm_size(value if eq else words[i + 1])
-                except ValueError as exc:
-                    problems.append(f"--serve-args --max-model-len: {exc}")
-    if getattr(args, "llm_kwargs", None):
-        try:
-            if not isinstance(json.loads(args.llm_kwargs), dict):
-                raise ValueError("not a JSON object")
-        except ValueError as exc:
-            problems.append(f"--llm-kwargs must be a JSON object ({exc})")
+    problems += engine_problems
     if problems:
         fail("; ".join(problems) + ".")
     resolve_output(args.output)  # exits 2 saying how to write a local path
@@ -3030,13 +2897,6 @@ def write_stats(stats: dict, args) -> None:
 
 
 # ---- one run, whatever ends it ---------------------------------------------------------------
-
-def observe_recovered(plan: RowPlan, check: DegenerateCheck) -> None:
-    """Rows a killed run journaled before its degenerate check had spoken: judged first."""
-    for result in plan.recovered.values():
-        if result.error is None and result.skipped is None:
-            check.observe(result)
-
 
 class Interrupts:
     """SIGINT and SIGTERM (a cancelled Job) stop the run once, as KeyboardInterrupt; until the
@@ -3093,11 +2953,10 @@ def open_run(args, hub_api, engine: dict, info_entry: dict) -> Run:
         _RENDERER[:] = [PdfRenderer(source.pdf, args)]  # forked before the driver's threads
     stats = RunStats(rows_total=source.hi - source.lo, rows_skipped=plan.skipped)
     stats.extra["rows_recovered"] = len(plan.recovered)
-    writer = PartWriter(store, source, plan, output_features(source, args), info_entry, args)
     check = DegenerateCheck(not args.no_sanity_check and not plan.earlier_ok, args.sanity_pages,
                             len(plan.send))
-    if check.passed():
-        writer.check_passed()
+    writer = PartWriter(store, source, plan, output_features(source, args), info_entry, check,
+                        args)
     recovered = f", {len(plan.recovered)} recovered from the journal" if plan.recovered else ""
     pages = f" ({len(plan.send)} pages to send)" if plan.send != plan.pending else ""
     log(f"{len(plan.pending)} of {stats.rows_total} rows to do{pages} ({stats.rows_skipped} "
@@ -3110,8 +2969,7 @@ def early_exits_reported(args, body) -> int:
     a Ctrl-C while the input loads) reported in --stats-json too: never an earlier run's file."""
     def report(code: int) -> None:
         write_stats({"rows_total": 0, "rows_ok": 0, "rows_failed": 0, "rows_skipped": 0,
-                     "rows_text_layer": 0,
-                     "rows_not_written": 0, "exit_code": code}, args)
+                     "rows_text_layer": 0, "rows_not_written": 0, "exit_code": code}, args)
     try:
         return body()
     except SystemExit as exc:
@@ -3129,7 +2987,9 @@ def run_guarded(run: Run, work, stop_engine, argv: list[str]) -> int:
     interrupts = Interrupts()
     code = 0
     try:
-        observe_recovered(run.plan, run.check)
+        for result in run.plan.recovered.values():  # journaled by a killed run: judged first
+            if result.error is None and result.skipped is None:
+                run.check.observe(result)
         if run.plan.send:
             work()
     except RunAborted as exc:
@@ -3160,8 +3020,6 @@ def finish_run(code: int, run: Run, interrupts: Interrupts, stop_engine, argv: l
             store.journal.close(discard=True)
             log("the pages finished so far are all degenerate: nothing is written")
         else:
-            if not writer.checked:
-                writer.check_passed()
             writer.flush(final=True)
             store.journal.close()
             if code:
@@ -3215,9 +3073,9 @@ def finish_run(code: int, run: Run, interrupts: Interrupts, stop_engine, argv: l
 # block provides the rest.
 import asyncio
 import base64
-import math
 import shutil
 import socket
+import statistics
 import subprocess
 import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
@@ -3259,6 +3117,79 @@ def serve_arg_value(argv: list[str], name: str, default=None):
         elif i + 1 < len(argv):
             value = argv[i + 1]
     return value
+
+
+def flag_values(argv: list[str]) -> dict:
+    """--flag value pairs of a command line as a dict (a bare flag is True)."""
+    out, i = {}, 0
+    while i < len(argv):
+        name, _, value = argv[i].partition("=")
+        if value or i + 1 >= len(argv) or argv[i + 1].startswith("--"):
+            out[name] = value or True
+            i += 1
+        else:
+            out[name] = argv[i + 1]
+            i += 2
+    return out
+
+
+def parse_vllm_size(value) -> int | None:
+    """A size as vLLM's command line spells it: 24000, 24k (x1000), 24K (x1024), 25.6k, 1m, 1M,
+    1g, 1G, 1t, 1T (no decimals with K/M/G/T); None for `auto` or -1 (the model's own context,
+    known only from /v1/models once the server is up). ValueError for anything else."""
+    text = str(value).strip()
+    if text.lower() == "auto" or text == "-1":
+        return None
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgGtT])", text)
+    if match:
+        number, suffix = match.groups()
+        if suffix.islower():
+            return int(float(number) * 10 ** (3 * "kmgt".index(suffix) + 3))
+        if "." in number:
+            raise ValueError(f"{text!r}: no decimals with {suffix} (did you mean "
+                             f"{number}{suffix.lower()}?)")
+        return int(number) * 2 ** (10 * "KMGT".index(suffix) + 10)
+    if re.fullmatch(r"\d+", text):
+        return int(text)
+    raise ValueError(f"{text!r} is not a size (write e.g. 32768, 24k, 32K or auto)")
+
+
+def server_url_parts(url: str) -> tuple[str, str, int]:
+    """(base, host, port) of --server. The base keeps a path prefix (a reverse proxy's)
+    and drops a trailing /v1: endpoints are base + /v1/..., /health, /metrics."""
+    parsed = urllib.parse.urlparse(url if "//" in url else "http://" + url)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise ValueError(f"--server {url!r} is not an http(s) URL (write e.g. http://127.0.0.1:8000)")
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)  # ValueError on a bad port
+    path = parsed.path.rstrip("/")
+    if path.endswith("/v1"):
+        path = path[:-3]
+    return f"{parsed.scheme}://{parsed.netloc}{path}", parsed.hostname, port
+
+
+def server_argument_problems(args) -> list[str]:
+    """The server options a user can get wrong (parse_arguments reports them with the rest)."""
+    problems = []
+    if getattr(args, "min_window", None) and getattr(args, "max_window", None) \
+            and args.min_window > args.max_window:
+        problems.append(f"--min-window {args.min_window} is above --max-window {args.max_window}")
+    try:
+        server_url_parts(args.server)
+    except ValueError as exc:
+        problems.append(str(exc))
+    try:
+        words = shlex.split(args.serve_args)
+    except ValueError as exc:
+        problems.append(f"--serve-args cannot be split as a command line: {exc}")
+        words = []
+    for i, word in enumerate(words):
+        name, eq, value = word.partition("=")
+        if name.replace("_", "-") == "--max-model-len" and (eq or i + 1 < len(words)):
+            try:
+                parse_vllm_size(value if eq else words[i + 1])
+            except ValueError as exc:
+                problems.append(f"--serve-args --max-model-len: {exc}")
+    return problems
 
 
 def served_model_name(args) -> str:
@@ -3362,7 +3293,7 @@ class ServerManager:
 
     def __init__(self, args, argv: list[str], log_dir: Path):
         self.args, self.argv = args, argv
-        self.base, scheme, self.host, self.port = server_url_parts(args.server)
+        self.base, self.host, self.port = server_url_parts(args.server)
         self.local = self.host in ("127.0.0.1", "localhost", "::1", "0.0.0.0")
         serve_args = effective_serve_args(args)
         self.api_key = args.api_key or os.environ.get("VLLM_API_KEY") or \
@@ -3379,18 +3310,6 @@ class ServerManager:
         self._lock = asyncio.Lock()
 
     # -- probes --
-    async def healthy(self, client) -> bool:
-        try:
-            response = await client.get(f"{self.base}/health", headers=self.headers, timeout=5)
-            return response.status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    async def served_models(self, client) -> list[dict]:
-        response = await client.get(f"{self.base}/v1/models", headers=self.headers, timeout=10)
-        response.raise_for_status()
-        return response.json().get("data", [])
-
     async def probe(self, client, starting: bool = True) -> str:
         """"ready", "starting" (a server that answers but is not ready, or no answer in time)
         or "absent" (nothing listens). Raises RunAborted at once for what will never serve
@@ -3401,12 +3320,6 @@ class ServerManager:
                 response = await client.get(f"{self.base}/v1/models", headers=self.headers,
                                             timeout=10)
                 break
-            except httpx.ConnectError as exc:
-                if is_tls_error(exc):
-                    raise RunAborted(f"TLS failed with {self.base}: {exc}. Check the URL's "
-                                     f"scheme (http or https) and the server's certificate.",
-                                     code=2) from None
-                return "absent"
             except httpx.TimeoutException:
                 return "starting"
             except httpx.HTTPError as exc:
@@ -3414,6 +3327,8 @@ class ServerManager:
                     raise RunAborted(f"TLS failed with {self.base}: {exc}. Check the URL's "
                                      f"scheme (http or https) and the server's certificate.",
                                      code=2) from None
+                if isinstance(exc, httpx.ConnectError):
+                    return "absent"
                 if attempt:
                     raise RunAborted(
                         f"port {self.port} answers, but not as an HTTP server ({type(exc).__name__}: "
@@ -3794,12 +3709,6 @@ class FailureStorm:
     while (or every page of a short run): a dataset of error rows helps nobody, and the rerun
     will redo them."""
 
-    def at_end(self, pages: int) -> None:
-        if pages >= 5 and self.count == pages:
-            raise RunAborted(f"all {pages} pages of this run failed on the server's side (last: "
-                             f"{self.last}); their rows are written as errors that a rerun "
-                             f"redoes once the server is fixed.", EXIT_REFUSED)
-
     def __init__(self, pages: int, seconds: float):
         self.pages, self.seconds = pages, seconds
         self.count, self.since, self.last = 0, None, ""
@@ -3816,6 +3725,12 @@ class FailureStorm:
                              f"{time.monotonic() - self.since:.0f} s (last: {result.error[:300]}); "
                              f"stopping instead of writing error rows. Finished rows are saved; "
                              f"rerun the same command once the server is fixed.", EXIT_REFUSED)
+
+    def at_end(self, pages: int) -> None:
+        if pages >= 5 and self.count == pages:
+            raise RunAborted(f"all {pages} pages of this run failed on the server's side (last: "
+                             f"{self.last}); their rows are written as errors that a rerun "
+                             f"redoes once the server is fixed.", EXIT_REFUSED)
 
 
 class ClientGroup:
@@ -3886,13 +3801,8 @@ class Window:
 
 
 def available_memory_bytes() -> int:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 8 << 30
+    available = proc_bytes("/proc/meminfo", "MemAvailable")
+    return 8 << 30 if available is None else available
 
 
 def parse_metrics(text: str) -> dict:
@@ -3946,7 +3856,7 @@ class WindowController:
         if len(self.page_bytes) > 256:
             del self.page_bytes[:128]
 
-    def on_result(self, result: RowResult, latency) -> None:
+    def on_result(self, result: RowResult) -> None:
         self.tokens += result.completion_tokens or 0
         self.pages += 1
         self.completions_since_change += 1
@@ -4101,25 +4011,24 @@ async def run_server_pipeline(source: InputSource, pending: list[int], writer: P
                     finally:
                         if controller:
                             controller.preparing -= 1
-                    if page.skipped:
-                        raise TextLayerEnough(text_layer_row(page, args))
-                    layer = page.text_layer
-                    body = request_body(page, server.model_name, args)
-                    del page, cell
-                    if controller:
-                        controller.note_body(len(body))
-                    sent = time.monotonic()
-                    try:
-                        result = await send_until_clean(client, server, body, index, args)
-                    except (RunAborted, PageError):
-                        raise
-                    except Exception as exc:  # whatever the transport raised: the server's side
-                        result = exception_row(exc, SERVER, "request failed: ")
-                    del body
-                    latency = time.monotonic() - sent
-                    result.text_layer = layer
-                except TextLayerEnough as enough:
-                    result = enough.result
+                    if page.skipped:  # not sent: its text layer is its row
+                        result = text_layer_row(page, args)
+                    else:
+                        layer = page.text_layer
+                        body = request_body(page, server.model_name, args)
+                        del page, cell
+                        if controller:
+                            controller.note_body(len(body))
+                        sent = time.monotonic()
+                        try:
+                            result = await send_until_clean(client, server, body, index, args)
+                        except (RunAborted, PageError):
+                            raise
+                        except Exception as exc:  # whatever the transport raised: the server's side
+                            result = exception_row(exc, SERVER, "request failed: ")
+                        del body
+                        latency = time.monotonic() - sent
+                        result.text_layer = layer
                 except PageError as exc:
                     result = error_row(str(exc), PAGE)
                 except RunAborted as exc:
@@ -4141,14 +4050,12 @@ async def run_server_pipeline(source: InputSource, pending: list[int], writer: P
                     if check.tripped:
                         return
                 writer.add(index, result)
-                if check.passed() and not writer.checked:
-                    writer.check_passed()
                 stats.record(result, latency)
                 bar.update(1)
                 if result.error is not None:
                     bar.set_postfix(errors=stats.errors_seen, refresh=False)
                 if controller is not None:
-                    controller.on_result(result, latency)
+                    controller.on_result(result)
                 await flush_if_due()
 
             tasks: set[asyncio.Task] = set()
@@ -4239,6 +4146,7 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
                             f"or more CPUs, else 1; see the docstring)")
 
 
+API_SERVER_COUNT = globals().get("API_SERVER_COUNT", 1)  # a model section's measured count
 API_SERVERS_MIN_CPUS = 12  # the flavors where more API servers were measured to help had 12+
 
 
@@ -4351,7 +4259,8 @@ def server_argument_parser(doc: str) -> argparse.ArgumentParser:
 def run_server_script(doc: str, argv: list[str] | None = None, hub_api=None) -> int:
     """The whole run: arguments, input, engine, output. `main()` calls it with the docstring."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = parse_arguments(server_argument_parser(doc), argv)  # a bad OUTPUT fails here
+    parser = server_argument_parser(doc)
+    args = parse_arguments(parser, argv, server_argument_problems)  # a bad OUTPUT fails here
     return early_exits_reported(args, lambda: server_run(args, argv, hub_api))
 
 
