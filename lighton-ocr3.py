@@ -939,18 +939,20 @@ def find_pdf_column(ds, args) -> str | None:
     image column whose first cells are PDFs (bytes starting %PDF-, or paths ending .pdf)."""
     import datasets
 
+    pdf_type = getattr(datasets, "Pdf", None)
+    typed = [name for name, feature in ds.features.items()
+             if pdf_type is not None and isinstance(feature, pdf_type)]
     if args.pdf_column:
         if args.pdf_column not in ds.column_names:
             fail(f"--pdf-column {args.pdf_column!r} not found. Columns: {', '.join(ds.column_names)}")
+        if args.pdf_column in typed:
+            return args.pdf_column  # its cells would be decoded here: the type says enough
         column = args.pdf_column
         cells = ds.select_columns([column]).select(range(min(16, len(ds))))[column]
         if any(cell is not None for cell in cells) and not any(map(looks_like_pdf, cells)):
             fail(f"--pdf-column {args.pdf_column!r} holds no PDFs in its first rows (PDF bytes "
                  f"start with %PDF-; paths must lead to PDF files)")
         return args.pdf_column
-    pdf_type = getattr(datasets, "Pdf", None)
-    typed = [name for name, feature in ds.features.items()
-             if pdf_type is not None and isinstance(feature, pdf_type)]
     if len(typed) > 1:
         fail(f"INPUT has several PDF columns ({', '.join(typed)}); pass --pdf-column NAME")
     if typed:
@@ -1644,8 +1646,8 @@ def write_part(path: Path, source: InputSource, indices: list[int], results: lis
                 for i, cell in enumerate(image_cells):  # embed image files that were only paths
                     if isinstance(cell, dict) and cell.get("bytes") is None and cell.get("path"):
                         try:
-                            image_cells[i] = {"bytes": Path(cell["path"]).read_bytes(),
-                                              "path": Path(cell["path"]).name}
+                            file = _resolve_image_path(cell["path"])  # as the page was read
+                            image_cells[i] = {"bytes": file.read_bytes(), "path": file.name}
                         except OSError:
                             pass  # unreadable: the row's error says so; keep the path
                 old_info = rows.get("inference_info") or [None] * len(chunk)

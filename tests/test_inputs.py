@@ -299,6 +299,34 @@ def test_path_strings_relative_to_the_input_folder_or_absolute_are_read(tmp_path
     assert ds["markdown"] == [expected_text(p.read_bytes()) for p in paths]
 
 
+def test_an_image_column_of_paths_relative_to_the_input_is_embedded_in_the_output(tmp_path,
+                                                                                 stub_server):
+    """An Image column whose cells hold only a path beside the parquet file: the output holds
+    the image itself, so it loads anywhere (the pages are read and embedded from INPUT's folder,
+    whatever folder the script runs from)."""
+    import json
+
+    import datasets
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    stub = stub_server()
+    paths = write_image_folder(tmp_path / "in" / "scans", 2)
+    # written as `datasets` writes an Image column it was not asked to embed: a struct of bytes
+    # and path, the feature in the schema's metadata
+    cells = pa.array([{"bytes": None, "path": "scans/" + p.name} for p in paths],
+                     pa.struct([("bytes", pa.binary()), ("path", pa.string())]))
+    features = {"info": {"features": {"image": {"_type": "Image"}}}}
+    pq.write_table(pa.table({"image": cells}).replace_schema_metadata(
+        {"huggingface": json.dumps(features)}), tmp_path / "in" / "list.parquet")
+    run = run_script(OVIS, str(tmp_path / "in" / "list.parquet"), str(tmp_path / "out"),
+                     *common(stub))
+    assert run.returncode == 0, run.stderr
+    ds = load_output(tmp_path / "out").cast_column("image", datasets.Image(decode=False))
+    assert [cell["bytes"] for cell in ds["image"]] == [p.read_bytes() for p in paths]
+    assert ds["markdown"] == [expected_text(p.read_bytes()) for p in paths]
+
+
 def test_a_column_of_another_type_is_refused_up_front(tmp_path, stub_server):
     stub = stub_server()
     write_table(tmp_path / "in" / "t.parquet", {"page": [1, 2], "image": [0.5, 0.7]})

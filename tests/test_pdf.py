@@ -153,9 +153,12 @@ def test_bad_documents_become_error_rows_naming_the_reason(tmp_path, stub_server
     assert len(stub.requests()) == 4  # nothing sent for a document that cannot be opened
 
 
-def test_a_pdf_typed_hub_style_dataset_keeps_its_columns_not_its_bytes(tmp_path, stub_server):
-    """A `datasets.Pdf` column, read as bytes by the script (the feature's own objects render at
-    72 DPI); the other columns repeat on each page; the PDF bytes stay out of the output."""
+@pytest.mark.parametrize("named", [False, True])
+def test_a_pdf_typed_hub_style_dataset_keeps_its_columns_not_its_bytes(tmp_path, stub_server,
+                                                                       named):
+    """A `datasets.Pdf` column, found or named with --pdf-column, read as bytes by the script
+    (the feature's own objects render at 72 DPI); the other columns repeat on each page; the
+    PDF bytes stay out of the output."""
     import datasets
 
     stub = stub_server()
@@ -169,7 +172,8 @@ def test_a_pdf_typed_hub_style_dataset_keeps_its_columns_not_its_bytes(tmp_path,
     source.parent.mkdir()
     ds.to_parquet(str(source))
     out = tmp_path / "out"
-    run = run_script(LIGHTON, str(source), str(out), *common(stub))
+    run = run_script(LIGHTON, str(source), str(out),
+                     *common(stub, *(["--pdf-column", "doc"] if named else [])))
     assert run.returncode == 0, run.stderr
     result = load_output(out)
     assert result["title"] == ["first"] * 2 + ["second"] + ["third"] * 3
