@@ -369,13 +369,19 @@ def _nothing_to_do(what: str) -> "NoReturn":  # noqa: F821
 
 
 def check_output_outside_input(args) -> None:
-    """OUTPUT equal to or inside a local INPUT folder (symlinks resolved) would read its own
-    parts as input on the next run: refused before anything is written."""
+    """A local OUTPUT and INPUT must not hold each other (symlinks resolved): OUTPUT inside
+    INPUT would read its own parts as input on the next run, and `load_dataset(OUTPUT)` would
+    read INPUT inside OUTPUT as rows of the output. Refused before anything is written."""
     source = Path(args.input).expanduser()
-    if not source.is_dir() or not is_local_target(args.output):
+    if not source.exists() or not is_local_target(args.output):
         return
     source, target = source.resolve(), Path(args.output).expanduser().resolve()
-    if target == source or source in target.parents:
+    if target in source.parents:
+        fail(f"INPUT must not be inside OUTPUT: {shown_path(source)} is inside "
+             f"{shown_path(target)}, and datasets.load_dataset(OUTPUT) would read INPUT's files "
+             f"as rows of the output. Write it to another folder, e.g. "
+             f"{shown_path(target.parent / (target.name + '-ocr'))}")
+    if source.is_dir() and (target == source or source in target.parents):
         fail(f"OUTPUT must not be INPUT or inside INPUT: {shown_path(target)} is "
              f"{'INPUT itself' if target == source else 'inside INPUT ' + shown_path(source)}. "
              f"A rerun would read the output's own files as input and leave images unread. "

@@ -69,6 +69,28 @@ def test_an_output_inside_the_input_folder_is_refused_before_anything_is_written
     assert stub.requests() == []
 
 
+@pytest.mark.parametrize("kind", ["folder", "parquet"])
+def test_an_input_inside_the_output_folder_is_refused_before_anything_is_written(
+        tmp_path, stub_server, kind):
+    """load_dataset(OUTPUT) reads every data file under OUTPUT: INPUT's images or parquet
+    there would come back as rows of the output (found by trying it: 14 rows for 7)."""
+    stub = stub_server()
+    output = tmp_path / "out"
+    if kind == "folder":
+        source = output / "scans"
+        write_image_folder(source, 3)
+    else:
+        source = output / "pages.parquet"
+        image_table(source, [1, 2, 3])
+    before = sorted(p.name for p in output.rglob("*"))
+    run = run_script(OVIS, str(source), str(output), *common(stub))
+    assert run.returncode == 2, run.stderr
+    assert "INPUT must not be inside OUTPUT" in run.stderr and str(tmp_path / "out-ocr") in run.stderr
+    no_traceback(run)
+    assert sorted(p.name for p in output.rglob("*")) == before  # nothing written
+    assert stub.requests() == []
+
+
 # ---- a folder of images: its own reader, with the metadata datasets would join ----------------
 
 def test_a_metadata_parquet_beside_the_images_is_joined_not_read_instead(tmp_path, stub_server):
