@@ -800,7 +800,8 @@ def _resolve_image_path(value: str) -> Path:
     """A path string of the image column: as written (absolute, or from the working folder),
     else relative to INPUT's folder."""
     path = Path(value).expanduser()
-    if not path.is_absolute() and _PATH_BASE and not path.exists():
+    if not path.is_absolute() and _PATH_BASE and not path.exists() and \
+            (_PATH_BASE[0] / path).exists():
         return _PATH_BASE[0] / path
     return path
 
@@ -1654,8 +1655,8 @@ def write_part(path: Path, source: InputSource, indices: list[int], results: lis
                         try:
                             file = _resolve_image_path(cell["path"])  # as the page was read
                             image_cells[i] = {"bytes": file.read_bytes(), "path": file.name}
-                        except OSError:
-                            pass  # unreadable: the row's error says so; keep the path
+                        except OSError:  # the row's error says why; a path to nothing
+                            image_cells[i] = None  # would make the output fail to iterate
                 old_info = rows.get("inference_info") or [None] * len(chunk)
                 batch["inference_info"] = [append_info(old, info_entry) for old in old_info]
                 part = results[offset:offset + 32]

@@ -93,6 +93,23 @@ def test_an_input_inside_the_output_folder_is_refused_before_anything_is_written
 
 # ---- a folder of images: its own reader, with the metadata datasets would join ----------------
 
+def test_an_image_file_that_cannot_be_read_is_an_error_row_and_the_output_still_iterates(
+        tmp_path, stub_server):
+    """A dangling symlink among the scans (found by trying to break it: the error row kept the
+    path, and iterating the output raised FileNotFoundError)."""
+    stub = stub_server()
+    paths = write_image_folder(tmp_path / "in", 2)
+    (tmp_path / "in" / "page_0009.png").symlink_to(tmp_path / "gone.png")
+    run = run_script(OVIS, str(tmp_path / "in"), str(tmp_path / "out"), *common(stub))
+    assert run.returncode == 0, run.stderr
+    ds = load_output(tmp_path / "out")
+    rows = list(ds)  # every image decodes, or is none
+    assert [row["file_name"] for row in rows] == [p.name for p in paths] + ["page_0009.png"]
+    assert rows[2]["image"] is None and rows[2]["markdown"] is None
+    assert "page_0009.png" in rows[2]["markdown_error"]
+    assert "in/in/" not in rows[2]["markdown_error"]  # the path as it is, not joined twice
+    assert [row["markdown"] for row in rows[:2]] == [expected_text(p.read_bytes()) for p in paths]
+
 def test_a_metadata_parquet_beside_the_images_is_joined_not_read_instead(tmp_path, stub_server):
     stub = stub_server()
     paths = write_image_folder(tmp_path / "in", 5)
