@@ -1618,8 +1618,11 @@ def output_features(source: InputSource, args):
     features = datasets.Features(
         {k: v for k, v in input_features(source).items()
          if k not in result_column_names(args.output_column) and k != "inference_info"})
-    if isinstance(features.get(source.image_column), datasets.Image):
-        features[source.image_column] = datasets.Image()  # decoded on load, shown by the viewer
+    image = features.get(source.image_column)
+    # an Image, or a {bytes, path} struct that was one (pyarrow types `bytes` null when every
+    # cell is a path): its files are embedded, so it is an Image again, decoded on load
+    if isinstance(image, datasets.Image) or isinstance(image, dict) and set(image) == {"bytes", "path"}:
+        features[source.image_column] = datasets.Image()
     kinds = [datasets.Value(kind) for kind in RESULT_FIELDS.values()] + \
         [extra_feature(kind) for kind in EXTRA_COLUMNS.values()] + \
         [datasets.Value("string")] * len(_TEXT_LAYER_COLUMNS)
@@ -1650,11 +1653,20 @@ def result_columns(results: list, column: str) -> dict:
 def encode_rows(batch: dict, results: list, features, args):
     """The Arrow table of a batch; a row whose result a column cannot hold becomes that row's
     error (its other rows are kept), never a part that cannot be written."""
+    import datasets
     import pyarrow as pa
+
+    def table(rows: dict):
+        encoded = features.encode_batch(rows)
+        for name, cells in rows.items():  # an image's bytes are kept: `datasets` would keep
+            if isinstance(features[name], datasets.Image):  # its path alone if that names a file
+                encoded[name] = [cell if isinstance(cell, dict) and cell.get("bytes") is not None
+                                 else value for cell, value in zip(cells, encoded[name])]
+        return pa.Table.from_pydict(encoded, schema=features.arrow_schema)
 
     def encode():
         batch.update(result_columns(results, args.output_column))
-        return pa.Table.from_pydict(features.encode_batch(batch), schema=features.arrow_schema)
+        return table(batch)
 
     try:
         return encode()
@@ -1663,7 +1675,7 @@ def encode_rows(batch: dict, results: list, features, args):
             one = {name: values[i:i + 1] for name, values in batch.items()}
             one.update(result_columns([result], args.output_column))
             try:
-                pa.Table.from_pydict(features.encode_batch(one), schema=features.arrow_schema)
+                table(one)
             except Exception as exc:
                 results[i] = exception_row(exc, PAGE, "the result cannot be stored: ")
         return encode()

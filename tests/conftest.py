@@ -145,13 +145,13 @@ def stub_server(tmp_path):
 
 
 def run_script(script: str, *args: str, env: dict | None = None, timeout: float = 300,
-               python: str | None = None, python_args: list[str] | None = None
-               ) -> subprocess.CompletedProcess:
+               python: str | None = None, python_args: list[str] | None = None,
+               cwd: Path | None = None) -> subprocess.CompletedProcess:
     """Run a top-level script as a user would (a fresh process), capturing its output."""
     full_env = dict(os.environ)
     full_env.update(env or {})
     return subprocess.run([python or sys.executable, *(python_args or []), str(ROOT / script), *args],
-                          capture_output=True, text=True, env=full_env, timeout=timeout)
+                          capture_output=True, text=True, env=full_env, timeout=timeout, cwd=cwd)
 
 
 def fake_vllm_env(tmp_path: Path, stub_args: str = "") -> dict:
