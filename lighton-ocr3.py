@@ -1824,7 +1824,10 @@ class Journal:
     def close(self, discard: bool = False) -> None:
         with self.lock:
             if self.file is not None:
-                self.file.close()
+                try:
+                    self.file.close()
+                except OSError as exc:  # its last lines: the rows they hold are in parts, or not written
+                    log(f"warning: cannot write the journal ({exc})")
                 self.file = None
             if discard:
                 for rows in self.segments.values():
@@ -2039,8 +2042,8 @@ class OutputStore:
         """Record the run, atomically, unless OUTPUT has one: then return that one."""
         path = self.meta / "manifest.json"
         tmp = path.with_name(f".manifest.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(manifest, indent=1))
         try:
+            tmp.write_text(json.dumps(manifest, indent=1))
             os.link(tmp, path)  # fails if another run (a shard started first) made it
         except FileExistsError:
             return json.loads(path.read_text())
@@ -3069,6 +3072,11 @@ def early_exits_reported(args, body) -> int:
         log("interrupted before any page was sent: nothing to save")
         report(130)
         return 130
+    except OSError as exc:  # a full or read-only disk before any page was sent
+        log(f"error: cannot write to OUTPUT {args.output}: {exc}. Nothing was sent; free space "
+            f"(or choose another OUTPUT), then rerun the same command.")
+        report(EXIT_NOT_WRITTEN)
+        return EXIT_NOT_WRITTEN
 
 
 def run_guarded(run: Run, work, stop_engine, argv: list[str]) -> int:

@@ -310,6 +310,67 @@ def test_a_part_that_cannot_be_written_keeps_its_rows(tmp_path, stub_server, cap
     assert stats_of(tmp_path / "s.json")["rows_not_written"] == 8
 
 
+def test_a_disk_full_before_the_first_page_exits_5_without_a_traceback(tmp_path, stub_server,
+                                                                        capsys, monkeypatch):
+    """The disk fills while the run's manifest is written (seen on a 4 KiB tmpfs: a traceback,
+    exit 1, a stray temp file): nothing is sent, exit 5, the stats say so, nothing left over."""
+    stub = stub_server()
+    write_image_folder(tmp_path / "in", 3)
+    module = load_script(OVIS)
+    real = Path.write_text
+
+    def full(self, *args, **kwargs):
+        if self.name.startswith(".manifest."):
+            self.touch()
+            raise OSError(28, "No space left on device")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", full)
+    argv = [str(tmp_path / "in"), str(tmp_path / "out"), *common(stub),
+            "--stats-json", str(tmp_path / "s.json")]
+    assert module.main(argv) == 5
+    err = capsys.readouterr().err
+    assert "cannot write to OUTPUT" in err and "No space left on device" in err
+    assert "Traceback" not in err
+    assert stats_of(tmp_path / "s.json")["exit_code"] == 5
+    assert stub.requests() == []
+    assert not list((tmp_path / "out").rglob(".manifest.*"))
+
+
+def test_a_journal_that_cannot_be_closed_is_a_warning_not_a_crash(tmp_path, stub_server, capsys,
+                                                                  monkeypatch):
+    """A disk that fills at the very end: the journal's last flush fails after every row is in
+    its part (seen on an 8 KiB tmpfs: a traceback from finish_run, exit 1, no stats)."""
+    stub = stub_server()
+    paths = write_image_folder(tmp_path / "in", 4)
+    module = load_script(OVIS)
+    rotate = module.Journal._rotate
+
+    class FullOnClose:
+        def __init__(self, file):
+            self.file = file
+
+        def __getattr__(self, name):
+            return getattr(self.file, name)
+
+        def close(self):
+            self.file.close()
+            raise OSError(28, "No space left on device")
+
+    def rotate_then_fill(self):
+        rotate(self)
+        self.file = FullOnClose(self.file)
+
+    monkeypatch.setattr(module.Journal, "_rotate", rotate_then_fill)
+    argv = [str(tmp_path / "in"), str(tmp_path / "out"), *common(stub),
+            "--stats-json", str(tmp_path / "s.json")]
+    assert module.main(argv) == 0  # every row is in its part
+    err = capsys.readouterr().err
+    assert "warning: cannot write the journal" in err and "Traceback" not in err
+    assert load_output(tmp_path / "out")["markdown"] == [expected_text(p.read_bytes()) for p in paths]
+    assert stats_of(tmp_path / "s.json")["rows_ok"] == 4
+
+
 def test_hub_commits_are_batched_and_honour_retry_after(tmp_path, stub_server):
     stub = stub_server("--latency", "0.05")
     paths = write_image_folder(tmp_path / "in", 12)
