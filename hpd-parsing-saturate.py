@@ -939,7 +939,8 @@ def prepare_page(cell, decode: bool = True) -> PreparedPage | None:
     except Image.DecompressionBombError as exc:
         raise PageError(f"decompression bomb: {exc}") from None
     except Exception as exc:  # undecodable, truncated, unsupported: one row fails, not the run
-        raise PageError(f"cannot decode image: {type(exc).__name__}: {exc}") from None
+        reason = re.sub(r" <_io\.BytesIO object at 0x[0-9a-f]+>", "", str(exc))  # no object address
+        raise PageError(f"cannot decode image: {type(exc).__name__}: {reason}") from None
 
 
 # ---- PDF documents ---------------------------------------------------------------------------
@@ -2976,6 +2977,8 @@ def validate_arguments(args, engine_problems: list[str]) -> None:
         value = getattr(args, name, None)
         if value is not None and not value > 0:
             problems.append(f"--{name.replace('_', '-')} must be above 0, got {value}")
+    if not args.output_column.strip():
+        problems.append("--output-column must name a column, got an empty name")
     if args.loop_retries > 5:
         problems.append(f"--loop-retries must be at most 5, got {args.loop_retries} (a page that "
                         f"still loops after that will loop again)")
@@ -3663,6 +3666,9 @@ class ServerManager:
                 await self.wait_ready(client, self.args.server_timeout)
                 return
             deadline = time.monotonic() + self.args.server_down_timeout
+            log(f"the server at {self.base} is not answering: waiting up to "
+                f"{self.args.server_down_timeout:g} s for it (--server-down-timeout); finished "
+                f"rows are kept")
             while time.monotonic() < deadline:
                 if await self.ready(client, starting=False):
                     return

@@ -50,6 +50,7 @@ def no_secret(*texts: str) -> None:
     (["--serve-args", "--max-model-len 1.5K"], "no decimals with K"),
     (["--serve-args", "--seed 'unbalanced"], "--serve-args cannot be split"),
     (["--server", "ftp://host/x"], "is not an http(s) URL"),
+    (["--output-column", " "], "--output-column must name a column"),
 ])
 def test_a_bad_argument_exits_2_at_once_naming_it(tmp_path, extra, message):
     started = time.monotonic()

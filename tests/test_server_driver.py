@@ -298,6 +298,7 @@ def test_a_remote_server_that_stays_down_ends_the_run_with_finished_rows_saved(t
             *common(stub, "--concurrency", "2", "--part-rows", "100")]
     run = run_script(OVIS, *args)
     assert run.returncode == 5, run.stderr  # rows not written: the server is gone
+    assert "not answering: waiting up to 2 s" in run.stderr  # said at once, not after the wait
     assert "stopped answering" in run.stderr
     saved = load_output(tmp_path / "out")
     assert 8 <= saved.num_rows <= 10
