@@ -1952,13 +1952,15 @@ class OutputStore:
                 Path.home() / ".cache" / "ocr-vllm-scripts" / "outputs"
             self.root = base / self.target.replace("/", "__")
         self.meta = self.root / ".ocr"
+        self.made_root = self.kind == "local" and not self.root.exists()
         try:
             (self.root / "data").mkdir(parents=True, exist_ok=True)
             self.meta.mkdir(exist_ok=True)
         except OSError as exc:
             fail(f"cannot create {self.root}: {exc}")
         shard = f"shard-{args.shard_index}-of-{args.num_shards}"
-        self.lock = take_lock(self.meta / f"lock-{shard}", self.location())
+        self.lock_path = self.meta / f"lock-{shard}"
+        self.lock = take_lock(self.lock_path, self.location())
         self.journal = Journal(self.meta / "journal" / shard)
         self.remote_names: set[str] = set()  # data parts on the Hub
         self.known: set[str] = set()  # parts on the Hub that this run saw or wrote
@@ -2002,6 +2004,15 @@ class OutputStore:
 
     def local_parts(self) -> list[Path]:
         return sorted((self.root / "data").glob("part-*.parquet"))
+
+    def abandon(self) -> None:
+        """A run refused before it claimed OUTPUT leaves no folder behind that it made: only
+        when nothing but its own lock is in it (another shard may have started beside it)."""
+        import shutil
+
+        files = [p for p in self.root.rglob("*") if not p.is_dir()] if self.made_root else None
+        if files == [self.lock_path]:
+            shutil.rmtree(self.root, ignore_errors=True)
 
     def clear_local(self) -> None:
         """Journal first and manifest last: a kill half-way leaves no rows of the old run that
@@ -3050,8 +3061,12 @@ def open_run(args, hub_api, engine: dict, info_entry: dict) -> Run:
     """Everything that may refuse the run, before any engine starts: the output (its lock),
     the input (at the pinned revision), the manifest, then the rows this run does."""
     store = OutputStore(args.output, args, hub_api)
-    source = open_input(pinned_input(store, args))
-    check_output_columns(source, args)
+    try:
+        source = open_input(pinned_input(store, args))
+        check_output_columns(source, args)
+    except SystemExit:  # refused, or nothing to do: no trace of this run in a new OUTPUT
+        store.abandon()
+        raise
     claim_output(store, run_identity(args, source, engine), args)
     store.shard_range = (source.lo, source.hi)
     plan = plan_rows(source, store, args)

@@ -150,6 +150,10 @@ def test_output_column_clash_fails_before_inference_unless_overwrite(tmp_path, s
     run = run_script(OVIS, str(tmp_path / "in"), str(tmp_path / "out"), *common(stub))
     assert run.returncode == 2 and "--overwrite" in run.stderr
     assert stub.requests() == []
+    assert not (tmp_path / "out").exists()  # refused before anything is written: no OUTPUT
+    (tmp_path / "out").mkdir()  # one the user made: left as it was
+    run = run_script(OVIS, str(tmp_path / "in"), str(tmp_path / "out"), *common(stub))
+    assert run.returncode == 2 and (tmp_path / "out").is_dir()
     run = run_script(OVIS, str(tmp_path / "in"), str(tmp_path / "out"), *common(stub, "--overwrite"))
     assert run.returncode == 0, run.stderr
     assert load_output(tmp_path / "out")["markdown"][0].startswith("# Page")
