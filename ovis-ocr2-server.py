@@ -1157,7 +1157,7 @@ def _render_pdf_page(page, dpi: float, text_layer: bool, skip_chars: int | None)
 def _pdf_worker(conn, driver: int, docs, column: str, dpi: float, text_layer: bool,
                 skip_chars) -> None:
     """A render process: jobs in, pages out; the last document stays open for its next page.
-    It dies with the driver, however the driver dies: it holds a copy of the output's lock."""
+    It dies with the driver, however the driver dies."""
     import pypdfium2 as pdfium
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
@@ -1831,13 +1831,15 @@ def plan_rows(source: InputSource, store: "OutputStore", args) -> RowPlan:
 
 
 def take_lock(path: Path, location: str):
-    """An exclusive lock the OS releases when this process dies, however it dies."""
+    """An exclusive lock the OS releases when this process dies, however it dies. A POSIX
+    record lock, not flock(): forked children (PDF renderers, vLLM's engine processes) do not
+    inherit it, so one that outlives a killed driver for a moment does not refuse the rerun."""
     import fcntl
     import socket
 
     handle = open(path, "a+")
     try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.lockf(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         handle.seek(0)
         holder = handle.read().strip() or "another process"
@@ -1966,7 +1968,7 @@ class OutputStore:
                 continue
             with open(path, "a+") as other:
                 try:
-                    fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    fcntl.lockf(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except OSError:
                     other.seek(0)
                     fail(f"--restart removes every shard's rows, and {other.read().strip()} is "

@@ -4,6 +4,7 @@ truth for a Hub OUTPUT. Against the stub server, as a user reruns a command."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -349,3 +350,28 @@ def test_a_commit_that_lands_between_the_check_and_this_commit_is_refused(tmp_pa
     assert hub_run(module, hub, tmp_path, stub, "stage", "--part-rows", "4") == 2
     written = [f for commit in hub.commits for f in commit if f.startswith("data/")]
     assert written == []  # this run never committed a part over the other writer's
+
+
+@pytest.mark.parametrize("script", ["ovis-ocr2.py", "lighton-ocr3.py"])
+def test_a_rerun_right_after_kill_9_is_not_refused_by_the_engine_process_left_behind(
+        tmp_path, script):
+    """vLLM forks its engine process, and one can outlive a killed driver for a while (so can
+    a PDF renderer): it must not hold OUTPUT's lock, or the user's rerun is refused."""
+    paths = write_image_folder(tmp_path / "in", 12)
+    out = tmp_path / "out"
+    args = [str(tmp_path / "in"), str(out), "--batch-size", "4", "--part-rows", "4",
+            "--no-sanity-check"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "tests" / "fake_vllm_pkg"),
+           "FAKE_VLLM_BATCH_SECONDS": "0.5", "FAKE_VLLM_ENGINE_LINGERS": "60"}
+    driver = subprocess.Popen([sys.executable, str(ROOT / script), *args], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: journal_rows(out) >= 4, process=driver)
+    driver.kill()
+    driver.wait()
+    env.pop("FAKE_VLLM_ENGINE_LINGERS")
+    try:
+        run = run_script(script, *args, env=env)
+        assert run.returncode == 0, run.stderr
+        assert load_output(out)["file_name"] == [p.name for p in paths]
+    finally:
+        subprocess.run(["pkill", "-f", f"{out}"], check=False)  # the lingering child, if any

@@ -40,6 +40,10 @@ class LLM:
     def __init__(self, model: str, **kwargs):
         _record("LLM", model=model, kwargs=kwargs)
         self.model = model
+        linger = float(os.environ.get("FAKE_VLLM_ENGINE_LINGERS") or 0)
+        if linger and os.fork() == 0:  # as vLLM forks its engine process: every fd inherited;
+            time.sleep(linger)  # and one that outlives a killed driver for this long
+            os._exit(0)
 
     def chat(self, messages, sampling_params=None, **kwargs):
         time.sleep(float(os.environ.get("FAKE_VLLM_BATCH_SECONDS") or 0))  # a batch's work
