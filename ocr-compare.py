@@ -28,7 +28,8 @@ Accuracy (against ground truth)
     least --min-reference-chars characters count. A looping page (finish reason `length`
     with a repeated tail, or degenerate output) counts with its rate capped at 1, and the
     rates without looping pages are printed beside; error rows (no text) are left out and
-    reported as a rate of their own.
+    reported as a rate of their own. PDF pages not sent because their text layer was enough
+    (--skip-text-pages) are neither: they are left out and counted apart.
 
 A, B and --reference are Hub dataset ids (user/name) or local paths: an output folder of the
 collection (data/*.parquet), a .parquet file or folder of them, or a save_to_disk folder.
@@ -585,13 +586,18 @@ def _show_key(value: tuple) -> str:
 @dataclass
 class Texts:
     """A side's text column and finish reasons; a null text is an error row (whether or not
-    `<column>_error` says why)."""
+    `<column>_error` says why), unless `<column>_skipped` says the page was not sent: a PDF
+    page whose text layer was enough (--skip-text-pages). Neither is scored."""
     text: list
     finish: list
     error: list
+    skip: list
 
     def failed(self, i: int) -> bool:
-        return self.text[i] is None
+        return self.text[i] is None and self.skip[i] is None
+
+    def skipped(self, i: int) -> bool:
+        return self.text[i] is None and self.skip[i] is not None
 
 
 def read_texts(side: Side, column: str) -> Texts:
@@ -602,11 +608,12 @@ def read_texts(side: Side, column: str) -> Texts:
                          f"{', '.join(strings)}. Pass --column{'-b' if side.label == 'B' else ''} NAME")
     finish = side.columns.get(f"{column}_finish_reason") or [None] * side.num_rows
     errors = side.columns.get(f"{column}_error") or [None] * side.num_rows
-    return Texts(side.column(column), finish, errors)
+    skip = side.columns.get(f"{column}_skipped") or [None] * side.num_rows
+    return Texts(side.column(column), finish, errors, skip)
 
 
 def side_columns(column: str) -> list[str]:
-    return [column, f"{column}_error", f"{column}_finish_reason"]
+    return [column, f"{column}_error", f"{column}_finish_reason", f"{column}_skipped"]
 
 
 # ---- scoring, one row at a time, in worker processes -------------------------------------------
@@ -687,18 +694,25 @@ def parity(a: Side, b: Side, args, norm: Normalisation) -> dict:
     match = match_rows(a, b, args.key)
     ta, tb = read_texts(a, args.column), read_texts(b, args.column_b or args.column)
     group_of = _group_lookup(args.by, a, b)
-    both = [(i, j) for i, j in match.pairs if not ta.failed(i) and not tb.failed(j)]
+    both = [(i, j) for i, j in match.pairs if ta.text[i] is not None and tb.text[j] is not None]
     scores = iter(score_rows(score_pair, [[ta.text[i] for i, _ in both], [tb.text[j] for _, j in both],
                                           [ta.finish[i] for i, _ in both], [tb.finish[j] for _, j in both]],
                              (norm.name,), args.workers))
     rows, compared = [], []
-    counts = {"both_failed": 0, "a_failed": 0, "b_failed": 0}
+    counts = {"both_failed": 0, "a_failed": 0, "b_failed": 0, "skipped": 0}
+    skipped = {"a": 0, "b": 0}  # of the pairs left out because a page was not sent
     for i, j in match.pairs:
         fa, fb = ta.failed(i), tb.failed(j)
+        sa, sb = ta.skipped(i), tb.skipped(j)
         row = {"key": _row_key(match, a, i), "a_row": i, "b_row": j, "a_failed": fa, "b_failed": fb,
-               "group": group_of(i, j)}
-        if fa or fb:
-            counts["both_failed" if fa and fb else "a_failed" if fa else "b_failed"] += 1
+               "a_skipped": sa, "b_skipped": sb, "group": group_of(i, j)}
+        if fa or fb or sa or sb:
+            if fa or fb:
+                counts["both_failed" if fa and fb else "a_failed" if fa else "b_failed"] += 1
+            else:
+                counts["skipped"] += 1
+                skipped["a"] += sa
+                skipped["b"] += sb
             row.update(identical=None, identical_normalised=None, similarity=None,
                        a_looping=None, b_looping=None)
         else:
@@ -707,8 +721,8 @@ def parity(a: Side, b: Side, args, norm: Normalisation) -> dict:
             compared.append(row)
         rows.append(row)
     excluded = {"a_failed": counts["a_failed"], "b_failed": counts["b_failed"],
-                "both_failed": counts["both_failed"], "only_in_a": match.left_only,
-                "only_in_b": match.right_only}
+                "both_failed": counts["both_failed"], "skipped": counts["skipped"],
+                "only_in_a": match.left_only, "only_in_b": match.right_only}
     result = {
         "mode": "parity", "a": a.description, "b": b.description,
         "column": args.column, "column_b": args.column_b or args.column,
@@ -716,6 +730,7 @@ def parity(a: Side, b: Side, args, norm: Normalisation) -> dict:
         "normalisation_summary": norm.summary, "characters": CHARACTERS_NOTE,
         "rows_matched": len(match.pairs), "rows_compared": len(compared),
         "rows_excluded": sum(excluded.values()), "excluded": excluded,
+        "skipped_a": skipped["a"], "skipped_b": skipped["b"],
         **parity_figures(compared),
     }
     if args.by:
@@ -759,6 +774,8 @@ def accuracy(system: Side, column: str, ref_side: Side, ref_column: str, match: 
                         (norm.name, max(1, args.min_reference_chars)), args.workers)
     rows = []
     for (i, j), (status, chars, words, char_edits, word_edits, looping) in zip(match.pairs, scores):
+        if status == "error" and texts.skipped(i):
+            status = "skipped"
         row = {"key": _row_key(match, system, i), "row": i, "ref_row": j, "group": group_of(i, j),
                "status": status, "ref_chars": chars}
         if status in ("ok", "looping"):
@@ -767,13 +784,14 @@ def accuracy(system: Side, column: str, ref_side: Side, ref_column: str, match: 
                        looping=looping)
         rows.append(row)
     count = {status: sum(r["status"] == status for r in rows)
-             for status in ("error", "short reference", "no reference")}
+             for status in ("error", "skipped", "short reference", "no reference")}
     scored = [r for r in rows if r["status"] in ("ok", "looping")]
     eligible = len(scored) + count["error"]
     result = {
         "rows_matched": len(match.pairs), "rows_compared": len(scored),
         "rows_excluded": len(rows) - len(scored) + match.left_only, "excluded": {
-            "error": count["error"], "short_reference": count["short reference"],
+            "error": count["error"], "skipped": count["skipped"],
+            "short_reference": count["short reference"],
             "no_reference": count["no reference"], "unmatched": match.left_only},
         "error_rows": count["error"],
         "error_rate": count["error"] / eligible if eligible else None,
@@ -896,6 +914,7 @@ def print_parity(report: dict, args, out) -> None:
         ("                                median", fmt(r["similarity_median"])),
         ("one side failed: A only / B only", f"{r['excluded']['a_failed']} / {r['excluded']['b_failed']}"),
         ("both failed", str(r["excluded"]["both_failed"])),
+        ("not sent, text layer enough: A / B", f"{r['skipped_a']} / {r['skipped_b']}"),
         ("looping or degenerate: A / B", f"{r['looping_a']} / {r['looping_b']}"),
         ("unmatched rows: only in A / only in B", f"{r['excluded']['only_in_a']} / {r['excluded']['only_in_b']}"),
     ]
@@ -973,7 +992,8 @@ def print_accuracy(report: dict, args, out) -> None:
         ex = f["excluded"]
         w(f"  {label}: {f['rows_compared']} pages scored; looping {f['looping_pages']} "
           f"({fmt(f['looping_rate'], 3)}), capped at 1 in the headline; error rows "
-          f"{f['error_rows']} (rate {fmt(f['error_rate'], 3)}), left out; reference under "
+          f"{f['error_rows']} (rate {fmt(f['error_rate'], 3)}), left out; not sent (text layer "
+          f"enough) {ex['skipped']}; reference under "
           f"{report['min_reference_chars']} chars {ex['short_reference']}, no reference "
           f"{ex['no_reference']}, unmatched {ex['unmatched']}")
     if args.by:

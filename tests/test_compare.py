@@ -163,7 +163,8 @@ def test_accuracy_reading(tmp_path):
     assert f["normalisation"] == "reading-v1" and "code points" in f["characters"]
     assert f["rows_compared"] == 4
     assert f["rows_excluded"] == 3
-    assert f["excluded"] == {"error": 1, "short_reference": 1, "no_reference": 1, "unmatched": 0}
+    assert f["excluded"] == {"error": 1, "skipped": 0, "short_reference": 1, "no_reference": 1,
+                             "unmatched": 0}
     assert f["cer_micro"] == pytest.approx(29 / 111)
     assert f["cer_median"] == pytest.approx((0 + 2 / 39) / 2)
     assert f["cer_mean"] == pytest.approx((0 + 2 / 39 + 1 + 0) / 4)
@@ -253,7 +254,7 @@ def test_parity_reading(tmp_path):
     assert f["similarity_min"] == pytest.approx(0.9)
     assert f["similarity_median"] == pytest.approx(0.95)
     assert f["similarity_p5"] == pytest.approx(0.905)
-    assert f["excluded"] == {"a_failed": 1, "b_failed": 0, "both_failed": 0, "only_in_a": 1,
+    assert f["excluded"] == {"a_failed": 1, "b_failed": 0, "both_failed": 0, "skipped": 0, "only_in_a": 1,
                              "only_in_b": 1}
     assert f["rows_excluded"] == 3
 

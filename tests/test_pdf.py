@@ -233,6 +233,23 @@ def test_text_layer_and_skipping_pages_that_have_enough_text(tmp_path, stub_serv
     stats = stats_of(tmp_path / "s.json")
     assert stats["rows_text_layer"] == 2 and stats["rows_ok"] == 2 and stats["rows_failed"] == 0
     assert "2 from their text layer" in run.stderr
+    # ocr-compare.py tells a page not sent from a failed one: against a run that sent them all
+    every = tmp_path / "every"
+    assert run_script(OVIS, str(source), str(every), *common(stub)).returncode == 0
+    figures = tmp_path / "parity.json"
+    compared = run_script("ocr-compare.py", str(out), str(every), "--json", str(figures))
+    assert compared.returncode == 0, compared.stderr
+    parity = json.loads(figures.read_text())
+    assert parity["rows_compared"] == 2 and parity["identical"] == 2
+    assert (parity["skipped_a"], parity["skipped_b"]) == (2, 0)
+    assert parity["excluded"]["a_failed"] == parity["excluded"]["both_failed"] == 0
+    assert re.search(r"not sent, text layer enough: A / B +2 / 0\n", compared.stdout)
+    scored = run_script("ocr-compare.py", str(out), "--reference", str(every),
+                        "--reference-column", "markdown", "--json", str(figures))
+    assert scored.returncode == 0, scored.stderr
+    accuracy = json.loads(figures.read_text())
+    assert accuracy["excluded"]["skipped"] == 2 and accuracy["error_rows"] == 0
+    assert accuracy["rows_compared"] == 2 and accuracy["cer_micro"] == 0
 
 
 def test_a_killed_run_resumes_at_the_page_inside_a_long_pdf(tmp_path, stub_server):
