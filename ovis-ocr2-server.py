@@ -412,9 +412,14 @@ def _read_metadata(root: Path, metadata_files: list[Path], relative: list[str]):
         fail(f"the metadata files of INPUT do not share their columns "
              f"({', '.join(shown_path(p) for p in metadata_files)}): {exc}")
     row_of: dict = {}
+    twice = []
     for row, key in enumerate(keys):
-        if key is not None:
-            row_of.setdefault(key, row)
+        if key is not None and row_of.setdefault(key, row) != row:
+            twice.append(key)
+    if twice:
+        log(f"warning: {len(twice)} metadata row(s) name an image named before ({twice[0]}"
+            f"{', ...' if len(twice) > 1 else ''}): each image has one row, with the first "
+            f"metadata row's columns")
     take = [row_of.get(name) for name in relative]
     unlisted = [name for name, row in zip(relative, take) if row is None]
     if unlisted:

@@ -137,6 +137,20 @@ def test_a_metadata_jsonl_in_a_subfolder_joins_by_its_own_relative_names(tmp_pat
     assert ds["shelf"] == ["B0", "B1", None]
 
 
+def test_a_metadata_file_naming_an_image_twice_gives_it_one_row_and_says_so(tmp_path, stub_server):
+    stub = stub_server()
+    paths = write_image_folder(tmp_path / "in", 3)
+    (tmp_path / "in" / "metadata.csv").write_text(
+        f"file_name,shelf\n{paths[0].name},A\n{paths[1].name},B\n{paths[0].name},C\n"
+        f"{paths[2].name},D\n")
+    run = run_script(OVIS, str(tmp_path / "in"), str(tmp_path / "out"), *common(stub))
+    assert run.returncode == 0, run.stderr
+    ds = load_output(tmp_path / "out")
+    assert ds["file_name"] == [p.name for p in paths] and ds["shelf"] == ["A", "B", "D"]
+    assert f"name an image named before ({paths[0].name})" in run.stderr
+    assert len(stub.requests()) == 3
+
+
 def test_a_data_parquet_beside_the_images_is_refused_naming_both_ways_out(tmp_path, stub_server):
     stub = stub_server()
     write_image_folder(tmp_path / "in", 3)
