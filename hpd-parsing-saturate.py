@@ -1915,17 +1915,29 @@ def plan_rows(source: InputSource, store: "OutputStore", args) -> RowPlan:
     return RowPlan(pending, recovered, redo, skipped, earlier_ok, send, pages)
 
 
-def take_lock(path: Path, location: str):
-    """An exclusive lock the OS releases when this process dies, however it dies. A POSIX
-    record lock, not flock(): forked children (PDF renderers, vLLM's engine processes) do not
-    inherit it, so one that outlives a killed driver for a moment does not refuse the rerun."""
+def lock_file(handle) -> bool:
+    """Lock an open file, exclusively, until this process dies, however it dies: False when
+    another process holds it. A POSIX record lock, not flock(): forked children (PDF renderers,
+    vLLM's engine processes) do not inherit it, so one that outlives a killed driver for a
+    moment does not refuse the rerun. A filesystem without locks is said, not fatal."""
+    import errno
     import fcntl
+
+    try:
+        fcntl.lockf(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno in (errno.EACCES, errno.EAGAIN):
+            return False
+        log(f"warning: cannot lock {handle.name} ({exc.strerror or exc}): nothing stops a "
+            f"second run from writing to this OUTPUT at the same time")
+    return True
+
+
+def take_lock(path: Path, location: str):
     import socket
 
     handle = open(path, "a+")
-    try:
-        fcntl.lockf(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
+    if not lock_file(handle):
         handle.seek(0)
         holder = handle.read().strip() or "another process"
         fail(f"{holder} is writing this shard of {location} right now. Wait for it to end (or "
@@ -2046,15 +2058,11 @@ class OutputStore:
     def restart(self) -> None:
         """--restart: OUTPUT's rows, card and manifest removed (on the Hub in one commit), all
         shards' alike, so never while another shard of it runs here."""
-        import fcntl
-
         for path in self.meta.glob("lock-*"):
             if path.name == Path(self.lock.name).name:
                 continue
             with open(path, "a+") as other:
-                try:
-                    fcntl.lockf(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except OSError:
+                if not lock_file(other):
                     other.seek(0)
                     fail(f"--restart removes every shard's rows, and {other.read().strip()} is "
                          f"writing another shard of {self.location()}: stop it first")

@@ -375,3 +375,21 @@ def test_a_rerun_right_after_kill_9_is_not_refused_by_the_engine_process_left_be
         assert load_output(out)["file_name"] == [p.name for p in paths]
     finally:
         subprocess.run(["pkill", "-f", f"{out}"], check=False)  # the lingering child, if any
+
+
+def test_an_output_on_a_filesystem_without_locks_is_written_with_a_warning(
+        tmp_path, stub_server, monkeypatch, capsys):
+    """Some network and FUSE mounts answer ENOLCK or EOPNOTSUPP: that is not another run."""
+    import errno
+    import fcntl
+
+    def no_locks(*_):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "lockf", no_locks)
+    stub = stub_server()
+    paths = write_image_folder(tmp_path / "in", 4)
+    module = load_script(OVIS)
+    assert module.main([str(tmp_path / "in"), str(tmp_path / "out"), *common(stub)]) == 0
+    assert "nothing stops a second run" in capsys.readouterr().err
+    assert load_output(tmp_path / "out")["file_name"] == [p.name for p in paths]
