@@ -1867,8 +1867,6 @@ class RowPlan:
 def plan_rows(source: InputSource, store: "OutputStore", args) -> RowPlan:
     """Rows not in any part, plus error rows a rerun redoes: those the server or transport
     caused, or every error row with --retry-errors; minus what the journal already holds."""
-    import pyarrow.parquet as pq
-
     column = args.output_column
     covered = bytearray(source.hi - source.lo)
     redo: dict[int, Path] = {}
@@ -1877,20 +1875,16 @@ def plan_rows(source: InputSource, store: "OutputStore", args) -> RowPlan:
         lo, hi = max(start, source.lo), min(stop, source.hi)
         for i in range(lo, hi):
             covered[i - source.lo] = 1
-        if path is None:  # only on the Hub: trust it, its error rows stay as they are
+        note = part_note(path, column) if path else store.notes.get(part_name(start, stop))
+        if note is None:  # only on the Hub, and no note says what it holds: trusted as it is
             earlier_ok += stop - start
             continue
-        names = pq.read_schema(str(path)).names
-        wanted = [n for n in (f"{column}_error", f"{column}_error_kind") if n in names]
-        if f"{column}_error" not in wanted:
-            continue
-        table = pq.read_table(str(path), columns=wanted).to_pydict()
-        kinds = table.get(f"{column}_error_kind") or [None] * len(table[f"{column}_error"])
-        for offset, (error, kind) in enumerate(zip(table[f"{column}_error"], kinds)):
-            if error is None:
-                earlier_ok += 1
-            elif (kind == SERVER or args.retry_errors) and lo <= start + offset < hi:
-                redo[start + offset] = path
+        again = [int(row) for row, kind in note["errors"].items()
+                 if (kind == SERVER or args.retry_errors) and lo <= int(row) < hi]
+        if again and path is None:  # a Job starts on an empty disk: fetch it to redo them
+            path = store.fetch_part(part_name(start, stop))
+        earlier_ok += stop - start - len(note["errors"])
+        redo.update((row, path) for row in again)
     store.keep_local.update(path.name for path in redo.values())  # rewritten here later
     uncovered = [source.lo + i for i, flag in enumerate(covered) if not flag]
     wanted = lambda i: i in redo or (source.lo <= i < source.hi  # noqa: E731
@@ -1978,6 +1972,11 @@ class OutputStore:
         except OSError as exc:
             fail(f"cannot create {self.root}: {exc}")
         shard = f"shard-{args.shard_index}-of-{args.num_shards}"
+        self.column = args.output_column
+        self.notes_path = self.meta / "notes" / f"{shard}.json"
+        self.notes: dict[str, dict] = {}  # part name -> part_note(), every shard's, on the Hub
+        self.card_on_hub = False
+        self.sent_parts = 0  # parts given to the Hub by this run (written, or resent)
         self.lock_path = self.meta / f"lock-{shard}"
         self.lock = take_lock(self.lock_path, self.location())
         self.journal = Journal(self.meta / "journal" / shard)
@@ -2006,6 +2005,12 @@ class OutputStore:
         files = set(self.api.list_repo_files(self.target, repo_type="dataset"))
         self.remote_names = {Path(f).name for f in files if f.startswith("data/")}
         self.known = set(self.remote_names)
+        self.card_on_hub = "README.md" in files
+        for name in sorted(f for f in files if f.startswith(".ocr/notes/")):
+            downloaded = self.api.hf_hub_download(self.target, name, repo_type="dataset",
+                                                  local_dir=self.meta / "hub")
+            notes = json.loads(Path(downloaded).read_text())
+            self.notes.update({k: v for k, v in notes.items() if k in self.remote_names})
         manifest = self.meta / "manifest.json"
         if ".ocr/manifest.json" in files:
             downloaded = self.api.hf_hub_download(self.target, ".ocr/manifest.json",
@@ -2020,6 +2025,14 @@ class OutputStore:
             if path.name not in self.remote_names and any(
                     a < stop and start < b for a, b in ranges_from_names(self.remote_names)):
                 path.unlink(missing_ok=True)
+        if manifest.exists() and ".ocr/manifest.json" not in files:  # its upload failed
+            self.queued[".ocr/manifest.json"] = manifest
+
+    def fetch_part(self, name: str) -> Path:
+        """A part only the Hub has, into the staging folder: to redo its error rows here."""
+        self.api.hf_hub_download(self.target, f"data/{name}", repo_type="dataset",
+                                 local_dir=self.root)
+        return self.root / "data" / name
 
     def local_parts(self) -> list[Path]:
         return sorted((self.root / "data").glob("part-*.parquet"))
@@ -2039,6 +2052,8 @@ class OutputStore:
         import shutil
 
         shutil.rmtree(self.meta / "journal", ignore_errors=True)
+        shutil.rmtree(self.meta / "notes", ignore_errors=True)
+        self.notes = {}
         for path in self.local_parts():
             path.unlink(missing_ok=True)
         (self.root / "README.md").unlink(missing_ok=True)
@@ -2136,8 +2151,19 @@ class OutputStore:
         """A part is written (or rewritten): it goes to the Hub with the next commit."""
         if self.api is None:
             return
+        note = part_note(path, self.column)
         with self.queue_lock:
+            self.notes[path.name] = note
+            lo, hi = self.shard_range  # this shard's file holds its own parts' notes
+            mine = {k: v for k, v in self.notes.items()
+                    if any(a < hi and lo < b for a, b in ranges_from_names([k]))}
+            self.notes_path.parent.mkdir(exist_ok=True)
+            tmp = self.notes_path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(mine))
+            os.replace(tmp, self.notes_path)
             self.queued[f"data/{path.name}"] = path
+            self.queued[f".ocr/notes/{self.notes_path.name}"] = self.notes_path
+            self.sent_parts += 1
         self.commit_if_due()
 
     def commit_if_due(self) -> None:
@@ -2238,9 +2264,9 @@ class OutputStore:
                 self.upload_failures = sorted(self.queued)
         if self.upload_failures:
             log(f"{len(self.upload_failures)} file(s) did not reach the Hub; they are safe in "
-                f"{self.root}. Send them with:\n  hf upload {self.target} {self.root} . "
-                f"--repo-type dataset --exclude '.ocr/*'\nor rerun the same command (it resumes "
-                f"and uploads them).")
+                f"{self.root}. Rerun the same command (it resumes and uploads them), or send them "
+                f"with:\n  hf upload {self.target} {self.root} . --repo-type dataset --exclude "
+                f"'.ocr/journal/*' '.ocr/hub/*' '.ocr/lock-*' '.ocr/on-hub'")
 
     def location(self) -> str:
         return str(self.root) if self.kind == "local" else f"https://huggingface.co/datasets/{self.target}"
@@ -2774,27 +2800,42 @@ def jobs_command_notes(argv: list[str]) -> list[str]:
     return notes
 
 
-def output_counts(store: OutputStore, column: str) -> str:
-    """The whole output's rows, counted from its parts (every shard, every earlier run)."""
+def part_note(path: Path, column: str) -> dict:
+    """What a part holds besides text: its error rows (row -> kind) and how many rows come
+    from the PDF text layer. On the Hub it is kept beside the parts (.ocr/notes/), so that a
+    rerun on another machine knows which rows to redo, and the card counts every row."""
     import pyarrow.parquet as pq
 
+    start = ranges_from_names([path.name])[0][0]
+    names = pq.read_schema(str(path)).names
+    wanted = [c for c in (column, f"{column}_error", f"{column}_error_kind", f"{column}_skipped")
+              if c in names and (c != column or f"{column}_skipped" in names)]
+    table = pq.read_table(str(path), columns=wanted).to_pydict()
+    errors = table.get(f"{column}_error") or []
+    kinds = table.get(f"{column}_error_kind") or [None] * len(errors)
+    skipped = table.get(f"{column}_skipped") or []
+    return {"errors": {str(start + i): kind for i, (error, kind) in enumerate(zip(errors, kinds))
+                       if error is not None},
+            "text_layer": sum(t is None and s is not None for t, s in zip(table.get(column) or [],
+                                                                           skipped))}
+
+
+def output_counts(store: OutputStore, column: str) -> str:
+    """The whole output's rows, counted from its parts (every shard, every earlier run)."""
     rows = failed = text_layer = elsewhere = 0
     for (start, stop), path in store.parts():
         rows += stop - start
         try:
-            errors = pq.read_table(str(path), columns=[f"{column}_error"]).column(0)
-            failed += len(errors) - errors.null_count
-            if f"{column}_skipped" in pq.read_schema(str(path)).names:
-                table = pq.read_table(str(path), columns=[column, f"{column}_skipped"])
-                text_layer += sum(t is None and s is not None for t, s in zip(
-                    *(table.column(i).to_pylist() for i in range(2))))
-        except Exception:  # only on the Hub (the staging copy is a cache), or another layout
+            note = part_note(path, column) if path else store.notes[part_name(start, stop)]
+            failed += len(note["errors"])
+            text_layer += note["text_layer"]
+        except Exception:  # only on the Hub, without a note (an older run), or another layout
             elsewhere += stop - start
     texts = rows - failed - text_layer - elsewhere
     counted = f"{texts:,} with text" + (f", {text_layer:,} from their PDF text layer (not sent)"
                                         if text_layer else "") + f" and {failed:,} error rows"
     if elsewhere:
-        counted += f" among the {rows - elsewhere:,} staged here ({elsewhere:,} are on the Hub only)"
+        counted += f" among the {rows - elsewhere:,} counted ({elsewhere:,} on the Hub were not)"
     return f"This output holds {rows:,} rows: {counted}."
 
 
@@ -3189,9 +3230,10 @@ def finish_run(code: int, run: Run, interrupts: Interrupts, stop_engine, argv: l
     wrote = writer.rows_ok + writer.rows_failed
     if not wrote and not store.parts() and not list(store.journal.folder.glob("*.jsonl")):
         store.forget_run()  # nothing written: the next run may be another one
-    card_missing = store.parts() and not (store.root / "README.md").exists()
+    card_missing = store.parts() and not (store.card_on_hub if store.api is not None else
+                                          (store.root / "README.md").exists())
     store.finish(build_card(run.source, store, args, result, run.info_entry, argv)
-                 if (wrote or card_missing) and not check.tripped else None)
+                 if (wrote or store.sent_parts or card_missing) and not check.tripped else None)
     if store.conflict and not code:
         code = EXIT_USAGE
     if store.upload_failures and not code:

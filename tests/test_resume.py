@@ -393,3 +393,54 @@ def test_an_output_on_a_filesystem_without_locks_is_written_with_a_warning(
     assert module.main([str(tmp_path / "in"), str(tmp_path / "out"), *common(stub)]) == 0
     assert "nothing stops a second run" in capsys.readouterr().err
     assert load_output(tmp_path / "out")["file_name"] == [p.name for p in paths]
+
+
+# ---- a Hub OUTPUT resumed on another machine (every Job starts on an empty disk) ---------------
+
+def test_server_error_rows_on_the_hub_are_redone_by_a_rerun_on_another_machine(tmp_path,
+                                                                               stub_server):
+    """Only the Hub holds the parts: its notes (.ocr/notes/) say which rows failed and why, so
+    the rerun fetches just those parts and redoes their server error rows (found by trying to
+    break it: the rerun said '0 rows to do' and the error rows stayed)."""
+    faulty, good = stub_server("--fail-every", "3"), stub_server()
+    paths = write_image_folder(tmp_path / "in", 12)
+    module = load_script(OVIS)
+    hub = FakeHub(tmp_path / "hub")
+    hub_run(module, hub, tmp_path, faulty, "job-1", "--max-retries", "0", "--concurrency", "1")
+    repo = tmp_path / "hub" / "user/ocr-out"
+    first = load_output(repo)
+    failed = [i for i, kind in enumerate(first["markdown_error_kind"]) if kind == "server"]
+    assert failed and len(failed) < 12
+    assert f"{12 - len(failed)} with text and {len(failed)} error rows" in \
+        (repo / "README.md").read_text()
+    assert hub_run(module, hub, tmp_path, good, "job-2") == 0  # a fresh disk
+    assert len(good.requests()) == len(failed)  # those rows only
+    ds = load_output(repo)
+    assert ds["file_name"] == [p.name for p in paths]
+    assert ds["markdown"] == [expected_text(p.read_bytes()) for p in paths]
+    assert "12 with text and 0 error rows" in (repo / "README.md").read_text()
+    assert hub_run(module, hub, tmp_path, good, "job-3") == 0  # nothing left to redo
+    assert len(good.requests()) == len(failed)
+
+
+def test_after_failed_uploads_the_rerun_sends_the_manifest_and_card_too(tmp_path, stub_server):
+    """Found by trying to break it: the recovery rerun sent only the parts, so the Hub had no
+    manifest, and a different run from another machine was accepted into the same repo."""
+    stub = stub_server()
+    paths = write_image_folder(tmp_path / "in", 6)
+    module = load_script(OVIS)
+    module.UPLOAD_ATTEMPTS, attempts = 1, module.UPLOAD_ATTEMPTS
+    try:
+        assert hub_run(module, FakeHub(tmp_path / "hub", fail_uploads=True), tmp_path, stub,
+                       "laptop") == module.EXIT_NOT_UPLOADED
+    finally:
+        module.UPLOAD_ATTEMPTS = attempts
+    hub = FakeHub(tmp_path / "hub")
+    assert hub_run(module, hub, tmp_path, stub, "laptop") == 0
+    repo = tmp_path / "hub" / "user/ocr-out"
+    assert (repo / ".ocr" / "manifest.json").exists() and (repo / "README.md").exists()
+    assert "6 with text and 0 error rows" in (repo / "README.md").read_text()
+    assert load_output(repo)["file_name"] == [p.name for p in paths]
+    with pytest.raises(SystemExit) as refused:  # another run, from another machine
+        hub_run(module, hub, tmp_path, stub, "job", "--max-tokens", "900")
+    assert refused.value.code == 2
