@@ -299,7 +299,8 @@ EXIT_CODES = """exit codes (the first that applies):
   0    every pending row was written where OUTPUT says (error rows included)
   2    usage error, or a rerun that is refused
   3    degenerate output: the first pages all came back empty or looping (nothing written)
-  4    the server refused the run (API key, model gone, every page failing); finished rows kept
+  4    the server or engine refused the run (API key, model gone, engine dead or out of
+       memory, every page failing); finished rows kept, a rerun sends the rest
   130  interrupted by SIGINT (Ctrl-C), 143 by SIGTERM; finished rows saved first
   5    some rows were not written (see the log); rerun the same command to finish them
   6    every row is written locally, but some files did not reach the Hub"""

@@ -288,7 +288,8 @@ EXIT_CODES = """exit codes (the first that applies):
   0    every pending row was written where OUTPUT says (error rows included)
   2    usage error, or a rerun that is refused
   3    degenerate output: the first pages all came back empty or looping (nothing written)
-  4    the server refused the run (API key, model gone, every page failing); finished rows kept
+  4    the server or engine refused the run (API key, model gone, engine dead or out of
+       memory, every page failing); finished rows kept, a rerun sends the rest
   130  interrupted by SIGINT (Ctrl-C), 143 by SIGTERM; finished rows saved first
   5    some rows were not written (see the log); rerun the same command to finish them
   6    every row is written locally, but some files did not reach the Hub"""
@@ -3346,22 +3347,64 @@ def data_url(page: PreparedPage) -> str:
     return f"data:{page.mime};base64,{base64.b64encode(page.data).decode()}"
 
 
-def generate_batch(llm, sampling, items: list, args) -> list[RowResult]:
+class EngineStreak:
+    """A broken engine is not N bad pages. A single page failing is its row's error; but pages
+    failing alone one after another, with the same exception and no page answered between
+    (STREAK of them, or every page of a run of at least 5, as the server scripts judge), or an
+    engine that is gone (EngineDeadError, out of memory), stop the run with exit 4. Failed rows
+    wait in `held` until a page is answered after them, so on a stop they stay pending and the
+    rerun sends them again."""
+
+    STREAK = 16
+
+    def __init__(self):
+        self.count, self.kind, self.last, self.answered, self.held = 0, "", "", 0, []
+
+    def failed(self, exc: Exception, alone: bool) -> None:
+        kind, self.last = type(exc).__name__, f"{type(exc).__name__}: {str(exc)[:300]}"
+        if "EngineDead" in kind or "out of memory" in str(exc).lower():
+            self.stop(f"the vLLM engine is gone ({self.last})")
+        if alone:
+            self.count, self.kind = (self.count + 1 if kind == self.kind else 1), kind
+            if self.count >= self.STREAK:
+                self.stop(f"the last {self.count} pages failed one by one, none answered "
+                          f"between (last: {self.last})")
+
+    def ok(self, pages: int) -> None:
+        self.count, self.kind, self.answered = 0, "", self.answered + pages
+
+    def release(self, at_end: bool = False) -> list:
+        """The held rows once a page was answered after them (at the end: unless every page
+        of the run failed)."""
+        if at_end and self.count >= 5 and not self.answered:
+            self.stop(f"all {self.count} pages of this run failed (last: {self.last})")
+        if self.count and not at_end:
+            return []
+        held, self.held = self.held, []
+        return held
+
+    @staticmethod
+    def stop(what: str) -> "NoReturn":  # noqa: F821
+        raise RunAborted(f"{what}; stopping instead of writing error rows. Finished rows are "
+                         f"saved; rerun the same command once the engine works.", EXIT_REFUSED)
+
+
+def generate_batch(llm, sampling, items: list, args, streak: EngineStreak) -> list[RowResult]:
     """Results for [(index, page)]; a batch that raises is split until the bad row is alone.
     `sampling`: one SamplingParams for every page, or a list of one per page."""
     try:
         outputs = llm.chat([build_messages(data_url(page), args) for _, page in items], sampling,
                            use_tqdm=False, **CHAT_KWARGS)
     except Exception as exc:
-        if "EngineDead" in type(exc).__name__ or "dead" in str(exc).lower():
-            raise RunAborted(f"the vLLM engine died: {exc}") from exc
+        streak.failed(exc, alone=len(items) == 1)
         if len(items) == 1:
             return [exception_row(exc, PAGE, "generation failed: ")]
         half = len(items) // 2
         first, rest = (sampling[:half], sampling[half:]) if isinstance(sampling, list) \
             else (sampling, sampling)
-        return generate_batch(llm, first, items[:half], args) + \
-            generate_batch(llm, rest, items[half:], args)
+        return generate_batch(llm, first, items[:half], args, streak) + \
+            generate_batch(llm, rest, items[half:], args, streak)
+    streak.ok(len(items))
     results = []
     for output in outputs:
         try:
@@ -3383,7 +3426,7 @@ def prepare_or_error(cell):
         return exception_row(exc, PAGE)
 
 
-def retry_loops(llm, loop_sampling, items: list, results: dict, args) -> None:
+def retry_loops(llm, loop_sampling, items: list, results: dict, args, streak) -> None:
     """The batch's looping pages again, in one generate call per retry round, each with the
     seed of its row (loop_sampling(seed) is a SamplingParams at LOOP_TEMPERATURE)."""
     for attempt in range(1, args.loop_retries + 1):
@@ -3392,7 +3435,8 @@ def retry_loops(llm, loop_sampling, items: list, results: dict, args) -> None:
         if not looping:
             return
         sampling = [loop_sampling(loop_seed(index, attempt)) for index, _ in looping]
-        for (index, _), retry in zip(looping, generate_batch(llm, sampling, looping, args)):
+        for (index, _), retry in zip(looping, generate_batch(llm, sampling, looping, args,
+                                                             streak)):
             results[index] = kept_attempt(results[index], retry)
 
 
@@ -3413,6 +3457,15 @@ def run_offline(source: InputSource, pending: list[int], writer: PartWriter, sta
                 break
         return batch
 
+    def write(index: int, result: RowResult, latency: float | None = None) -> None:
+        stats.count_loops(result)
+        result = postprocessed(result, args)
+        if result.error is None and result.skipped is None:
+            check.observe(result)
+        writer.add(index, result)
+        stats.record(result, latency if result.error is None else None)
+
+    streak = EngineStreak()
     bar = tqdm(total=len(pending), unit="page", dynamic_ncols=True,
                mininterval=0.5 if sys.stderr.isatty() else 10.0)
     try:
@@ -3435,22 +3488,21 @@ def run_offline(source: InputSource, pending: list[int], writer: PartWriter, sta
             stats.first_started = stats.first_started or time.monotonic()
             started = time.monotonic()
             if valid:
-                for (index, page), result in zip(valid, generate_batch(llm, sampling, valid, args)):
+                for (index, page), result in zip(valid, generate_batch(llm, sampling, valid, args,
+                                                                       streak)):
                     result.text_layer = page.text_layer
                     results[index] = result
-                retry_loops(llm, loop_sampling, valid, results, args)
+                retry_loops(llm, loop_sampling, valid, results, args, streak)
+                streak.held += [(i, results.pop(i)) for i, _ in valid if results[i].error]
             latency = time.monotonic() - started
-            for index, _ in prepared:
-                stats.count_loops(results[index])
-                result = postprocessed(results[index], args)
-                if result.error is None and result.skipped is None:
-                    check.observe(result)
-                writer.add(index, result)
-                stats.record(result, latency if result.error is None else None)
+            for index, result in [*results.items(), *streak.release()]:
+                write(index, result, latency)
             bar.update(len(prepared))
             bar.set_postfix(errors=stats.errors_seen, refresh=False)
             if writer.due():
                 writer.flush()
+        for index, result in streak.release(at_end=True):
+            write(index, result)
     finally:
         bar.close()
         pool.shutdown(wait=False, cancel_futures=True)

@@ -457,6 +457,74 @@ def test_offline_kill_9_loses_no_finished_batch_and_sigterm_saves(tmp_path):
     assert ds["markdown"] == [expected_text(p.read_bytes()) for p in paths]
 
 
+def chat_calls(tmp_path: Path) -> list[int]:
+    """The pages of each LLM.chat call the fake vllm saw, in order."""
+    log = tmp_path / "llm.jsonl"
+    return [call["pages"] for call in map(json.loads, log.read_text().splitlines())
+            if call["call"] == "chat"]
+
+
+def page_digest(path: Path) -> str:
+    """What FAKE_VLLM_FAIL_ON matches in this page's answer only (ovis sends a PNG as is)."""
+    return hashlib.sha1(path.read_bytes()).hexdigest()[:12]
+
+
+@pytest.mark.parametrize("script", ["ovis-ocr2.py", "lighton-ocr3.py"])
+@pytest.mark.parametrize("pages, said", [(12, "all 12 pages of this run failed"),
+                                         (24, "the last 16 pages failed one by one")])
+def test_offline_an_engine_that_fails_every_page_stops_with_exit_4_and_the_rerun_finishes(
+        tmp_path, script, pages, said):
+    """Not N final page errors that a rerun would keep: the rows stay pending, exit 4."""
+    paths = write_image_folder(tmp_path / "in", pages)
+    out = tmp_path / "out"
+    args = [str(tmp_path / "in"), str(out), "--batch-size", "4", "--no-sanity-check"]
+    run = run_script(script, *args, "--stats-json", str(tmp_path / "s.json"),
+                     env={**offline_env(tmp_path), "FAKE_VLLM_FAIL_ON": "Page"})
+    assert run.returncode == 4, run.stderr[-3000:]
+    assert said in run.stderr and "ValueError: injected failure" in run.stderr
+    stats = stats_of(tmp_path / "s.json")
+    assert (stats["rows_failed"], stats["rows_not_written"], stats["exit_code"]) == (0, pages, 4)
+    assert len(chat_calls(tmp_path)) == (3 if pages == 12 else 4) * 7  # 16 pages, then no more
+    run = run_script(script, *args, env=offline_env(tmp_path))
+    assert run.returncode == 0, run.stderr[-3000:]
+    ds = load_output(out)
+    assert ds["file_name"] == [p.name for p in paths]
+    assert ds["markdown_error"] == [None] * pages and all(ds["markdown"])
+
+
+@pytest.mark.parametrize("raise_as", ["EngineDeadError", "OutOfMemoryError: CUDA out of memory. "
+                                                         "Tried to allocate 2.00 GiB"])
+def test_offline_an_engine_gone_stops_at_once_and_keeps_the_finished_rows(tmp_path, raise_as):
+    paths = write_image_folder(tmp_path / "in", 12)
+    out = tmp_path / "out"
+    args = [str(tmp_path / "in"), str(out), "--batch-size", "4", "--no-sanity-check"]
+    run = run_script("ovis-ocr2.py", *args, "--stats-json", str(tmp_path / "s.json"),
+                     env={**offline_env(tmp_path), "FAKE_VLLM_RAISE": raise_as,
+                          "FAKE_VLLM_FAIL_ON": page_digest(paths[5])})
+    assert run.returncode == 4, run.stderr[-3000:]
+    assert f"the vLLM engine is gone ({raise_as}" in run.stderr
+    assert chat_calls(tmp_path) == [4, 4]  # the batch that raised is not split page by page
+    stats = stats_of(tmp_path / "s.json")
+    assert (stats["rows_ok"], stats["rows_failed"], stats["rows_not_written"]) == (4, 0, 8)
+    assert run_script("ovis-ocr2.py", *args, env=offline_env(tmp_path)).returncode == 0
+    ds = load_output(out)
+    assert ds["markdown"] == [expected_text(p.read_bytes()) for p in paths]
+    assert chat_calls(tmp_path)[2:] == [4, 4]  # the rerun sent only the 8 pending pages
+
+
+@pytest.mark.parametrize("bad", [3, 11])  # the last of a batch; the last of the run
+def test_offline_one_bad_page_among_good_ones_is_its_rows_final_error(tmp_path, bad):
+    paths = write_image_folder(tmp_path / "in", 12)
+    run = run_script("ovis-ocr2.py", str(tmp_path / "in"), str(tmp_path / "out"),
+                     "--batch-size", "4", "--no-sanity-check",
+                     env={**offline_env(tmp_path), "FAKE_VLLM_FAIL_ON": page_digest(paths[bad])})
+    assert run.returncode == 0, run.stderr[-3000:]
+    ds = load_output(tmp_path / "out")
+    assert [i for i, e in enumerate(ds["markdown_error"]) if e] == [bad]
+    assert ds["markdown_error"][bad] == "generation failed: ValueError: injected failure"
+    assert ds["markdown_error_kind"][bad] == "page" and ds["markdown"].count(None) == 1
+
+
 def test_offline_a_clean_up_that_raises_is_that_rows_error(tmp_path, monkeypatch):
     write_image_folder(tmp_path / "in", 6)
     module = load_script("lighton-ocr3.py")

@@ -4,6 +4,14 @@ image it was given. Every call is appended, as a JSON line, to $FAKE_VLLM_CALLS 
 tests can hand the exact keyword arguments a script gives vllm.LLM, vllm.SamplingParams and
 LLM.chat to the pinned vLLM release's own definitions (tests/test_pinned_vllm.py).
 
+Faults, by environment variable: FAKE_VLLM_FAIL_ON=TEXT makes `chat` raise ValueError for a
+call holding a page whose answer contains TEXT (every answer has "Page"; a page's own answer
+has the sha1 of its bytes, first 12 hex digits); FAKE_VLLM_RAISE="NAME[: MESSAGE]" raises a
+RuntimeError subclass of that name instead ("EngineDeadError", "OutOfMemoryError: CUDA out
+of memory"), on every call when FAKE_VLLM_FAIL_ON is unset. FAKE_VLLM_LOOP_BELOW=T answers in
+a repetition loop below temperature T; FAKE_VLLM_BATCH_SECONDS sleeps that long per call;
+FAKE_VLLM_ENGINE_LINGERS=S forks an engine process that outlives the driver by S seconds.
+
 It is never the proof that a script works with vLLM: tests/test_engine.py is.
 """
 
@@ -62,8 +70,13 @@ class LLM:
                        for part in message["content"] if part.get("type") == "image_url")
             raw = base64.b64decode(re.match(r"data:image/[a-z]+;base64,(.*)$", url, re.S).group(1))
             text, error = page_text(raw, decode=True)
-            if error or (fail_on and fail_on in text):
-                raise ValueError(error or "injected failure")
+            raise_as = os.environ.get("FAKE_VLLM_RAISE")  # "EngineDeadError", "Name: message"
+            if error:
+                raise ValueError(error)
+            if (fail_on and fail_on in text) or (raise_as and not fail_on):
+                name, _, message = (raise_as or "").partition(": ")
+                raise (type(name, (RuntimeError,), {}) if name else ValueError)(
+                    message or "injected failure")
             finish = "stop"
             if loop_below and float(sampling.get("temperature") or 0) < float(loop_below):
                 text, finish = loop_text(text, sampling.get("seed")), "length"
