@@ -3353,7 +3353,8 @@ class EngineStreak:
     (STREAK of them, or every page of a run of at least 5, as the server scripts judge), or an
     engine that is gone (EngineDeadError, out of memory), stop the run with exit 4. Failed rows
     wait in `held` until a page is answered after them, so on a stop they stay pending and the
-    rerun sends them again."""
+    rerun sends them again. A ValueError is vLLM refusing that page's input (longer than
+    max_model_len, an image it cannot process): the page's own error, like a 400 from a server."""
 
     STREAK = 16
 
@@ -3364,7 +3365,7 @@ class EngineStreak:
         kind, self.last = type(exc).__name__, f"{type(exc).__name__}: {str(exc)[:300]}"
         if "EngineDead" in kind or "out of memory" in str(exc).lower():
             self.stop(f"the vLLM engine is gone ({self.last})")
-        if alone:
+        if alone and not isinstance(exc, ValueError):
             self.count, self.kind = (self.count + 1 if kind == self.kind else 1), kind
             if self.count >= self.STREAK:
                 self.stop(f"the last {self.count} pages failed one by one, none answered "

@@ -469,6 +469,9 @@ def page_digest(path: Path) -> str:
     return hashlib.sha1(path.read_bytes()).hexdigest()[:12]
 
 
+CUDA_FAULT = "RuntimeError: CUDA error: an illegal memory access was encountered"
+
+
 @pytest.mark.parametrize("script", ["ovis-ocr2.py", "lighton-ocr3.py"])
 @pytest.mark.parametrize("pages, said", [(12, "all 12 pages of this run failed"),
                                          (24, "the last 16 pages failed one by one")])
@@ -479,9 +482,9 @@ def test_offline_an_engine_that_fails_every_page_stops_with_exit_4_and_the_rerun
     out = tmp_path / "out"
     args = [str(tmp_path / "in"), str(out), "--batch-size", "4", "--no-sanity-check"]
     run = run_script(script, *args, "--stats-json", str(tmp_path / "s.json"),
-                     env={**offline_env(tmp_path), "FAKE_VLLM_FAIL_ON": "Page"})
+                     env={**offline_env(tmp_path), "FAKE_VLLM_RAISE": CUDA_FAULT})
     assert run.returncode == 4, run.stderr[-3000:]
-    assert said in run.stderr and "ValueError: injected failure" in run.stderr
+    assert said in run.stderr and CUDA_FAULT in run.stderr
     stats = stats_of(tmp_path / "s.json")
     assert (stats["rows_failed"], stats["rows_not_written"], stats["exit_code"]) == (0, pages, 4)
     assert len(chat_calls(tmp_path)) == (3 if pages == 12 else 4) * 7  # 16 pages, then no more
@@ -490,6 +493,19 @@ def test_offline_an_engine_that_fails_every_page_stops_with_exit_4_and_the_rerun
     ds = load_output(out)
     assert ds["file_name"] == [p.name for p in paths]
     assert ds["markdown_error"] == [None] * pages and all(ds["markdown"])
+
+
+def test_offline_pages_vllm_refuses_are_their_rows_errors_however_many(tmp_path):
+    """A ValueError is vLLM refusing a page's input (longer than max_model_len, say): a volume
+    of 24 such pages is 24 page errors, not a broken engine that stops every rerun."""
+    write_image_folder(tmp_path / "in", 24)
+    run = run_script("ovis-ocr2.py", str(tmp_path / "in"), str(tmp_path / "out"),
+                     "--batch-size", "4", "--no-sanity-check",
+                     env={**offline_env(tmp_path), "FAKE_VLLM_FAIL_ON": "Page"})
+    assert run.returncode == 0, run.stderr[-3000:]
+    ds = load_output(tmp_path / "out")
+    assert ds["markdown_error"] == ["generation failed: ValueError: injected failure"] * 24
+    assert ds["markdown_error_kind"] == ["page"] * 24
 
 
 @pytest.mark.parametrize("raise_as", ["EngineDeadError", "OutOfMemoryError: CUDA out of memory. "
