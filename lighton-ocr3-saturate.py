@@ -1893,7 +1893,7 @@ def plan_rows(source: InputSource, store: "OutputStore", args) -> RowPlan:
     column = args.output_column
     covered = bytearray(source.hi - source.lo)
     redo: dict[int, Path] = {}
-    earlier_ok = 0
+    earlier_ok = unnoted = 0
     for (start, stop), path in store.parts():
         lo, hi = max(start, source.lo), min(stop, source.hi)
         for i in range(lo, hi):
@@ -1901,6 +1901,7 @@ def plan_rows(source: InputSource, store: "OutputStore", args) -> RowPlan:
         note = part_note(path, column) if path else store.notes.get(part_name(start, stop))
         if note is None:  # only on the Hub, and no note says what it holds: trusted as it is
             earlier_ok += stop - start
+            unnoted += 1
             continue
         again = [int(row) for row, kind in note["errors"].items()
                  if (kind == SERVER or args.retry_errors) and lo <= int(row) < hi]
@@ -1908,6 +1909,10 @@ def plan_rows(source: InputSource, store: "OutputStore", args) -> RowPlan:
             path = store.fetch_part(part_name(start, stop))
         earlier_ok += stop - start - len(note["errors"])
         redo.update((row, path) for row in again)
+    if unnoted:
+        log(f"warning: {unnoted} part(s) on the Hub have no notes (written by an older version "
+            f"of this script): their error rows are not redone from here. Rerun where they "
+            f"were written, or pass --restart")
     store.keep_local.update(path.name for path in redo.values())  # rewritten here later
     uncovered = [source.lo + i for i, flag in enumerate(covered) if not flag]
     wanted = lambda i: i in redo or (source.lo <= i < source.hi  # noqa: E731
@@ -1996,8 +2001,9 @@ class OutputStore:
             fail(f"cannot create {self.root}: {exc}")
         shard = f"shard-{args.shard_index}-of-{args.num_shards}"
         self.column = args.output_column
-        self.notes_path = self.meta / "notes" / f"{shard}.json"
-        self.notes: dict[str, dict] = {}  # part name -> part_note(), every shard's, on the Hub
+        self.notes_name = f".ocr/notes/{shard}.json"
+        self.notes: dict[str, dict] = {}  # part name -> part_note(): every shard's, the latest
+        self.hub_notes: dict[str, dict] = {}  # the same, of the parts as they are on the Hub
         self.card_on_hub = False
         self.sent_parts = 0  # parts given to the Hub by this run (written, or resent)
         self.lock_path = self.meta / f"lock-{shard}"
@@ -2025,31 +2031,44 @@ class OutputStore:
     def sync_from_hub(self) -> None:
         """The Hub is the truth, the staging folder a cache: its manifest wins, and a repo that
         holds no run (deleted, or never written) means a fresh start."""
-        files = set(self.api.list_repo_files(self.target, repo_type="dataset"))
-        self.remote_names = {Path(f).name for f in files if f.startswith("data/")}
+        files = self.read_hub()
         self.known = set(self.remote_names)
-        self.card_on_hub = "README.md" in files
-        for name in sorted(f for f in files if f.startswith(".ocr/notes/")):
-            downloaded = self.api.hf_hub_download(self.target, name, repo_type="dataset",
-                                                  local_dir=self.meta / "hub")
-            notes = json.loads(Path(downloaded).read_text())
-            self.notes.update({k: v for k, v in notes.items() if k in self.remote_names})
         manifest = self.meta / "manifest.json"
         if ".ocr/manifest.json" in files:
-            downloaded = self.api.hf_hub_download(self.target, ".ocr/manifest.json",
-                                                  repo_type="dataset", local_dir=self.meta / "hub")
-            manifest.write_bytes(Path(downloaded).read_bytes())
+            downloaded = Path(self.api.hf_hub_download(
+                self.target, ".ocr/manifest.json", repo_type="dataset", local_dir=self.meta / "hub"))
+            hub_run = {k: json.loads(downloaded.read_text()).get(k) for k in ("identity", "created")}
+            if manifest.exists() and hub_run != {k: json.loads(manifest.read_text()).get(k)
+                                                 for k in ("identity", "created")}:
+                log(f"{self.target} holds another run than this staging copy's (restarted "
+                    f"elsewhere?): clearing {self.root}, the Hub's run goes on")
+                self.clear_local()
+            manifest.write_bytes(downloaded.read_bytes())
         elif not self.remote_names and (self.meta / "on-hub").exists():
             log(f"{self.target} no longer holds the run this staging copy sent there (the repo "
                 f"was deleted?): starting afresh, clearing {self.root}")
             self.clear_local()  # (staged parts never sent anywhere are sent below instead)
-        for path in self.local_parts():  # staged parts the Hub already covers: never resent
-            start, stop = ranges_from_names([path.name])[0]
-            if path.name not in self.remote_names and any(
-                    a < stop and start < b for a, b in ranges_from_names(self.remote_names)):
+        for path in self.local_parts():  # the Hub's parts win over their staged copies, and
+            start, stop = ranges_from_names([path.name])[0]  # what they cover is never resent
+            if any(a < stop and start < b for a, b in ranges_from_names(self.remote_names)):
                 path.unlink(missing_ok=True)
         if manifest.exists() and ".ocr/manifest.json" not in files:  # its upload failed
             self.queued[".ocr/manifest.json"] = manifest
+
+    def read_hub(self, others_only: bool = False) -> set[str]:
+        """The repo's files: its parts, whether it has a card, the shards' notes (at the end:
+        the other shards', for the card)."""
+        files = set(self.api.list_repo_files(self.target, repo_type="dataset"))
+        self.remote_names |= {Path(f).name for f in files if f.startswith("data/")}
+        self.card_on_hub = "README.md" in files
+        for name in sorted(f for f in files if f.startswith(".ocr/notes/")):
+            if not (others_only and name == self.notes_name):
+                downloaded = self.api.hf_hub_download(self.target, name, repo_type="dataset",
+                                                      local_dir=self.meta / "hub")
+                notes = json.loads(Path(downloaded).read_text())
+                self.hub_notes.update({k: v for k, v in notes.items() if k in self.remote_names})
+        self.notes = {**self.hub_notes, **self.notes}
+        return files
 
     def fetch_part(self, name: str) -> Path:
         """A part only the Hub has, into the staging folder: to redo its error rows here."""
@@ -2075,8 +2094,7 @@ class OutputStore:
         import shutil
 
         shutil.rmtree(self.meta / "journal", ignore_errors=True)
-        shutil.rmtree(self.meta / "notes", ignore_errors=True)
-        self.notes = {}
+        self.notes = dict(self.hub_notes)
         for path in self.local_parts():
             path.unlink(missing_ok=True)
         (self.root / "README.md").unlink(missing_ok=True)
@@ -2110,7 +2128,7 @@ class OutputStore:
             doomed = [f for f in files if f.startswith(("data/", ".ocr/")) or f == "README.md"]
             if doomed:
                 self.delete_on_hub(doomed, "Restart the OCR run")
-            self.remote_names, self.known = set(), set()
+            self.remote_names, self.known, self.hub_notes = set(), set(), {}
         self.clear_local()
         self.journal = Journal(self.journal.folder)
 
@@ -2177,15 +2195,7 @@ class OutputStore:
         note = part_note(path, self.column)
         with self.queue_lock:
             self.notes[path.name] = note
-            lo, hi = self.shard_range  # this shard's file holds its own parts' notes
-            mine = {k: v for k, v in self.notes.items()
-                    if any(a < hi and lo < b for a, b in ranges_from_names([k]))}
-            self.notes_path.parent.mkdir(exist_ok=True)
-            tmp = self.notes_path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(mine))
-            os.replace(tmp, self.notes_path)
             self.queued[f"data/{path.name}"] = path
-            self.queued[f".ocr/notes/{self.notes_path.name}"] = self.notes_path
             self.sent_parts += 1
         self.commit_if_due()
 
@@ -2206,6 +2216,13 @@ class OutputStore:
 
         operations = [CommitOperationAdd(path_in_repo=name, path_or_fileobj=str(local))
                       for name, local in files.items()]
+        parts = {Path(name).name for name in files if name.startswith("data/")}
+        lo, hi = self.shard_range  # this shard's notes: of its parts on the Hub, and these
+        notes = {k: v for k, v in {**self.hub_notes, **{p: self.notes[p] for p in parts}}.items()
+                 if any(a < hi and lo < b for a, b in ranges_from_names([k]))}
+        if parts:  # a copy per commit: a later part's note never goes ahead of its part
+            operations.append(CommitOperationAdd(path_in_repo=self.notes_name,
+                                                 path_or_fileobj=json.dumps(notes).encode()))
         for attempt in range(UPLOAD_ATTEMPTS):
             try:
                 head = self.check_no_other_writer()
@@ -2217,6 +2234,7 @@ class OutputStore:
                 self.last_commit = time.monotonic()
                 (self.meta / "on-hub").touch()  # this staging copy has reached the Hub
                 committed = {Path(name).name for name in files if name.startswith("data/")}
+                self.hub_notes.update(notes)
                 self.remote_names |= committed
                 self.known |= committed
                 for name in committed - self.keep_local:  # on the Hub now: the cache can go
@@ -3253,6 +3271,12 @@ def finish_run(code: int, run: Run, interrupts: Interrupts, stop_engine, argv: l
     wrote = writer.rows_ok + writer.rows_failed
     if not wrote and not store.parts() and not list(store.journal.folder.glob("*.jsonl")):
         store.forget_run()  # nothing written: the next run may be another one
+    if store.api is not None and (wrote or store.sent_parts):
+        try:
+            store.read_hub(others_only=True)  # the card counts what other shards wrote since
+        except Exception as exc:
+            log(f"warning: cannot list {store.target} for the card ({exc}); it counts what "
+                f"this run saw")
     card_missing = store.parts() and not (store.card_on_hub if store.api is not None else
                                           (store.root / "README.md").exists())
     store.finish(build_card(run.source, store, args, result, run.info_entry, argv)

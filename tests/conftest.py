@@ -219,7 +219,10 @@ class FakeHub:
                 target.unlink()
                 continue
             target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy(op.path_or_fileobj, target)
+            if isinstance(op.path_or_fileobj, bytes):  # as HfApi takes: a path, bytes, a file
+                target.write_bytes(op.path_or_fileobj)
+            else:
+                shutil.copy(op.path_or_fileobj, target)
             self.calls.append(("upload_file", op.path_in_repo))
         self.head += 1
         self.commits.append([op.path_in_repo for op in operations])

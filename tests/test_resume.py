@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -444,3 +445,116 @@ def test_after_failed_uploads_the_rerun_sends_the_manifest_and_card_too(tmp_path
     with pytest.raises(SystemExit) as refused:  # another run, from another machine
         hub_run(module, hub, tmp_path, stub, "job", "--max-tokens", "900")
     assert refused.value.code == 2
+
+
+def hub_card_counts(tmp_path: Path) -> str:
+    text = (tmp_path / "hub" / "user/ocr-out" / "README.md").read_text()
+    return next(line for line in text.splitlines() if "This output holds" in line)
+
+
+def test_the_hub_wins_over_an_old_staging_copy_of_its_parts(tmp_path, stub_server):
+    """Machine A leaves a part with server errors staged; machine B redoes them on the Hub; A
+    again, with a server that fails everything, must not put the error rows back (it did,
+    exit 0; found by trying to break it)."""
+    faulty, good = stub_server("--fail-every", "3"), stub_server()
+    dead = stub_server("--fail-first", "100000")
+    paths = write_image_folder(tmp_path / "in", 12)
+    module = load_script(OVIS)
+    hub = FakeHub(tmp_path / "hub")
+    hub_run(module, hub, tmp_path, faulty, "A", "--max-retries", "0", "--concurrency", "1")
+    assert hub_run(module, hub, tmp_path, good, "B") == 0
+    assert hub_run(module, hub, tmp_path, dead, "A", "--max-retries", "0") == 0
+    assert dead.requests() == []
+    ds = load_output(tmp_path / "hub" / "user/ocr-out")
+    assert ds["markdown"] == [expected_text(p.read_bytes()) for p in paths]
+    assert "12 with text and 0 error rows" in hub_card_counts(tmp_path)
+
+
+def test_a_staging_copy_of_a_run_restarted_elsewhere_is_cleared_not_sent(tmp_path, stub_server):
+    faulty, good = stub_server("--fail-every", "3"), stub_server()
+    paths = write_image_folder(tmp_path / "in", 12)
+    module = load_script(OVIS)
+    hub = FakeHub(tmp_path / "hub")
+    hub_run(module, hub, tmp_path, faulty, "a", "--max-retries", "0", "--concurrency", "1")
+    hub_run(module, hub, tmp_path, faulty, "b", "--max-retries", "0", "--concurrency", "1",
+            "--restart", "--max-samples", "7")
+    assert hub_run(module, hub, tmp_path, good, "c", "--max-samples", "7") == 0
+    assert hub_run(module, hub, tmp_path, faulty, "a", "--max-samples", "7", "--max-retries",
+                   "0") == 0  # the first machine, with its staged parts of the old run
+    ds = load_output(tmp_path / "hub" / "user/ocr-out")
+    assert ds["markdown"] == [expected_text(p.read_bytes()) for p in paths[:7]]  # 7, not 9
+    assert "holds 7 rows: 7 with text and 0 error rows" in hub_card_counts(tmp_path)
+
+
+class SlowThenGoneHub(FakeHub):
+    """The first data commit takes a while (a big upload); every later one fails (a kill)."""
+
+    def __init__(self, root: Path):
+        super().__init__(root)
+        self.data_commits = 0
+
+    def create_commit(self, repo_id, operations, commit_message=None, repo_type=None,
+                      parent_commit=None):
+        if any(op.path_in_repo.startswith("data/") for op in operations):
+            self.data_commits += 1
+            if self.data_commits > 1:
+                raise ConnectionError("gone (injected)")
+            time.sleep(2.0)
+        return super().create_commit(repo_id, operations, commit_message, repo_type,
+                                     parent_commit)
+
+
+def test_a_parts_notes_never_reach_the_hub_ahead_of_the_part(tmp_path, stub_server, monkeypatch):
+    """The notes a commit carries describe the parts as that commit leaves them: a redone
+    part whose commit never lands keeps its old notes, so a fresh Job still redoes its rows."""
+    faulty = stub_server("--fail-every", "3")
+    paths = write_image_folder(tmp_path / "in", 10)
+    module = load_script(OVIS)
+    hub_run(module, FakeHub(tmp_path / "hub"), tmp_path, faulty, "a", "--max-retries", "0",
+            "--concurrency", "1")
+    monkeypatch.setattr(module, "UPLOAD_ATTEMPTS", 1)
+    slow = stub_server("--latency", "0.3")
+    assert hub_run(module, SlowThenGoneHub(tmp_path / "hub"), tmp_path, slow, "b",
+                   "--concurrency", "1") == module.EXIT_NOT_UPLOADED
+    good = stub_server()
+    assert hub_run(module, FakeHub(tmp_path / "hub"), tmp_path, good, "c") == 0  # a fresh Job
+    ds = load_output(tmp_path / "hub" / "user/ocr-out")
+    assert ds["markdown"] == [expected_text(p.read_bytes()) for p in paths]
+
+
+class ListsLateHub(FakeHub):
+    """A shard's Job started before the other shard committed: its first listing misses it."""
+
+    def __init__(self, root: Path, hide: list[str]):
+        super().__init__(root)
+        self.hide, self.listings = hide, 0
+
+    def list_repo_files(self, repo_id, repo_type=None, revision=None):
+        self.listings += 1
+        files = super().list_repo_files(repo_id, repo_type)
+        return [f for f in files if not any(h in f for h in self.hide)] \
+            if self.listings == 1 else files
+
+
+def test_the_card_counts_what_other_shards_wrote_during_the_run(tmp_path, stub_server):
+    stub = stub_server()
+    write_image_folder(tmp_path / "in", 12)
+    module = load_script(OVIS)
+    shards = ["--num-shards", "2", "--shard-index"]
+    assert hub_run(module, FakeHub(tmp_path / "hub"), tmp_path, stub, "s0", *shards, "0") == 0
+    late = ListsLateHub(tmp_path / "hub", ["part-000000000", "shard-0-of-2", "README.md"])
+    assert hub_run(module, late, tmp_path, stub, "s1", *shards, "1") == 0
+    assert "holds 12 rows: 12 with text and 0 error rows." in hub_card_counts(tmp_path)
+
+
+def test_a_hub_output_without_notes_says_its_error_rows_are_not_redone(tmp_path, stub_server,
+                                                                       capsys):
+    faulty, good = stub_server("--fail-every", "3"), stub_server()
+    write_image_folder(tmp_path / "in", 12)
+    module = load_script(OVIS)
+    hub = FakeHub(tmp_path / "hub")
+    hub_run(module, hub, tmp_path, faulty, "a", "--max-retries", "0", "--concurrency", "1")
+    shutil.rmtree(tmp_path / "hub" / "user/ocr-out" / ".ocr" / "notes")  # an older version's
+    capsys.readouterr()
+    assert hub_run(module, hub, tmp_path, good, "b") == 0
+    assert "have no notes (written by an older version" in capsys.readouterr().err
