@@ -2982,7 +2982,8 @@ def validate_arguments(args, engine_problems: list[str]) -> None:
     at_least = {"num_shards": 1, "part_rows": 1, "max_tokens": 1, "sanity_pages": 1,
                 "max_samples": 0, "shard_index": 0, "concurrency": 1, "max_retries": 0,
                 "max_restarts": 0, "min_window": 1, "max_window": 1, "api_server_count": 1,
-                "batch_size": 1, "skip_text_pages": 1, "pdf_workers": 1, "loop_retries": 0}
+                "batch_size": 1, "skip_text_pages": 1, "pdf_workers": 1, "loop_retries": 0,
+                "seed": 0}
     for name, low in at_least.items():
         value = getattr(args, name, None)
         if value is not None and value < low:

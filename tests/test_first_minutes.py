@@ -62,6 +62,21 @@ def test_a_bad_argument_exits_2_at_once_naming_it(tmp_path, extra, message):
     assert time.monotonic() - started < 10
 
 
+@pytest.mark.parametrize("script", ALL_SCRIPTS)
+def test_a_negative_shuffle_seed_exits_2_before_anything_is_written(tmp_path, script):
+    """numpy takes no negative seed: it crashed with exit 1 after OUTPUT was claimed (a lock
+    folder was left behind), in every script."""
+    write_image_folder(tmp_path / "in", 2)
+    run = run_script(script, str(tmp_path / "in"), str(tmp_path / "out"), "--server", nowhere(),
+                     "--shuffle", "--seed", "-1", env=NO_VLLM, timeout=60) \
+        if script in SERVER_SCRIPTS else \
+        run_script(script, str(tmp_path / "in"), str(tmp_path / "out"), "--shuffle", "--seed",
+                   "-1", env=NO_VLLM, timeout=60)
+    assert run.returncode == 2, run.stderr
+    assert "--seed must be at least 0, got -1" in run.stderr and "Traceback" not in run.stderr
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("extra, message", [
     (["--batch-size", "0"], "--batch-size must be at least 1"),
     (["--llm-kwargs", "[1, 2]"], "--llm-kwargs must be a JSON object"),
