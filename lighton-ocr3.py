@@ -3007,16 +3007,50 @@ def validate_arguments(args, engine_problems: list[str]) -> None:
     if args.num_shards >= 1 and not 0 <= args.shard_index < args.num_shards:
         problems.append(f"--shard-index must be in [0, {args.num_shards}) for --num-shards "
                         f"{args.num_shards}, got {args.shard_index}")
+    if args.stats_json:
+        problems += filter(None, [unwritable_file("--stats-json", args.stats_json)])
     problems += engine_problems
     if problems:
         fail("; ".join(problems) + ".")
     resolve_output(args.output)  # exits 2 saying how to write a local path
 
 
+def unwritable_file(option: str, value: str) -> str | None:
+    """Why the file an option names could not be written at the end of the run (None: it can),
+    found before any work; nothing is left behind, and folders are made only when written."""
+    path = Path(value).expanduser()
+    if path.is_dir():
+        return f"{option} {value} is a folder: name a file"
+    folder = path.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        return f"{option} {value}: {folder} is not a folder"
+    try:
+        if folder != path.parent:
+            if not os.access(folder, os.W_OK | os.X_OK):
+                raise PermissionError(f"cannot create folders in {folder}")
+        elif path.exists():
+            open(path, "a").close()
+        else:
+            open(path, "x").close()
+            path.unlink()
+    except OSError as exc:
+        return f"{option} {value} cannot be written ({exc.strerror or exc})"
+    return None
+
+
 def write_stats(stats: dict, args) -> None:
+    """--stats-json; a file that cannot be written is a warning (the stats go to the log
+    instead), never a change of the run's exit code."""
     if args.stats_json:
-        Path(args.stats_json).expanduser().parent.mkdir(parents=True, exist_ok=True)
-        Path(args.stats_json).expanduser().write_text(json.dumps(stats, indent=2))
+        path = Path(args.stats_json).expanduser()
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(stats, indent=2))
+        except OSError as exc:
+            log(f"warning: cannot write --stats-json {args.stats_json} ({exc.strerror or exc}); "
+                f"the stats: {json.dumps(stats)}")
 
 
 # ---- one run, whatever ends it ---------------------------------------------------------------
