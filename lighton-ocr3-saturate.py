@@ -3476,6 +3476,17 @@ sys.exit(code if code >= 0 else 128 - code)
 """
 
 
+def unknown_host(exc: BaseException) -> bool:
+    """The host name does not resolve (not a temporary DNS failure): no server will ever
+    start there."""
+    seen = exc
+    while seen is not None:
+        if isinstance(seen, socket.gaierror):
+            return seen.errno in (socket.EAI_NONAME, getattr(socket, "EAI_NODATA", None))
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
 def is_tls_error(exc: BaseException) -> bool:
     import ssl
 
@@ -3527,6 +3538,10 @@ class ServerManager:
                                      f"scheme (http or https) and the server's certificate.",
                                      code=2) from None
                 if isinstance(exc, httpx.ConnectError):
+                    if starting and unknown_host(exc):
+                        raise RunAborted(f"the host {self.host!r} of --server {self.args.server} "
+                                         f"does not resolve ({exc}): check its name (e.g. "
+                                         f"http://127.0.0.1:8000).", code=2) from None
                     return "absent"
                 if attempt:
                     raise RunAborted(
@@ -3618,8 +3633,10 @@ class ServerManager:
                 check_context_budget(int(self.max_model_len), self.args)
             return "reuse"
         if state == "starting" or not self.local or self.args.no_spawn or self.vllm_booting_here():
-            log(f"the server at {self.base} is not ready yet: the run will be waiting for it "
-                f"(up to {self.args.server_timeout:.0f} s)")
+            what = "is not ready yet" if state == "starting" else \
+                "does not answer yet (`vllm serve` opens its port once the model is loaded)"
+            log(f"the server at {self.base} {what}: the run will be waiting for that URL "
+                f"(up to {self.args.server_timeout:.0f} s, --server-timeout)")
             return "wait"
         self.planned_budget()
         if shutil.which("vllm") is None:

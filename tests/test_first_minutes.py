@@ -276,6 +276,40 @@ def test_the_probe_names_what_answers_at_once(tmp_path, stub_server, stub_args, 
         assert stub.requests() == []
 
 
+@pytest.mark.parametrize("server, extra", [("http://notaurl.invalid:8000", []),
+                                           ("http://notaurl.invalid:8000", ["--no-spawn"]),
+                                           ("notaurl.invalid", [])])
+def test_a_server_host_that_does_not_resolve_exits_2_at_once(tmp_path, monkeypatch, capsys,
+                                                             server, extra):
+    """It was waited for as a server that is starting, 30 minutes by default; a DNS failure
+    that may pass (EAI_AGAIN) is still waited for."""
+    import socket
+    answer = {"error": socket.EAI_NONAME}
+    real = socket.getaddrinfo
+
+    def getaddrinfo(host, *args, **kwargs):
+        if host in ("notaurl.invalid", b"notaurl.invalid"):  # anyio passes it encoded
+            raise socket.gaierror(answer["error"], "Name or service not known (injected)")
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    write_image_folder(tmp_path / "in", 2)
+    argv = [str(tmp_path / "in"), str(tmp_path / "out"), "--server", server, *extra,
+            "--server-timeout", "3"]
+    with pytest.raises(SystemExit) as exited:
+        load_script(OVIS).main(argv)
+    err = capsys.readouterr().err
+    assert exited.value.code == 2, err
+    assert "the host 'notaurl.invalid' of --server" in err and "does not resolve" in err
+    assert "(injected)" in err  # the answer given here, not this machine's DNS
+    assert "waiting" not in err and not (tmp_path / "out").exists()
+    answer["error"] = socket.EAI_AGAIN
+    assert load_script(OVIS).main(argv) == 5
+    err = capsys.readouterr().err
+    assert "does not answer yet" in err and "will be waiting for that URL" in err
+    assert "was not ready after 3 s" in err
+
+
 def test_a_server_not_started_by_the_run_is_named_so_and_left_running(tmp_path, stub_server):
     stub = stub_server()
     write_image_folder(tmp_path / "in", 2)
