@@ -3132,7 +3132,14 @@ class Run:
 def open_run(args, hub_api, engine: dict, info_entry: dict) -> Run:
     """Everything that may refuse the run, before any engine starts: the output (its lock),
     the input (at the pinned revision), the manifest, then the rows this run does."""
-    store = OutputStore(args.output, args, hub_api)
+    try:
+        store = OutputStore(args.output, args, hub_api)
+    except Exception as exc:
+        local_disk = isinstance(exc, OSError) and not isinstance(exc, ConnectionError) \
+            and not hasattr(exc, "response")  # HfHubHTTPError is an OSError too
+        if local_disk or resolve_output(args.output)[0] != "hub":
+            raise
+        fail(hub_refusal(exc, args.output), EXIT_NOT_WRITTEN)
     try:
         source = open_input(pinned_input(store, args))
         check_output_columns(source, args)
@@ -3156,6 +3163,20 @@ def open_run(args, hub_api, engine: dict, info_entry: dict) -> Run:
     log(f"{len(plan.pending)} of {stats.rows_total} rows to do{pages} ({stats.rows_skipped} "
         f"already done{recovered}; {len(plan.redo)} error rows redone) -> {store.location()}")
     return Run(args, store, source, plan, stats, writer, check, info_entry)
+
+
+def hub_refusal(exc: BaseException, repo: str) -> str:
+    """What a Hub error at the start of a run means, and what to check."""
+    status = getattr(getattr(exc, "response", None), "status_code", None)
+    said = redact_text((str(exc).strip().splitlines() or [""])[0])
+    said = f"{type(exc).__name__}: {said}" if said else type(exc).__name__
+    if status in (401, 403, 404):
+        return (f"the Hub refused OUTPUT {repo} ({said}). Nothing was sent. Check the token: it "
+                f"needs write access (HF_TOKEN or --hf-token; `hf auth whoami` names its user), "
+                f"and the repo name: {repo.split('/')[0]} must be your user or an organisation "
+                f"you can write to.")
+    return (f"the Hub failed while opening OUTPUT {repo} ({said}). Nothing was sent; rerun the "
+            f"same command once the Hub answers.")
 
 
 def early_exits_reported(args, body) -> int:
