@@ -579,6 +579,16 @@ def _load_table_folder(path: Path, args):
              f"{' (' + str(exc.__cause__) + ')' if exc.__cause__ else ''}")
 
 
+def _one_split(what: str, args, split: str = "train") -> None:
+    """An INPUT with no configs and one split (of a DatasetDict, the one chosen): a --config,
+    or a --split other than that split or the default, is refused rather than ignored."""
+    problems = [f"--config {args.config} (it has no configs)"] * bool(args.config) + \
+        [f"--split {args.split} (its one split is {split})"] * (args.split not in ("train", split))
+    if problems:
+        fail(f"INPUT {what} cannot honour {' and '.join(problems)}: leave the flag out, or pass "
+             f"the dataset that has what it names.")
+
+
 def _load_local_dataset(path: Path, args):
     """What a local INPUT is: a parquet/arrow file; a save_to_disk folder; a folder of table
     files (read by `datasets`, splits and configs honoured); or a folder of images (the
@@ -591,6 +601,7 @@ def _load_local_dataset(path: Path, args):
         if path.suffix not in TABLE_EXTENSIONS:
             fail(f"INPUT file {shown_path(path)} is not a .parquet, .arrow or .pdf file; pass a "
                  f"folder of images or PDFs instead.")
+        _one_split(f"file {shown_path(path)}", args)
         if not _check_table_files([path]):
             _nothing_to_do(shown_path(path))
         try:
@@ -607,7 +618,11 @@ def _load_local_dataset(path: Path, args):
             if args.split not in loaded:
                 fail(f"split {args.split!r} not in {shown_path(path)}; it has: "
                      f"{', '.join(loaded)}. Pass --split NAME.")
+            _one_split(shown_path(path), args, args.split)  # (a --config)
             loaded = loaded[args.split]
+        else:
+            _one_split(f"{shown_path(path)} (save_to_disk of one Dataset)", args,
+                       str(loaded.split or "train"))
         return loaded
     files = _walk_folder(path)
     images = [p for p in files if p.suffix.lower() in IMAGE_EXTENSIONS or p.suffix.lower() == ".pdf"]
