@@ -3133,6 +3133,14 @@ def open_run(args, hub_api, engine: dict, info_entry: dict) -> Run:
         if local_disk or resolve_output(args.output)[0] != "hub":
             raise
         fail(hub_refusal(exc, args.output), EXIT_NOT_WRITTEN)
+    if args.private and store.api is not None:  # create_repo(exist_ok=True) leaves it as it is
+        try:
+            public = store.api.repo_info(store.target, repo_type="dataset").private is False
+        except Exception:
+            public = False  # only a warning: never a reason to stop
+        if public:
+            log(f"warning: {store.target} exists and is public: --private applies only to a repo "
+                f"it creates, so this one stays public (make it private in its settings)")
     try:
         source = open_input(pinned_input(store, args))
         check_output_columns(source, args)

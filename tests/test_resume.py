@@ -438,3 +438,17 @@ def test_a_hub_that_refuses_or_fails_at_the_start_is_named_not_a_full_disk(
         assert "needs write access (HF_TOKEN or --hf-token" in err
     assert json.loads((tmp_path / "s.json").read_text())["exit_code"] == 5
     assert stub.requests() == []
+
+
+def test_private_on_an_existing_public_repo_says_it_stays_public(tmp_path, stub_server, capsys):
+    """create_repo(exist_ok=True) changes no visibility: --private did nothing, silently."""
+    stub = stub_server()
+    write_image_folder(tmp_path / "in", 2)
+    module, hub = load_script(OVIS), FakeHub(tmp_path / "hub")
+    hub.create_repo("user/ocr-out", repo_type="dataset", private=False)
+    assert hub_run(module, hub, tmp_path, stub, "stage", "--private") == 0
+    assert "warning: user/ocr-out exists and is public: --private applies only to a repo it " \
+           "creates" in capsys.readouterr().err
+    hub = FakeHub(tmp_path / "hub2")  # a repo this run creates is private: nothing to say
+    assert hub_run(module, hub, tmp_path, stub, "stage3", "--private") == 0
+    assert "public" not in capsys.readouterr().err and hub.private["user/ocr-out"] is True
