@@ -580,6 +580,16 @@ def _load_table_folder(path: Path, args):
              f"{' (' + str(exc.__cause__) + ')' if exc.__cause__ else ''}")
 
 
+def _one_split(what: str, args, split: str = "train") -> None:
+    """An INPUT with no configs and one split (of a DatasetDict, the one chosen): a --config,
+    or a --split other than that split or the default, is refused rather than ignored."""
+    problems = [f"--config {args.config} (it has no configs)"] * bool(args.config) + \
+        [f"--split {args.split} (its one split is {split})"] * (args.split not in ("train", split))
+    if problems:
+        fail(f"INPUT {what} cannot honour {' and '.join(problems)}: leave the flag out, or pass "
+             f"the dataset that has what it names.")
+
+
 def _load_local_dataset(path: Path, args):
     """What a local INPUT is: a parquet/arrow file; a save_to_disk folder; a folder of table
     files (read by `datasets`, splits and configs honoured); or a folder of images (the
@@ -592,6 +602,7 @@ def _load_local_dataset(path: Path, args):
         if path.suffix not in TABLE_EXTENSIONS:
             fail(f"INPUT file {shown_path(path)} is not a .parquet, .arrow or .pdf file; pass a "
                  f"folder of images or PDFs instead.")
+        _one_split(f"file {shown_path(path)}", args)
         if not _check_table_files([path]):
             _nothing_to_do(shown_path(path))
         try:
@@ -608,7 +619,11 @@ def _load_local_dataset(path: Path, args):
             if args.split not in loaded:
                 fail(f"split {args.split!r} not in {shown_path(path)}; it has: "
                      f"{', '.join(loaded)}. Pass --split NAME.")
+            _one_split(shown_path(path), args, args.split)  # (a --config)
             loaded = loaded[args.split]
+        else:
+            _one_split(f"{shown_path(path)} (save_to_disk of one Dataset)", args,
+                       str(loaded.split or "train"))
         return loaded
     files = _walk_folder(path)
     images = [p for p in files if p.suffix.lower() in IMAGE_EXTENSIONS or p.suffix.lower() == ".pdf"]
@@ -3016,7 +3031,8 @@ def validate_arguments(args, engine_problems: list[str]) -> None:
     at_least = {"num_shards": 1, "part_rows": 1, "max_tokens": 1, "sanity_pages": 1,
                 "max_samples": 0, "shard_index": 0, "concurrency": 1, "max_retries": 0,
                 "max_restarts": 0, "min_window": 1, "max_window": 1, "api_server_count": 1,
-                "batch_size": 1, "skip_text_pages": 1, "pdf_workers": 1, "loop_retries": 0}
+                "batch_size": 1, "skip_text_pages": 1, "pdf_workers": 1, "loop_retries": 0,
+                "seed": 0}
     for name, low in at_least.items():
         value = getattr(args, name, None)
         if value is not None and value < low:
@@ -3040,16 +3056,50 @@ def validate_arguments(args, engine_problems: list[str]) -> None:
     if args.num_shards >= 1 and not 0 <= args.shard_index < args.num_shards:
         problems.append(f"--shard-index must be in [0, {args.num_shards}) for --num-shards "
                         f"{args.num_shards}, got {args.shard_index}")
+    if args.stats_json:
+        problems += filter(None, [unwritable_file("--stats-json", args.stats_json)])
     problems += engine_problems
     if problems:
         fail("; ".join(problems) + ".")
     resolve_output(args.output)  # exits 2 saying how to write a local path
 
 
+def unwritable_file(option: str, value: str) -> str | None:
+    """Why the file an option names could not be written at the end of the run (None: it can),
+    found before any work; nothing is left behind, and folders are made only when written."""
+    path = Path(value).expanduser()
+    if path.is_dir():
+        return f"{option} {value} is a folder: name a file"
+    folder = path.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        return f"{option} {value}: {folder} is not a folder"
+    try:
+        if folder != path.parent:
+            if not os.access(folder, os.W_OK | os.X_OK):
+                raise PermissionError(f"cannot create folders in {folder}")
+        elif path.exists():
+            open(path, "a").close()
+        else:
+            open(path, "x").close()
+            path.unlink()
+    except OSError as exc:
+        return f"{option} {value} cannot be written ({exc.strerror or exc})"
+    return None
+
+
 def write_stats(stats: dict, args) -> None:
+    """--stats-json; a file that cannot be written is a warning (the stats go to the log
+    instead), never a change of the run's exit code."""
     if args.stats_json:
-        Path(args.stats_json).expanduser().parent.mkdir(parents=True, exist_ok=True)
-        Path(args.stats_json).expanduser().write_text(json.dumps(stats, indent=2))
+        path = Path(args.stats_json).expanduser()
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(stats, indent=2))
+        except OSError as exc:
+            log(f"warning: cannot write --stats-json {args.stats_json} ({exc.strerror or exc}); "
+                f"the stats: {json.dumps(stats)}")
 
 
 # ---- one run, whatever ends it ---------------------------------------------------------------
@@ -3098,7 +3148,22 @@ class Run:
 def open_run(args, hub_api, engine: dict, info_entry: dict) -> Run:
     """Everything that may refuse the run, before any engine starts: the output (its lock),
     the input (at the pinned revision), the manifest, then the rows this run does."""
-    store = OutputStore(args.output, args, hub_api)
+    try:
+        store = OutputStore(args.output, args, hub_api)
+    except Exception as exc:
+        local_disk = isinstance(exc, OSError) and not isinstance(exc, ConnectionError) \
+            and not hasattr(exc, "response")  # HfHubHTTPError is an OSError too
+        if local_disk or resolve_output(args.output)[0] != "hub":
+            raise
+        fail(hub_refusal(exc, args.output), EXIT_NOT_WRITTEN)
+    if args.private and store.api is not None:  # create_repo(exist_ok=True) leaves it as it is
+        try:
+            public = store.api.repo_info(store.target, repo_type="dataset").private is False
+        except Exception:
+            public = False  # only a warning: never a reason to stop
+        if public:
+            log(f"warning: {store.target} exists and is public: --private applies only to a repo "
+                f"it creates, so this one stays public (make it private in its settings)")
     try:
         source = open_input(pinned_input(store, args))
         check_output_columns(source, args)
@@ -3122,6 +3187,20 @@ def open_run(args, hub_api, engine: dict, info_entry: dict) -> Run:
     log(f"{len(plan.pending)} of {stats.rows_total} rows to do{pages} ({stats.rows_skipped} "
         f"already done{recovered}; {len(plan.redo)} error rows redone) -> {store.location()}")
     return Run(args, store, source, plan, stats, writer, check, info_entry)
+
+
+def hub_refusal(exc: BaseException, repo: str) -> str:
+    """What a Hub error at the start of a run means, and what to check."""
+    status = getattr(getattr(exc, "response", None), "status_code", None)
+    said = redact_text((str(exc).strip().splitlines() or [""])[0])
+    said = f"{type(exc).__name__}: {said}" if said else type(exc).__name__
+    if status in (401, 403, 404):
+        return (f"the Hub refused OUTPUT {repo} ({said}). Nothing was sent. Check the token: it "
+                f"needs write access (HF_TOKEN or --hf-token; `hf auth whoami` names its user), "
+                f"and the repo name: {repo.split('/')[0]} must be your user or an organisation "
+                f"you can write to.")
+    return (f"the Hub failed while opening OUTPUT {repo} ({said}). Nothing was sent; rerun the "
+            f"same command once the Hub answers.")
 
 
 def early_exits_reported(args, body) -> int:
@@ -3449,6 +3528,17 @@ sys.exit(code if code >= 0 else 128 - code)
 """
 
 
+def unknown_host(exc: BaseException) -> bool:
+    """The host name does not resolve (not a temporary DNS failure): no server will ever
+    start there."""
+    seen = exc
+    while seen is not None:
+        if isinstance(seen, socket.gaierror):
+            return seen.errno in (socket.EAI_NONAME, getattr(socket, "EAI_NODATA", None))
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
 def is_tls_error(exc: BaseException) -> bool:
     import ssl
 
@@ -3500,6 +3590,10 @@ class ServerManager:
                                      f"scheme (http or https) and the server's certificate.",
                                      code=2) from None
                 if isinstance(exc, httpx.ConnectError):
+                    if starting and unknown_host(exc):
+                        raise RunAborted(f"the host {self.host!r} of --server {self.args.server} "
+                                         f"does not resolve ({exc}): check its name (e.g. "
+                                         f"http://127.0.0.1:8000).", code=2) from None
                     return "absent"
                 if attempt:
                     raise RunAborted(
@@ -3591,8 +3685,10 @@ class ServerManager:
                 check_context_budget(int(self.max_model_len), self.args)
             return "reuse"
         if state == "starting" or not self.local or self.args.no_spawn or self.vllm_booting_here():
-            log(f"the server at {self.base} is not ready yet: the run will be waiting for it "
-                f"(up to {self.args.server_timeout:.0f} s)")
+            what = "is not ready yet" if state == "starting" else \
+                "does not answer yet (`vllm serve` opens its port once the model is loaded)"
+            log(f"the server at {self.base} {what}: the run will be waiting for that URL "
+                f"(up to {self.args.server_timeout:.0f} s, --server-timeout)")
             return "wait"
         self.planned_budget()
         if shutil.which("vllm") is None:

@@ -609,7 +609,19 @@ def read_texts(side: Side, column: str) -> Texts:
     finish = side.columns.get(f"{column}_finish_reason") or [None] * side.num_rows
     errors = side.columns.get(f"{column}_error") or [None] * side.num_rows
     skip = side.columns.get(f"{column}_skipped") or [None] * side.num_rows
-    return Texts(side.column(column), finish, errors, skip)
+    return Texts(text_values(side, column, f"--column{'-b' if side.label == 'B' else ''}"),
+                 finish, errors, skip)
+
+
+def text_values(side: Side, column: str, flag: str) -> list:
+    """The column's values, when they are text (or null)."""
+    values = side.column(column)
+    other = next((v for v in values if v is not None and not isinstance(v, str)), None)
+    if other is not None:
+        raise UsageError(f"column {column!r} of {side.label} ({side.spec}) is not text: it holds "
+                         f"{type(other).__name__} values (e.g. {str(other)[:40]}). Pass {flag} "
+                         f"NAME with the text column")
+    return values
 
 
 def side_columns(column: str) -> list[str]:
@@ -767,7 +779,7 @@ def accuracy(system: Side, column: str, ref_side: Side, ref_column: str, match: 
     if not ref_side.has(ref_column):
         raise UsageError(f"reference column {ref_column!r} not in {ref_side.label} "
                          f"({ref_side.spec}); it has: {', '.join(ref_side.available)}")
-    refs = ref_side.column(ref_column)
+    refs = text_values(ref_side, ref_column, "--reference-column")
     scores = score_rows(score_page, [[texts.text[i] for i, _ in match.pairs],
                                      [texts.finish[i] for i, _ in match.pairs],
                                      [refs[j] for _, j in match.pairs]],
@@ -1031,6 +1043,42 @@ def shutil_width() -> int:
     return shutil.get_terminal_size((120, 24)).columns
 
 
+def check_writable(option: str, value: str | None) -> None:
+    """A file the run will write, checked up front: not a folder, and in a folder that exists
+    or can be made (made when the file is written)."""
+    if not value:
+        return
+    path = Path(value).expanduser()
+    folder = path.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if path.is_dir():
+        raise UsageError(f"{option} {value} is a folder: name a file")
+    if not folder.is_dir():
+        raise UsageError(f"{option} {value}: {folder} is not a folder")
+    try:
+        if folder != path.parent:
+            if not os.access(folder, os.W_OK | os.X_OK):
+                raise PermissionError(f"cannot create folders in {folder}")
+        elif path.exists():
+            open(path, "a").close()
+        else:
+            open(path, "x").close()
+            path.unlink()
+    except OSError as exc:
+        raise UsageError(f"{option} {value} cannot be written ({exc.strerror or exc})") from None
+
+
+def output_file(option: str, value: str) -> Path:
+    """The path to write --json, --plot or --rows to, its folder made."""
+    path = Path(value).expanduser()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"cannot write {option} {value} ({exc.strerror or exc})") from None
+    return path
+
+
 def write_plot(path: str, title: str, series: dict[str, list[float]], xlabel: str) -> None:
     """A histogram per series (CER or similarity per page), medians marked."""
     import matplotlib
@@ -1057,22 +1105,29 @@ def write_plot(path: str, title: str, series: dict[str, list[float]], xlabel: st
     else:
         ax.text(0.5, 0.5, "no pages to plot", ha="center", va="center", transform=ax.transAxes)
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    try:
+        fig.savefig(output_file("--plot", path))
+    except (OSError, ValueError) as exc:  # ValueError: a file type matplotlib does not write
+        raise UsageError(f"cannot write --plot {path}: {exc}") from None
+    finally:
+        plt.close(fig)
 
 
 def write_rows(path: str, rows: list[dict]) -> None:
     """Per-row figures: CSV when PATH ends in .csv, else JSON lines."""
-    if path.endswith(".csv"):
-        names = list(dict.fromkeys(k for r in rows for k in r))
-        with open(path, "w", newline="") as handle:
-            writer = csv.DictWriter(handle, fieldnames=names)
-            writer.writeheader()
-            writer.writerows(rows)
-    else:
-        with open(path, "w") as handle:
-            for r in rows:
-                handle.write(json.dumps(r, default=str) + "\n")
+    try:
+        if path.endswith(".csv"):
+            names = list(dict.fromkeys(k for r in rows for k in r))
+            with open(output_file("--rows", path), "w", newline="") as handle:
+                writer = csv.DictWriter(handle, fieldnames=names)
+                writer.writeheader()
+                writer.writerows(rows)
+        else:
+            with open(output_file("--rows", path), "w") as handle:
+                for r in rows:
+                    handle.write(json.dumps(r, default=str) + "\n")
+    except OSError as exc:
+        raise UsageError(f"cannot write --rows {path}: {exc}") from None
 
 
 # ---- main --------------------------------------------------------------------------------------
@@ -1125,6 +1180,8 @@ def run(args, out=sys.stdout) -> dict:
                          "accuracy against ground truth (see --help)")
     if args.min_reference_chars < 0:
         raise UsageError("--min-reference-chars must be >= 0")
+    for option in ("json", "plot", "rows"):  # before the comparison runs, not after it
+        check_writable(f"--{option}", getattr(args, option))
     started = time.perf_counter()
     column_b = args.column_b or args.column
     extra = list(args.key or []) + list(DEFAULT_KEY) + ([args.by] if args.by else [])
@@ -1210,7 +1267,10 @@ def run(args, out=sys.stdout) -> dict:
 def write_json(args, result: dict) -> None:
     """Written before the table is printed, so a closed pipe (`| head`) never loses it."""
     if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2, default=str) + "\n")
+        try:
+            output_file("--json", args.json).write_text(json.dumps(result, indent=2, default=str) + "\n")
+        except OSError as exc:
+            raise UsageError(f"cannot write --json {args.json}: {exc}") from None
 
 
 def main(argv: list[str] | None = None) -> int:

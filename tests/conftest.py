@@ -177,6 +177,7 @@ class FakeHub:
     def __init__(self, root: Path, fail_uploads: bool = False, refuse_first: int = 0):
         self.root, self.fail_uploads, self.refuse_first = root, fail_uploads, refuse_first
         self.calls, self.commits, self.attempts, self.head = [], [], [], 0
+        self.private: dict[str, bool] = {}  # repo -> its visibility, set when it is created
 
     @staticmethod
     def refusal(message: str, status: int, headers: dict) -> Exception:
@@ -186,11 +187,13 @@ class FakeHub:
 
     def create_repo(self, repo_id, repo_type=None, private=None, exist_ok=False):
         self.calls.append(("create_repo", repo_id, private))
+        if not (self.root / repo_id).exists():  # exist_ok: an existing repo keeps its own
+            self.private[repo_id] = bool(private)
         (self.root / repo_id).mkdir(parents=True, exist_ok=True)
 
     def repo_info(self, repo_id, repo_type=None):
         import types
-        return types.SimpleNamespace(sha=f"head-{self.head}")
+        return types.SimpleNamespace(sha=f"head-{self.head}", private=self.private.get(repo_id))
 
     def list_repo_files(self, repo_id, repo_type=None, revision=None):
         base = self.root / repo_id

@@ -328,12 +328,41 @@ def test_manifest_row_identity_hook(tmp_path):
     (["{a}", "nobody/no-such-dataset-ocr-compare"], "cannot load B 'nobody/no-such-dataset-ocr-compare'"),
     (["{a}", "bare-word"], "neither an existing path nor a Hub dataset id"),
     (["{a}"], "give B to compare two runs"),
+    (["{a}", "{b}", "--json", "/proc/x.json"], "--json /proc/x.json cannot be written"),
+    (["{a}", "{b}", "--rows", "{a}"], "is a folder: name a file"),
+    (["{a}", "{b}", "--plot", "/etc/hostname/x.png"], "/etc/hostname is not a folder"),
 ])
 def test_clear_errors_instead_of_tracebacks(tmp_path, args, message):
     a, b = parity_pair(tmp_path)
     run = run_compare(*[x.format(a=a, b=b) for x in args])
     assert run.returncode == 2, run.stdout + run.stderr
     assert message in run.stderr and "Traceback" not in run.stderr, run.stderr
+
+
+def test_output_files_go_into_folders_they_make(tmp_path):
+    """--plot nodir/x.png gave a traceback after the whole comparison ran: the folder is made,
+    as the model scripts make --stats-json's."""
+    a, b = parity_pair(tmp_path)
+    run = run_compare(a, b, "--plot", tmp_path / "new" / "x.png", "--json", tmp_path / "j" / "f.json",
+                      "--rows", tmp_path / "r" / "rows.csv")
+    assert run.returncode == 0, run.stderr
+    assert (tmp_path / "new" / "x.png").stat().st_size > 5000
+    assert json.loads((tmp_path / "j" / "f.json").read_text())["rows_matched"] == 4
+    assert (tmp_path / "r" / "rows.csv").read_text().startswith("key,")
+
+
+@pytest.mark.parametrize("args, message", [
+    ([], "column 'markdown' of B"),
+    (["--reference-column", "markdown", "--reference"], "column 'markdown' of reference"),
+])
+def test_a_text_column_that_is_not_text_is_named_with_its_type(tmp_path, args, message):
+    """An int `markdown` column gave AttributeError: 'int' object has no attribute 'strip'."""
+    a, _ = parity_pair(tmp_path)
+    numbers = write_output(tmp_path / "n", {"file_name": ["f1", "f2"], "markdown": [1, 2]})
+    run = run_compare(a, *args, numbers)
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert message in run.stderr and "is not text: it holds int values" in run.stderr
+    assert "Traceback" not in run.stderr
 
 
 def test_help_teaches_and_abbreviations_are_refused():

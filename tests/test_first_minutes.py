@@ -51,6 +51,9 @@ def no_secret(*texts: str) -> None:
     (["--serve-args", "--seed 'unbalanced"], "--serve-args cannot be split"),
     (["--server", "ftp://host/x"], "is not an http(s) URL"),
     (["--output-column", " "], "--output-column must name a column"),
+    (["--stats-json", "/proc/x.json"], "--stats-json /proc/x.json cannot be written"),
+    (["--stats-json", "/"], "--stats-json / is a folder"),
+    (["--stats-json", "/etc/hostname/x.json"], "/etc/hostname is not a folder"),
 ])
 def test_a_bad_argument_exits_2_at_once_naming_it(tmp_path, extra, message):
     started = time.monotonic()
@@ -60,6 +63,21 @@ def test_a_bad_argument_exits_2_at_once_naming_it(tmp_path, extra, message):
     assert message in run.stderr and "Traceback" not in run.stderr
     assert "hf jobs" not in run.stderr  # refused before the server is even looked for
     assert time.monotonic() - started < 10
+
+
+@pytest.mark.parametrize("script", ALL_SCRIPTS)
+def test_a_negative_shuffle_seed_exits_2_before_anything_is_written(tmp_path, script):
+    """numpy takes no negative seed: it crashed with exit 1 after OUTPUT was claimed (a lock
+    folder was left behind), in every script."""
+    write_image_folder(tmp_path / "in", 2)
+    run = run_script(script, str(tmp_path / "in"), str(tmp_path / "out"), "--server", nowhere(),
+                     "--shuffle", "--seed", "-1", env=NO_VLLM, timeout=60) \
+        if script in SERVER_SCRIPTS else \
+        run_script(script, str(tmp_path / "in"), str(tmp_path / "out"), "--shuffle", "--seed",
+                   "-1", env=NO_VLLM, timeout=60)
+    assert run.returncode == 2, run.stderr
+    assert "--seed must be at least 0, got -1" in run.stderr and "Traceback" not in run.stderr
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("extra, message", [
@@ -256,6 +274,40 @@ def test_the_probe_names_what_answers_at_once(tmp_path, stub_server, stub_args, 
     assert not (tmp_path / "out").exists()  # nothing read, nothing created
     if not stub_args[:1] == ["--garbage"]:
         assert stub.requests() == []
+
+
+@pytest.mark.parametrize("server, extra", [("http://notaurl.invalid:8000", []),
+                                           ("http://notaurl.invalid:8000", ["--no-spawn"]),
+                                           ("notaurl.invalid", [])])
+def test_a_server_host_that_does_not_resolve_exits_2_at_once(tmp_path, monkeypatch, capsys,
+                                                             server, extra):
+    """It was waited for as a server that is starting, 30 minutes by default; a DNS failure
+    that may pass (EAI_AGAIN) is still waited for."""
+    import socket
+    answer = {"error": socket.EAI_NONAME}
+    real = socket.getaddrinfo
+
+    def getaddrinfo(host, *args, **kwargs):
+        if host in ("notaurl.invalid", b"notaurl.invalid"):  # anyio passes it encoded
+            raise socket.gaierror(answer["error"], "Name or service not known (injected)")
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    write_image_folder(tmp_path / "in", 2)
+    argv = [str(tmp_path / "in"), str(tmp_path / "out"), "--server", server, *extra,
+            "--server-timeout", "3"]
+    with pytest.raises(SystemExit) as exited:
+        load_script(OVIS).main(argv)
+    err = capsys.readouterr().err
+    assert exited.value.code == 2, err
+    assert "the host 'notaurl.invalid' of --server" in err and "does not resolve" in err
+    assert "(injected)" in err  # the answer given here, not this machine's DNS
+    assert "waiting" not in err and not (tmp_path / "out").exists()
+    answer["error"] = socket.EAI_AGAIN
+    assert load_script(OVIS).main(argv) == 5
+    err = capsys.readouterr().err
+    assert "does not answer yet" in err and "will be waiting for that URL" in err
+    assert "was not ready after 3 s" in err
 
 
 def test_a_server_not_started_by_the_run_is_named_so_and_left_running(tmp_path, stub_server):

@@ -192,6 +192,33 @@ def test_a_missing_split_lists_the_splits(tmp_path, stub_server):
     no_traceback(run)
 
 
+def test_a_split_or_config_a_single_split_input_cannot_honour_is_refused(tmp_path, stub_server):
+    """A save_to_disk of one Dataset (or one parquet file) OCR'd its rows whatever --split or
+    --config said, exit 0 without a word."""
+    import datasets
+
+    stub = stub_server()
+    image_table(tmp_path / "one.parquet", [0, 1])
+    table = datasets.load_dataset("parquet", data_files=str(tmp_path / "one.parquet"), split="train")
+    table.save_to_disk(str(tmp_path / "saved"))
+    datasets.DatasetDict({"train": table}).save_to_disk(str(tmp_path / "dict"))
+    for source, extra, said in [
+            ("saved", ["--split", "test"], "--split test (its one split is train)"),
+            ("saved", ["--config", "x"], "--config x (it has no configs)"),
+            ("one.parquet", ["--split", "test"], "--split test (its one split is train)"),
+            ("dict", ["--config", "x"], "--config x (it has no configs)")]:
+        run = run_script(OVIS, str(tmp_path / source), str(tmp_path / "out"), *common(stub, *extra))
+        assert run.returncode == 2, run.stderr
+        assert "cannot honour " + said in run.stderr
+        no_traceback(run)
+        assert not (tmp_path / "out").exists()
+    assert stub.requests() == []
+    run = run_script(OVIS, str(tmp_path / "saved"), str(tmp_path / "out"),
+                     *common(stub, "--split", "train"))
+    assert run.returncode == 0, run.stderr
+    assert load_output(tmp_path / "out")["seed"] == [0, 1]
+
+
 CONFIGS_CARD = """---
 configs:
 - config_name: letters

@@ -558,3 +558,62 @@ def test_a_hub_output_without_notes_says_its_error_rows_are_not_redone(tmp_path,
     capsys.readouterr()
     assert hub_run(module, hub, tmp_path, good, "b") == 0
     assert "have no notes (written by an older version" in capsys.readouterr().err
+
+
+def hub_http_error(status: int, message: str) -> Exception:
+    """A real HfHubHTTPError, on the response type of the installed huggingface_hub (httpx's,
+    or requests' before 1.0)."""
+    import importlib
+
+    from huggingface_hub import errors
+    response_type = errors.Response
+    if response_type.__module__.startswith("requests"):
+        response = response_type()
+        response.status_code = status
+    else:
+        http = importlib.import_module(response_type.__module__.split(".")[0])
+        response = response_type(status, request=http.Request("POST", "https://huggingface.co/api"))
+    return errors.HfHubHTTPError(message, response=response)
+
+
+@pytest.mark.parametrize("method, error, says", [
+    ("create_repo", lambda: hub_http_error(403, "403 Forbidden: you don't have the rights to "
+                                                "create a dataset under the namespace 'user'"),
+     "the Hub refused OUTPUT user/ocr-out (HfHubHTTPError: 403 Forbidden"),
+    ("list_repo_files", lambda: hub_http_error(500, "500 Server Error: Internal Server Error"),
+     "the Hub failed while opening OUTPUT user/ocr-out (HfHubHTTPError: 500 Server Error"),
+    ("create_repo", lambda: RuntimeError("the Hub client broke (injected)"),
+     "the Hub failed while opening OUTPUT user/ocr-out (RuntimeError: the Hub client broke"),
+])
+def test_a_hub_that_refuses_or_fails_at_the_start_is_named_not_a_full_disk(
+        tmp_path, stub_server, capsys, method, error, says):
+    """A read-only token's 403 was 'cannot write to OUTPUT ... free space' (HfHubHTTPError is an
+    OSError); a Hub error that is no OSError was a traceback."""
+    stub = stub_server()
+    write_image_folder(tmp_path / "in", 2)
+    hub, exc = FakeHub(tmp_path / "hub"), error()
+    setattr(hub, method, lambda *args, **kwargs: (_ for _ in ()).throw(exc))
+    with pytest.raises(SystemExit) as exited:
+        hub_run(load_script(OVIS), hub, tmp_path, stub, "stage", "--stats-json",
+                str(tmp_path / "s.json"))
+    assert exited.value.code == 5  # README: rows not written
+    err = capsys.readouterr().err
+    assert says in err and "Nothing was sent" in err and "free space" not in err
+    if "403" in says:
+        assert "needs write access (HF_TOKEN or --hf-token" in err
+    assert json.loads((tmp_path / "s.json").read_text())["exit_code"] == 5
+    assert stub.requests() == []
+
+
+def test_private_on_an_existing_public_repo_says_it_stays_public(tmp_path, stub_server, capsys):
+    """create_repo(exist_ok=True) changes no visibility: --private did nothing, silently."""
+    stub = stub_server()
+    write_image_folder(tmp_path / "in", 2)
+    module, hub = load_script(OVIS), FakeHub(tmp_path / "hub")
+    hub.create_repo("user/ocr-out", repo_type="dataset", private=False)
+    assert hub_run(module, hub, tmp_path, stub, "stage", "--private") == 0
+    assert "warning: user/ocr-out exists and is public: --private applies only to a repo it " \
+           "creates" in capsys.readouterr().err
+    hub = FakeHub(tmp_path / "hub2")  # a repo this run creates is private: nothing to say
+    assert hub_run(module, hub, tmp_path, stub, "stage3", "--private") == 0
+    assert "public" not in capsys.readouterr().err and hub.private["user/ocr-out"] is True

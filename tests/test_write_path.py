@@ -371,6 +371,24 @@ def test_a_journal_that_cannot_be_closed_is_a_warning_not_a_crash(tmp_path, stub
     assert stats_of(tmp_path / "s.json")["rows_ok"] == 4
 
 
+def test_stats_that_cannot_be_written_at_the_end_are_a_warning(tmp_path, stub_server, capsys,
+                                                              monkeypatch):
+    """--stats-json unwritable only by the end (the up-front check passed): every row is written,
+    the run keeps its exit code and its done line, the stats go to the log (was: a traceback,
+    exit 1, after a false 'cannot write to OUTPUT ... Nothing was sent')."""
+    stub = stub_server()
+    paths = write_image_folder(tmp_path / "in", 3)
+    module = load_script(OVIS)
+    monkeypatch.setattr(module, "unwritable_file", lambda *a: None, raising=False)
+    argv = [str(tmp_path / "in"), str(tmp_path / "out"), *common(stub),
+            "--stats-json", "/proc/x.json"]
+    assert module.main(argv) == 0
+    err = capsys.readouterr().err
+    assert "warning: cannot write --stats-json /proc/x.json" in err and '"rows_ok": 3' in err
+    assert "done: 3 ok" in err and "Traceback" not in err and "cannot write to OUTPUT" not in err
+    assert load_output(tmp_path / "out")["markdown"] == [expected_text(p.read_bytes()) for p in paths]
+
+
 def test_hub_commits_are_batched_and_honour_retry_after(tmp_path, stub_server):
     stub = stub_server("--latency", "0.05")
     paths = write_image_folder(tmp_path / "in", 12)
