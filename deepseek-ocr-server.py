@@ -3167,7 +3167,7 @@ def open_run(args, hub_api, engine: dict, info_entry: dict) -> Run:
     try:
         source = open_input(pinned_input(store, args))
         check_output_columns(source, args)
-    except SystemExit:  # refused, or nothing to do: no trace of this run in a new OUTPUT
+    except BaseException:  # refused, nothing to do, or an input that fails: no trace of it
         store.abandon()
         raise
     claim_output(store, run_identity(args, source, engine), args)
