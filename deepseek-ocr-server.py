@@ -583,7 +583,8 @@ def _load_table_folder(path: Path, args):
 def _one_split(what: str, args, split: str = "train") -> None:
     """An INPUT with no configs and one split (of a DatasetDict, the one chosen): a --config,
     or a --split other than that split or the default, is refused rather than ignored."""
-    problems = [f"--config {args.config} (it has no configs)"] * bool(args.config) + \
+    problems = [f"--config {args.config} (it has no configs)"] * \
+        (args.config not in (None, "", "default")) + \
         [f"--split {args.split} (its one split is {split})"] * (args.split not in ("train", split))
     if problems:
         fail(f"INPUT {what} cannot honour {' and '.join(problems)}: leave the flag out, or pass "
@@ -602,7 +603,7 @@ def _load_local_dataset(path: Path, args):
         if path.suffix not in TABLE_EXTENSIONS:
             fail(f"INPUT file {shown_path(path)} is not a .parquet, .arrow or .pdf file; pass a "
                  f"folder of images or PDFs instead.")
-        _one_split(f"file {shown_path(path)}", args)
+        _one_split(f"file {shown_path(path)}", args, args.split)  # a file is any split
         if not _check_table_files([path]):
             _nothing_to_do(shown_path(path))
         try:
@@ -3031,8 +3032,7 @@ def validate_arguments(args, engine_problems: list[str]) -> None:
     at_least = {"num_shards": 1, "part_rows": 1, "max_tokens": 1, "sanity_pages": 1,
                 "max_samples": 0, "shard_index": 0, "concurrency": 1, "max_retries": 0,
                 "max_restarts": 0, "min_window": 1, "max_window": 1, "api_server_count": 1,
-                "batch_size": 1, "skip_text_pages": 1, "pdf_workers": 1, "loop_retries": 0,
-                "seed": 0}
+                "batch_size": 1, "skip_text_pages": 1, "pdf_workers": 1, "loop_retries": 0}
     for name, low in at_least.items():
         value = getattr(args, name, None)
         if value is not None and value < low:
@@ -3042,6 +3042,8 @@ def validate_arguments(args, engine_problems: list[str]) -> None:
         value = getattr(args, name, None)
         if value is not None and not value > 0:
             problems.append(f"--{name.replace('_', '-')} must be above 0, got {value}")
+    if args.shuffle and args.seed < 0:
+        problems.append(f"--seed must be at least 0 to --shuffle, got {args.seed}")
     if not args.output_column.strip():
         problems.append("--output-column must name a column, got an empty name")
     if args.loop_retries > 5:

@@ -76,7 +76,8 @@ def test_a_negative_shuffle_seed_exits_2_before_anything_is_written(tmp_path, sc
         run_script(script, str(tmp_path / "in"), str(tmp_path / "out"), "--shuffle", "--seed",
                    "-1", env=NO_VLLM, timeout=60)
     assert run.returncode == 2, run.stderr
-    assert "--seed must be at least 0, got -1" in run.stderr and "Traceback" not in run.stderr
+    assert "--seed must be at least 0 to --shuffle, got -1" in run.stderr
+    assert "Traceback" not in run.stderr
     assert not (tmp_path / "out").exists()
 
 

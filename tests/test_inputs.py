@@ -205,7 +205,7 @@ def test_a_split_or_config_a_single_split_input_cannot_honour_is_refused(tmp_pat
     for source, extra, said in [
             ("saved", ["--split", "test"], "--split test (its one split is train)"),
             ("saved", ["--config", "x"], "--config x (it has no configs)"),
-            ("one.parquet", ["--split", "test"], "--split test (its one split is train)"),
+            ("one.parquet", ["--config", "x"], "--config x (it has no configs)"),
             ("dict", ["--config", "x"], "--config x (it has no configs)")]:
         run = run_script(OVIS, str(tmp_path / source), str(tmp_path / "out"), *common(stub, *extra))
         assert run.returncode == 2, run.stderr
@@ -217,6 +217,17 @@ def test_a_split_or_config_a_single_split_input_cannot_honour_is_refused(tmp_pat
                      *common(stub, "--split", "train"))
     assert run.returncode == 0, run.stderr
     assert load_output(tmp_path / "out")["seed"] == [0, 1]
+    # what worked before must still work (found by looking for false refusals): a file is
+    # whatever split the user names it (a Hub download's test-00000-of-00001.parquet), and
+    # `default` is the config name datasets gives data without configs
+    (tmp_path / "one.parquet").rename(tmp_path / "test-00000-of-00001.parquet")
+    for n, (source, extra) in enumerate([("test-00000-of-00001.parquet", ["--split", "test"]),
+                                         ("test-00000-of-00001.parquet", ["--config", "default"]),
+                                         ("saved", ["--config", "default"]),
+                                         ("dict", ["--config", "default"])]):
+        run = run_script(OVIS, str(tmp_path / source), str(tmp_path / f"ok{n}"), *common(stub, *extra))
+        assert run.returncode == 0, run.stderr
+        assert load_output(tmp_path / f"ok{n}")["seed"] == [0, 1]
 
 
 CONFIGS_CARD = """---
