@@ -154,10 +154,15 @@ def build_request(image_url: str, args) -> dict:
 
 
 # Spans are bounded (a label, a list of boxes), so a degenerate output cannot make them scan
-# the whole text once per delimiter.
-GROUNDED_SPAN = re.compile(r"<\|ref\|>(.{0,500}?)<\|/ref\|>\s*<\|det\|>(.{0,5000}?)<\|/det\|>", re.S)
-REF_SPAN = re.compile(r"<\|ref\|>.{0,500}?<\|/ref\|>", re.S)
-DET_SPAN = re.compile(r"<\|det\|>.{0,5000}?<\|/det\|>", re.S)
+# the whole text once per delimiter, and hold no other tag: a span whose closing tag is missing
+# (cut off at max_tokens, or a slip) must not swallow the text up to the next span's. A label is
+# one line; one that runs straight into its boxes counts as closed; unclosed boxes end where
+# the box characters do.
+LABEL = r"[^<\n]{0,500}?"
+GROUNDED_SPAN = re.compile(rf"<\|ref\|>({LABEL})(?:<\|/ref\|>\s*)?<\|det\|>"
+                           rf"((?:(?!<\|).){{0,5000}}?)<\|/det\|>", re.S)
+REF_SPAN = re.compile(rf"<\|ref\|>{LABEL}(?:<\|/ref\|>|(?=<\|det\|>)|\Z)")
+DET_SPAN = re.compile(r"<\|det\|>(?:(?:(?!<\|).){0,5000}?<\|/det\|>|[\[\]\d\s,.\-]{0,5000})", re.S)
 STRAY_TAGS = re.compile(r"<\|/?(?:ref|det|grounding)\|>|<｜end▁of▁sentence｜>|<\|end▁of▁sentence\|>")
 
 
@@ -179,7 +184,7 @@ def parse_grounded_blocks(raw: str) -> list[dict]:
     spans = list(GROUNDED_SPAN.finditer(raw))
     for i, span in enumerate(spans):
         end = spans[i + 1].start() if i + 1 < len(spans) else len(raw)
-        text = official_latex(STRAY_TAGS.sub("", raw[span.end():end]).strip())
+        text = clean_markdown(raw[span.end():end])  # a cut-off span after it is no text
         numbers = re.findall(r"-?\d+(?:\.\d+)?", span.group(2))
         boxes = [block_box(numbers[j:j + 4], 999) for j in range(0, len(numbers) - 3, 4)] or [None]
         for k, box in enumerate(boxes):

@@ -65,6 +65,25 @@ def test_deepseek_boxes_out_of_range_are_null_never_an_overflow():
     assert [(b["box"], b["text"]) for b in blocks] == [(None, "a"), (None, "b"), (None, "c"), (None, "d")]
 
 
+def test_deepseek_a_span_missing_its_closing_tag_swallows_no_text():
+    """The grounding span format of MODEL-FACTS.md (DeepSeek-OCR), with one closing tag
+    missing, as a slip or a cut at max_tokens leaves it: the paragraph after it was lost up
+    to the next span (found by feeding the parser broken spans)."""
+    ds = load_script("deepseek-ocr-server.py")
+    tail = "\n\n<|ref|>text<|/ref|><|det|>[[5, 6, 7, 8]]<|/det|>\nPara two."
+    for head in ("<|ref|>text<|det|>[[1, 2, 3, 4]]<|/det|>",   # no <|/ref|>
+                 "<|ref|>text<|/ref|><|det|>[[1, 2, 3, 4]]"):  # no <|/det|>
+        text, extras = ds.postprocess(head + "\nImportant paragraph one." + tail, deepseek_args())
+        assert text == "Important paragraph one.\n\nPara two."
+        assert extras["blocks"][-1] == {"label": "text", "box": [5, 6, 7, 8], "text": "Para two."}
+    cut = ("<|ref|>title<|/ref|><|det|>[[1, 2, 3, 4]]<|/det|>\n# Head\n"
+           "<|ref|>text<|/ref|><|det|>[[63, 120, 9")  # cut off at max_tokens
+    text, extras = ds.postprocess(cut, deepseek_args())
+    assert text == "# Head" and extras["blocks"] == [
+        {"label": "title", "box": [1, 2, 3, 4], "text": "# Head"}]
+    assert ds.postprocess("Text.\n<|ref|>te", deepseek_args())[0] == "Text."
+
+
 def test_deepseek_free_ocr_has_no_tags_and_no_blocks():
     ds = load_script("deepseek-ocr-server.py")
     text, extras = ds.postprocess("Plain text of a page.\n\nSecond paragraph.", deepseek_args())
