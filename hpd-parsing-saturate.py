@@ -187,7 +187,7 @@ TAG = re.compile(r"\\tag\*?\{(?:[^{}]|\{[^{}]*\})*\}")
 SUPSET = re.compile(r"\\supset(?![A-Za-z])")
 LEFT_RIGHT = re.compile(r"\\(left|right)(?![A-Za-z])(\s*\.)?")
 DISPLAY_OPEN, DISPLAY_CLOSE = re.compile(r"(?<!\\)\\\["), re.compile(r"(?<!\\)\\\]")
-ONE_LINE_DISPLAY = re.compile(r"(?<!\\)\\\[([^\n]*?)(?<!\\)\\\]")
+ONE_LINE_DISPLAY = re.compile(r"(?<!\\)\\\[((?:(?!\\\[)[^\n])*?)(?<!\\)\\\]")  # no \[ inside: linear
 
 
 def export_text(text: str) -> str:

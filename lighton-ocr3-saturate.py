@@ -154,7 +154,7 @@ PROTECTED = re.compile(r"```.*?(?:```|\Z)|`[^`\n]*`|<?(?:https?|ftp)://[^\s<>()]
 ESCAPED_DOLLAR = re.compile(r"\\\$(?:\\\$)?")  # `\$`, or `\$\$` around display math
 LATEX_COMMAND = re.compile(r"\\[A-Za-z]+")
 MATH_SIGN = re.compile(r"[\^_=<>{}+]")
-PROSE = re.compile(r"[A-Za-z]{2,}\s+[A-Za-z]{2,}")
+PROSE = re.compile(r"(?<![A-Za-z])[A-Za-z]{2,}\s+[A-Za-z]{2,}")  # from a word's start: linear
 
 
 def reads_as_math(inner: str) -> bool:
