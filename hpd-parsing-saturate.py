@@ -222,8 +222,10 @@ def parse_blocks(raw: str) -> list[dict]:
     heads = list(BLOCK_HEAD.finditer(raw))
     for i, head in enumerate(heads):
         end = heads[i + 1].start() if i + 1 < len(heads) else len(raw)
-        body = re.sub(r"</?FORK>|</?CHILD>|</BLOCK>", "", raw[head.end():end])
-        label = head.group(1).strip()
+        body, label = raw[head.end():end], head.group(1).strip()
+        if head.group(2) is None and " " in label and not body.lstrip().startswith("<CHILD>"):
+            body, label = head.group(1) + body, ""  # no box, no <CHILD>: that was its text
+        body = re.sub(r"</?FORK>|</?CHILD>|</BLOCK>", "", body)
         box = block_box((head.group(2) or "").split(","), 1000)
         blocks.append({"label": label, "box": box,
                        "text": "" if label.lower() in TEXTLESS else export_text(body)})
@@ -235,9 +237,9 @@ def postprocess(text: str, args) -> tuple[str, dict]:
     extras = {"blocks": blocks}
     if args.keep_raw:
         extras["raw"] = text
-    if not blocks:  # not the block format (or a truncated answer): keep the text itself
-        return export_text(re.sub(r"</?(?:FORK|CHILD|BLOCK)>", "", text)), extras
-    return "\n\n".join(b["text"] for b in blocks if b["text"]), extras
+    lead = text[:text.find("<BLOCK>")] if blocks else text  # text before the first block too
+    lead = export_text(re.sub(r"</?(?:FORK|CHILD|BLOCK)>", "", lead))
+    return "\n\n".join([lead] * bool(lead) + [b["text"] for b in blocks if b["text"]]), extras
 
 
 EXTRA_COLUMNS = {"blocks": "blocks", "raw": "string"}  # column suffix -> "blocks" or "string"

@@ -304,6 +304,21 @@ def test_hpd_text_without_blocks_is_kept():
     assert text == "just text" and extras["blocks"] == []
 
 
+def test_hpd_text_outside_the_block_format_is_kept():
+    """The `<BLOCK>type [x1,y1,x2,y2]<CHILD>text` format of MODEL-FACTS.md (HPD-Parsing), with
+    text before the first block, and a block whose head has neither box nor <CHILD>: both
+    were dropped or taken for a label (found by feeding the parser odd outputs)."""
+    hpd = load_script("hpd-parsing-saturate.py")
+    args = types.SimpleNamespace(keep_raw=False)
+    text, extras = hpd.postprocess("Lead text\n<BLOCK>text [1,2,3,4]<CHILD>A", args)
+    assert text == "Lead text\n\nA" and extras["blocks"] == [
+        {"label": "text", "box": [1, 2, 3, 4], "text": "A"}]
+    text, extras = hpd.postprocess("<BLOCK>text [1,2,3,4]<CHILD>Hello<BLOCK>a paragraph the "
+                                   "model wrote without its head\nsecond line", args)
+    assert text == "Hello\n\na paragraph the model wrote without its head\nsecond line"
+    assert extras["blocks"][1] == {"label": "", "box": None, "text": text.split("\n\n")[1]}
+
+
 def test_a_short_repetition_loop_is_degenerate():
     """What a tiny random engine really produced: a short prefix, then one unit looping."""
     ovis = load_script("ovis-ocr2-server.py")
