@@ -175,7 +175,8 @@ def build_request(image_url: str, args) -> dict:
 
 # Output (MODEL-FACTS.md, HPD-Parsing): `<BLOCK>type [x1,y1,x2,y2]<CHILD>text` blocks with
 # <FORK> tags, boxes 0 to 1000. A head whose box is missing or out of range keeps its block.
-BLOCK_HEAD = re.compile(r"<BLOCK>[ \t]*([^\[<\n]{0,100})(?:\[([^\]<\n]{0,200})\])?")
+BLOCK_HEAD = re.compile(r"<BLOCK>[ \t]*([^\[<\n]{0,100})(?:\[([^\]<\n]{0,200})(?:\]|\Z))?")
+CUT_TAG = re.compile(r"<(?:/?(?:B(?:L(?:O(?:C(?:K)?)?)?)?|C(?:H(?:I(?:L(?:D)?)?)?)?|F(?:O(?:R(?:K)?)?)?))?\Z")
 TEXTLESS = {"image", "chart", "seal", "figure"}
 # The vendor's Markdown export (MODEL-FACTS.md, HPD-Parsing), block by block:
 NON_TEXT = "[Non-Text]"
@@ -219,6 +220,7 @@ def parse_blocks(raw: str) -> list[dict]:
     export cleans it; <FORK> marks where parallel branches split and carries no text of its
     own. Never raises."""
     blocks = []
+    raw = CUT_TAG.sub("", raw)  # an answer cut off at max_tokens inside its last tag
     heads = list(BLOCK_HEAD.finditer(raw))
     for i, head in enumerate(heads):
         end = heads[i + 1].start() if i + 1 < len(heads) else len(raw)

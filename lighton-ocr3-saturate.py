@@ -150,6 +150,7 @@ def message_content(image_url: str, args) -> list[dict]:
 BLOCK_MARKER = re.compile(
     r"!\[([^\]\n]{0,200})\]\(\s*(-?\d+(?:\.\d+)?)\s*,\s*(-?\d+(?:\.\d+)?)\s*,"
     r"\s*(-?\d+(?:\.\d+)?)\s*,\s*(-?\d+(?:\.\d+)?)\s*\)")
+CUT_MARKER = re.compile(r"!\[[^\]\n]{0,200}(?:\]\([\d.,\s-]*)?\Z")
 PROTECTED = re.compile(r"```.*?(?:```|\Z)|`[^`\n]*`|<?(?:https?|ftp)://[^\s<>()]+", re.S)
 ESCAPED_DOLLAR = re.compile(r"\\\$(?:\\\$)?")  # `\$`, or `\$\$` around display math
 LATEX_COMMAND = re.compile(r"\\[A-Za-z]+")
@@ -210,6 +211,7 @@ def parse_grounding(raw: str) -> tuple[str, list[dict]]:
     with a coordinate outside 0-1000 still starts a block, with no box. Text before the first
     marker is kept. Never raises."""
     blocks: list[dict] = []
+    raw = CUT_MARKER.sub("", raw)  # an answer cut off at max_tokens inside its last marker
     markers = list(BLOCK_MARKER.finditer(raw))
     lead = repair_math_escapes(raw[: markers[0].start()].strip() if markers else raw.strip())
     parts = [lead] if lead else []

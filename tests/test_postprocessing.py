@@ -375,3 +375,21 @@ def test_a_block_without_a_box_is_writable():
     features = datasets.Features({"blocks": feature})
     table = pa.Table.from_pydict(features.encode_batch({"blocks": [blocks]}), schema=features.arrow_schema)
     assert table.to_pylist()[0]["blocks"][0]["box"] is None
+
+
+def test_an_answer_cut_off_inside_its_last_marker_leaves_no_residue():
+    """An answer that reached max_tokens stops anywhere, a grounding marker or block tag half
+    written (LightOnOCR-3's `![label](x1,y1,x2,y2)`, HPD-Parsing's `<BLOCK>type [box]<CHILD>`,
+    both as MODEL-FACTS.md gives them): the half-written one was left in the Markdown."""
+    lighton = load_script("lighton-ocr3-saturate.py")
+    for cut in ("![text](102,100,480,4", "![te", "![text]("):
+        markdown, blocks = lighton.parse_grounding("![text](1,2,3,4) Hello\n" + cut)
+        assert markdown == "Hello" and [b["text"] for b in blocks] == ["Hello"]
+    assert lighton.parse_grounding("![text](1,2,3,4) See ![fig](a.png) here")[0] == \
+        "See ![fig](a.png) here"  # an image link is no marker
+    hpd = load_script("hpd-parsing-saturate.py")
+    args = types.SimpleNamespace(keep_raw=False)
+    for cut in ("<BLOCK>text [5,6,7", "<CHI", "<BLO", "</FO"):
+        text, extras = hpd.postprocess("<BLOCK>text [1,2,3,4]<CHILD>A" + cut, args)
+        assert text == "A" and extras["blocks"][0]["text"] == "A"
+        assert all(b["box"] in ([1, 2, 3, 4], None) for b in extras["blocks"])
