@@ -185,8 +185,8 @@ def parse_grounded_blocks(raw: str) -> list[dict]:
     for i, span in enumerate(spans):
         end = spans[i + 1].start() if i + 1 < len(spans) else len(raw)
         text = clean_markdown(raw[span.end():end])  # a cut-off span after it is no text
-        numbers = re.findall(r"-?\d+(?:\.\d+)?", span.group(2))
-        boxes = [block_box(numbers[j:j + 4], 999) for j in range(0, len(numbers) - 3, 4)] or [None]
+        boxes = [block_box(inner.split(","), 999)  # one [x1, y1, x2, y2] each; else null
+                 for inner in re.findall(r"\[([^\[\]]*)\]", span.group(2))] or [None]
         for k, box in enumerate(boxes):
             blocks.append({"label": span.group(1).strip(), "box": box, "text": text if k == 0 else ""})
     return blocks

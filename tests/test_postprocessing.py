@@ -60,9 +60,11 @@ def test_deepseek_boxes_out_of_range_are_null_never_an_overflow():
     raw = ("<|ref|>text<|/ref|><|det|>[[1, 2, 3, 1000]]<|/det|>\na\n"
            "<|ref|>text<|/ref|><|det|>[[1, 2, 3, " + "9" * 400 + "]]<|/det|>\nb\n"
            "<|ref|>text<|/ref|><|det|>[[1, 2]]<|/det|>\nc\n"
-           "<|ref|>text<|/ref|><|det|>[[0, 0, 999, 999.5]]<|/det|>\nd")
+           "<|ref|>text<|/ref|><|det|>[[0, 0, 999, 999.5]]<|/det|>\nd\n"
+           "<|ref|>text<|/ref|><|det|>[[1e3, 2, 3, 4]]<|/det|>\ne\n"  # was read as [1, 3, 2, 3]
+           "<|ref|>text<|/ref|><|det|>[[1, 2, 3, 4, 5]]<|/det|>\nf")  # its fifth was dropped
     blocks = ds.parse_grounded_blocks(raw)
-    assert [(b["box"], b["text"]) for b in blocks] == [(None, "a"), (None, "b"), (None, "c"), (None, "d")]
+    assert [(b["box"], b["text"]) for b in blocks] == [(None, t) for t in "abcdef"]
 
 
 def test_deepseek_a_span_missing_its_closing_tag_swallows_no_text():
