@@ -2022,9 +2022,10 @@ class OutputStore:
         if ".ocr/manifest.json" in files:
             downloaded = Path(self.api.hf_hub_download(
                 self.target, ".ocr/manifest.json", repo_type="dataset", local_dir=self.meta / "hub"))
-            hub_run = {k: json.loads(downloaded.read_text()).get(k) for k in ("identity", "created")}
+            which = ("identity", "created", "run")
+            hub_run = {k: json.loads(downloaded.read_text()).get(k) for k in which}
             if manifest.exists() and hub_run != {k: json.loads(manifest.read_text()).get(k)
-                                                 for k in ("identity", "created")}:
+                                                 for k in which}:
                 log(f"{self.target} holds another run than this staging copy's (restarted "
                     f"elsewhere?): clearing {self.root}, the Hub's run goes on")
                 self.clear_local()
@@ -2555,7 +2556,8 @@ def claim_output(store: "OutputStore", identity: dict, args) -> None:
     rerun) must be the same run, or is refused before any work, each difference named."""
     identity = json.loads(json.dumps(identity))  # as it reads back
     manifest = {"identity": identity, "max_samples": args.max_samples,
-                "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+                "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "run": os.urandom(8).hex()}  # a run restarted in the same second is another
     existing = store.create_manifest(manifest)
     if existing is None:
         return
