@@ -274,10 +274,17 @@ MAX_DECODE_PIXELS = 250_000_000  # larger than any real scan: above it, a decomp
 PART_NAME = re.compile(r"^part-(\d{9})-(\d{9})\.parquet$")
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
 UPLOAD_ATTEMPTS, UPLOAD_BACKOFF_S, UPLOAD_MAX_WAIT_S = 5, 2.0, 600.0
-# values that look like credentials (Hub tokens, OpenAI-style keys), wherever they appear
+# values that look like credentials (Hub tokens, OpenAI-style keys), wherever they appear; a
+# URL's user information; a URL's query parameter (masked when named like a secret)
 TOKEN_VALUE = re.compile(r"\b(?:hf_|api_org_|sk-)[A-Za-z0-9_-]{8,}")
-# options whose value is a secret, in this script's arguments and in --serve-args
-SECRET_OPTION = re.compile(r"^--(?:[a-z0-9]+[-_])*(?:token|api[-_]key|secret|password)$", re.I)
+URL_USERINFO = re.compile(r"(?<=://)[^/\s@?#]+@")
+URL_QUERY_VALUE = re.compile(r"(?<=[?&;])([^=&#\s]+)=([^&#\s'\"]*)")
+# names whose value is a secret: options (--hf-token, --a.b.secret-key), JSON keys, URL queries
+SECRET_NAME = re.compile(r"(?:^|[-_.])(?:secret|password|passwd)(?:[-_.]|$)|(?:^|[-_.])(?:token|"
+                         r"credentials?|signature|sig|authorization|(?:api|access|private)[-_]?key)"
+                         r"$|^-*key$", re.I)
+# a word of a command line that is a flag (--x, -x, --x=...), not a value (-1, -, "--x y")
+FLAG = re.compile(r"^--?[A-Za-z][^\s=]*(?:=|$)")
 # options of this script that do not belong in a Jobs command: secrets travel as --secrets
 # HF_TOKEN, a Job starts its own server, and local paths mean nothing inside its container
 NOT_FOR_JOBS = ("--server", "--no-spawn", "--hf-token", "--api-key", "--work-dir", "--stats-json")
@@ -298,7 +305,7 @@ EXIT_CODES = """exit codes (the first that applies):
 
 
 def log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
+    print(redact_text(message), file=sys.stderr, flush=True)
 
 
 def fail(message: str, code: int = EXIT_USAGE) -> "NoReturn":  # noqa: F821
@@ -2516,10 +2523,10 @@ def run_identity(args, source: InputSource, engine: dict) -> dict:
         options.pop("seed", None)
     flags = {k.lstrip("-").replace("_", "-"): v for k, v in engine.items()}
     pdf = {"pdf": source.pdf.fingerprint()} if source.pdf is not None else {}
-    return {"script": Path(sys.argv[0]).name, "input": input_identity(args), **pdf,
-            "rows": source.rows_full,
-            "options": options, "settings": run_settings(args),
-            "engine": {k: v for k, v in sorted(flags.items()) if k not in MAY_CHANGE_ENGINE}}
+    return redact_value({  # a secret is no part of what the run is: a new token, the same run
+        "script": Path(sys.argv[0]).name, "input": input_identity(args), **pdf,
+        "rows": source.rows_full, "options": options, "settings": run_settings(args),
+        "engine": {k: v for k, v in sorted(flags.items()) if k not in MAY_CHANGE_ENGINE}}, None)
 
 
 def identity_differences(old, new, where: str = "") -> list[str]:
@@ -2561,7 +2568,7 @@ def claim_output(store: "OutputStore", identity: dict, args) -> None:
     existing = store.create_manifest(manifest)
     if existing is None:
         return
-    problems = identity_differences(existing.get("identity"), identity)
+    problems = identity_differences(redact_value(existing.get("identity"), None), identity)
     before, now = existing.get("max_samples"), args.max_samples
     if before != now:
         if args.num_shards == 1 and (now is None or (before is not None and now > before)):
@@ -2677,111 +2684,112 @@ class RunStats:
 
 # ---- secrets and the Jobs command ------------------------------------------------------------
 
+def is_secret(name, value=None) -> bool:
+    """Whether what is given under this name (an option, a JSON key at any depth, a URL's query
+    parameter) is a secret; a bare flag (True), an empty or a null value is none."""
+    return bool(SECRET_NAME.search(str(name))) and value not in (True, False, "", [], {})
+
+
 def redact_text(text: str) -> str:
-    """Token-like values (hf_..., sk-...) replaced, for anything printed or recorded."""
-    return TOKEN_VALUE.sub("***", text)
+    """Text with its secrets masked: token-like values (hf_..., sk-...), a URL's user information,
+    a URL's query values named like secrets. For anything printed or recorded."""
+    text = URL_USERINFO.sub("***@", TOKEN_VALUE.sub("***", text))
+    return URL_QUERY_VALUE.sub(lambda m: f"{m[1]}=***" if is_secret(*m.groups()) else m[0], text)
 
 
-def redact_value(value):
-    """A JSON-like value with secrets replaced: keys named like secrets, token-like strings."""
+def redact_value(value, mask: str | None = "***"):
+    """A JSON-like value with its secrets masked at every depth: values under a secret's name,
+    JSON text inside strings, any text by redact_text. mask=None drops the named ones instead:
+    what a run is (its identity) and what a Job is given must not hold them at all."""
     if isinstance(value, dict):
-        return {k: "***" if SECRET_OPTION.match("--" + str(k)) and v else redact_value(v)
-                for k, v in value.items()}
+        return {k: mask if is_secret(k, v) else redact_value(v, mask) for k, v in value.items()
+                if mask is not None or not is_secret(k, v)}
     if isinstance(value, list):
-        return [redact_value(v) for v in value]
-    return redact_text(value) if isinstance(value, str) else value
-
-
-def _redact_option_value(option: str, value: str) -> str:
-    """The value of an option, secrets replaced: all of a secret option's, those inside
-    --serve-args (a command line) or --llm-kwargs (JSON), anything that looks like a token."""
-    if SECRET_OPTION.match(option):
-        return "***"
-    if option == "--serve-args":
+        return [redact_value(v, mask) for v in value]
+    if not isinstance(value, str):
+        return value
+    if value.lstrip()[:1] in ("{", "["):
         try:
-            return shlex.join(redact_argv(shlex.split(value)))
+            parsed = json.loads(value)
         except ValueError:
             return redact_text(value)
-    if option == "--llm-kwargs":
-        try:
-            return json.dumps(redact_value(json.loads(value)))
-        except ValueError:
-            return redact_text(value)
+        redacted = redact_value(parsed, mask)
+        return value if redacted == parsed else json.dumps(redacted)
     return redact_text(value)
 
 
-def redact_argv(argv: list[str]) -> list[str]:
-    """The command line with secrets replaced (_redact_option_value), for logs, cards and
-    inference_info."""
-    out, previous = [], None
-    for arg in argv:
-        name, eq, value = arg.partition("=")
-        if previous is not None:
-            out.append(_redact_option_value(previous, arg))
-        elif arg.startswith("--") and eq:
-            out.append(f"{name}={_redact_option_value(name, value)}")
+def flag_items(argv: list[str], value_options=None) -> list[tuple[str | None, list[str], bool]]:
+    """A command line as (flag, values, joined) items, the one reading of every command line
+    here (--serve-args, `vllm serve`'s, this script's): `--flag=value` (joined), `--flag value`,
+    `--flag a b` (vLLM's list options), a bare `--flag` or `--no-flag` (no values), and (None,
+    [word], False) for a word that is no flag's value. Given value_options (a parser's), those
+    take one value and every other flag none; else a flag takes the words up to the next flag."""
+    items, rest = [], []
+    if value_options is not None and "--" in argv:
+        argv, rest = argv[:argv.index("--")], argv[argv.index("--") + 1:]
+    for word in argv:
+        flag, values, joined = items[-1] if items else (None, [], True)
+        if flag and not joined and (flag in value_options and not values
+                                    if value_options is not None else
+                                    not FLAG.match(word) and not flag.startswith("--no-")):
+            values.append(word)
+        elif FLAG.match(word):
+            name, eq, value = word.partition("=")
+            items.append((name, [value] if eq else [], bool(eq)))
         else:
-            out.append(redact_text(arg))
-        takes_value = arg.startswith("--") and not eq and (
-            SECRET_OPTION.match(arg) or arg in ("--serve-args", "--llm-kwargs"))
-        previous = arg if takes_value and previous is None else None
-    return out
+            items.append((None, [word], False))
+    return items + [(None, [word], False) for word in rest]
+
+
+def flag_words(items) -> list[str]:
+    """flag_items' items back as a command line."""
+    words = []
+    for name, values, joined in items:
+        words += [f"{name}={values[0]}"] if joined else [name, *values] if name else values
+    return words
+
+
+def redact_option(name: str | None, value: str, mask: str | None = "***") -> str:
+    """An option's value with its secrets masked (or dropped: redact_value): --serve-args is
+    itself a command line."""
+    if name == "--serve-args":
+        try:
+            return shlex.join(redact_argv(shlex.split(value), mask))
+        except ValueError:
+            return redact_text(value)
+    return redact_value(value, mask)
+
+
+def redact_argv(argv: list[str], mask: str | None = "***", value_options=None) -> list[str]:
+    """A command line with its secrets masked, or dropped (mask=None): a secret option's
+    value, and the rest by redact_option. For logs, cards and inference_info."""
+    items = []
+    for name, values, joined in flag_items(argv, value_options):
+        if is_secret(name or "", values):
+            if mask is None:
+                continue
+            values = [mask] * len(values)
+        items.append((name, [redact_option(name, v, mask) for v in values], joined))
+    return flag_words(items)
 
 
 def _jobs_script_args(argv: list[str]) -> tuple[list[str], str | None, str | None]:
     """This run's arguments as a Job should receive them: INPUT and OUTPUT (a local one replaced
     by a placeholder, returned too), the options minus NOT_FOR_JOBS, no secret anywhere
     (they are dropped, not masked: a masked value would be used)."""
-    positionals, options, i = [], [], 0
-    while i < len(argv):
-        arg = argv[i]
-        name, eq, value = arg.partition("=")
-        if arg == "--":
-            positionals += argv[i + 1:]
-            break
-        if not arg.startswith("--") or arg == "-":
-            positionals.append(arg)
-            i += 1
-            continue
-        takes_value = not eq and (name in _VALUE_OPTIONS or (
-            not _VALUE_OPTIONS and i + 1 < len(argv) and not argv[i + 1].startswith("--")))
-        if takes_value:
-            value = argv[i + 1] if i + 1 < len(argv) else ""
-            i += 2
-        else:
-            i += 1
-        if name in NOT_FOR_JOBS or SECRET_OPTION.match(name):
-            continue
-        if name == "--serve-args":
-            try:
-                words, kept, j = shlex.split(value), [], 0
-                while j < len(words):
-                    word = words[j]
-                    if SECRET_OPTION.match(word.split("=", 1)[0]):
-                        j += 1 if "=" in word else 2
-                        continue
-                    kept.append(word)
-                    j += 1
-                value = shlex.join(kept)
-            except ValueError:
-                value = redact_text(value)
-            if not value:
-                continue
-        elif name == "--llm-kwargs":
-            try:
-                value = json.dumps({k: v for k, v in json.loads(value).items()
-                                    if not SECRET_OPTION.match("--" + str(k))})
-            except (ValueError, AttributeError):
-                value = redact_text(value)
-        elif eq or takes_value:
-            value = _redact_option_value(name, value)
-        options += [name, value] if (eq or takes_value) else [name]
+    positionals, options = [], []
+    for name, values, _ in flag_items(redact_argv(argv, None, _VALUE_OPTIONS or None),
+                                           _VALUE_OPTIONS or None):
+        if name is None:
+            positionals += values
+        elif name not in NOT_FOR_JOBS and not (name == "--serve-args" and values == [""]):
+            options += [name, *values]
     local_input = local_output = None
     if positionals and (is_local_target(positionals[0]) or Path(positionals[0]).expanduser().exists()):
         local_input, positionals[0] = positionals[0], INPUT_PLACEHOLDER
     if len(positionals) > 1 and is_local_target(positionals[1]):
         local_output, positionals[1] = positionals[1], OUTPUT_PLACEHOLDER
-    return [redact_text(a) for a in positionals] + options, local_input, local_output
+    return positionals + options, local_input, local_output
 
 
 def reproduce_command(argv: list[str]) -> str:

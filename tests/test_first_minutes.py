@@ -353,6 +353,116 @@ def test_the_spawned_server_gets_its_secrets_through_the_environment(tmp_path):
     assert (tmp_path / "env.log").read_text().split() == [f"HF_TOKEN={TOKEN}", f"VLLM_API_KEY={KEY}"]
 
 
+S3 = "S3secretVALUE9f8e7d"  # secrets of no token-like shape: only their names tell
+PASSWORD = "pw-nested-SECRET-42"
+OTHER = ("hf_OTHERtokenABCDEF456", "sk-OTHERkeyABCDEF456", "S3otherVALUE1a2b3c", "pw-other-9")
+
+
+def no_secret_recorded(folder: Path, *texts: str, secrets=(TOKEN, KEY, S3, PASSWORD)) -> None:
+    """None of the secrets in OUTPUT (manifest, parts, card: every file, the rows'
+    inference_info decoded) nor in the texts given (logs, --stats-json)."""
+    info = "".join(load_output(folder)["inference_info"])
+    files = [p for p in folder.rglob("*") if p.is_file()]
+    assert any(p.name == "manifest.json" for p in files) and "README.md" in {p.name for p in files}
+    for secret in secrets:
+        for path in files:
+            assert secret.encode() not in path.read_bytes(), (secret, path)
+        for text in (info, *texts):
+            assert secret not in text, (secret, text)
+
+
+def test_secrets_at_every_depth_of_serve_args_reach_the_server_and_no_record(tmp_path):
+    """--hf-token, --api-key and JSON keys at any depth (model_loader_extra_config's S3 key,
+    a dotted flag) were written to the manifest committed with OUTPUT, and nested ones to every
+    row's inference_info and the card; a new token made the rerun "another run"."""
+    port, stats = free_port(), tmp_path / "stats.json"
+    env = {**fake_vllm_env(tmp_path), "FAKE_VLLM_ENV_LOG": str(tmp_path / "env.log"),
+           "FAKE_VLLM_ARGV": str(tmp_path / "argv")}
+    write_image_folder(tmp_path / "in", 3)
+
+    def serve_args(token, key, s3, password):
+        loader = json.dumps({"s3_secret_access_key": s3, "options": [{"password": password}]})
+        return loader, shlex.join(["--hf-token", token, f"--api-key={key}", "--max-num-seqs", "8",
+                                   "--model-loader-extra-config", loader,
+                                   f"--model-loader-extra-config.aws_secret_access_key={s3}"])
+
+    loader, serve = serve_args(TOKEN, KEY, S3, PASSWORD)
+    run = run_script(OVIS, str(tmp_path / "in"), str(tmp_path / "out"), "--server",
+                     f"http://127.0.0.1:{port}", "--serve-args", serve, "--max-samples", "2",
+                     "--stats-json", str(stats), env=env)
+    assert run.returncode == 0, run.stderr
+    given = (tmp_path / "argv").read_bytes().decode().split("\0")
+    assert loader in given and f"--model-loader-extra-config.aws_secret_access_key={S3}" in given
+    assert (tmp_path / "env.log").read_text().split() == [f"HF_TOKEN={TOKEN}", f"VLLM_API_KEY={KEY}"]
+    no_secret_recorded(tmp_path / "out", run.stdout, run.stderr, stats.read_text())
+    info = json.loads(load_output(tmp_path / "out")["inference_info"][0])[0]["serve_args"]
+    assert json.loads(info[info.index("--model-loader-extra-config") + 1]) == {
+        "s3_secret_access_key": "***", "options": [{"password": "***"}]}
+
+    loader, serve = serve_args(*OTHER)  # other secrets: the same run, its third row done
+    run = run_script(OVIS, str(tmp_path / "in"), str(tmp_path / "out"), "--server",
+                     f"http://127.0.0.1:{port}", "--serve-args", serve, env=env)
+    assert run.returncode == 0, run.stderr
+    assert len(load_output(tmp_path / "out")) == 3
+    no_secret_recorded(tmp_path / "out", run.stdout, run.stderr, secrets=OTHER)
+
+
+def test_secrets_at_every_depth_of_llm_kwargs_reach_the_engine_and_no_record(tmp_path):
+    env = {"PYTHONPATH": str(ROOT / "tests" / "fake_vllm_pkg"),
+           "FAKE_VLLM_CALLS": str(tmp_path / "calls.jsonl")}
+    write_image_folder(tmp_path / "in", 3)
+
+    def llm_kwargs(token, s3, password):
+        return json.dumps({"hf_token": token, "seed": 1, "model_loader_extra_config": {
+            "s3_secret_access_key": s3, "options": [{"password": password}]}})
+
+    stats = tmp_path / "stats.json"
+    run = run_script("ovis-ocr2.py", str(tmp_path / "in"), str(tmp_path / "out"), "--llm-kwargs",
+                     llm_kwargs(TOKEN, S3, PASSWORD), "--max-samples", "2", "--stats-json",
+                     str(stats), env=env)
+    assert run.returncode == 0, run.stderr
+    calls = [json.loads(line) for line in (tmp_path / "calls.jsonl").read_text().splitlines()]
+    (engine,) = [c["kwargs"] for c in calls if c["call"] == "LLM"]
+    assert engine["hf_token"] == TOKEN and engine["model_loader_extra_config"] == {
+        "s3_secret_access_key": S3, "options": [{"password": PASSWORD}]}
+    no_secret_recorded(tmp_path / "out", run.stdout, run.stderr, stats.read_text())
+    info = json.loads(load_output(tmp_path / "out")["inference_info"][0])[0]["llm_kwargs"]
+    assert info["model_loader_extra_config"] == {"s3_secret_access_key": "***",
+                                                 "options": [{"password": "***"}]}
+    run = run_script("ovis-ocr2.py", str(tmp_path / "in"), str(tmp_path / "out"), "--llm-kwargs",
+                     llm_kwargs(OTHER[0], OTHER[2], OTHER[3]), env=env)
+    assert run.returncode == 0, run.stderr  # other secrets: the same run
+    assert len(load_output(tmp_path / "out")) == 3
+    no_secret_recorded(tmp_path / "out", run.stdout, run.stderr, secrets=OTHER)
+
+
+def test_a_server_url_with_a_password_is_refused_pointing_to_the_api_key(tmp_path, stub_server):
+    """httpx sent the URL's user and password as Basic auth in place of the API key (a 401
+    blamed on the key), and the logs printed the password."""
+    stub = stub_server()
+    write_image_folder(tmp_path / "in", 2)
+    run = run_script(OVIS, str(tmp_path / "in"), str(tmp_path / "out"), "--server",
+                     stub.url.replace("http://", f"http://user:{PASSWORD}@"), timeout=60)
+    assert run.returncode == 2, run.stderr
+    assert "holds a user or password" in run.stderr and "--api-key" in run.stderr
+    assert PASSWORD not in run.stderr + run.stdout and "Traceback" not in run.stderr
+    assert not (tmp_path / "out").exists() and stub.requests() == []
+
+
+@pytest.mark.parametrize("where", ["INPUT", "OUTPUT"])
+def test_a_secret_in_an_input_or_output_url_is_masked_in_the_error(tmp_path, where):
+    url = f"https://user:{PASSWORD}@example.com/scans.parquet?page=2&token={S3}&sig={KEY}"
+    write_image_folder(tmp_path / "in", 1)
+    where_args = [url, str(tmp_path / "out")] if where == "INPUT" else [str(tmp_path / "in"), url]
+    run = run_script(OVIS, *where_args, "--server", nowhere(), "--no-spawn", "--server-timeout",
+                     "1", env={**NO_VLLM, "HF_HUB_OFFLINE": "1"}, timeout=60)
+    assert run.returncode == 2, run.stderr
+    assert f"{where} 'https://***@example.com/scans.parquet?page=2&token=***&sig=***'" \
+        in run.stderr
+    for secret in (PASSWORD, S3, KEY):
+        assert secret not in run.stderr + run.stdout
+
+
 # ---- 5. the spawned server dies with the driver --------------------------------------------
 
 def stub_processes(port: int) -> list:
