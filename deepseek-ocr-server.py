@@ -2545,7 +2545,11 @@ def claim_output(store: "OutputStore", identity: dict, args) -> None:
     existing = store.create_manifest(manifest)
     if existing is None:
         return
-    problems = identity_differences(redact_value(existing.get("identity"), None), identity)
+    recorded = redact_value(existing.get("identity"), None)
+    if recorded != existing.get("identity"):  # an earlier version recorded secrets: gone now
+        existing = {**existing, "identity": recorded}
+        store.update_manifest(existing)
+    problems = identity_differences(recorded, identity)
     before, now = existing.get("max_samples"), args.max_samples
     if before != now:
         if args.num_shards == 1 and (now is None or (before is not None and now > before)):
