@@ -288,10 +288,11 @@ PART_NAME = re.compile(r"^part-(\d{9})-(\d{9})\.parquet$")
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
 UPLOAD_ATTEMPTS, UPLOAD_BACKOFF_S, UPLOAD_MAX_WAIT_S = 5, 2.0, 600.0
 # values that look like credentials (Hub tokens, OpenAI-style keys), wherever they appear; a
-# URL's user information; a URL's query parameter (masked when named like a secret)
+# URL's user information; a value given under a name in text (masked when named like a secret):
+# name=value (a URL's query, a flag, a variable) or 'name': 'value' (JSON, a Python dict)
 TOKEN_VALUE = re.compile(r"\b(?:hf_|api_org_|sk-)[A-Za-z0-9_-]{8,}")
 URL_USERINFO = re.compile(r"(?<=://)[^/\s@?#]+@")
-URL_QUERY_VALUE = re.compile(r"(?<=[?&;])([^=&#\s]+)=([^&#\s'\"]*)")
+NAMED_VALUE = re.compile(r"""((?<![\w.-])(['"])?([\w.-]+)(?(2)\2\s*:\s*|=)['"]?)([^\s&#'",}]+)""")
 # names whose value is a secret: options (--hf-token, --a.b.secret-key), JSON keys, URL queries
 SECRET_NAME = re.compile(r"(?:^|[-_.])(?:secret|password|passwd)(?:[-_.]|$)|(?:^|[-_.])(?:token|"
                          r"credentials?|signature|sig|authorization|(?:api|access|private)[-_]?key)"
@@ -2709,9 +2710,9 @@ def is_secret(name, value=None) -> bool:
 
 def redact_text(text: str) -> str:
     """Text with its secrets masked: token-like values (hf_..., sk-...), a URL's user information,
-    a URL's query values named like secrets. For anything printed or recorded."""
+    values named like secrets (NAMED_VALUE). For anything printed or recorded."""
     text = URL_USERINFO.sub("***@", TOKEN_VALUE.sub("***", text))
-    return URL_QUERY_VALUE.sub(lambda m: f"{m[1]}=***" if is_secret(*m.groups()) else m[0], text)
+    return NAMED_VALUE.sub(lambda m: m[1] + "***" if is_secret(m[3], m[4]) else m[0], text)
 
 
 def redact_value(value, mask: str | None = "***"):

@@ -452,6 +452,20 @@ def test_a_manifest_holding_a_secret_is_cleaned_by_the_rerun(tmp_path, stub_serv
     assert len(load_output(tmp_path / "out")) == 3 and TOKEN not in manifest.read_text()
 
 
+def test_the_server_logs_tail_printed_on_a_failed_start_masks_named_secrets(tmp_path):
+    """A server that fails to start: the last lines of its log, which name its arguments, are
+    printed with the secrets named in them masked."""
+    env = {**fake_vllm_env(tmp_path), "FAKE_VLLM_ECHO_AND_EXIT": "1"}
+    write_image_folder(tmp_path / "in", 2)
+    loader = json.dumps({"bucket": "scans", "s3_secret_access_key": S3})
+    run = run_script(OVIS, str(tmp_path / "in"), str(tmp_path / "out"), "--server",
+                     f"http://127.0.0.1:{free_port()}", "--serve-args",
+                     shlex.join(["--model-loader-extra-config", loader]), env=env, timeout=120)
+    assert run.returncode != 0 and "non-default args" in run.stderr, run.stderr
+    assert '{"bucket": "scans", "s3_secret_access_key": "***"}' in run.stderr
+    assert S3 not in run.stderr + run.stdout
+
+
 def test_a_server_url_with_a_password_is_refused_pointing_to_the_api_key(tmp_path, stub_server):
     """httpx sent the URL's user and password as Basic auth in place of the API key (a 401
     blamed on the key), and the logs printed the password."""
