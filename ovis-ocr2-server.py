@@ -2711,9 +2711,8 @@ def _jobs_script_args(argv: list[str]) -> tuple[list[str], str | None, str | Non
     """This run's arguments as a Job should receive them: INPUT and OUTPUT (a local one replaced
     by a placeholder, returned too), the options minus NOT_FOR_JOBS, no secret anywhere
     (they are dropped, not masked: a masked value would be used)."""
-    positionals, options = [], []
-    for name, values, _ in flag_items(redact_argv(argv, None, _VALUE_OPTIONS or None),
-                                           _VALUE_OPTIONS or None):
+    positionals, options, known = [], [], _VALUE_OPTIONS or None
+    for name, values, _ in flag_items(redact_argv(argv, None, known), known):
         if name is None:
             positionals += values
         elif name not in NOT_FOR_JOBS and not (name == "--serve-args" and values == [""]):

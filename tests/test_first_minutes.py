@@ -393,7 +393,8 @@ def test_secrets_at_every_depth_of_serve_args_reach_the_server_and_no_record(tmp
     assert run.returncode == 0, run.stderr
     given = (tmp_path / "argv").read_bytes().decode().split("\0")
     assert loader in given and f"--model-loader-extra-config.aws_secret_access_key={S3}" in given
-    assert (tmp_path / "env.log").read_text().split() == [f"HF_TOKEN={TOKEN}", f"VLLM_API_KEY={KEY}"]
+    assert (tmp_path / "env.log").read_text().split() == [f"HF_TOKEN={TOKEN}",
+                                                          f"VLLM_API_KEY={KEY}"]
     no_secret_recorded(tmp_path / "out", run.stdout, run.stderr, stats.read_text())
     info = json.loads(load_output(tmp_path / "out")["inference_info"][0])[0]["serve_args"]
     assert json.loads(info[info.index("--model-loader-extra-config") + 1]) == {
