@@ -216,6 +216,7 @@ EXIT_CODES = """exit codes (the first that applies):
 
 
 def log(message: str) -> None:
+    """Every line this script prints, its secrets masked (redact_text)."""
     print(redact_text(message), file=sys.stderr, flush=True)
 
 
@@ -654,8 +655,7 @@ def open_input(args) -> InputSource:
             ds = datasets.load_dataset(args.input, args.config, split=args.split,
                                        revision=args.revision, token=args.hf_token or None)
         except Exception as exc:  # a typo, a missing split or config, gated, offline
-            fail(f"cannot load the Hub dataset {args.input}: {type(exc).__name__}: "
-                 f"{redact_text(str(exc))}")
+            fail(f"cannot load the Hub dataset {args.input}: {type(exc).__name__}: {exc}")
         description = args.input
     else:
         fail(f"INPUT {args.input!r} is neither an existing path nor a Hub dataset id.")
@@ -2968,9 +2968,9 @@ def parse_arguments(parser: argparse.ArgumentParser, argv: list[str], engine_pro
     _VALUE_OPTIONS = {s for action in parser._actions for s in action.option_strings
                       if action.nargs != 0}
 
-    def error(message: str) -> "NoReturn":  # noqa: F821  (argparse's, minus any token it echoes)
+    def error(message: str) -> "NoReturn":  # noqa: F821  (through log: argparse echoes values)
         parser.print_usage(sys.stderr)
-        fail(redact_text(message))
+        fail(message)
 
     parser.error = error
     args = parser.parse_args(argv)
@@ -3146,7 +3146,7 @@ def open_run(args, hub_api, engine: dict, info_entry: dict) -> Run:
 def hub_refusal(exc: BaseException, repo: str) -> str:
     """What a Hub error at the start of a run means, and what to check."""
     status = getattr(getattr(exc, "response", None), "status_code", None)
-    said = redact_text((str(exc).strip().splitlines() or [""])[0])
+    said = (str(exc).strip().splitlines() or [""])[0]
     said = f"{type(exc).__name__}: {said}" if said else type(exc).__name__
     if status in (401, 403, 404):
         return (f"the Hub refused OUTPUT {repo} ({said}). Nothing was sent. Check the token: it "
