@@ -28,9 +28,30 @@ def test_deepseek_grounding_spans_are_removed_whole():
     ds = load_script("deepseek-ocr-server.py")
     text, extras = ds.postprocess(DEEPSEEK_DOCUMENT, deepseek_args())
     assert text == ("# Annual Report 2023\n\nThe company grew by 12% in 2023.\n\n"
-                    "<table><tr><td>Revenue</td><td>12</td></tr></table>\n\nFootnote text.")
+                    "<table><tr><td>Revenue</td><td>12</td></tr></table>\n\n"
+                    "![](images/0.jpg)\n\nFootnote text.")
     for leftover in ("title", "<|", "|>", "[[", "end▁of▁sentence"):
         assert leftover not in text
+
+
+def test_deepseek_figures_stay_where_they_are_as_the_authors_placeholders():
+    """The authors' clean-up (MODEL-FACTS.md, DeepSeek-OCR, "Figures";
+    DeepSeek-OCR-vllm/run_dpsk_ocr_image.py): each `image` span becomes `![](images/N.jpg)` and
+    a newline, N counting the page's figures from 0; other spans are removed. The page is in the
+    grounding format of MODEL-FACTS.md ("Output"). The placeholder was removed with the span."""
+    ds = load_script("deepseek-ocr-server.py")
+    page = ("<|ref|>text<|/ref|><|det|>[[63, 40, 935, 100]]<|/det|>\nBefore.\n\n"
+            "<|ref|>image<|/ref|><|det|>[[100, 120, 500, 400]]<|/det|>\n"
+            "<|ref|>image_caption<|/ref|><|det|>[[100, 410, 500, 440]]<|/det|>\nFig. 1\n\n"
+            "<|ref|>image<|/ref|><|det|>[[100, 460, 500, 700], [520, 460, 900, 700]]<|/det|>\n"
+            "<|ref|>text<|/ref|><|det|>[[63, 720, 935, 800]]<|/det|>\nAfter.")
+    for _ in range(2):  # each page counts from 0
+        text, extras = ds.postprocess(page, deepseek_args())
+        assert text == "Before.\n\n![](images/0.jpg)\n\nFig. 1\n\n![](images/1.jpg)\n\nAfter."
+    images = [b for b in extras["blocks"] if b["label"] == "image"]
+    assert [b["box"] for b in images] == [[100, 120, 500, 400], [100, 460, 500, 700],
+                                          [520, 460, 900, 700]]
+    assert all(b["text"] == "" for b in images)  # the box is the blocks column's, not text
 
 
 def test_deepseek_blocks_carry_label_box_and_text():
