@@ -137,15 +137,16 @@ def test_ovis_drops_figure_placeholders_and_trims_a_looping_tail():
     assert ovis.postprocess(short, args)[0] == short
 
 
-# MODEL-FACTS.md, OvisOCR2 section, "Output" and "The card's clean-up": figures come as
-# `<img src="images/bbox_l_t_r_b.jpg" />`; the card strips, splits on exactly two newlines,
-# drops blocks that start with the placeholder and joins with two newlines.
+# MODEL-FACTS.md, OvisOCR2 section, "Output" and "The card's clean-up" (the model card of
+# ATH-MaaS/OvisOCR2): figures come as `<img src="images/bbox_l_t_r_b.jpg" />`; the card
+# strips, splits on exactly two newlines, drops the blocks that, once stripped, start with the
+# placeholder, and joins with two newlines. (A block after a newline or a space was kept.)
 @pytest.mark.parametrize("raw, expected", [
     ("\n# Title\n\nText.\n\n", "# Title\n\nText."),  # stripped
     ("# Title\n\n\nText.", "# Title\n\n\nText."),  # a blank-line run is the model's own spacing
     ("A\n\n<img src=\"images/bbox_1_2_3_4.jpg\" />\n\nB", "A\n\nB"),
-    ("A\n\n\n<img src=\"images/bbox_1_2_3_4.jpg\" />", "A\n\n\n<img src=\"images/bbox_1_2_3_4.jpg\" />"),
-    ("A\n\n <img src=\"images/bbox_1_2_3_4.jpg\" />", "A\n\n <img src=\"images/bbox_1_2_3_4.jpg\" />"),
+    ("A\n\n\n<img src=\"images/bbox_1_2_3_4.jpg\" />", "A"),  # the block is "\n<img ...": stripped
+    ("A\n\n <img src=\"images/bbox_1_2_3_4.jpg\" />\n\nB", "A\n\nB"),
     ("<img src=\"images/bbox_1_2_3_4.jpg\" /> Figure 1: a caption\n\nB", "B"),
 ])
 def test_ovis_clean_up_is_the_cards_byte_for_byte(raw, expected):
