@@ -233,21 +233,28 @@ MATH_SPAN = re.compile(r"\\\[(?:(?!\\\[).)*?\\\]|\$\$(?:(?!\$\$).)*?\$\$|\\\((?:
 
 
 def simplify_left_right(text: str) -> str:
-    """`\\left( ... \\right)` to `( ... )` when nothing tall is inside (pairs found by nesting)."""
+    """`\\left( ... \\right)` to `( ... )` when nothing tall is inside (pairs found by nesting).
+    The tall constructs are found once, so deep nesting costs no rescans."""
     if "\\left" not in text:
         return text
+    import bisect
+
+    tall = [(m.start(), m.end()) for m in TALL.finditer(text)]
     opened, edits = [], []
     for mark in LEFT_RIGHT.finditer(text):
         if mark.group(1) == "left":
             opened.append(mark)
         elif opened:
             left = opened.pop()
+            first = bisect.bisect_left(tall, (left.end(), -1))  # the first tall one after \left(
             if left.group(2) == "(" and mark.group(2) == ")" and \
-                    not TALL.search(text, left.end(), mark.start()):
+                    (first == len(tall) or tall[first][1] > mark.start()):
                 edits += [(left.start(), left.end(), "("), (mark.start(), mark.end(), ")")]
-    for start, end, plain in sorted(edits, reverse=True):
-        text = text[:start] + plain + text[end:]
-    return text
+    pieces, at = [], 0
+    for start, end, plain in sorted(edits):
+        pieces += [text[at:start], plain]
+        at = end
+    return "".join(pieces) + text[at:]
 
 
 def clean_formula_tail(text: str) -> str:

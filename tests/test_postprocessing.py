@@ -355,6 +355,20 @@ def test_hpd_markdown_is_the_vendors_export_step_by_step(step):
     assert all(b["box"] for b in extras["blocks"])  # a region whose text went is still a block
 
 
+def test_hpd_export_stays_linear_on_deeply_nested_left_right():
+    """The `\\left( ... \\right)` step of the vendor's export (eval/hpd_to_markdown.py, MODEL-FACTS.md,
+    HPD-Parsing) on a degenerate formula of 20,000 nested pairs in one block: looking for a
+    tall construct inside each pair rescanned the nest, quadratic (about 45 s)."""
+    import time
+
+    hpd = load_script("hpd-parsing-saturate.py")
+    raw = "<BLOCK>formula [1,2,3,4]<CHILD>\\(" + "\\left(" * 20000 + "x" + "\\right)" * 20000 + "\\)"
+    started = time.monotonic()
+    text, _ = hpd.postprocess(raw, types.SimpleNamespace(keep_raw=False))
+    assert time.monotonic() - started < 5
+    assert text == "\\(" + "(" * 20000 + "x" + ")" * 20000 + "\\)"
+
+
 def test_hpd_bad_boxes_become_null_and_blocks_stay():
     hpd = load_script("hpd-parsing-saturate.py")
     raw = ("<BLOCK>text [1,2,3,99999999999]<CHILD>one<BLOCK>text [1,2,3]<CHILD>two"
