@@ -184,7 +184,7 @@ BLOCK_HEAD = re.compile(r"<BLOCK>[ \t]*([^\[<\n]{0,100})(?:\[([^\]<\n]{0,200})(?
 CUT_TAG = re.compile(r"<(?:/?(?:B(?:L(?:O(?:C(?:K)?)?)?)?|C(?:H(?:I(?:L(?:D)?)?)?)?|F(?:O(?:R(?:K)?)?)?))?\Z")
 # With <FORK>, a child's head can sit inside a block's text without its own <BLOCK>: a word, a
 # bracketed list of numbers, then one of the three tags. (\b: a run of letters is tried once.)
-CHILD_HEAD = re.compile(r"\b\w+[ \t]*\[[-\d.,\s]*\][ \t]*<(?:FORK|CHILD|BLOCK)>")
+CHILD_HEAD = re.compile(r"\b\w+\s*\[[-\d.,\s]+\]\s*<(?:FORK|CHILD|BLOCK)>")
 BLOCK_TAGS = re.compile(r"</?(?:FORK|CHILD|BLOCK)>")
 
 # The vendor's Markdown export, eval/hpd_to_markdown.py in the model repo, step by step as
@@ -313,8 +313,9 @@ def export_text(text: str) -> str:
     and `\\]`, and an unterminated `<table>` (more opened than closed) with `</table>`, where the
     port tests only whether the text starts with `\\[` and ends with newline + `\\]` (which
     appends a second `\\]` to a complete one-line `\\[...\\]`), or starts with `<table>` and ends
-    with `</table>` (which appends a stray one after a caption); and `\\leftarrow`/`\\rightarrow`
-    are no `\\left`/`\\right`, which the port pairs as delimiters."""
+    with `</table>` (which appends a stray one after a caption); `\\leftarrow`/`\\rightarrow`
+    are no `\\left`/`\\right`, which the port pairs as delimiters; and `\\tag*{}`, or a tag
+    with braces inside, is stripped too."""
     text = text.strip()
     for sentence in CANNED_SENTENCES:
         text = text.replace(sentence, "").strip()

@@ -25,6 +25,9 @@ def deepseek_args():
 
 
 def test_deepseek_grounding_spans_are_removed_whole():
+    """MODEL-FACTS.md, DeepSeek-OCR, "Output" and "Figures" (the authors' clean-up,
+    DeepSeek-OCR-vllm/run_dpsk_ocr_image.py): spans removed whole, a figure's span kept as
+    its placeholder."""
     ds = load_script("deepseek-ocr-server.py")
     text, extras = ds.postprocess(DEEPSEEK_DOCUMENT, deepseek_args())
     assert text == ("# Annual Report 2023\n\nThe company grew by 12% in 2023.\n\n"

@@ -228,6 +228,8 @@ def test_deepseek_sends_the_recipes_per_request_fields(tmp_path, stub_server):
         assert request["skip_special_tokens"] is False
         assert request["vllm_xargs"] == {"ngram_size": 30, "window_size": 90,
                                          "whitelist_token_ids": [128821, 128822]}
+        # max_tokens: as much as the context allows, as the authors' scripts do (MODEL-FACTS.md,
+        # DeepSeek-OCR: DeepSeek-OCR-vllm/run_dpsk_ocr_pdf.py, _image.py, _eval_batch.py)
         assert request["temperature"] == 0.0 and request["max_tokens"] == 8192 - 933 - 64
         assert request["texts"] == ["Free OCR."]
 
