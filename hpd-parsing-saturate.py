@@ -266,15 +266,20 @@ def clean_formula_tail(text: str) -> str:
     end = len(body.rstrip())
     wrap = body[end:] + wrap  # the spacing before the closing delimiter is kept
 
+    def unspaced(at: int) -> int:
+        while at and body[at - 1].isspace():
+            at -= 1
+        return at
+
     def after_quads(at: int) -> int:
         while (quad := QUAD_END.search(body, max(0, at - 7), at)):
-            at = len(body[:quad.start()].rstrip())
+            at = unspaced(quad.start())
         return at
 
     while True:
         ellipsis = ELLIPSIS_END.search(body, max(0, end - 7), end)
         if ellipsis:
-            before = len(body[:ellipsis.start()].rstrip())
+            before = unspaced(ellipsis.start())
             quads = after_quads(before)
             if quads < before or CLOSER_END.search(body, max(0, before - 40), before):
                 end = quads
@@ -308,8 +313,8 @@ def normalize_arithmetic(text: str) -> str:
 
 
 def export_text(text: str) -> str:
-    """One block's text as the vendor's export gives it, in the port's order. Two readings
-    differ from the port: an unterminated `\\[` (more `\\[` than `\\]`) is closed with a newline
+    """One block's text as the vendor's export gives it, in the port's order. Where this reads
+    a step differently from the port: an unterminated `\\[` (more `\\[` than `\\]`) is closed with a newline
     and `\\]`, and an unterminated `<table>` (more opened than closed) with `</table>`, where the
     port tests only whether the text starts with `\\[` and ends with newline + `\\]` (which
     appends a second `\\]` to a complete one-line `\\[...\\]`), or starts with `<table>` and ends
@@ -368,6 +373,7 @@ def postprocess(text: str, args) -> tuple[str, dict]:
         extras["raw"] = text
     lead = block_text(text[:text.find("<BLOCK>")] if blocks else text)  # text before any block
     return "\n\n".join([lead] * bool(lead) + [b["text"] for b in blocks if b["text"]]), extras
+
 
 EXTRA_COLUMNS = {"blocks": "blocks", "raw": "string"}  # column suffix -> "blocks" or "string"
 
