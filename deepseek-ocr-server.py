@@ -25,8 +25,9 @@ a vLLM OpenAI-compatible server, which it starts itself when none answers.
 Run it
     hf jobs uv run --image vllm/vllm-openai:v0.26.0 --flavor a10g-small --timeout 4h --secrets HF_TOKEN \\
         deepseek-ocr-server.py user/scans user/scans-ocr
-    # --timeout 4h covers about 10,000 pages (0.75 pages/s measured on a10g-small); Jobs
-    # stop a job after 30 min unless told: give more pages more time, or --num-shards
+    # --timeout 4h covers about 10,000 pages (0.75 pages/s measured on a10g-small, at
+    # max_tokens 4096: pages that now run further take longer); Jobs stop a job after 30 min
+    # unless told: give more pages more time, or --num-shards
     uv run deepseek-ocr-server.py ./scans ./scans-ocr                 # GPU machine with vllm
     uv run deepseek-ocr-server.py user/scans ./out --server http://gpu-box:8000
 
@@ -82,7 +83,7 @@ JOB_IMAGE = f"vllm/vllm-openai:{IMAGE_TAG}"
 IMAGE_HAS_UV = True  # the vLLM images have uv: `hf jobs uv run` works
 DEFAULT_FLAVOR = "a10g-small"
 JOB_TIMEOUT = "4h"  # Jobs stop a job after 30 min unless told: every printed command passes this
-JOB_PAGES_PER_S = 0.75  # 2,165 pages in 2,876 s on a10g-small: about 10,000 pages in 4 h
+JOB_PAGES_PER_S = 0.75  # 2,165 pages in 2,876 s on a10g-small at max_tokens 4096: 10,000 in 4 h
 SCRIPT_SHAPE = "server"
 
 PROMPTS = {
