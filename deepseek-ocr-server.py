@@ -25,8 +25,9 @@ a vLLM OpenAI-compatible server, which it starts itself when none answers.
 Run it
     hf jobs uv run --image vllm/vllm-openai:v0.26.0 --flavor a10g-small --timeout 4h --secrets HF_TOKEN \\
         deepseek-ocr-server.py user/scans user/scans-ocr
-    # --timeout 4h covers about 10,000 pages (0.75 pages/s measured on a10g-small); Jobs
-    # stop a job after 30 min unless told: give more pages more time, or --num-shards
+    # --timeout 4h covers about 10,000 pages (0.75 pages/s measured on a10g-small, at
+    # max_tokens 4096: pages that now run further take longer); Jobs stop a job after 30 min
+    # unless told: give more pages more time, or --num-shards
     uv run deepseek-ocr-server.py ./scans ./scans-ocr                 # GPU machine with vllm
     uv run deepseek-ocr-server.py user/scans ./out --server http://gpu-box:8000
 
@@ -47,14 +48,23 @@ Where the settings come from (vLLM's DeepSeek-OCR recipe)
     a list. Per request: temperature 0, `skip_special_tokens: false` (the grounding tags are
     special tokens), and the processor's arguments in `vllm_xargs`: n-gram 30, window 90,
     whitelist [128821, 128822] (the `<td>` and `</td>` tokens, which tables repeat).
-    max_tokens 4096 (as in a 2,165-page run; the recipe uses 2048). The image tokens (at most
-    933: vLLM's DeepSeek-OCR processor caps the crops at 6, and a 1x6 tiling with its newline
-    and separator tokens is the worst case) plus max_tokens must fit 8192: the script refuses
+    max_tokens 7195, the most the context allows: the authors' own scripts
+    (DeepSeek-OCR-vllm/run_dpsk_ocr_*.py) let a page run to the 8192-token context (their
+    max_tokens 8192 on vLLM's V0 engine, which caps the output at the context); on the V1
+    engine a request whose prompt plus max_tokens exceeds the context is refused with 400, so
+    the budget is 8192 minus the largest page's prompt: at most 933 image tokens (vLLM's
+    DeepSeek-OCR processor caps the crops at 6, and a 1x6 tiling with its newline and
+    separator tokens is the worst case) and 64 for the prompt's text (a `--prompt` longer than
+    that needs a lower `--max-tokens`). The recipe's online example uses 2048 and a 2,165-page
+    run used 4096: both stop a dense page short of what the authors allow. The script refuses
     a budget that would make every request fail with 400.
-    Post-processing: whole grounding spans are removed (ref, then det, then stray delimiters),
-    and, as the official post-processing does, `\\coloneqq` becomes `:=` and `\\eqqcolon` `=:`.
+    Post-processing, as the authors' clean-up does it: each `image` grounding span becomes a
+    placeholder `![](images/N.jpg)` (N counting the page's figures from 0), so a figure's place
+    stays in the Markdown, its box in the blocks column; the other spans are removed whole
+    (ref, then det, then stray delimiters); `\\coloneqq` becomes `:=` and `\\eqqcolon` `=:`.
     Boxes outside 0-999 (a degenerate output) are kept as null.
-    Images are sent as RGB at their own size: the model tiles them itself.
+    Images are sent as RGB at their own size: the model tiles them itself. PDF pages are
+    rendered at the authors' 144 DPI (`--pdf-dpi`).
     Image tag v0.26.0: the model ran 2,165 pages at scale on it; another collection pins
     v0.29.0 because v0.30 broke its vision encoder kernel, and vLLM's newer model runner
     rejects old-style logits processors like this one, so a newer tag is not assumed to work.
@@ -73,7 +83,7 @@ JOB_IMAGE = f"vllm/vllm-openai:{IMAGE_TAG}"
 IMAGE_HAS_UV = True  # the vLLM images have uv: `hf jobs uv run` works
 DEFAULT_FLAVOR = "a10g-small"
 JOB_TIMEOUT = "4h"  # Jobs stop a job after 30 min unless told: every printed command passes this
-JOB_PAGES_PER_S = 0.75  # 2,165 pages in 2,876 s on a10g-small: about 10,000 pages in 4 h
+JOB_PAGES_PER_S = 0.75  # 2,165 pages in 2,876 s on a10g-small at max_tokens 4096: 10,000 in 4 h
 SCRIPT_SHAPE = "server"
 
 PROMPTS = {
@@ -86,7 +96,6 @@ PROMPTS = {
 DEFAULT_PROMPT_MODE = "document"
 
 MAX_MODEL_LEN = 8192
-DEFAULT_MAX_TOKENS = 4096
 TEMPERATURE = 0.0
 IMAGE_TOKENS_MAX = 933  # vLLM's processor caps the crops at 6: worst case a 1x6 tiling
 PROMPT_TEXT_TOKENS = 64
@@ -116,7 +125,11 @@ def image_token_budget() -> int:
     return IMAGE_TOKENS_MAX + PROMPT_TEXT_TOKENS
 
 
-PDF_DPI = 200  # no client-side bound to size a PDF page by: the common scanning DPI
+# The authors' scripts let a page run to the context (max_tokens 8192 on the V0 engine, which
+# caps the output at the context); on V1 a request over the context is refused, so the default
+# is the most that fits beside the largest page: 8192 - 933 - 64 = 7195.
+DEFAULT_MAX_TOKENS = MAX_MODEL_LEN - image_token_budget()
+PDF_DPI = 144  # the authors' render DPI (pdf_to_images_high_quality(pdf_path, dpi=144))
 
 
 def target_size(width: int, height: int) -> tuple[int, int]:
@@ -192,10 +205,22 @@ def parse_grounded_blocks(raw: str) -> list[dict]:
     return blocks
 
 
+def figure_placeholders(raw: str) -> str:
+    """Each `image` span becomes `![](images/N.jpg)` and a newline, N counting the page's
+    figures from 0, as the authors' clean-up does it (MODEL-FACTS.md, DeepSeek-OCR, "Figures";
+    DeepSeek-OCR-vllm/run_dpsk_ocr_image.py): the figure's place stays in the Markdown, and its
+    box is in the blocks column."""
+    import itertools
+
+    figures = itertools.count()
+    return GROUNDED_SPAN.sub(lambda span: f"![](images/{next(figures)}.jpg)\n"
+                             if span.group(1) == "image" else span.group(), raw)
+
+
 def clean_markdown(raw: str) -> str:
-    """Whole ref spans first, then det spans, then stray delimiters: removing only the
-    delimiters would leave the labels behind as fake words."""
-    text = REF_SPAN.sub("", raw)
+    """Figure spans to placeholders, then whole ref spans, then det spans, then stray
+    delimiters: removing only the delimiters would leave the labels behind as fake words."""
+    text = REF_SPAN.sub("", figure_placeholders(raw))
     text = DET_SPAN.sub("", text)
     text = STRAY_TAGS.sub("", text)
     return official_latex(re.sub(r"\n{3,}", "\n\n", text).strip())

@@ -13,16 +13,21 @@
 # so `hf jobs uv run` cannot start it. The Jobs command is in the docstring below.
 """Parse a dataset of page images with PaddlePaddle/HPD-Parsing, keeping vLLM saturated.
 
-Each page becomes Markdown (from the parsed blocks: image, chart and seal blocks carry no
-text) and a blocks column (type, box in 0-1000 space or null, text). Each block's text is
-cleaned as the vendor's own Markdown export does it, since the benchmark figures quoted for the
-model were scored on that export (MODEL-FACTS.md, HPD-Parsing): the `[Non-Text]` placeholder and
-the canned sentences for blurry or text-free regions are dropped, an unterminated `\\[` or
-`<table>` is closed, single-line display math becomes inline, `\\tag{}` is stripped and
-`\\supset` becomes `\\sqsupset`. Gaps: the second canned sentence is known only by its sense
-(matched as "The image does not contain any text." and close variants), and the source says
-the export "tidies" `\\left`/`\\right` pairs, a formula's tail and arithmetic spacing without
-saying how: here unpaired `\\left`/`\\right` are dropped (delimiters kept); the rest is not done.
+Each page becomes Markdown (from the parsed blocks: chart and seal blocks carry no text) and
+a blocks column (type, box in 0-1000 space or null, text). Each block's text is cleaned as the
+vendor's own Markdown export (eval/hpd_to_markdown.py in the model repo) does it, since the
+benchmark figures quoted for the model were scored on that export (MODEL-FACTS.md,
+HPD-Parsing): a child head left in a block's text is removed; the canned sentences for blurry
+or text-free regions are removed wherever they occur, and `[Non-Text]` when it is a block's
+whole text; an unterminated `\\[` or `<table>` is closed; display math written the model's way
+(`\\[`, newline, formula, newline, `\\]`) becomes inline unless it has a `\\\\` row break;
+`\\tag{}` is stripped; `\\supset` becomes `\\sqsupset`; `\\left( ... \\right)` becomes
+`( ... )` when nothing tall is inside; repeated ellipses collapse and a trailing `\\quad` goes;
+Unicode operators become LaTeX in math and in arithmetic lines, which are wrapped in `\\( \\)`.
+Details MODEL-FACTS leaves open (the tall constructs, the operator table, a division wrapped
+as math, adjacent formulas split) are taken from the reference collection's port of the export
+(ocr/hpd-parsing-server.py, clean_text); where this script reads a step differently from that
+port, export_text() says so.
 
 The driver has no torch or vllm dependency and adapts its window of pages in flight to keep the
 engine busy, like lighton-ocr3-saturate.py.
@@ -177,42 +182,170 @@ def build_request(image_url: str, args) -> dict:
 # <FORK> tags, boxes 0 to 1000. A head whose box is missing or out of range keeps its block.
 BLOCK_HEAD = re.compile(r"<BLOCK>[ \t]*([^\[<\n]{0,100})(?:\[([^\]<\n]{0,200})(?:\]|\Z))?")
 CUT_TAG = re.compile(r"<(?:/?(?:B(?:L(?:O(?:C(?:K)?)?)?)?|C(?:H(?:I(?:L(?:D)?)?)?)?|F(?:O(?:R(?:K)?)?)?))?\Z")
-TEXTLESS = {"image", "chart", "seal", "figure"}
-# The vendor's Markdown export (MODEL-FACTS.md, HPD-Parsing), block by block:
-NON_TEXT = "[Non-Text]"
-CANNED_SENTENCES = re.compile(  # the first is verbatim; the second is known only by its sense
-    r"The image is too blurry to recognize any text content\.?"
-    r"|The image (?:does not contain|contains no) (?:any )?(?:recognizable |readable |visible )?"
-    r"text(?: content)?\.?")
-TAG = re.compile(r"\\tag\*?\{(?:[^{}]|\{[^{}]*\})*\}")
-SUPSET = re.compile(r"\\supset(?![A-Za-z])")
-LEFT_RIGHT = re.compile(r"\\(left|right)(?![A-Za-z])(\s*\.)?")
+# With <FORK>, a child's head can sit inside a block's text without its own <BLOCK>: a word, a
+# bracketed list of numbers, then one of the three tags. (\b: a run of letters is tried once.)
+CHILD_HEAD = re.compile(r"\b\w+\s*\[[-\d.,\s]+\]\s*<(?:FORK|CHILD|BLOCK)>")
+BLOCK_TAGS = re.compile(r"</?(?:FORK|CHILD|BLOCK)>")
+
+# The vendor's Markdown export, eval/hpd_to_markdown.py in the model repo, step by step as
+# MODEL-FACTS.md (HPD-Parsing) gives it. Where it leaves a detail open, the detail is taken
+# from the reference collection's port (uv-scripts/ocr, ocr/hpd-parsing-server.py, clean_text:
+# "matching the official hpd_to_markdown.py steps"), named "the port" below.
+TEXTLESS = {"chart", "seal"}  # the export skips these; image and figure blocks keep their text
+NON_TEXT = "[Non-Text]"  # dropped when it is a block's whole text, kept inside other text
+CANNED_SENTENCES = (  # removed wherever they occur in a block's text
+    "The image is too blurry to recognize any text content.",
+    "The image contains no text or characters. It is a graphical element (a horizontal line "
+    "with a vertical line) and does not contain any chart, graph, or data points that can be "
+    "extracted. Therefore, the correct OCR output is an empty string.",
+)
 DISPLAY_OPEN, DISPLAY_CLOSE = re.compile(r"(?<!\\)\\\["), re.compile(r"(?<!\\)\\\]")
-ONE_LINE_DISPLAY = re.compile(r"(?<!\\)\\\[((?:(?!\\\[)[^\n])*?)(?<!\\)\\\]")  # no \[ inside: linear
+TAG = re.compile(r"\\tag\*?\s*\{(?:[^{}]|\{[^{}]*\})*\}")
+# \left( ... \right) becomes ( ... ) when nothing tall is inside; the tall constructs are the
+# port's list. A delimiter is a control word, an escaped character or one character.
+LEFT_RIGHT = re.compile(r"\\(left|right)(?![A-Za-z])\s*(\\[A-Za-z]+|\\.|.)?", re.S)
+TALL = re.compile(r"\\(?:[dtc]?frac|binom|sqrt|sum|prod|coprod|i{1,3}nt|oint|bigcup|bigcap"
+                  r"|bigoplus|bigotimes|bigsqcup|begin\{|overbrace|underbrace|overset|underset"
+                  r"|stackrel|substack|atop)|\\\\")
+# A formula's tail (the port's clean_formula_tail): repeated ellipses collapse to the first;
+# trailing \quad and \qquad go, and so does a final ellipsis after them or after a closer.
+ELLIPSIS = r"\\(?:[cl]?dots|dots[bc])(?![A-Za-z])"
+REPEATED_ELLIPSIS = re.compile(rf"({ELLIPSIS})(?:\s*{ELLIPSIS})+")
+ELLIPSIS_END, QUAD_END = re.compile(ELLIPSIS + r"\Z"), re.compile(r"\\q?quad\Z")
+CLOSER_END = re.compile(r"(?:\\right\s*[.}\])]|\\end\s*\{(?:array|[bpv]?matrix|smallmatrix"
+                        r"|cases)\})\Z")
+FORMULA_WRAPS = ("\\]", "\\)", "$$")
+# Unicode operators to LaTeX (the port's table) in math and in pure arithmetic lines.
+UNICODE_OPS = {"≈": "\\approx", "≠": "\\neq", "≤": "\\leq", "≥": "\\geq", "×": "\\times",
+               "÷": "\\div", "±": "\\pm", "∓": "\\mp", "·": "\\cdot", "∙": "\\cdot",
+               "⋅": "\\cdot", "∗": "*", "−": "-", "≡": "\\equiv", "∝": "\\propto",
+               "∞": "\\infty", "√": "\\sqrt", "→": "\\to", "≪": "\\ll", "≫": "\\gg"}
+OPS = "".join(UNICODE_OPS)
+CJK_RUN = re.compile(r"[\u4e00-\u9fff]+")
+ARITH_LINE = re.compile(rf"[0-9A-Za-z\s=+\-*/^_().,:;>|%!\u4e00-\u9fff{OPS}]+")
+ARITH_OP = re.compile(rf"[=+\-*/{OPS}]")
+ARITH_WORDS = {"sin", "cos", "tan", "cot", "sec", "csc", "log", "ln", "exp", "lim", "max",
+               "min", "det", "mod", "arcsin", "arccos", "arctan", "sqrt"}
+# Math spans; an opener inside a span ends the attempt there, so a run of unclosed openers is
+# scanned once, not once per opener.
+MATH_SPAN = re.compile(r"\\\[(?:(?!\\\[).)*?\\\]|\$\$(?:(?!\$\$).)*?\$\$|\\\((?:(?!\\\().)*?\\\)"
+                       r"|\$[^$]*\$", re.S)
+
+
+def simplify_left_right(text: str) -> str:
+    """`\\left( ... \\right)` to `( ... )` when nothing tall is inside (pairs found by nesting).
+    The tall constructs are found once, so deep nesting costs no rescans."""
+    if "\\left" not in text:
+        return text
+    import bisect
+
+    tall = [(m.start(), m.end()) for m in TALL.finditer(text)]
+    opened, edits = [], []
+    for mark in LEFT_RIGHT.finditer(text):
+        if mark.group(1) == "left":
+            opened.append(mark)
+        elif opened:
+            left = opened.pop()
+            first = bisect.bisect_left(tall, (left.end(), -1))  # the first tall one after \left(
+            if left.group(2) == "(" and mark.group(2) == ")" and \
+                    (first == len(tall) or tall[first][1] > mark.start()):
+                edits += [(left.start(), left.end(), "("), (mark.start(), mark.end(), ")")]
+    pieces, at = [], 0
+    for start, end, plain in sorted(edits):
+        pieces += [text[at:start], plain]
+        at = end
+    return "".join(pieces) + text[at:]
+
+
+def clean_formula_tail(text: str) -> str:
+    """Repeated ellipses collapsed; trailing quads, and an ellipsis after them or after a
+    closing `\\right)`/`\\end{matrix}`, dropped; a closing `\\]`, `\\)` or `$$` stays."""
+    body = text.rstrip()
+    wrap = next((w for w in FORMULA_WRAPS if body.endswith(w)), "")
+    body = REPEATED_ELLIPSIS.sub(r"\1", body[:len(body) - len(wrap)])
+    end = len(body.rstrip())
+    wrap = body[end:] + wrap  # the spacing before the closing delimiter is kept
+
+    def unspaced(at: int) -> int:
+        while at and body[at - 1].isspace():
+            at -= 1
+        return at
+
+    def after_quads(at: int) -> int:
+        while (quad := QUAD_END.search(body, max(0, at - 7), at)):
+            at = unspaced(quad.start())
+        return at
+
+    while True:
+        ellipsis = ELLIPSIS_END.search(body, max(0, end - 7), end)
+        if ellipsis:
+            before = unspaced(ellipsis.start())
+            quads = after_quads(before)
+            if quads < before or CLOSER_END.search(body, max(0, before - 40), before):
+                end = quads
+                continue
+        quads = after_quads(end)
+        if quads == end:
+            return body[:end] + wrap
+        end = quads
+
+
+def unicode_ops_to_latex(text: str) -> str:
+    for op, latex in UNICODE_OPS.items():
+        text = text.replace(op, latex + " " if latex.startswith("\\") else latex)
+    text = CJK_RUN.sub(lambda run: "\\text{" + run.group() + "}", text)
+    return re.sub(r"[ \t]{2,}", " ", text)
+
+
+def is_arithmetic(line: str) -> bool:
+    """Digits, operators and known function names only (no markup, no math already)."""
+    line = line.strip()
+    return (bool(line) and "\\(" not in line and "\\[" not in line and "$" not in line
+            and "<" not in line and ARITH_LINE.fullmatch(line) is not None
+            and ARITH_OP.search(line) is not None
+            and all(w.lower() in ARITH_WORDS for w in re.findall(r"[A-Za-z]{2,}", line)))
+
+
+def normalize_arithmetic(text: str) -> str:
+    text = MATH_SPAN.sub(lambda span: unicode_ops_to_latex(span.group()), text)
+    return "\n".join("\\( " + unicode_ops_to_latex(line.strip()) + " \\)" if is_arithmetic(line)
+                     else line for line in text.split("\n"))
 
 
 def export_text(text: str) -> str:
-    """One block's text as the vendor's Markdown export gives it: the [Non-Text] placeholder
-    and the canned sentences for blurry or text-free regions dropped; an unterminated `\\[` or
-    `<table>` closed; single-line display math made inline; `\\tag{}` stripped; `\\supset` to
-    `\\sqsupset`. The source also says the export "tidies" `\\left`/`\\right` pairs, a formula's
-    tail and arithmetic spacing without saying how: here unpaired `\\left`/`\\right` commands are
-    dropped (their delimiters kept), and the other two are not done."""
-    text = text.replace(NON_TEXT, "").strip()
-    if CANNED_SENTENCES.fullmatch(text):
+    """One block's text as the vendor's export gives it, in the port's order. Where this reads
+    a step differently from the port: an unterminated `\\[` (more `\\[` than `\\]`) is closed with a newline
+    and `\\]`, and an unterminated `<table>` (more opened than closed) with `</table>`, where the
+    port tests only whether the text starts with `\\[` and ends with newline + `\\]` (which
+    appends a second `\\]` to a complete one-line `\\[...\\]`), or starts with `<table>` and ends
+    with `</table>` (which appends a stray one after a caption); `\\leftarrow`/`\\rightarrow`
+    are no `\\left`/`\\right`, which the port pairs as delimiters; and `\\tag*{}`, or a tag
+    with braces inside, is stripped too."""
+    text = text.strip()
+    for sentence in CANNED_SENTENCES:
+        text = text.replace(sentence, "").strip()
+    if text == NON_TEXT:
         return ""
-    text = TAG.sub("", text)
-    text = SUPSET.sub(r"\\sqsupset", text)
-    lefts = sum(1 for m in LEFT_RIGHT.finditer(text) if m.group(1) == "left")
-    if 2 * lefts != len(LEFT_RIGHT.findall(text)):  # unpaired: plain delimiters render anyway
-        text = LEFT_RIGHT.sub("", text)
     missing = len(DISPLAY_OPEN.findall(text)) - len(DISPLAY_CLOSE.findall(text))
     if missing > 0:
-        text += "\\]" * missing
+        text += "\n\\]" * missing
     missing = len(re.findall(r"<table\b", text)) - text.count("</table>")
     if missing > 0:
         text += "</table>" * missing
-    return ONE_LINE_DISPLAY.sub(lambda m: "\\(" + m.group(1) + "\\)", text).strip()
+    if "\\[\n" in text and "\\\\" not in text:  # display math the model's way, one-row formula
+        text = text.replace("\\[\n", "\\(").replace("\n\\]", "\\)")
+    text = text.replace("\\) \\(", "\\)\n\n\\(")  # the port: adjacent formulas, own paragraphs
+    if "÷" in text and "\\(" not in text:  # the port: a division is wrapped as math
+        text = "\\( " + text + " \\)"
+    text = TAG.sub("", text)
+    text = text.replace("\\supset", "\\sqsupset")  # \supseteq becomes \sqsupseteq too
+    text = clean_formula_tail(simplify_left_right(text))
+    return normalize_arithmetic(text).strip()
+
+
+def block_text(body: str) -> str:
+    """A block's text: child heads left in it and the tags removed, then the vendor's export."""
+    return export_text(BLOCK_TAGS.sub("", CHILD_HEAD.sub("", body)))
 
 
 def parse_blocks(raw: str) -> list[dict]:
@@ -227,10 +360,9 @@ def parse_blocks(raw: str) -> list[dict]:
         body, label = raw[head.end():end], head.group(1).strip()
         if head.group(2) is None and " " in label and not body.lstrip().startswith("<CHILD>"):
             body, label = head.group(1) + body, ""  # no box, no <CHILD>: that was its text
-        body = re.sub(r"</?FORK>|</?CHILD>|</BLOCK>", "", body)
         box = block_box((head.group(2) or "").split(","), 1000)
         blocks.append({"label": label, "box": box,
-                       "text": "" if label.lower() in TEXTLESS else export_text(body)})
+                       "text": "" if label.lower() in TEXTLESS else block_text(body)})
     return blocks
 
 
@@ -239,8 +371,7 @@ def postprocess(text: str, args) -> tuple[str, dict]:
     extras = {"blocks": blocks}
     if args.keep_raw:
         extras["raw"] = text
-    lead = text[:text.find("<BLOCK>")] if blocks else text  # text before the first block too
-    lead = export_text(re.sub(r"</?(?:FORK|CHILD|BLOCK)>", "", lead))
+    lead = block_text(text[:text.find("<BLOCK>")] if blocks else text)  # text before any block
     return "\n\n".join([lead] * bool(lead) + [b["text"] for b in blocks if b["text"]]), extras
 
 

@@ -132,11 +132,12 @@ def sampling_kwargs(args) -> dict:
 
 def postprocess(text: str, args) -> tuple[str, dict]:
     """The card's clean-up, byte for byte (MODEL-FACTS.md, OvisOCR2): strip the text, split it
-    on exactly two newlines, drop the blocks that start with a figure placeholder, join with
-    two newlines, trim a degenerate repeated tail. Other spacing is the model's own."""
+    on exactly two newlines, drop the blocks that, once stripped, start with a figure
+    placeholder, join with two newlines, trim a degenerate repeated tail. Other spacing is the
+    model's own."""
     blocks = text.strip().split("\n\n")
     if not args.keep_image_tags:
-        blocks = [b for b in blocks if not b.startswith('<img src="images/bbox_')]
+        blocks = [b for b in blocks if not b.strip().startswith('<img src="images/bbox_')]
     return trim_repeated_tail("\n\n".join(blocks)), {}
 
 

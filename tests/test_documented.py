@@ -97,7 +97,11 @@ def test_blocks_raw_output_and_card_read_back_after_a_layout_run(tmp_path, stub_
         assert [block["label"] for block in row["markdown_blocks"]] == labels
         assert row["markdown_blocks"] == extras["blocks"]
         assert row["markdown"] == text and "<|ref|>" not in text and "<BLOCK>" not in text
-        assert "![" not in text
+        # DeepSeek-OCR's one figure span stays as its authors' placeholder (MODEL-FACTS.md,
+        # DeepSeek-OCR, "Figures"); no other script leaves an image link
+        figures = ["![](images/0.jpg)"] if script.startswith("deepseek") else []
+        assert re.findall(r"!\[[^\]]*\]\([^)]*\)", text) == figures
+        assert text.count("![") == len(figures)
     if script.startswith("lighton"):
         assert {tuple(r["texts"]) for r in stub.requests()} == {("grounding",)}
     card = (out / "README.md").read_text()
@@ -223,3 +227,13 @@ def test_an_offline_script_reruns_under_the_images_python(tmp_path):
     assert f"using the vllm installed for {image_python}" in run.stderr
     assert json.loads(stats.read_text())["vllm_version"] == "fake-0"
     assert load_output(tmp_path / "out").num_rows == 2
+
+
+def test_readme_gives_the_render_dpi_of_the_scripts_without_a_size_bound():
+    """DeepSeek-OCR renders PDFs at its authors' 144 DPI (MODEL-FACTS.md, DeepSeek-OCR, "PDFs":
+    DeepSeek-OCR-vllm/run_dpsk_ocr_pdf.py); the README said 200 for it."""
+    rendering = " ".join(README.split("* **Rendering.**", 1)[1].split("\n* ", 1)[0].split())
+    deepseek, hpd = (load_script(s).PDF_DPI for s in ("deepseek-ocr-server.py",
+                                                       "hpd-parsing-saturate.py"))
+    assert f"DeepSeek-OCR renders at its authors' {deepseek} DPI" in rendering and deepseek == 144
+    assert f"HPD-Parsing, which resizes nothing client-side, at {hpd} DPI" in rendering

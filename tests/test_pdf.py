@@ -23,7 +23,7 @@ from pdfs import Page, colour_of, make_pdf, zero_page_pdf
 
 LIGHTON = "lighton-ocr3-saturate.py"  # longest edge 2048 on a 32 px grid
 OVIS = "ovis-ocr2-server.py"  # a pixel cap (8.3 MP) on a 32 px grid
-DEEPSEEK = "deepseek-ocr-server.py"  # no client-side bound: 200 DPI, 12 MP cap
+DEEPSEEK = "deepseek-ocr-server.py"  # no client-side bound: its authors' 144 DPI, 12 MP cap
 ANSWER = re.compile(r"# Page (\d+)x(\d+)\n\nmean colour (\d+),(\d+),(\d+);")
 
 
@@ -100,7 +100,7 @@ def test_a_folder_of_pdfs_and_images_gives_one_row_per_page(tmp_path, stub_serve
 
 @pytest.mark.parametrize("script, expected", [
     (OVIS, (2880, 2880)),  # the pixel cap, 2880x2880 on a 32 px grid
-    (DEEPSEEK, (3464, 3464)),  # no bound of its own: 200 DPI, then the 12 MP cap
+    (DEEPSEEK, (3464, 3464)),  # no bound of its own: 144 DPI, then the 12 MP cap
     (LIGHTON, (2048, 2048)),
 ])
 def test_a_giant_page_is_rendered_at_the_bound_never_at_full_dpi(tmp_path, stub_server, script,
@@ -480,3 +480,17 @@ def test_per_document_with_skipped_pages_reads_in_order(tmp_path, stub_server):
     stats = stats_of(tmp_path / "s.json")
     assert stats["rows_ok"] == 1 and stats["rows_text_layer"] == 1  # d: its text layer only
     assert d["markdown_attempts"] == 0
+
+
+def test_deepseek_renders_pdf_pages_at_its_authors_144_dpi(tmp_path, stub_server):
+    """MODEL-FACTS.md, DeepSeek-OCR, "PDFs": the authors render pages at 144 DPI
+    (DeepSeek-OCR-vllm/run_dpsk_ocr_pdf.py, `pdf_to_images_high_quality(pdf_path, dpi=144)`);
+    the script rendered at 200. A Letter page (612x792 pt) at 144 DPI is 1224x1584 pixels."""
+    stub = stub_server("--model", load_script(DEEPSEEK).MODEL_ID)
+    source = tmp_path / "in"
+    source.mkdir()
+    (source / "letter.pdf").write_bytes(make_pdf([Page(colour=colour_of(3))]))
+    run = run_script(DEEPSEEK, str(source), str(tmp_path / "out"), "--server", stub.url)
+    assert run.returncode == 0, run.stderr
+    size, colour = answered(load_output(tmp_path / "out")[0]["markdown"])
+    assert size == (1224, 1584) and close_to(colour, colour_of(3))

@@ -228,8 +228,50 @@ def test_deepseek_sends_the_recipes_per_request_fields(tmp_path, stub_server):
         assert request["skip_special_tokens"] is False
         assert request["vllm_xargs"] == {"ngram_size": 30, "window_size": 90,
                                          "whitelist_token_ids": [128821, 128822]}
-        assert request["temperature"] == 0.0 and request["max_tokens"] == 4096
+        # max_tokens: as much as the context allows, as the authors' scripts do (MODEL-FACTS.md,
+        # DeepSeek-OCR: DeepSeek-OCR-vllm/run_dpsk_ocr_pdf.py, _image.py, _eval_batch.py)
+        assert request["temperature"] == 0.0 and request["max_tokens"] == 8192 - 933 - 64
         assert request["texts"] == ["Free OCR."]
+
+
+def test_deepseek_lets_a_page_run_to_the_context_as_its_authors_do(tmp_path, stub_server):
+    """MODEL-FACTS.md, DeepSeek-OCR, "max_tokens": the authors' scripts
+    (DeepSeek-OCR-vllm/run_dpsk_ocr_pdf.py, _image.py, _eval_batch.py) let a page run to the
+    8192 context; on V1 the most that fits is 8192 minus the largest page's prompt (933 image
+    tokens and the prompt's text). A dense page was stopped at 4096. The default fits a server
+    of the model's own context exactly, and one token less is refused before any page is sent."""
+    deepseek = load_script("deepseek-ocr-server.py")
+    assert deepseek.DEFAULT_MAX_TOKENS == 8192 - deepseek.image_token_budget() == 7195
+    write_image_folder(tmp_path / "in", 2)
+    for context, code in ((8192, 0), (8191, 2)):
+        stub = stub_server("--model", deepseek.MODEL_ID, "--max-model-len", str(context))
+        run = run_script("deepseek-ocr-server.py", str(tmp_path / "in"),
+                         str(tmp_path / f"out-{context}"), "--server", stub.url,
+                         "--no-sanity-check")
+        assert run.returncode == code, run.stderr
+        if code:
+            assert "Lower --max-tokens to at most 7194" in run.stderr and not stub.requests()
+        else:
+            assert {r["max_tokens"] for r in stub.requests()} == {7195}
+
+
+def test_a_rerun_of_an_output_written_with_the_old_deepseek_budget_is_refused(tmp_path,
+                                                                               stub_server):
+    """An OUTPUT written before the budget and render DPI changed (max_tokens 4096, 200 DPI)
+    is not resumed with the new ones: its rows and new rows would mix two settings."""
+    deepseek = load_script("deepseek-ocr-server.py")
+    stub = stub_server("--model", deepseek.MODEL_ID)
+    write_image_folder(tmp_path / "in", 2)
+    out = str(tmp_path / "out")
+    old = ["--server", stub.url, "--no-sanity-check", "--max-samples", "1"]
+    run = run_script("deepseek-ocr-server.py", str(tmp_path / "in"), out, *old,
+                     "--max-tokens", "4096", "--pdf-dpi", "200")
+    assert run.returncode == 0, run.stderr
+    run = run_script("deepseek-ocr-server.py", str(tmp_path / "in"), out, *old[:3])
+    assert run.returncode == 2
+    assert "--max-tokens: was 4096, now 7195" in run.stderr
+    assert "--pdf-dpi: was 200.0, now 144" in run.stderr
+    assert len(stub.requests()) == 1
 
 
 def test_hpd_reuses_a_running_server_without_downloading_anything(tmp_path, stub_server):
