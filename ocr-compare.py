@@ -31,6 +31,15 @@ Accuracy (against ground truth)
     reported as a rate of their own. PDF pages not sent because their text layer was enough
     (--skip-text-pages) are neither: they are left out and counted apart.
 
+olmOCR-Bench (the official scorer, over a run of the benchmark's PDFs)
+    uv run ocr-compare.py ./run-1 [./run-2 ...] --olmocr-bench ./olmOCR-bench/bench_data
+    each output is one repeat; its Markdown is written into DIR/<candidate> in the
+    benchmark's layout (a failed or missing page as an empty .md) and scored by
+    olmocr[bench] at a pinned version, installed by uv for this mode only: the headline (the
+    mean of the per-file pass rates) with its 95% CI, per test type and per test file, and
+    the settings from inference_info. Without Playwright's Chromium the math tests are left
+    out and the score is labelled not comparable to published figures.
+
 A, B and --reference are Hub dataset ids (user/name) or local paths: an output folder of the
 collection (data/*.parquet), a .parquet file or folder of them, or a save_to_disk folder.
 
@@ -50,7 +59,8 @@ More examples
     uv run ocr-compare.py ./out --reference-column gt --by volume --rows pages.csv
     uv run ocr-compare.py user/a user/b --column markdown --column-b text --key page_id
 
-Exit status: 0 when the comparison ran, 2 on a usage or input problem (said in one line).
+Exit status: 0 when the comparison ran, 2 on a usage or input problem, 1 when the
+olmOCR-Bench scorer could not be installed or failed (each said in one line).
 """
 
 import argparse
@@ -1137,17 +1147,18 @@ def write_rows(path: str, rows: list[dict]) -> None:
 # pinned version; numpy is imported by its tests module but not declared, and playwright is
 # pinned so that the browser install command printed matches the browser it will look for.
 OLMOCR_BENCH = ("olmocr[bench]==0.4.27", "numpy", "playwright==1.65.2")
+BENCH_TEST_TYPES = ("present", "absent", "order", "table", "math", "baseline")
 CANDIDATE_MARKER = ".ocr-compare.json"  # a candidate folder this tool wrote (and may replace)
 # What of inference_info must agree between the repeats of one candidate
 RUN_SETTINGS = ("model", "model_revision", "script", "settings")
 BROWSER_PROBE = """
-from playwright.sync_api import sync_playwright
-with sync_playwright() as p:
-    try:
+try:
+    from playwright.sync_api import sync_playwright
+    with sync_playwright() as p:
         p.chromium.launch().close()
-        print("chromium: ok")
-    except Exception as exc:
-        print("chromium: " + (str(exc).strip().splitlines() or [type(exc).__name__])[0])
+    print("chromium: ok")
+except Exception as exc:
+    print("chromium: " + (str(exc).strip().splitlines() or [type(exc).__name__])[0])
 """
 
 
@@ -1216,10 +1227,13 @@ def read_benchmark(folder: Path) -> Benchmark:
             try:
                 test = json.loads(line)
                 assert isinstance(test, dict) and isinstance(test["page"], int)
-                test["pdf"], test["type"], test["id"]  # noqa: B018 (the fields every test has)
+                test["pdf"], test["id"]  # noqa: B018 (the fields every test has)
             except (ValueError, KeyError, AssertionError):
                 raise UsageError(f"{path}:{number} is not a test (a JSON object with pdf, page, "
                                  f"id and type)") from None
+            if test.get("type") not in BENCH_TEST_TYPES:
+                raise UsageError(f"{path}:{number}: test type {test.get('type')!r} is none of "
+                                 f"{', '.join(BENCH_TEST_TYPES)}")
             tests[path.name].append(test)
             lines[path.name].append(line)
     unknown = sorted({t["pdf"] for ts in tests.values() for t in ts} - set(pdfs))
@@ -1308,35 +1322,32 @@ def candidate_name(args) -> str:
 
 def write_candidate(bench: Benchmark, name: str, repeats: list[Repeat]) -> tuple[Path, list]:
     """The candidate folder in the benchmark's layout, one .md per page and repeat; a page
-    without text is an empty .md (its tests fail, as for a tool that produced nothing).
-    Written beside, then moved into place: an interrupted write leaves no half candidate."""
+    without text is an empty .md (its tests fail, as for a tool that produced nothing). The
+    marker comes first: a write cut short leaves a folder the next run may replace."""
     import shutil
     target = bench.folder / name
     if target.exists() and not (target / CANDIDATE_MARKER).is_file():
         raise UsageError(f"{target} exists and was not written by {PROG}: pass --candidate "
                          f"with another name")
-    staging = bench.folder / f".{name}.{os.getpid()}.tmp"
     empty = []
     try:
+        if target.exists():
+            shutil.rmtree(target)
+        target.mkdir()
+        (target / CANDIDATE_MARKER).write_text(json.dumps(
+            {"written_by": PROG, "outputs": [r.spec for r in repeats]}, indent=1) + "\n")
         for number, repeat in enumerate(repeats, 1):
             for pdf, page in sorted(bench.pages() | set(repeat.texts)):
                 text = repeat.texts.get((pdf, page))
                 if text is None:
                     empty.append({"pdf": pdf, "page": page, "repeat": number,
                                   "reason": repeat.reasons.get((pdf, page), "missing: no row")})
-                md = staging / f"{pdf[:-4]}_pg{page}_repeat{number}.md"
+                md = target / f"{pdf[:-len('.pdf')]}_pg{page}_repeat{number}.md"
                 md.parent.mkdir(parents=True, exist_ok=True)
                 md.write_text(text or "", encoding="utf-8")
-        (staging / CANDIDATE_MARKER).write_text(json.dumps(
-            {"written_by": PROG, "outputs": [r.spec for r in repeats]}, indent=1) + "\n")
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(staging, target)
     except OSError as exc:
         raise UsageError(f"cannot write the candidate folder {target}: {exc}") from None
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return target, empty
+    return target, sorted(empty, key=lambda e: (e["pdf"], e["page"], e["repeat"]))
 
 
 _SCORE_CI = re.compile(r"^\s+Average Score: [\d.]+% \(95% CI: \[([\d.]+)%, ([\d.]+)%\]\) over (\d+) tests")
@@ -1379,6 +1390,7 @@ def olmocr_bench(args, out) -> dict:
             raise UsageError(f"{repeat.spec} was made with other settings than {repeats[0].spec} "
                              f"({'; '.join(diffs[:3])}): the repeats of a candidate share them")
     check_writable("--json", args.json)
+    scorer_command()  # uv is there, before anything is written
     name = candidate_name(args)
     candidate, empty = write_candidate(bench, name, repeats)
     browser = run_scorer(["python", "-c", BROWSER_PROBE], f"installing {OLMOCR_BENCH[0]}")
@@ -1413,7 +1425,7 @@ def olmocr_bench(args, out) -> dict:
         "empty_pages": empty, "ignored_rows": [r.ignored for r in repeats],
         "settings": repeats[0].info}
     if dropped:
-        result["browser"] = browser.strip().splitlines()[-1] if browser.strip() else None
+        result["browser"] = clip(browser.strip().splitlines()[-1], 200) if browser.strip() else None
         result["browser_install"] = browser_install_command()
     write_json(args, result)
     print_bench(result, out)

@@ -137,6 +137,7 @@ def test_a_run_over_the_benchmark_is_scored_by_the_official_scorer(tmp_path, stu
     assert result["comparable"] is False and result["math_tests_left_out"] == 1
     assert "NOT comparable to published figures" in run.stdout
     assert "playwright install --with-deps chromium" in result["browser_install"]
+    assert result["browser_install"] in run.stdout
     assert "math" not in result["by_type"] and "math.jsonl" not in result["by_file"]
 
     # each test passes or fails as built
@@ -192,6 +193,7 @@ ALL_PAGES = [("alpha.pdf", 1), ("sub/beta.pdf", 1), ("sub/beta.pdf", 2), ("gamma
 @pytest.mark.parametrize("case, expected", [
     ("no pdfs folder", "has no pdfs/ folder"),
     ("no test files", "has no *.jsonl test files"),
+    ("unknown test type", "text.jsonl:8: test type 'bogus' is none of present, absent"),
     ("no file_name", "has no file_name and page_number columns"),
     ("two rows for one page", "has two rows for sub/beta.pdf page 2"),
     ("pdfs absent", "2 of the benchmark's 4 PDFs are not in"),
@@ -206,6 +208,10 @@ def test_bad_inputs_are_refused_before_scoring(tmp_path, case, expected):
     elif case == "no test files":
         for file in bench.glob("*.jsonl"):
             file.unlink()
+    elif case == "unknown test type":
+        with open(bench / "text.jsonl", "a") as handle:
+            handle.write(json.dumps({"pdf": "alpha.pdf", "page": 1, "id": "x", "type": "bogus"})
+                         + "\n")
     elif case == "no file_name":
         columns = ["markdown", "inference_info"]
     elif case == "two rows for one page":
@@ -225,3 +231,13 @@ def test_bad_inputs_are_refused_before_scoring(tmp_path, case, expected):
         assert "delta.pdf, gamma.pdf" in run.stderr
     if case == "other settings":
         assert "settings.temperature 0.1 vs 0.0" in run.stderr and str(second) in run.stderr
+
+
+def test_without_uv_the_scorer_is_not_installed_and_nothing_is_written(tmp_path):
+    bench = make_benchmark(tmp_path / "bench")
+    (tmp_path / "empty").mkdir()
+    run = run_compare(output_of(tmp_path / "run-1", ALL_PAGES), "--olmocr-bench", bench,
+                      env={"PATH": str(tmp_path / "empty")})
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "uv is not on PATH" in run.stderr and len(run.stderr.strip().splitlines()) == 1
+    assert not (bench / "run-1").exists()
