@@ -1147,6 +1147,9 @@ def write_rows(path: str, rows: list[dict]) -> None:
 # pinned version; numpy is imported by its tests module but not declared, and playwright is
 # pinned so that the browser install command printed matches the browser it will look for.
 OLMOCR_BENCH = ("olmocr[bench]==0.4.27", "numpy", "playwright==1.65.2")
+# ... and its dependencies (rapidfuzz, fuzzysearch, numpy: they decide matches) as published by
+# this date, so that the same output scores the same later on
+OLMOCR_BENCH_AS_OF = "2026-12-01T00:00:00Z"
 BENCH_TEST_TYPES = ("present", "absent", "order", "table", "math", "baseline")
 CANDIDATE_MARKER = ".ocr-compare.json"  # a candidate folder this tool wrote (and may replace)
 # What of inference_info must agree between the repeats of one candidate
@@ -1172,7 +1175,7 @@ def scorer_command(*args: str) -> list[str]:
     if uv is None:
         raise ScorerError("--olmocr-bench installs the official scorer with uv, and uv is not on "
                           "PATH: install it (https://docs.astral.sh/uv/)")
-    return [uv, "run", "--no-project", "--quiet",
+    return [uv, "run", "--no-project", "--quiet", "--exclude-newer", OLMOCR_BENCH_AS_OF,
             *(a for spec in OLMOCR_BENCH for a in ("--with", spec)), *args]
 
 
@@ -1416,7 +1419,8 @@ def olmocr_bench(args, out) -> dict:
                             f"scoring with {OLMOCR_BENCH[0]}")
         failed = [json.loads(line) for line in failed_file.read_text().splitlines()
                   if line.strip()] if failed_file.exists() else []
-    result = {"mode": "olmocr-bench", "scorer": " ".join(OLMOCR_BENCH), "benchmark": str(
+    result = {"mode": "olmocr-bench", "scorer": " ".join(OLMOCR_BENCH),
+              "scorer_dependencies_as_of": OLMOCR_BENCH_AS_OF, "benchmark": str(
         bench.folder.resolve()), "candidate": str(candidate.resolve()), "repeats": len(repeats),
         "outputs": specs, **parse_scores(stdout),
         "comparable": not dropped, "math_tests": "scored" if not dropped else "left out",
@@ -1436,7 +1440,8 @@ def print_bench(result: dict, out) -> None:
     def w(line: str = "") -> None:
         print(line, file=out)
 
-    w(f"olmOCR-Bench {result['benchmark']}, scored by {OLMOCR_BENCH[0]} (the official scorer)")
+    w(f"olmOCR-Bench {result['benchmark']}, scored by {OLMOCR_BENCH[0]} (the official scorer; "
+      f"its dependencies as published by {OLMOCR_BENCH_AS_OF[:10]})")
     w(f"candidate {result['candidate']}: {result['repeats']} repeat(s) "
       f"({', '.join(result['outputs'])}); a test passes when most of its repeats pass")
     if not result["comparable"]:
