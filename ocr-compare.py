@@ -1353,7 +1353,8 @@ def write_candidate(bench: Benchmark, name: str, repeats: list[Repeat]) -> tuple
     return target, sorted(empty, key=lambda e: (e["pdf"], e["page"], e["repeat"]))
 
 
-_SCORE_CI = re.compile(r"^\s+Average Score: [\d.]+% \(95% CI: \[([\d.]+)%, ([\d.]+)%\]\) over (\d+) tests")
+_SCORE_CI = re.compile(r"^\s+Average Score: [\d.]+% \(95% CI: \[([\d.]+)%, ([\d.]+)%\]\) "
+                       r"over (\d+) tests")
 _SCORE_TYPE = re.compile(r"^ {4}(\w+)\s*: ([\d.]+)% average pass rate over (\d+) tests$")
 _SCORE_FILE = re.compile(r"^ {8}(\S.*?)\s*: ([\d.]+)% \((\d+)/(\d+) tests\)$")
 
@@ -1363,7 +1364,8 @@ def parse_scores(stdout: str) -> dict:
     the headline is the mean of the per-file pass rates, from their counts."""
     if "FAILED (errors)" in stdout:
         errors = [line.strip() for line in stdout.splitlines() if "[ERROR]" in line]
-        raise ScorerError(f"the scorer failed the candidate: {errors[0] if errors else stdout[-200:]}")
+        raise ScorerError(f"the scorer failed the candidate: "
+                          f"{errors[0] if errors else stdout[-200:]}")
     ci, by_type, by_file = None, {}, {}
     for line in stdout.splitlines():
         if (m := _SCORE_CI.match(line)):
@@ -1374,8 +1376,8 @@ def parse_scores(stdout: str) -> dict:
             passed, total = int(m.group(3)), int(m.group(4))
             by_file[m.group(1)] = {"score": passed / total, "passed": passed, "tests": total}
     if ci is None or not by_type or not by_file:
-        raise ScorerError(f"the scorer's summary was not understood (expected {OLMOCR_BENCH[0]}'s): "
-                          f"{stdout.strip()[-200:]}")
+        raise ScorerError(f"the scorer's summary was not understood (expected "
+                          f"{OLMOCR_BENCH[0]}'s): {stdout.strip()[-200:]}")
     score = sum(f["score"] for f in by_file.values()) / len(by_file)
     return {"score": score, "ci95": ci, "by_type": by_type, "by_file": by_file}
 
@@ -1482,7 +1484,8 @@ def print_bench(result: dict, out) -> None:
       f"{info.get('model_revision') or 'not recorded'}, script {info.get('script')}")
     for key, value in (info.get("settings") or {}).items():
         shown = json.dumps(value, ensure_ascii=False, default=str)
-        w(f"  {key}: {clip(shown, 100)}{f' ({len(value)} characters)' if key == 'prompt' and isinstance(value, str) and len(shown) > 100 else ''}")
+        long = isinstance(value, str) and len(shown) > 100
+        w(f"  {key}: {clip(shown, 100)}{f' ({len(value)} characters)' if long else ''}")
 
 
 # ---- main --------------------------------------------------------------------------------------
