@@ -1152,8 +1152,9 @@ OLMOCR_BENCH = ("olmocr[bench]==0.4.27", "numpy", "playwright==1.65.2")
 OLMOCR_BENCH_AS_OF = "2026-12-01T00:00:00Z"
 BENCH_TEST_TYPES = ("present", "absent", "order", "table", "math", "baseline")
 CANDIDATE_MARKER = ".ocr-compare.json"  # a candidate folder this tool wrote (and may replace)
-# What of inference_info must agree between the repeats of one candidate
-RUN_SETTINGS = ("model", "model_revision", "script", "settings")
+# What must agree between the repeats of one candidate: inference_info's, and the PDF render
+# DPI, an option of the run its manifest records (inference_info does not)
+RUN_SETTINGS = ("model", "model_revision", "script", "settings", "pdf_dpi")
 BROWSER_PROBE = """
 try:
     from playwright.sync_api import sync_playwright
@@ -1312,7 +1313,20 @@ def read_repeat(label: str, spec: str, bench: Benchmark, args) -> Repeat:
         raise UsageError(f"{len(absent)} of the benchmark's {len(known)} PDFs are not in {spec}: "
                          f"{', '.join(absent[:5])}{', ...' if len(absent) > 5 else ''}; run the "
                          f"script over {bench.folder / 'pdfs'}")
-    return Repeat(spec, pages, reasons, run_info(side, args.column), ignored)
+    info = run_info(side, args.column)
+    dpi = manifest_option(Path(spec).expanduser(), "pdf_dpi") if is_local(spec) else None
+    if dpi is not None:
+        info = {**(info or {}), "pdf_dpi": dpi}
+    return Repeat(spec, pages, reasons, info, ignored)
+
+
+def manifest_option(path: Path, name: str):
+    """An option of the run, as its manifest (OUTPUT/.ocr/manifest.json) records it."""
+    try:
+        options = json.loads((path / MANIFEST).read_text())["identity"]["options"]
+        return options.get(name) if isinstance(options, dict) else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def candidate_name(args) -> str:
@@ -1482,6 +1496,8 @@ def print_bench(result: dict, out) -> None:
         return
     w(f"settings (inference_info): model {info.get('model')}, revision "
       f"{info.get('model_revision') or 'not recorded'}, script {info.get('script')}")
+    if info.get("pdf_dpi") is not None:
+        w(f"  PDF pages rendered at up to {info['pdf_dpi']} DPI (the run manifest's --pdf-dpi)")
     for key, value in (info.get("settings") or {}).items():
         shown = json.dumps(value, ensure_ascii=False, default=str)
         long = isinstance(value, str) and len(shown) > 100

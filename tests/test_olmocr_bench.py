@@ -171,6 +171,8 @@ def test_a_run_over_the_benchmark_is_scored_by_the_official_scorer(tmp_path, stu
     assert result["settings"]["script"] == SCRIPT
     assert "temperature" in result["settings"]["settings"]
     assert f"model {MODEL}" in run.stdout and "temperature: 0.0" in run.stdout
+    assert result["settings"]["pdf_dpi"] == 400  # an option of the run: from its manifest
+    assert "rendered at up to 400 DPI" in run.stdout
 
 
 # ---- bad inputs: a clear error before any scoring ------------------------------------------------
@@ -198,6 +200,7 @@ ALL_PAGES = [("alpha.pdf", 1), ("sub/beta.pdf", 1), ("sub/beta.pdf", 2), ("gamma
     ("two rows for one page", "has two rows for sub/beta.pdf page 2"),
     ("pdfs absent", "2 of the benchmark's 4 PDFs are not in"),
     ("other settings", "was made with other settings than"),
+    ("other pdf dpi", "(pdf_dpi 400 vs 200)"),
 ])
 def test_bad_inputs_are_refused_before_scoring(tmp_path, case, expected):
     bench = make_benchmark(tmp_path / "bench")
@@ -221,6 +224,12 @@ def test_bad_inputs_are_refused_before_scoring(tmp_path, case, expected):
     elif case == "other settings":
         second = output_of(tmp_path / "run-2", rows,
                            {**INFO, "settings": {**INFO["settings"], "temperature": 0.0}})
+    elif case == "other pdf dpi":  # an option of the run, in its manifest
+        second = output_of(tmp_path / "run-2", rows)
+        for folder, dpi in ((tmp_path / "run-1", 400), (second, 200)):
+            (folder / ".ocr").mkdir(parents=True)
+            (folder / ".ocr" / "manifest.json").write_text(
+                json.dumps({"identity": {"options": {"pdf_dpi": dpi}}}))
     first = output_of(tmp_path / "run-1", rows, columns=columns)
     run = run_compare(first, *([second] if second else []), "--olmocr-bench", bench)
     assert run.returncode == 2, run.stdout + run.stderr
