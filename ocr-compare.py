@@ -1557,6 +1557,11 @@ def run(args, out=sys.stdout) -> dict:
     if args.olmocr_bench is not None:
         if args.reference is not None or args.reference_column is not None:
             raise UsageError("--olmocr-bench scores against the benchmark's tests: no --reference")
+        other = [f"--{o}" for o in ("key", "by", "plot", "rows") if getattr(args, o)]
+        if other:
+            raise UsageError(f"{' and '.join(other)} {'does' if len(other) == 1 else 'do'} not go "
+                             f"with --olmocr-bench (its figures are the scorer's; --json writes "
+                             f"them)")
         return olmocr_bench(args, out)
     if args.candidate is not None:
         raise UsageError("--candidate goes with --olmocr-bench")

@@ -201,6 +201,7 @@ ALL_PAGES = [("alpha.pdf", 1), ("sub/beta.pdf", 1), ("sub/beta.pdf", 2), ("gamma
     ("pdfs absent", "2 of the benchmark's 4 PDFs are not in"),
     ("other settings", "was made with other settings than"),
     ("other pdf dpi", "(pdf_dpi 400 vs 200)"),
+    ("a parity option", "--plot does not go with --olmocr-bench"),
 ])
 def test_bad_inputs_are_refused_before_scoring(tmp_path, case, expected):
     bench = make_benchmark(tmp_path / "bench")
@@ -231,7 +232,8 @@ def test_bad_inputs_are_refused_before_scoring(tmp_path, case, expected):
             (folder / ".ocr" / "manifest.json").write_text(
                 json.dumps({"identity": {"options": {"pdf_dpi": dpi}}}))
     first = output_of(tmp_path / "run-1", rows, columns=columns)
-    run = run_compare(first, *([second] if second else []), "--olmocr-bench", bench)
+    extra = ["--plot", tmp_path / "p.png"] if case == "a parity option" else []
+    run = run_compare(first, *([second] if second else []), "--olmocr-bench", bench, *extra)
     assert run.returncode == 2, run.stdout + run.stderr
     assert expected in run.stderr and len(run.stderr.strip().splitlines()) == 1, run.stderr
     assert "Traceback" not in run.stderr
