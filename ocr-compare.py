@@ -1463,7 +1463,7 @@ def print_bench(result: dict, out) -> None:
     if not result["comparable"]:
         w()
         w(f"Playwright's Chromium is not installed ({result['browser']}): the "
-          f"{result['math_tests_left_out']} math tests were left out, so the overall score is "
+          f"{result['math_tests_left_out']} math test(s) were left out, so the overall score is "
           f"NOT comparable to published figures. Install the browser, then run this again:")
         w(f"  {result['browser_install']}")
     w()
