@@ -31,6 +31,15 @@ Accuracy (against ground truth)
     reported as a rate of their own. PDF pages not sent because their text layer was enough
     (--skip-text-pages) are neither: they are left out and counted apart.
 
+olmOCR-Bench (the official scorer, over a run of the benchmark's PDFs)
+    uv run ocr-compare.py ./run-1 [./run-2 ...] --olmocr-bench ./olmOCR-bench/bench_data
+    each output is one repeat; its Markdown is written into DIR/<candidate> in the
+    benchmark's layout (a failed or missing page as an empty .md) and scored by
+    olmocr[bench] at a pinned version, installed by uv for this mode only: the headline (the
+    mean of the per-file pass rates) with its 95% CI, per test type and per test file, and
+    the settings from inference_info. Without Playwright's Chromium the math tests are left
+    out and the score is labelled not comparable to published figures.
+
 A, B and --reference are Hub dataset ids (user/name) or local paths: an output folder of the
 collection (data/*.parquet), a .parquet file or folder of them, or a save_to_disk folder.
 
@@ -50,7 +59,8 @@ More examples
     uv run ocr-compare.py ./out --reference-column gt --by volume --rows pages.csv
     uv run ocr-compare.py user/a user/b --column markdown --column-b text --key page_id
 
-Exit status: 0 when the comparison ran, 2 on a usage or input problem (said in one line).
+Exit status: 0 when the comparison ran, 2 on a usage or input problem, 1 when the
+olmOCR-Bench scorer could not be installed or failed (each said in one line).
 """
 
 import argparse
@@ -1130,6 +1140,370 @@ def write_rows(path: str, rows: list[dict]) -> None:
         raise UsageError(f"cannot write --rows {path}: {exc}") from None
 
 
+# ---- olmOCR-Bench: the official scorer over a run of the benchmark's PDFs ----------------------
+# The benchmark (allenai/olmocr, olmocr/bench): DIR holds test files *.jsonl (one test a line,
+# naming its pdf and page), the PDFs under DIR/pdfs, and a folder per candidate with
+# {pdf path without .pdf}_pg{page}_repeat{n}.md. The scorer is installed only for this mode, at a
+# pinned version; numpy is imported by its tests module but not declared, and playwright is
+# pinned so that the browser install command printed matches the browser it will look for.
+OLMOCR_BENCH = ("olmocr[bench]==0.4.27", "numpy", "playwright==1.65.2")
+# ... and its dependencies (rapidfuzz, fuzzysearch, numpy: they decide matches) as published by
+# this date, so that the same output scores the same later on
+OLMOCR_BENCH_AS_OF = "2026-12-01T00:00:00Z"
+BENCH_TEST_TYPES = ("present", "absent", "order", "table", "math", "baseline")
+CANDIDATE_MARKER = ".ocr-compare.json"  # a candidate folder this tool wrote (and may replace)
+# What must agree between the repeats of one candidate: inference_info's, and the PDF render
+# DPI, an option of the run its manifest records (inference_info does not)
+RUN_SETTINGS = ("model", "model_revision", "script", "settings", "pdf_dpi")
+BROWSER_PROBE = """
+try:
+    from playwright.sync_api import sync_playwright
+    with sync_playwright() as p:
+        p.chromium.launch().close()
+    print("chromium: ok")
+except Exception as exc:
+    print("chromium: " + (str(exc).strip().splitlines() or [type(exc).__name__])[0])
+"""
+
+
+class ScorerError(Exception):
+    """The scorer could not be installed or did not finish: printed in one line, exit 1."""
+
+
+def scorer_command(*args: str) -> list[str]:
+    import shutil
+    uv = shutil.which("uv")
+    if uv is None:
+        raise ScorerError("--olmocr-bench installs the official scorer with uv, and uv is not on "
+                          "PATH: install it (https://docs.astral.sh/uv/)")
+    return [uv, "run", "--no-project", "--quiet", "--exclude-newer", OLMOCR_BENCH_AS_OF,
+            *(a for spec in OLMOCR_BENCH for a in ("--with", spec)), *args]
+
+
+def browser_install_command() -> str:
+    playwright = next(s for s in OLMOCR_BENCH if s.startswith("playwright"))
+    return f"uv run --no-project --with {playwright} playwright install --with-deps chromium"
+
+
+def run_scorer(args: list[str], what: str) -> str:
+    import subprocess
+    done = subprocess.run(scorer_command(*args), capture_output=True, text=True)
+    if done.returncode != 0:
+        lines = [line for line in (done.stderr + done.stdout).splitlines() if line.strip()]
+        raise ScorerError(f"{what} failed (exit {done.returncode}): "
+                          f"{lines[-1].strip() if lines else 'no message'}")
+    return done.stdout
+
+
+@dataclass
+class Benchmark:
+    folder: Path
+    pdfs: list[str]  # paths under pdfs/, as the scorer names them and a run's file_name is
+    tests: dict[str, list[dict]]  # test file name -> its tests, in order
+    lines: dict[str, list[str]]  # test file name -> its lines as written
+
+    def pages(self) -> set[tuple[str, int]]:
+        """The pages tests look at: those the tests name, and page 1 of every PDF (the scorer
+        adds a baseline test there)."""
+        return {(t["pdf"], t["page"]) for ts in self.tests.values() for t in ts} | \
+            {(pdf, 1) for pdf in self.pdfs}
+
+
+def read_benchmark(folder: Path) -> Benchmark:
+    if not folder.is_dir():
+        raise UsageError(f"--olmocr-bench {folder} is not a folder")
+    pdf_folder = folder / "pdfs"
+    if not pdf_folder.is_dir():
+        raise UsageError(f"--olmocr-bench {folder} has no pdfs/ folder: give the benchmark's "
+                         f"folder (the one with the *.jsonl test files and pdfs/)")
+    pdfs = sorted(p.relative_to(pdf_folder).as_posix() for p in pdf_folder.rglob("*.pdf"))
+    if not pdfs:
+        raise UsageError(f"--olmocr-bench {folder}: pdfs/ holds no .pdf files")
+    files = sorted(folder.glob("*.jsonl"))
+    if not files:
+        raise UsageError(f"--olmocr-bench {folder} has no *.jsonl test files beside pdfs/")
+    tests, lines = {}, {}
+    for path in files:
+        tests[path.name], lines[path.name] = [], []
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                test = json.loads(line)
+                assert isinstance(test, dict) and isinstance(test["page"], int)
+                test["pdf"], test["id"]  # noqa: B018 (the fields every test has)
+            except (ValueError, KeyError, AssertionError):
+                raise UsageError(f"{path}:{number} is not a test (a JSON object with pdf, page, "
+                                 f"id and type)") from None
+            if test.get("type") not in BENCH_TEST_TYPES:
+                raise UsageError(f"{path}:{number}: test type {test.get('type')!r} is none of "
+                                 f"{', '.join(BENCH_TEST_TYPES)}")
+            tests[path.name].append(test)
+            lines[path.name].append(line)
+    unknown = sorted({t["pdf"] for ts in tests.values() for t in ts} - set(pdfs))
+    if unknown:
+        raise UsageError(f"{len(unknown)} PDF(s) named by the tests are not under {pdf_folder}: "
+                         f"{', '.join(unknown[:5])}{', ...' if len(unknown) > 5 else ''}")
+    return Benchmark(folder, pdfs, tests, lines)
+
+
+def run_info(side: Side, column: str) -> dict | None:
+    """The settings the rows were made with: the last inference_info entry for the column;
+    None when the output records none. Rows made with different settings are refused."""
+    found = {}
+    for cell in side.columns.get("inference_info") or []:
+        try:
+            history = json.loads(cell) if isinstance(cell, str) else cell
+        except ValueError:
+            continue
+        entries = [e for e in history or [] if isinstance(e, dict)] \
+            if isinstance(history, list) else []
+        mine = [e for e in entries if e.get("column") in (None, column)]
+        if mine:
+            entry = mine[-1]
+            found.setdefault(json.dumps({k: entry.get(k) for k in RUN_SETTINGS}, sort_keys=True,
+                                        default=str), entry)
+    if len(found) > 1:
+        raise UsageError(f"the rows of {side.spec} were made with different settings (a rerun "
+                         f"with other options?): score outputs of one setting")
+    return next(iter(found.values()), None)
+
+
+def settings_differences(a, b, where: str = "") -> list[str]:
+    if isinstance(a, dict) and isinstance(b, dict):
+        return [d for key in sorted(set(a) | set(b), key=str)
+                for d in settings_differences(a.get(key), b.get(key),
+                                              f"{where}.{key}" if where else str(key))]
+    return [] if a == b else [f"{where} {json.dumps(a, default=str)[:60]} vs "
+                              f"{json.dumps(b, default=str)[:60]}"]
+
+
+@dataclass
+class Repeat:
+    """One OUTPUT: one repeat of the candidate, its pages by (pdf, page)."""
+    spec: str
+    texts: dict  # (pdf, page) -> text, or None with the reason in `reasons`
+    reasons: dict
+    info: dict | None
+    ignored: int  # rows that are not pages of the benchmark's PDFs
+
+
+def read_repeat(label: str, spec: str, bench: Benchmark, args) -> Repeat:
+    wanted = side_columns(args.column) + ["file_name", "page_number", "inference_info"]
+    side = load_side(label, spec, wanted, args)
+    if not (side.has("file_name") and side.has("page_number")):
+        raise UsageError(f"{spec} has no file_name and page_number columns: score the output of "
+                         f"a run over {bench.folder / 'pdfs'}")
+    texts = read_texts(side, args.column)
+    known = set(bench.pdfs)
+    pages, reasons, ignored = {}, {}, 0
+    for i, (name, page) in enumerate(zip(side.column("file_name"), side.column("page_number"))):
+        if name not in known or page is None:
+            ignored += 1
+            continue
+        if (name, page) in pages:
+            raise UsageError(f"{spec} has two rows for {name} page {page}: score one run's "
+                             f"output (each page once)")
+        pages[(name, page)] = texts.text[i]
+        if texts.text[i] is None:
+            reasons[(name, page)] = ("not sent (its text layer was enough)" if texts.skipped(i)
+                                     else f"failed: {texts.error[i] or 'no text'}")
+    absent = sorted(known - {pdf for pdf, _ in pages})
+    if absent:
+        raise UsageError(f"{len(absent)} of the benchmark's {len(known)} PDFs are not in {spec}: "
+                         f"{', '.join(absent[:5])}{', ...' if len(absent) > 5 else ''}; run the "
+                         f"script over {bench.folder / 'pdfs'}")
+    info = run_info(side, args.column)
+    dpi = manifest_option(Path(spec).expanduser(), "pdf_dpi") if is_local(spec) else None
+    if dpi is not None:
+        info = {**(info or {}), "pdf_dpi": dpi}
+    return Repeat(spec, pages, reasons, info, ignored)
+
+
+def manifest_option(path: Path, name: str):
+    """An option of the run, as its manifest (OUTPUT/.ocr/manifest.json) records it."""
+    try:
+        options = json.loads((path / MANIFEST).read_text())["identity"]["options"]
+        return options.get(name) if isinstance(options, dict) else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def candidate_name(args) -> str:
+    name = args.candidate or Path(args.a.rstrip("/")).name
+    name = re.sub(r"[^\w.+-]+", "-", name).strip(".-") or "candidate"
+    if name == "pdfs":
+        raise UsageError("the candidate cannot be called pdfs: pass --candidate NAME")
+    return name
+
+
+def write_candidate(bench: Benchmark, name: str, repeats: list[Repeat]) -> tuple[Path, list]:
+    """The candidate folder in the benchmark's layout, one .md per page and repeat; a page
+    without text is an empty .md (its tests fail, as for a tool that produced nothing). The
+    marker comes first: a write cut short leaves a folder the next run may replace."""
+    import shutil
+    target = bench.folder / name
+    if target.exists() and not (target / CANDIDATE_MARKER).is_file():
+        raise UsageError(f"{target} exists and was not written by {PROG}: pass --candidate "
+                         f"with another name")
+    empty = []
+    try:
+        if target.exists():
+            shutil.rmtree(target)
+        target.mkdir()
+        (target / CANDIDATE_MARKER).write_text(json.dumps(
+            {"written_by": PROG, "outputs": [r.spec for r in repeats]}, indent=1) + "\n")
+        for number, repeat in enumerate(repeats, 1):
+            for pdf, page in sorted(bench.pages() | set(repeat.texts)):
+                text = repeat.texts.get((pdf, page))
+                if text is None:
+                    empty.append({"pdf": pdf, "page": page, "repeat": number,
+                                  "reason": repeat.reasons.get((pdf, page), "missing: no row")})
+                md = target / f"{pdf[:-len('.pdf')]}_pg{page}_repeat{number}.md"
+                md.parent.mkdir(parents=True, exist_ok=True)
+                md.write_text(text or "", encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"cannot write the candidate folder {target}: {exc}") from None
+    return target, sorted(empty, key=lambda e: (e["pdf"], e["page"], e["repeat"]))
+
+
+_SCORE_CI = re.compile(r"^\s+Average Score: [\d.]+% \(95% CI: \[([\d.]+)%, ([\d.]+)%\]\) "
+                       r"over (\d+) tests")
+_SCORE_TYPE = re.compile(r"^ {4}(\w+)\s*: ([\d.]+)% average pass rate over (\d+) tests$")
+_SCORE_FILE = re.compile(r"^ {8}(\S.*?)\s*: ([\d.]+)% \((\d+)/(\d+) tests\)$")
+
+
+def parse_scores(stdout: str) -> dict:
+    """The figures of the scorer's summary (olmocr 0.4.27's wording), per type and per file;
+    the headline is the mean of the per-file pass rates, from their counts."""
+    if "FAILED (errors)" in stdout:
+        errors = [line.strip() for line in stdout.splitlines() if "[ERROR]" in line]
+        raise ScorerError(f"the scorer failed the candidate: "
+                          f"{errors[0] if errors else stdout[-200:]}")
+    ci, by_type, by_file = None, {}, {}
+    for line in stdout.splitlines():
+        if (m := _SCORE_CI.match(line)):
+            ci = [float(m.group(1)) / 100, float(m.group(2)) / 100]
+        elif (m := _SCORE_TYPE.match(line)):
+            by_type[m.group(1)] = {"score": float(m.group(2)) / 100, "tests": int(m.group(3))}
+        elif (m := _SCORE_FILE.match(line)):
+            passed, total = int(m.group(3)), int(m.group(4))
+            by_file[m.group(1)] = {"score": passed / total, "passed": passed, "tests": total}
+    if ci is None or not by_type or not by_file:
+        raise ScorerError(f"the scorer's summary was not understood (expected "
+                          f"{OLMOCR_BENCH[0]}'s): {stdout.strip()[-200:]}")
+    score = sum(f["score"] for f in by_file.values()) / len(by_file)
+    return {"score": score, "ci95": ci, "by_type": by_type, "by_file": by_file}
+
+
+def olmocr_bench(args, out) -> dict:
+    import tempfile
+    bench = read_benchmark(Path(args.olmocr_bench).expanduser())
+    specs = [args.a, *args.b]
+    repeats = [read_repeat(f"OUTPUT {n}", spec, bench, args) for n, spec in enumerate(specs, 1)]
+    for repeat in repeats[1:]:
+        first, this = (r.info and {k: r.info.get(k) for k in RUN_SETTINGS}
+                       for r in (repeats[0], repeat))
+        if first != this:
+            diffs = settings_differences(first or {}, this or {}) or ["settings not recorded"]
+            raise UsageError(f"{repeat.spec} was made with other settings than {repeats[0].spec} "
+                             f"({'; '.join(diffs[:3])}): the repeats of a candidate share them")
+    check_writable("--json", args.json)
+    scorer_command()  # uv is there, before anything is written
+    name = candidate_name(args)
+    candidate, empty = write_candidate(bench, name, repeats)
+    browser = run_scorer(["python", "-c", BROWSER_PROBE], f"installing {OLMOCR_BENCH[0]}")
+    has_browser = "chromium: ok" in browser
+    math = sum(t["type"] == "math" for ts in bench.tests.values() for t in ts)
+    dropped = 0 if has_browser else math
+    with tempfile.TemporaryDirectory(prefix="olmocr-bench-") as scratch:
+        scratch = Path(scratch)
+        # the scorer sees this candidate alone, and (without a browser) no math test
+        (scratch / "pdfs").symlink_to((bench.folder / "pdfs").resolve(), target_is_directory=True)
+        (scratch / name).symlink_to(candidate.resolve(), target_is_directory=True)
+        for file, tests in bench.tests.items():
+            kept = [line for t, line in zip(tests, bench.lines[file])
+                    if has_browser or t["type"] != "math"]
+            if kept:
+                (scratch / file).write_text("\n".join(kept) + "\n", encoding="utf-8")
+        failed_file = scratch / "failed.jsonl"
+        # --force only without the math tests: a page that had nothing but math tests has no
+        # test left, which the scorer otherwise refuses (every page's .md is written anyway)
+        stdout = run_scorer(["python", "-m", "olmocr.bench.benchmark", "--dir", str(scratch),
+                             "--candidate", name, "--output_failed", str(failed_file),
+                             *([] if not dropped else ["--force"])],
+                            f"scoring with {OLMOCR_BENCH[0]}")
+        failed = [json.loads(line) for line in failed_file.read_text().splitlines()
+                  if line.strip()] if failed_file.exists() else []
+    result = {"mode": "olmocr-bench", "scorer": " ".join(OLMOCR_BENCH),
+              "scorer_dependencies_as_of": OLMOCR_BENCH_AS_OF, "benchmark": str(
+        bench.folder.resolve()), "candidate": str(candidate.resolve()), "repeats": len(repeats),
+        "outputs": specs, **parse_scores(stdout),
+        "comparable": not dropped, "math_tests": "scored" if not dropped else "left out",
+        "math_tests_left_out": dropped,
+        "failed_tests": [{k: t.get(k) for k in ("id", "type", "pdf", "page")} for t in failed],
+        "empty_pages": empty, "ignored_rows": [r.ignored for r in repeats],
+        "settings": repeats[0].info}
+    if dropped:
+        result["browser"] = clip(browser.strip().splitlines()[-1], 200) if browser.strip() else None
+        result["browser_install"] = browser_install_command()
+    write_json(args, result)
+    print_bench(result, out)
+    return result
+
+
+def print_bench(result: dict, out) -> None:
+    def w(line: str = "") -> None:
+        print(line, file=out)
+
+    w(f"olmOCR-Bench {result['benchmark']}, scored by {OLMOCR_BENCH[0]} (the official scorer; "
+      f"its dependencies as published by {OLMOCR_BENCH_AS_OF[:10]})")
+    w(f"candidate {result['candidate']}: {result['repeats']} repeat(s) "
+      f"({', '.join(result['outputs'])}); a test passes when most of its repeats pass")
+    if not result["comparable"]:
+        w()
+        w(f"Playwright's Chromium is not installed ({result['browser']}): the "
+          f"{result['math_tests_left_out']} math test(s) were left out, so the overall score is "
+          f"NOT comparable to published figures. Install the browser, then run this again:")
+        w(f"  {result['browser_install']}")
+    w()
+    lo, hi = result["ci95"]
+    label = "" if result["comparable"] else "  (without math tests: not comparable)"
+    w(f"overall {result['score']:.1%} (95% CI {lo:.1%} to {hi:.1%}): the mean of the per-file "
+      f"pass rates{label}")
+    w()
+    w("by test type (mean pass rate over repeats):")
+    for kind, f in sorted(result["by_type"].items()):
+        w(f"  {kind:<10} {f['score']:>6.1%}  {f['tests']:>5} tests")
+    w("by test file:")
+    for file, f in sorted(result["by_file"].items()):
+        w(f"  {clip(file, 30):<30} {f['score']:>6.1%}  {f['passed']:>5}/{f['tests']} tests")
+    if result["empty_pages"]:
+        w()
+        w(f"pages written empty, their tests failed ({len(result['empty_pages'])}):")
+        for page in result["empty_pages"][:20]:
+            w(f"  {page['pdf']} page {page['page']}, repeat {page['repeat']}: "
+              f"{clip(page['reason'], 80)}")
+        if len(result["empty_pages"]) > 20:
+            w(f"  ... ({len(result['empty_pages']) - 20} more in --json)")
+    if any(result["ignored_rows"]):
+        w(f"rows that are no page of the benchmark's PDFs, ignored: "
+          f"{', '.join(map(str, result['ignored_rows']))} (per output)")
+    w()
+    info = result["settings"]
+    if not info:
+        w("settings: not recorded (the output has no inference_info)")
+        return
+    w(f"settings (inference_info): model {info.get('model')}, revision "
+      f"{info.get('model_revision') or 'not recorded'}, script {info.get('script')}")
+    if info.get("pdf_dpi") is not None:
+        w(f"  PDF pages rendered at up to {info['pdf_dpi']} DPI (the run manifest's --pdf-dpi)")
+    for key, value in (info.get("settings") or {}).items():
+        shown = json.dumps(value, ensure_ascii=False, default=str)
+        long = isinstance(value, str) and len(shown) > 100
+        w(f"  {key}: {clip(shown, 100)}{f' ({len(value)} characters)' if long else ''}")
+
+
 # ---- main --------------------------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
@@ -1137,8 +1511,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog=PROG, description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
         formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
     parser.add_argument("a", metavar="A", help="a Hub dataset id or a local output/parquet/saved dataset")
-    parser.add_argument("b", metavar="B", nargs="?",
-                        help="a second run, for parity (or, with --reference, a second system)")
+    parser.add_argument("b", metavar="B", nargs="*",
+                        help="a second run, for parity (or, with --reference, a second system); "
+                             "with --olmocr-bench, more repeats")
     parser.add_argument("--column", default="markdown", metavar="COLUMN", help="text column of A (default: markdown)")
     parser.add_argument("--column-b", default=None, metavar="COLUMN", help="text column of B (default: --column)")
     parser.add_argument("--key", default=None, metavar="COL[,COL]", type=lambda s: [c.strip() for c in s.split(",") if c.strip()],
@@ -1157,6 +1532,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help="text normalisation before distances: diplomatic or reading (default: reading)")
     parser.add_argument("--by", default=None, metavar="COLUMN",
                         help="break the figures down by this column (a volume, a language)")
+    parser.add_argument("--olmocr-bench", default=None, metavar="DIR",
+                        help="score A (and B...: more repeats) on olmOCR-Bench with its official "
+                             "scorer: DIR is the benchmark's folder (*.jsonl, pdfs/)")
+    parser.add_argument("--candidate", default=None, metavar="NAME",
+                        help="with --olmocr-bench: the candidate folder written in DIR "
+                             "(default: A's folder name)")
     parser.add_argument("--json", default=None, metavar="PATH", help="write the figures as JSON")
     parser.add_argument("--plot", default=None, metavar="PATH",
                         help="write a PNG histogram of per-page CER (accuracy) or similarity (parity)")
@@ -1173,6 +1554,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run(args, out=sys.stdout) -> dict:
+    if args.olmocr_bench is not None:
+        if args.reference is not None or args.reference_column is not None:
+            raise UsageError("--olmocr-bench scores against the benchmark's tests: no --reference")
+        other = [f"--{o}" for o in ("key", "by", "plot", "rows") if getattr(args, o)]
+        if other:
+            raise UsageError(f"{' and '.join(other)} {'does' if len(other) == 1 else 'do'} not go "
+                             f"with --olmocr-bench (its figures are the scorer's; --json writes "
+                             f"them)")
+        return olmocr_bench(args, out)
+    if args.candidate is not None:
+        raise UsageError("--candidate goes with --olmocr-bench")
+    if len(args.b) > 1:
+        raise UsageError(f"parity and accuracy take one or two outputs, not {1 + len(args.b)} "
+                         f"(several repeats are for --olmocr-bench)")
+    args.b = args.b[0] if args.b else None
     norm = NORMALISATIONS[args.normalise]
     accuracy_mode = args.reference is not None or args.reference_column is not None
     if not accuracy_mode and args.b is None:
@@ -1281,6 +1677,9 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
+    except ScorerError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 1
     except BrokenPipeError:
         return 0
     return 0

@@ -43,6 +43,20 @@ def page_text(image_bytes: bytes, decode: bool) -> tuple[str | None, str | None]
     return f"# Page {w}x{h}\n\nmean colour {r},{g},{b}; digest {digest}.", None
 
 
+def mapped_answer(image_bytes: bytes, path: str) -> str | None:
+    """The answer --answer-map gives this page: the text of the mapped colour nearest to the
+    page's mean colour (JSON {"r,g,b": text}; a null text refuses the page)."""
+    from PIL import Image
+
+    with open(path, encoding="utf-8") as handle:
+        mapping = json.load(handle)
+    mean = Image.open(io.BytesIO(image_bytes)).convert("RGB").resize((1, 1)).getpixel((0, 0))
+
+    def distance(key: str) -> int:
+        return sum((int(c) - m) ** 2 for c, m in zip(key.split(","), mean))
+    return mapping[min(mapping, key=distance)]
+
+
 def loop_text(text: str, seed) -> str:
     """A page's answer fallen into a repetition loop (cut at max_tokens): the greedy loop runs
     40 lines, a seeded one 20 to 34 (so the retry's is the shorter)."""
@@ -208,6 +222,11 @@ def make_handler(stub: Stub):
             if opts.reject_digest and hashlib.sha1(image_bytes).hexdigest()[:12] in opts.reject_digest:
                 self.reply(400, {"error": "injected: this page is refused"})
                 return
+            if opts.answer_map:
+                text = mapped_answer(image_bytes, opts.answer_map)
+                if text is None:
+                    self.reply(400, {"error": "injected: the answer map refuses this page"})
+                    return
             if opts.reject_smaller_than and text and \
                     int(text.split("x")[0].split()[-1]) < opts.reject_smaller_than:
                 self.reply(400, {"error": "image too small: height and width must be larger "
@@ -289,6 +308,8 @@ def parse(argv=None):
     p.add_argument("--fail-status", type=int, default=503,
                    help="the status --fail-every answers with (default: 503; 429: rate limited)")
     p.add_argument("--answer-file", help="answer every page with this file's text")
+    p.add_argument("--answer-map", help="answer each page with the text a JSON file maps its "
+                   "mean colour to ({\"r,g,b\": text}, the nearest colour; null refuses the page)")
     p.add_argument("--degenerate", action="store_true", help="answer every page with 'aaaa...'")
     p.add_argument("--loop-below", type=float,
                    help="a request at a temperature below this answers a repetition loop cut at "
