@@ -3059,7 +3059,8 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
                        help="replace result columns that the input already has")
     group.add_argument("--restart", action="store_true",
                        help="delete what OUTPUT holds (rows, card, manifest) and start it over: "
-                            "the way out when a rerun is refused as another run")
+                            "the way out when a rerun is refused as another run; beside other "
+                            "shards' rows, redo this --shard-index's rows only")
     group.add_argument("--retry-errors", action="store_true",
                        help="redo every error row of OUTPUT (a rerun always redoes the rows the "
                             "server or the connection failed, never those the page failed)")
