@@ -334,6 +334,24 @@ class RunAborted(Exception):
 
 # ---- where the data comes from and goes to ------------------------------------------------
 
+def uv_url_copy() -> bool:
+    """Whether this is the temporary copy `uv run URL` runs: <stem> plus six random letters and
+    digits, in the temp folder (this collection's own names never end in six such characters
+    with a capital or a digit among them)."""
+    import tempfile
+
+    path = Path(sys.argv[0])
+    return path.resolve().parent == Path(tempfile.gettempdir()).resolve() and bool(
+        re.fullmatch(r".+(?=[a-z]*[A-Z0-9])[A-Za-z0-9]{6}\.py", path.name))
+
+
+def script_name() -> str:
+    """This script's file name, the same however it is run: by URL too, whose random copy's name
+    made every rerun another run."""
+    name = Path(sys.argv[0]).name
+    return name[:-9] + ".py" if uv_url_copy() else name
+
+
 def is_local_target(value: str) -> bool:
     return value.startswith(("/", "./", "../", "~")) or Path(value).expanduser().is_dir()
 
@@ -2594,7 +2612,7 @@ def run_identity(args, source: InputSource, engine: dict) -> dict:
         options.pop("seed", None)
     flags = {k.lstrip("-").replace("_", "-"): v for k, v in engine.items()}
     pdf = {"pdf": source.pdf.fingerprint()} if source.pdf is not None else {}
-    return {"script": Path(sys.argv[0]).name, "input": input_identity(args), **pdf,
+    return {"script": script_name(), "input": input_identity(args), **pdf,
             "rows": source.rows_full,
             "options": options, "settings": run_settings(args),
             "engine": {k: v for k, v in sorted(flags.items()) if k not in MAY_CHANGE_ENGINE}}
@@ -2931,11 +2949,7 @@ def rerun_advice() -> str:
     kept = without_options(_RUN_ARGV, {"--restart"})
     if kept == _RUN_ARGV:
         return "rerun the same command"
-    import tempfile
-
-    script = sys.argv[0]  # `uv run URL` runs a temporary copy
-    if Path(tempfile.gettempdir()).resolve() in Path(script).resolve().parents:
-        script = f"<the URL of {Path(script).name}>"
+    script = f"<the URL of {script_name()}>" if uv_url_copy() else sys.argv[0]
     return (f"rerun it without --restart (with it, the run starts over): uv run "
             f"{shlex.join([script, *redact_argv(kept)])}")
 
@@ -2943,7 +2957,7 @@ def rerun_advice() -> str:
 def reproduce_command(argv: list[str]) -> str:
     """The Hugging Face Jobs command for this run, as it should be pasted: image, flavor and
     timeout explicit, the token as a Jobs secret, no local path, no secret."""
-    script = Path(sys.argv[0]).name
+    script = script_name()
     args = shlex.join(_jobs_script_args(argv)[0])
     # the flavor this Job was given, else the script's; never ACCELERATOR (`cpu` or `gpu` in a Job)
     flavor = os.environ.get("JOB_FLAVOR") or DEFAULT_FLAVOR
@@ -2979,7 +2993,7 @@ def jobs_command_notes(argv: list[str]) -> list[str]:
                      f"when it ends: OUTPUT must be a Hub dataset id; put yours in place of "
                      f"{OUTPUT_PLACEHOLDER} (add --private to keep it private).")
     if not IMAGE_HAS_UV:
-        notes.append(f"SCRIPT_URL: replace <raw URL of {Path(sys.argv[0]).name}> with the URL "
+        notes.append(f"SCRIPT_URL: replace <raw URL of {script_name()}> with the URL "
                      f"of this script's raw file (the image has no uv, so the Job fetches it).")
     return notes
 
@@ -3070,7 +3084,7 @@ tags:
 
 Each row of the input with its page transcribed into the `{column}` column by
 [{MODEL_ID}](https://huggingface.co/{MODEL_ID}) on vLLM (`{JOB_IMAGE}`{moving}),
-with `{Path(sys.argv[0]).name}` ({SCRIPT_SHAPE} shape), from {provenance}.
+with `{script_name()}` ({SCRIPT_SHAPE} shape), from {provenance}.
 Weights: `{args.model}` at revision `{info_entry.get("model_revision") or "unknown"}`.
 
 | column | meaning |
@@ -4689,7 +4703,7 @@ def info_entry_for(args, server_args) -> dict:
     return {
         "model": args.model,
         "model_revision": None,  # set once the server is known: only one started here tells
-        "script": Path(sys.argv[0]).name,
+        "script": script_name(),
         "shape": SCRIPT_SHAPE,
         "image": JOB_IMAGE,
         "serve_args": redact_argv(server_args),

@@ -301,3 +301,29 @@ def test_a_hub_output_of_an_older_format_is_refused_on_a_fresh_disk(tmp_path, st
     with pytest.raises(SystemExit) as refused:
         module.main([*argv, "--work-dir", str(tmp_path / "b")], hub_api=hub)
     assert refused.value.code == 2 and len(stub.requests()) == 4
+
+
+def test_a_rerun_by_url_resumes_though_uv_names_each_copy_anew(tmp_path, stub_server):
+    """`uv run URL` runs a temporary copy named <stem> plus six random characters: the run
+    recorded that name, so every rerun by URL was refused as another script's run."""
+    import tempfile
+
+    stub = stub_server()
+    paths = write_image_folder(tmp_path / "in", 4)
+    out = tmp_path / "out"
+    copies = [Path(tempfile.gettempdir()) / f"ovis-ocr2-server{tag}.py"
+              for tag in ("Ab12Cd", "x9YzQw")]
+    try:
+        for copy in copies:
+            copy.write_bytes((ROOT / OVIS).read_bytes())
+            run = subprocess.run([sys.executable, str(copy), str(tmp_path / "in"), str(out),
+                                  *common(stub)], capture_output=True, text=True, timeout=300)
+            assert run.returncode == 0, run.stderr
+    finally:
+        for copy in copies:
+            copy.unlink(missing_ok=True)
+    assert len(stub.requests()) == 4  # the second copy resumed: nothing left to send
+    assert load_output(out)["file_name"] == [p.name for p in paths]
+    manifest = json.loads((out / ".ocr" / "manifest.json").read_text())
+    assert manifest["identity"]["script"] == OVIS
+    assert f" {OVIS} " in reproduce_block((out / "README.md").read_text())
