@@ -132,7 +132,8 @@ def test_a_restart_beside_a_running_shard_touches_its_own_rows_only(tmp_path, st
         wait_for(lambda: journal_rows(out) >= 1, process=shard0)
         run = run_script(OVIS, str(tmp_path / "in"), str(out), *common(fast, "--restart"))
         assert run.returncode == 2 and f"pid {shard0.pid}" in run.stderr, run.stderr
-        run = run_script(OVIS, str(tmp_path / "in"), str(out), *common(fast, *shard(1, "--restart")))
+        run = run_script(OVIS, str(tmp_path / "in"), str(out),
+                         *common(fast, *shard(1, "--restart")))
         assert run.returncode == 0, run.stderr
         assert shard0.poll() is None  # it ran beside shard 0 all along
         assert shard0.wait(timeout=120) == 0, shard0.stderr.read()
@@ -234,8 +235,8 @@ def test_a_hub_repo_that_holds_a_dataset_of_its_own_is_refused(tmp_path, stub_se
     stub = stub_server()
     write_image_folder(tmp_path / "in", 3)
     data = foreign_parquet(tmp_path)
-    seed_foreign_repo(tmp_path / "hub", "user/ocr-out",
-                      {name: data if content is None else content for name, content in files.items()})
+    seed_foreign_repo(tmp_path / "hub", "user/ocr-out", {
+        name: data if content is None else content for name, content in files.items()})
     hub = FakeHub(tmp_path / "hub")
     argv = [str(tmp_path / "in"), "user/ocr-out", "--work-dir", str(tmp_path / "w"), *common(stub)]
     if refused is None:
