@@ -435,6 +435,7 @@ FLAG = re.compile(r"^--?[A-Za-z][^\s=]*(?:=|$)")
 NOT_FOR_JOBS = ("--server", "--no-spawn", "--hf-token", "--api-key", "--work-dir", "--stats-json")
 INPUT_PLACEHOLDER, OUTPUT_PLACEHOLDER = "<your-user>/<input-dataset>", "<your-user>/<output-dataset>"
 _VALUE_OPTIONS: set = set()  # the options that take a value, from the parser (parse_arguments)
+_RUN_ARGV: list = []  # this run's arguments (parse_arguments), for the command that resumes it
 
 
 EXIT_USAGE, EXIT_DEGENERATE, EXIT_REFUSED, EXIT_NOT_WRITTEN, EXIT_NOT_UPLOADED = 2, 3, 4, 5, 6
@@ -472,6 +473,24 @@ class RunAborted(Exception):
 
 
 # ---- where the data comes from and goes to ------------------------------------------------
+
+def uv_url_copy() -> bool:
+    """Whether this is the temporary copy `uv run URL` runs: <stem> plus six random letters and
+    digits, in the temp folder (this collection's own names never end in six such characters
+    with a capital or a digit among them)."""
+    import tempfile
+
+    path = Path(sys.argv[0])
+    return path.resolve().parent == Path(tempfile.gettempdir()).resolve() and bool(
+        re.fullmatch(r".+(?=[a-z]*[A-Z0-9])[A-Za-z0-9]{6}\.py", path.name))
+
+
+def script_name() -> str:
+    """This script's file name, the same however it is run: by URL too, whose random copy's name
+    made every rerun another run."""
+    name = Path(sys.argv[0]).name
+    return name[:-9] + ".py" if uv_url_copy() else name
+
 
 def is_local_target(value: str) -> bool:
     return value.startswith(("/", "./", "../", "~")) or Path(value).expanduser().is_dir()
@@ -553,9 +572,17 @@ def _nothing_to_do(what: str) -> "NoReturn":  # noqa: F821
 def check_output_outside_input(args) -> None:
     """A local OUTPUT and INPUT must not hold each other (symlinks resolved): OUTPUT inside
     INPUT would read its own parts as input on the next run, and `load_dataset(OUTPUT)` would
-    read INPUT inside OUTPUT as rows of the output. Refused before anything is written."""
+    read INPUT inside OUTPUT as rows of the output. A Hub OUTPUT must not be the Hub INPUT: its
+    card would be replaced, and --restart would delete its data before reading it. Refused
+    before anything is written."""
     source = Path(args.input).expanduser()
-    if not source.exists() or not is_local_target(args.output):
+    if not source.exists():
+        if not is_local_target(args.output) and args.output.lower() == args.input.lower():
+            fail(f"OUTPUT must not be INPUT: {args.output} is the input dataset, whose card this "
+                 f"run would replace (and --restart would delete its data before reading it). "
+                 f"Write to another repo, e.g. {args.output}-ocr")
+        return
+    if not is_local_target(args.output):
         return
     source, target = source.resolve(), Path(args.output).expanduser().resolve()
     if target in source.parents:
@@ -2119,7 +2146,6 @@ class OutputStore:
         self.api = None
         self.upload_failures: list[str] = []
         if self.kind == "local":
-            check_output_outside_input(args)  # before a folder is made inside the input
             self.root = Path(self.target)
         else:
             if hub_api is None:
@@ -2161,14 +2187,13 @@ class OutputStore:
             self.api.create_repo(self.target, repo_type="dataset", private=args.private or None,
                                  exist_ok=True)
             self.sync_from_hub()
-        if args.restart:
-            self.restart()
         self.remove_dead_temp_files()
 
     def sync_from_hub(self) -> None:
         """The Hub is the truth, the staging folder a cache: its manifest wins, and a repo that
         holds no run (deleted, or never written) means a fresh start."""
         files = self.read_hub()
+        self.refuse_other_data(files)
         self.known = set(self.remote_names)
         manifest = self.meta / "manifest.json"
         if ".ocr/manifest.json" in files:
@@ -2207,6 +2232,20 @@ class OutputStore:
                 self.hub_notes.update({k: v for k, v in notes.items() if k in self.remote_names})
         self.notes = {**self.hub_notes, **self.notes}
         return files
+
+    def refuse_other_data(self, files: set[str]) -> None:
+        """A repo that holds a dataset of its own is no OUTPUT: its card would be replaced, and
+        `load_dataset(repo)` would return its rows and none of the OCR. Only this collection's
+        files may be there (a card beside its manifest or parts is its own)."""
+        ours = any(f == ".ocr/manifest.json" or f.startswith("data/part-") for f in files)
+        other = sorted(f for f in files if not (
+            f == ".gitattributes" or f.startswith(".ocr/") or (f == "README.md" and ours)
+            or (f.startswith("data/") and PART_NAME.match(f[len("data/"):]))))
+        if other:
+            fail(f"OUTPUT {self.target} holds a dataset of its own ({', '.join(other[:3])}"
+                 f"{', ...' if len(other) > 3 else ''}): this run would replace its card, and "
+                 f"load_dataset({self.target!r}) would still return its rows, none of the OCR. "
+                 f"Write to a new repo, e.g. {self.target}-ocr")
 
     def fetch_part(self, name: str) -> Path:
         """A part only the Hub has, into the staging folder: to redo its error rows here."""
@@ -2248,6 +2287,43 @@ class OutputStore:
                 path.unlink(missing_ok=True)
             except PermissionError:
                 pass  # alive, another user's
+
+    def manifest(self) -> dict | None:
+        path = self.meta / "manifest.json"
+        return json.loads(path.read_text()) if path.exists() else None
+
+    def other_shards_rows(self) -> list[str]:
+        """What OUTPUT holds outside this shard's rows: parts, and the journals of other
+        shards (one that runs, or was killed before it wrote a part)."""
+        lo, hi = self.shard_range
+        parts = [part_name(a, b) for (a, b), _ in self.parts() if not lo <= a < b <= hi]
+        journals = [f".ocr/journal/{path.name}" for path in (self.meta / "journal").glob("*")
+                    if path != self.journal.folder and any(path.glob("*.jsonl"))]
+        return parts + journals
+
+    def restart_shard(self, shard: str) -> None:
+        """--restart beside other shards' rows: this shard's parts (on the Hub in one commit)
+        and journal removed; the other shards' rows, the manifest and the card stay."""
+        import shutil
+
+        lo, hi = self.shard_range
+        mine = {part_name(a, b) for (a, b), _ in self.parts() if lo <= a < b <= hi}
+        log(f"--restart: removing the {len(mine)} part(s) of {shard} of {self.location()}; "
+            f"the other shards' rows stay")
+        shutil.rmtree(self.journal.folder, ignore_errors=True)
+        self.journal = Journal(self.journal.folder)
+        for name in mine:
+            (self.root / "data" / name).unlink(missing_ok=True)
+            self.notes.pop(name, None)
+            self.hub_notes.pop(name, None)
+        if self.api is not None:
+            files = self.api.list_repo_files(self.target, repo_type="dataset")
+            doomed = [f for f in files if f == self.notes_name or
+                      f.startswith("data/") and Path(f).name in mine]
+            if doomed:
+                self.delete_on_hub(doomed, f"Restart {shard} of the OCR run")
+            self.remote_names -= mine
+            self.known -= mine
 
     def restart(self) -> None:
         """--restart: OUTPUT's rows, card and manifest removed (on the Hub in one commit), all
@@ -2443,7 +2519,7 @@ class OutputStore:
                 self.upload_failures = sorted(self.queued)
         if self.upload_failures:
             log(f"{len(self.upload_failures)} file(s) did not reach the Hub; they are safe in "
-                f"{self.root}. Rerun the same command (it resumes and uploads them), or send them "
+                f"{self.root}. To resume and upload them, {rerun_advice()}\nor send them "
                 f"with:\n  hf upload {self.target} {self.root} . --repo-type dataset --exclude "
                 f"'.ocr/journal/*' '.ocr/hub/*' '.ocr/lock-*' '.ocr/on-hub'")
 
@@ -2602,6 +2678,13 @@ def iter_image_cells(source: InputSource, indices: list[int], batch: int = 64):
 
 # ---- what one run is: the run manifest ---------------------------------------------------------
 
+# The version of what OUTPUT records for a rerun: the manifest, the journal, the parts' notes.
+# Any change to what they hold or mean bumps it, and that is all it takes: a rerun of an
+# OUTPUT of another version is refused in one line (an older one: --restart redoes it, or a
+# new OUTPUT; a newer one: update the script), as this script cannot promise to finish it as
+# the run it recorded. Users run these scripts by URL, so a rerun may meet any older OUTPUT.
+MANIFEST_FORMAT = 1
+
 # Options that may change between the runs of one OUTPUT: which shard runs, how fast and how
 # hard it tries. A closed list: every other option, and any added later, is the run's identity.
 MAY_CHANGE = {
@@ -2669,7 +2752,7 @@ def run_identity(args, source: InputSource, engine: dict) -> dict:
     flags = {k.lstrip("-").replace("_", "-"): v for k, v in engine.items()}
     pdf = {"pdf": source.pdf.fingerprint()} if source.pdf is not None else {}
     return redact_value({  # a secret is no part of what the run is: a new token, the same run
-        "script": Path(sys.argv[0]).name, "input": input_identity(args), **pdf,
+        "script": script_name(), "input": input_identity(args), **pdf,
         "rows": source.rows_full, "options": options, "settings": run_settings(args),
         "engine": {k: v for k, v in sorted(flags.items()) if k not in MAY_CHANGE_ENGINE}}, None)
 
@@ -2693,9 +2776,10 @@ def identity_differences(old, new, where: str = "") -> list[str]:
 
 
 def pinned_input(store: "OutputStore", args):
-    """A rerun without --revision reads the Hub input at the revision the first run read."""
+    """A rerun without --revision reads the Hub input at the revision the first run read (so
+    does a shard's --restart beside the other shards' rows; a whole run's reads the latest)."""
     path = store.meta / "manifest.json"
-    if args.revision is None and path.exists():
+    if args.revision is None and path.exists() and not (args.restart and args.num_shards == 1):
         try:
             args.revision = json.loads(path.read_text())["identity"]["input"].get("revision")
         except (ValueError, KeyError, TypeError, AttributeError):
@@ -2703,32 +2787,76 @@ def pinned_input(store: "OutputStore", args):
     return args
 
 
+def format_refusal(recorded: dict | None, location: str) -> str | None:
+    """Why this script cannot go on with what OUTPUT records (None: it can): another
+    MANIFEST_FORMAT, or rows and no manifest at all (format 0)."""
+    version = (recorded or {}).get("format", 0)
+    version = version if isinstance(version, int) else 0
+    if version > MANIFEST_FORMAT:
+        return (f"OUTPUT {location} was written by a newer version of this script (manifest "
+                f"format {version}; this one knows {MANIFEST_FORMAT}): update the script (fetch "
+                f"it again from its URL) and rerun.")
+    if version < MANIFEST_FORMAT:
+        return (f"OUTPUT {location} was written by an older version of this script (manifest "
+                f"format {version}; this one writes {MANIFEST_FORMAT}), which it cannot finish as "
+                f"the run it recorded: pass --restart to redo the run, or write to a new OUTPUT.")
+    return None
+
+
+def run_differences(recorded: dict, identity: dict, args) -> list[str]:
+    """What makes this run another run than the one OUTPUT records, each difference named."""
+    problems = identity_differences(recorded.get("identity"), identity)
+    before, now = recorded.get("max_samples"), args.max_samples
+    if before != now and not (args.num_shards == 1 and (
+            now is None or (before is not None and now > before))):  # the same order, longer
+        problems.append(f"--max-samples: was {before}, now {now} (only a larger one, on an "
+                        f"unsharded run)")
+    return problems
+
+
+def restart_output(store: "OutputStore", identity: dict, args) -> None:
+    """--restart redoes this shard's rows only when other shards' rows are in OUTPUT, and only
+    as the same run (else OUTPUT would hold two runs); otherwise all of OUTPUT."""
+    others = store.other_shards_rows() if args.num_shards > 1 else []
+    if not others:
+        store.restart()
+        return
+    recorded = store.manifest()
+    why = format_refusal(recorded, store.location())
+    why = why or "\n  ".join(run_differences(recorded, identity, args))
+    shard = f"shard {args.shard_index} of {args.num_shards}"
+    if why:
+        fail(f"--restart of {shard} redoes its rows only, and the other shards' rows in OUTPUT "
+             f"({', '.join(others[:3])}{', ...' if len(others) > 3 else ''}) are of another "
+             f"run:\n  {why}\nTo start this run afresh, write to a new OUTPUT (or restart this "
+             f"shard with the settings the others were written with).")
+    store.restart_shard(shard)
+
+
 def claim_output(store: "OutputStore", identity: dict, args) -> None:
     """The first run of an OUTPUT records what the run is; every later run (another shard, a
     rerun) must be the same run, or is refused before any work, each difference named."""
     identity = json.loads(json.dumps(identity))  # as it reads back
-    manifest = {"identity": identity, "max_samples": args.max_samples,
+    if args.restart:
+        restart_output(store, identity, args)
+    elif store.manifest() is None and store.parts():
+        fail(format_refusal(None, store.location()))
+    manifest = {"format": MANIFEST_FORMAT, "identity": identity, "max_samples": args.max_samples,
                 "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 "run": os.urandom(8).hex()}  # a run restarted in the same second is another
     existing = store.create_manifest(manifest)
     if existing is None:
         return
-    recorded = redact_value(existing.get("identity"), None)
-    if recorded != existing.get("identity"):  # an earlier version recorded secrets: gone now
-        existing = {**existing, "identity": recorded}
-        store.update_manifest(existing)
-    problems = identity_differences(recorded, identity)
-    before, now = existing.get("max_samples"), args.max_samples
-    if before != now:
-        if args.num_shards == 1 and (now is None or (before is not None and now > before)):
-            store.update_manifest({**existing, "max_samples": now})  # the same order, longer
-        else:
-            problems.append(f"--max-samples: was {before}, now {now} (only a larger one, on an "
-                            f"unsharded run)")
+    refusal = format_refusal(existing, store.location())
+    if refusal:
+        fail(refusal)
+    problems = run_differences(existing, identity, args)
     if problems:
         fail(f"OUTPUT {store.location()} holds another run, so resuming into it would mix "
              f"two runs:\n  " + "\n  ".join(problems) + "\nWrite to another OUTPUT, or pass "
              f"--restart to delete what OUTPUT holds and start it over.")
+    if existing.get("max_samples") != args.max_samples:
+        store.update_manifest({**existing, "max_samples": args.max_samples})
 
 
 # ---- stats and the card ----------------------------------------------------------------------
@@ -2940,10 +3068,35 @@ def _jobs_script_args(argv: list[str]) -> tuple[list[str], str | None, str | Non
     return positionals + options, local_input, local_output
 
 
+def without_options(argv: list[str], names: set[str]) -> list[str]:
+    """argv without the options named, and their values."""
+    out, i = [], 0
+    while i < len(argv):
+        if argv[i] == "--":
+            return out + argv[i:]
+        name, eq, _ = argv[i].partition("=")
+        step = 2 if name.startswith("--") and not eq and name in _VALUE_OPTIONS else 1
+        if name not in names:
+            out += argv[i:i + step]
+        i += step
+    return out
+
+
+def rerun_advice() -> str:
+    """How to finish a run that has written rows: the same command, but without --restart,
+    which would delete them and start over again."""
+    kept = without_options(_RUN_ARGV, {"--restart"})
+    if kept == _RUN_ARGV:
+        return "rerun the same command"
+    script = f"<the URL of {script_name()}>" if uv_url_copy() else sys.argv[0]
+    return (f"rerun it without --restart (with it, the run starts over): uv run "
+            f"{shlex.join([script, *redact_argv(kept)])}")
+
+
 def reproduce_command(argv: list[str]) -> str:
     """The Hugging Face Jobs command for this run, as it should be pasted: image, flavor and
     timeout explicit, the token as a Jobs secret, no local path, no secret."""
-    script = Path(sys.argv[0]).name
+    script = script_name()
     args = shlex.join(_jobs_script_args(argv)[0])
     # the flavor this Job was given, else the script's; never ACCELERATOR (`cpu` or `gpu` in a Job)
     flavor = os.environ.get("JOB_FLAVOR") or DEFAULT_FLAVOR
@@ -2979,7 +3132,7 @@ def jobs_command_notes(argv: list[str]) -> list[str]:
                      f"when it ends: OUTPUT must be a Hub dataset id; put yours in place of "
                      f"{OUTPUT_PLACEHOLDER} (add --private to keep it private).")
     if not IMAGE_HAS_UV:
-        notes.append(f"SCRIPT_URL: replace <raw URL of {Path(sys.argv[0]).name}> with the URL "
+        notes.append(f"SCRIPT_URL: replace <raw URL of {script_name()}> with the URL "
                      f"of this script's raw file (the image has no uv, so the Job fetches it).")
     return notes
 
@@ -3055,6 +3208,10 @@ def build_card(source: InputSource, store: OutputStore, args, stats: dict, info_
     on_jobs = os.environ.get("JOB_ID") or os.environ.get("HF_JOB_ID")
     provenance = f"Hugging Face Job {on_jobs}" if on_jobs else "a local run"
     moving = ", a moving tag: its vLLM version is in the stats" if IMAGE_TAG_MOVING else ""
+    argv = without_options(argv, {"--restart", "--shard-index"})  # the run, not this shard's rerun
+    notes = jobs_command_notes(argv) + [
+        f"The run was split into {args.num_shards} shards: run the command once per shard, adding "
+        f"--shard-index 0 to {args.num_shards - 1} (one Job each)."] * (args.num_shards > 1)
     return f"""---
 tags:
 - ocr
@@ -3066,7 +3223,7 @@ tags:
 
 Each row of the input with its page transcribed into the `{column}` column by
 [{MODEL_ID}](https://huggingface.co/{MODEL_ID}) on vLLM (`{JOB_IMAGE}`{moving}),
-with `{Path(sys.argv[0]).name}` ({SCRIPT_SHAPE} shape), from {provenance}.
+with `{script_name()}` ({SCRIPT_SHAPE} shape), from {provenance}.
 Weights: `{args.model}` at revision `{info_entry.get("model_revision") or "unknown"}`.
 
 | column | meaning |
@@ -3103,7 +3260,7 @@ Reproduce on Hugging Face Jobs:
 {reproduce_command(argv)}
 ```
 
-{chr(10).join("* " + note for note in jobs_command_notes(argv))}
+{chr(10).join("* " + note for note in notes)}
 """
 
 
@@ -3158,7 +3315,8 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
                        help="replace result columns that the input already has")
     group.add_argument("--restart", action="store_true",
                        help="delete what OUTPUT holds (rows, card, manifest) and start it over: "
-                            "the way out when a rerun is refused as another run")
+                            "the way out when a rerun is refused as another run; beside other "
+                            "shards' rows, redo this --shard-index's rows only")
     group.add_argument("--retry-errors", action="store_true",
                        help="redo every error row of OUTPUT (a rerun always redoes the rows the "
                             "server or the connection failed, never those the page failed)")
@@ -3199,6 +3357,7 @@ def parse_arguments(parser: argparse.ArgumentParser, argv: list[str], engine_pro
     or the offline engine's own options by engine_problems(args)."""
     global _VALUE_OPTIONS
     parser.allow_abbrev = False
+    _RUN_ARGV[:] = argv
     _VALUE_OPTIONS = {s for action in parser._actions for s in action.option_strings
                       if action.nargs != 0}
 
@@ -3250,6 +3409,7 @@ def validate_arguments(args, engine_problems: list[str]) -> None:
     if problems:
         fail("; ".join(problems) + ".")
     resolve_output(args.output)  # exits 2 saying how to write a local path
+    check_output_outside_input(args)
 
 
 def unwritable_file(option: str, value: str) -> str | None:
@@ -3358,8 +3518,8 @@ def open_run(args, hub_api, engine: dict, info_entry: dict) -> Run:
     except BaseException:  # refused, nothing to do, or an input that fails: no trace of it
         store.abandon()
         raise
-    claim_output(store, run_identity(args, source, engine), args)
     store.shard_range = (source.lo, source.hi)
+    claim_output(store, run_identity(args, source, engine), args)
     plan = plan_rows(source, store, args)
     store.resend_local_parts()
     if source.pdf is not None and plan.send:
@@ -3458,7 +3618,7 @@ def finish_run(code: int, run: Run, interrupts: Interrupts, stop_engine, argv: l
                 pages = sum(map(len, writer.open_documents.values()))
                 pages = f" (and {pages} pages of unfinished documents)" if pages else ""
                 log(f"saved: {writer.rows_ok + writer.rows_failed} finished rows{pages} are in "
-                    f"{store.location()}; rerun the same command to resume")
+                    f"{store.location()}; to resume, {rerun_advice()}")
     finally:
         interrupts.saved = True
     try:
@@ -3475,7 +3635,7 @@ def finish_run(code: int, run: Run, interrupts: Interrupts, stop_engine, argv: l
         code = EXIT_NOT_WRITTEN
         log(f"error: {result['rows_not_written']} row(s) were not written"
             + (f" ({writer.write_errors[-1]})" if writer.write_errors else "")
-            + "; rerun the same command to finish them")
+            + f"; to finish them, {rerun_advice()}")
     wrote = writer.rows_ok + writer.rows_failed
     if not wrote and not store.parts() and not list(store.journal.folder.glob("*.jsonl")):
         store.forget_run()  # nothing written: the next run may be another one
@@ -4153,7 +4313,7 @@ class FailureStorm:
             raise RunAborted(f"the last {self.count} pages all failed on the server's side over "
                              f"{time.monotonic() - self.since:.0f} s (last: {result.error[:300]}); "
                              f"stopping instead of writing error rows. Finished rows are saved; "
-                             f"rerun the same command once the server is fixed.", EXIT_REFUSED)
+                             f"once the server is fixed, {rerun_advice()}", EXIT_REFUSED)
 
     def at_end(self, pages: int) -> None:
         if pages >= 5 and self.count == pages:
@@ -4652,7 +4812,7 @@ def info_entry_for(args, server_args) -> dict:
     return {
         "model": args.model,
         "model_revision": None,  # set once the server is known: only one started here tells
-        "script": Path(sys.argv[0]).name,
+        "script": script_name(),
         "shape": SCRIPT_SHAPE,
         "image": JOB_IMAGE,
         "serve_args": redact_argv(server_args),

@@ -437,18 +437,24 @@ def test_secrets_at_every_depth_of_llm_kwargs_reach_the_engine_and_no_record(tmp
     no_secret_recorded(tmp_path / "out", run.stdout, run.stderr, secrets=OTHER)
 
 
-def test_a_manifest_holding_a_secret_is_cleaned_by_the_rerun(tmp_path, stub_server):
-    """An OUTPUT written before secrets left the identity: its rerun is the same run, and the
-    manifest (committed with OUTPUT) loses the token."""
+def test_an_older_manifest_holding_a_secret_is_refused_unprinted_and_restart_drops_it(
+        tmp_path, stub_server):
+    """An OUTPUT an older version wrote, with a token in its identity: the rerun is refused in
+    one line (the older-outputs rule) without printing the token; --restart writes a manifest
+    without it."""
     stub = stub_server()
     write_image_folder(tmp_path / "in", 3)
     base = [str(tmp_path / "in"), str(tmp_path / "out"), "--server", stub.url]
     assert run_script(OVIS, *base, "--max-samples", "2").returncode == 0
     manifest = tmp_path / "out" / ".ocr" / "manifest.json"
     earlier = json.loads(manifest.read_text())
+    earlier.pop("format")
     earlier["identity"]["engine"]["hf-token"] = TOKEN
     manifest.write_text(json.dumps(earlier))
     run = run_script(OVIS, *base)
+    assert run.returncode == 2 and "older version" in run.stderr, run.stderr
+    assert TOKEN not in run.stderr + run.stdout
+    run = run_script(OVIS, *base, "--restart")
     assert run.returncode == 0, run.stderr
     assert len(load_output(tmp_path / "out")) == 3 and TOKEN not in manifest.read_text()
 
