@@ -397,6 +397,7 @@ JOB_PAGES_PER_S = globals().get("JOB_PAGES_PER_S")  # measured rate on DEFAULT_F
 IMAGE_TAG_MOVING = globals().get("IMAGE_TAG_MOVING", False)  # True: JOB_IMAGE is no fixed build
 PDF_DPI = globals().get("PDF_DPI", 400)  # a PDF page's render DPI, unless the model's bound is less
 import argparse
+import hashlib
 import io
 import json
 import math
@@ -548,6 +549,7 @@ class InputSource:
     hi: int
     rows_full: int = 0  # the input's rows before --shuffle and --max-samples
     pdf: object = None  # PdfPages, for a PDF input: output row i is a page of input row pdf.doc[i]
+    files: list | None = None  # a local INPUT's files that the reader reads (the run's identity)
 
 
 TABLE_EXTENSIONS = {".parquet", ".arrow"}  # a folder of these is read by `datasets` itself
@@ -802,11 +804,13 @@ def _one_split(what: str, args, split: str = "train") -> None:
 def _load_local_dataset(path: Path, args):
     """What a local INPUT is: a parquet/arrow file; a save_to_disk folder; a folder of table
     files (read by `datasets`, splits and configs honoured); or a folder of images (the
-    scripts' own reader, with `file_name` and any metadata file). Never both silently."""
+    scripts' own reader, with `file_name` and any metadata file). Never both silently.
+    Returns the dataset and the files it is read from, from the same walk: what the run's
+    identity records (a file an image folder's reader never reads, desktop.ini, is not one)."""
     import datasets
 
     if path.is_file() and path.suffix.lower() == ".pdf":
-        return _image_folder(path.parent, [path], [])  # one document: a folder of one
+        return _image_folder(path.parent, [path], []), [path]  # one document: a folder of one
     if path.is_file():
         if path.suffix not in TABLE_EXTENSIONS:
             fail(f"INPUT file {shown_path(path)} is not a .parquet, .arrow or .pdf file; pass a "
@@ -815,7 +819,8 @@ def _load_local_dataset(path: Path, args):
         if not _check_table_files([path]):
             _nothing_to_do(shown_path(path))
         try:
-            return datasets.load_dataset(path.suffix[1:], data_files=[str(path)], split="train")
+            return datasets.load_dataset(path.suffix[1:], data_files=[str(path)],
+                                         split="train"), [path]
         except Exception as exc:
             fail(f"datasets cannot read {shown_path(path)}: {type(exc).__name__}: {exc}")
     if (path / "state.json").exists() or (path / "dataset_dict.json").exists():
@@ -833,7 +838,7 @@ def _load_local_dataset(path: Path, args):
         else:
             _one_split(f"{shown_path(path)} (save_to_disk of one Dataset)", args,
                        str(loaded.split or "train"))
-        return loaded
+        return loaded, _walk_folder(path)
     files = _walk_folder(path)
     images = [p for p in files if p.suffix.lower() in IMAGE_EXTENSIONS or p.suffix.lower() == ".pdf"]
     metadata = [p for p in files if p.name in METADATA_NAMES]
@@ -850,9 +855,9 @@ def _load_local_dataset(path: Path, args):
                    if v and v != ("train" if k == "split" else None)]
         if ignored:
             log(f"{' and '.join(ignored)} ignored: INPUT is a folder of images, read whole")
-        return _image_folder(path, images, metadata)
+        return _image_folder(path, images, metadata), sorted(images + metadata)
     if tables or any(p.suffix in TABLE_EXTENSIONS for p in metadata):
-        return _load_table_folder(path, args)
+        return _load_table_folder(path, args), files  # (a README's configs: choose files)
     fail(f"INPUT folder {shown_path(path)} holds no images, no PDFs, no .parquet or .arrow files "
          f"and no saved dataset.")
 
@@ -906,9 +911,9 @@ def open_input(args) -> InputSource:
     import datasets
 
     local = Path(args.input).expanduser()
-    base = None
+    base = files = None
     if local.exists():  # (OutputStore made sure that OUTPUT is not inside it)
-        ds = _load_local_dataset(local, args)
+        ds, files = _load_local_dataset(local, args)
         description = shown_path(local.resolve())
         base = local.resolve() if local.is_dir() else local.resolve().parent
     elif REPO_ID.match(args.input):
@@ -952,7 +957,7 @@ def open_input(args) -> InputSource:
         if unused:
             log(f"{' and '.join(unused)} ignored: INPUT holds no PDFs")
         _check_image_column(ds, args.image_column, lo, hi, base)
-        return InputSource(ds, args.image_column, description, lo, hi, rows_full)
+        return InputSource(ds, args.image_column, description, lo, hi, rows_full, files=files)
     pages = count_pdf_pages(ds, pdf_column, args)
     pages.per_document = bool(args.per_document)
     shown = ds  # the output names each document (a folder's file_name does), never its bytes
@@ -963,7 +968,7 @@ def open_input(args) -> InputSource:
         shown = shown.rename_column(" name", pdf_column)
     if not pages.per_document:
         lo, hi = pages.first_row(lo), pages.first_row(hi)  # shards split documents
-    return InputSource(shown, args.image_column, description, lo, hi, rows_full, pages)
+    return InputSource(shown, args.image_column, description, lo, hi, rows_full, pages, files)
 
 
 def check_output_columns(source: InputSource, args) -> None:
@@ -997,6 +1002,14 @@ class PreparedPage:
     passthrough: bool
     text_layer: str | None = None  # a PDF page's embedded text, when asked for
     skipped: bool = False  # not to be sent: its text layer has enough text (--skip-text-pages)
+    digest: str | None = None  # of the input it was made from: input_digest()
+
+
+def input_digest(data: bytes) -> str:
+    """What a row was made from: the image's bytes as read (a PDF page: its document's size and
+    file_tail(), or its bytes), journaled with the row, so that a rerun reuses a journaled row
+    only for the same bytes (an image replaced by one of the same size is another page)."""
+    return hashlib.sha256(data).hexdigest()[:20]
 
 
 def _resolve_image_path(value: str) -> Path:
@@ -1077,6 +1090,7 @@ def prepare_page(cell, decode: bool = True) -> PreparedPage | None:
     if isinstance(cell, PdfPage):
         return _RENDERER[0].render(cell)
     raw = read_cell_bytes(cell)
+    digest = input_digest(raw)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -1097,16 +1111,16 @@ def prepare_page(cell, decode: bool = True) -> PreparedPage | None:
             if same_size and upright and img.mode == "RGB" and frames == 1:
                 if img.format == "JPEG":
                     if raw.rstrip(b"\0").endswith(b"\xff\xd9"):  # complete: send as it is
-                        return PreparedPage(raw, "image/jpeg", width, height, True)
+                        return PreparedPage(raw, "image/jpeg", width, height, True, digest=digest)
                     if not decode:
                         return None
                     img.draft("RGB", (max(1, width // 8), max(1, height // 8)))
                     img.load()  # trailing bytes or truncated? A 1/8-scale decode reads it all
-                    return PreparedPage(raw, "image/jpeg", width, height, True)
+                    return PreparedPage(raw, "image/jpeg", width, height, True, digest=digest)
                 if img.format == "PNG" and (decode or len(raw) <= 1 << 20):
                     # every chunk's checksum, no decompression: catches truncation
                     Image.open(io.BytesIO(raw)).verify()
-                    return PreparedPage(raw, "image/png", width, height, True)
+                    return PreparedPage(raw, "image/png", width, height, True, digest=digest)
             if not decode:
                 return None
             source_format = img.format
@@ -1125,7 +1139,7 @@ def prepare_page(cell, decode: bool = True) -> PreparedPage | None:
             if img.size != target:  # the filter the model's own pipeline resamples with
                 img = img.resize(target, getattr(Image.Resampling, RESIZE_FILTER.upper()))
             data, mime = encode_page(img)
-            return PreparedPage(data, mime, target[0], target[1], False)
+            return PreparedPage(data, mime, target[0], target[1], False, digest=digest)
     except PageError:
         raise
     except Image.DecompressionBombError as exc:
@@ -1243,6 +1257,7 @@ class PdfPages:
     paths: dict  # doc row -> its file, when it is one
     errors: dict  # doc row -> why it has no page to render
     names: list = field(default_factory=list)  # doc row -> the document's path as its cell says
+    digests: dict = field(default_factory=dict)  # doc row -> input_digest() of the document
     per_document: bool = False  # output rows are documents, their pages joined (--per-document)
 
     def fingerprint(self) -> str:
@@ -1331,7 +1346,7 @@ def count_pdf_pages(ds, column: str, args) -> PdfPages:
     from tqdm import tqdm
 
     ranges = parse_pages(args.pages)
-    doc, number, count, paths, errors, names = [], [], [], {}, {}, []
+    doc, number, count, paths, errors, names, digests = [], [], [], {}, {}, [], {}
     cells = ds.select_columns([column])
     for row in tqdm(range(len(ds)), desc="counting PDF pages", unit="doc", disable=len(ds) < 50,
                     mininterval=0.5 if sys.stderr.isatty() else 10.0):
@@ -1347,6 +1362,11 @@ def count_pdf_pages(ds, column: str, args) -> PdfPages:
         elif isinstance(data, str) and not os.path.isfile(data):
             errors[row] = f"cannot read the PDF file {shown}: no such file"
         else:
+            try:  # the bytes held, or where a file changes (cheap: 64 KiB of it)
+                digests[row] = input_digest(data if isinstance(data, bytes) else
+                                            b"%d B " % os.path.getsize(data) + file_tail(data))
+            except OSError:
+                pass
             try:
                 document = pdfium.PdfDocument(data)
                 try:
@@ -1369,7 +1389,7 @@ def count_pdf_pages(ds, column: str, args) -> PdfPages:
         log(f"{len(errors)} PDF(s) cannot be rendered (e.g. row {min(errors)}: "
             f"{errors[min(errors)]}): each becomes an error row")
     return PdfPages(ds, column, np.array(doc, dtype=np.int64), np.array(number, dtype=np.int32),
-                    np.array(count, dtype=np.int32), paths, errors, names)
+                    np.array(count, dtype=np.int32), paths, errors, names, digests=digests)
 
 
 
@@ -1527,9 +1547,11 @@ class PdfRenderer:
         if reply[0] == "error":
             raise PageError(reply[1])
         if reply[0] == "skip":
-            return PreparedPage(b"", "", 0, 0, False, text_layer=reply[1], skipped=True)
+            return PreparedPage(b"", "", 0, 0, False, text_layer=reply[1], skipped=True,
+                                digest=self.pdf.digests.get(page.doc_row))
         _, data, mime, width, height, layer = reply
-        return PreparedPage(data, mime, width, height, False, text_layer=layer)
+        return PreparedPage(data, mime, width, height, False, text_layer=layer,
+                            digest=self.pdf.digests.get(page.doc_row))
 
     def close(self) -> None:
         for process, pipe, _ in self.idle:
@@ -1709,6 +1731,7 @@ class RowResult:
     attempts: int | None = None  # generations the text took (loop retries); None on an error row
     text_layer: str | None = None  # a PDF page's embedded text (--text-layer, --skip-text-pages)
     skipped: str | None = None  # why the page was not sent: its text layer was enough
+    digest: str | None = None  # what it was made from (input_digest); None: read again
 
 
 def error_row(message: str, kind: str) -> RowResult:
@@ -1720,6 +1743,7 @@ def joined_pages(pages: list[tuple[int, RowResult]]) -> RowResult:
     each after a line that says which page follows; each failed page named in the error."""
     if len(pages) == 1 and not pages[0][0]:
         return pages[0][1]  # an image, or a document whose pages could not be counted
+    digests = {r.digest for _, r in pages}
     marked = lambda values: "\n\n".join(  # noqa: E731
         f"<!-- page {n} -->" + (f"\n\n{v}" if v else "") for n, v in values if v is not None) or None
     ok = [(n, r) for n, r in pages if r.error is None]
@@ -1745,7 +1769,8 @@ def joined_pages(pages: list[tuple[int, RowResult]]) -> RowResult:
         attempts=max((r.attempts for _, r in ok if r.attempts is not None), default=None),
         extras=extras, text_layer=marked((n, r.text_layer) for n, r in pages),
         skipped=f"pages {', '.join(map(str, skipped))} not sent: their text layer (in the text "
-        f"too) was enough" if skipped else None)
+        f"too) was enough" if skipped else None,
+        digest=digests.pop() if len(digests) == 1 else None)  # the document's, if all pages had it
 
 
 def text_layer_row(page: PreparedPage, args) -> RowResult:
@@ -2090,6 +2115,19 @@ def plan_rows(source: InputSource, store: "OutputStore", args) -> RowPlan:
         if index in redo and result.error is not None:
             del recovered[index]  # an error row the part holds already (or a redo that failed
             # again before a kill): redone once more
+    first = source.pdf.first_row if per_document else int  # a document's row: its first page's
+    now = input_digests(source, {first(i) for i in recovered} | set(pages))
+    changed = [i for i, r in recovered.items() if r.digest is None or r.digest != now[first(i)]]
+    changed_pages = [i for i, r in pages.items() if r.digest is None or r.digest != now[i]]
+    for i in changed:
+        del recovered[i]
+    for i in changed_pages:
+        del pages[i]
+    if changed or changed_pages:
+        log(f"{len(changed) + len(changed_pages)} row(s) of the journal are done again: their "
+            f"input is not what they were made from (replaced since, even by a file of the same "
+            f"size), or the journal does not say (an error before the page was read, or "
+            f"written by an older version)")
     pending = sorted(i for i in set(uncovered) | set(redo) if i not in recovered)
     skipped = source.hi - source.lo - len(pending) - len(recovered)
     if not per_document:
@@ -2099,6 +2137,21 @@ def plan_rows(source: InputSource, store: "OutputStore", args) -> RowPlan:
              and (r.error is None or r.error_kind == PAGE and not args.retry_errors)}
     send = [i for doc in pending for i in source.pdf.rows_of(doc) if i not in pages]
     return RowPlan(pending, recovered, redo, skipped, earlier_ok, send, pages)
+
+
+def input_digests(source: InputSource, rows) -> dict:
+    """input_digest() of these output rows' input as it is now (None: it cannot be read): the
+    bytes of these rows only, a PDF's from its count (count_pdf_pages)."""
+    digests = {}
+    for index, cell in iter_image_cells(source, sorted(rows)):
+        if isinstance(cell, PdfPage):
+            digests[index] = source.pdf.digests.get(cell.doc_row)
+            continue
+        try:
+            digests[index] = input_digest(read_cell_bytes(cell))
+        except PageError:
+            digests[index] = None
+    return digests
 
 
 def lock_file(handle) -> bool:
@@ -2702,24 +2755,23 @@ MAY_CHANGE_ENGINE = {"gpu-memory-utilization", "data-parallel-size", "tensor-par
                      "swap-space", "kv-cache-memory"}
 
 
-def input_identity(args) -> dict:
-    """What the input is: a Hub dataset at the revision this run read, or a local path's files:
-    names and sizes, and for files other than images a hash of their file_tail(): an image
-    re-rendered under the same name, or a table rewritten, is another input."""
-    import hashlib
-
+def input_identity(args, files: list | None) -> dict:
+    """What the input is: a Hub dataset at the revision this run read, or the files the reader
+    reads (open_input's): names and sizes, and for files other than images a hash of their
+    file_tail(): a table rewritten is another input. An image replaced by one of the same size
+    is not seen here (a journaled row is checked by its digest, see plan_rows)."""
     local = Path(args.input).expanduser()
-    if not local.exists():
+    if files is None:
         return {"hub": args.input, "revision": hub_dataset_sha(args) or args.revision}
-    files = [local] if local.is_file() else sorted(
-        p for p in local.rglob("*") if p.is_file()
-        and not any(part.startswith(".") for part in p.relative_to(local).parts))
     entries = []
     for path in files:
-        size = path.stat().st_size
-        entry = f"{path.relative_to(local) if path != local else path.name} {size} B"
-        if path.suffix.lower() not in IMAGE_EXTENSIONS:
-            entry += f" #{hashlib.sha1(file_tail(path)).hexdigest()[:12]}"
+        entry = f"{path.relative_to(local) if path != local else path.name}"
+        try:
+            entry += f" {path.stat().st_size} B"
+            if path.suffix.lower() not in IMAGE_EXTENSIONS:
+                entry += f" #{hashlib.sha1(file_tail(path)).hexdigest()[:12]}"
+        except OSError:  # a broken link: its row says it cannot be read
+            entry += " unreadable"
         entries.append(entry)
     text = "\n".join(entries).encode("utf-8", "surrogateescape")
     identity = {"files": len(files), "digest": hashlib.sha256(text).hexdigest()[:20]}
@@ -2752,7 +2804,7 @@ def run_identity(args, source: InputSource, engine: dict) -> dict:
     flags = {k.lstrip("-").replace("_", "-"): v for k, v in engine.items()}
     pdf = {"pdf": source.pdf.fingerprint()} if source.pdf is not None else {}
     return redact_value({  # a secret is no part of what the run is: a new token, the same run
-        "script": script_name(), "input": input_identity(args), **pdf,
+        "script": script_name(), "input": input_identity(args, source.files), **pdf,
         "rows": source.rows_full, "options": options, "settings": run_settings(args),
         "engine": {k: v for k, v in sorted(flags.items()) if k not in MAY_CHANGE_ENGINE}}, None)
 
@@ -4590,7 +4642,7 @@ async def run_server_pipeline(source: InputSource, pending: list[int], writer: P
                 store.commit_if_due()
 
             async def one(index: int, cell) -> None:
-                latency = None
+                latency = digest = None
                 try:
                     if controller:
                         controller.preparing += 1
@@ -4600,6 +4652,7 @@ async def run_server_pipeline(source: InputSource, pending: list[int], writer: P
                     finally:
                         if controller:
                             controller.preparing -= 1
+                    digest = page.digest
                     if page.skipped:  # not sent: its text layer is its row
                         result = text_layer_row(page, args)
                     else:
@@ -4630,6 +4683,7 @@ async def run_server_pipeline(source: InputSource, pending: list[int], writer: P
                     await window.release()  # the answer is in: the next page may go
                 stats.count_loops(result)
                 result = postprocessed(result, args)
+                result.digest = digest
                 try:
                     if result.error is None and result.skipped is None:
                         check.observe(result)

@@ -15,7 +15,7 @@ import pytest
 
 from conftest import (ROOT, FakeHub, expected_text, load_output, load_script, run_script,
                       write_image_folder)
-from test_write_path import journal_rows, wait_for
+from test_write_path import journal_rows, part_rows, start_driver, stats_of, wait_for
 
 OVIS = "ovis-ocr2-server.py"
 
@@ -269,6 +269,97 @@ def test_retry_errors_after_a_killed_run_redoes_the_errors(tmp_path, stub_server
     assert run_script(OVIS, *args, *common(good, "--retry-errors")).returncode == 0
     assert len(good.requests()) == 1
     assert load_output(tmp_path / "out")["markdown"] == [expected_text(p.read_bytes()) for p in paths]
+
+
+def killed_over_a_symlinked_folder(tmp_path, stub) -> tuple[list, int]:
+    """A folder whose scans are mostly in a symlinked subfolder (BMP: one size for every page),
+    its run killed (-9) with 6 or more rows in the journal and none in a part."""
+    write_image_folder(tmp_path / "in", 2, fmt="BMP")
+    write_image_folder(tmp_path / "elsewhere", 8, fmt="BMP")
+    (tmp_path / "in" / "pages").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    args = [str(tmp_path / "in"), str(tmp_path / "out"), "--server", stub.url, "--concurrency",
+            "1", "--part-rows", "100", "--part-seconds", "3600"]
+    driver = start_driver(*args)
+    wait_for(lambda: journal_rows(tmp_path / "out") >= 6, process=driver)
+    driver.kill()
+    driver.wait()
+    assert part_rows(tmp_path / "out") == 0
+    return args, journal_rows(tmp_path / "out")
+
+
+def texts_by_file(folder: Path) -> dict:
+    ds = load_output(folder)
+    return dict(zip(ds["file_name"], ds["markdown"]))
+
+
+def test_an_image_renamed_in_a_symlinked_subfolder_is_another_input(tmp_path, stub_server):
+    """The run's identity lists the files the reader reads, from the same walk: a symlinked
+    subfolder's too (it was not listed, and the journal's rows went to the renamed rows)."""
+    stub = stub_server("--latency", "0.2")
+    args, _ = killed_over_a_symlinked_folder(tmp_path, stub)
+    (tmp_path / "elsewhere" / "page_0003.bmp").rename(tmp_path / "elsewhere" / "page_0003b.bmp")
+    sent = len(stub.requests())
+    run = run_script(OVIS, *args)
+    assert run.returncode == 2 and "pages/page_0003.bmp" in run.stderr, run.stderr
+    assert len(stub.requests()) == sent
+
+
+def test_an_image_replaced_by_one_of_the_same_size_is_not_given_the_old_text(tmp_path,
+                                                                          stub_server):
+    """A journaled row is reused only for the bytes it was made from: a BMP page replaced by
+    another of the same size (same name, same size: the same identity) is sent again; the other
+    journaled rows are not."""
+    from conftest import page_image
+    stub = stub_server("--latency", "0.2")
+    args, journaled = killed_over_a_symlinked_folder(tmp_path, stub)
+    replaced = tmp_path / "elsewhere" / "page_0001.bmp"  # row 3, in the journal
+    new = page_image(77, fmt="BMP")
+    assert len(new) == replaced.stat().st_size
+    replaced.write_bytes(new)
+    sent = len(stub.requests())
+    run = run_script(OVIS, *args, "--stats-json", str(tmp_path / "s.json"))
+    assert run.returncode == 0, run.stderr
+    assert "1 row(s) of the journal are done again" in run.stderr
+    assert stats_of(tmp_path / "s.json")["rows_recovered"] == journaled - 1
+    assert len(stub.requests()) - sent == 10 - journaled + 1
+    fresh = [str(tmp_path / "in"), str(tmp_path / "fresh"), "--server", stub.url]
+    assert run_script(OVIS, *fresh).returncode == 0  # each image's own text, in one run
+    texts = texts_by_file(tmp_path / "out")
+    assert texts == texts_by_file(tmp_path / "fresh")
+    assert texts["pages/page_0001.bmp"] != texts["page_0001.bmp"]  # (the old bytes, seed 1)
+
+
+def test_journal_rows_of_an_older_version_without_a_digest_are_done_again(tmp_path, stub_server):
+    stub = stub_server("--latency", "0.2")
+    args, journaled = killed_over_a_symlinked_folder(tmp_path, stub)
+    for segment in (tmp_path / "out" / ".ocr" / "journal").rglob("*.jsonl"):
+        lines = [json.loads(line) for line in segment.read_text().splitlines()]
+        segment.write_text("".join(json.dumps({k: v for k, v in entry.items() if k != "digest"})
+                                   + "\n" for entry in lines))
+    sent = len(stub.requests())
+    run = run_script(OVIS, *args)
+    assert run.returncode == 0, run.stderr
+    assert len(stub.requests()) - sent == 10
+    fresh = [str(tmp_path / "in"), str(tmp_path / "fresh"), "--server", stub.url]
+    assert run_script(OVIS, *fresh).returncode == 0
+    assert texts_by_file(tmp_path / "out") == texts_by_file(tmp_path / "fresh")
+
+
+def test_files_the_reader_never_reads_do_not_block_the_resume(tmp_path, stub_server):
+    """desktop.ini, Thumbs.db, a note: not images, not read, so not part of the run."""
+    stub = stub_server()
+    paths = write_image_folder(tmp_path / "in", 6)
+    args = [str(tmp_path / "in"), str(tmp_path / "out"), *common(stub, "--max-samples", "3")]
+    assert run_script(OVIS, *args).returncode == 0
+    (tmp_path / "in" / "desktop.ini").write_text("[.ShellClassInfo]\n")
+    (tmp_path / "in" / "Thumbs.db").write_bytes(b"\xd0\xcf\x11\xe0" * 100)
+    (tmp_path / "in" / "sub").mkdir()
+    (tmp_path / "in" / "sub" / "notes.txt").write_text("scanned on Monday")
+    run = run_script(OVIS, *args[:-2])  # the rest of the run
+    assert run.returncode == 0, run.stderr
+    assert len(stub.requests()) == 6
+    assert load_output(tmp_path / "out")["markdown"] == [expected_text(p.read_bytes())
+                                                          for p in paths]
 
 
 def test_a_lost_card_is_written_again_and_a_refusal_leaves_its_own_stats(tmp_path, stub_server):
