@@ -1512,6 +1512,36 @@ class DegenerateCheck:
                 f"--no-sanity-check to write such output anyway.", code=EXIT_DEGENERATE)
 
 
+class HeldFailures:
+    """Rows that failed on the server's (engine's) side wait in `held` until a page is answered
+    after them: a run stopped meanwhile leaves them pending, and its rerun sends them again. One
+    rule for every script: a run that ends with no page answered while some failed that way is
+    the server refusing the run, however short, not a dataset of error rows (exit 4)."""
+
+    WHO = "server"
+
+    def __init__(self):
+        self.held: list = []  # (row, result), in the order they failed
+        self.failures = self.answered = 0
+        self.last = ""
+
+    def release_held(self) -> list:
+        held, self.held = self.held, []
+        return held
+
+    def at_end(self) -> list:
+        """The rows still held, to write as error rows; or the run is refused."""
+        if self.failures and not self.answered:
+            self.stop(f"no page of this run was answered: {self.failures} failed on the "
+                      f"{self.WHO}'s side (last: {self.last})")
+        return self.release_held()
+
+    def stop(self, what: str) -> "NoReturn":  # noqa: F821
+        raise RunAborted(f"{what}. Their rows are not written: they stay pending, and rerunning "
+                         f"the same command sends them again once the {self.WHO} works (its log "
+                         f"says why it fails). Rows finished before are saved.", EXIT_REFUSED)
+
+
 # ---- results, parts and the output store -----------------------------------------------------
 
 PAGE, SERVER = "page", "server"  # an error row's kind: the page caused it (final), or the server
@@ -3456,26 +3486,30 @@ def data_url(page: PreparedPage) -> str:
     return f"data:{page.mime};base64,{base64.b64encode(page.data).decode()}"
 
 
-class EngineStreak:
+class EngineStreak(HeldFailures):
     """A broken engine is not N bad pages. A single page failing is its row's error; but pages
     failing alone one after another, with the same exception and no page answered between
-    (STREAK of them, or every page of a run of at least 5, as the server scripts judge), or an
-    engine that is gone (EngineDeadError, out of memory), stop the run with exit 4. Failed rows
-    wait in `held` until a page is answered after them, so on a stop they stay pending and the
-    rerun sends them again. A ValueError is vLLM refusing that page's input (longer than
-    max_model_len, an image it cannot process): the page's own error, like a 400 from a server."""
+    (STREAK of them), an engine that is gone (EngineDeadError, out of memory), or a run that
+    ends with none of its pages answered (HeldFailures, as the server scripts judge), stop the
+    run with exit 4. Failed rows wait in `held` until a page is answered after them, so on a
+    stop they stay pending and the rerun sends them again. A ValueError is vLLM refusing that
+    page's input (longer than max_model_len, an image it cannot process): the page's own
+    error, like a 400 from a server."""
 
     STREAK = 16
+    WHO = "engine"
 
     def __init__(self):
-        self.count, self.kind, self.last, self.answered, self.held = 0, "", "", 0, []
+        super().__init__()
+        self.count, self.kind = 0, ""
 
     def failed(self, exc: Exception, alone: bool) -> None:
-        kind, self.last = type(exc).__name__, f"{type(exc).__name__}: {str(exc)[:300]}"
+        kind, last = type(exc).__name__, f"{type(exc).__name__}: {str(exc)[:300]}"
         if "EngineDead" in kind or "out of memory" in str(exc).lower():
-            self.stop(f"the vLLM engine is gone ({self.last})")
+            self.stop(f"the vLLM engine is gone ({last})")
         if alone and not isinstance(exc, ValueError):
             self.count, self.kind = (self.count + 1 if kind == self.kind else 1), kind
+            self.failures, self.last = self.failures + 1, last
             if self.count >= self.STREAK:
                 self.stop(f"the last {self.count} pages failed one by one, none answered "
                           f"between (last: {self.last})")
@@ -3483,20 +3517,9 @@ class EngineStreak:
     def ok(self, pages: int) -> None:
         self.count, self.kind, self.answered = 0, "", self.answered + pages
 
-    def release(self, at_end: bool = False) -> list:
-        """The held rows once a page was answered after them (at the end: unless every page
-        of the run failed)."""
-        if at_end and self.count >= 5 and not self.answered:
-            self.stop(f"all {self.count} pages of this run failed (last: {self.last})")
-        if self.count and not at_end:
-            return []
-        held, self.held = self.held, []
-        return held
-
-    @staticmethod
-    def stop(what: str) -> "NoReturn":  # noqa: F821
-        raise RunAborted(f"{what}; stopping instead of writing error rows. Finished rows are "
-                         f"saved; rerun the same command once the engine works.", EXIT_REFUSED)
+    def release(self) -> list:
+        """The held rows once a page was answered after them."""
+        return [] if self.count else self.release_held()
 
 
 def generate_batch(llm, sampling, items: list, args, streak: EngineStreak) -> list[RowResult]:
@@ -3611,7 +3634,7 @@ def run_offline(source: InputSource, pending: list[int], writer: PartWriter, sta
             bar.set_postfix(errors=stats.errors_seen, refresh=False)
             if writer.due():
                 writer.flush()
-        for index, result in streak.release(at_end=True):
+        for index, result in streak.at_end():
             write(index, result)
         bar.set_postfix(errors=stats.errors_seen)
     finally:

@@ -1441,6 +1441,36 @@ class DegenerateCheck:
                 f"--no-sanity-check to write such output anyway.", code=EXIT_DEGENERATE)
 
 
+class HeldFailures:
+    """Rows that failed on the server's (engine's) side wait in `held` until a page is answered
+    after them: a run stopped meanwhile leaves them pending, and its rerun sends them again. One
+    rule for every script: a run that ends with no page answered while some failed that way is
+    the server refusing the run, however short, not a dataset of error rows (exit 4)."""
+
+    WHO = "server"
+
+    def __init__(self):
+        self.held: list = []  # (row, result), in the order they failed
+        self.failures = self.answered = 0
+        self.last = ""
+
+    def release_held(self) -> list:
+        held, self.held = self.held, []
+        return held
+
+    def at_end(self) -> list:
+        """The rows still held, to write as error rows; or the run is refused."""
+        if self.failures and not self.answered:
+            self.stop(f"no page of this run was answered: {self.failures} failed on the "
+                      f"{self.WHO}'s side (last: {self.last})")
+        return self.release_held()
+
+    def stop(self, what: str) -> "NoReturn":  # noqa: F821
+        raise RunAborted(f"{what}. Their rows are not written: they stay pending, and rerunning "
+                         f"the same command sends them again once the {self.WHO} works (its log "
+                         f"says why it fails). Rows finished before are saved.", EXIT_REFUSED)
+
+
 # ---- results, parts and the output store -----------------------------------------------------
 
 PAGE, SERVER = "page", "server"  # an error row's kind: the page caused it (final), or the server
@@ -3936,33 +3966,33 @@ async def send_page(client, server: "ServerManager", body: bytes, args) -> RowRe
     return error_row(f"gave up after {args.max_retries + 1} attempts: {last_error}", SERVER)
 
 
-class FailureStorm:
-    """Aborts the run when every page fails for the server's reasons, many pages in a row over a
-    while (or every page of a short run): a dataset of error rows helps nobody, and the rerun
-    will redo them."""
+class FailureStorm(HeldFailures):
+    """Pages that failed on the server's side (5xx, timeouts) are held until a page is answered
+    after them. Many in a row over a while stop the run, as does its end with no page answered
+    (HeldFailures); their rows stay pending for the rerun. A page's own error (a 400) neither
+    counts nor breaks the streak: the server judged that page, no more."""
 
     def __init__(self, pages: int, seconds: float):
+        super().__init__()
         self.pages, self.seconds = pages, seconds
-        self.count, self.since, self.last = 0, None, ""
+        self.count, self.since = 0, None
 
-    def observe(self, result: RowResult) -> None:
-        if result.error_kind != SERVER:
-            self.count, self.since = 0, None
-            return
-        self.count += 1
-        self.last = result.error[:300]
-        self.since = self.since or time.monotonic()
-        if self.count >= self.pages and time.monotonic() - self.since >= self.seconds:
-            raise RunAborted(f"the last {self.count} pages all failed on the server's side over "
-                             f"{time.monotonic() - self.since:.0f} s (last: {result.error[:300]}); "
-                             f"stopping instead of writing error rows. Finished rows are saved; "
-                             f"rerun the same command once the server is fixed.", EXIT_REFUSED)
-
-    def at_end(self, pages: int) -> None:
-        if pages >= 5 and self.count == pages:
-            raise RunAborted(f"all {pages} pages of this run failed on the server's side (last: "
-                             f"{self.last}); their rows are written as errors that a rerun "
-                             f"redoes once the server is fixed.", EXIT_REFUSED)
+    def observe(self, index: int, result: RowResult) -> list:
+        """The rows to write now: this one, and those held before, once a page is answered."""
+        if result.error_kind == SERVER:
+            self.held.append((index, result))
+            self.failures, self.count = self.failures + 1, self.count + 1
+            self.last = result.error[:300]
+            self.since = self.since or time.monotonic()
+            if self.count >= self.pages and time.monotonic() - self.since >= self.seconds:
+                self.stop(f"the last {self.count} pages all failed on the server's side over "
+                          f"{time.monotonic() - self.since:.0f} s (last: {self.last})")
+            return []
+        if result.error is not None or result.skipped is not None:
+            return [(index, result)]
+        self.answered += 1
+        self.count, self.since = 0, None
+        return [(index, result), *self.release_held()]
 
 
 class ClientGroup:
@@ -4273,16 +4303,16 @@ async def run_server_pipeline(source: InputSource, pending: list[int], writer: P
                     await window.release()  # the answer is in: the next page may go
                 stats.count_loops(result)
                 result = postprocessed(result, args)
+                stats.record(result, latency)
                 try:
                     if result.error is None and result.skipped is None:
                         check.observe(result)
-                    storm.observe(result)
-                except RunAborted as exc:
+                    finished = storm.observe(index, result)
+                except RunAborted as exc:  # nothing written: degenerate, or held by the storm
                     failure.append(exc)
-                    if check.tripped:
-                        return
-                writer.add(index, result)
-                stats.record(result, latency)
+                    return
+                for row in finished:
+                    writer.add(*row)
                 bar.update(1)
                 if result.error is not None:
                     bar.set_postfix(errors=stats.errors_seen, refresh=False)
@@ -4309,7 +4339,8 @@ async def run_server_pipeline(source: InputSource, pending: list[int], writer: P
                     task.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
                 raise failure[0]
-            storm.at_end(len(stats.finished_at))
+            for row in storm.at_end():
+                writer.add(*row)
             if adapting is not None:  # one last sample: the final state, the final counters
                 adapting.cancel()
                 await asyncio.gather(adapting, return_exceptions=True)

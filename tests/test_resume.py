@@ -310,13 +310,39 @@ def test_a_degenerate_stop_leaves_no_manifest_behind(tmp_path, stub_server):
     assert run.returncode == 0, run.stderr
 
 
-def test_a_short_run_whose_every_page_fails_on_the_server_exits_4(tmp_path, stub_server):
-    stub = stub_server("--fail-first", "1000")
-    write_image_folder(tmp_path / "in", 6)
-    run = run_script(OVIS, str(tmp_path / "in"), str(tmp_path / "out"),
-                     *common(stub, "--max-retries", "0"))
-    assert run.returncode == 4 and "all 6 pages" in run.stderr, run.stderr
-    assert set(load_output(tmp_path / "out")["markdown_error_kind"]) == {"server"}
+@pytest.mark.parametrize("pages", [2, 46])
+def test_a_server_that_fails_every_page_refuses_the_run_however_short(tmp_path, stub_server,
+                                                                      pages):
+    """A server answering 500 to everything: exit 4 with the rows left pending, not a run of
+    error rows (it was exit 0 for a short run, and '0 ok, 46 failed' for a longer one)."""
+    dead = stub_server("--fail-first", str(10 ** 9))
+    paths = write_image_folder(tmp_path / "in", pages)
+    args = [str(tmp_path / "in"), str(tmp_path / "out")]
+    run = run_script(OVIS, *args, *common(dead, "--max-retries", "0",
+                                          "--stats-json", str(tmp_path / "s.json")))
+    assert run.returncode == 4, run.stderr
+    assert f"no page of this run was answered: {pages} failed on the server's side" in run.stderr
+    assert "HTTP 500" in run.stderr and "rerunning the same command sends them again" in run.stderr
+    stats = json.loads((tmp_path / "s.json").read_text())
+    assert (stats["rows_failed"], stats["rows_not_written"], stats["exit_code"]) == (0, pages, 4)
+    assert not list((tmp_path / "out" / "data").glob("*.parquet"))
+    assert journal_rows(tmp_path / "out") == 0
+    good = stub_server()
+    run = run_script(OVIS, *args, *common(good))  # the rerun sends every page again
+    assert run.returncode == 0, run.stderr
+    assert len(good.requests()) == pages
+    assert load_output(tmp_path / "out")["markdown"] == [expected_text(p.read_bytes())
+                                                          for p in paths]
+
+
+def test_a_run_whose_every_page_is_refused_as_a_page_writes_their_errors(tmp_path, stub_server):
+    """400s are the pages' own errors, final: not the server refusing the run."""
+    write_image_folder(tmp_path / "in", 2)
+    stub = stub_server("--reject-smaller-than", "100000")
+    run = run_script(OVIS, str(tmp_path / "in"), str(tmp_path / "out"), *common(stub))
+    assert run.returncode == 0, run.stderr
+    ds = load_output(tmp_path / "out")
+    assert ds["markdown_error_kind"] == ["page"] * 2 and ds["markdown"] == [None] * 2
 
 
 class RacingHub(FakeHub):
