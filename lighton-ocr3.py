@@ -1908,26 +1908,28 @@ def plan_rows(source: InputSource, store: "OutputStore", args) -> RowPlan:
     column = args.output_column
     covered = bytearray(source.hi - source.lo)
     redo: dict[int, Path] = {}
-    earlier_ok = unnoted = 0
+    earlier_ok = 0
     for (start, stop), path in store.parts():
         lo, hi = max(start, source.lo), min(stop, source.hi)
         for i in range(lo, hi):
             covered[i - source.lo] = 1
-        note = part_note(path, column) if path else store.notes.get(part_name(start, stop))
-        if note is None:  # only on the Hub, and no note says what it holds: trusted as it is
+        name, fetched = part_name(start, stop), None
+        if path is None and name not in store.notes and lo < hi:  # only on the Hub, without
+            # its note (sent by `hf upload`, or by an older version): read from the part itself
+            path = fetched = store.fetch_part(name)
+            store.note_rebuilt(name, part_note(path, column))
+        note = part_note(path, column) if path else store.notes.get(name)
+        if note is None:  # another shard's part: its own rerun reads it
             earlier_ok += stop - start
-            unnoted += 1
             continue
         again = [int(row) for row, kind in note["errors"].items()
                  if (kind == SERVER or args.retry_errors) and lo <= int(row) < hi]
         if again and path is None:  # a Job starts on an empty disk: fetch it to redo them
-            path = store.fetch_part(part_name(start, stop))
+            path = store.fetch_part(name)
+        elif fetched and not again:
+            fetched.unlink()  # read for its note only: the Hub's copy is the part
         earlier_ok += stop - start - len(note["errors"])
         redo.update((row, path) for row in again)
-    if unnoted:
-        log(f"warning: {unnoted} part(s) on the Hub have no notes (written by an older version "
-            f"of this script): their error rows are not redone from here. Rerun where they "
-            f"were written, or pass --restart")
     store.keep_local.update(path.name for path in redo.values())  # rewritten here later
     uncovered = [source.lo + i for i, flag in enumerate(covered) if not flag]
     wanted = lambda i: i in redo or (source.lo <= i < source.hi  # noqa: E731
@@ -2019,6 +2021,7 @@ class OutputStore:
         self.notes_name = f".ocr/notes/{shard}.json"
         self.notes: dict[str, dict] = {}  # part name -> part_note(): every shard's, the latest
         self.hub_notes: dict[str, dict] = {}  # the same, of the parts as they are on the Hub
+        self.notes_due = False  # notes rebuilt here, which the Hub has not got yet
         self.card_on_hub = False
         self.sent_parts = 0  # parts given to the Hub by this run (written, or resent)
         self.lock_path = self.meta / f"lock-{shard}"
@@ -2086,6 +2089,17 @@ class OutputStore:
         self.notes = {**self.hub_notes, **self.notes}
         return files
 
+    def note_rebuilt(self, name: str, note: dict) -> None:
+        """A Hub part's note, read from the part: the next commit sends it with the others."""
+        self.hub_notes[name] = self.notes[name] = note
+        self.notes_due = True
+
+    def shard_notes(self, parts: dict) -> dict:
+        """This shard's notes: of its parts on the Hub, and `parts` (name -> note) over them."""
+        lo, hi = self.shard_range
+        return {k: v for k, v in {**self.hub_notes, **parts}.items()
+                if any(a < hi and lo < b for a, b in ranges_from_names([k]))}
+
     def fetch_part(self, name: str) -> Path:
         """A part only the Hub has, into the staging folder: to redo its error rows here."""
         self.api.hf_hub_download(self.target, f"data/{name}", repo_type="dataset",
@@ -2110,6 +2124,7 @@ class OutputStore:
         import shutil
 
         shutil.rmtree(self.meta / "journal", ignore_errors=True)
+        shutil.rmtree(self.meta / "notes", ignore_errors=True)  # staged for `hf upload`
         self.notes = dict(self.hub_notes)
         for path in self.local_parts():
             path.unlink(missing_ok=True)
@@ -2233,10 +2248,9 @@ class OutputStore:
         operations = [CommitOperationAdd(path_in_repo=name, path_or_fileobj=str(local))
                       for name, local in files.items()]
         parts = {Path(name).name for name in files if name.startswith("data/")}
-        lo, hi = self.shard_range  # this shard's notes: of its parts on the Hub, and these
-        notes = {k: v for k, v in {**self.hub_notes, **{p: self.notes[p] for p in parts}}.items()
-                 if any(a < hi and lo < b for a, b in ranges_from_names([k]))}
-        if parts:  # a copy per commit: a later part's note never goes ahead of its part
+        notes = self.shard_notes({p: self.notes[p] for p in parts})
+        with_notes = bool(parts) or self.notes_due
+        if with_notes:  # a copy per commit: a later part's note never goes ahead of its part
             operations.append(CommitOperationAdd(path_in_repo=self.notes_name,
                                                  path_or_fileobj=json.dumps(notes).encode()))
         for attempt in range(UPLOAD_ATTEMPTS):
@@ -2251,6 +2265,9 @@ class OutputStore:
                 (self.meta / "on-hub").touch()  # this staging copy has reached the Hub
                 committed = {Path(name).name for name in files if name.startswith("data/")}
                 self.hub_notes.update(notes)
+                if with_notes:  # newer than a copy staged for `hf upload` (see finish())
+                    self.notes_due = False
+                    (self.root / self.notes_name).unlink(missing_ok=True)
                 self.remote_names |= committed
                 self.known |= committed
                 for name in committed - self.keep_local:  # on the Hub now: the cache can go
@@ -2316,14 +2333,20 @@ class OutputStore:
             files, self.queued = self.queued, {}
         if card is not None:
             files["README.md"] = self.root / "README.md"
-        if files and not self._commit(files):
+        if (files or self.notes_due) and not self._commit(files):
             with self.queue_lock:
                 self.upload_failures = sorted(self.queued)
         if self.upload_failures:
+            notes = self.shard_notes({p.name: part_note(p, self.column)
+                                      for p in self.local_parts()})
+            (self.root / self.notes_name).parent.mkdir(exist_ok=True)
+            (self.root / self.notes_name).write_text(json.dumps(notes))  # `hf upload` sends it
+            # one --exclude (a list is written differently by each version of `hf`): everything
+            # under .ocr/ but the manifest and the notes is this machine's own bookkeeping
             log(f"{len(self.upload_failures)} file(s) did not reach the Hub; they are safe in "
                 f"{self.root}. Rerun the same command (it resumes and uploads them), or send them "
-                f"with:\n  hf upload {self.target} {self.root} . --repo-type dataset --exclude "
-                f"'.ocr/journal/*' '.ocr/hub/*' '.ocr/lock-*' '.ocr/on-hub'")
+                f"with:\n  hf upload {self.target} {shlex.quote(str(self.root))} . --repo-type "
+                f"dataset --exclude '.ocr/[!mn]*'")
 
     def location(self) -> str:
         return str(self.root) if self.kind == "local" else f"https://huggingface.co/datasets/{self.target}"

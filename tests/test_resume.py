@@ -3,8 +3,10 @@ truth for a Hub OUTPUT. Against the stub server, as a user reruns a command."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -473,6 +475,61 @@ def test_after_failed_uploads_the_rerun_sends_the_manifest_and_card_too(tmp_path
     assert refused.value.code == 2
 
 
+def run_printed_hf_upload(stderr: str, hub: FakeHub, monkeypatch) -> None:
+    """The `hf upload ...` a run printed, run to the letter by huggingface_hub's own `hf` CLI
+    (its parsing, its file selection), its HfApi pointed at the FakeHub."""
+    import types
+
+    upload_cli = pytest.importorskip("huggingface_hub.cli.upload", reason="the typer `hf` CLI")
+    from huggingface_hub import HfApi, hf_api
+    from huggingface_hub.cli.hf import app
+
+    class ToFakeHub(HfApi):
+        def create_repo(self, repo_id, repo_type=None, private=None, exist_ok=False, **_):
+            hub.create_repo(repo_id, repo_type=repo_type, private=private, exist_ok=exist_ok)
+            return types.SimpleNamespace(repo_id=repo_id)
+
+        def _validate_yaml(self, *args, **kwargs):  # a Hub call; the card is checked below
+            pass
+
+        def create_commit(self, repo_id, operations, commit_message=None, repo_type=None,
+                          parent_commit=None, **_):
+            return hub.create_commit(repo_id, operations, commit_message, repo_type,
+                                     parent_commit)
+
+    command = next(line.strip() for line in stderr.splitlines()
+                   if line.strip().startswith("hf upload "))
+    monkeypatch.setattr(upload_cli, "get_hf_api", lambda token=None: ToFakeHub(token=False))
+    monkeypatch.setattr(hf_api, "is_xet_available", lambda: False)  # one commit, no Xet
+    app(args=shlex.split(command)[1:], standalone_mode=False, windows_expand_args=False)
+
+
+def test_the_printed_hf_upload_sends_what_a_rerun_needs(tmp_path, stub_server, capsys,
+                                                        monkeypatch):
+    """Exit 6 prints an `hf upload`; done as printed, a rerun on another machine redoes the
+    server error rows. The printed command did not parse (`hf` takes one value per --exclude),
+    and the parts reached the Hub without their notes."""
+    faulty, good = stub_server("--fail-every", "4"), stub_server()
+    paths = write_image_folder(tmp_path / "in", 12)
+    module = load_script(OVIS)
+    monkeypatch.setattr(module, "UPLOAD_ATTEMPTS", 1)
+    capsys.readouterr()
+    assert hub_run(module, FakeHub(tmp_path / "hub", fail_uploads=True), tmp_path, faulty,
+                   "laptop", "--max-retries", "0", "--concurrency", "1") == 6
+    run_printed_hf_upload(capsys.readouterr().err, FakeHub(tmp_path / "hub"), monkeypatch)
+    repo = tmp_path / "hub" / "user/ocr-out"
+    sent = sorted(str(p.relative_to(repo)) for p in repo.rglob("*") if p.is_file())
+    assert sent == [".ocr/manifest.json", ".ocr/notes/shard-0-of-1.json", "README.md",
+                    *(f"data/{part}" for part in ("part-000000000-000000005.parquet",
+                                                  "part-000000005-000000010.parquet",
+                                                  "part-000000010-000000012.parquet"))]
+    assert "9 with text and 3 error rows" in hub_card_counts(tmp_path)
+    assert hub_run(module, FakeHub(tmp_path / "hub"), tmp_path, good, "job") == 0
+    assert len(good.requests()) == 3  # the three server error rows
+    assert load_output(repo)["markdown"] == [expected_text(p.read_bytes()) for p in paths]
+    assert "12 with text and 0 error rows" in hub_card_counts(tmp_path)
+
+
 def hub_card_counts(tmp_path: Path) -> str:
     text = (tmp_path / "hub" / "user/ocr-out" / "README.md").read_text()
     return next(line for line in text.splitlines() if "This output holds" in line)
@@ -573,17 +630,50 @@ def test_the_card_counts_what_other_shards_wrote_during_the_run(tmp_path, stub_s
     assert "holds 12 rows: 12 with text and 0 error rows." in hub_card_counts(tmp_path)
 
 
-def test_a_hub_output_without_notes_says_its_error_rows_are_not_redone(tmp_path, stub_server,
-                                                                       capsys):
-    faulty, good = stub_server("--fail-every", "3"), stub_server()
-    write_image_folder(tmp_path / "in", 12)
+class CountingHub(FakeHub):
+    """Counts the parts downloaded from it."""
+
+    def __init__(self, root: Path):
+        super().__init__(root)
+        self.parts_fetched: list[str] = []
+
+    def hf_hub_download(self, repo_id, filename, repo_type=None, local_dir=None):
+        if filename.startswith("data/"):
+            self.parts_fetched.append(Path(filename).name)
+        return super().hf_hub_download(repo_id, filename, repo_type, local_dir)
+
+
+def test_parts_on_the_hub_without_notes_have_them_rebuilt_and_their_errors_redone(tmp_path,
+                                                                                stub_server):
+    """Parts that reached the Hub without their notes (an `hf upload` by hand, an older
+    version): their server error rows were never redone, not even with --retry-errors. A rerun
+    reads the notes from those parts, fetching only them, and sends the notes to the Hub."""
+    paths = write_image_folder(tmp_path / "in", 12)
+    refused = hashlib.sha1(paths[1].read_bytes()).hexdigest()[:12]
+    faulty = stub_server("--fail-every", "7", "--reject-digest", refused)  # row 6: 500; 1: 400
     module = load_script(OVIS)
-    hub = FakeHub(tmp_path / "hub")
-    hub_run(module, hub, tmp_path, faulty, "a", "--max-retries", "0", "--concurrency", "1")
-    shutil.rmtree(tmp_path / "hub" / "user/ocr-out" / ".ocr" / "notes")  # an older version's
-    capsys.readouterr()
-    assert hub_run(module, hub, tmp_path, good, "b") == 0
-    assert "have no notes (written by an older version" in capsys.readouterr().err
+    assert hub_run(module, FakeHub(tmp_path / "hub"), tmp_path, faulty, "a", "--max-retries",
+                   "0", "--concurrency", "1") == 0
+    repo = tmp_path / "hub" / "user/ocr-out"
+    notes_file = repo / ".ocr" / "notes" / "shard-0-of-1.json"
+    notes = json.loads(notes_file.read_text())
+    assert notes["part-000000000-000000005.parquet"]["errors"] == {"1": "page"}
+    assert notes["part-000000005-000000010.parquet"]["errors"] == {"6": "server"}
+    notes_file.write_text(json.dumps({"part-000000010-000000012.parquet":
+                                      notes.pop("part-000000010-000000012.parquet")}))
+    hub, good = CountingHub(tmp_path / "hub"), stub_server()
+    assert hub_run(module, hub, tmp_path, good, "b") == 0  # a fresh disk
+    assert sorted(hub.parts_fetched) == sorted(notes)  # the two without notes, no other
+    assert len(good.requests()) == 1  # row 6; row 1's 400 is final
+    assert json.loads(notes_file.read_text())["part-000000000-000000005.parquet"] == \
+        notes["part-000000000-000000005.parquet"]  # rebuilt, on the Hub
+    hub = CountingHub(tmp_path / "hub")
+    assert hub_run(module, hub, tmp_path, good, "c", "--retry-errors") == 0
+    assert hub.parts_fetched == ["part-000000000-000000005.parquet"] and \
+        len(good.requests()) == 2
+    ds = load_output(repo)
+    assert ds["markdown"] == [expected_text(p.read_bytes()) for p in paths]
+    assert "12 with text and 0 error rows" in hub_card_counts(tmp_path)
 
 
 def hub_http_error(status: int, message: str) -> Exception:
