@@ -2134,9 +2134,15 @@ class OutputStore:
                 if any(a < hi and lo < b for a, b in ranges_from_names([k]))}
 
     def fetch_part(self, name: str) -> Path:
-        """A part only the Hub has, into the staging folder: to redo its error rows here."""
-        self.api.hf_hub_download(self.target, f"data/{name}", repo_type="dataset",
-                                 local_dir=self.root)
+        """A part only the Hub has, into the staging folder: to redo its error rows here, or to
+        read its note."""
+        try:
+            self.api.hf_hub_download(self.target, f"data/{name}", repo_type="dataset",
+                                     local_dir=self.root)
+        except Exception as exc:
+            fail(f"cannot download data/{name} from {self.target} ({type(exc).__name__}: "
+                 f"{redact_text(str(exc))[:300]}). Nothing was sent; rerun the same command "
+                 f"once the Hub answers.", EXIT_NOT_WRITTEN)
         return self.root / "data" / name
 
     def local_parts(self) -> list[Path]:

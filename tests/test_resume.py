@@ -475,6 +475,28 @@ def test_after_failed_uploads_the_rerun_sends_the_manifest_and_card_too(tmp_path
     assert refused.value.code == 2
 
 
+class NoDownloadsHub(FakeHub):
+    def hf_hub_download(self, repo_id, filename, repo_type=None, local_dir=None):
+        if filename.startswith("data/"):
+            raise ConnectionError("hub unreachable (injected)")
+        return super().hf_hub_download(repo_id, filename, repo_type, local_dir)
+
+
+def test_a_part_the_hub_cannot_give_is_named_not_a_full_disk(tmp_path, stub_server, capsys):
+    stub = stub_server("--fail-every", "3")
+    write_image_folder(tmp_path / "in", 6)
+    module = load_script(OVIS)
+    hub_run(module, FakeHub(tmp_path / "hub"), tmp_path, stub, "a", "--max-retries", "0")
+    shutil.rmtree(tmp_path / "hub" / "user/ocr-out" / ".ocr" / "notes")
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as stopped:
+        hub_run(module, NoDownloadsHub(tmp_path / "hub"), tmp_path, stub, "b")
+    err = capsys.readouterr().err
+    assert stopped.value.code == module.EXIT_NOT_WRITTEN
+    assert "cannot download data/part-000000000-000000005.parquet from user/ocr-out (Connection" \
+        "Error: hub unreachable (injected)). Nothing was sent" in err and "free space" not in err
+
+
 def run_printed_hf_upload(stderr: str, hub: FakeHub, monkeypatch) -> None:
     """The `hf upload ...` a run printed, run to the letter by huggingface_hub's own `hf` CLI
     (its parsing, its file selection), its HfApi pointed at the FakeHub."""
