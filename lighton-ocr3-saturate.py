@@ -1602,6 +1602,36 @@ class DegenerateCheck:
                 f"--no-sanity-check to write such output anyway.", code=EXIT_DEGENERATE)
 
 
+class HeldFailures:
+    """Rows that failed on the server's (engine's) side wait in `held` until a page is answered
+    after them: a run stopped meanwhile leaves them pending, and its rerun sends them again. One
+    rule for every script: a run that ends with no page answered while some failed that way is
+    the server refusing the run, however short, not a dataset of error rows (exit 4)."""
+
+    WHO = "server"
+
+    def __init__(self):
+        self.held: list = []  # (row, result), in the order they failed
+        self.failures = self.answered = 0
+        self.last = ""
+
+    def release_held(self) -> list:
+        held, self.held = self.held, []
+        return held
+
+    def at_end(self) -> list:
+        """The rows still held, to write as error rows; or the run is refused."""
+        if self.failures and not self.answered:
+            self.stop(f"no page of this run was answered: {self.failures} failed on the "
+                      f"{self.WHO}'s side (last: {self.last})")
+        return self.release_held()
+
+    def stop(self, what: str) -> "NoReturn":  # noqa: F821
+        raise RunAborted(f"{what}. Their rows are not written: they stay pending; once the "
+                         f"{self.WHO} works (its log says why it fails), {rerun_advice()} to "
+                         f"send them again. Rows finished before are saved.", EXIT_REFUSED)
+
+
 # ---- results, parts and the output store -----------------------------------------------------
 
 PAGE, SERVER = "page", "server"  # an error row's kind: the page caused it (final), or the server
@@ -1971,26 +2001,28 @@ def plan_rows(source: InputSource, store: "OutputStore", args) -> RowPlan:
     column = args.output_column
     covered = bytearray(source.hi - source.lo)
     redo: dict[int, Path] = {}
-    earlier_ok = unnoted = 0
+    earlier_ok = 0
     for (start, stop), path in store.parts():
         lo, hi = max(start, source.lo), min(stop, source.hi)
         for i in range(lo, hi):
             covered[i - source.lo] = 1
-        note = part_note(path, column) if path else store.notes.get(part_name(start, stop))
-        if note is None:  # only on the Hub, and no note says what it holds: trusted as it is
+        name, fetched = part_name(start, stop), None
+        if path is None and name not in store.notes and lo < hi:  # only on the Hub, without
+            # its note (sent by `hf upload`, or by an older version): read from the part itself
+            path = fetched = store.fetch_part(name)
+            store.note_rebuilt(name, part_note(path, column))
+        note = part_note(path, column) if path else store.notes.get(name)
+        if note is None:  # another shard's part: its own rerun reads it
             earlier_ok += stop - start
-            unnoted += 1
             continue
         again = [int(row) for row, kind in note["errors"].items()
                  if (kind == SERVER or args.retry_errors) and lo <= int(row) < hi]
         if again and path is None:  # a Job starts on an empty disk: fetch it to redo them
-            path = store.fetch_part(part_name(start, stop))
+            path = store.fetch_part(name)
+        elif fetched and not again:
+            fetched.unlink()  # read for its note only: the Hub's copy is the part
         earlier_ok += stop - start - len(note["errors"])
         redo.update((row, path) for row in again)
-    if unnoted:
-        log(f"warning: {unnoted} part(s) on the Hub have no notes (written by an older version "
-            f"of this script): their error rows are not redone from here. Rerun where they "
-            f"were written, or pass --restart")
     store.keep_local.update(path.name for path in redo.values())  # rewritten here later
     uncovered = [source.lo + i for i, flag in enumerate(covered) if not flag]
     wanted = lambda i: i in redo or (source.lo <= i < source.hi  # noqa: E731
@@ -2109,6 +2141,7 @@ class OutputStore:
         self.notes_name = f".ocr/notes/{shard}.json"
         self.notes: dict[str, dict] = {}  # part name -> part_note(): every shard's, the latest
         self.hub_notes: dict[str, dict] = {}  # the same, of the parts as they are on the Hub
+        self.notes_due = False  # notes rebuilt here, which the Hub has not got yet
         self.card_on_hub = False
         self.sent_parts = 0  # parts given to the Hub by this run (written, or resent)
         self.lock_path = self.meta / f"lock-{shard}"
@@ -2189,10 +2222,27 @@ class OutputStore:
                  f"load_dataset({self.target!r}) would still return its rows, none of the OCR. "
                  f"Write to a new repo, e.g. {self.target}-ocr")
 
+    def note_rebuilt(self, name: str, note: dict) -> None:
+        """A Hub part's note, read from the part: the next commit sends it with the others."""
+        self.hub_notes[name] = self.notes[name] = note
+        self.notes_due = True
+
+    def shard_notes(self, parts: dict) -> dict:
+        """This shard's notes: of its parts on the Hub, and `parts` (name -> note) over them."""
+        lo, hi = self.shard_range
+        return {k: v for k, v in {**self.hub_notes, **parts}.items()
+                if any(a < hi and lo < b for a, b in ranges_from_names([k]))}
+
     def fetch_part(self, name: str) -> Path:
-        """A part only the Hub has, into the staging folder: to redo its error rows here."""
-        self.api.hf_hub_download(self.target, f"data/{name}", repo_type="dataset",
-                                 local_dir=self.root)
+        """A part only the Hub has, into the staging folder: to redo its error rows here, or to
+        read its note."""
+        try:
+            self.api.hf_hub_download(self.target, f"data/{name}", repo_type="dataset",
+                                     local_dir=self.root)
+        except Exception as exc:
+            fail(f"cannot download data/{name} from {self.target} ({type(exc).__name__}: "
+                 f"{redact_text(str(exc))[:300]}). Nothing was sent; rerun the same command "
+                 f"once the Hub answers.", EXIT_NOT_WRITTEN)
         return self.root / "data" / name
 
     def local_parts(self) -> list[Path]:
@@ -2213,6 +2263,7 @@ class OutputStore:
         import shutil
 
         shutil.rmtree(self.meta / "journal", ignore_errors=True)
+        shutil.rmtree(self.meta / "notes", ignore_errors=True)  # staged for `hf upload`
         self.notes = dict(self.hub_notes)
         for path in self.local_parts():
             path.unlink(missing_ok=True)
@@ -2373,10 +2424,9 @@ class OutputStore:
         operations = [CommitOperationAdd(path_in_repo=name, path_or_fileobj=str(local))
                       for name, local in files.items()]
         parts = {Path(name).name for name in files if name.startswith("data/")}
-        lo, hi = self.shard_range  # this shard's notes: of its parts on the Hub, and these
-        notes = {k: v for k, v in {**self.hub_notes, **{p: self.notes[p] for p in parts}}.items()
-                 if any(a < hi and lo < b for a, b in ranges_from_names([k]))}
-        if parts:  # a copy per commit: a later part's note never goes ahead of its part
+        notes = self.shard_notes({p: self.notes[p] for p in parts})
+        with_notes = bool(parts) or self.notes_due
+        if with_notes:  # a copy per commit: a later part's note never goes ahead of its part
             operations.append(CommitOperationAdd(path_in_repo=self.notes_name,
                                                  path_or_fileobj=json.dumps(notes).encode()))
         for attempt in range(UPLOAD_ATTEMPTS):
@@ -2391,6 +2441,9 @@ class OutputStore:
                 (self.meta / "on-hub").touch()  # this staging copy has reached the Hub
                 committed = {Path(name).name for name in files if name.startswith("data/")}
                 self.hub_notes.update(notes)
+                if with_notes:  # newer than a copy staged for `hf upload` (see finish())
+                    self.notes_due = False
+                    (self.root / self.notes_name).unlink(missing_ok=True)
                 self.remote_names |= committed
                 self.known |= committed
                 for name in committed - self.keep_local:  # on the Hub now: the cache can go
@@ -2456,14 +2509,20 @@ class OutputStore:
             files, self.queued = self.queued, {}
         if card is not None:
             files["README.md"] = self.root / "README.md"
-        if files and not self._commit(files):
+        if (files or self.notes_due) and not self._commit(files):
             with self.queue_lock:
                 self.upload_failures = sorted(self.queued)
         if self.upload_failures:
+            notes = self.shard_notes({p.name: part_note(p, self.column)
+                                      for p in self.local_parts()})
+            (self.root / self.notes_name).parent.mkdir(exist_ok=True)
+            (self.root / self.notes_name).write_text(json.dumps(notes))  # `hf upload` sends it
+            # one --exclude (a list is written differently by each version of `hf`): everything
+            # under .ocr/ but the manifest and the notes is this machine's own bookkeeping
             log(f"{len(self.upload_failures)} file(s) did not reach the Hub; they are safe in "
                 f"{self.root}. To resume and upload them, {rerun_advice()}\nor send them "
-                f"with:\n  hf upload {self.target} {self.root} . --repo-type dataset --exclude "
-                f"'.ocr/journal/*' '.ocr/hub/*' '.ocr/lock-*' '.ocr/on-hub'")
+                f"with:\n  hf upload {self.target} {shlex.quote(str(self.root))} . "
+                f"--repo-type dataset --exclude '.ocr/[!mn]*'")
 
     def location(self) -> str:
         return str(self.root) if self.kind == "local" else f"https://huggingface.co/datasets/{self.target}"
@@ -4234,33 +4293,33 @@ async def send_page(client, server: "ServerManager", body: bytes, args) -> RowRe
     return error_row(f"gave up after {args.max_retries + 1} attempts: {last_error}", SERVER)
 
 
-class FailureStorm:
-    """Aborts the run when every page fails for the server's reasons, many pages in a row over a
-    while (or every page of a short run): a dataset of error rows helps nobody, and the rerun
-    will redo them."""
+class FailureStorm(HeldFailures):
+    """Pages that failed on the server's side (5xx, timeouts) are held until a page is answered
+    after them. Many in a row over a while stop the run, as does its end with no page answered
+    (HeldFailures); their rows stay pending for the rerun. A page's own error (a 400) neither
+    counts nor breaks the streak: the server judged that page, no more."""
 
     def __init__(self, pages: int, seconds: float):
+        super().__init__()
         self.pages, self.seconds = pages, seconds
-        self.count, self.since, self.last = 0, None, ""
+        self.count, self.since = 0, None
 
-    def observe(self, result: RowResult) -> None:
-        if result.error_kind != SERVER:
-            self.count, self.since = 0, None
-            return
-        self.count += 1
-        self.last = result.error[:300]
-        self.since = self.since or time.monotonic()
-        if self.count >= self.pages and time.monotonic() - self.since >= self.seconds:
-            raise RunAborted(f"the last {self.count} pages all failed on the server's side over "
-                             f"{time.monotonic() - self.since:.0f} s (last: {result.error[:300]}); "
-                             f"stopping instead of writing error rows. Finished rows are saved; "
-                             f"once the server is fixed, {rerun_advice()}", EXIT_REFUSED)
-
-    def at_end(self, pages: int) -> None:
-        if pages >= 5 and self.count == pages:
-            raise RunAborted(f"all {pages} pages of this run failed on the server's side (last: "
-                             f"{self.last}); their rows are written as errors that a rerun "
-                             f"redoes once the server is fixed.", EXIT_REFUSED)
+    def observe(self, index: int, result: RowResult) -> list:
+        """The rows to write now: this one, and those held before, once a page is answered."""
+        if result.error_kind == SERVER:
+            self.held.append((index, result))
+            self.failures, self.count = self.failures + 1, self.count + 1
+            self.last = result.error[:300]
+            self.since = self.since or time.monotonic()
+            if self.count >= self.pages and time.monotonic() - self.since >= self.seconds:
+                self.stop(f"the last {self.count} pages all failed on the server's side over "
+                          f"{time.monotonic() - self.since:.0f} s (last: {self.last})")
+            return []
+        if result.error is not None or result.skipped is not None:
+            return [(index, result)]
+        self.answered += 1
+        self.count, self.since = 0, None
+        return [(index, result), *self.release_held()]
 
 
 class ClientGroup:
@@ -4573,16 +4632,16 @@ async def run_server_pipeline(source: InputSource, pending: list[int], writer: P
                 stats.count_loops(result)
                 result = postprocessed(result, args)
                 result.digest = digest
+                stats.record(result, latency)
                 try:
                     if result.error is None and result.skipped is None:
                         check.observe(result)
-                    storm.observe(result)
-                except RunAborted as exc:
+                    finished = storm.observe(index, result)
+                except RunAborted as exc:  # nothing written: degenerate, or held by the storm
                     failure.append(exc)
-                    if check.tripped:
-                        return
-                writer.add(index, result)
-                stats.record(result, latency)
+                    return
+                for row in finished:
+                    writer.add(*row)
                 bar.update(1)
                 if result.error is not None:
                     bar.set_postfix(errors=stats.errors_seen, refresh=False)
@@ -4609,7 +4668,8 @@ async def run_server_pipeline(source: InputSource, pending: list[int], writer: P
                     task.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
                 raise failure[0]
-            storm.at_end(len(stats.finished_at))
+            for row in storm.at_end():
+                writer.add(*row)
             if adapting is not None:  # one last sample: the final state, the final counters
                 adapting.cancel()
                 await asyncio.gather(adapting, return_exceptions=True)

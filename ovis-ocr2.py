@@ -1480,6 +1480,36 @@ class DegenerateCheck:
                 f"--no-sanity-check to write such output anyway.", code=EXIT_DEGENERATE)
 
 
+class HeldFailures:
+    """Rows that failed on the server's (engine's) side wait in `held` until a page is answered
+    after them: a run stopped meanwhile leaves them pending, and its rerun sends them again. One
+    rule for every script: a run that ends with no page answered while some failed that way is
+    the server refusing the run, however short, not a dataset of error rows (exit 4)."""
+
+    WHO = "server"
+
+    def __init__(self):
+        self.held: list = []  # (row, result), in the order they failed
+        self.failures = self.answered = 0
+        self.last = ""
+
+    def release_held(self) -> list:
+        held, self.held = self.held, []
+        return held
+
+    def at_end(self) -> list:
+        """The rows still held, to write as error rows; or the run is refused."""
+        if self.failures and not self.answered:
+            self.stop(f"no page of this run was answered: {self.failures} failed on the "
+                      f"{self.WHO}'s side (last: {self.last})")
+        return self.release_held()
+
+    def stop(self, what: str) -> "NoReturn":  # noqa: F821
+        raise RunAborted(f"{what}. Their rows are not written: they stay pending; once the "
+                         f"{self.WHO} works (its log says why it fails), {rerun_advice()} to "
+                         f"send them again. Rows finished before are saved.", EXIT_REFUSED)
+
+
 # ---- results, parts and the output store -----------------------------------------------------
 
 PAGE, SERVER = "page", "server"  # an error row's kind: the page caused it (final), or the server
@@ -1849,26 +1879,28 @@ def plan_rows(source: InputSource, store: "OutputStore", args) -> RowPlan:
     column = args.output_column
     covered = bytearray(source.hi - source.lo)
     redo: dict[int, Path] = {}
-    earlier_ok = unnoted = 0
+    earlier_ok = 0
     for (start, stop), path in store.parts():
         lo, hi = max(start, source.lo), min(stop, source.hi)
         for i in range(lo, hi):
             covered[i - source.lo] = 1
-        note = part_note(path, column) if path else store.notes.get(part_name(start, stop))
-        if note is None:  # only on the Hub, and no note says what it holds: trusted as it is
+        name, fetched = part_name(start, stop), None
+        if path is None and name not in store.notes and lo < hi:  # only on the Hub, without
+            # its note (sent by `hf upload`, or by an older version): read from the part itself
+            path = fetched = store.fetch_part(name)
+            store.note_rebuilt(name, part_note(path, column))
+        note = part_note(path, column) if path else store.notes.get(name)
+        if note is None:  # another shard's part: its own rerun reads it
             earlier_ok += stop - start
-            unnoted += 1
             continue
         again = [int(row) for row, kind in note["errors"].items()
                  if (kind == SERVER or args.retry_errors) and lo <= int(row) < hi]
         if again and path is None:  # a Job starts on an empty disk: fetch it to redo them
-            path = store.fetch_part(part_name(start, stop))
+            path = store.fetch_part(name)
+        elif fetched and not again:
+            fetched.unlink()  # read for its note only: the Hub's copy is the part
         earlier_ok += stop - start - len(note["errors"])
         redo.update((row, path) for row in again)
-    if unnoted:
-        log(f"warning: {unnoted} part(s) on the Hub have no notes (written by an older version "
-            f"of this script): their error rows are not redone from here. Rerun where they "
-            f"were written, or pass --restart")
     store.keep_local.update(path.name for path in redo.values())  # rewritten here later
     uncovered = [source.lo + i for i, flag in enumerate(covered) if not flag]
     wanted = lambda i: i in redo or (source.lo <= i < source.hi  # noqa: E731
@@ -1987,6 +2019,7 @@ class OutputStore:
         self.notes_name = f".ocr/notes/{shard}.json"
         self.notes: dict[str, dict] = {}  # part name -> part_note(): every shard's, the latest
         self.hub_notes: dict[str, dict] = {}  # the same, of the parts as they are on the Hub
+        self.notes_due = False  # notes rebuilt here, which the Hub has not got yet
         self.card_on_hub = False
         self.sent_parts = 0  # parts given to the Hub by this run (written, or resent)
         self.lock_path = self.meta / f"lock-{shard}"
@@ -2067,10 +2100,27 @@ class OutputStore:
                  f"load_dataset({self.target!r}) would still return its rows, none of the OCR. "
                  f"Write to a new repo, e.g. {self.target}-ocr")
 
+    def note_rebuilt(self, name: str, note: dict) -> None:
+        """A Hub part's note, read from the part: the next commit sends it with the others."""
+        self.hub_notes[name] = self.notes[name] = note
+        self.notes_due = True
+
+    def shard_notes(self, parts: dict) -> dict:
+        """This shard's notes: of its parts on the Hub, and `parts` (name -> note) over them."""
+        lo, hi = self.shard_range
+        return {k: v for k, v in {**self.hub_notes, **parts}.items()
+                if any(a < hi and lo < b for a, b in ranges_from_names([k]))}
+
     def fetch_part(self, name: str) -> Path:
-        """A part only the Hub has, into the staging folder: to redo its error rows here."""
-        self.api.hf_hub_download(self.target, f"data/{name}", repo_type="dataset",
-                                 local_dir=self.root)
+        """A part only the Hub has, into the staging folder: to redo its error rows here, or to
+        read its note."""
+        try:
+            self.api.hf_hub_download(self.target, f"data/{name}", repo_type="dataset",
+                                     local_dir=self.root)
+        except Exception as exc:
+            fail(f"cannot download data/{name} from {self.target} ({type(exc).__name__}: "
+                 f"{redact_text(str(exc))[:300]}). Nothing was sent; rerun the same command "
+                 f"once the Hub answers.", EXIT_NOT_WRITTEN)
         return self.root / "data" / name
 
     def local_parts(self) -> list[Path]:
@@ -2091,6 +2141,7 @@ class OutputStore:
         import shutil
 
         shutil.rmtree(self.meta / "journal", ignore_errors=True)
+        shutil.rmtree(self.meta / "notes", ignore_errors=True)  # staged for `hf upload`
         self.notes = dict(self.hub_notes)
         for path in self.local_parts():
             path.unlink(missing_ok=True)
@@ -2251,10 +2302,9 @@ class OutputStore:
         operations = [CommitOperationAdd(path_in_repo=name, path_or_fileobj=str(local))
                       for name, local in files.items()]
         parts = {Path(name).name for name in files if name.startswith("data/")}
-        lo, hi = self.shard_range  # this shard's notes: of its parts on the Hub, and these
-        notes = {k: v for k, v in {**self.hub_notes, **{p: self.notes[p] for p in parts}}.items()
-                 if any(a < hi and lo < b for a, b in ranges_from_names([k]))}
-        if parts:  # a copy per commit: a later part's note never goes ahead of its part
+        notes = self.shard_notes({p: self.notes[p] for p in parts})
+        with_notes = bool(parts) or self.notes_due
+        if with_notes:  # a copy per commit: a later part's note never goes ahead of its part
             operations.append(CommitOperationAdd(path_in_repo=self.notes_name,
                                                  path_or_fileobj=json.dumps(notes).encode()))
         for attempt in range(UPLOAD_ATTEMPTS):
@@ -2269,6 +2319,9 @@ class OutputStore:
                 (self.meta / "on-hub").touch()  # this staging copy has reached the Hub
                 committed = {Path(name).name for name in files if name.startswith("data/")}
                 self.hub_notes.update(notes)
+                if with_notes:  # newer than a copy staged for `hf upload` (see finish())
+                    self.notes_due = False
+                    (self.root / self.notes_name).unlink(missing_ok=True)
                 self.remote_names |= committed
                 self.known |= committed
                 for name in committed - self.keep_local:  # on the Hub now: the cache can go
@@ -2334,14 +2387,20 @@ class OutputStore:
             files, self.queued = self.queued, {}
         if card is not None:
             files["README.md"] = self.root / "README.md"
-        if files and not self._commit(files):
+        if (files or self.notes_due) and not self._commit(files):
             with self.queue_lock:
                 self.upload_failures = sorted(self.queued)
         if self.upload_failures:
+            notes = self.shard_notes({p.name: part_note(p, self.column)
+                                      for p in self.local_parts()})
+            (self.root / self.notes_name).parent.mkdir(exist_ok=True)
+            (self.root / self.notes_name).write_text(json.dumps(notes))  # `hf upload` sends it
+            # one --exclude (a list is written differently by each version of `hf`): everything
+            # under .ocr/ but the manifest and the notes is this machine's own bookkeeping
             log(f"{len(self.upload_failures)} file(s) did not reach the Hub; they are safe in "
                 f"{self.root}. To resume and upload them, {rerun_advice()}\nor send them "
-                f"with:\n  hf upload {self.target} {self.root} . --repo-type dataset --exclude "
-                f"'.ocr/journal/*' '.ocr/hub/*' '.ocr/lock-*' '.ocr/on-hub'")
+                f"with:\n  hf upload {self.target} {shlex.quote(str(self.root))} . "
+                f"--repo-type dataset --exclude '.ocr/[!mn]*'")
 
     def location(self) -> str:
         return str(self.root) if self.kind == "local" else f"https://huggingface.co/datasets/{self.target}"
@@ -3591,26 +3650,30 @@ def data_url(page: PreparedPage) -> str:
     return f"data:{page.mime};base64,{base64.b64encode(page.data).decode()}"
 
 
-class EngineStreak:
+class EngineStreak(HeldFailures):
     """A broken engine is not N bad pages. A single page failing is its row's error; but pages
     failing alone one after another, with the same exception and no page answered between
-    (STREAK of them, or every page of a run of at least 5, as the server scripts judge), or an
-    engine that is gone (EngineDeadError, out of memory), stop the run with exit 4. Failed rows
-    wait in `held` until a page is answered after them, so on a stop they stay pending and the
-    rerun sends them again. A ValueError is vLLM refusing that page's input (longer than
-    max_model_len, an image it cannot process): the page's own error, like a 400 from a server."""
+    (STREAK of them), an engine that is gone (EngineDeadError, out of memory), or a run that
+    ends with none of its pages answered (HeldFailures, as the server scripts judge), stop the
+    run with exit 4. Failed rows wait in `held` until a page is answered after them, so on a
+    stop they stay pending and the rerun sends them again. A ValueError is vLLM refusing that
+    page's input (longer than max_model_len, an image it cannot process): the page's own
+    error, like a 400 from a server."""
 
     STREAK = 16
+    WHO = "engine"
 
     def __init__(self):
-        self.count, self.kind, self.last, self.answered, self.held = 0, "", "", 0, []
+        super().__init__()
+        self.count, self.kind = 0, ""
 
     def failed(self, exc: Exception, alone: bool) -> None:
-        kind, self.last = type(exc).__name__, f"{type(exc).__name__}: {str(exc)[:300]}"
+        kind, last = type(exc).__name__, f"{type(exc).__name__}: {str(exc)[:300]}"
         if "EngineDead" in kind or "out of memory" in str(exc).lower():
-            self.stop(f"the vLLM engine is gone ({self.last})")
+            self.stop(f"the vLLM engine is gone ({last})")
         if alone and not isinstance(exc, ValueError):
             self.count, self.kind = (self.count + 1 if kind == self.kind else 1), kind
+            self.failures, self.last = self.failures + 1, last
             if self.count >= self.STREAK:
                 self.stop(f"the last {self.count} pages failed one by one, none answered "
                           f"between (last: {self.last})")
@@ -3618,20 +3681,9 @@ class EngineStreak:
     def ok(self, pages: int) -> None:
         self.count, self.kind, self.answered = 0, "", self.answered + pages
 
-    def release(self, at_end: bool = False) -> list:
-        """The held rows once a page was answered after them (at the end: unless every page
-        of the run failed)."""
-        if at_end and self.count >= 5 and not self.answered:
-            self.stop(f"all {self.count} pages of this run failed (last: {self.last})")
-        if self.count and not at_end:
-            return []
-        held, self.held = self.held, []
-        return held
-
-    @staticmethod
-    def stop(what: str) -> "NoReturn":  # noqa: F821
-        raise RunAborted(f"{what}; stopping instead of writing error rows. Finished rows are "
-                         f"saved; once the engine works, {rerun_advice()}", EXIT_REFUSED)
+    def release(self) -> list:
+        """The held rows once a page was answered after them."""
+        return [] if self.count else self.release_held()
 
 
 def generate_batch(llm, sampling, items: list, args, streak: EngineStreak) -> list[RowResult]:
@@ -3751,7 +3803,7 @@ def run_offline(source: InputSource, pending: list[int], writer: PartWriter, sta
             bar.set_postfix(errors=stats.errors_seen, refresh=False)
             if writer.due():
                 writer.flush()
-        for index, result in streak.release(at_end=True):
+        for index, result in streak.at_end():
             write(index, result)
         bar.set_postfix(errors=stats.errors_seen)
     finally:

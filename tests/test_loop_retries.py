@@ -241,18 +241,20 @@ def test_offline_looping_pages_are_regenerated_with_a_seed_each(tmp_path, script
     assert stats["pages_loop_retried"] == 5 and stats["pages_still_looping"] == 0
 
 
-def test_a_loop_retry_the_server_fails_is_an_error_row_the_rerun_redoes(tmp_path, stub_server):
-    """Never the loop kept as if it were the answer: the row names the failed retry, its kind
-    is the server's, and the rerun against a healthy server sends those pages again."""
+def test_a_loop_retry_the_server_fails_is_never_kept_and_the_rerun_redoes_it(tmp_path, stub_server):
+    """Never the loop kept as if it were the answer: a failed retry is the server's error, so
+    with every page's retry failing no page was answered and the run is refused (exit 4, its
+    rows pending, the failed retry named); the rerun against a healthy server sends them again.
+    (The error row such a page gets among answered ones: the kept-attempt test above.)"""
     failing = stub_server("--loop-below", "0.25", "--fail-seeded")
     write_image_folder(tmp_path / "in", 4)
     base = [str(tmp_path / "in"), str(tmp_path / "out"), "--max-tokens", "1000",
             "--no-sanity-check", "--max-retries", "0"]
     run = run_script(OVIS, *base, "--server", failing.url)
-    assert run.returncode in (0, 4), run.stderr[-3000:]
-    ds = load_output(tmp_path / "out")
-    assert all("looped, and sending it again failed" in e for e in ds["markdown_error"])
-    assert set(ds["markdown_error_kind"]) == {"server"} and ds["markdown"] == [None] * 4
+    assert run.returncode == 4, run.stderr[-3000:]
+    assert "4 failed on the server's side (last: the answer looped, and sending it again " \
+        "failed" in run.stderr
+    assert not list((tmp_path / "out" / "data").glob("*.parquet"))  # no loop kept as text
     failing.stop()
     healthy = stub_server("--loop-below", "0.25")
     run = run_script(OVIS, *base, "--server", healthy.url)

@@ -3,8 +3,10 @@ truth for a Hub OUTPUT. Against the stub server, as a user reruns a command."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -386,13 +388,39 @@ def test_a_degenerate_stop_leaves_no_manifest_behind(tmp_path, stub_server):
     assert run.returncode == 0, run.stderr
 
 
-def test_a_short_run_whose_every_page_fails_on_the_server_exits_4(tmp_path, stub_server):
-    stub = stub_server("--fail-first", "1000")
-    write_image_folder(tmp_path / "in", 6)
-    run = run_script(OVIS, str(tmp_path / "in"), str(tmp_path / "out"),
-                     *common(stub, "--max-retries", "0"))
-    assert run.returncode == 4 and "all 6 pages" in run.stderr, run.stderr
-    assert set(load_output(tmp_path / "out")["markdown_error_kind"]) == {"server"}
+@pytest.mark.parametrize("pages", [2, 46])
+def test_a_server_that_fails_every_page_refuses_the_run_however_short(tmp_path, stub_server,
+                                                                      pages):
+    """A server answering 500 to everything: exit 4 with the rows left pending, not a run of
+    error rows (it was exit 0 for a short run, and '0 ok, 46 failed' for a longer one)."""
+    dead = stub_server("--fail-first", str(10 ** 9))
+    paths = write_image_folder(tmp_path / "in", pages)
+    args = [str(tmp_path / "in"), str(tmp_path / "out")]
+    run = run_script(OVIS, *args, *common(dead, "--max-retries", "0",
+                                          "--stats-json", str(tmp_path / "s.json")))
+    assert run.returncode == 4, run.stderr
+    assert f"no page of this run was answered: {pages} failed on the server's side" in run.stderr
+    assert "HTTP 500" in run.stderr and "rerunning the same command sends them again" in run.stderr
+    stats = json.loads((tmp_path / "s.json").read_text())
+    assert (stats["rows_failed"], stats["rows_not_written"], stats["exit_code"]) == (0, pages, 4)
+    assert not list((tmp_path / "out" / "data").glob("*.parquet"))
+    assert journal_rows(tmp_path / "out") == 0
+    good = stub_server()
+    run = run_script(OVIS, *args, *common(good))  # the rerun sends every page again
+    assert run.returncode == 0, run.stderr
+    assert len(good.requests()) == pages
+    assert load_output(tmp_path / "out")["markdown"] == [expected_text(p.read_bytes())
+                                                          for p in paths]
+
+
+def test_a_run_whose_every_page_is_refused_as_a_page_writes_their_errors(tmp_path, stub_server):
+    """400s are the pages' own errors, final: not the server refusing the run."""
+    write_image_folder(tmp_path / "in", 2)
+    stub = stub_server("--reject-smaller-than", "100000")
+    run = run_script(OVIS, str(tmp_path / "in"), str(tmp_path / "out"), *common(stub))
+    assert run.returncode == 0, run.stderr
+    ds = load_output(tmp_path / "out")
+    assert ds["markdown_error_kind"] == ["page"] * 2 and ds["markdown"] == [None] * 2
 
 
 class RacingHub(FakeHub):
@@ -523,6 +551,83 @@ def test_after_failed_uploads_the_rerun_sends_the_manifest_and_card_too(tmp_path
     assert refused.value.code == 2
 
 
+class NoDownloadsHub(FakeHub):
+    def hf_hub_download(self, repo_id, filename, repo_type=None, local_dir=None):
+        if filename.startswith("data/"):
+            raise ConnectionError("hub unreachable (injected)")
+        return super().hf_hub_download(repo_id, filename, repo_type, local_dir)
+
+
+def test_a_part_the_hub_cannot_give_is_named_not_a_full_disk(tmp_path, stub_server, capsys):
+    stub = stub_server("--fail-every", "3")
+    write_image_folder(tmp_path / "in", 6)
+    module = load_script(OVIS)
+    hub_run(module, FakeHub(tmp_path / "hub"), tmp_path, stub, "a", "--max-retries", "0")
+    shutil.rmtree(tmp_path / "hub" / "user/ocr-out" / ".ocr" / "notes")
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as stopped:
+        hub_run(module, NoDownloadsHub(tmp_path / "hub"), tmp_path, stub, "b")
+    err = capsys.readouterr().err
+    assert stopped.value.code == module.EXIT_NOT_WRITTEN
+    assert "cannot download data/part-000000000-000000005.parquet from user/ocr-out (Connection" \
+        "Error: hub unreachable (injected)). Nothing was sent" in err and "free space" not in err
+
+
+def run_printed_hf_upload(stderr: str, hub: FakeHub, monkeypatch) -> None:
+    """The `hf upload ...` a run printed, run to the letter by huggingface_hub's own `hf` CLI
+    (its parsing, its file selection), its HfApi pointed at the FakeHub."""
+    import types
+
+    upload_cli = pytest.importorskip("huggingface_hub.cli.upload", reason="the typer `hf` CLI")
+    from huggingface_hub import HfApi, hf_api
+    from huggingface_hub.cli.hf import app
+
+    class ToFakeHub(HfApi):
+        def create_repo(self, repo_id, repo_type=None, private=None, exist_ok=False, **_):
+            hub.create_repo(repo_id, repo_type=repo_type, private=private, exist_ok=exist_ok)
+            return types.SimpleNamespace(repo_id=repo_id)
+
+        def _validate_yaml(self, *args, **kwargs):  # a Hub call; the card is checked below
+            pass
+
+        def create_commit(self, repo_id, operations, commit_message=None, repo_type=None,
+                          parent_commit=None, **_):
+            return hub.create_commit(repo_id, operations, commit_message, repo_type,
+                                     parent_commit)
+
+    command = next(line.strip() for line in stderr.splitlines()
+                   if line.strip().startswith("hf upload "))
+    monkeypatch.setattr(upload_cli, "get_hf_api", lambda token=None: ToFakeHub(token=False))
+    monkeypatch.setattr(hf_api, "is_xet_available", lambda: False)  # one commit, no Xet
+    app(args=shlex.split(command)[1:], standalone_mode=False, windows_expand_args=False)
+
+
+def test_the_printed_hf_upload_sends_what_a_rerun_needs(tmp_path, stub_server, capsys,
+                                                        monkeypatch):
+    """Exit 6 prints an `hf upload`; done as printed, a rerun on another machine redoes the
+    server error rows. The printed command did not parse (`hf` takes one value per --exclude),
+    and the parts reached the Hub without their notes."""
+    faulty, good = stub_server("--fail-every", "4"), stub_server()
+    paths = write_image_folder(tmp_path / "in", 12)
+    module = load_script(OVIS)
+    monkeypatch.setattr(module, "UPLOAD_ATTEMPTS", 1)
+    capsys.readouterr()
+    assert hub_run(module, FakeHub(tmp_path / "hub", fail_uploads=True), tmp_path, faulty,
+                   "laptop", "--max-retries", "0", "--concurrency", "1") == 6
+    run_printed_hf_upload(capsys.readouterr().err, FakeHub(tmp_path / "hub"), monkeypatch)
+    repo = tmp_path / "hub" / "user/ocr-out"
+    sent = sorted(str(p.relative_to(repo)) for p in repo.rglob("*") if p.is_file())
+    assert sent == [".ocr/manifest.json", ".ocr/notes/shard-0-of-1.json", "README.md",
+                    *(f"data/{part}" for part in ("part-000000000-000000005.parquet",
+                                                  "part-000000005-000000010.parquet",
+                                                  "part-000000010-000000012.parquet"))]
+    assert "9 with text and 3 error rows" in hub_card_counts(tmp_path)
+    assert hub_run(module, FakeHub(tmp_path / "hub"), tmp_path, good, "job") == 0
+    assert len(good.requests()) == 3  # the three server error rows
+    assert load_output(repo)["markdown"] == [expected_text(p.read_bytes()) for p in paths]
+    assert "12 with text and 0 error rows" in hub_card_counts(tmp_path)
+
+
 def hub_card_counts(tmp_path: Path) -> str:
     text = (tmp_path / "hub" / "user/ocr-out" / "README.md").read_text()
     return next(line for line in text.splitlines() if "This output holds" in line)
@@ -623,17 +728,50 @@ def test_the_card_counts_what_other_shards_wrote_during_the_run(tmp_path, stub_s
     assert "holds 12 rows: 12 with text and 0 error rows." in hub_card_counts(tmp_path)
 
 
-def test_a_hub_output_without_notes_says_its_error_rows_are_not_redone(tmp_path, stub_server,
-                                                                       capsys):
-    faulty, good = stub_server("--fail-every", "3"), stub_server()
-    write_image_folder(tmp_path / "in", 12)
+class CountingHub(FakeHub):
+    """Counts the parts downloaded from it."""
+
+    def __init__(self, root: Path):
+        super().__init__(root)
+        self.parts_fetched: list[str] = []
+
+    def hf_hub_download(self, repo_id, filename, repo_type=None, local_dir=None):
+        if filename.startswith("data/"):
+            self.parts_fetched.append(Path(filename).name)
+        return super().hf_hub_download(repo_id, filename, repo_type, local_dir)
+
+
+def test_parts_on_the_hub_without_notes_have_them_rebuilt_and_their_errors_redone(tmp_path,
+                                                                                stub_server):
+    """Parts that reached the Hub without their notes (an `hf upload` by hand, an older
+    version): their server error rows were never redone, not even with --retry-errors. A rerun
+    reads the notes from those parts, fetching only them, and sends the notes to the Hub."""
+    paths = write_image_folder(tmp_path / "in", 12)
+    refused = hashlib.sha1(paths[1].read_bytes()).hexdigest()[:12]
+    faulty = stub_server("--fail-every", "7", "--reject-digest", refused)  # row 6: 500; 1: 400
     module = load_script(OVIS)
-    hub = FakeHub(tmp_path / "hub")
-    hub_run(module, hub, tmp_path, faulty, "a", "--max-retries", "0", "--concurrency", "1")
-    shutil.rmtree(tmp_path / "hub" / "user/ocr-out" / ".ocr" / "notes")  # an older version's
-    capsys.readouterr()
-    assert hub_run(module, hub, tmp_path, good, "b") == 0
-    assert "have no notes (written by an older version" in capsys.readouterr().err
+    assert hub_run(module, FakeHub(tmp_path / "hub"), tmp_path, faulty, "a", "--max-retries",
+                   "0", "--concurrency", "1") == 0
+    repo = tmp_path / "hub" / "user/ocr-out"
+    notes_file = repo / ".ocr" / "notes" / "shard-0-of-1.json"
+    notes = json.loads(notes_file.read_text())
+    assert notes["part-000000000-000000005.parquet"]["errors"] == {"1": "page"}
+    assert notes["part-000000005-000000010.parquet"]["errors"] == {"6": "server"}
+    notes_file.write_text(json.dumps({"part-000000010-000000012.parquet":
+                                      notes.pop("part-000000010-000000012.parquet")}))
+    hub, good = CountingHub(tmp_path / "hub"), stub_server()
+    assert hub_run(module, hub, tmp_path, good, "b") == 0  # a fresh disk
+    assert sorted(hub.parts_fetched) == sorted(notes)  # the two without notes, no other
+    assert len(good.requests()) == 1  # row 6; row 1's 400 is final
+    assert json.loads(notes_file.read_text())["part-000000000-000000005.parquet"] == \
+        notes["part-000000000-000000005.parquet"]  # rebuilt, on the Hub
+    hub = CountingHub(tmp_path / "hub")
+    assert hub_run(module, hub, tmp_path, good, "c", "--retry-errors") == 0
+    assert hub.parts_fetched == ["part-000000000-000000005.parquet"] and \
+        len(good.requests()) == 2
+    ds = load_output(repo)
+    assert ds["markdown"] == [expected_text(p.read_bytes()) for p in paths]
+    assert "12 with text and 0 error rows" in hub_card_counts(tmp_path)
 
 
 def hub_http_error(status: int, message: str) -> Exception:

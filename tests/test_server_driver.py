@@ -286,13 +286,17 @@ def test_a_400_is_not_retried_and_its_text_lands_in_the_row(tmp_path, stub_serve
 
 
 def test_timeouts_that_never_end_become_error_rows(tmp_path, stub_server):
-    stub = stub_server("--hang-first", "1000", "--hang-seconds", "5")
+    """Pages 0 and 1 time out at each try, page 2 is answered: two error rows, not a stuck run
+    (with no page answered at all, the server refuses the run: exit 4, test_resume.py)."""
+    stub = stub_server("--hang-first", "4", "--hang-seconds", "5")
     write_image_folder(tmp_path / "in", 3)
     run = run_script(OVIS, str(tmp_path / "in"), str(tmp_path / "out"),
-                     *common(stub, "--request-timeout", "0.5", "--max-retries", "1"))
+                     *common(stub, "--request-timeout", "0.5", "--max-retries", "1",
+                             "--concurrency", "1"))
     assert run.returncode == 0, run.stderr
     ds = load_output(tmp_path / "out")
-    assert all("timed out after 0.5 s" in e for e in ds["markdown_error"]), ds["markdown_error"]
+    assert all("timed out after 0.5 s" in e for e in ds["markdown_error"][:2]), ds["markdown_error"]
+    assert ds["markdown_error"][2] is None and ds["markdown_error_kind"][:2] == ["server"] * 2
 
 
 def test_a_remote_server_that_stays_down_ends_the_run_with_finished_rows_saved(tmp_path, stub_server):

@@ -187,9 +187,8 @@ def test_a_storm_of_server_failures_aborts_and_the_rerun_redoes_those_rows(tmp_p
     assert run.returncode == 4, run.stderr
     assert "the last" in run.stderr and "pages all failed" in run.stderr
     assert "timed out after 0.3 s" in run.stderr
-    first = load_output(tmp_path / "out")
-    assert 5 <= first.num_rows < 40
-    assert set(first["markdown_error_kind"]) == {"server"}
+    assert not list((tmp_path / "out" / "data").glob("*.parquet"))  # no error rows: pending
+    assert journal_rows(tmp_path / "out") == 0
     good = stub_server()
     run = run_script(OVIS, str(tmp_path / "in"), str(tmp_path / "out"), *common(good),
                      "--stats-json", str(tmp_path / "s.json"))
@@ -199,6 +198,29 @@ def test_a_storm_of_server_failures_aborts_and_the_rerun_redoes_those_rows(tmp_p
     assert ds["file_name"] == [p.name for p in paths]  # each row once: replaced in place
     assert ds["markdown_error"] == [None] * 40
     assert stats_of(tmp_path / "s.json")["rows_ok"] == 40
+
+
+def test_a_storm_after_answered_pages_keeps_them_and_leaves_its_own_rows_pending(tmp_path,
+                                                                               stub_server):
+    """The pages answered before the server broke are written; the storm's are not written as
+    error rows (they were), so the rerun sends exactly them."""
+    broken = stub_server("--refuse-after", "10", "--refuse-status", "500")
+    paths = write_image_folder(tmp_path / "in", 40)
+    args = [str(tmp_path / "in"), str(tmp_path / "out")]
+    run = run_script(OVIS, *args, *common(broken, "--concurrency", "1", "--max-retries", "0",
+                                          "--abort-after-failures", "5",
+                                          "--abort-after-seconds", "0",
+                                          "--stats-json", str(tmp_path / "s.json")))
+    assert run.returncode == 4, run.stderr
+    assert "the last 5 pages all failed on the server's side" in run.stderr
+    stats = stats_of(tmp_path / "s.json")
+    assert (stats["rows_ok"], stats["rows_failed"], stats["rows_not_written"]) == (10, 0, 30)
+    good = stub_server()
+    run = run_script(OVIS, *args, *common(good))
+    assert run.returncode == 0, run.stderr
+    assert len(good.requests()) == 30
+    ds = load_output(tmp_path / "out")
+    assert ds["markdown"] == [expected_text(p.read_bytes()) for p in paths]
 
 
 def test_page_errors_stay_unless_retry_errors_and_are_replaced_in_place(tmp_path, stub_server):
@@ -491,10 +513,12 @@ CUDA_FAULT = "RuntimeError: CUDA error: an illegal memory access was encountered
 
 
 @pytest.mark.parametrize("script", ["ovis-ocr2.py", "lighton-ocr3.py"])
-@pytest.mark.parametrize("pages, said", [(12, "all 12 pages of this run failed"),
-                                         (24, "the last 16 pages failed one by one")])
+@pytest.mark.parametrize("pages, said, calls", [
+    (3, "no page of this run was answered: 3 failed on the engine's side", 5),  # however short
+    (12, "no page of this run was answered: 12 failed on the engine's side", 3 * 7),
+    (24, "the last 16 pages failed one by one", 4 * 7)])
 def test_offline_an_engine_that_fails_every_page_stops_with_exit_4_and_the_rerun_finishes(
-        tmp_path, script, pages, said):
+        tmp_path, script, pages, said, calls):
     """Not N final page errors that a rerun would keep: the rows stay pending, exit 4."""
     paths = write_image_folder(tmp_path / "in", pages)
     out = tmp_path / "out"
@@ -505,7 +529,7 @@ def test_offline_an_engine_that_fails_every_page_stops_with_exit_4_and_the_rerun
     assert said in run.stderr and CUDA_FAULT in run.stderr
     stats = stats_of(tmp_path / "s.json")
     assert (stats["rows_failed"], stats["rows_not_written"], stats["exit_code"]) == (0, pages, 4)
-    assert len(chat_calls(tmp_path)) == (3 if pages == 12 else 4) * 7  # 16 pages, then no more
+    assert len(chat_calls(tmp_path)) == calls  # each page alone; 16 of them, then no more
     run = run_script(script, *args, env=offline_env(tmp_path))
     assert run.returncode == 0, run.stderr[-3000:]
     ds = load_output(out)
