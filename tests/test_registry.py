@@ -101,6 +101,17 @@ def test_readme_has_exactly_two_setup_commands_and_ci_runs_the_test_one():
     assert test_command in (ROOT / ".ci" / "run").read_text()
 
 
+def test_unlimited_ocr_endpoint_is_started_with_a_timeout_the_page_explains():
+    """Jobs stop a Job after 30 minutes unless given a timeout (MODEL-FACTS, rules): the start
+    command carries one, and the page says what it bounds."""
+    doc = (ROOT / "serving-unlimited-ocr.md").read_text()
+    start = re.search(r"## Start it\n\n```bash\n(.*?)```", doc, re.S).group(1)
+    timeout = re.search(r"--timeout (\d+[smhd])\b", start)
+    assert timeout and start.index("--timeout") < start.index("vllm/vllm-openai"), start
+    assert "30 minutes" in doc and "until it is stopped:" not in doc
+    assert f"`--timeout {timeout.group(1)}`" in doc
+
+
 def test_unlimited_ocr_client_example_works_against_the_stub(tmp_path, stub_server):
     doc = (ROOT / "serving-unlimited-ocr.md").read_text()
     example = re.search(r"```python\n(.*?)```", doc, re.S).group(1)
