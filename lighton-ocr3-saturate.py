@@ -1619,9 +1619,11 @@ class HeldFailures:
         held, self.held = self.held, []
         return held
 
-    def at_end(self) -> list:
-        """The rows still held, to write as error rows; or the run is refused."""
-        if self.failures and not self.answered:
+    def at_end(self, redone) -> list:
+        """The rows still held, to write as error rows; or the run is refused. Rows `redone`
+        were error rows already: failing again loses nothing (a page the server always fails
+        must not make every rerun exit 4)."""
+        if self.failures and not self.answered and any(i not in redone for i, _ in self.held):
             self.stop(f"no page of this run was answered: {self.failures} failed on the "
                       f"{self.WHO}'s side (last: {self.last})")
         return self.release_held()
@@ -4668,7 +4670,7 @@ async def run_server_pipeline(source: InputSource, pending: list[int], writer: P
                     task.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
                 raise failure[0]
-            for row in storm.at_end():
+            for row in storm.at_end(writer.redo):
                 writer.add(*row)
             if adapting is not None:  # one last sample: the final state, the final counters
                 adapting.cancel()

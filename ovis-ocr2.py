@@ -1497,9 +1497,11 @@ class HeldFailures:
         held, self.held = self.held, []
         return held
 
-    def at_end(self) -> list:
-        """The rows still held, to write as error rows; or the run is refused."""
-        if self.failures and not self.answered:
+    def at_end(self, redone) -> list:
+        """The rows still held, to write as error rows; or the run is refused. Rows `redone`
+        were error rows already: failing again loses nothing (a page the server always fails
+        must not make every rerun exit 4)."""
+        if self.failures and not self.answered and any(i not in redone for i, _ in self.held):
             self.stop(f"no page of this run was answered: {self.failures} failed on the "
                       f"{self.WHO}'s side (last: {self.last})")
         return self.release_held()
@@ -3803,7 +3805,7 @@ def run_offline(source: InputSource, pending: list[int], writer: PartWriter, sta
             bar.set_postfix(errors=stats.errors_seen, refresh=False)
             if writer.due():
                 writer.flush()
-        for index, result in streak.at_end():
+        for index, result in streak.at_end(writer.redo):
             write(index, result)
         bar.set_postfix(errors=stats.errors_seen)
     finally:

@@ -400,7 +400,7 @@ def test_a_server_that_fails_every_page_refuses_the_run_however_short(tmp_path, 
                                           "--stats-json", str(tmp_path / "s.json")))
     assert run.returncode == 4, run.stderr
     assert f"no page of this run was answered: {pages} failed on the server's side" in run.stderr
-    assert "HTTP 500" in run.stderr and "rerunning the same command sends them again" in run.stderr
+    assert "HTTP 500" in run.stderr and "rerun the same command to send them again" in run.stderr
     stats = json.loads((tmp_path / "s.json").read_text())
     assert (stats["rows_failed"], stats["rows_not_written"], stats["exit_code"]) == (0, pages, 4)
     assert not list((tmp_path / "out" / "data").glob("*.parquet"))
@@ -411,6 +411,27 @@ def test_a_server_that_fails_every_page_refuses_the_run_however_short(tmp_path, 
     assert len(good.requests()) == pages
     assert load_output(tmp_path / "out")["markdown"] == [expected_text(p.read_bytes())
                                                           for p in paths]
+
+
+def test_a_page_the_server_always_fails_does_not_make_every_rerun_exit_4(tmp_path, stub_server):
+    """A rerun that only redoes error rows, all failing again on the server's side, loses
+    nothing (they were error rows already): they stay error rows, exit 0. Fresh rows failing so
+    are still the server refusing the run."""
+    write_image_folder(tmp_path / "in", 4)
+    args = [str(tmp_path / "in"), str(tmp_path / "out")]
+    once = stub_server("--fail-first", "1")
+    run = run_script(OVIS, *args, *common(once, "--max-retries", "0", "--max-samples", "3"))
+    assert run.returncode == 0, run.stderr
+    assert load_output(tmp_path / "out")["markdown_error_kind"].count("server") == 1
+    dead = stub_server("--fail-first", str(10 ** 9))
+    run = run_script(OVIS, *args, *common(dead, "--max-retries", "0", "--max-samples", "3"))
+    assert run.returncode == 0, run.stderr
+    assert len(dead.requests()) == 1
+    ds = load_output(tmp_path / "out")
+    assert len(ds) == 3 and ds["markdown_error_kind"].count("server") == 1
+    run = run_script(OVIS, *args, *common(dead, "--max-retries", "0"))  # one fresh row now
+    assert run.returncode == 4 and "no page of this run was answered" in run.stderr, run.stderr
+    assert len(load_output(tmp_path / "out")) == 3
 
 
 def test_a_run_whose_every_page_is_refused_as_a_page_writes_their_errors(tmp_path, stub_server):
