@@ -185,6 +185,8 @@ CUT_TAG = re.compile(r"<(?:/?(?:B(?:L(?:O(?:C(?:K)?)?)?)?|C(?:H(?:I(?:L(?:D)?)?)
 # With <FORK>, a child's head can sit inside a block's text without its own <BLOCK>: a word, a
 # bracketed list of numbers, then one of the three tags. (\b: a run of letters is tried once.)
 CHILD_HEAD = re.compile(r"\b\w+\s*\[[-\d.,\s]+\]\s*<(?:FORK|CHILD|BLOCK)>")
+# What follows a <FORK> is a child's head: cut off at max_tokens, the last one has no tag yet.
+CUT_CHILD_HEAD = re.compile(r"<FORK>\s*(?:\w+\s*)?(?:\[[-\d.,\s]*(?:\]\s*)?)?")
 BLOCK_TAGS = re.compile(r"</?(?:FORK|CHILD|BLOCK)>")
 
 # The vendor's Markdown export, eval/hpd_to_markdown.py in the model repo, step by step as
@@ -315,7 +317,8 @@ def normalize_arithmetic(text: str) -> str:
 def export_text(text: str) -> str:
     """One block's text as the vendor's export gives it, in the port's order. Where this reads
     a step differently from the port: an unterminated `\\[` (more `\\[` than `\\]`) is closed with a newline
-    and `\\]`, and an unterminated `<table>` (more opened than closed) with `</table>`, where the
+    and `\\]`, and an unterminated `<table>` (more opened than closed) with `</table>` (after
+    dropping a tag the text ends inside, cut off at max_tokens), where the
     port tests only whether the text starts with `\\[` and ends with newline + `\\]` (which
     appends a second `\\]` to a complete one-line `\\[...\\]`), or starts with `<table>` and ends
     with `</table>` (which appends a stray one after a caption); `\\leftarrow`/`\\rightarrow`
@@ -330,8 +333,8 @@ def export_text(text: str) -> str:
     if missing > 0:
         text += "\n\\]" * missing
     missing = len(re.findall(r"<table\b", text)) - text.count("</table>")
-    if missing > 0:
-        text += "</table>" * missing
+    if missing > 0:  # a half-written tag before it would take `</table>` for its attribute
+        text = re.sub(r"<[/A-Za-z]?[^<>]*\Z", "", text) + "</table>" * missing
     if "\\[\n" in text and "\\\\" not in text:  # display math the model's way, one-row formula
         text = text.replace("\\[\n", "\\(").replace("\n\\]", "\\)")
     text = text.replace("\\) \\(", "\\)\n\n\\(")  # the port: adjacent formulas, own paragraphs
@@ -348,12 +351,22 @@ def block_text(body: str) -> str:
     return export_text(BLOCK_TAGS.sub("", CHILD_HEAD.sub("", body)))
 
 
+def without_cut_tail(raw: str) -> str:
+    """An answer cut off at max_tokens inside its last tag, or inside the child heads after
+    its last <FORK>s (found from the end: a run of them is peeled once, not rescanned)."""
+    raw = CUT_TAG.sub("", raw)
+    end = len(raw)
+    while (fork := raw.rfind("<FORK>", 0, end)) >= 0 and CUT_CHILD_HEAD.fullmatch(raw, fork, end):
+        end = fork
+    return raw[:end]
+
+
 def parse_blocks(raw: str) -> list[dict]:
     """`<BLOCK>type [x1,y1,x2,y2]<CHILD>text` segments in order, each text as the vendor's
     export cleans it; <FORK> marks where parallel branches split and carries no text of its
     own. Never raises."""
     blocks = []
-    raw = CUT_TAG.sub("", raw)  # an answer cut off at max_tokens inside its last tag
+    raw = without_cut_tail(raw)
     heads = list(BLOCK_HEAD.finditer(raw))
     for i, head in enumerate(heads):
         end = heads[i + 1].start() if i + 1 < len(heads) else len(raw)
@@ -371,7 +384,7 @@ def postprocess(text: str, args) -> tuple[str, dict]:
     extras = {"blocks": blocks}
     if args.keep_raw:
         extras["raw"] = text
-    lead = block_text(text[:text.find("<BLOCK>")] if blocks else text)  # text before any block
+    lead = block_text(text[:text.find("<BLOCK>")] if blocks else without_cut_tail(text))
     return "\n\n".join([lead] * bool(lead) + [b["text"] for b in blocks if b["text"]]), extras
 
 

@@ -476,3 +476,35 @@ def test_an_answer_cut_off_inside_its_last_marker_leaves_no_residue():
         text, extras = hpd.postprocess("<BLOCK>text [1,2,3,4]<CHILD>A" + cut, args)
         assert text == "A" and extras["blocks"][0]["text"] == "A"
         assert all(b["box"] in ([1, 2, 3, 4], None) for b in extras["blocks"])
+
+
+def test_hpd_an_answer_cut_off_inside_a_child_head_leaves_no_residue():
+    """HPD-Parsing's `<BLOCK>type [x1,y1,x2,y2]<CHILD>text` format with `<FORK>`, where a child's
+    head (`type [x1,y1,x2,y2]` then `<CHILD>`, `<FORK>` or `<BLOCK>`) sits inside a block's text
+    (MODEL-FACTS.md, HPD-Parsing, "Output"): an answer that reached max_tokens inside such a
+    head, or between it and its tag, left the half-written head in the Markdown as words."""
+    hpd = load_script("hpd-parsing-saturate.py")
+    args = types.SimpleNamespace(keep_raw=False)
+    page = "<BLOCK>text [80,100,900,140]<CHILD>Para one.<FORK>text [80,150,900,190]<CHILD>Para two."
+    for cut in ("<FORK>te", "<FORK>text [80,2", "<FORK>text\n[80, 200, 900,", "<FORK>text [1,2,3,4]",
+                "<FORK>text [1,2,3,4]<CHI", "<FORK>list [1,2,3,4]<FORK>text [5,6", "<FORK>"):
+        text, extras = hpd.postprocess(page + cut, args)
+        assert text == "Para one.Para two.", cut
+        assert [b["text"] for b in extras["blocks"]] == [text]
+    text, _ = hpd.postprocess("Lead text<BLOC", args)  # cut before any block
+    assert text == "Lead text"
+
+
+def test_hpd_a_table_cut_off_inside_a_cell_tag_is_closed():
+    """The vendor's export closes an unterminated `<table>` (MODEL-FACTS.md, HPD-Parsing, "The
+    vendor's Markdown export"); an answer cut off at max_tokens inside a tag (`<td`, `</t`) got
+    `</table>` glued to the half tag, which an HTML reader takes as the tag's attribute: the
+    table stayed open."""
+    hpd = load_script("hpd-parsing-saturate.py")
+    args = types.SimpleNamespace(keep_raw=False)
+    for cut in ("</t", "<td", '<td colspan="2', "<"):
+        text, _ = hpd.postprocess("<BLOCK>table [80,150,900,400]<CHILD><table><tr><td>Q1</td>"
+                                  + cut, args)
+        assert text == "<table><tr><td>Q1</td></table>", cut
+    text, _ = hpd.postprocess("<BLOCK>text [80,150,900,400]<CHILD>Where a <b", args)
+    assert text == "Where a <b"  # no table open: the text is the model's
