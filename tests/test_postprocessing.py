@@ -6,7 +6,7 @@ import types
 
 import pytest
 
-from conftest import load_script
+from conftest import load_output, load_script, run_script, write_image_folder
 
 # MODEL-FACTS.md, DeepSeek-OCR section, "Output": grounding spans
 # `<|ref|>label<|/ref|><|det|>[[x1, y1, x2, y2]]<|/det|>` before each block, coordinates 0-999.
@@ -508,3 +508,25 @@ def test_hpd_a_table_cut_off_inside_a_cell_tag_is_closed():
         assert text == "<table><tr><td>Q1</td></table>", cut
     text, _ = hpd.postprocess("<BLOCK>text [80,150,900,400]<CHILD>Where a <b", args)
     assert text == "Where a <b"  # no table open: the text is the model's
+
+
+@pytest.mark.parametrize("answer, markdown", [
+    ("<BLOCK>text [80,100,900,140]<CHILD>Para one.<FORK>text [80,150,900,190]<CHILD>Para two."
+     "<FORK>list [80,200,900,400]<FORK>text [80,2", "Para one.Para two."),
+    ("<BLOCK>table [80,150,900,400]<CHILD><table><tr><td>Q1</td></t",
+     "<table><tr><td>Q1</td></table>"),
+])
+def test_hpd_run_cut_off_at_max_tokens_writes_no_half_head_or_tag(tmp_path, stub_server, answer,
+                                                                   markdown):
+    """A run whose server answers in HPD-Parsing's `<BLOCK>type [x1,y1,x2,y2]<CHILD>text` format
+    with `<FORK>` child heads (MODEL-FACTS.md, HPD-Parsing, "Output"), cut off at max_tokens
+    inside a child head or a table's cell tag: the Markdown column had the half-written head
+    as words, or `</t</table>` (the table left open)."""
+    hpd = load_script("hpd-parsing-saturate.py")
+    (tmp_path / "answer.txt").write_text(answer, encoding="utf-8")
+    stub = stub_server("--model", hpd.SERVED_NAME, "--answer-file", str(tmp_path / "answer.txt"))
+    write_image_folder(tmp_path / "in", 2, fmt="JPEG")
+    run = run_script("hpd-parsing-saturate.py", str(tmp_path / "in"), str(tmp_path / "out"),
+                     "--server", stub.url, "--no-sanity-check", "--max-tokens", "1000")
+    assert run.returncode == 0, run.stderr
+    assert load_output(tmp_path / "out")["markdown"] == [markdown, markdown]
