@@ -486,8 +486,9 @@ def test_hpd_an_answer_cut_off_inside_a_child_head_leaves_no_residue():
     hpd = load_script("hpd-parsing-saturate.py")
     args = types.SimpleNamespace(keep_raw=False)
     page = "<BLOCK>text [80,100,900,140]<CHILD>Para one.<FORK>text [80,150,900,190]<CHILD>Para two."
-    for cut in ("<FORK>te", "<FORK>text [80,2", "<FORK>text\n[80, 200, 900,", "<FORK>text [1,2,3,4]",
-                "<FORK>text [1,2,3,4]<CHI", "<FORK>list [1,2,3,4]<FORK>text [5,6", "<FORK>"):
+    for cut in ("<FORK>te", "<FORK>text [80,2", "<FORK>text\n[80, 200, 900,", "<FORK>",
+                "<FORK>text [1,2,3,4]", "<FORK>text [1,2,3,4]<CHI",
+                "<FORK>list [1,2,3,4]<FORK>text [5,6"):
         text, extras = hpd.postprocess(page + cut, args)
         assert text == "Para one.Para two.", cut
         assert [b["text"] for b in extras["blocks"]] == [text]
