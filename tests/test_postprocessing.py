@@ -110,6 +110,19 @@ def test_deepseek_a_span_missing_its_closing_tag_swallows_no_text():
     assert ds.postprocess("Text.\n<|ref|>te", deepseek_args())[0] == "Text."
 
 
+
+def test_deepseek_a_span_missing_its_closing_tag_keeps_the_numbers_after_it():
+    """The grounding span `<|ref|>label<|/ref|><|det|>[[x1, y1, x2, y2]]<|/det|>` of MODEL-FACTS.md
+    (DeepSeek-OCR, "Output") with `<|/det|>` missing: the box characters (digits, spaces,
+    commas) were removed past the box, so a paragraph after it lost its leading year, list
+    dash or number ("2023 was ..." became "was ...")."""
+    ds = load_script("deepseek-ocr-server.py")
+    for box in ("[[1, 2, 3, 4]]", "[[1, 2, 3, 4], [5, 6, 7, 8]]", "[[1, 2, 3, 4]"):
+        for paragraph in ("2023 was a good year.", "- 12 items", "3.5, 4 and 5 - 6 remain."):
+            raw = f"<|ref|>text<|/ref|><|det|>{box}\n{paragraph}"
+            assert ds.postprocess(raw, deepseek_args())[0] == paragraph, raw
+    assert ds.postprocess("A.\n<|ref|>text<|/ref|><|det|>[[1, 2, 3", deepseek_args())[0] == "A."
+
 def test_deepseek_free_ocr_has_no_tags_and_no_blocks():
     ds = load_script("deepseek-ocr-server.py")
     text, extras = ds.postprocess("Plain text of a page.\n\nSecond paragraph.", deepseek_args())
@@ -530,4 +543,21 @@ def test_hpd_run_cut_off_at_max_tokens_writes_no_half_head_or_tag(tmp_path, stub
     run = run_script("hpd-parsing-saturate.py", str(tmp_path / "in"), str(tmp_path / "out"),
                      "--server", stub.url, "--no-sanity-check", "--max-tokens", "1000")
     assert run.returncode == 0, run.stderr
+    assert load_output(tmp_path / "out")["markdown"] == [markdown, markdown]
+
+
+def test_deepseek_run_keeps_the_year_after_a_span_missing_its_closing_tag(tmp_path, stub_server):
+    """A run whose server answers in DeepSeek-OCR's grounding format (MODEL-FACTS.md,
+    DeepSeek-OCR, "Output") with one `<|/det|>` missing: the Markdown column lost the digits
+    that began the paragraph after the box."""
+    answer = ("<|ref|>title<|/ref|><|det|>[[63, 43, 935, 101]]<|/det|>\n# Annual Report\n\n"
+              "<|ref|>text<|/ref|><|det|>[[63, 120, 935, 300]]\n2023 was a good year.")
+    (tmp_path / "answer.txt").write_text(answer, encoding="utf-8")
+    stub = stub_server("--model", "deepseek-ai/DeepSeek-OCR",
+                       "--answer-file", str(tmp_path / "answer.txt"))
+    write_image_folder(tmp_path / "in", 2, fmt="JPEG")
+    run = run_script("deepseek-ocr-server.py", str(tmp_path / "in"), str(tmp_path / "out"),
+                     "--server", stub.url, "--no-sanity-check")
+    assert run.returncode == 0, run.stderr
+    markdown = "# Annual Report\n\n2023 was a good year."
     assert load_output(tmp_path / "out")["markdown"] == [markdown, markdown]
