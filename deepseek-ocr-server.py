@@ -140,7 +140,9 @@ def target_size(width: int, height: int) -> tuple[int, int]:
 def add_model_arguments(parser) -> None:
     parser.add_argument("--prompt-mode", choices=sorted(PROMPTS), default=DEFAULT_PROMPT_MODE,
                         help=f"which of the model's prompts (default: {DEFAULT_PROMPT_MODE})")
-    parser.add_argument("--prompt", help="a custom prompt instead (without the <image> prefix)")
+    parser.add_argument("--prompt", help="a custom prompt instead (without the <image> prefix); "
+                        f"the context check counts {PROMPT_TEXT_TOKENS} tokens for it: lower "
+                        "--max-tokens by what a longer one adds, or its dense pages get 400")
     parser.add_argument("--keep-raw", action="store_true",
                         help="also keep the raw output, grounding tags and all, in <column>_raw")
 
