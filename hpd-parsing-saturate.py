@@ -203,6 +203,7 @@ CANNED_SENTENCES = (  # removed wherever they occur in a block's text
 )
 DISPLAY_OPEN, DISPLAY_CLOSE = re.compile(r"(?<!\\)\\\["), re.compile(r"(?<!\\)\\\]")
 TAG = re.compile(r"\\tag\*?\s*\{(?:[^{}]|\{[^{}]*\})*\}")
+HALF_TAG = re.compile(r"<[/A-Za-z][^<>]*\Z")
 # \left( ... \right) becomes ( ... ) when nothing tall is inside; the tall constructs are the
 # port's list. A delimiter is a control word, an escaped character or one character.
 LEFT_RIGHT = re.compile(r"\\(left|right)(?![A-Za-z])\s*(\\[A-Za-z]+|\\.|.)?", re.S)
@@ -314,6 +315,11 @@ def normalize_arithmetic(text: str) -> str:
                      else line for line in text.split("\n"))
 
 
+def table_count(text: str) -> int:
+    """How many `<table>` are open at the end of the text."""
+    return len(re.findall(r"<table\b", text)) - text.count("</table>")
+
+
 def export_text(text: str) -> str:
     """One block's text as the vendor's export gives it, in the port's order. Where this reads
     a step differently from the port: an unterminated `\\[` (more `\\[` than `\\]`) is closed with a newline
@@ -332,9 +338,14 @@ def export_text(text: str) -> str:
     missing = len(DISPLAY_OPEN.findall(text)) - len(DISPLAY_CLOSE.findall(text))
     if missing > 0:
         text += "\n\\]" * missing
-    missing = len(re.findall(r"<table\b", text)) - text.count("</table>")
-    if missing > 0:  # a half-written tag before it would take `</table>` for its attribute
-        text = re.sub(r"<[/A-Za-z]?[^<>]*\Z", "", text) + "</table>" * missing
+    # An answer cut off inside a table's tag: `</table>` after it would be taken for the tag's
+    # attribute (the table left open), and a half `<table` would get a stray `</table>`.
+    half = HALF_TAG.search(text)
+    if half and (half.group()[:6] == "<table"[:max(2, len(half.group()))]
+                 or table_count(text[:half.start()]) > 0):
+        text = text[:half.start()].rstrip()
+    if (missing := table_count(text)) > 0:
+        text += "</table>" * missing
     if "\\[\n" in text and "\\\\" not in text:  # display math the model's way, one-row formula
         text = text.replace("\\[\n", "\\(").replace("\n\\]", "\\)")
     text = text.replace("\\) \\(", "\\)\n\n\\(")  # the port: adjacent formulas, own paragraphs
