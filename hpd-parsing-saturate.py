@@ -335,15 +335,15 @@ def export_text(text: str) -> str:
         text = text.replace(sentence, "").strip()
     if text == NON_TEXT:
         return ""
-    missing = len(DISPLAY_OPEN.findall(text)) - len(DISPLAY_CLOSE.findall(text))
-    if missing > 0:
-        text += "\n\\]" * missing
     # An answer cut off inside a table's tag: `</table>` after it would be taken for the tag's
     # attribute (the table left open), and a half `<table` would get a stray `</table>`.
     half = HALF_TAG.search(text)
     if half and (half.group()[:6] == "<table"[:max(2, len(half.group()))]
                  or table_count(text[:half.start()]) > 0):
         text = text[:half.start()].rstrip()
+    missing = len(DISPLAY_OPEN.findall(text)) - len(DISPLAY_CLOSE.findall(text))
+    if missing > 0:
+        text += "\n\\]" * missing
     if (missing := table_count(text)) > 0:
         text += "</table>" * missing
     if "\\[\n" in text and "\\\\" not in text:  # display math the model's way, one-row formula

@@ -524,6 +524,9 @@ def test_hpd_a_table_cut_off_inside_a_cell_tag_is_closed():
         text, extras = hpd.postprocess("<BLOCK>text [80,100,900,140]<CHILD>Intro."
                                        "<BLOCK>table [80,150,900,400]<CHILD>Table 1. " + cut, args)
         assert text == "Intro.\n\nTable 1." and extras["blocks"][1]["text"] == "Table 1.", cut
+    text, _ = hpd.postprocess("<BLOCK>table [80,150,900,400]<CHILD><table><tr><td>\\[\na \\\\ b"
+                              "</td><td>c</t", args)  # a display formula open too: both closed
+    assert text == "<table><tr><td>\\[\na \\\\ b</td><td>c\n\\]</table>"
     text, _ = hpd.postprocess("<BLOCK>text [80,150,900,400]<CHILD>Where a <b", args)
     assert text == "Where a <b"  # no table open: the text is the model's
 
