@@ -140,7 +140,9 @@ def target_size(width: int, height: int) -> tuple[int, int]:
 def add_model_arguments(parser) -> None:
     parser.add_argument("--prompt-mode", choices=sorted(PROMPTS), default=DEFAULT_PROMPT_MODE,
                         help=f"which of the model's prompts (default: {DEFAULT_PROMPT_MODE})")
-    parser.add_argument("--prompt", help="a custom prompt instead (without the <image> prefix)")
+    parser.add_argument("--prompt", help="a custom prompt instead (without the <image> prefix); "
+                        f"the context check counts {PROMPT_TEXT_TOKENS} tokens for it: lower "
+                        "--max-tokens by what a longer one adds, or its dense pages get 400")
     parser.add_argument("--keep-raw", action="store_true",
                         help="also keep the raw output, grounding tags and all, in <column>_raw")
 
@@ -169,13 +171,14 @@ def build_request(image_url: str, args) -> dict:
 # Spans are bounded (a label, a list of boxes), so a degenerate output cannot make them scan
 # the whole text once per delimiter, and hold no other tag: a span whose closing tag is missing
 # (cut off at max_tokens, or a slip) must not swallow the text up to the next span's. A label is
-# one line; one that runs straight into its boxes counts as closed; unclosed boxes end where
-# the box characters do.
+# one line; one that runs straight into its boxes counts as closed; unclosed boxes end with
+# the box list: the text after it may begin with digits too.
 LABEL = r"[^<\n]{0,500}?"
 GROUNDED_SPAN = re.compile(rf"<\|ref\|>({LABEL})(?:<\|/ref\|>\s*)?<\|det\|>"
                            rf"((?:(?!<\|).){{0,5000}}?)<\|/det\|>", re.S)
 REF_SPAN = re.compile(rf"<\|ref\|>{LABEL}(?:<\|/ref\|>|(?=<\|det\|>)|\Z)")
-DET_SPAN = re.compile(r"<\|det\|>(?:(?:(?!<\|).){0,5000}?<\|/det\|>|[\[\]\d\s,.\-]{0,5000})", re.S)
+DET_SPAN = re.compile(r"<\|det\|>(?:(?:(?!<\|).){0,5000}?<\|/det\|>"
+                      r"|\[[ \t]*(?:\[[-\d.,\s]*(?:\][ \t,]*)?)*\]?)", re.S)
 STRAY_TAGS = re.compile(r"<\|/?(?:ref|det|grounding)\|>|<｜end▁of▁sentence｜>|<\|end▁of▁sentence\|>")
 
 

@@ -185,6 +185,8 @@ CUT_TAG = re.compile(r"<(?:/?(?:B(?:L(?:O(?:C(?:K)?)?)?)?|C(?:H(?:I(?:L(?:D)?)?)
 # With <FORK>, a child's head can sit inside a block's text without its own <BLOCK>: a word, a
 # bracketed list of numbers, then one of the three tags. (\b: a run of letters is tried once.)
 CHILD_HEAD = re.compile(r"\b\w+\s*\[[-\d.,\s]+\]\s*<(?:FORK|CHILD|BLOCK)>")
+# What follows a <FORK> is a child's head: cut off at max_tokens, the last one has no tag yet.
+CUT_CHILD_HEAD = re.compile(r"<FORK>\s*(?:\w+\s*)?(?:\[[-\d.,\s]*(?:\]\s*)?)?")
 BLOCK_TAGS = re.compile(r"</?(?:FORK|CHILD|BLOCK)>")
 
 # The vendor's Markdown export, eval/hpd_to_markdown.py in the model repo, step by step as
@@ -201,6 +203,7 @@ CANNED_SENTENCES = (  # removed wherever they occur in a block's text
 )
 DISPLAY_OPEN, DISPLAY_CLOSE = re.compile(r"(?<!\\)\\\["), re.compile(r"(?<!\\)\\\]")
 TAG = re.compile(r"\\tag\*?\s*\{(?:[^{}]|\{[^{}]*\})*\}")
+HALF_TAG = re.compile(r"<[/A-Za-z][^<>]*\Z")
 # \left( ... \right) becomes ( ... ) when nothing tall is inside; the tall constructs are the
 # port's list. A delimiter is a control word, an escaped character or one character.
 LEFT_RIGHT = re.compile(r"\\(left|right)(?![A-Za-z])\s*(\\[A-Za-z]+|\\.|.)?", re.S)
@@ -312,10 +315,16 @@ def normalize_arithmetic(text: str) -> str:
                      else line for line in text.split("\n"))
 
 
+def table_count(text: str) -> int:
+    """How many `<table>` are open at the end of the text."""
+    return len(re.findall(r"<table\b", text)) - text.count("</table>")
+
+
 def export_text(text: str) -> str:
     """One block's text as the vendor's export gives it, in the port's order. Where this reads
     a step differently from the port: an unterminated `\\[` (more `\\[` than `\\]`) is closed with a newline
-    and `\\]`, and an unterminated `<table>` (more opened than closed) with `</table>`, where the
+    and `\\]`, and an unterminated `<table>` (more opened than closed) with `</table>` (after
+    dropping a tag the text ends inside, cut off at max_tokens), where the
     port tests only whether the text starts with `\\[` and ends with newline + `\\]` (which
     appends a second `\\]` to a complete one-line `\\[...\\]`), or starts with `<table>` and ends
     with `</table>` (which appends a stray one after a caption); `\\leftarrow`/`\\rightarrow`
@@ -326,11 +335,16 @@ def export_text(text: str) -> str:
         text = text.replace(sentence, "").strip()
     if text == NON_TEXT:
         return ""
+    # An answer cut off inside a table's tag: `</table>` after it would be taken for the tag's
+    # attribute (the table left open), and a half `<table` would get a stray `</table>`.
+    half = HALF_TAG.search(text)
+    if half and (half.group()[:6] == "<table"[:max(2, len(half.group()))]
+                 or table_count(text[:half.start()]) > 0):
+        text = text[:half.start()].rstrip()
     missing = len(DISPLAY_OPEN.findall(text)) - len(DISPLAY_CLOSE.findall(text))
     if missing > 0:
         text += "\n\\]" * missing
-    missing = len(re.findall(r"<table\b", text)) - text.count("</table>")
-    if missing > 0:
+    if (missing := table_count(text)) > 0:
         text += "</table>" * missing
     if "\\[\n" in text and "\\\\" not in text:  # display math the model's way, one-row formula
         text = text.replace("\\[\n", "\\(").replace("\n\\]", "\\)")
@@ -348,12 +362,22 @@ def block_text(body: str) -> str:
     return export_text(BLOCK_TAGS.sub("", CHILD_HEAD.sub("", body)))
 
 
+def without_cut_tail(raw: str) -> str:
+    """An answer cut off at max_tokens inside its last tag, or inside the child heads after
+    its last <FORK>s (found from the end: a run of them is peeled once, not rescanned)."""
+    raw = CUT_TAG.sub("", raw)
+    end = len(raw)
+    while (fork := raw.rfind("<FORK>", 0, end)) >= 0 and CUT_CHILD_HEAD.fullmatch(raw, fork, end):
+        end = fork
+    return raw[:end]
+
+
 def parse_blocks(raw: str) -> list[dict]:
     """`<BLOCK>type [x1,y1,x2,y2]<CHILD>text` segments in order, each text as the vendor's
     export cleans it; <FORK> marks where parallel branches split and carries no text of its
     own. Never raises."""
     blocks = []
-    raw = CUT_TAG.sub("", raw)  # an answer cut off at max_tokens inside its last tag
+    raw = without_cut_tail(raw)
     heads = list(BLOCK_HEAD.finditer(raw))
     for i, head in enumerate(heads):
         end = heads[i + 1].start() if i + 1 < len(heads) else len(raw)
@@ -371,7 +395,7 @@ def postprocess(text: str, args) -> tuple[str, dict]:
     extras = {"blocks": blocks}
     if args.keep_raw:
         extras["raw"] = text
-    lead = block_text(text[:text.find("<BLOCK>")] if blocks else text)  # text before any block
+    lead = block_text(text[:text.find("<BLOCK>")] if blocks else without_cut_tail(text))
     return "\n\n".join([lead] * bool(lead) + [b["text"] for b in blocks if b["text"]]), extras
 
 

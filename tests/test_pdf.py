@@ -494,3 +494,29 @@ def test_deepseek_renders_pdf_pages_at_its_authors_144_dpi(tmp_path, stub_server
     assert run.returncode == 0, run.stderr
     size, colour = answered(load_output(tmp_path / "out")[0]["markdown"])
     assert size == (1224, 1584) and close_to(colour, colour_of(3))
+
+
+def test_deepseek_figure_numbers_restart_on_each_page_of_a_joined_document(tmp_path, stub_server):
+    """MODEL-FACTS.md, DeepSeek-OCR, "Figures": each `image` span becomes `![](images/N.jpg)`
+    and a newline, N counting the page's figures from 0 (the authors' run_dpsk_ocr_pdf.py
+    counts per page too, naming the page in the file: `images/{page}_{N}.jpg`). With
+    --per-document the pages are joined after their `<!-- page N -->` lines, which tell the
+    pages' figures apart; the blocks column keeps every figure's box."""
+    figure = "<|ref|>image<|/ref|><|det|>[[{0}, 100, 500, 400]]<|/det|>\n"
+    answer = (f"{figure.format(10)}\n<|ref|>text<|/ref|><|det|>[[10, 410, 900, 500]]<|/det|>\n"
+              f"Body.\n\n{figure.format(20)}{figure.format(30)}")
+    (tmp_path / "answer.txt").write_text(answer, encoding="utf-8")
+    stub = stub_server("--model", load_script(DEEPSEEK).MODEL_ID,
+                       "--answer-file", str(tmp_path / "answer.txt"))
+    source = tmp_path / "in"
+    source.mkdir()
+    pages = [Page(colour=colour_of(1)), Page(colour=colour_of(2))]
+    (source / "two.pdf").write_bytes(make_pdf(pages))
+    run = run_script(DEEPSEEK, str(source), str(tmp_path / "out"), "--server", stub.url,
+                     "--per-document", "--no-sanity-check")
+    assert run.returncode == 0, run.stderr
+    row = load_output(tmp_path / "out")[0]
+    page = "![](images/0.jpg)\n\nBody.\n\n![](images/1.jpg)\n\n![](images/2.jpg)"
+    assert row["markdown"] == f"<!-- page 1 -->\n\n{page}\n\n<!-- page 2 -->\n\n{page}"
+    assert [b["box"][0] for b in row["markdown_blocks"] if b["label"] == "image"] == \
+        [10, 20, 30, 10, 20, 30]

@@ -6,7 +6,7 @@ import types
 
 import pytest
 
-from conftest import load_script
+from conftest import load_output, load_script, run_script, write_image_folder
 
 # MODEL-FACTS.md, DeepSeek-OCR section, "Output": grounding spans
 # `<|ref|>label<|/ref|><|det|>[[x1, y1, x2, y2]]<|/det|>` before each block, coordinates 0-999.
@@ -109,6 +109,19 @@ def test_deepseek_a_span_missing_its_closing_tag_swallows_no_text():
         {"label": "title", "box": [1, 2, 3, 4], "text": "# Head"}]
     assert ds.postprocess("Text.\n<|ref|>te", deepseek_args())[0] == "Text."
 
+
+
+def test_deepseek_a_span_missing_its_closing_tag_keeps_the_numbers_after_it():
+    """The grounding span `<|ref|>label<|/ref|><|det|>[[x1, y1, x2, y2]]<|/det|>` of MODEL-FACTS.md
+    (DeepSeek-OCR, "Output") with `<|/det|>` missing: the box characters (digits, spaces,
+    commas) were removed past the box, so a paragraph after it lost its leading year, list
+    dash or number ("2023 was ..." became "was ...")."""
+    ds = load_script("deepseek-ocr-server.py")
+    for box in ("[[1, 2, 3, 4]]", "[[1, 2, 3, 4], [5, 6, 7, 8]]", "[[1, 2, 3, 4]"):
+        for paragraph in ("2023 was a good year.", "- 12 items", "3.5, 4 and 5 - 6 remain."):
+            raw = f"<|ref|>text<|/ref|><|det|>{box}\n{paragraph}"
+            assert ds.postprocess(raw, deepseek_args())[0] == paragraph, raw
+    assert ds.postprocess("A.\n<|ref|>text<|/ref|><|det|>[[1, 2, 3", deepseek_args())[0] == "A."
 
 def test_deepseek_free_ocr_has_no_tags_and_no_blocks():
     ds = load_script("deepseek-ocr-server.py")
@@ -476,3 +489,82 @@ def test_an_answer_cut_off_inside_its_last_marker_leaves_no_residue():
         text, extras = hpd.postprocess("<BLOCK>text [1,2,3,4]<CHILD>A" + cut, args)
         assert text == "A" and extras["blocks"][0]["text"] == "A"
         assert all(b["box"] in ([1, 2, 3, 4], None) for b in extras["blocks"])
+
+
+def test_hpd_an_answer_cut_off_inside_a_child_head_leaves_no_residue():
+    """HPD-Parsing's `<BLOCK>type [x1,y1,x2,y2]<CHILD>text` format with `<FORK>`, where a child's
+    head (`type [x1,y1,x2,y2]` then `<CHILD>`, `<FORK>` or `<BLOCK>`) sits inside a block's text
+    (MODEL-FACTS.md, HPD-Parsing, "Output"): an answer that reached max_tokens inside such a
+    head, or between it and its tag, left the half-written head in the Markdown as words."""
+    hpd = load_script("hpd-parsing-saturate.py")
+    args = types.SimpleNamespace(keep_raw=False)
+    page = "<BLOCK>text [80,100,900,140]<CHILD>Para one.<FORK>text [80,150,900,190]<CHILD>Para two."
+    for cut in ("<FORK>te", "<FORK>text [80,2", "<FORK>text\n[80, 200, 900,", "<FORK>",
+                "<FORK>text [1,2,3,4]", "<FORK>text [1,2,3,4]<CHI",
+                "<FORK>list [1,2,3,4]<FORK>text [5,6"):
+        text, extras = hpd.postprocess(page + cut, args)
+        assert text == "Para one.Para two.", cut
+        assert [b["text"] for b in extras["blocks"]] == [text]
+    text, _ = hpd.postprocess("Lead text<BLOC", args)  # cut before any block
+    assert text == "Lead text"
+
+
+def test_hpd_a_table_cut_off_inside_a_cell_tag_is_closed():
+    """The vendor's export closes an unterminated `<table>` (MODEL-FACTS.md, HPD-Parsing, "The
+    vendor's Markdown export"); an answer cut off at max_tokens inside a tag (`<td`, `</t`) got
+    `</table>` glued to the half tag, which an HTML reader takes as the tag's attribute: the
+    table stayed open."""
+    hpd = load_script("hpd-parsing-saturate.py")
+    args = types.SimpleNamespace(keep_raw=False)
+    for cut in ("</t", "<td", '<td colspan="2', "<"):
+        text, _ = hpd.postprocess("<BLOCK>table [80,150,900,400]<CHILD><table><tr><td>Q1</td>"
+                                  + cut, args)
+        assert text == "<table><tr><td>Q1</td></table>", cut
+    for cut in ("<t", "<tabl", "<table", '<table border="1'):  # a table begun, cut in its tag
+        text, extras = hpd.postprocess("<BLOCK>text [80,100,900,140]<CHILD>Intro."
+                                       "<BLOCK>table [80,150,900,400]<CHILD>Table 1. " + cut, args)
+        assert text == "Intro.\n\nTable 1." and extras["blocks"][1]["text"] == "Table 1.", cut
+    text, _ = hpd.postprocess("<BLOCK>table [80,150,900,400]<CHILD><table><tr><td>\\[\na \\\\ b"
+                              "</td><td>c</t", args)  # a display formula open too: both closed
+    assert text == "<table><tr><td>\\[\na \\\\ b</td><td>c\n\\]</table>"
+    text, _ = hpd.postprocess("<BLOCK>text [80,150,900,400]<CHILD>Where a <b", args)
+    assert text == "Where a <b"  # no table open: the text is the model's
+
+
+@pytest.mark.parametrize("answer, markdown", [
+    ("<BLOCK>text [80,100,900,140]<CHILD>Para one.<FORK>text [80,150,900,190]<CHILD>Para two."
+     "<FORK>list [80,200,900,400]<FORK>text [80,2", "Para one.Para two."),
+    ("<BLOCK>table [80,150,900,400]<CHILD><table><tr><td>Q1</td></t",
+     "<table><tr><td>Q1</td></table>"),
+])
+def test_hpd_run_cut_off_at_max_tokens_writes_no_half_head_or_tag(tmp_path, stub_server, answer,
+                                                                   markdown):
+    """A run whose server answers in HPD-Parsing's `<BLOCK>type [x1,y1,x2,y2]<CHILD>text` format
+    with `<FORK>` child heads (MODEL-FACTS.md, HPD-Parsing, "Output"), cut off at max_tokens
+    inside a child head or a table's cell tag: the Markdown column had the half-written head
+    as words, or `</t</table>` (the table left open)."""
+    hpd = load_script("hpd-parsing-saturate.py")
+    (tmp_path / "answer.txt").write_text(answer, encoding="utf-8")
+    stub = stub_server("--model", hpd.SERVED_NAME, "--answer-file", str(tmp_path / "answer.txt"))
+    write_image_folder(tmp_path / "in", 2, fmt="JPEG")
+    run = run_script("hpd-parsing-saturate.py", str(tmp_path / "in"), str(tmp_path / "out"),
+                     "--server", stub.url, "--no-sanity-check", "--max-tokens", "1000")
+    assert run.returncode == 0, run.stderr
+    assert load_output(tmp_path / "out")["markdown"] == [markdown, markdown]
+
+
+def test_deepseek_run_keeps_the_year_after_a_span_missing_its_closing_tag(tmp_path, stub_server):
+    """A run whose server answers in DeepSeek-OCR's grounding format (MODEL-FACTS.md,
+    DeepSeek-OCR, "Output") with one `<|/det|>` missing: the Markdown column lost the digits
+    that began the paragraph after the box."""
+    answer = ("<|ref|>title<|/ref|><|det|>[[63, 43, 935, 101]]<|/det|>\n# Annual Report\n\n"
+              "<|ref|>text<|/ref|><|det|>[[63, 120, 935, 300]]\n2023 was a good year.")
+    (tmp_path / "answer.txt").write_text(answer, encoding="utf-8")
+    stub = stub_server("--model", "deepseek-ai/DeepSeek-OCR",
+                       "--answer-file", str(tmp_path / "answer.txt"))
+    write_image_folder(tmp_path / "in", 2, fmt="JPEG")
+    run = run_script("deepseek-ocr-server.py", str(tmp_path / "in"), str(tmp_path / "out"),
+                     "--server", stub.url, "--no-sanity-check")
+    assert run.returncode == 0, run.stderr
+    markdown = "# Annual Report\n\n2023 was a good year."
+    assert load_output(tmp_path / "out")["markdown"] == [markdown, markdown]
