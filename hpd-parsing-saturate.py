@@ -3195,13 +3195,20 @@ def without_options(argv: list[str], names: set[str]) -> list[str]:
 
 def rerun_advice() -> str:
     """How to finish a run that has written rows: the same command, but without --restart,
-    which would delete them and start over again."""
+    which would delete them and start over again. Its secrets are left out, not masked (a
+    masked value would be used), and the options that held them named."""
     kept = without_options(_RUN_ARGV, {"--restart"})
     if kept == _RUN_ARGV:
         return "rerun the same command"
     script = f"<the URL of {script_name()}>" if uv_url_copy() else sys.argv[0]
+    known = _VALUE_OPTIONS or None
+    left_out = [name for name, values, joined in flag_items(kept, known) if name and
+                redact_argv(flag_words([(name, values, joined)]), None, known)
+                != flag_words([(name, values, joined)])]
+    added = f" (adding back your {', '.join(left_out)}: secrets are never printed)" \
+        if left_out else ""
     return (f"rerun it without --restart (with it, the run starts over): uv run "
-            f"{shlex.join([script, *redact_argv(kept)])}")
+            f"{shlex.join([script, *redact_argv(kept, None, known)])}{added}")
 
 
 def reproduce_command(argv: list[str]) -> str:

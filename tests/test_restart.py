@@ -178,6 +178,41 @@ def test_a_sigtermed_restart_prints_a_command_that_resumes_it(tmp_path, stub_ser
     assert ds["markdown"] == [expected_text(p.read_bytes()) for p in paths]
 
 
+def test_the_printed_resume_command_keeps_input_and_output_and_uses_no_masked_secret(
+        tmp_path, stub_server):
+    """With the options first (`--api-key KEY --restart INPUT OUTPUT`), the printed command read
+    INPUT and OUTPUT as values of --api-key and masked all three: `--api-key '***' '***' '***'`;
+    and a masked key, pasted, is sent as the key."""
+    key = "sk-resume0123456789"
+    stub = stub_server("--latency", "0.3", "--api-key", key)
+    paths = write_image_folder(tmp_path / "in", 8)
+    out = tmp_path / "out"
+    options = ["--server", stub.url, "--api-key", key, "--part-rows", "2", "--concurrency", "1"]
+    assert run_script(OVIS, *options, str(tmp_path / "in"), str(out)).returncode == 0
+    run = subprocess.Popen([sys.executable, str(ROOT / OVIS), *options, "--restart",
+                            str(tmp_path / "in"), str(out)],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: journal_rows(out) >= 2, process=run)
+        run.send_signal(signal.SIGTERM)
+        stderr = run.communicate(timeout=60)[1]
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert run.returncode == 128 + signal.SIGTERM, stderr
+    printed = re.search(r"rerun it without --restart.*?: uv run (.*) \(adding back your "
+                        r"--api-key: secrets are never printed\)$", stderr, re.M)
+    assert printed, stderr
+    argv = shlex.split(printed.group(1))
+    assert argv[-2:] == [str(tmp_path / "in"), str(out)] and "***" not in printed.group(1)
+    assert key not in stderr
+    resumed = subprocess.run([sys.executable, *argv, "--api-key", key], capture_output=True,
+                             text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "already done" in resumed.stderr and "--restart" not in argv
+    assert load_output(out)["markdown"] == [expected_text(p.read_bytes()) for p in paths]
+
+
 # ---- OUTPUTs a run may not write into ---------------------------------------------------------
 
 def seed_foreign_repo(hub_root: Path, repo: str, files: dict[str, bytes]) -> None:
