@@ -455,12 +455,18 @@ def check_output_outside_input(args) -> None:
              f"Write it beside INPUT, e.g. {shown_path(source.parent / (source.name + '-ocr'))}")
 
 
-def _walk_folder(root: Path) -> list[Path]:
+def _walk_folder(root: Path, args) -> list[Path]:
     """Every file under root, in path order. Symlinked folders are followed, each real folder
     once: a link back to a folder already read (a loop, or a second link to it) is skipped
-    and said. Hidden names (.x: .git, .ocr, macOS ._ files) are left out, as `datasets` does."""
+    and said, and so is a link to OUTPUT (its parts would be read as input). Hidden names (.x:
+    .git, .ocr, macOS ._ files) are left out, as `datasets` does."""
     files: list[Path] = []
     seen: set = set()
+    output = Path(args.output).expanduser() if is_local_target(args.output) else None
+    try:
+        output_id = (output.stat().st_dev, output.stat().st_ino) if output else None
+    except OSError:
+        output_id = None
     hidden = 0
     stack = [root]
     while stack:
@@ -470,6 +476,9 @@ def _walk_folder(root: Path) -> list[Path]:
             entries = list(os.scandir(folder))
         except OSError as exc:
             fail(f"cannot read the folder {shown_path(folder)} of INPUT: {exc.strerror or exc}")
+        if (info.st_dev, info.st_ino) == output_id:
+            log(f"skipped {shown_path(folder)}: a symlink to OUTPUT, whose files are no input")
+            continue
         if (info.st_dev, info.st_ino) in seen:
             log(f"skipped {shown_path(folder)}: a symlink to a folder already read "
                 f"({shown_path(folder.resolve())}; a loop, or a second link to it)")
@@ -694,8 +703,8 @@ def _load_local_dataset(path: Path, args):
         else:
             _one_split(f"{shown_path(path)} (save_to_disk of one Dataset)", args,
                        str(loaded.split or "train"))
-        return loaded, _walk_folder(path)
-    files = _walk_folder(path)
+        return loaded, _walk_folder(path, args)
+    files = _walk_folder(path, args)
     images = [p for p in files if p.suffix.lower() in IMAGE_EXTENSIONS or p.suffix.lower() == ".pdf"]
     metadata = [p for p in files if p.name in METADATA_NAMES]
     tables = [p for p in files if p.suffix in TABLE_EXTENSIONS and p not in metadata]
