@@ -2438,17 +2438,26 @@ class OutputStore:
             self.remote_names -= mine
             self.known -= mine
 
-    def restart(self) -> None:
-        """--restart: OUTPUT's rows, card and manifest removed (on the Hub in one commit), all
-        shards' alike, so never while another shard of it runs here."""
-        for path in self.meta.glob("lock-*"):
+    def other_writers(self) -> list[str]:
+        """The other shards of OUTPUT that a process writes right now (their locks held)."""
+        running = []
+        for path in sorted(self.meta.glob("lock-*")):
             if path.name == Path(self.lock.name).name:
                 continue
             with open(path, "a+") as other:
                 if not lock_file(other):
                     other.seek(0)
-                    fail(f"--restart removes every shard's rows, and {other.read().strip()} is "
-                         f"writing another shard of {self.location()}: stop it first")
+                    running.append(f"{other.read().strip() or 'a process'} writing "
+                                   f"{path.name[len('lock-'):]}")
+        return running
+
+    def restart(self) -> None:
+        """--restart: OUTPUT's rows, card and manifest removed (on the Hub in one commit), all
+        shards' alike, so never while another shard of it runs here."""
+        running = self.other_writers()
+        if running:
+            fail(f"--restart removes every shard's rows, and {running[0]} of "
+                 f"{self.location()}: stop it first")
         log(f"--restart: removing the rows, card and manifest of {self.location()}")
         if self.api is not None:
             files = self.api.list_repo_files(self.target, repo_type="dataset")
@@ -2938,12 +2947,15 @@ def restart_output(store: "OutputStore", identity: dict, args) -> None:
     """--restart redoes this shard's rows only when other shards' rows are in OUTPUT, and only
     as the same run (else OUTPUT would hold two runs); otherwise all of OUTPUT."""
     others = store.other_shards_rows() if args.num_shards > 1 else []
-    if not others:
+    running = store.other_writers() if args.num_shards > 1 else []  # before their first row
+    if not others and not running:
         store.restart()
         return
     recorded = store.manifest()
-    why = format_refusal(recorded, store.location())
-    why = why or "\n  ".join(run_differences(recorded, identity, args))
+    why = "" if recorded is None and not others else (  # shards that have not claimed it yet
+        format_refusal(recorded, store.location())
+        or "\n  ".join(run_differences(recorded, identity, args)))
+    others += running
     shard = f"shard {args.shard_index} of {args.num_shards}"
     if why:
         fail(f"--restart of {shard} redoes its rows only, and the other shards' rows in OUTPUT "

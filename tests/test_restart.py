@@ -143,6 +143,37 @@ def test_a_restart_beside_a_running_shard_touches_its_own_rows_only(tmp_path, st
     assert load_output(out)["file_name"] == [p.name for p in paths]
 
 
+def test_a_shard_restart_beside_a_shard_that_has_no_row_yet_redoes_its_own_rows(tmp_path,
+                                                                               stub_server):
+    """Every shard launched with one command holding --restart (a job array): a shard that came
+    second, while the first waited for its first answer, was refused ("--restart removes every
+    shard's rows ... stop it first"), though a shard's restart touches its own rows only."""
+    slow, fast = stub_server("--latency", "6.0"), stub_server()  # long past shard 1's claim
+    paths = write_image_folder(tmp_path / "in", 4)
+    out = tmp_path / "out"
+    shard0 = subprocess.Popen([sys.executable, str(ROOT / OVIS), str(tmp_path / "in"), str(out),
+                               *common(slow, *shard(0, "--restart"), "--concurrency", "1")],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: len(slow.requests()) >= 1, process=shard0)  # the run claimed, no row
+        assert journal_rows(out) == 0
+        run = run_script(OVIS, str(tmp_path / "in"), str(out),
+                         *common(fast, *shard(1, "--restart")))
+        assert run.returncode == 0, run.stderr
+        assert shard0.poll() is None
+        changed = run_script(OVIS, str(tmp_path / "in"), str(out),
+                             *common(fast, *shard(1, "--restart", "--max-tokens", "900")))
+        assert changed.returncode == 2 and "--max-tokens: was 16384, now 900" in changed.stderr
+        assert shard0.wait(timeout=120) == 0, shard0.stderr.read()
+    finally:
+        if shard0.poll() is None:
+            shard0.kill()
+    assert len(fast.requests()) == 2
+    ds = load_output(out)
+    assert ds["file_name"] == [p.name for p in paths]
+    assert ds["markdown"] == [expected_text(p.read_bytes()) for p in paths]
+
+
 # ---- a killed --restart resumes by the command it prints -------------------------------------
 
 def test_a_sigtermed_restart_prints_a_command_that_resumes_it(tmp_path, stub_server):
