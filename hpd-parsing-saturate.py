@@ -1015,8 +1015,8 @@ class PreparedPage:
 
 
 def input_digest(data: bytes) -> str:
-    """What a row was made from: the image's bytes as read (a PDF page: its document's size and
-    file_tail(), or its bytes), journaled with the row, so that a rerun reuses a journaled row
+    """What a row was made from: the image's bytes as read (a PDF page: its document's bytes,
+    PdfPages.digest), journaled with the row, so that a rerun reuses a journaled row
     only for the same bytes (an image replaced by one of the same size is another page)."""
     return hashlib.sha256(data).hexdigest()[:20]
 
@@ -1266,7 +1266,7 @@ class PdfPages:
     paths: dict  # doc row -> its file, when it is one
     errors: dict  # doc row -> why it has no page to render
     names: list = field(default_factory=list)  # doc row -> the document's path as its cell says
-    digests: dict = field(default_factory=dict)  # doc row -> input_digest() of the document
+    digests: dict = field(default_factory=dict)  # doc row -> input_digest(): see digest()
     per_document: bool = False  # output rows are documents, their pages joined (--per-document)
 
     def fingerprint(self) -> str:
@@ -1281,6 +1281,20 @@ class PdfPages:
             except OSError:
                 digest.update(f"{row} missing".encode())
         return digest.hexdigest()[:20]
+
+    def digest(self, doc_row: int) -> str | None:
+        """input_digest() of a document's bytes; a file's read whole, once per run, when a page
+        of it is sent or recovered: its size and file_tail() miss a page replaced inside."""
+        if doc_row not in self.digests and doc_row in self.paths:
+            digest = hashlib.sha256()
+            try:
+                with open(self.paths[doc_row], "rb") as handle:
+                    while chunk := handle.read(1 << 20):
+                        digest.update(chunk)
+                self.digests[doc_row] = digest.hexdigest()[:20]
+            except OSError:
+                self.digests[doc_row] = None
+        return self.digests.get(doc_row)
 
     def rows_of(self, doc_row: int) -> range:
         """The page rows of a document."""
@@ -1371,11 +1385,8 @@ def count_pdf_pages(ds, column: str, args) -> PdfPages:
         elif isinstance(data, str) and not os.path.isfile(data):
             errors[row] = f"cannot read the PDF file {shown}: no such file"
         else:
-            try:  # the bytes held, or where a file changes (cheap: 64 KiB of it)
-                digests[row] = input_digest(data if isinstance(data, bytes) else
-                                            b"%d B " % os.path.getsize(data) + file_tail(data))
-            except OSError:
-                pass
+            if isinstance(data, bytes):  # (a file's: read when needed, PdfPages.digest)
+                digests[row] = input_digest(data)
             try:
                 document = pdfium.PdfDocument(data)
                 try:
@@ -1557,10 +1568,10 @@ class PdfRenderer:
             raise PageError(reply[1])
         if reply[0] == "skip":
             return PreparedPage(b"", "", 0, 0, False, text_layer=reply[1], skipped=True,
-                                digest=self.pdf.digests.get(page.doc_row))
+                                digest=self.pdf.digest(page.doc_row))
         _, data, mime, width, height, layer = reply
         return PreparedPage(data, mime, width, height, False, text_layer=layer,
-                            digest=self.pdf.digests.get(page.doc_row))
+                            digest=self.pdf.digest(page.doc_row))
 
     def close(self) -> None:
         for process, pipe, _ in self.idle:
@@ -2182,11 +2193,11 @@ def plan_rows(source: InputSource, store: "OutputStore", args) -> RowPlan:
 
 def input_digests(source: InputSource, rows) -> dict:
     """input_digest() of these output rows' input as it is now (None: it cannot be read): the
-    bytes of these rows only, a PDF's from its count (count_pdf_pages)."""
+    bytes of these rows only (a PDF's: PdfPages.digest)."""
     digests = {}
     for index, cell in iter_image_cells(source, sorted(rows)):
         if isinstance(cell, PdfPage):
-            digests[index] = source.pdf.digests.get(cell.doc_row)
+            digests[index] = source.pdf.digest(cell.doc_row)
             continue
         try:
             digests[index] = input_digest(read_cell_bytes(cell))

@@ -331,6 +331,35 @@ def test_an_image_replaced_by_one_of_the_same_size_is_not_given_the_old_text(tmp
     assert texts["pages/page_0001.bmp"] != texts["page_0001.bmp"]  # (the old bytes, seed 1)
 
 
+
+def test_a_page_replaced_inside_a_pdf_of_the_same_size_is_not_given_the_old_text(tmp_path,
+                                                                                stub_server):
+    """A PDF's digest was its size and last 64 KiB: a scan rewritten with its first page
+    changed (uncompressed pages: the same size, the same tail) kept the old page's text."""
+    from pdfs import raw_image_pdf
+    stub = stub_server("--latency", "0.5")
+    doc = tmp_path / "in" / "scan.pdf"
+    doc.parent.mkdir()
+    doc.write_bytes(raw_image_pdf([(200, 30, 30), (30, 200, 30), (30, 30, 200)]))
+    args = [str(tmp_path / "in"), str(tmp_path / "out"), "--server", stub.url, "--concurrency",
+            "1", "--part-rows", "100", "--part-seconds", "3600", "--pdf-dpi", "72"]
+    driver = start_driver(*args)
+    wait_for(lambda: journal_rows(tmp_path / "out") >= 1, process=driver)
+    driver.kill()
+    driver.wait()
+    assert part_rows(tmp_path / "out") == 0
+    new = raw_image_pdf([(30, 30, 30), (30, 200, 30), (30, 30, 200)])
+    assert len(new) == doc.stat().st_size and new[-65536:] == doc.read_bytes()[-65536:]
+    doc.write_bytes(new)
+    run = run_script(OVIS, *args)
+    assert run.returncode == 0, run.stderr
+    assert "row(s) of the journal are done again" in run.stderr
+    fresh = [str(tmp_path / "in"), str(tmp_path / "fresh"), "--server", stub.url, "--pdf-dpi",
+             "72"]
+    assert run_script(OVIS, *fresh).returncode == 0  # each page's own text, in one run
+    assert load_output(tmp_path / "out")["markdown"] == \
+        load_output(tmp_path / "fresh")["markdown"]
+
 def test_journal_rows_of_an_older_version_without_a_digest_are_done_again(tmp_path, stub_server):
     stub = stub_server("--latency", "0.2")
     args, journaled = killed_over_a_symlinked_folder(tmp_path, stub)
