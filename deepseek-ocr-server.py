@@ -2812,11 +2812,18 @@ def run_differences(recorded: dict, identity: dict, args) -> list[str]:
     return problems
 
 
+def other_shards(store: "OutputStore", args) -> tuple[list[str], list[str]]:
+    """A sharded run's other shards in OUTPUT: their rows, and the processes that write them
+    (one may not have written a row yet). Beside them, --restart redoes this shard only."""
+    if args.num_shards == 1:
+        return [], []
+    return store.other_shards_rows(), store.other_writers()
+
+
 def restart_output(store: "OutputStore", identity: dict, args) -> None:
     """--restart redoes this shard's rows only when other shards' rows are in OUTPUT, and only
     as the same run (else OUTPUT would hold two runs); otherwise all of OUTPUT."""
-    others = store.other_shards_rows() if args.num_shards > 1 else []
-    running = store.other_writers() if args.num_shards > 1 else []  # before their first row
+    others, running = other_shards(store, args)
     if not others and not running:
         store.restart()
         return
@@ -2853,9 +2860,12 @@ def claim_output(store: "OutputStore", identity: dict, args) -> None:
         fail(refusal)
     problems = run_differences(existing, identity, args)
     if problems:
+        others, running = other_shards(store, args)
+        way_out = f" (other shards' rows are in it: {(others + running)[0]}, and a shard's " \
+            f"--restart redoes its own rows only, as the same run)" if others or running else \
+            ", or pass --restart to delete what OUTPUT holds and start it over"
         fail(f"OUTPUT {store.location()} holds another run, so resuming into it would mix "
-             f"two runs:\n  " + "\n  ".join(problems) + "\nWrite to another OUTPUT, or pass "
-             f"--restart to delete what OUTPUT holds and start it over.")
+             f"two runs:\n  " + "\n  ".join(problems) + f"\nWrite to another OUTPUT{way_out}.")
     if existing.get("max_samples") != args.max_samples:
         store.update_manifest({**existing, "max_samples": args.max_samples})
 

@@ -112,6 +112,11 @@ def test_a_restart_that_changes_the_run_beside_other_shards_rows_is_refused(tmp_
     before, card = part_bytes(out), (out / "README.md").read_text()
     other = stub_server()
     run = run_script(OVIS, str(tmp_path / "in"), str(out),
+                     *common(other, *shard(1, "--max-tokens", "900")))
+    assert run.returncode == 2, run.stderr  # its advice was --restart, refused as below
+    assert "pass --restart" not in run.stderr and "Write to another OUTPUT" in run.stderr
+    assert "a shard's --restart redoes its own rows only" in run.stderr
+    run = run_script(OVIS, str(tmp_path / "in"), str(out),
                      *common(other, *shard(1, "--restart", "--max-tokens", "900")))
     assert run.returncode == 2, run.stderr
     assert "part-000000000-000000005.parquet" in run.stderr  # shard 0's rows, named
