@@ -2816,9 +2816,10 @@ def pinned_input(store: "OutputStore", args):
     return args
 
 
-def format_refusal(recorded: dict | None, location: str) -> str | None:
+def format_refusal(recorded: dict | None, store: "OutputStore", args) -> str | None:
     """Why this script cannot go on with what OUTPUT records (None: it can): another
     MANIFEST_FORMAT, or rows and no manifest at all (format 0)."""
+    location = store.location()
     version = (recorded or {}).get("format", 0)
     version = version if isinstance(version, int) else 0
     if version > MANIFEST_FORMAT:
@@ -2828,7 +2829,8 @@ def format_refusal(recorded: dict | None, location: str) -> str | None:
     if version < MANIFEST_FORMAT:
         return (f"OUTPUT {location} was written by an older version of this script (manifest "
                 f"format {version}; this one writes {MANIFEST_FORMAT}), which it cannot finish as "
-                f"the run it recorded: pass --restart to redo the run, or write to a new OUTPUT.")
+                f"the run it recorded: "
+                f"{way_out(store, args, 'pass --restart to redo the run, or write to a new OUTPUT')}.")
     return None
 
 
@@ -2851,6 +2853,16 @@ def other_shards(store: "OutputStore", args) -> tuple[list[str], list[str]]:
     return store.other_shards_rows(), store.other_writers()
 
 
+def way_out(store: "OutputStore", args, restart: str) -> str:
+    """A refused rerun's way out: `restart` (advice that holds --restart), unless other shards
+    are in OUTPUT, whose rows no shard's --restart deletes."""
+    others, running = other_shards(store, args)
+    if not others and not running:
+        return restart
+    return (f"write to a new OUTPUT (other shards' rows are in it: {(others + running)[0]}, and "
+            f"a shard's --restart redoes its own rows only, as the same run)")
+
+
 def restart_output(store: "OutputStore", identity: dict, args) -> None:
     """--restart redoes this shard's rows only when other shards' rows are in OUTPUT, and only
     as the same run (else OUTPUT would hold two runs); otherwise all of OUTPUT."""
@@ -2859,9 +2871,11 @@ def restart_output(store: "OutputStore", identity: dict, args) -> None:
         store.restart()
         return
     recorded = store.manifest()
-    why = "" if recorded is None and not others else (  # shards that have not claimed it yet
-        format_refusal(recorded, store.location())
-        or "\n  ".join(run_differences(recorded, identity, args)))
+    if recorded is not None or others:  # (shards that have not claimed it yet: nothing to match)
+        refusal = format_refusal(recorded, store, args)
+        if refusal:
+            fail(refusal)
+    why = "\n  ".join(run_differences(recorded, identity, args)) if recorded else ""
     others += running
     shard = f"shard {args.shard_index} of {args.num_shards}"
     if why:
@@ -2879,24 +2893,22 @@ def claim_output(store: "OutputStore", identity: dict, args) -> None:
     if args.restart:
         restart_output(store, identity, args)
     elif store.manifest() is None and store.parts():
-        fail(format_refusal(None, store.location()))
+        fail(format_refusal(None, store, args))
     manifest = {"format": MANIFEST_FORMAT, "identity": identity, "max_samples": args.max_samples,
                 "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 "run": os.urandom(8).hex()}  # a run restarted in the same second is another
     existing = store.create_manifest(manifest)
     if existing is None:
         return
-    refusal = format_refusal(existing, store.location())
+    refusal = format_refusal(existing, store, args)
     if refusal:
         fail(refusal)
     problems = run_differences(existing, identity, args)
     if problems:
-        others, running = other_shards(store, args)
-        way_out = f" (other shards' rows are in it: {(others + running)[0]}, and a shard's " \
-            f"--restart redoes its own rows only, as the same run)" if others or running else \
-            ", or pass --restart to delete what OUTPUT holds and start it over"
+        advice = way_out(store, args, "write to another OUTPUT, or pass --restart to delete what "
+                                      "OUTPUT holds and start it over")
         fail(f"OUTPUT {store.location()} holds another run, so resuming into it would mix "
-             f"two runs:\n  " + "\n  ".join(problems) + f"\nWrite to another OUTPUT{way_out}.")
+             f"two runs:\n  " + "\n  ".join(problems) + f"\n{advice[0].upper()}{advice[1:]}.")
     if existing.get("max_samples") != args.max_samples:
         store.update_manifest({**existing, "max_samples": args.max_samples})
 

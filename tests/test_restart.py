@@ -114,7 +114,7 @@ def test_a_restart_that_changes_the_run_beside_other_shards_rows_is_refused(tmp_
     run = run_script(OVIS, str(tmp_path / "in"), str(out),
                      *common(other, *shard(1, "--max-tokens", "900")))
     assert run.returncode == 2, run.stderr  # its advice was --restart, refused as below
-    assert "pass --restart" not in run.stderr and "Write to another OUTPUT" in run.stderr
+    assert "pass --restart" not in run.stderr and "Write to a new OUTPUT" in run.stderr
     assert "a shard's --restart redoes its own rows only" in run.stderr
     run = run_script(OVIS, str(tmp_path / "in"), str(out),
                      *common(other, *shard(1, "--restart", "--max-tokens", "900")))
@@ -359,6 +359,28 @@ def test_an_output_of_another_manifest_format_is_refused_in_one_line(tmp_path, s
     assert load_output(out)["file_name"] == [p.name for p in paths]
     assert json.loads(path.read_text())["format"] == load_script(OVIS).MANIFEST_FORMAT
 
+
+def test_a_sharded_output_of_an_older_format_gives_advice_that_works(tmp_path, stub_server):
+    """Its refusal said "pass --restart to redo the run", and a shard's --restart was refused
+    saying the same again: beside other shards' rows, only a new OUTPUT is a way out."""
+    stub = stub_server()
+    write_image_folder(tmp_path / "in", 6)
+    out = tmp_path / "out"
+    for i in (0, 1):
+        assert run_script(OVIS, str(tmp_path / "in"), str(out), *common(stub, *shard(i))) \
+            .returncode == 0
+    path = out / ".ocr" / "manifest.json"
+    manifest = json.loads(path.read_text())
+    del manifest["format"]
+    path.write_text(json.dumps(manifest))
+    before, sent = part_bytes(out), len(stub.requests())
+    for restart in ([], ["--restart"]):
+        run = run_script(OVIS, str(tmp_path / "in"), str(out), *common(stub, *shard(1, *restart)))
+        assert run.returncode == 2, run.stderr
+        errors = [line for line in run.stderr.splitlines() if line.startswith("error:")]
+        assert len(errors) == 1 and "older version of this script" in errors[0], run.stderr
+        assert "--restart to redo" not in errors[0] and "write to a new OUTPUT" in errors[0]
+    assert part_bytes(out) == before and len(stub.requests()) == sent
 
 def test_a_hub_output_of_an_older_format_is_refused_on_a_fresh_disk(tmp_path, stub_server):
     stub = stub_server()
