@@ -2083,11 +2083,7 @@ class OutputStore:
         elif not self.remote_names and (self.meta / "on-hub").exists():
             log(f"{self.target} no longer holds the run this staging copy sent there (the repo "
                 f"was deleted?): starting afresh, clearing {self.root}")
-            self.clear_local()  # (staged parts never sent anywhere are sent below instead)
-        for path in self.local_parts():  # the Hub's parts win over their staged copies, and
-            start, stop = ranges_from_names([path.name])[0]  # what they cover is never resent
-            if any(a < stop and start < b for a, b in ranges_from_names(self.remote_names)):
-                path.unlink(missing_ok=True)
+            self.clear_local()  # (staged parts never sent anywhere are sent later instead)
         if manifest.exists() and ".ocr/manifest.json" not in files:  # its upload failed
             self.queued[".ocr/manifest.json"] = manifest
 
@@ -2296,9 +2292,23 @@ class OutputStore:
         names = set(local) | self.remote_names
         return [(r, local.get(part_name(*r))) for r in ranges_from_names(names)]
 
+    def own_staged_parts(self) -> list[Path]:
+        """This shard's parts in the staging folder, which the shards run on this machine share:
+        another shard's are its own to send or drop, maybe while it writes them."""
+        lo, hi = self.shard_range
+        return [path for path in self.local_parts()
+                if any(a < hi and lo < b for a, b in ranges_from_names([path.name]))]
+
+    def drop_stale_staged_parts(self) -> None:
+        """The Hub's parts win over their staged copies, and what they cover is never resent."""
+        for path in self.own_staged_parts() if self.api is not None else []:
+            start, stop = ranges_from_names([path.name])[0]
+            if any(a < stop and start < b for a, b in ranges_from_names(self.remote_names)):
+                path.unlink(missing_ok=True)
+
     def resend_local_parts(self) -> None:
-        """Parts a killed or offline run left on disk but never uploaded."""
-        for path in self.local_parts():
+        """Parts a killed or offline run of this shard left on disk but never uploaded."""
+        for path in self.own_staged_parts():
             if path.name not in self.remote_names:
                 self.publish(path)
 
@@ -3458,6 +3468,7 @@ def open_run(args, hub_api, engine: dict, info_entry: dict) -> Run:
         store.abandon()
         raise
     store.shard_range = (source.lo, source.hi)
+    store.drop_stale_staged_parts()
     claim_output(store, run_identity(args, source, engine), args)
     plan = plan_rows(source, store, args)
     store.resend_local_parts()

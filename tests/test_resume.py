@@ -657,6 +657,45 @@ def test_the_printed_hf_upload_sends_what_a_rerun_needs(tmp_path, stub_server, c
     assert "12 with text and 0 error rows" in hub_card_counts(tmp_path)
 
 
+HUB_DRIVER = """import sys
+from pathlib import Path
+sys.path.insert(0, {tests!r})
+from conftest import FakeHub, load_script
+sys.argv[0] = {script!r}
+sys.exit(load_script("ovis-ocr2-server.py").main(sys.argv[2:], hub_api=FakeHub(Path(sys.argv[1]))))
+"""
+
+
+def test_two_shards_on_one_machine_share_the_staging_folder_and_send_their_own_parts(
+        tmp_path, stub_server):
+    """Two shards of one Hub OUTPUT run side by side on one machine (one staging folder): the
+    second sent the first's staged parts as its own and deleted them, and the first then
+    crashed at its last commit (a traceback, its last parts never sent)."""
+    slow, fast = stub_server("--latency", "0.5"), stub_server()
+    paths = write_image_folder(tmp_path / "in", 16)
+    driver = HUB_DRIVER.format(tests=str(ROOT / "tests"), script=str(ROOT / OVIS))
+
+    def argv(server, i):
+        return [sys.executable, "-c", driver, str(tmp_path / "hub"), str(tmp_path / "in"),
+                "user/ocr-out", "--work-dir", str(tmp_path / "w"), "--server", server.url,
+                "--part-rows", "1", "--concurrency", "1", "--no-sanity-check", "--num-shards",
+                "2", "--shard-index", str(i)]
+
+    staged = tmp_path / "w" / "user__ocr-out" / "data"
+    shard0 = subprocess.Popen(argv(slow, 0), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                              text=True)
+    try:
+        wait_for(lambda: len(list(staged.glob("part-*"))) >= 2, process=shard0)
+        shard1 = subprocess.run(argv(fast, 1), capture_output=True, text=True, timeout=300)
+        assert shard1.returncode == 0, shard1.stderr
+        stderr = shard0.communicate(timeout=120)[1]
+    finally:
+        if shard0.poll() is None:
+            shard0.kill()
+    assert shard0.returncode == 0 and "Traceback" not in stderr, stderr
+    ds = load_output(tmp_path / "hub" / "user/ocr-out")
+    assert ds["markdown"] == [expected_text(p.read_bytes()) for p in paths]
+
 def hub_card_counts(tmp_path: Path) -> str:
     text = (tmp_path / "hub" / "user/ocr-out" / "README.md").read_text()
     return next(line for line in text.splitlines() if "This output holds" in line)
