@@ -2804,10 +2804,10 @@ def format_refusal(recorded: dict | None, store: "OutputStore", args) -> str | N
                 f"format {version}; this one knows {MANIFEST_FORMAT}): update the script (fetch "
                 f"it again from its URL) and rerun.")
     if version < MANIFEST_FORMAT:
+        advice = way_out(store, args, "pass --restart to redo the run, or write to a new OUTPUT")
         return (f"OUTPUT {location} was written by an older version of this script (manifest "
                 f"format {version}; this one writes {MANIFEST_FORMAT}), which it cannot finish as "
-                f"the run it recorded: "
-                f"{way_out(store, args, 'pass --restart to redo the run, or write to a new OUTPUT')}.")
+                f"the run it recorded: {advice}.")
     return None
 
 
