@@ -366,12 +366,18 @@ def check_output_outside_input(args) -> None:
              f"Write it beside INPUT, e.g. {shown_path(source.parent / (source.name + '-ocr'))}")
 
 
-def _walk_folder(root: Path) -> list[Path]:
+def _walk_folder(root: Path, args) -> list[Path]:
     """Every file under root, in path order. Symlinked folders are followed, each real folder
     once: a link back to a folder already read (a loop, or a second link to it) is skipped
-    and said. Hidden names (.x: .git, .ocr, macOS ._ files) are left out, as `datasets` does."""
+    and said, and so is a link to OUTPUT (its parts would be read as input). Hidden names (.x:
+    .git, .ocr, macOS ._ files) are left out, as `datasets` does."""
     files: list[Path] = []
     seen: set = set()
+    output = Path(args.output).expanduser() if is_local_target(args.output) else None
+    try:
+        output_id = (output.stat().st_dev, output.stat().st_ino) if output else None
+    except OSError:
+        output_id = None
     hidden = 0
     stack = [root]
     while stack:
@@ -381,6 +387,9 @@ def _walk_folder(root: Path) -> list[Path]:
             entries = list(os.scandir(folder))
         except OSError as exc:
             fail(f"cannot read the folder {shown_path(folder)} of INPUT: {exc.strerror or exc}")
+        if (info.st_dev, info.st_ino) == output_id:
+            log(f"skipped {shown_path(folder)}: a symlink to OUTPUT, whose files are no input")
+            continue
         if (info.st_dev, info.st_ino) in seen:
             log(f"skipped {shown_path(folder)}: a symlink to a folder already read "
                 f"({shown_path(folder.resolve())}; a loop, or a second link to it)")
@@ -605,8 +614,8 @@ def _load_local_dataset(path: Path, args):
         else:
             _one_split(f"{shown_path(path)} (save_to_disk of one Dataset)", args,
                        str(loaded.split or "train"))
-        return loaded, _walk_folder(path)
-    files = _walk_folder(path)
+        return loaded, _walk_folder(path, args)
+    files = _walk_folder(path, args)
     images = [p for p in files if p.suffix.lower() in IMAGE_EXTENSIONS or p.suffix.lower() == ".pdf"]
     metadata = [p for p in files if p.name in METADATA_NAMES]
     tables = [p for p in files if p.suffix in TABLE_EXTENSIONS and p not in metadata]
@@ -773,8 +782,8 @@ class PreparedPage:
 
 
 def input_digest(data: bytes) -> str:
-    """What a row was made from: the image's bytes as read (a PDF page: its document's size and
-    file_tail(), or its bytes), journaled with the row, so that a rerun reuses a journaled row
+    """What a row was made from: the image's bytes as read (a PDF page: its document's bytes,
+    PdfPages.digest), journaled with the row, so that a rerun reuses a journaled row
     only for the same bytes (an image replaced by one of the same size is another page)."""
     return hashlib.sha256(data).hexdigest()[:20]
 
@@ -1024,7 +1033,7 @@ class PdfPages:
     paths: dict  # doc row -> its file, when it is one
     errors: dict  # doc row -> why it has no page to render
     names: list = field(default_factory=list)  # doc row -> the document's path as its cell says
-    digests: dict = field(default_factory=dict)  # doc row -> input_digest() of the document
+    digests: dict = field(default_factory=dict)  # doc row -> input_digest(): see digest()
     per_document: bool = False  # output rows are documents, their pages joined (--per-document)
 
     def fingerprint(self) -> str:
@@ -1039,6 +1048,20 @@ class PdfPages:
             except OSError:
                 digest.update(f"{row} missing".encode())
         return digest.hexdigest()[:20]
+
+    def digest(self, doc_row: int) -> str | None:
+        """input_digest() of a document's bytes; a file's read whole, once per run, when a page
+        of it is sent or recovered: its size and file_tail() miss a page replaced inside."""
+        if doc_row not in self.digests and doc_row in self.paths:
+            digest = hashlib.sha256()
+            try:
+                with open(self.paths[doc_row], "rb") as handle:
+                    while chunk := handle.read(1 << 20):
+                        digest.update(chunk)
+                self.digests[doc_row] = digest.hexdigest()[:20]
+            except OSError:
+                self.digests[doc_row] = None
+        return self.digests.get(doc_row)
 
     def rows_of(self, doc_row: int) -> range:
         """The page rows of a document."""
@@ -1129,11 +1152,8 @@ def count_pdf_pages(ds, column: str, args) -> PdfPages:
         elif isinstance(data, str) and not os.path.isfile(data):
             errors[row] = f"cannot read the PDF file {shown}: no such file"
         else:
-            try:  # the bytes held, or where a file changes (cheap: 64 KiB of it)
-                digests[row] = input_digest(data if isinstance(data, bytes) else
-                                            b"%d B " % os.path.getsize(data) + file_tail(data))
-            except OSError:
-                pass
+            if isinstance(data, bytes):  # (a file's: read when needed, PdfPages.digest)
+                digests[row] = input_digest(data)
             try:
                 document = pdfium.PdfDocument(data)
                 try:
@@ -1315,10 +1335,10 @@ class PdfRenderer:
             raise PageError(reply[1])
         if reply[0] == "skip":
             return PreparedPage(b"", "", 0, 0, False, text_layer=reply[1], skipped=True,
-                                digest=self.pdf.digests.get(page.doc_row))
+                                digest=self.pdf.digest(page.doc_row))
         _, data, mime, width, height, layer = reply
         return PreparedPage(data, mime, width, height, False, text_layer=layer,
-                            digest=self.pdf.digests.get(page.doc_row))
+                            digest=self.pdf.digest(page.doc_row))
 
     def close(self) -> None:
         for process, pipe, _ in self.idle:
@@ -1942,11 +1962,11 @@ def plan_rows(source: InputSource, store: "OutputStore", args) -> RowPlan:
 
 def input_digests(source: InputSource, rows) -> dict:
     """input_digest() of these output rows' input as it is now (None: it cannot be read): the
-    bytes of these rows only, a PDF's from its count (count_pdf_pages)."""
+    bytes of these rows only (a PDF's: PdfPages.digest)."""
     digests = {}
     for index, cell in iter_image_cells(source, sorted(rows)):
         if isinstance(cell, PdfPage):
-            digests[index] = source.pdf.digests.get(cell.doc_row)
+            digests[index] = source.pdf.digest(cell.doc_row)
             continue
         try:
             digests[index] = input_digest(read_cell_bytes(cell))
@@ -2065,11 +2085,7 @@ class OutputStore:
         elif not self.remote_names and (self.meta / "on-hub").exists():
             log(f"{self.target} no longer holds the run this staging copy sent there (the repo "
                 f"was deleted?): starting afresh, clearing {self.root}")
-            self.clear_local()  # (staged parts never sent anywhere are sent below instead)
-        for path in self.local_parts():  # the Hub's parts win over their staged copies, and
-            start, stop = ranges_from_names([path.name])[0]  # what they cover is never resent
-            if any(a < stop and start < b for a, b in ranges_from_names(self.remote_names)):
-                path.unlink(missing_ok=True)
+            self.clear_local()  # (staged parts never sent anywhere are sent later instead)
         if manifest.exists() and ".ocr/manifest.json" not in files:  # its upload failed
             self.queued[".ocr/manifest.json"] = manifest
 
@@ -2198,17 +2214,26 @@ class OutputStore:
             self.remote_names -= mine
             self.known -= mine
 
-    def restart(self) -> None:
-        """--restart: OUTPUT's rows, card and manifest removed (on the Hub in one commit), all
-        shards' alike, so never while another shard of it runs here."""
-        for path in self.meta.glob("lock-*"):
+    def other_writers(self) -> list[str]:
+        """The other shards of OUTPUT that a process writes right now (their locks held)."""
+        running = []
+        for path in sorted(self.meta.glob("lock-*")):
             if path.name == Path(self.lock.name).name:
                 continue
             with open(path, "a+") as other:
                 if not lock_file(other):
                     other.seek(0)
-                    fail(f"--restart removes every shard's rows, and {other.read().strip()} is "
-                         f"writing another shard of {self.location()}: stop it first")
+                    running.append(f"{other.read().strip() or 'a process'} writing "
+                                   f"{path.name[len('lock-'):]}")
+        return running
+
+    def restart(self) -> None:
+        """--restart: OUTPUT's rows, card and manifest removed (on the Hub in one commit), all
+        shards' alike, so never while another shard of it runs here."""
+        running = self.other_writers()
+        if running:
+            fail(f"--restart removes every shard's rows, and {running[0]} of "
+                 f"{self.location()}: stop it first")
         log(f"--restart: removing the rows, card and manifest of {self.location()}")
         if self.api is not None:
             files = self.api.list_repo_files(self.target, repo_type="dataset")
@@ -2269,9 +2294,23 @@ class OutputStore:
         names = set(local) | self.remote_names
         return [(r, local.get(part_name(*r))) for r in ranges_from_names(names)]
 
+    def own_staged_parts(self) -> list[Path]:
+        """This shard's parts in the staging folder, which the shards run on this machine share:
+        another shard's are its own to send or drop, maybe while it writes them."""
+        lo, hi = self.shard_range
+        return [path for path in self.local_parts()
+                if any(a < hi and lo < b for a, b in ranges_from_names([path.name]))]
+
+    def drop_stale_staged_parts(self) -> None:
+        """The Hub's parts win over their staged copies, and what they cover is never resent."""
+        for path in self.own_staged_parts() if self.api is not None else []:
+            start, stop = ranges_from_names([path.name])[0]
+            if any(a < stop and start < b for a, b in ranges_from_names(self.remote_names)):
+                path.unlink(missing_ok=True)
+
     def resend_local_parts(self) -> None:
-        """Parts a killed or offline run left on disk but never uploaded."""
-        for path in self.local_parts():
+        """Parts a killed or offline run of this shard left on disk but never uploaded."""
+        for path in self.own_staged_parts():
             if path.name not in self.remote_names:
                 self.publish(path)
 
@@ -2667,9 +2706,10 @@ def pinned_input(store: "OutputStore", args):
     return args
 
 
-def format_refusal(recorded: dict | None, location: str) -> str | None:
+def format_refusal(recorded: dict | None, store: "OutputStore", args) -> str | None:
     """Why this script cannot go on with what OUTPUT records (None: it can): another
     MANIFEST_FORMAT, or rows and no manifest at all (format 0)."""
+    location = store.location()
     version = (recorded or {}).get("format", 0)
     version = version if isinstance(version, int) else 0
     if version > MANIFEST_FORMAT:
@@ -2677,9 +2717,10 @@ def format_refusal(recorded: dict | None, location: str) -> str | None:
                 f"format {version}; this one knows {MANIFEST_FORMAT}): update the script (fetch "
                 f"it again from its URL) and rerun.")
     if version < MANIFEST_FORMAT:
+        advice = way_out(store, args, "pass --restart to redo the run, or write to a new OUTPUT")
         return (f"OUTPUT {location} was written by an older version of this script (manifest "
                 f"format {version}; this one writes {MANIFEST_FORMAT}), which it cannot finish as "
-                f"the run it recorded: pass --restart to redo the run, or write to a new OUTPUT.")
+                f"the run it recorded: {advice}.")
     return None
 
 
@@ -2694,16 +2735,38 @@ def run_differences(recorded: dict, identity: dict, args) -> list[str]:
     return problems
 
 
+def other_shards(store: "OutputStore", args) -> tuple[list[str], list[str]]:
+    """A sharded run's other shards in OUTPUT: their rows, and the processes that write them
+    (one may not have written a row yet). Beside them, --restart redoes this shard only."""
+    if args.num_shards == 1:
+        return [], []
+    return store.other_shards_rows(), store.other_writers()
+
+
+def way_out(store: "OutputStore", args, restart: str) -> str:
+    """A refused rerun's way out: `restart` (advice that holds --restart), unless other shards
+    are in OUTPUT, whose rows no shard's --restart deletes."""
+    others, running = other_shards(store, args)
+    if not others and not running:
+        return restart
+    return (f"write to a new OUTPUT (other shards' rows are in it: {(others + running)[0]}, and "
+            f"a shard's --restart redoes its own rows only, as the same run)")
+
+
 def restart_output(store: "OutputStore", identity: dict, args) -> None:
     """--restart redoes this shard's rows only when other shards' rows are in OUTPUT, and only
     as the same run (else OUTPUT would hold two runs); otherwise all of OUTPUT."""
-    others = store.other_shards_rows() if args.num_shards > 1 else []
-    if not others:
+    others, running = other_shards(store, args)
+    if not others and not running:
         store.restart()
         return
     recorded = store.manifest()
-    why = format_refusal(recorded, store.location())
-    why = why or "\n  ".join(run_differences(recorded, identity, args))
+    if recorded is not None or others:  # (shards that have not claimed it yet: nothing to match)
+        refusal = format_refusal(recorded, store, args)
+        if refusal:
+            fail(refusal)
+    why = "\n  ".join(run_differences(recorded, identity, args)) if recorded else ""
+    others += running
     shard = f"shard {args.shard_index} of {args.num_shards}"
     if why:
         fail(f"--restart of {shard} redoes its rows only, and the other shards' rows in OUTPUT "
@@ -2720,21 +2783,22 @@ def claim_output(store: "OutputStore", identity: dict, args) -> None:
     if args.restart:
         restart_output(store, identity, args)
     elif store.manifest() is None and store.parts():
-        fail(format_refusal(None, store.location()))
+        fail(format_refusal(None, store, args))
     manifest = {"format": MANIFEST_FORMAT, "identity": identity, "max_samples": args.max_samples,
                 "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 "run": os.urandom(8).hex()}  # a run restarted in the same second is another
     existing = store.create_manifest(manifest)
     if existing is None:
         return
-    refusal = format_refusal(existing, store.location())
+    refusal = format_refusal(existing, store, args)
     if refusal:
         fail(refusal)
     problems = run_differences(existing, identity, args)
     if problems:
+        advice = way_out(store, args, "write to another OUTPUT, or pass --restart to delete what "
+                                      "OUTPUT holds and start it over")
         fail(f"OUTPUT {store.location()} holds another run, so resuming into it would mix "
-             f"two runs:\n  " + "\n  ".join(problems) + "\nWrite to another OUTPUT, or pass "
-             f"--restart to delete what OUTPUT holds and start it over.")
+             f"two runs:\n  " + "\n  ".join(problems) + f"\n{advice[0].upper()}{advice[1:]}.")
     if existing.get("max_samples") != args.max_samples:
         store.update_manifest({**existing, "max_samples": args.max_samples})
 
@@ -2964,13 +3028,20 @@ def without_options(argv: list[str], names: set[str]) -> list[str]:
 
 def rerun_advice() -> str:
     """How to finish a run that has written rows: the same command, but without --restart,
-    which would delete them and start over again."""
+    which would delete them and start over again. Its secrets are left out, not masked (a
+    masked value would be used), and the options that held them named."""
     kept = without_options(_RUN_ARGV, {"--restart"})
     if kept == _RUN_ARGV:
         return "rerun the same command"
     script = f"<the URL of {script_name()}>" if uv_url_copy() else sys.argv[0]
+    known = _VALUE_OPTIONS or None
+    left_out = [name for name, values, joined in flag_items(kept, known) if name and
+                redact_argv(flag_words([(name, values, joined)]), None, known)
+                != flag_words([(name, values, joined)])]
+    added = f" (adding back your {', '.join(left_out)}: secrets are never printed)" \
+        if left_out else ""
     return (f"rerun it without --restart (with it, the run starts over): uv run "
-            f"{shlex.join([script, *redact_argv(kept)])}")
+            f"{shlex.join([script, *redact_argv(kept, None, known)])}{added}")
 
 
 def reproduce_command(argv: list[str]) -> str:
@@ -3399,6 +3470,7 @@ def open_run(args, hub_api, engine: dict, info_entry: dict) -> Run:
         store.abandon()
         raise
     store.shard_range = (source.lo, source.hi)
+    store.drop_stale_staged_parts()
     claim_output(store, run_identity(args, source, engine), args)
     plan = plan_rows(source, store, args)
     store.resend_local_parts()

@@ -51,3 +51,32 @@ def colour_of(page_index: int) -> tuple:
     """A distinct flat colour per page, far from white (0..1 floats)."""
     return ((page_index * 37 % 200 + 30) / 255, (page_index * 71 % 200 + 30) / 255,
             (page_index * 113 % 200 + 30) / 255)
+
+
+def raw_image_pdf(colours: list[tuple], side: int = 200) -> bytes:
+    """A PDF of flat-colour pages, each an uncompressed RGB image (as some scanners write them):
+    PDFs of one page count and side have one size, and the same last 64 KiB whatever the colours
+    of the pages before the last."""
+    objects = [b"<< /Type /Catalog /Pages 2 0 R >>",
+               b"<< /Type /Pages /Kids [%s] /Count %d >>" % (
+                   b" ".join(b"%d 0 R" % (3 + 3 * i) for i in range(len(colours))), len(colours))]
+    for i, colour in enumerate(colours):
+        content = b"q %d 0 0 %d 0 0 cm /Im0 Do Q" % (side, side)
+        pixels = bytes(colour) * side * side
+        objects += [
+            b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 %d %d] /Resources << /XObject << /Im0 "
+            b"%d 0 R >> >> /Contents %d 0 R >>" % (side, side, 5 + 3 * i, 4 + 3 * i),
+            b"<< /Length %d >>\nstream\n%s\nendstream" % (len(content), content),
+            b"<< /Type /XObject /Subtype /Image /Width %d /Height %d /ColorSpace /DeviceRGB "
+            b"/BitsPerComponent 8 /Length %d >>\nstream\n%s\nendstream" % (
+                side, side, len(pixels), pixels)]
+    out, offsets = bytearray(b"%PDF-1.4\n"), []
+    for number, body in enumerate(objects, 1):
+        offsets.append(len(out))
+        out += b"%d 0 obj\n%s\nendobj\n" % (number, body)
+    xref = len(out)
+    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
+    out += b"".join(b"%010d 00000 n \n" % offset for offset in offsets)
+    out += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objects) + 1,
+                                                                              xref)
+    return bytes(out)

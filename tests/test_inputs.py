@@ -349,6 +349,22 @@ def test_symlinked_subfolders_are_followed_and_a_loop_is_not(tmp_path, stub_serv
     assert "loop" in run.stderr
 
 
+def test_a_symlink_to_a_parent_folder_does_not_read_output_as_input(tmp_path, stub_server):
+    """`INPUT/up -> ..` reaches OUTPUT beside INPUT: the first run went well, and every rerun
+    was refused, OUTPUT's own parts taken for table files of INPUT ("ambiguous")."""
+    stub = stub_server()
+    own = write_image_folder(tmp_path / "work" / "in", 3)
+    (tmp_path / "work" / "in" / "up").symlink_to(tmp_path / "work", target_is_directory=True)
+    args = [str(tmp_path / "work" / "in"), str(tmp_path / "work" / "out"), *common(stub)]
+    assert run_script(OVIS, *args).returncode == 0
+    run = run_script(OVIS, *args)
+    assert run.returncode == 0, run.stderr
+    assert "a symlink to OUTPUT" in run.stderr and "3 already done" in run.stderr
+    assert len(stub.requests()) == 3
+    ds = load_output(tmp_path / "work" / "out")
+    assert ds["file_name"] == [p.name for p in own]
+
+
 # ---- image columns the scripts cannot send: one message up front ------------------------------
 
 def test_a_column_of_lists_of_images_is_refused_up_front(tmp_path, stub_server):

@@ -112,6 +112,11 @@ def test_a_restart_that_changes_the_run_beside_other_shards_rows_is_refused(tmp_
     before, card = part_bytes(out), (out / "README.md").read_text()
     other = stub_server()
     run = run_script(OVIS, str(tmp_path / "in"), str(out),
+                     *common(other, *shard(1, "--max-tokens", "900")))
+    assert run.returncode == 2, run.stderr  # its advice was --restart, refused as below
+    assert "pass --restart" not in run.stderr and "Write to a new OUTPUT" in run.stderr
+    assert "a shard's --restart redoes its own rows only" in run.stderr
+    run = run_script(OVIS, str(tmp_path / "in"), str(out),
                      *common(other, *shard(1, "--restart", "--max-tokens", "900")))
     assert run.returncode == 2, run.stderr
     assert "part-000000000-000000005.parquet" in run.stderr  # shard 0's rows, named
@@ -141,6 +146,37 @@ def test_a_restart_beside_a_running_shard_touches_its_own_rows_only(tmp_path, st
         if shard0.poll() is None:
             shard0.kill()
     assert load_output(out)["file_name"] == [p.name for p in paths]
+
+
+def test_a_shard_restart_beside_a_shard_that_has_no_row_yet_redoes_its_own_rows(tmp_path,
+                                                                               stub_server):
+    """Every shard launched with one command holding --restart (a job array): a shard that came
+    second, while the first waited for its first answer, was refused ("--restart removes every
+    shard's rows ... stop it first"), though a shard's restart touches its own rows only."""
+    slow, fast = stub_server("--latency", "6.0"), stub_server()  # long past shard 1's claim
+    paths = write_image_folder(tmp_path / "in", 4)
+    out = tmp_path / "out"
+    shard0 = subprocess.Popen([sys.executable, str(ROOT / OVIS), str(tmp_path / "in"), str(out),
+                               *common(slow, *shard(0, "--restart"), "--concurrency", "1")],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: len(slow.requests()) >= 1, process=shard0)  # the run claimed, no row
+        assert journal_rows(out) == 0
+        run = run_script(OVIS, str(tmp_path / "in"), str(out),
+                         *common(fast, *shard(1, "--restart")))
+        assert run.returncode == 0, run.stderr
+        assert shard0.poll() is None
+        changed = run_script(OVIS, str(tmp_path / "in"), str(out),
+                             *common(fast, *shard(1, "--restart", "--max-tokens", "900")))
+        assert changed.returncode == 2 and "--max-tokens: was 16384, now 900" in changed.stderr
+        assert shard0.wait(timeout=120) == 0, shard0.stderr.read()
+    finally:
+        if shard0.poll() is None:
+            shard0.kill()
+    assert len(fast.requests()) == 2
+    ds = load_output(out)
+    assert ds["file_name"] == [p.name for p in paths]
+    assert ds["markdown"] == [expected_text(p.read_bytes()) for p in paths]
 
 
 # ---- a killed --restart resumes by the command it prints -------------------------------------
@@ -176,6 +212,41 @@ def test_a_sigtermed_restart_prints_a_command_that_resumes_it(tmp_path, stub_ser
     ds = load_output(out)
     assert ds["file_name"] == [p.name for p in paths]
     assert ds["markdown"] == [expected_text(p.read_bytes()) for p in paths]
+
+
+def test_the_printed_resume_command_keeps_input_and_output_and_uses_no_masked_secret(
+        tmp_path, stub_server):
+    """With the options first (`--api-key KEY --restart INPUT OUTPUT`), the printed command read
+    INPUT and OUTPUT as values of --api-key and masked all three: `--api-key '***' '***' '***'`;
+    and a masked key, pasted, is sent as the key."""
+    key = "sk-resume0123456789"
+    stub = stub_server("--latency", "0.3", "--api-key", key)
+    paths = write_image_folder(tmp_path / "in", 8)
+    out = tmp_path / "out"
+    options = ["--server", stub.url, "--api-key", key, "--part-rows", "2", "--concurrency", "1"]
+    assert run_script(OVIS, *options, str(tmp_path / "in"), str(out)).returncode == 0
+    run = subprocess.Popen([sys.executable, str(ROOT / OVIS), *options, "--restart",
+                            str(tmp_path / "in"), str(out)],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: journal_rows(out) >= 2, process=run)
+        run.send_signal(signal.SIGTERM)
+        stderr = run.communicate(timeout=60)[1]
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert run.returncode == 128 + signal.SIGTERM, stderr
+    printed = re.search(r"rerun it without --restart.*?: uv run (.*) \(adding back your "
+                        r"--api-key: secrets are never printed\)$", stderr, re.M)
+    assert printed, stderr
+    argv = shlex.split(printed.group(1))
+    assert argv[-2:] == [str(tmp_path / "in"), str(out)] and "***" not in printed.group(1)
+    assert key not in stderr
+    resumed = subprocess.run([sys.executable, *argv, "--api-key", key], capture_output=True,
+                             text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "already done" in resumed.stderr and "--restart" not in argv
+    assert load_output(out)["markdown"] == [expected_text(p.read_bytes()) for p in paths]
 
 
 # ---- OUTPUTs a run may not write into ---------------------------------------------------------
@@ -288,6 +359,28 @@ def test_an_output_of_another_manifest_format_is_refused_in_one_line(tmp_path, s
     assert load_output(out)["file_name"] == [p.name for p in paths]
     assert json.loads(path.read_text())["format"] == load_script(OVIS).MANIFEST_FORMAT
 
+
+def test_a_sharded_output_of_an_older_format_gives_advice_that_works(tmp_path, stub_server):
+    """Its refusal said "pass --restart to redo the run", and a shard's --restart was refused
+    saying the same again: beside other shards' rows, only a new OUTPUT is a way out."""
+    stub = stub_server()
+    write_image_folder(tmp_path / "in", 6)
+    out = tmp_path / "out"
+    for i in (0, 1):
+        assert run_script(OVIS, str(tmp_path / "in"), str(out), *common(stub, *shard(i))) \
+            .returncode == 0
+    path = out / ".ocr" / "manifest.json"
+    manifest = json.loads(path.read_text())
+    del manifest["format"]
+    path.write_text(json.dumps(manifest))
+    before, sent = part_bytes(out), len(stub.requests())
+    for restart in ([], ["--restart"]):
+        run = run_script(OVIS, str(tmp_path / "in"), str(out), *common(stub, *shard(1, *restart)))
+        assert run.returncode == 2, run.stderr
+        errors = [line for line in run.stderr.splitlines() if line.startswith("error:")]
+        assert len(errors) == 1 and "older version of this script" in errors[0], run.stderr
+        assert "--restart to redo" not in errors[0] and "write to a new OUTPUT" in errors[0]
+    assert part_bytes(out) == before and len(stub.requests()) == sent
 
 def test_a_hub_output_of_an_older_format_is_refused_on_a_fresh_disk(tmp_path, stub_server):
     stub = stub_server()

@@ -331,6 +331,35 @@ def test_an_image_replaced_by_one_of_the_same_size_is_not_given_the_old_text(tmp
     assert texts["pages/page_0001.bmp"] != texts["page_0001.bmp"]  # (the old bytes, seed 1)
 
 
+
+def test_a_page_replaced_inside_a_pdf_of_the_same_size_is_not_given_the_old_text(tmp_path,
+                                                                                stub_server):
+    """A PDF's digest was its size and last 64 KiB: a scan rewritten with its first page
+    changed (uncompressed pages: the same size, the same tail) kept the old page's text."""
+    from pdfs import raw_image_pdf
+    stub = stub_server("--latency", "0.5")
+    doc = tmp_path / "in" / "scan.pdf"
+    doc.parent.mkdir()
+    doc.write_bytes(raw_image_pdf([(200, 30, 30), (30, 200, 30), (30, 30, 200)]))
+    args = [str(tmp_path / "in"), str(tmp_path / "out"), "--server", stub.url, "--concurrency",
+            "1", "--part-rows", "100", "--part-seconds", "3600", "--pdf-dpi", "72"]
+    driver = start_driver(*args)
+    wait_for(lambda: journal_rows(tmp_path / "out") >= 1, process=driver)
+    driver.kill()
+    driver.wait()
+    assert part_rows(tmp_path / "out") == 0
+    new = raw_image_pdf([(30, 30, 30), (30, 200, 30), (30, 30, 200)])
+    assert len(new) == doc.stat().st_size and new[-65536:] == doc.read_bytes()[-65536:]
+    doc.write_bytes(new)
+    run = run_script(OVIS, *args)
+    assert run.returncode == 0, run.stderr
+    assert "row(s) of the journal are done again" in run.stderr
+    fresh = [str(tmp_path / "in"), str(tmp_path / "fresh"), "--server", stub.url, "--pdf-dpi",
+             "72"]
+    assert run_script(OVIS, *fresh).returncode == 0  # each page's own text, in one run
+    assert load_output(tmp_path / "out")["markdown"] == \
+        load_output(tmp_path / "fresh")["markdown"]
+
 def test_journal_rows_of_an_older_version_without_a_digest_are_done_again(tmp_path, stub_server):
     stub = stub_server("--latency", "0.2")
     args, journaled = killed_over_a_symlinked_folder(tmp_path, stub)
@@ -648,6 +677,45 @@ def test_the_printed_hf_upload_sends_what_a_rerun_needs(tmp_path, stub_server, c
     assert load_output(repo)["markdown"] == [expected_text(p.read_bytes()) for p in paths]
     assert "12 with text and 0 error rows" in hub_card_counts(tmp_path)
 
+
+HUB_DRIVER = """import sys
+from pathlib import Path
+sys.path.insert(0, {tests!r})
+from conftest import FakeHub, load_script
+sys.argv[0] = {script!r}
+sys.exit(load_script("ovis-ocr2-server.py").main(sys.argv[2:], hub_api=FakeHub(Path(sys.argv[1]))))
+"""
+
+
+def test_two_shards_on_one_machine_share_the_staging_folder_and_send_their_own_parts(
+        tmp_path, stub_server):
+    """Two shards of one Hub OUTPUT run side by side on one machine (one staging folder): the
+    second sent the first's staged parts as its own and deleted them, and the first then
+    crashed at its last commit (a traceback, its last parts never sent)."""
+    slow, fast = stub_server("--latency", "0.5"), stub_server()
+    paths = write_image_folder(tmp_path / "in", 16)
+    driver = HUB_DRIVER.format(tests=str(ROOT / "tests"), script=str(ROOT / OVIS))
+
+    def argv(server, i):
+        return [sys.executable, "-c", driver, str(tmp_path / "hub"), str(tmp_path / "in"),
+                "user/ocr-out", "--work-dir", str(tmp_path / "w"), "--server", server.url,
+                "--part-rows", "1", "--concurrency", "1", "--no-sanity-check", "--num-shards",
+                "2", "--shard-index", str(i)]
+
+    staged = tmp_path / "w" / "user__ocr-out" / "data"
+    shard0 = subprocess.Popen(argv(slow, 0), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                              text=True)
+    try:
+        wait_for(lambda: len(list(staged.glob("part-*"))) >= 2, process=shard0)
+        shard1 = subprocess.run(argv(fast, 1), capture_output=True, text=True, timeout=300)
+        assert shard1.returncode == 0, shard1.stderr
+        stderr = shard0.communicate(timeout=120)[1]
+    finally:
+        if shard0.poll() is None:
+            shard0.kill()
+    assert shard0.returncode == 0 and "Traceback" not in stderr, stderr
+    ds = load_output(tmp_path / "hub" / "user/ocr-out")
+    assert ds["markdown"] == [expected_text(p.read_bytes()) for p in paths]
 
 def hub_card_counts(tmp_path: Path) -> str:
     text = (tmp_path / "hub" / "user/ocr-out" / "README.md").read_text()
