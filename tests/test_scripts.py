@@ -44,25 +44,35 @@ def test_header_and_layout(script):
     assert not heavy, f"the PEP 723 dependencies pull in {heavy}: a Job would install them again"
 
 
-def test_helper_blocks_are_identical_copies():
+def test_scripts_are_what_their_sources_assemble_to():
     run = subprocess.run([sys.executable, str(ROOT / "tools" / "sync_helpers.py"), "--check"],
                          capture_output=True, text=True)
     assert run.returncode == 0, run.stdout
 
 
-def test_sync_tool_detects_and_repairs_a_drifted_copy(tmp_path):
+def test_sync_tool_detects_and_repairs_a_drifted_script_and_an_edited_block(tmp_path):
     import shutil
     for script in ALL_SCRIPTS:
         shutil.copy(ROOT / script, tmp_path / script)
-    (tmp_path / "tools").mkdir()
-    shutil.copy(ROOT / "tools" / "sync_helpers.py", tmp_path / "tools" / "sync_helpers.py")
-    drifted = tmp_path / SERVER_SCRIPTS[0]
-    drifted.write_text(drifted.read_text().replace("RETRY_STATUS = {408,", "RETRY_STATUS = {409,"))
+    shutil.copytree(ROOT / "tools", tmp_path / "tools")
+    shutil.copytree(ROOT / "blocks", tmp_path / "blocks")
     tool = [sys.executable, str(tmp_path / "tools" / "sync_helpers.py")]
+    drifted = tmp_path / SERVER_SCRIPTS[0]
+    original = drifted.read_text()
+    drifted.write_text(original.replace("RETRY_STATUS = {408,", "RETRY_STATUS = {409,"))
     check = subprocess.run(tool + ["--check"], capture_output=True, text=True)
     assert check.returncode == 1 and SERVER_SCRIPTS[0] in check.stdout
-    fix = subprocess.run(tool + [SERVER_SCRIPTS[1]], capture_output=True, text=True)
-    assert SERVER_SCRIPTS[0] in fix.stdout
+    assert SERVER_SCRIPTS[1] not in check.stdout
+    fix = subprocess.run(tool, capture_output=True, text=True)
+    assert SERVER_SCRIPTS[0] in fix.stdout and drifted.read_text() == original
+    assert subprocess.run(tool + ["--check"]).returncode == 0
+
+    server = tmp_path / "blocks" / "server.py"
+    server.write_text(server.read_text().replace("RETRY_STATUS = {408,", "RETRY_STATUS = {409,"))
+    check = subprocess.run(tool + ["--check"], capture_output=True, text=True)
+    assert check.returncode == 1 and all(s in check.stdout for s in SERVER_SCRIPTS)
+    subprocess.run(tool, check=True, capture_output=True)
+    assert "RETRY_STATUS = {409," in drifted.read_text()
     assert subprocess.run(tool + ["--check"]).returncode == 0
 
 

@@ -1,10 +1,14 @@
-"""Keep the copied helper blocks identical across the scripts.
+"""Assemble the scripts from their sources: the blocks in blocks/ and each script's own parts.
 
-    python tools/sync_helpers.py --check            # exit 1 and name the scripts that differ
-    python tools/sync_helpers.py FROM_SCRIPT        # copy FROM_SCRIPT's blocks into every other
+    python tools/sync_helpers.py            # write every script its sources assemble to
+    python tools/sync_helpers.py --check    # exit 1 and name the scripts that differ
 
-Each script is fetched and run alone by URL, so the helpers are copied, not imported. A block
-runs from its BEGIN marker line to its END marker line, both included.
+Each script is fetched and run alone by URL, so the blocks are copied into it, not imported
+(SQLite's amalgamation: developers edit many files, users get one). A module of blocks/ holds
+one block, from its `# ==== BEGIN NAME` line to its `# ==== END NAME ====` line; what comes
+before that line (the docstring, the imports that tell ruff where names come from) stays out of
+the scripts. A script carries the blocks whose BEGIN/END lines it has, each replaced whole by
+its module's; the rest of the script (header, docstring, model section, main) is its own.
 """
 
 from __future__ import annotations
@@ -15,16 +19,29 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-BLOCKS = ("COMMON HELPERS", "SERVER HELPERS", "OFFLINE HELPERS")
+BLOCKS_DIR = ROOT / "blocks"
+BEGIN = re.compile(r"^# ==== BEGIN ([A-Z0-9 -]+?) [(=]", re.M)
 
 
 def block_pattern(name: str) -> re.Pattern:
-    return re.compile(rf"^# ==== BEGIN {name}\b.*?^# ==== END {name} ====$", re.S | re.M)
+    return re.compile(rf"^# ==== BEGIN {re.escape(name)} .*?^# ==== END {re.escape(name)} ====\n",
+                      re.S | re.M)
 
 
-def extract(text: str, name: str) -> str | None:
-    match = block_pattern(name).search(text)
-    return match.group(0) if match else None
+def block_sources() -> dict[str, str]:
+    """Block name -> its text, from every module of blocks/ that holds a block."""
+    sources = {}
+    for module in sorted(BLOCKS_DIR.glob("*.py")):
+        text = module.read_text()
+        begin = BEGIN.search(text)
+        if begin is None:
+            continue  # the interface stub and package files hold no block
+        block = block_pattern(begin.group(1)).search(text, begin.start())
+        if block is None or block.end() != len(text):
+            sys.exit(f"{module.relative_to(ROOT)}: the block must run from its BEGIN line to an "
+                     f"END {begin.group(1)} ==== line that ends the file")
+        sources[begin.group(1)] = block.group(0)
+    return sources
 
 
 # A top-level tool of the collection (ocr-compare.py) carries this line and no helper blocks:
@@ -37,54 +54,39 @@ def scripts() -> list[Path]:
     return sorted(p for p in ROOT.glob("*.py") if not TOOL_MARKER.search(p.read_text()))
 
 
-def differences() -> list[str]:
-    problems = []
-    for name in BLOCKS:
-        copies = {p.name: extract(p.read_text(), name) for p in scripts()}
-        present = {k: v for k, v in copies.items() if v is not None}
-        if not present:
-            continue
-        variants = sorted(set(present.values()), key=lambda v: -list(present.values()).count(v))
-        if len(variants) > 1:
-            majority = variants[0]
-            odd = [k for k, v in present.items() if v != majority]
-            problems.append(f"{name}: {', '.join(odd)} differ from the other copies")
-    return problems
-
-
-def propagate(source: Path) -> list[str]:
-    text = source.read_text()
-    changed = []
-    for name in BLOCKS:
-        block = extract(text, name)
-        if block is None:
-            continue
-        for target in scripts():
-            if target == source:
-                continue
-            target_text = target.read_text()
-            if extract(target_text, name) is None:
-                continue  # this script does not carry this block (offline scripts: no server block)
-            new_text = block_pattern(name).sub(lambda _m: block, target_text, count=1)
-            if new_text != target_text:
-                target.write_text(new_text)
-                changed.append(f"{target.name} ({name})")
-    return changed
+def assemble(text: str, sources: dict[str, str]) -> str:
+    """The script text with each of its blocks replaced by its source."""
+    for name in BEGIN.findall(text):
+        if name not in sources:
+            raise KeyError(name)
+        text = block_pattern(name).sub(lambda _m: sources[name], text, count=1)
+    return text
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("source", nargs="?", help="script whose blocks are copied to the others")
-    parser.add_argument("--check", action="store_true", help="only report differing copies")
+    parser.add_argument("--check", action="store_true",
+                        help="write nothing; exit 1 if a script differs from its sources")
     args = parser.parse_args()
-    if args.check or not args.source:
-        problems = differences()
-        for line in problems:
-            print(line)
-        print("helper blocks identical" if not problems else "run: python tools/sync_helpers.py SCRIPT")
-        return 1 if problems else 0
-    changed = propagate(ROOT / args.source)
-    print("updated: " + ", ".join(changed) if changed else "every copy already matches")
+    sources = block_sources()
+    stale = []
+    for script in scripts():
+        text = script.read_text()
+        try:
+            assembled = assemble(text, sources)
+        except KeyError as missing:
+            print(f"{script.name}: no module of blocks/ holds the block {missing}")
+            return 1
+        if assembled != text:
+            stale.append(script.name)
+            if not args.check:
+                script.write_text(assembled)
+    if args.check:
+        for name in stale:
+            print(f"{name} differs from what its sources assemble to")
+        print("run: python tools/sync_helpers.py" if stale else "every script matches its sources")
+        return 1 if stale else 0
+    print("assembled: " + ", ".join(stale) if stale else "every script already matches")
     return 0
 
 

@@ -1,0 +1,3467 @@
+"""The COMMON HELPERS block of every script: input, page images, output parts, dataset card, stats."""
+
+# ==== BEGIN COMMON HELPERS (identical in every script; edit one copy, run tools/sync_helpers.py) ====
+# Input, page images, output parts, dataset card, stats. The model section above provides:
+# MODEL_ID, JOB_IMAGE, IMAGE_HAS_UV, DEFAULT_FLAVOR, SCRIPT_SHAPE, PAGE_FORMAT,
+# target_size(), postprocess(), inference_settings(), EXTRA_COLUMNS, DEFAULT_MAX_TOKENS.
+# These have defaults; a model section sets one only where its model differs:
+MODEL_REVISION = globals().get("MODEL_REVISION")  # a commit sha or tag pins the weights
+RESIZE_FILTER = globals().get("RESIZE_FILTER", "bicubic")  # the model's own resampling filter
+LOOP_TEMPERATURE = globals().get("LOOP_TEMPERATURE", 0.3)  # a looping page's second try
+JOB_TIMEOUT = globals().get("JOB_TIMEOUT", "4h")  # Jobs stop after 30 min without one
+JOB_PAGES_PER_S = globals().get("JOB_PAGES_PER_S")  # measured rate on DEFAULT_FLAVOR, if any
+IMAGE_TAG_MOVING = globals().get("IMAGE_TAG_MOVING", False)  # True: JOB_IMAGE is no fixed build
+PDF_DPI = globals().get("PDF_DPI", 400)  # a PDF page's render DPI, unless the model's bound is less
+import argparse
+import hashlib
+import io
+import json
+import math
+import os
+import random
+import resource
+import shlex
+import signal
+import sys
+import threading
+import time
+import warnings
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+IMAGE_EXTENSIONS = {".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp", ".webp", ".gif", ".jp2"}
+MAX_DECODE_PIXELS = 250_000_000  # larger than any real scan: above it, a decompression bomb
+PART_NAME = re.compile(r"^part-(\d{9})-(\d{9})\.parquet$")
+REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
+UPLOAD_ATTEMPTS, UPLOAD_BACKOFF_S, UPLOAD_MAX_WAIT_S = 5, 2.0, 600.0
+# values that look like credentials (Hub tokens, OpenAI-style keys), wherever they appear; a
+# URL's user information; a value given under a name in text (masked when named like a secret):
+# name=value (a URL's query, a flag, a variable) or 'name': 'value' (JSON, a Python dict)
+TOKEN_VALUE = re.compile(r"\b(?:hf_|api_org_|sk-)[A-Za-z0-9_-]{8,}")
+URL_USERINFO = re.compile(r"(?<=://)[^/\s@?#]+@")
+NAMED_VALUE = re.compile(r"""((?<![\w.-])(['"])?([\w.-]+)(?(2)\2\s*:\s*|=)['"]?)([^\s&#'",}]+)""")
+# names whose value is a secret: options (--hf-token, --a.b.secret-key), JSON keys, URL queries
+SECRET_NAME = re.compile(r"(?:^|[-_.])(?:secret|password|passwd)(?:[-_.]|$)|(?:^|[-_.])(?:token|"
+                         r"credentials?|signature|sig|authorization|(?:api|access|private)[-_]?key)"
+                         r"$|^-*key$", re.I)
+# a word of a command line that is a flag (--x, -x, --x=...), not a value (-1, -, "--x y")
+FLAG = re.compile(r"^--?[A-Za-z][^\s=]*(?:=|$)")
+# options of this script that do not belong in a Jobs command: secrets travel as --secrets
+# HF_TOKEN, a Job starts its own server, and local paths mean nothing inside its container
+NOT_FOR_JOBS = ("--server", "--no-spawn", "--hf-token", "--api-key", "--work-dir", "--stats-json")
+INPUT_PLACEHOLDER, OUTPUT_PLACEHOLDER = "<your-user>/<input-dataset>", "<your-user>/<output-dataset>"
+_VALUE_OPTIONS: set = set()  # the options that take a value, from the parser (parse_arguments)
+_RUN_ARGV: list = []  # this run's arguments (parse_arguments), for the command that resumes it
+
+
+EXIT_USAGE, EXIT_DEGENERATE, EXIT_REFUSED, EXIT_NOT_WRITTEN, EXIT_NOT_UPLOADED = 2, 3, 4, 5, 6
+EXIT_CODES = """exit codes (the first that applies):
+  0    every pending row was written where OUTPUT says (error rows included)
+  2    usage error, or a rerun that is refused
+  3    degenerate output: the first pages all came back empty or looping (nothing written)
+  4    the server or engine refused the run (API key, model gone, engine dead or out of
+       memory, every page failing); finished rows kept, a rerun sends the rest
+  130  interrupted by SIGINT (Ctrl-C), 143 by SIGTERM; finished rows saved first
+  5    some rows were not written (see the log); rerun the same command to finish them
+  6    every row is written locally, but some files did not reach the Hub"""
+
+
+def log(message: str) -> None:
+    """Every line this script prints, its secrets masked (redact_text)."""
+    print(redact_text(message), file=sys.stderr, flush=True)
+
+
+def fail(message: str, code: int = EXIT_USAGE) -> "NoReturn":  # noqa: F821
+    log(f"error: {message}")
+    raise SystemExit(code)
+
+
+class PageError(Exception):
+    """A row that cannot be OCR'd: it becomes an error row, the run goes on."""
+
+
+class RunAborted(Exception):
+    """The run cannot go on (degenerate output, server gone); finished rows are kept."""
+
+    def __init__(self, message: str, code: int = EXIT_NOT_WRITTEN):
+        super().__init__(message)
+        self.code = code
+
+
+# ---- where the data comes from and goes to ------------------------------------------------
+
+def uv_url_copy() -> bool:
+    """Whether this is the temporary copy `uv run URL` runs: <stem> plus six random letters and
+    digits, in the temp folder (this collection's own names never end in six such characters
+    with a capital or a digit among them)."""
+    import tempfile
+
+    path = Path(sys.argv[0])
+    return path.resolve().parent == Path(tempfile.gettempdir()).resolve() and bool(
+        re.fullmatch(r".+(?=[a-z]*[A-Z0-9])[A-Za-z0-9]{6}\.py", path.name))
+
+
+def script_name() -> str:
+    """This script's file name, the same however it is run: by URL too, whose random copy's name
+    made every rerun another run."""
+    name = Path(sys.argv[0]).name
+    return name[:-9] + ".py" if uv_url_copy() else name
+
+
+def is_local_target(value: str) -> bool:
+    return value.startswith(("/", "./", "../", "~")) or Path(value).expanduser().is_dir()
+
+
+def resolve_output(value: str) -> tuple[str, str]:
+    """('local', path) or ('hub', repo_id); anything else exits 2 saying how to write a path."""
+    if is_local_target(value):
+        return "local", str(Path(value).expanduser().resolve())
+    if REPO_ID.match(value):
+        return "hub", value
+    fail(f"OUTPUT {value!r} is neither a Hub dataset id (namespace/name) nor a local path. "
+         f"For a local folder write ./{value} or an absolute path.")
+
+
+def requested_revision(args) -> str | None:
+    """--model-revision, else the model section's pin (which applies to its own model only)."""
+    return args.model_revision or (MODEL_REVISION if args.model == MODEL_ID else None)
+
+
+def hub_commit_sha(model: str, revision: str | None, token: str | None) -> str | None:
+    from huggingface_hub import HfApi
+
+    return HfApi(token=token).model_info(model, revision=revision, timeout=10).sha
+
+
+_RESOLVED_REVISIONS: dict = {}
+
+
+def resolved_revision(args) -> str | None:
+    """The commit sha of the weights this run loads, asked once: None for a local folder or
+    when the Hub cannot be asked (no network); a pinned full sha stands for itself."""
+    requested = requested_revision(args)
+    key = (args.model, requested)
+    if key not in _RESOLVED_REVISIONS:
+        sha = None
+        if not Path(args.model).expanduser().exists():
+            try:
+                sha = hub_commit_sha(args.model, requested, getattr(args, "hf_token", None) or None)
+            except Exception as exc:  # offline, gated, a typo: the run decides, not this record
+                log(f"could not resolve the revision of {args.model} ({type(exc).__name__}); "
+                    f"inference_info records none")
+            if not sha and requested and re.fullmatch(r"[0-9a-f]{40}", requested):
+                sha = requested
+        _RESOLVED_REVISIONS[key] = sha
+    return _RESOLVED_REVISIONS[key]
+
+
+@dataclass
+class InputSource:
+    dataset: object  # datasets.Dataset, image column not decoded, rows in run order
+    image_column: str
+    description: str
+    lo: int  # this shard's rows are output rows [lo, hi): input rows, or PDF pages
+    hi: int
+    rows_full: int = 0  # the input's rows before --shuffle and --max-samples
+    pdf: object = None  # PdfPages, for a PDF input: output row i is a page of input row pdf.doc[i]
+    files: list | None = None  # a local INPUT's files that the reader reads (the run's identity)
+
+
+TABLE_EXTENSIONS = {".parquet", ".arrow"}  # a folder of these is read by `datasets` itself
+METADATA_NAMES = ("metadata.csv", "metadata.jsonl", "metadata.parquet")  # as imagefolder's
+ODD_NAMES_MAX_BYTES = 1 << 30  # images whose names are not UTF-8 are held in memory: a bound
+_PATH_BASE: list = []  # INPUT's folder, where relative path strings in the image column point
+_TEXT_LAYER_COLUMNS: list = []  # "text_layer", "skipped": the PDF text columns this run writes
+_WARNED: set = set()  # warnings said once per run
+
+
+def shown_path(path) -> str:
+    """A path as valid text: a name that is not UTF-8 (an old zip's Latin-1) shows its bytes
+    as \\xNN escapes instead of breaking Arrow, JSON or the terminal."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
+
+
+def _nothing_to_do(what: str) -> "NoReturn":  # noqa: F821
+    log(f"INPUT {what} has no rows: nothing to do (nothing written)")
+    raise SystemExit(0)
+
+
+def check_output_outside_input(args) -> None:
+    """A local OUTPUT and INPUT must not hold each other (symlinks resolved): OUTPUT inside
+    INPUT would read its own parts as input on the next run, and `load_dataset(OUTPUT)` would
+    read INPUT inside OUTPUT as rows of the output. A Hub OUTPUT must not be the Hub INPUT: its
+    card would be replaced, and --restart would delete its data before reading it. Refused
+    before anything is written."""
+    source = Path(args.input).expanduser()
+    if not source.exists():
+        if not is_local_target(args.output) and args.output.lower() == args.input.lower():
+            fail(f"OUTPUT must not be INPUT: {args.output} is the input dataset, whose card this "
+                 f"run would replace (and --restart would delete its data before reading it). "
+                 f"Write to another repo, e.g. {args.output}-ocr")
+        return
+    if not is_local_target(args.output):
+        return
+    source, target = source.resolve(), Path(args.output).expanduser().resolve()
+    if target in source.parents:
+        fail(f"INPUT must not be inside OUTPUT: {shown_path(source)} is inside "
+             f"{shown_path(target)}, and datasets.load_dataset(OUTPUT) would read INPUT's files "
+             f"as rows of the output. Write it to another folder, e.g. "
+             f"{shown_path(target.parent / (target.name + '-ocr'))}")
+    if source.is_dir() and (target == source or source in target.parents):
+        fail(f"OUTPUT must not be INPUT or inside INPUT: {shown_path(target)} is "
+             f"{'INPUT itself' if target == source else 'inside INPUT ' + shown_path(source)}. "
+             f"A rerun would read the output's own files as input and leave images unread. "
+             f"Write it beside INPUT, e.g. {shown_path(source.parent / (source.name + '-ocr'))}")
+
+
+def _walk_folder(root: Path, args) -> list[Path]:
+    """Every file under root, in path order. Symlinked folders are followed, each real folder
+    once: a link back to a folder already read (a loop, or a second link to it) is skipped
+    and said, and so is a link to OUTPUT (its parts would be read as input). Hidden names (.x:
+    .git, .ocr, macOS ._ files) are left out, as `datasets` does."""
+    files: list[Path] = []
+    seen: set = set()
+    output = Path(args.output).expanduser() if is_local_target(args.output) else None
+    try:
+        output_id = (output.stat().st_dev, output.stat().st_ino) if output else None
+    except OSError:
+        output_id = None
+    hidden = 0
+    stack = [root]
+    while stack:
+        folder = stack.pop()
+        try:
+            info = folder.stat()
+            entries = list(os.scandir(folder))
+        except OSError as exc:
+            fail(f"cannot read the folder {shown_path(folder)} of INPUT: {exc.strerror or exc}")
+        if (info.st_dev, info.st_ino) == output_id:
+            log(f"skipped {shown_path(folder)}: a symlink to OUTPUT, whose files are no input")
+            continue
+        if (info.st_dev, info.st_ino) in seen:
+            log(f"skipped {shown_path(folder)}: a symlink to a folder already read "
+                f"({shown_path(folder.resolve())}; a loop, or a second link to it)")
+            continue
+        seen.add((info.st_dev, info.st_ino))
+        for entry in entries:
+            if entry.name.startswith("."):
+                hidden += 1
+                continue
+            try:
+                is_dir = entry.is_dir()  # follows a symlink
+            except OSError:
+                is_dir = False
+            (stack if is_dir else files).append(Path(entry.path))
+    if hidden:
+        log(f"left out {hidden} hidden file(s) or folder(s) of INPUT (names starting with '.')")
+    return sorted(files)
+
+
+def _read_metadata(root: Path, metadata_files: list[Path], relative: list[str]):
+    """imagefolder's metadata files (csv, jsonl, parquet; `file_name` relative to the metadata
+    file's own folder), joined to the images by name: an Arrow table, one row per image."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.csv as pcsv
+    import pyarrow.json as pjson
+    import pyarrow.parquet as pq
+
+    tables, keys = [], []
+    for path in metadata_files:
+        try:
+            table = pq.read_table(str(path)) if path.suffix == ".parquet" else \
+                pcsv.read_csv(str(path)) if path.suffix == ".csv" else pjson.read_json(str(path))
+        except Exception as exc:
+            fail(f"cannot read the metadata file {shown_path(path)}: {type(exc).__name__}: {exc}")
+        if "file_name" not in table.column_names:
+            fail(f"the metadata file {shown_path(path)} has no file_name column (columns: "
+                 f"{', '.join(table.column_names)}); add one naming each image relative to "
+                 f"its folder, or move the file out of INPUT")
+        if "image" in table.column_names:
+            fail(f"the metadata file {shown_path(path)} has an image column, which is where "
+                 f"the scans go; rename it")
+        base = path.parent.relative_to(root).as_posix()
+        for name in pc.cast(table.column("file_name"), pa.string()).to_pylist():
+            keys.append(os.path.normpath(f"{base}/{name}") if name is not None else None)
+        tables.append(table.drop_columns(["file_name"]))
+    try:
+        meta = pa.concat_tables(tables, promote_options="permissive")
+    except Exception as exc:
+        fail(f"the metadata files of INPUT do not share their columns "
+             f"({', '.join(shown_path(p) for p in metadata_files)}): {exc}")
+    row_of: dict = {}
+    twice = []
+    for row, key in enumerate(keys):
+        if key is not None and row_of.setdefault(key, row) != row:
+            twice.append(key)
+    if twice:
+        log(f"warning: {len(twice)} metadata row(s) name an image named before ({twice[0]}"
+            f"{', ...' if len(twice) > 1 else ''}): each image has one row, with the first "
+            f"metadata row's columns")
+    take = [row_of.get(name) for name in relative]
+    unlisted = [name for name, row in zip(relative, take) if row is None]
+    if unlisted:
+        log(f"{len(unlisted)} image(s) not named in the metadata file(s) ({shown_path(unlisted[0])}"
+            f"{', ...' if len(unlisted) > 1 else ''}): OCR'd all the same, their metadata "
+            f"columns empty")
+    absent = sorted(set(row_of) - set(relative))
+    if absent:
+        log(f"{len(absent)} metadata row(s) name no image in INPUT ({absent[0]}"
+            f"{', ...' if len(absent) > 1 else ''}): left out")
+    return meta.take(pa.array(take, type=pa.int64()))
+
+
+def _image_folder(root: Path, images: list[Path], metadata_files: list[Path]):
+    """The scripts' own reader of a folder of scans: one row per image, `file_name` its path
+    relative to INPUT, plus the columns of any metadata file beside them."""
+    import datasets
+
+    relative = [p.relative_to(root).as_posix() for p in images]
+    cells = [{"bytes": None, "path": str(p)} for p in images]
+    is_pdf = [p.suffix.lower() == ".pdf" for p in images]
+    odd = [i for i, p in enumerate(images) if shown_path(p) != str(p)]
+    if odd:  # not valid text for Arrow: read now, under a readable name (the real file is read)
+        size = 0
+        for i in odd:
+            try:
+                size += images[i].stat().st_size
+            except OSError:  # a broken link: its row says it cannot be read
+                pass
+        if size > ODD_NAMES_MAX_BYTES:
+            fail(f"{len(odd)} image name(s) are not UTF-8 (e.g. {shown_path(images[odd[0]])}) "
+                 f"and they total {size / 2**30:.1f} GiB, more than is read into memory; "
+                 f"rename them to UTF-8 first (e.g. convmv -f latin1 -t utf8 -r --notest DIR)")
+        for i in odd:
+            try:
+                data = images[i].read_bytes()
+            except OSError:
+                data = None  # the row's error says it cannot be read
+            cells[i] = {"bytes": data, "path": shown_path(images[i].name)}
+        log(f"{len(odd)} image name(s) are not UTF-8 (e.g. {shown_path(relative[odd[0]])}); "
+            f"file_name shows their bytes as \\xNN")
+    columns = {"image": [None if pdf else cell for cell, pdf in zip(cells, is_pdf)],
+               "file_name": [shown_path(name) for name in relative],
+               "pdf": [cell if pdf else None for cell, pdf in zip(cells, is_pdf)]}
+    features = {"image": datasets.Image(decode=False), "file_name": datasets.Value("string"),
+                "pdf": {"bytes": datasets.Value("binary"), "path": datasets.Value("string")}}
+    for name in ("image", "pdf"):  # a folder of PDFs only has no image column, and vice versa
+        if all(value is None for value in columns[name]):
+            del columns[name], features[name]
+    ds = datasets.Dataset.from_dict(columns, features=datasets.Features(features))
+    if metadata_files:
+        meta = _read_metadata(root, metadata_files, relative)
+        ds = datasets.concatenate_datasets([ds, datasets.Dataset(meta)], axis=1)
+    return ds
+
+
+def _check_table_files(files: list[Path]) -> list[Path]:
+    """The table files that hold rows: an empty (0-byte) or unreadable file is refused by
+    name; a parquet file of no rows is left out (datasets fails on one)."""
+    import pyarrow.parquet as pq
+
+    kept = []
+    for path in files:
+        if path.stat().st_size == 0:
+            fail(f"INPUT file {shown_path(path)} is empty (0 bytes), not a {path.suffix} file: "
+                 f"remove it, or write it again")
+        if path.suffix != ".parquet":
+            kept.append(path)
+            continue
+        try:
+            rows = pq.ParquetFile(str(path)).metadata.num_rows
+        except Exception as exc:
+            fail(f"INPUT file {shown_path(path)} is not a readable parquet file "
+                 f"({type(exc).__name__}: {exc})")
+        if rows:
+            kept.append(path)
+    return kept
+
+
+def _load_table_folder(path: Path, args):
+    """A folder of parquet/arrow files (a Hub snapshot: data/train-*.parquet, split-named
+    files, README `configs:`), read as `datasets.load_dataset(folder)` reads it."""
+    import datasets
+
+    try:
+        builder = datasets.load_dataset_builder(str(path), args.config)
+    except ValueError as exc:  # a config missing or unknown: datasets says which exist
+        try:
+            configs = datasets.get_dataset_config_names(str(path))
+        except Exception:
+            configs = []
+        wanted = f"--config {args.config!r} is not" if args.config else "no --config is"
+        fail(f"{wanted} a config of {shown_path(path)}; it has: {', '.join(configs) or '?'}. "
+             f"Pass --config NAME ({str(exc).splitlines()[0]})")
+    except Exception as exc:
+        fail(f"datasets cannot read the folder {shown_path(path)}: {type(exc).__name__}: {exc}")
+    data_files = builder.config.data_files or {}
+    if args.split not in data_files:
+        fail(f"split {args.split!r} not in {shown_path(path)}"
+             f"{' (config ' + repr(args.config) + ')' if args.config else ''}; it has: "
+             f"{', '.join(data_files) or 'none'}. Pass --split NAME.")
+    files = _check_table_files([Path(f) for f in data_files[args.split]])
+    if not files:
+        _nothing_to_do(f"{shown_path(path)} (split {args.split})")
+    try:
+        # The resolved files, passed explicitly: datasets caches a README config by its name
+        # alone and would serve a changed folder's old rows; explicit files are hashed with
+        # their dates, so a changed file is read fresh. Only this split is prepared.
+        return datasets.load_dataset(str(path), args.config, split=args.split,
+                                     data_files={args.split: [str(f) for f in files]})
+    except Exception as exc:
+        fail(f"datasets cannot read {shown_path(path)} (split {args.split}): "
+             f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+             f"{' (' + str(exc.__cause__) + ')' if exc.__cause__ else ''}")
+
+
+def _one_split(what: str, args, split: str = "train") -> None:
+    """An INPUT with no configs and one split (of a DatasetDict, the one chosen): a --config,
+    or a --split other than that split or the default, is refused rather than ignored."""
+    problems = [f"--config {args.config} (it has no configs)"] * \
+        (args.config not in (None, "", "default")) + \
+        [f"--split {args.split} (its one split is {split})"] * (args.split not in ("train", split))
+    if problems:
+        fail(f"INPUT {what} cannot honour {' and '.join(problems)}: leave the flag out, or pass "
+             f"the dataset that has what it names.")
+
+
+def _load_local_dataset(path: Path, args):
+    """What a local INPUT is: a parquet/arrow file; a save_to_disk folder; a folder of table
+    files (read by `datasets`, splits and configs honoured); or a folder of images (the
+    scripts' own reader, with `file_name` and any metadata file). Never both silently.
+    Returns the dataset and the files it is read from, from the same walk: what the run's
+    identity records (a file an image folder's reader never reads, desktop.ini, is not one)."""
+    import datasets
+
+    if path.is_file() and path.suffix.lower() == ".pdf":
+        return _image_folder(path.parent, [path], []), [path]  # one document: a folder of one
+    if path.is_file():
+        if path.suffix not in TABLE_EXTENSIONS:
+            fail(f"INPUT file {shown_path(path)} is not a .parquet, .arrow or .pdf file; pass a "
+                 f"folder of images or PDFs instead.")
+        _one_split(f"file {shown_path(path)}", args, args.split)  # a file is any split
+        if not _check_table_files([path]):
+            _nothing_to_do(shown_path(path))
+        try:
+            return datasets.load_dataset(path.suffix[1:], data_files=[str(path)],
+                                         split="train"), [path]
+        except Exception as exc:
+            fail(f"datasets cannot read {shown_path(path)}: {type(exc).__name__}: {exc}")
+    if (path / "state.json").exists() or (path / "dataset_dict.json").exists():
+        try:
+            loaded = datasets.load_from_disk(str(path))
+        except Exception as exc:
+            fail(f"cannot load the save_to_disk folder {shown_path(path)}: "
+                 f"{type(exc).__name__}: {exc}")
+        if isinstance(loaded, datasets.DatasetDict):
+            if args.split not in loaded:
+                fail(f"split {args.split!r} not in {shown_path(path)}; it has: "
+                     f"{', '.join(loaded)}. Pass --split NAME.")
+            _one_split(shown_path(path), args, args.split)  # (a --config)
+            loaded = loaded[args.split]
+        else:
+            _one_split(f"{shown_path(path)} (save_to_disk of one Dataset)", args,
+                       str(loaded.split or "train"))
+        return loaded, _walk_folder(path, args)
+    files = _walk_folder(path, args)
+    images = [p for p in files if p.suffix.lower() in IMAGE_EXTENSIONS or p.suffix.lower() == ".pdf"]
+    metadata = [p for p in files if p.name in METADATA_NAMES]
+    tables = [p for p in files if p.suffix in TABLE_EXTENSIONS and p not in metadata]
+    if images and tables:
+        shown = ", ".join(shown_path(p.relative_to(path)) for p in tables[:3])
+        fail(f"INPUT {shown_path(path)} holds {len(images)} image(s) and {len(tables)} "
+             f"table file(s) ({shown}{', ...' if len(tables) > 3 else ''}), and which to read "
+             f"is ambiguous. To OCR the images, move the table files out of the folder (a "
+             f"metadata.parquet/jsonl/csv beside the images is joined by file_name); to OCR "
+             f"the table, pass its file or folder as INPUT.")
+    if images:
+        ignored = [f"--{k} {v}" for k, v in (("config", args.config), ("split", args.split))
+                   if v and v != ("train" if k == "split" else None)]
+        if ignored:
+            log(f"{' and '.join(ignored)} ignored: INPUT is a folder of images, read whole")
+        return _image_folder(path, images, metadata), sorted(images + metadata)
+    if tables or any(p.suffix in TABLE_EXTENSIONS for p in metadata):
+        return _load_table_folder(path, args), files  # (a README's configs: choose files)
+    fail(f"INPUT folder {shown_path(path)} holds no images, no PDFs, no .parquet or .arrow files "
+         f"and no saved dataset.")
+
+
+def _feature_name(feature) -> str:
+    import datasets
+
+    if isinstance(feature, datasets.Value):
+        return feature.dtype
+    if isinstance(feature, dict):
+        return "struct of " + ", ".join(feature)
+    return type(feature).__name__ + (f" of {_feature_name(feature.feature)}"
+                                     if hasattr(feature, "feature") else "")
+
+
+def _check_image_column(ds, column: str, lo: int, hi: int, base: Path | None) -> None:
+    """One clear refusal up front, from the column's type and its first rows, instead of an
+    error on every row: lists of images, values that are no image, paths that lead nowhere."""
+    import datasets
+
+    feature = ds.features[column]
+    advice = (f"pass --image-column NAME of a column of images (columns: "
+              f"{', '.join(ds.column_names)})")
+    if isinstance(feature, (list, tuple)) or hasattr(feature, "feature"):
+        fail(f"image column {column!r} holds lists ({_feature_name(feature)}), and these "
+             f"scripts OCR one image per row: flatten it first (one row per page), or {advice}")
+    binary = isinstance(feature, datasets.Value) and feature.dtype in ("binary", "large_binary")
+    text = isinstance(feature, datasets.Value) and feature.dtype in ("string", "large_string")
+    struct = isinstance(feature, dict) and "bytes" in feature
+    if not (isinstance(feature, datasets.Image) or binary or text or struct):
+        fail(f"image column {column!r} is of type {_feature_name(feature)}, not images; {advice}")
+    if binary or hi <= lo:
+        return
+    sample = ds.select_columns([column]).select(range(lo, min(hi, lo + 16)))[column]
+    paths = [c if isinstance(c, str) else c.get("path") for c in sample
+             if isinstance(c, str) or isinstance(c, dict) and c.get("bytes") is None]
+    paths = [p for p in paths if p]
+    if not paths:
+        return
+    found = [Path(p).expanduser().is_file() or base is not None and (base / p).is_file()
+             for p in paths]
+    if not any(found):
+        where = f"{Path.cwd()}" + (f" and {base}" if base is not None else "")
+        fail(f"image column {column!r} holds paths that lead to no file, e.g. {paths[0]!r} "
+             f"(relative ones looked up in {where}). Write absolute paths, or paths relative "
+             f"to INPUT's folder; or {advice}")
+
+
+def open_input(args) -> InputSource:
+    """Open INPUT without decoding a single image: Arrow memory-maps it, rows are read lazily."""
+    import datasets
+
+    local = Path(args.input).expanduser()
+    base = files = None
+    if local.exists():  # (OutputStore made sure that OUTPUT is not inside it)
+        ds, files = _load_local_dataset(local, args)
+        description = shown_path(local.resolve())
+        base = local.resolve() if local.is_dir() else local.resolve().parent
+    elif REPO_ID.match(args.input):
+        try:
+            ds = datasets.load_dataset(args.input, args.config, split=args.split,
+                                       revision=args.revision, token=args.hf_token or None)
+        except Exception as exc:  # a typo, a missing split or config, gated, offline
+            fail(f"cannot load the Hub dataset {args.input}: {type(exc).__name__}: {exc}")
+        description = args.input
+    else:
+        fail(f"INPUT {args.input!r} is neither an existing path nor a Hub dataset id.")
+    if len(ds) == 0:
+        _nothing_to_do(description)
+    _PATH_BASE[:] = [base] if base is not None else []  # before a PDF column is looked for
+    pdf_column = find_pdf_column(ds, args)
+    if pdf_column is not None and getattr(datasets, "Pdf", None) is not None and \
+            isinstance(ds.features[pdf_column], datasets.Pdf):
+        ds = ds.cast_column(pdf_column, datasets.Pdf(decode=False))  # the bytes, opened here
+    if args.image_column not in ds.column_names and pdf_column is None:
+        image_like = [name for name, feature in ds.features.items()
+                      if isinstance(feature, datasets.Image)]
+        hint = f"; image-typed: {', '.join(image_like)}" if image_like else ""
+        fail(f"image column {args.image_column!r} not found. Columns: "
+             f"{', '.join(ds.column_names)}{hint}. Pass --image-column NAME, or --pdf-column "
+             f"NAME for a column of PDF bytes or paths.")
+    if args.image_column in ds.column_names and \
+            isinstance(ds.features[args.image_column], datasets.Image):
+        ds = ds.cast_column(args.image_column, datasets.Image(decode=False))
+    rows_full = len(ds)
+    if args.shuffle:
+        ds = ds.shuffle(seed=args.seed)
+    if args.max_samples is not None:
+        ds = ds.select(range(min(args.max_samples, len(ds))))
+    n = len(ds)
+    lo, hi = n * args.shard_index // args.num_shards, n * (args.shard_index + 1) // args.num_shards
+    _TEXT_LAYER_COLUMNS[:] = ["text_layer"] * bool(args.text_layer or args.skip_text_pages) + \
+        ["skipped"] * bool(args.skip_text_pages)
+    if pdf_column is None:
+        unused = [flag for flag, value in (("--pages", args.pages),
+                                           ("--per-document", args.per_document)) if value]
+        if unused:
+            log(f"{' and '.join(unused)} ignored: INPUT holds no PDFs")
+        _check_image_column(ds, args.image_column, lo, hi, base)
+        return InputSource(ds, args.image_column, description, lo, hi, rows_full, files=files)
+    pages = count_pdf_pages(ds, pdf_column, args)
+    pages.per_document = bool(args.per_document)
+    shown = ds  # the output names each document (a folder's file_name does), never its bytes
+    if "file_name" not in ds.column_names:  # added before the PDF column goes: no columns, no rows
+        shown = shown.add_column(" name", pages.names)
+    shown = shown.remove_columns([pdf_column])
+    if " name" in shown.column_names:
+        shown = shown.rename_column(" name", pdf_column)
+    if not pages.per_document:
+        lo, hi = pages.first_row(lo), pages.first_row(hi)  # shards split documents
+    return InputSource(shown, args.image_column, description, lo, hi, rows_full, pages, files)
+
+
+def check_output_columns(source: InputSource, args) -> None:
+    """A result column that clashes with an input column fails before any inference."""
+    clash = [c for c in result_column_names(args.output_column) if c in source.dataset.column_names]
+    if clash and not args.overwrite:
+        fail(f"input already has column(s) {', '.join(clash)}; pass --overwrite to replace "
+             f"them or --output-column NAME to write elsewhere.")
+
+
+# RowResult's fields that are result columns, and their type: `text` is the output column, the
+# others <column>_<field>; after them come EXTRA_COLUMNS, then the PDF text columns of this run
+RESULT_FIELDS = {"text": "string", "error": "string", "error_kind": "string",
+                 "finish_reason": "string", "prompt_tokens": "int32", "completion_tokens": "int32",
+                 "attempts": "int32"}
+
+
+def result_column_names(column: str) -> list[str]:
+    suffixes = [*RESULT_FIELDS, *EXTRA_COLUMNS, *_TEXT_LAYER_COLUMNS][1:]  # after `text`
+    return [column] + [f"{column}_{suffix}" for suffix in suffixes]
+
+
+# ---- page images --------------------------------------------------------------------------
+
+@dataclass
+class PreparedPage:
+    data: bytes
+    mime: str
+    width: int
+    height: int
+    passthrough: bool
+    text_layer: str | None = None  # a PDF page's embedded text, when asked for
+    skipped: bool = False  # not to be sent: its text layer has enough text (--skip-text-pages)
+    digest: str | None = None  # of the input it was made from: input_digest()
+
+
+def input_digest(data: bytes) -> str:
+    """What a row was made from: the image's bytes as read (a PDF page: its document's bytes,
+    PdfPages.digest), journaled with the row, so that a rerun reuses a journaled row
+    only for the same bytes (an image replaced by one of the same size is another page)."""
+    return hashlib.sha256(data).hexdigest()[:20]
+
+
+def _resolve_image_path(value: str) -> Path:
+    """A path string of the image column: as written (absolute, or from the working folder),
+    else relative to INPUT's folder."""
+    path = Path(value).expanduser()
+    if not path.is_absolute() and _PATH_BASE and not path.exists() and \
+            (_PATH_BASE[0] / path).exists():
+        return _PATH_BASE[0] / path
+    return path
+
+
+def read_cell_bytes(cell) -> bytes:
+    if cell is None:
+        raise PageError("missing image (empty cell)")
+    if isinstance(cell, dict):
+        data, path = cell.get("bytes"), cell.get("path")
+        if data is None and path:
+            try:
+                data = _resolve_image_path(path).read_bytes()
+            except OSError as exc:
+                raise PageError(f"cannot read image file {path}: {exc}") from None
+        if data is None:
+            raise PageError("missing image (cell has neither bytes nor path)")
+        cell = data
+    elif isinstance(cell, str):
+        try:
+            cell = _resolve_image_path(cell).read_bytes()
+        except OSError as exc:
+            raise PageError(f"cannot read image file {cell}: {exc}") from None
+    if not isinstance(cell, (bytes, bytearray, memoryview)):
+        raise PageError(f"unsupported image cell of type {type(cell).__name__}")
+    if len(cell) == 0:
+        raise PageError("empty image bytes")
+    return bytes(cell)
+
+
+def _rescale_to_8bit(img):
+    """16-bit and float scans to 8-bit by their real bit depth, so a 16-bit page stays grey."""
+    import numpy as np
+    from PIL import Image
+
+    arr = np.asarray(img)
+    if arr.dtype.kind == "f":
+        top = 1.0 if float(np.nanmax(arr)) <= 1.0 else 65535.0
+    else:
+        peak = int(arr.max()) if arr.size else 0
+        top = 255 if peak <= 255 else 4095 if peak <= 4095 else 65535
+    scaled = np.clip(np.nan_to_num(arr.astype(np.float32)) * (255.0 / top), 0, 255)
+    return Image.fromarray(scaled.round().astype(np.uint8), mode="L")
+
+
+def to_rgb(img):
+    """Any PIL mode to RGB: alpha flattened on white, palettes expanded, 16-bit rescaled."""
+    from PIL import Image
+
+    if img.mode == "RGB":
+        return img
+    if img.mode in ("I;16", "I;16L", "I;16B", "I;16N", "I", "F"):
+        return _rescale_to_8bit(img).convert("RGB")
+    if img.mode == "P" and "transparency" in img.info or img.mode in ("RGBA", "LA", "PA", "RGBa", "La"):
+        rgba = img.convert("RGBA")
+        background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return Image.alpha_composite(background, rgba).convert("RGB")
+    return img.convert("RGB")
+
+
+def prepare_page(cell, decode: bool = True) -> PreparedPage | None:
+    """Encoded bytes to send for one cell; raises PageError for anything that is not a page.
+
+    A page that needs no change (a JPEG or PNG in RGB, upright, one frame, within bounds) is
+    sent byte for byte: no new artifacts, no encoding cost; a complete JPEG is not even decoded
+    (damage inside one is left to the server's decoder). Others are decoded once, turned
+    upright, converted to RGB, resized to target_size() and encoded once (encode_page). With
+    decode=False, None instead of any pixel work."""
+    from PIL import Image, ImageOps
+
+    if isinstance(cell, PdfPage):
+        return _RENDERER[0].render(cell)
+    raw = read_cell_bytes(cell)
+    digest = input_digest(raw)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            img = Image.open(io.BytesIO(raw))
+            width, height = img.size
+            if width * height > MAX_DECODE_PIXELS:
+                raise PageError(f"image of {width}x{height} pixels exceeds the decode limit of "
+                                f"{MAX_DECODE_PIXELS:,} (decompression bomb?)")
+            # PNG keeps EXIF (rare) after the pixels: reading it there would decode the page
+            has_exif = img.format != "PNG" or "exif" in img.info
+            orientation = img.getexif().get(0x0112, 1) if has_exif else 1
+            upright = orientation in (None, 1)
+            if not upright and orientation in (5, 6, 7, 8):
+                width, height = height, width
+            target = target_size(width, height)
+            same_size = target == (width, height)
+            frames = getattr(img, "n_frames", 1)
+            if same_size and upright and img.mode == "RGB" and frames == 1:
+                if img.format == "JPEG":
+                    if raw.rstrip(b"\0").endswith(b"\xff\xd9"):  # complete: send as it is
+                        return PreparedPage(raw, "image/jpeg", width, height, True, digest=digest)
+                    if not decode:
+                        return None
+                    img.draft("RGB", (max(1, width // 8), max(1, height // 8)))
+                    img.load()  # trailing bytes or truncated? A 1/8-scale decode reads it all
+                    return PreparedPage(raw, "image/jpeg", width, height, True, digest=digest)
+                if img.format == "PNG" and (decode or len(raw) <= 1 << 20):
+                    # every chunk's checksum, no decompression: catches truncation
+                    Image.open(io.BytesIO(raw)).verify()
+                    return PreparedPage(raw, "image/png", width, height, True, digest=digest)
+            if not decode:
+                return None
+            source_format = img.format
+            if frames > 1:
+                img.seek(0)
+            if not same_size and source_format == "JPEG":
+                # a reduced-scale decode, to no less than twice the target: the model's own
+                # filter then does the last step, as on the authors' fully decoded page
+                draft_size = target if upright or orientation not in (5, 6, 7, 8) else target[::-1]
+                img.draft(img.mode if img.mode in ("RGB", "L") else None,
+                          (2 * draft_size[0], 2 * draft_size[1]))
+            img.load()
+            if not upright:
+                img = ImageOps.exif_transpose(img)
+            img = to_rgb(img)
+            if img.size != target:  # the filter the model's own pipeline resamples with
+                img = img.resize(target, getattr(Image.Resampling, RESIZE_FILTER.upper()))
+            data, mime = encode_page(img)
+            return PreparedPage(data, mime, target[0], target[1], False, digest=digest)
+    except PageError:
+        raise
+    except Image.DecompressionBombError as exc:
+        raise PageError(f"decompression bomb: {exc}") from None
+    except Exception as exc:  # undecodable, truncated, unsupported: one row fails, not the run
+        reason = re.sub(r" <_io\.BytesIO object at 0x[0-9a-f]+>", "", str(exc))  # no object address
+        raise PageError(f"cannot decode image: {type(exc).__name__}: {reason}") from None
+
+
+# ---- PDF documents ---------------------------------------------------------------------------
+# One output row per page; a page is rendered once, at the size the model wants, in a worker
+# process (PDFium is not thread-safe, and a page that hangs or crashes it must not take the run).
+
+PDF_MIN_DPI, PDF_MAX_DPI = 72, 400
+PDF_MAX_PIXELS = 12_000_000  # above any model's input here: a poster-sized page shrinks to it
+PDF_COLUMNS = {"page_number": "int32", "page_count": "int32"}
+PDF_MAX_SIDE = 16384  # pixels: above it, no encoder (JPEG stops at 65,535) or processor will do
+
+
+def find_pdf_column(ds, args) -> str | None:
+    """--pdf-column; else a column of the `datasets.Pdf` type, the folder reader's `pdf`, or an
+    image column whose first cells are PDFs (bytes starting %PDF-, or paths ending .pdf)."""
+    import datasets
+
+    pdf_type = getattr(datasets, "Pdf", None)
+    typed = [name for name, feature in ds.features.items()
+             if pdf_type is not None and isinstance(feature, pdf_type)]
+    if args.pdf_column:
+        if args.pdf_column not in ds.column_names:
+            fail(f"--pdf-column {args.pdf_column!r} not found. Columns: {', '.join(ds.column_names)}")
+        if args.pdf_column in typed:
+            return args.pdf_column  # its cells would be decoded here: the type says enough
+        column = args.pdf_column
+        cells = ds.select_columns([column]).select(range(min(16, len(ds))))[column]
+        if any(cell is not None for cell in cells) and not any(map(looks_like_pdf, cells)):
+            fail(f"--pdf-column {args.pdf_column!r} holds no PDFs in its first rows (PDF bytes "
+                 f"start with %PDF-; paths must lead to PDF files)")
+        return args.pdf_column
+    if len(typed) > 1:
+        fail(f"INPUT has several PDF columns ({', '.join(typed)}); pass --pdf-column NAME")
+    if typed:
+        return typed[0]
+    if isinstance(ds.features.get("pdf"), dict) and set(ds.features["pdf"]) == {"bytes", "path"}:
+        return "pdf"  # the folder reader's
+    column = args.image_column
+    if column in ds.column_names and not isinstance(ds.features[column], datasets.Image):
+        if any(looks_like_pdf(cell) for cell in
+               ds.select_columns([column]).select(range(min(8, len(ds))))[column]):
+            return column
+    return None
+
+
+def looks_like_pdf(cell) -> bool:
+    data, shown = pdf_source(cell)
+    if isinstance(data, bytes):
+        return data[:5] == b"%PDF-"
+    return isinstance(data, str) and (data.lower().endswith(".pdf") or
+                                      (_file_ends(data, 5) or b"")[:5] == b"%PDF-")
+
+
+def parse_pages(spec: str | None) -> list[tuple[int, int | None]] | None:
+    """--pages "1-5,8,10-" as 1-based inclusive ranges (None: to the end); None: every page."""
+    if not spec:
+        return None
+    ranges = []
+    for item in spec.replace(" ", "").split(","):
+        match = re.fullmatch(r"(\d+)(?:(-)(\d*))?", item)
+        if not match or int(match.group(1)) < 1 or match.group(3) and \
+                int(match.group(3)) < int(match.group(1)):
+            raise ValueError(f"--pages {spec!r}: {item!r} is not N, A-B or A- (1-based)")
+        first = int(match.group(1))
+        last = first if not match.group(2) else int(match.group(3)) if match.group(3) else None
+        ranges.append((first, last))
+    return ranges
+
+
+def canonical_pages(ranges) -> str | None:
+    merged: list[list] = []
+    for first, last in sorted(ranges or [], key=lambda r: r[0]):
+        if merged and (merged[-1][1] is None or first <= merged[-1][1] + 1):
+            if merged[-1][1] is not None:
+                merged[-1][1] = None if last is None else max(merged[-1][1], last)
+        else:
+            merged.append([first, last])
+    if not merged or merged == [[1, None]]:
+        return None
+    return ",".join(f"{a}" if a == b else f"{a}-{b or ''}" for a, b in merged)
+
+
+def selected_pages(ranges, count: int) -> list[int]:
+    if ranges is None:
+        return list(range(1, count + 1))
+    return sorted({n for first, last in ranges for n in range(first, min(count, last or count) + 1)})
+
+
+@dataclass
+class PdfPage:
+    """One page to render: the document's row, its file (else its bytes are in the input), the
+    1-based page number; or why the document has no page to render."""
+    doc_row: int
+    path: str | None
+    number: int | None
+    error: str | None = None
+
+
+@dataclass
+class PdfPages:
+    """The output rows of a PDF input: row i is page number[i] of input row doc[i] (number 0:
+    a row that is an image, or a document whose pages cannot be counted, see errors)."""
+    docs: object  # the input, PDF column included
+    column: str
+    doc: object  # numpy int64 per output row
+    number: object  # numpy int32 per output row
+    count: object
+    paths: dict  # doc row -> its file, when it is one
+    errors: dict  # doc row -> why it has no page to render
+    names: list = field(default_factory=list)  # doc row -> the document's path as its cell says
+    digests: dict = field(default_factory=dict)  # doc row -> input_digest(): see digest()
+    per_document: bool = False  # output rows are documents, their pages joined (--per-document)
+
+    def fingerprint(self) -> str:
+        """The documents as counted: their pages, and for files outside the input, each one's
+        size and file_tail(): a PDF replaced is another input."""
+        import hashlib
+
+        digest = hashlib.sha256(self.doc.tobytes() + self.number.tobytes() + self.count.tobytes())
+        for row, path in sorted(self.paths.items()):
+            try:
+                digest.update(f"{row} {os.path.getsize(path)}".encode() + file_tail(path))
+            except OSError:
+                digest.update(f"{row} missing".encode())
+        return digest.hexdigest()[:20]
+
+    def digest(self, doc_row: int) -> str | None:
+        """input_digest() of a document's bytes; a file's read whole, once per run, when a page
+        of it is sent or recovered: its size and file_tail() miss a page replaced inside."""
+        if doc_row not in self.digests and doc_row in self.paths:
+            digest = hashlib.sha256()
+            try:
+                with open(self.paths[doc_row], "rb") as handle:
+                    while chunk := handle.read(1 << 20):
+                        digest.update(chunk)
+                self.digests[doc_row] = digest.hexdigest()[:20]
+            except OSError:
+                self.digests[doc_row] = None
+        return self.digests.get(doc_row)
+
+    def rows_of(self, doc_row: int) -> range:
+        """The page rows of a document."""
+        return range(self.first_row(doc_row), self.first_row(doc_row + 1))
+
+    def first_row(self, doc_row: int) -> int:
+        import numpy as np
+
+        return int(np.searchsorted(self.doc, doc_row, side="left"))
+
+    def is_pdf(self, doc_row: int) -> bool:
+        return doc_row in self.errors or doc_row in self.paths or self.count_of(doc_row) > 0
+
+    def count_of(self, doc_row: int) -> int:
+        i = self.first_row(doc_row)
+        return int(self.count[i]) if i < len(self.doc) and self.doc[i] == doc_row else 0
+
+    def page(self, i: int) -> PdfPage:
+        row = int(self.doc[i])
+        return PdfPage(row, self.paths.get(row), int(self.number[i]) or None, self.errors.get(row))
+
+
+def pdf_source(cell) -> tuple[bytes | str | None, str | None]:
+    """(what PDFium opens: bytes or a file path, the path to show) for a cell of a PDF column."""
+    data, path = (cell.get("bytes"), cell.get("path")) if isinstance(cell, dict) else \
+        (cell, None) if isinstance(cell, (bytes, bytearray, memoryview)) else (None, cell)
+    if data is not None:
+        return bytes(data), path
+    if isinstance(path, str) and path:
+        return str(_resolve_image_path(path)), path
+    return None, None
+
+
+def pdf_open_error(exc: BaseException, data=None) -> str:
+    """Why PDFium would not open a document. Its error code can be an earlier document's, so
+    the bytes have the last word: an empty page tree, an /Encrypt entry."""
+    text = str(exc)
+    if isinstance(data, bytes) and re.search(rb"/Count\s*0\b", data) and \
+            not re.search(rb"/Count\s*[1-9]", data):  # PDFium refuses an empty page tree
+        return "the PDF has no pages"
+    if "password" in text.lower() and (not isinstance(data, bytes) or b"/Encrypt" in data):
+        return "the PDF is encrypted: a password is needed to open it"
+    if "format" in text.lower() or "corrupt" in text.lower() or "password" in text.lower():
+        return f"not a readable PDF (corrupt or truncated): {text}"
+    return f"cannot open the PDF: {type(exc).__name__}: {text}"
+
+
+def file_tail(path) -> bytes:
+    """A file's last 64 KiB, where parquet keeps its footer and a PDF its trailer: a file
+    rewritten shows there, one only touched or copied does not. OSError if unreadable."""
+    with open(path, "rb") as handle:
+        handle.seek(max(0, os.fstat(handle.fileno()).st_size - 65536))
+        return handle.read()
+
+
+def _file_ends(path: str, size: int = 1 << 20) -> bytes | None:
+    """A file's first and last MiB (where a PDF keeps its trailer), or None."""
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(size)
+            handle.seek(max(len(head), os.path.getsize(path) - size))
+            return head + handle.read(size)
+    except OSError:
+        return None
+
+
+def count_pdf_pages(ds, column: str, args) -> PdfPages:
+    """Every document's page count, read without rendering (the output's row numbers come from
+    them, so every shard counts the whole input, once per run)."""
+    import numpy as np
+    import pypdfium2 as pdfium
+    from tqdm import tqdm
+
+    ranges = parse_pages(args.pages)
+    doc, number, count, paths, errors, names, digests = [], [], [], {}, {}, [], {}
+    cells = ds.select_columns([column])
+    for row in tqdm(range(len(ds)), desc="counting PDF pages", unit="doc", disable=len(ds) < 50,
+                    mininterval=0.5 if sys.stderr.isatty() else 10.0):
+        data, shown = pdf_source(cells[row][column])
+        names.append(shown)
+        if isinstance(data, str):
+            paths[row] = data
+        pages: list[int] = []
+        total = 0
+        if data is None:
+            if column != "pdf" or "image" not in ds.column_names:  # else: an image of the folder
+                errors[row] = "missing PDF (empty cell)"
+        elif isinstance(data, str) and not os.path.isfile(data):
+            errors[row] = f"cannot read the PDF file {shown}: no such file"
+        else:
+            if isinstance(data, bytes):  # (a file's: read when needed, PdfPages.digest)
+                digests[row] = input_digest(data)
+            try:
+                document = pdfium.PdfDocument(data)
+                try:
+                    total = len(document)
+                finally:
+                    document.close()
+                pages = selected_pages(ranges, total)
+                if not total:
+                    errors[row] = "the PDF has no pages"
+                elif not pages:
+                    errors[row] = f"none of --pages {args.pages} is in this {total}-page PDF"
+            except Exception as exc:
+                errors[row] = pdf_open_error(exc, data if isinstance(data, bytes) else
+                                             _file_ends(data))
+        for page in pages or [0]:
+            doc.append(row)
+            number.append(page)
+            count.append(total)
+    if errors:
+        log(f"{len(errors)} PDF(s) cannot be rendered (e.g. row {min(errors)}: "
+            f"{errors[min(errors)]}): each becomes an error row")
+    return PdfPages(ds, column, np.array(doc, dtype=np.int64), np.array(number, dtype=np.int32),
+                    np.array(count, dtype=np.int32), paths, errors, names, digests=digests)
+
+
+
+def input_features(source: InputSource):
+    """The input's columns as the output carries them (PDF input: the page's number and count)."""
+    import datasets
+
+    features = datasets.Features(source.dataset.features)
+    if source.pdf is not None:
+        features.update({name: datasets.Value(kind) for name, kind in PDF_COLUMNS.items()
+                         if name == "page_count" or not source.pdf.per_document})
+    return features
+
+
+def input_rows(source: InputSource, indices: list[int]) -> dict:
+    """The input columns of these output rows."""
+    pdf = source.pdf
+    if pdf is None:
+        return source.dataset.select(indices).to_dict()
+    if pdf.per_document:
+        rows = source.dataset.select(indices).to_dict()
+        rows["page_count"] = [pdf.count_of(i) or None for i in indices]
+        return rows
+    rows = source.dataset.select([int(pdf.doc[i]) for i in indices]).to_dict()
+    rows["page_number"] = [int(pdf.number[i]) or None for i in indices]
+    rows["page_count"] = [int(pdf.count[i]) or None for i in indices]
+    return rows
+
+
+def pdf_render_size(width_pt: float, height_pt: float, dpi: float) -> tuple[float, tuple[int, int]]:
+    """(PDFium's scale, the size in pixels) for a page of this size in points, after its
+    rotation: at `dpi`, within PDF_MAX_PIXELS, then within the model's own bound."""
+    if not (width_pt > 0 and height_pt > 0):
+        raise PageError(f"the page has no area ({width_pt} x {height_pt} pt)")
+    width, height = width_pt * dpi / 72, height_pt * dpi / 72
+    shrink = min(1.0, math.sqrt(PDF_MAX_PIXELS / (width * height)), PDF_MAX_SIDE / max(width, height))
+    target = target_size(max(1, round(width * shrink)), max(1, round(height * shrink)))
+    return target[0] / width_pt, target
+
+
+def _render_pdf_page(page, dpi: float, text_layer: bool, skip_chars: int | None) -> tuple:
+    from PIL import Image
+
+    layer = page.get_textpage().get_text_bounded() if text_layer or skip_chars else None
+    if layer is not None:
+        layer = layer.replace("\r\n", "\n").replace("\r", "\n")  # PDFium ends lines with \r\n
+    if skip_chars and sum(not c.isspace() for c in layer) >= skip_chars:
+        return "skip", layer
+    scale, target = pdf_render_size(*page.get_size(), dpi)
+    img = to_rgb(page.render(scale=scale, may_draw_forms=True).to_pil())
+    if img.size != target:  # a pixel of rounding, or the model's grid
+        img = img.resize(target, getattr(Image.Resampling, RESIZE_FILTER.upper()))
+    data, mime = encode_page(img)
+    return "ok", data, mime, target[0], target[1], layer
+
+
+def _pdf_worker(conn, driver: int, docs, column: str, dpi: float, text_layer: bool,
+                skip_chars) -> None:
+    """A render process: jobs in, pages out; the last document stays open for its next page.
+    It dies with the driver, however the driver dies."""
+    import pypdfium2 as pdfium
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG (Linux)
+    except Exception:
+        pass  # elsewhere: the parent's pid is watched below
+    opened: tuple | None = None
+    while True:
+        try:
+            while not conn.poll(1.0):
+                if os.getppid() != driver:
+                    return
+            job = conn.recv()
+        except (EOFError, OSError):  # the driver is gone
+            return
+        doc_row, path, number = job
+        try:
+            if opened is None or opened[0] != doc_row:
+                if opened is not None:
+                    opened[1].close()
+                opened = None
+                data = path or pdf_source(docs[doc_row][column])[0]
+                document = pdfium.PdfDocument(data)
+                document.init_forms()  # form fields drawn, as a viewer shows them
+                opened = (doc_row, document)
+            try:
+                page = opened[1][number - 1]
+            except Exception as exc:
+                raise PageError(f"cannot load page {number}: {exc}") from None
+            reply = _render_pdf_page(page, dpi, text_layer, skip_chars)
+        except PageError as exc:
+            reply = ("error", str(exc))
+        except Exception as exc:
+            reply = ("error", pdf_open_error(exc) if opened is None else
+                     f"cannot render page {number}: {type(exc).__name__}: {exc}")
+        conn.send(reply)
+
+
+class PdfRenderer:
+    """Worker processes that render PDF pages; blocking and thread-safe. A page that takes
+    longer than the deadline, or crashes PDFium, is that page's error; its worker is replaced.
+    A page goes to the worker that has its document open, when it is free."""
+
+    def __init__(self, pdf: PdfPages, args):
+        import multiprocessing
+
+        self.pdf, self.args = pdf, args
+        self.context = multiprocessing.get_context("fork")  # the workers read the input as is
+        self.options = (args.pdf_dpi, bool(args.text_layer), args.skip_text_pages)
+        self.idle = [self._start() for _ in range(max(1, args.pdf_workers))]
+        self.ready = threading.Condition()
+
+    def _start(self) -> list:
+        ours, theirs = self.context.Pipe()
+        with warnings.catch_warnings():  # fork beside the driver's threads: the child runs no
+            warnings.simplefilter("ignore", DeprecationWarning)  # Python of theirs
+            process = self.context.Process(target=_pdf_worker, daemon=True, args=(
+                theirs, os.getpid(), self.pdf.docs, self.pdf.column, *self.options))
+            process.start()
+        theirs.close()
+        return [process, ours, None]  # the process, its pipe, the document it has open
+
+    def render(self, page: PdfPage) -> "PreparedPage":
+        if page.error is not None:
+            raise PageError(page.error)
+        with self.ready:
+            while not self.idle:
+                self.ready.wait()
+            worker = next((w for w in self.idle if w[2] == page.doc_row), self.idle[0])
+            self.idle.remove(worker)
+        replace = True  # unless it answers: a worker that hung or died is not reused
+        try:
+            worker[1].send((page.doc_row, page.path, page.number))
+            if not worker[1].poll(self.args.pdf_page_timeout):
+                raise PageError(f"rendering page {page.number} took more than "
+                                f"{self.args.pdf_page_timeout:g} s (--pdf-page-timeout)")
+            reply = worker[1].recv()
+            replace = False
+        except (EOFError, OSError):
+            raise PageError(f"the PDF renderer crashed on page {page.number}") from None
+        finally:
+            if replace:
+                worker[0].kill()
+                worker[0].join(timeout=5)
+                worker[1].close()
+                worker = self._start()
+            else:
+                worker[2] = page.doc_row
+            with self.ready:
+                self.idle.append(worker)
+                self.ready.notify()
+        if reply[0] == "error":
+            raise PageError(reply[1])
+        if reply[0] == "skip":
+            return PreparedPage(b"", "", 0, 0, False, text_layer=reply[1], skipped=True,
+                                digest=self.pdf.digest(page.doc_row))
+        _, data, mime, width, height, layer = reply
+        return PreparedPage(data, mime, width, height, False, text_layer=layer,
+                            digest=self.pdf.digest(page.doc_row))
+
+    def close(self) -> None:
+        for process, pipe, _ in self.idle:
+            pipe.close()
+            process.kill()
+
+
+_RENDERER: list = []  # the run's PdfRenderer, started (open_run) before any page is prepared
+
+
+def encode_page(img) -> tuple[bytes, str]:
+    """PAGE_FORMAT "png": lossless, for models trained on PNG renders; "jpeg": quality 95, as
+    the seed's recipes send."""
+    out = io.BytesIO()
+    if PAGE_FORMAT == "png":
+        img.save(out, format="PNG", compress_level=1)
+        return out.getvalue(), "image/png"
+    img.save(out, format="JPEG", quality=95)
+    return out.getvalue(), "image/jpeg"
+
+
+def block_box(values, top: int) -> list[int] | None:
+    """A parsed box as four ints in [0, top], or None: a degenerate output's 99999999999 or
+    a missing coordinate must not reach the int32 box column (it would make the part
+    unwritable). Takes strings or numbers; never raises."""
+    try:
+        numbers = [float(v) for v in values]
+    except (TypeError, ValueError, OverflowError):
+        return None
+    if len(numbers) != 4 or not all(0 <= v <= top for v in numbers):  # NaN fails too
+        return None
+    return [int(v) for v in numbers]
+
+
+# ---- text checks ----------------------------------------------------------------------------
+
+def repeated_tail(text: str, max_period: int = 200) -> tuple[int, int]:
+    """(period, repeats) of the longest run of one unit repeated at the end of text."""
+    best = (0, 0)
+    for period in range(1, min(max_period, len(text) // 2) + 1):
+        unit = text[-period:]
+        repeats, end = 1, len(text) - period
+        while end >= period and text[end - period:end] == unit:
+            repeats += 1
+            end -= period
+        if repeats >= 2 and repeats * period > best[0] * best[1]:
+            best = (period, repeats)
+    return best
+
+
+def trim_repeated_tail(text: str, min_length: int = 8000) -> str:
+    """Keep one copy of a degenerate repeated tail (>= 100 chars, >= 5 repeats, period <= 200)."""
+    if len(text) < min_length:
+        return text
+    period, repeats = repeated_tail(text)
+    if repeats >= 5 and period * repeats >= 100:
+        return text[: len(text) - period * (repeats - 1)]
+    return text
+
+
+def looks_degenerate(text: str | None) -> bool:
+    """Empty, one character over and over, or mostly a repetition loop."""
+    if not text or not text.strip():
+        return True
+    visible = [c for c in text if not c.isspace()]
+    if len(visible) >= 8 and len(set(visible)) <= 2:
+        return True
+    if len(text) >= 40:
+        period, repeats = repeated_tail(text)
+        if repeats >= 5 and period * repeats >= len(text) * 0.5:
+            return True
+    if len(text) >= 200 and len(zlib.compress(text.encode())) < len(text.encode()) * 0.05:
+        return True
+    return False
+
+
+def loops(text: str | None, finish_reason: str | None) -> bool:
+    """The raw answer of a page worth sending again: text the degenerate check would flag, or
+    one cut at max_tokens that ends in the loop trim_repeated_tail trims (>= 5 repeats over >=
+    100 chars: a real page cut mid-text rarely ends that way). A blank page is not a loop."""
+    if not text or not text.strip():
+        return False
+    if looks_degenerate(text):
+        return True
+    if finish_reason != "length":
+        return False
+    period, repeats = repeated_tail(text)
+    return repeats >= 5 and period * repeats >= 100
+
+
+def loop_seed(index: int, attempt: int) -> int:
+    """The seed of a row's retry: the same row and attempt, the same seed, so a rerun repeats it."""
+    return zlib.crc32(f"{index}:{attempt}".encode()) & 0x7FFFFFFF
+
+
+def kept_attempt(kept: "RowResult", retry: "RowResult") -> "RowResult":
+    """Of a looping answer and its retry: the retry when it does not loop or is shorter. A
+    retry the server or transport failed makes the row that error (a rerun redoes it); one
+    refused as a request (a 400: a seed the server does not take, say) leaves the looping
+    answer, and says so once."""
+    if retry.error is not None:
+        if retry.error_kind == SERVER:
+            return error_row(f"the answer looped, and sending it again failed: {retry.error}",
+                             SERVER)
+        if "loop retry refused" not in _WARNED:
+            _WARNED.add("loop retry refused")
+            log(f"warning: a looping page's retry was refused ({retry.error[:300]}); its "
+                f"looping answer is kept (pages_still_looping counts them)")
+        return kept
+    attempts = (kept.attempts or 1) + 1
+    if not loops(retry.text, retry.finish_reason) or len(retry.text) < len(kept.text):
+        kept = retry
+    kept.attempts = attempts
+    return kept
+
+
+class DegenerateCheck:
+    """Stops the run when the first completed pages are all degenerate: a wrong model/image
+    pair looks like normal load from outside (full GPU, no errors). It judges at least
+    MIN_EVIDENCE pages (a blank last page proves nothing), and never a rerun of an output whose
+    earlier runs wrote text. A page sent again because it looped counts as degenerate: at a
+    higher temperature a broken engine's loop can turn into noise that passes for text."""
+
+    MIN_EVIDENCE = 3
+
+    def __init__(self, enabled: bool, pages: int, expected: int):
+        self.pages = max(self.MIN_EVIDENCE, pages)
+        self.seen: list[bool] = []
+        self.fixed_by_retry = 0
+        self.tripped = False
+        self.done = not (enabled and expected > 0)
+
+    def passed(self) -> bool:
+        return self.done and not self.tripped
+
+    def observe(self, result: "RowResult") -> None:
+        if self.done:
+            return
+        retried = (result.attempts or 1) > 1
+        self.fixed_by_retry += retried and not looks_degenerate(result.text)
+        self.seen.append(retried or looks_degenerate(result.text))
+        if len(self.seen) >= self.pages:
+            self.finish()
+
+    def finish(self) -> None:
+        """Decide on what was seen (fewer pages than asked when the run is short)."""
+        if self.done:
+            return
+        self.done = True
+        if len(self.seen) >= self.MIN_EVIDENCE and all(self.seen):
+            self.tripped = True
+            fixed = f" ({self.fixed_by_retry} of them only at the first try: their retry at " \
+                f"temperature {LOOP_TEMPERATURE} came back as text)" if self.fixed_by_retry else ""
+            raise RunAborted(
+                f"the first {len(self.seen)} pages all came back degenerate (empty, one "
+                f"character repeated, or a repetition loop){fixed}. That is what a wrong model / engine "
+                f"pair looks like: this script was validated with {MODEL_ID} on "
+                f"{JOB_IMAGE}. Check --model and the image; pass "
+                f"--no-sanity-check to write such output anyway.", code=EXIT_DEGENERATE)
+
+
+class HeldFailures:
+    """Rows that failed on the server's (engine's) side wait in `held` until a page is answered
+    after them: a run stopped meanwhile leaves them pending, and its rerun sends them again. One
+    rule for every script: a run that ends with no page answered while some failed that way is
+    the server refusing the run, however short, not a dataset of error rows (exit 4)."""
+
+    WHO = "server"
+
+    def __init__(self):
+        self.held: list = []  # (row, result), in the order they failed
+        self.failures = self.answered = 0
+        self.last = ""
+
+    def release_held(self) -> list:
+        held, self.held = self.held, []
+        return held
+
+    def at_end(self, redone) -> list:
+        """The rows still held, to write as error rows; or the run is refused. Rows `redone`
+        were error rows already: failing again loses nothing (a page the server always fails
+        must not make every rerun exit 4)."""
+        if self.failures and not self.answered and any(i not in redone for i, _ in self.held):
+            self.stop(f"no page of this run was answered: {self.failures} failed on the "
+                      f"{self.WHO}'s side (last: {self.last})")
+        return self.release_held()
+
+    def stop(self, what: str) -> "NoReturn":  # noqa: F821
+        raise RunAborted(f"{what}. Their rows are not written: they stay pending; once the "
+                         f"{self.WHO} works (its log says why it fails), {rerun_advice()} to "
+                         f"send them again. Rows finished before are saved.", EXIT_REFUSED)
+
+
+# ---- results, parts and the output store -----------------------------------------------------
+
+PAGE, SERVER = "page", "server"  # an error row's kind: the page caused it (final), or the server
+# or the transport did (a rerun redoes it)
+
+
+@dataclass
+class RowResult:
+    text: str | None = None
+    error: str | None = None
+    error_kind: str | None = None  # PAGE or SERVER when error is set
+    finish_reason: str | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    extras: dict = field(default_factory=dict)
+    attempts: int | None = None  # generations the text took (loop retries); None on an error row
+    text_layer: str | None = None  # a PDF page's embedded text (--text-layer, --skip-text-pages)
+    skipped: str | None = None  # why the page was not sent: its text layer was enough
+    digest: str | None = None  # what it was made from (input_digest); None: read again
+
+
+def error_row(message: str, kind: str) -> RowResult:
+    return RowResult(error=message, error_kind=kind)
+
+
+def joined_pages(pages: list[tuple[int, RowResult]]) -> RowResult:
+    """A document's row from its pages' (--per-document): the good pages' texts in page order,
+    each after a line that says which page follows; each failed page named in the error."""
+    if len(pages) == 1 and not pages[0][0]:
+        return pages[0][1]  # an image, or a document whose pages could not be counted
+    digests = {r.digest for _, r in pages}
+    marked = lambda values: "\n\n".join(  # noqa: E731
+        f"<!-- page {n} -->" + (f"\n\n{v}" if v else "") for n, v in values if v is not None) or None
+    ok = [(n, r) for n, r in pages if r.error is None]
+    errors = [(n, r) for n, r in pages if r.error is not None]
+    # every page has its line; a page not sent has its text layer, a failed page nothing
+    texts = [(n, r.text if r.skipped is None else r.text_layer) if r.error is None else (n, "")
+             for n, r in pages]
+    counts = lambda name: sum(getattr(r, name) or 0 for _, r in ok) or None  # noqa: E731
+    extras = {}
+    for suffix, kind in EXTRA_COLUMNS.items():
+        values = [(n, r.extras.get(suffix)) for n, r in ok]
+        extras[suffix] = [b for _, v in values for b in v or []] if kind == "blocks" else \
+            marked(values)
+    skipped = [n for n, r in pages if r.skipped]
+    return RowResult(
+        text=marked(texts) if any(t for _, t in texts) else None,
+        error="; ".join(f"page {n}: {r.error}" for n, r in errors) or None,
+        error_kind=None if not errors else SERVER if any(r.error_kind == SERVER for _, r in errors)
+        else PAGE,
+        finish_reason="length" if any(r.finish_reason == "length" for _, r in ok) else
+        next((r.finish_reason for _, r in ok if r.finish_reason), None),
+        prompt_tokens=counts("prompt_tokens"), completion_tokens=counts("completion_tokens"),
+        attempts=max((r.attempts for _, r in ok if r.attempts is not None), default=None),
+        extras=extras, text_layer=marked((n, r.text_layer) for n, r in pages),
+        skipped=f"pages {', '.join(map(str, skipped))} not sent: their text layer (in the text "
+        f"too) was enough" if skipped else None,
+        digest=digests.pop() if len(digests) == 1 else None)  # the document's, if all pages had it
+
+
+def text_layer_row(page: PreparedPage, args) -> RowResult:
+    chars = sum(not c.isspace() for c in page.text_layer)
+    return RowResult(text_layer=page.text_layer, attempts=0, skipped=f"not sent: its text layer "
+                     f"has {chars} characters (--skip-text-pages {args.skip_text_pages})")
+
+
+def exception_row(exc: BaseException, kind: str, what: str = "") -> RowResult:
+    """An unforeseen exception on a page's path, named, as that row's error."""
+    return error_row(f"{what}{type(exc).__name__}: {str(exc)[:500]}", kind)
+
+
+def postprocessed(result: RowResult, args) -> RowResult:
+    """The model's clean-up applied; an exception in it is this row's error, not the run's."""
+    if result.error is not None or result.skipped is not None:
+        return result
+    try:
+        result.text, result.extras = postprocess(result.text, args)
+    except Exception as exc:
+        return exception_row(exc, PAGE, "post-processing failed: ")
+    return result
+
+
+def part_name(start: int, stop: int) -> str:
+    return f"part-{start:09d}-{stop:09d}.parquet"
+
+
+def ranges_from_names(names) -> list[tuple[int, int]]:
+    out = []
+    for name in names:
+        match = PART_NAME.match(Path(name).name)
+        if match:
+            out.append((int(match.group(1)), int(match.group(2))))
+    return sorted(out)
+
+
+def output_features(source: InputSource, args):
+    import datasets
+
+    features = datasets.Features(
+        {k: v for k, v in input_features(source).items()
+         if k not in result_column_names(args.output_column) and k != "inference_info"})
+    image = features.get(source.image_column)
+    # an Image, or a {bytes, path} struct that was one (pyarrow types `bytes` null when every
+    # cell is a path): its files are embedded, so it is an Image again, decoded on load
+    if isinstance(image, datasets.Image) or isinstance(image, dict) and set(image) == {"bytes", "path"}:
+        features[source.image_column] = datasets.Image()
+    kinds = [datasets.Value(kind) for kind in RESULT_FIELDS.values()] + \
+        [extra_feature(kind) for kind in EXTRA_COLUMNS.values()] + \
+        [datasets.Value("string")] * len(_TEXT_LAYER_COLUMNS)
+    for name, feature in zip(result_column_names(args.output_column), kinds):
+        features[name] = feature
+    features["inference_info"] = datasets.Value("string")
+    return features
+
+
+def extra_feature(kind: str):
+    """Model-specific columns: "blocks" is layout (label, box as x1 y1 x2 y2, text), one entry
+    per block in reading order; "string" is plain text (e.g. the raw model output)."""
+    import datasets
+
+    if kind == "blocks":
+        return [{"label": datasets.Value("string"), "box": [datasets.Value("int32")],
+                 "text": datasets.Value("string")}]
+    return datasets.Value("string")
+
+
+def result_columns(results: list, column: str) -> dict:
+    values = [[getattr(r, name) for r in results] for name in RESULT_FIELDS] + \
+        [[r.extras.get(suffix) for r in results] for suffix in EXTRA_COLUMNS] + \
+        [[getattr(r, name) for r in results] for name in _TEXT_LAYER_COLUMNS]
+    return dict(zip(result_column_names(column), values))
+
+
+def encode_rows(batch: dict, results: list, features, args):
+    """The Arrow table of a batch; a row whose result a column cannot hold becomes that row's
+    error (its other rows are kept), never a part that cannot be written."""
+    import datasets
+    import pyarrow as pa
+
+    def table(rows: dict):
+        encoded = features.encode_batch(rows)
+        for name, cells in rows.items():  # an image's bytes are kept: `datasets` would keep
+            if isinstance(features[name], datasets.Image):  # its path alone if that names a file
+                encoded[name] = [cell if isinstance(cell, dict) and cell.get("bytes") is not None
+                                 else value for cell, value in zip(cells, encoded[name])]
+        return pa.Table.from_pydict(encoded, schema=features.arrow_schema)
+
+    def encode():
+        batch.update(result_columns(results, args.output_column))
+        return table(batch)
+
+    try:
+        return encode()
+    except Exception:  # find the rows at fault: encode each alone
+        for i, result in enumerate(results):
+            one = {name: values[i:i + 1] for name, values in batch.items()}
+            one.update(result_columns([result], args.output_column))
+            try:
+                table(one)
+            except Exception as exc:
+                results[i] = exception_row(exc, PAGE, "the result cannot be stored: ")
+        return encode()
+
+
+def write_part(path: Path, source: InputSource, indices: list[int], results: list, features,
+               info_entry: dict, args) -> None:
+    """Write the given rows (consecutive indices) with their results; atomic (tmp, then rename).
+    `results` may be edited: a result that cannot be stored becomes its row's error."""
+    import pyarrow.parquet as pq
+
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with pq.ParquetWriter(str(tmp), features.arrow_schema) as writer:
+            for offset in range(0, len(indices), 32):
+                chunk = indices[offset:offset + 32]
+                rows = input_rows(source, chunk)
+                batch = {k: v for k, v in rows.items() if k in features}
+                image_cells = batch.get(source.image_column) or []
+                for i, cell in enumerate(image_cells):  # embed image files that were only paths
+                    if isinstance(cell, dict) and cell.get("bytes") is None and cell.get("path"):
+                        try:
+                            file = _resolve_image_path(cell["path"])  # as the page was read
+                            image_cells[i] = {"bytes": file.read_bytes(), "path": file.name}
+                        except OSError:  # the row's error says why; a path to nothing
+                            image_cells[i] = None  # would make the output fail to iterate
+                old_info = rows.get("inference_info") or [None] * len(chunk)
+                batch["inference_info"] = [append_info(old, info_entry) for old in old_info]
+                part = results[offset:offset + 32]
+                for i, result in enumerate(part):
+                    if result.error is not None and image_cells and not opens(image_cells[i]):
+                        image_cells[i] = None  # so that load_dataset(OUTPUT) iterates: see opens()
+                        part[i] = error_row(f"{result.error} (the image is not carried over: "
+                                            f"it cannot be decoded)", PAGE)
+                writer.write_table(encode_rows(batch, part, features, args))
+                results[offset:offset + 32] = part
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def opens(cell) -> bool:
+    """Whether `datasets` can decode this image cell by default (PIL, within its size limit): a
+    cell it cannot open would break `load_dataset(OUTPUT)` on every read of its row."""
+    from PIL import Image
+
+    data = cell.get("bytes") if isinstance(cell, dict) else None
+    if data is None:
+        return True  # no bytes (a path or nothing): datasets does not decode what is not there
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            Image.open(io.BytesIO(data)).load()
+        return True
+    except Exception:
+        return False
+
+
+def replace_rows(path: Path, start: int, redone: dict, features, args) -> None:
+    """Rewrite a part with some of its rows' results replaced (a rerun redid error rows);
+    atomic, so a row is never in two parts."""
+    import datasets
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(str(path))
+    names = result_column_names(args.output_column)
+    columns = {name: table.column(name).to_pylist() for name in names if name in table.column_names}
+    results = [redone.get(start + i) for i in range(table.num_rows)]
+    replaced = result_columns([r or RowResult() for r in results], args.output_column)
+    for name, values in replaced.items():
+        old = columns.get(name, [None] * table.num_rows)
+        columns[name] = [new if r is not None else prev for new, prev, r in zip(values, old, results)]
+    encoded = datasets.Features({n: features[n] for n in names}).encode_batch(columns)
+    for name in names:
+        array = pa.array(encoded[name], type=features.arrow_schema.field(name).type)
+        if name in table.column_names:
+            table = table.set_column(table.column_names.index(name), name, array)
+        else:
+            table = table.append_column(features.arrow_schema.field(name), array)
+    table = table.select(features.arrow_schema.names).cast(features.arrow_schema)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        pq.write_table(table, str(tmp))
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def append_info(old, entry: dict) -> str:
+    history = []
+    if old:
+        try:
+            history = json.loads(old) if isinstance(old, str) else list(old)
+        except (ValueError, TypeError):
+            history = [{"unparsed": str(old)}]
+        if not isinstance(history, list):
+            history = [history]
+    return json.dumps(history + [entry], ensure_ascii=False)
+
+
+class Journal:
+    """Each finished row, appended the moment it is accepted (one JSON line, handed to the OS at
+    once and fsynced every few seconds), so `kill -9` loses none of them. A segment is removed
+    once parts hold all its rows; a rerun replays what earlier runs left."""
+
+    ROTATE_ROWS, SYNC_SECONDS = 2000, 2.0
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+        self.segments: dict[Path, set[int]] = {}  # each segment's rows not yet in a part
+        self.file = self.current = None
+        self.lines = 0
+        self.synced = time.monotonic()
+        self.lock = threading.Lock()
+        self.failed = False
+
+    def replay(self, wanted) -> dict[int, RowResult]:
+        """Rows earlier runs finished, oldest segment first; `wanted(row)` says which to take."""
+        rows: dict[int, RowResult] = {}
+        for path in sorted(self.folder.glob("*.jsonl")):
+            taken = set()
+            for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+                try:
+                    entry = json.loads(line)
+                    index = entry.pop("row")
+                    result = RowResult(**entry)
+                except (ValueError, TypeError, KeyError, AttributeError):
+                    continue  # the line a kill cut short
+                if wanted(index):
+                    rows[index] = result
+                    taken.add(index)
+            self.segments[path] = taken
+        return rows
+
+    def append(self, index: int, result: RowResult) -> None:
+        # ASCII escapes: any text, lone surrogates included
+        line = json.dumps({"row": index, **result.__dict__}) + "\n"
+        with self.lock:
+            try:
+                if self.file is None or self.lines >= self.ROTATE_ROWS:
+                    self._rotate()
+                self.file.write(line)
+                self.file.flush()
+                self.segments[self.current].add(index)
+                self.lines += 1
+                if time.monotonic() - self.synced >= self.SYNC_SECONDS:
+                    os.fsync(self.file.fileno())
+                    self.synced = time.monotonic()
+            except OSError as exc:  # a full disk: rows stay in memory until their part is written
+                if not self.failed:
+                    log(f"warning: cannot write the journal ({exc}); finished rows are kept in "
+                        f"memory until their part is written")
+                self.failed = True
+
+    def _rotate(self) -> None:
+        if self.file is not None:
+            self.file.close()
+            self._drop_empty()
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.current = self.folder / f"{time.time_ns():020d}-{os.getpid()}.jsonl"
+        self.file = open(self.current, "a", encoding="utf-8")
+        self.segments[self.current] = set()
+        self.lines = 0
+
+    def _drop_empty(self, every: bool = False) -> None:
+        for path, rows in list(self.segments.items()):
+            if not rows and (every or path != self.current):
+                path.unlink(missing_ok=True)
+                del self.segments[path]
+
+    def written(self, indices) -> None:
+        """These rows are in parts now."""
+        with self.lock:
+            for rows in self.segments.values():
+                rows.difference_update(indices)
+            self._drop_empty()
+
+    def close(self, discard: bool = False) -> None:
+        with self.lock:
+            if self.file is not None:
+                try:
+                    self.file.close()
+                except OSError as exc:  # its last lines: the rows they hold are in parts, or not written
+                    log(f"warning: cannot write the journal ({exc})")
+                self.file = None
+            if discard:
+                for rows in self.segments.values():
+                    rows.clear()
+            self._drop_empty(every=True)
+
+
+@dataclass
+class RowPlan:
+    """What this run does with its shard's rows."""
+    pending: list[int]  # rows to send, in order
+    recovered: dict  # row -> result an earlier run finished but no part holds yet (journal)
+    redo: dict  # row -> the part holding its error row, which this run redoes
+    skipped: int  # rows done before and not redone
+    earlier_ok: int  # rows earlier runs wrote with text
+    send: list[int] = field(default_factory=list)  # what to send: the pending rows, or their pages
+    pages: dict = field(default_factory=dict)  # --per-document: page -> result, from the journal
+
+
+def plan_rows(source: InputSource, store: "OutputStore", args) -> RowPlan:
+    """Rows not in any part, plus error rows a rerun redoes: those the server or transport
+    caused, or every error row with --retry-errors; minus what the journal already holds."""
+    column = args.output_column
+    covered = bytearray(source.hi - source.lo)
+    redo: dict[int, Path] = {}
+    earlier_ok = 0
+    for (start, stop), path in store.parts():
+        lo, hi = max(start, source.lo), min(stop, source.hi)
+        for i in range(lo, hi):
+            covered[i - source.lo] = 1
+        name, fetched = part_name(start, stop), None
+        if path is None and name not in store.notes and lo < hi:  # only on the Hub, without
+            # its note (sent by `hf upload`, or by an older version): read from the part itself
+            path = fetched = store.fetch_part(name)
+            store.note_rebuilt(name, part_note(path, column))
+        note = part_note(path, column) if path else store.notes.get(name)
+        if note is None:  # another shard's part: its own rerun reads it
+            earlier_ok += stop - start
+            continue
+        again = [int(row) for row, kind in note["errors"].items()
+                 if (kind == SERVER or args.retry_errors) and lo <= int(row) < hi]
+        if again and path is None:  # a Job starts on an empty disk: fetch it to redo them
+            path = store.fetch_part(name)
+        elif fetched and not again:
+            fetched.unlink()  # read for its note only: the Hub's copy is the part
+        earlier_ok += stop - start - len(note["errors"])
+        redo.update((row, path) for row in again)
+    store.keep_local.update(path.name for path in redo.values())  # rewritten here later
+    uncovered = [source.lo + i for i, flag in enumerate(covered) if not flag]
+    wanted = lambda i: i in redo or (source.lo <= i < source.hi  # noqa: E731
+                                     and not covered[i - source.lo])
+    per_document = source.pdf is not None and source.pdf.per_document
+    # --per-document journals each page under -1 - page, until its document is whole
+    recovered = store.journal.replay(lambda i: wanted(i) if i >= 0 else per_document and
+                                     -i <= len(source.pdf.doc) and wanted(int(source.pdf.doc[-1 - i])))
+    pages = {-1 - i: recovered.pop(i) for i in [i for i in recovered if i < 0]}
+    for index, result in list(recovered.items()):
+        if index in redo and result.error is not None:
+            del recovered[index]  # an error row the part holds already (or a redo that failed
+            # again before a kill): redone once more
+    first = source.pdf.first_row if per_document else int  # a document's row: its first page's
+    now = input_digests(source, {first(i) for i in recovered} | set(pages))
+    changed = [i for i, r in recovered.items() if r.digest is None or r.digest != now[first(i)]]
+    changed_pages = [i for i, r in pages.items() if r.digest is None or r.digest != now[i]]
+    for i in changed:
+        del recovered[i]
+    for i in changed_pages:
+        del pages[i]
+    if changed or changed_pages:
+        log(f"{len(changed) + len(changed_pages)} row(s) of the journal are done again: their "
+            f"input is not what they were made from (replaced since, even by a file of the same "
+            f"size), or the journal does not say (an error before the page was read, or "
+            f"written by an older version)")
+    pending = sorted(i for i in set(uncovered) | set(redo) if i not in recovered)
+    skipped = source.hi - source.lo - len(pending) - len(recovered)
+    if not per_document:
+        return RowPlan(pending, recovered, redo, skipped, earlier_ok, pending)
+    pending_docs = set(pending)
+    pages = {i: r for i, r in pages.items() if int(source.pdf.doc[i]) in pending_docs
+             and (r.error is None or r.error_kind == PAGE and not args.retry_errors)}
+    send = [i for doc in pending for i in source.pdf.rows_of(doc) if i not in pages]
+    return RowPlan(pending, recovered, redo, skipped, earlier_ok, send, pages)
+
+
+def input_digests(source: InputSource, rows) -> dict:
+    """input_digest() of these output rows' input as it is now (None: it cannot be read): the
+    bytes of these rows only (a PDF's: PdfPages.digest)."""
+    digests = {}
+    for index, cell in iter_image_cells(source, sorted(rows)):
+        if isinstance(cell, PdfPage):
+            digests[index] = source.pdf.digest(cell.doc_row)
+            continue
+        try:
+            digests[index] = input_digest(read_cell_bytes(cell))
+        except PageError:
+            digests[index] = None
+    return digests
+
+
+def lock_file(handle) -> bool:
+    """Lock an open file, exclusively, until this process dies, however it dies: False when
+    another process holds it. A POSIX record lock, not flock(): forked children (PDF renderers,
+    vLLM's engine processes) do not inherit it, so one that outlives a killed driver for a
+    moment does not refuse the rerun. A filesystem without locks is said, not fatal."""
+    import errno
+    import fcntl
+
+    try:
+        fcntl.lockf(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno in (errno.EACCES, errno.EAGAIN):
+            return False
+        log(f"warning: cannot lock {handle.name} ({exc.strerror or exc}): nothing stops a "
+            f"second run from writing to this OUTPUT at the same time")
+    return True
+
+
+def take_lock(path: Path, location: str):
+    import socket
+
+    handle = open(path, "a+")
+    if not lock_file(handle):
+        handle.seek(0)
+        holder = handle.read().strip() or "another process"
+        fail(f"{holder} is writing this shard of {location} right now. Wait for it to end (or "
+             f"stop it), or write to another OUTPUT; shards of one run use --shard-index.")
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"pid {os.getpid()} on {socket.gethostname()}, since "
+                 f"{time.strftime('%Y-%m-%d %H:%M:%S')}")
+    handle.flush()
+    return handle
+
+
+class OutputStore:
+    """Parts under data/ of a local folder, or of a staging folder whose parts go to a Hub repo
+    in batched commits (at most one per 36 s x shards: the Hub takes about 128 commits an hour
+    per repo). Everything that is not data sits under .ocr/, which `datasets` never reads."""
+
+    def __init__(self, target: str, args, hub_api=None):
+        self.kind, self.target = resolve_output(target)
+        self.api = None
+        self.upload_failures: list[str] = []
+        if self.kind == "local":
+            self.root = Path(self.target)
+        else:
+            if hub_api is None:
+                from huggingface_hub import HfApi
+                hub_api = HfApi(token=args.hf_token or None)
+            self.api = hub_api
+            base = Path(args.work_dir).expanduser() if args.work_dir else \
+                Path.home() / ".cache" / "ocr-vllm-scripts" / "outputs"
+            self.root = base / self.target.replace("/", "__")
+        self.meta = self.root / ".ocr"
+        self.made_root = self.kind == "local" and not self.root.exists()
+        try:
+            (self.root / "data").mkdir(parents=True, exist_ok=True)
+            self.meta.mkdir(exist_ok=True)
+        except OSError as exc:
+            fail(f"cannot create {self.root}: {exc}")
+        shard = f"shard-{args.shard_index}-of-{args.num_shards}"
+        self.column = args.output_column
+        self.notes_name = f".ocr/notes/{shard}.json"
+        self.notes: dict[str, dict] = {}  # part name -> part_note(): every shard's, the latest
+        self.hub_notes: dict[str, dict] = {}  # the same, of the parts as they are on the Hub
+        self.notes_due = False  # notes rebuilt here, which the Hub has not got yet
+        self.card_on_hub = False
+        self.sent_parts = 0  # parts given to the Hub by this run (written, or resent)
+        self.lock_path = self.meta / f"lock-{shard}"
+        self.lock = take_lock(self.lock_path, self.location())
+        self.journal = Journal(self.meta / "journal" / shard)
+        self.remote_names: set[str] = set()  # data parts on the Hub
+        self.known: set[str] = set()  # parts on the Hub that this run saw or wrote
+        self.shard_range = (0, 0)
+        self.conflict: str | None = None
+        self.keep_local: set[str] = set()  # staged parts with rows a rerun redoes: kept here
+        self.created_manifest = False
+        self.queued: dict[str, Path] = {}  # path in repo -> local file, for the next commit
+        self.commit_interval = 36.0 * max(1, args.num_shards)
+        self.last_commit = -math.inf
+        self.committing: threading.Thread | None = None
+        self.queue_lock = threading.Lock()
+        if self.api is not None:
+            self.api.create_repo(self.target, repo_type="dataset", private=args.private or None,
+                                 exist_ok=True)
+            self.sync_from_hub()
+        self.remove_dead_temp_files()
+
+    def sync_from_hub(self) -> None:
+        """The Hub is the truth, the staging folder a cache: its manifest wins, and a repo that
+        holds no run (deleted, or never written) means a fresh start."""
+        files = self.read_hub()
+        self.refuse_other_data(files)
+        self.known = set(self.remote_names)
+        manifest = self.meta / "manifest.json"
+        if ".ocr/manifest.json" in files:
+            downloaded = Path(self.api.hf_hub_download(
+                self.target, ".ocr/manifest.json", repo_type="dataset", local_dir=self.meta / "hub"))
+            which = ("identity", "created", "run")
+            hub_run = {k: json.loads(downloaded.read_text()).get(k) for k in which}
+            if manifest.exists() and hub_run != {k: json.loads(manifest.read_text()).get(k)
+                                                 for k in which}:
+                log(f"{self.target} holds another run than this staging copy's (restarted "
+                    f"elsewhere?): clearing {self.root}, the Hub's run goes on")
+                self.clear_local()
+            manifest.write_bytes(downloaded.read_bytes())
+        elif not self.remote_names and (self.meta / "on-hub").exists():
+            log(f"{self.target} no longer holds the run this staging copy sent there (the repo "
+                f"was deleted?): starting afresh, clearing {self.root}")
+            self.clear_local()  # (staged parts never sent anywhere are sent later instead)
+        if manifest.exists() and ".ocr/manifest.json" not in files:  # its upload failed
+            self.queued[".ocr/manifest.json"] = manifest
+
+    def read_hub(self, others_only: bool = False) -> set[str]:
+        """The repo's files: its parts, whether it has a card, the shards' notes (at the end:
+        the other shards', for the card)."""
+        files = set(self.api.list_repo_files(self.target, repo_type="dataset"))
+        self.remote_names |= {Path(f).name for f in files if f.startswith("data/")}
+        self.card_on_hub = "README.md" in files
+        for name in sorted(f for f in files if f.startswith(".ocr/notes/")):
+            if not (others_only and name == self.notes_name):
+                downloaded = self.api.hf_hub_download(self.target, name, repo_type="dataset",
+                                                      local_dir=self.meta / "hub")
+                notes = json.loads(Path(downloaded).read_text())
+                self.hub_notes.update({k: v for k, v in notes.items() if k in self.remote_names})
+        self.notes = {**self.hub_notes, **self.notes}
+        return files
+
+    def refuse_other_data(self, files: set[str]) -> None:
+        """A repo that holds a dataset of its own is no OUTPUT: its card would be replaced, and
+        `load_dataset(repo)` would return its rows and none of the OCR. Only this collection's
+        files may be there (a card beside its manifest or parts is its own)."""
+        ours = any(f == ".ocr/manifest.json" or f.startswith("data/part-") for f in files)
+        other = sorted(f for f in files if not (
+            f == ".gitattributes" or f.startswith(".ocr/") or (f == "README.md" and ours)
+            or (f.startswith("data/") and PART_NAME.match(f[len("data/"):]))))
+        if other:
+            fail(f"OUTPUT {self.target} holds a dataset of its own ({', '.join(other[:3])}"
+                 f"{', ...' if len(other) > 3 else ''}): this run would replace its card, and "
+                 f"load_dataset({self.target!r}) would still return its rows, none of the OCR. "
+                 f"Write to a new repo, e.g. {self.target}-ocr")
+
+    def note_rebuilt(self, name: str, note: dict) -> None:
+        """A Hub part's note, read from the part: the next commit sends it with the others."""
+        self.hub_notes[name] = self.notes[name] = note
+        self.notes_due = True
+
+    def shard_notes(self, parts: dict) -> dict:
+        """This shard's notes: of its parts on the Hub, and `parts` (name -> note) over them."""
+        lo, hi = self.shard_range
+        return {k: v for k, v in {**self.hub_notes, **parts}.items()
+                if any(a < hi and lo < b for a, b in ranges_from_names([k]))}
+
+    def fetch_part(self, name: str) -> Path:
+        """A part only the Hub has, into the staging folder: to redo its error rows here, or to
+        read its note."""
+        try:
+            self.api.hf_hub_download(self.target, f"data/{name}", repo_type="dataset",
+                                     local_dir=self.root)
+        except Exception as exc:
+            fail(f"cannot download data/{name} from {self.target} ({type(exc).__name__}: "
+                 f"{redact_text(str(exc))[:300]}). Nothing was sent; rerun the same command "
+                 f"once the Hub answers.", EXIT_NOT_WRITTEN)
+        return self.root / "data" / name
+
+    def local_parts(self) -> list[Path]:
+        return sorted((self.root / "data").glob("part-*.parquet"))
+
+    def abandon(self) -> None:
+        """A run refused before it claimed OUTPUT leaves no folder behind that it made: only
+        when nothing but its own lock is in it (another shard may have started beside it)."""
+        import shutil
+
+        files = [p for p in self.root.rglob("*") if not p.is_dir()] if self.made_root else None
+        if files == [self.lock_path]:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+    def clear_local(self) -> None:
+        """Journal first and manifest last: a kill half-way leaves no rows of the old run that
+        a new run would take for its own."""
+        import shutil
+
+        shutil.rmtree(self.meta / "journal", ignore_errors=True)
+        shutil.rmtree(self.meta / "notes", ignore_errors=True)  # staged for `hf upload`
+        self.notes = dict(self.hub_notes)
+        for path in self.local_parts():
+            path.unlink(missing_ok=True)
+        (self.root / "README.md").unlink(missing_ok=True)
+        for name in ("on-hub", "manifest.json"):
+            (self.meta / name).unlink(missing_ok=True)
+
+    def remove_dead_temp_files(self) -> None:
+        """A part write a kill cut short leaves .part-*.PID.tmp: removed once PID is gone."""
+        for path in (self.root / "data").glob(".part-*.tmp"):
+            try:
+                os.kill(int(path.name.rsplit(".", 2)[-2]), 0)
+            except (ValueError, ProcessLookupError):
+                path.unlink(missing_ok=True)
+            except PermissionError:
+                pass  # alive, another user's
+
+    def manifest(self) -> dict | None:
+        path = self.meta / "manifest.json"
+        return json.loads(path.read_text()) if path.exists() else None
+
+    def other_shards_rows(self) -> list[str]:
+        """What OUTPUT holds outside this shard's rows: parts, and the journals of other
+        shards (one that runs, or was killed before it wrote a part)."""
+        lo, hi = self.shard_range
+        parts = [part_name(a, b) for (a, b), _ in self.parts() if not lo <= a < b <= hi]
+        journals = [f".ocr/journal/{path.name}" for path in (self.meta / "journal").glob("*")
+                    if path != self.journal.folder and any(path.glob("*.jsonl"))]
+        return parts + journals
+
+    def restart_shard(self, shard: str) -> None:
+        """--restart beside other shards' rows: this shard's parts (on the Hub in one commit)
+        and journal removed; the other shards' rows, the manifest and the card stay."""
+        import shutil
+
+        lo, hi = self.shard_range
+        mine = {part_name(a, b) for (a, b), _ in self.parts() if lo <= a < b <= hi}
+        log(f"--restart: removing the {len(mine)} part(s) of {shard} of {self.location()}; "
+            f"the other shards' rows stay")
+        shutil.rmtree(self.journal.folder, ignore_errors=True)
+        self.journal = Journal(self.journal.folder)
+        for name in mine:
+            (self.root / "data" / name).unlink(missing_ok=True)
+            self.notes.pop(name, None)
+            self.hub_notes.pop(name, None)
+        if self.api is not None:
+            files = self.api.list_repo_files(self.target, repo_type="dataset")
+            doomed = [f for f in files if f == self.notes_name or
+                      f.startswith("data/") and Path(f).name in mine]
+            if doomed:
+                self.delete_on_hub(doomed, f"Restart {shard} of the OCR run")
+            self.remote_names -= mine
+            self.known -= mine
+
+    def other_writers(self) -> list[str]:
+        """The other shards of OUTPUT that a process writes right now (their locks held)."""
+        running = []
+        for path in sorted(self.meta.glob("lock-*")):
+            if path.name == Path(self.lock.name).name:
+                continue
+            with open(path, "a+") as other:
+                if not lock_file(other):
+                    other.seek(0)
+                    running.append(f"{other.read().strip() or 'a process'} writing "
+                                   f"{path.name[len('lock-'):]}")
+        return running
+
+    def restart(self) -> None:
+        """--restart: OUTPUT's rows, card and manifest removed (on the Hub in one commit), all
+        shards' alike, so never while another shard of it runs here."""
+        running = self.other_writers()
+        if running:
+            fail(f"--restart removes every shard's rows, and {running[0]} of "
+                 f"{self.location()}: stop it first")
+        log(f"--restart: removing the rows, card and manifest of {self.location()}")
+        if self.api is not None:
+            files = self.api.list_repo_files(self.target, repo_type="dataset")
+            doomed = [f for f in files if f.startswith(("data/", ".ocr/")) or f == "README.md"]
+            if doomed:
+                self.delete_on_hub(doomed, "Restart the OCR run")
+            self.remote_names, self.known, self.hub_notes = set(), set(), {}
+        self.clear_local()
+        self.journal = Journal(self.journal.folder)
+
+    def create_manifest(self, manifest: dict) -> dict | None:
+        """Record the run, atomically, unless OUTPUT has one: then return that one."""
+        path = self.meta / "manifest.json"
+        tmp = path.with_name(f".manifest.{os.getpid()}.tmp")
+        try:
+            tmp.write_text(json.dumps(manifest, indent=1))
+            os.link(tmp, path)  # fails if another run (a shard started first) made it
+        except FileExistsError:
+            return json.loads(path.read_text())
+        finally:
+            tmp.unlink(missing_ok=True)
+        self.created_manifest = True
+        if self.api is not None:
+            self.commit_now({".ocr/manifest.json": path})
+        return None
+
+    def forget_run(self) -> None:
+        """A run that wrote nothing leaves no manifest behind (a degenerate stop, say)."""
+        if self.created_manifest:
+            (self.meta / "manifest.json").unlink(missing_ok=True)
+            if self.api is not None:
+                try:
+                    self.delete_on_hub([".ocr/manifest.json"],
+                                       "Remove the manifest of a run that wrote nothing")
+                except Exception:
+                    pass  # a later run compares against it: --restart clears it
+                with self.queue_lock:
+                    self.queued.pop(".ocr/manifest.json", None)
+
+    def delete_on_hub(self, files: list[str], message: str) -> None:
+        from huggingface_hub import CommitOperationDelete
+
+        self.api.create_commit(self.target, repo_type="dataset", commit_message=message,
+                               operations=[CommitOperationDelete(path_in_repo=f) for f in files])
+
+    def update_manifest(self, manifest: dict) -> None:
+        path = self.meta / "manifest.json"
+        tmp = path.with_name(f".manifest.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(manifest, indent=1))
+        os.replace(tmp, path)
+        if self.api is not None:
+            with self.queue_lock:
+                self.queued[".ocr/manifest.json"] = path
+
+    def parts(self) -> list[tuple[tuple[int, int], Path | None]]:
+        """((start, stop), local path or None when only the Hub has it) of every part."""
+        local = {p.name: p for p in self.local_parts()}
+        names = set(local) | self.remote_names
+        return [(r, local.get(part_name(*r))) for r in ranges_from_names(names)]
+
+    def own_staged_parts(self) -> list[Path]:
+        """This shard's parts in the staging folder, which the shards run on this machine share:
+        another shard's are its own to send or drop, maybe while it writes them."""
+        lo, hi = self.shard_range
+        return [path for path in self.local_parts()
+                if any(a < hi and lo < b for a, b in ranges_from_names([path.name]))]
+
+    def drop_stale_staged_parts(self) -> None:
+        """The Hub's parts win over their staged copies, and what they cover is never resent."""
+        for path in self.own_staged_parts() if self.api is not None else []:
+            start, stop = ranges_from_names([path.name])[0]
+            if any(a < stop and start < b for a, b in ranges_from_names(self.remote_names)):
+                path.unlink(missing_ok=True)
+
+    def resend_local_parts(self) -> None:
+        """Parts a killed or offline run of this shard left on disk but never uploaded."""
+        for path in self.own_staged_parts():
+            if path.name not in self.remote_names:
+                self.publish(path)
+
+    def publish(self, path: Path) -> None:
+        """A part is written (or rewritten): it goes to the Hub with the next commit."""
+        if self.api is None:
+            return
+        note = part_note(path, self.column)
+        with self.queue_lock:
+            self.notes[path.name] = note
+            self.queued[f"data/{path.name}"] = path
+            self.sent_parts += 1
+        self.commit_if_due()
+
+    def commit_if_due(self) -> None:
+        with self.queue_lock:
+            busy = self.committing is not None and self.committing.is_alive()
+            if busy or not self.queued or time.monotonic() - self.last_commit < self.commit_interval:
+                return
+            files, self.queued = self.queued, {}
+            self.last_commit = time.monotonic()
+            self.committing = threading.Thread(target=self._commit, args=(files,), daemon=True)
+            self.committing.start()
+
+    def _commit(self, files: dict) -> bool:
+        """One commit of several files; retried with backoff, honouring the Hub's Retry-After
+        on 429 (rate limit) and 412 (another shard committed first)."""
+        from huggingface_hub import CommitOperationAdd
+
+        operations = [CommitOperationAdd(path_in_repo=name, path_or_fileobj=str(local))
+                      for name, local in files.items()]
+        parts = {Path(name).name for name in files if name.startswith("data/")}
+        notes = self.shard_notes({p: self.notes[p] for p in parts})
+        with_notes = bool(parts) or self.notes_due
+        if with_notes:  # a copy per commit: a later part's note never goes ahead of its part
+            operations.append(CommitOperationAdd(path_in_repo=self.notes_name,
+                                                 path_or_fileobj=json.dumps(notes).encode()))
+        for attempt in range(UPLOAD_ATTEMPTS):
+            try:
+                head = self.check_no_other_writer()
+                if self.conflict:
+                    return False
+                self.api.create_commit(self.target, operations=operations, repo_type="dataset",
+                                       commit_message=f"Add {len(files)} file(s) (OCR)",
+                                       parent_commit=head)  # 412 if anyone committed since
+                self.last_commit = time.monotonic()
+                (self.meta / "on-hub").touch()  # this staging copy has reached the Hub
+                committed = {Path(name).name for name in files if name.startswith("data/")}
+                self.hub_notes.update(notes)
+                if with_notes:  # newer than a copy staged for `hf upload` (see finish())
+                    self.notes_due = False
+                    (self.root / self.notes_name).unlink(missing_ok=True)
+                self.remote_names |= committed
+                self.known |= committed
+                for name in committed - self.keep_local:  # on the Hub now: the cache can go
+                    (self.root / "data" / name).unlink(missing_ok=True)
+                return True
+            except Exception as exc:  # network, rate limit, a concurrent commit
+                response = getattr(exc, "response", None)
+                status = getattr(response, "status_code", None)
+                wait = min(60.0, UPLOAD_BACKOFF_S * 2 ** attempt) * random.uniform(0.5, 1.0)
+                retry_after = (getattr(response, "headers", None) or {}).get("Retry-After")
+                if status in (412, 429) and retry_after:
+                    try:
+                        wait = float(retry_after)
+                    except ValueError:
+                        pass
+                if attempt + 1 == UPLOAD_ATTEMPTS or wait > UPLOAD_MAX_WAIT_S:
+                    log(f"commit of {len(files)} file(s) failed ({type(exc).__name__}: {exc}); "
+                        f"giving up on it for now")
+                    break
+                log(f"commit of {len(files)} file(s) failed ({type(exc).__name__}: {exc}); "
+                    f"retrying in {wait:.0f} s ({attempt + 1}/{UPLOAD_ATTEMPTS})")
+                time.sleep(wait)
+        with self.queue_lock:
+            for name, local in files.items():
+                self.queued.setdefault(name, local)  # the final commit tries them again
+        return False
+
+    def commit_now(self, files: dict) -> None:
+        """Commit at once; what fails stays queued for the next commits."""
+        if not self._commit(files) and self.conflict:
+            fail(self.conflict)
+
+    def check_no_other_writer(self) -> str:
+        """Two writers of one shard (a Job retried while the first attempt still runs): no OS
+        lock sees the other container, so before each commit the repo's head is checked for
+        parts in this shard's range that this run neither found at its start nor wrote; the
+        commit then names that head as its parent, so a commit that lands in between makes the
+        Hub refuse it (412) and the check runs again. Returns the head."""
+        lo, hi = self.shard_range
+        head = self.api.repo_info(self.target, repo_type="dataset").sha
+        files = self.api.list_repo_files(self.target, repo_type="dataset", revision=head)
+        foreign = [Path(f).name for f in files if f.startswith("data/")
+                   and Path(f).name not in self.known
+                   and any(a < hi and lo < b for a, b in ranges_from_names([f]))]
+        if foreign:
+            self.conflict = (f"another run is writing rows {lo}-{hi} of {self.target} at the same "
+                             f"time ({', '.join(sorted(foreign)[:3])} appeared): stopping this "
+                             f"one so that no row is written twice")
+        return head
+
+    def finish(self, card: str | None) -> None:
+        """The card, then (Hub) every queued file in one last commit."""
+        if card is not None:
+            (self.root / "README.md").write_text(card, encoding="utf-8")
+        if self.api is None:
+            return
+        if self.committing is not None:
+            self.committing.join()
+        if self.conflict:
+            log(f"error: {self.conflict}")
+            return
+        with self.queue_lock:
+            files, self.queued = self.queued, {}
+        if card is not None:
+            files["README.md"] = self.root / "README.md"
+        if (files or self.notes_due) and not self._commit(files):
+            with self.queue_lock:
+                self.upload_failures = sorted(self.queued)
+        if self.upload_failures:
+            notes = self.shard_notes({p.name: part_note(p, self.column)
+                                      for p in self.local_parts()})
+            (self.root / self.notes_name).parent.mkdir(exist_ok=True)
+            (self.root / self.notes_name).write_text(json.dumps(notes))  # `hf upload` sends it
+            # one --exclude (a list is written differently by each version of `hf`): everything
+            # under .ocr/ but the manifest and the notes is this machine's own bookkeeping
+            log(f"{len(self.upload_failures)} file(s) did not reach the Hub; they are safe in "
+                f"{self.root}. To resume and upload them, {rerun_advice()}\nor send them "
+                f"with:\n  hf upload {self.target} {shlex.quote(str(self.root))} . "
+                f"--repo-type dataset --exclude '.ocr/[!mn]*'")
+
+    def location(self) -> str:
+        return str(self.root) if self.kind == "local" else f"https://huggingface.co/datasets/{self.target}"
+
+
+class PartWriter:
+    """Finished rows go to the journal at once and, once the degenerate check has passed, into
+    parquet parts. Parts follow fixed blocks of --part-rows row indices: a block is written as
+    soon as its rows are all finished, whatever the order they finish in (a slow page holds
+    back only its own block). Every --part-seconds, and at the end or on an abort, the finished
+    rows of the other blocks are written too. A redone error row replaces it in its part."""
+
+    def __init__(self, store: OutputStore, source: InputSource, plan: RowPlan, features,
+                 info_entry: dict, check: "DegenerateCheck", args):
+        self.store, self.source, self.features = store, source, features
+        self.info_entry, self.check, self.args = info_entry, check, args
+        self.redo = dict(plan.redo)  # row -> part holding its error row, until replaced
+        self.results: dict[int, RowResult] = dict(plan.recovered)  # finished, in no part yet
+        self.left: dict[int, int] = {}  # block -> its rows not finished yet
+        for index in plan.pending:
+            if index not in self.redo:
+                block = index // args.part_rows
+                self.left[block] = self.left.get(block, 0) + 1
+        self.complete = {i // args.part_rows for i in self.results if i not in self.redo} \
+            - set(self.left)
+        self.lock = threading.Lock()
+        self.last_flush = time.monotonic()
+        self.rows_ok = self.rows_failed = 0
+        self.rows_text_layer = 0  # of rows_ok: pages not sent, their text layer was enough
+        self.write_errors: list[str] = []
+        self.failed: set[Path] = set()
+        self.open_documents: dict[int, dict] = {}  # --per-document: doc -> its pages finished
+        for index, result in plan.pages.items():
+            self.add(index, result, journaled=True)
+
+    def add(self, index: int, result: RowResult, journaled: bool = False) -> None:
+        pdf = self.source.pdf
+        if pdf is not None and pdf.per_document:  # a page: its document's row once all are in
+            if not journaled:
+                self.store.journal.append(-1 - index, result)
+            doc = int(pdf.doc[index])
+            pages = self.open_documents.setdefault(doc, {})
+            pages[index] = result
+            if len(pages) < len(pdf.rows_of(doc)):
+                return
+            del self.open_documents[doc]
+            result = joined_pages([(int(pdf.number[i]), pages[i]) for i in sorted(pages)])
+            self.store.journal.append(doc, result)
+            if result.error is None:  # else its pages stay: a rerun redoes only the failed ones
+                self.store.journal.written([-1 - i for i in pages])
+            index = doc
+        else:
+            self.store.journal.append(index, result)
+        with self.lock:
+            self.results[index] = result
+            block = index // self.args.part_rows
+            if index not in self.redo:
+                self.left[block] -= 1
+                if not self.left[block]:
+                    del self.left[block]
+                    self.complete.add(block)
+
+    def due(self) -> bool:
+        return self.check.passed() and bool(self.results) and (
+            bool(self.complete) or time.monotonic() - self.last_flush >= self.args.part_seconds)
+
+    def flush(self, final: bool = False) -> None:
+        """Write complete blocks; every finished row when --part-seconds passed or final."""
+        everything = final or time.monotonic() - self.last_flush >= self.args.part_seconds
+        with self.lock:
+            blocks, self.complete = self.complete, set()
+            rows = sorted(i for i in self.results if i not in self.redo
+                          and (everything or i // self.args.part_rows in blocks))
+        run: list[int] = []
+        for index in rows + [None]:
+            if run and (index is None or index != run[-1] + 1
+                        or index // self.args.part_rows != run[-1] // self.args.part_rows):
+                self._write(run)
+                run = []
+            if index is not None:
+                run.append(index)
+        self._replace(everything)
+        if everything:
+            self.failed.clear()
+            self.last_flush = time.monotonic()
+
+    def _written(self, indices: list[int], results: list) -> None:
+        with self.lock:
+            for index in indices:
+                self.results.pop(index, None)
+                self.redo.pop(index, None)
+        ok = sum(r.error is None for r in results)
+        self.rows_ok += ok
+        self.rows_failed += len(results) - ok
+        self.rows_text_layer += sum(r.skipped is not None and r.attempts == 0 for r in results)
+        self.store.journal.written(indices)
+
+    def _write(self, chunk: list[int]) -> None:
+        path = self.store.root / "data" / part_name(chunk[0], chunk[-1] + 1)
+        results = [self.results[i] for i in chunk]
+        try:
+            write_part(path, self.source, chunk, results, self.features, self.info_entry, self.args)
+        except Exception as exc:  # a full disk, a bad input cell: keep the rows, try again later
+            self._write_failed(path, exc)
+            return
+        self._written(chunk, results)
+        if any(r.error_kind == SERVER for r in results):
+            self.store.keep_local.add(path.name)  # a rerun here redoes them
+        self.store.publish(path)
+
+    def _replace(self, everything: bool) -> None:
+        """Rewrite parts whose redone rows are all finished (or any, at the end)."""
+        by_part: dict[Path, list[int]] = {}
+        with self.lock:
+            for index, path in self.redo.items():
+                by_part.setdefault(path, []).append(index)
+            ready = {path: rows for path, rows in by_part.items()
+                     if any(i in self.results for i in rows) and (everything or (
+                         path not in self.failed and all(i in self.results for i in rows)))}
+        for path, rows in ready.items():
+            redone = {i: self.results[i] for i in rows if i in self.results}
+            start = ranges_from_names([path.name])[0][0]
+            try:
+                replace_rows(path, start, redone, self.features, self.args)
+            except Exception as exc:
+                self._write_failed(path, exc)
+                self.failed.add(path)  # tried again at the next full flush
+                continue
+            self._written(list(redone), list(redone.values()))
+            self.store.publish(path)
+
+    def _write_failed(self, path: Path, exc: Exception) -> None:
+        message = f"cannot write {path.name}: {type(exc).__name__}: {exc}"
+        log(f"error: {message}; its rows are kept and written again later")
+        self.write_errors.append(message)
+        self.last_flush = time.monotonic()  # wait a while before the next attempt
+
+
+def iter_image_cells(source: InputSource, indices: list[int], batch: int = 64):
+    """(index, cell) in order, reading only the image column, a batch at a time; a PDF page's
+    cell is a PdfPage, which prepare_page renders."""
+    pdf = source.pdf
+    has_images = source.image_column in source.dataset.column_names
+    column_only = source.dataset.select_columns([source.image_column]) if has_images else None
+    for offset in range(0, len(indices), batch):
+        chunk = indices[offset:offset + batch]
+        rows = chunk if pdf is None else [int(pdf.doc[i]) for i in chunk]
+        cells = column_only.select(rows)[source.image_column] if has_images else [None] * len(rows)
+        if pdf is not None:
+            cells = [pdf.page(i) if pdf.is_pdf(row) else cell
+                     for i, row, cell in zip(chunk, rows, cells)]
+        yield from zip(chunk, cells)
+
+
+# ---- what one run is: the run manifest ---------------------------------------------------------
+
+# The version of what OUTPUT records for a rerun: the manifest, the journal, the parts' notes.
+# Any change to what they hold or mean bumps it, and that is all it takes: a rerun of an
+# OUTPUT of another version is refused in one line (an older one: --restart redoes it, or a
+# new OUTPUT; a newer one: update the script), as this script cannot promise to finish it as
+# the run it recorded. Users run these scripts by URL, so a rerun may meet any older OUTPUT.
+MANIFEST_FORMAT = 1
+
+# Options that may change between the runs of one OUTPUT: which shard runs, how fast and how
+# hard it tries. A closed list: every other option, and any added later, is the run's identity.
+MAY_CHANGE = {
+    "input", "output", "revision", "shard_index", "max_samples", "concurrency", "request_timeout",
+    "max_retries", "server", "api_key", "no_spawn", "server_timeout", "server_down_timeout",
+    "max_restarts", "abort_after_failures", "abort_after_seconds", "min_window", "max_window",
+    "adapt_interval", "max_inflight_memory", "api_server_count", "batch_size", "stats_json",
+    "work_dir", "hf_token", "private", "part_rows", "part_seconds", "retry_errors", "restart",
+    "overwrite", "no_sanity_check", "sanity_pages", "serve_args", "llm_kwargs", "pdf_workers",
+    "pdf_page_timeout"}
+# engine flags that change speed and memory, never the text (the rest of the engine is identity)
+MAY_CHANGE_ENGINE = {"gpu-memory-utilization", "data-parallel-size", "tensor-parallel-size",
+                     "pipeline-parallel-size", "api-server-count", "speculative-config",
+                     "max-num-seqs", "max-num-batched-tokens", "host", "port", "enforce-eager",
+                     "swap-space", "kv-cache-memory"}
+
+
+def input_identity(args, files: list | None) -> dict:
+    """What the input is: a Hub dataset at the revision this run read, or the files the reader
+    reads (open_input's): names and sizes, and for files other than images a hash of their
+    file_tail(): a table rewritten is another input. An image replaced by one of the same size
+    is not seen here (a journaled row is checked by its digest, see plan_rows)."""
+    local = Path(args.input).expanduser()
+    if files is None:
+        return {"hub": args.input, "revision": hub_dataset_sha(args) or args.revision}
+    entries = []
+    for path in files:
+        entry = f"{path.relative_to(local) if path != local else path.name}"
+        try:
+            entry += f" {path.stat().st_size} B"
+            if path.suffix.lower() not in IMAGE_EXTENSIONS:
+                entry += f" #{hashlib.sha1(file_tail(path)).hexdigest()[:12]}"
+        except OSError:  # a broken link: its row says it cannot be read
+            entry += " unreadable"
+        entries.append(entry)
+    text = "\n".join(entries).encode("utf-8", "surrogateescape")
+    identity = {"files": len(files), "digest": hashlib.sha256(text).hexdigest()[:20]}
+    if len(entries) <= 2000:  # small enough to name what changed
+        identity["list"] = entries
+    return identity
+
+
+def hub_dataset_sha(args) -> str | None:
+    try:
+        from huggingface_hub import HfApi
+
+        return HfApi(token=args.hf_token or None).dataset_info(
+            args.input, revision=args.revision, timeout=10).sha
+    except Exception:  # offline, or a private dataset without a token: datasets will say so
+        return None
+
+
+def run_settings(args) -> dict:
+    """The model's settings and the loop retry's: what the card, inference_info and manifest say."""
+    return {**inference_settings(args), "loop_retries": args.loop_retries,
+            "loop_temperature": LOOP_TEMPERATURE}
+
+
+def run_identity(args, source: InputSource, engine: dict) -> dict:
+    options = {k: v for k, v in sorted(vars(args).items()) if k not in MAY_CHANGE}
+    options.pop("loop_retries", None)  # in the settings
+    if not args.shuffle:
+        options.pop("seed", None)
+    flags = {k.lstrip("-").replace("_", "-"): v for k, v in engine.items()}
+    pdf = {"pdf": source.pdf.fingerprint()} if source.pdf is not None else {}
+    return redact_value({  # a secret is no part of what the run is: a new token, the same run
+        "script": script_name(), "input": input_identity(args, source.files), **pdf,
+        "rows": source.rows_full, "options": options, "settings": run_settings(args),
+        "engine": {k: v for k, v in sorted(flags.items()) if k not in MAY_CHANGE_ENGINE}}, None)
+
+
+def identity_differences(old, new, where: str = "") -> list[str]:
+    if where == "input.list" and isinstance(old, list) and isinstance(new, list) and old != new:
+        gone, added = sorted(set(old) - set(new)), sorted(set(new) - set(old))
+        return [f"input files: {len(gone)} gone or changed ({', '.join(gone[:3])}"
+                f"{', ...' if len(gone) > 3 else ''}), {len(added)} new or changed "
+                f"({', '.join(added[:3])}{', ...' if len(added) > 3 else ''})"]
+    if isinstance(old, dict) and isinstance(new, dict):
+        if where == "input" and "list" in old and "list" in new:
+            old, new = ({k: v for k, v in d.items() if k != "digest"} for d in (old, new))
+        out = []
+        for key in sorted(set(old) | set(new), key=str):
+            label = f"--{key.replace('_', '-')}" if where == "options" else \
+                f"{where}.{key}" if where else key
+            out += identity_differences(old.get(key), new.get(key), label)
+        return out
+    return [] if old == new else [f"{where}: was {json.dumps(old)}, now {json.dumps(new)}"]
+
+
+def pinned_input(store: "OutputStore", args):
+    """A rerun without --revision reads the Hub input at the revision the first run read (so
+    does a shard's --restart beside the other shards' rows; a whole run's reads the latest)."""
+    path = store.meta / "manifest.json"
+    if args.revision is None and path.exists() and not (args.restart and args.num_shards == 1):
+        try:
+            args.revision = json.loads(path.read_text())["identity"]["input"].get("revision")
+        except (ValueError, KeyError, TypeError, AttributeError):
+            pass
+    return args
+
+
+def format_refusal(recorded: dict | None, store: "OutputStore", args) -> str | None:
+    """Why this script cannot go on with what OUTPUT records (None: it can): another
+    MANIFEST_FORMAT, or rows and no manifest at all (format 0)."""
+    location = store.location()
+    version = (recorded or {}).get("format", 0)
+    version = version if isinstance(version, int) else 0
+    if version > MANIFEST_FORMAT:
+        return (f"OUTPUT {location} was written by a newer version of this script (manifest "
+                f"format {version}; this one knows {MANIFEST_FORMAT}): update the script (fetch "
+                f"it again from its URL) and rerun.")
+    if version < MANIFEST_FORMAT:
+        advice = way_out(store, args, "pass --restart to redo the run, or write to a new OUTPUT")
+        return (f"OUTPUT {location} was written by an older version of this script (manifest "
+                f"format {version}; this one writes {MANIFEST_FORMAT}), which it cannot finish as "
+                f"the run it recorded: {advice}.")
+    return None
+
+
+def run_differences(recorded: dict, identity: dict, args) -> list[str]:
+    """What makes this run another run than the one OUTPUT records, each difference named."""
+    problems = identity_differences(recorded.get("identity"), identity)
+    before, now = recorded.get("max_samples"), args.max_samples
+    if before != now and not (args.num_shards == 1 and (
+            now is None or (before is not None and now > before))):  # the same order, longer
+        problems.append(f"--max-samples: was {before}, now {now} (only a larger one, on an "
+                        f"unsharded run)")
+    return problems
+
+
+def other_shards(store: "OutputStore", args) -> tuple[list[str], list[str]]:
+    """A sharded run's other shards in OUTPUT: their rows, and the processes that write them
+    (one may not have written a row yet). Beside them, --restart redoes this shard only."""
+    if args.num_shards == 1:
+        return [], []
+    return store.other_shards_rows(), store.other_writers()
+
+
+def way_out(store: "OutputStore", args, restart: str) -> str:
+    """A refused rerun's way out: `restart` (advice that holds --restart), unless other shards
+    are in OUTPUT, whose rows no shard's --restart deletes."""
+    others, running = other_shards(store, args)
+    if not others and not running:
+        return restart
+    return (f"write to a new OUTPUT (other shards' rows are in it: {(others + running)[0]}, and "
+            f"a shard's --restart redoes its own rows only, as the same run)")
+
+
+def restart_output(store: "OutputStore", identity: dict, args) -> None:
+    """--restart redoes this shard's rows only when other shards' rows are in OUTPUT, and only
+    as the same run (else OUTPUT would hold two runs); otherwise all of OUTPUT."""
+    others, running = other_shards(store, args)
+    if not others and not running:
+        store.restart()
+        return
+    recorded = store.manifest()
+    if recorded is not None or others:  # (shards that have not claimed it yet: nothing to match)
+        refusal = format_refusal(recorded, store, args)
+        if refusal:
+            fail(refusal)
+    why = "\n  ".join(run_differences(recorded, identity, args)) if recorded else ""
+    others += running
+    shard = f"shard {args.shard_index} of {args.num_shards}"
+    if why:
+        fail(f"--restart of {shard} redoes its rows only, and the other shards' rows in OUTPUT "
+             f"({', '.join(others[:3])}{', ...' if len(others) > 3 else ''}) are of another "
+             f"run:\n  {why}\nTo start this run afresh, write to a new OUTPUT (or restart this "
+             f"shard with the settings the others were written with).")
+    store.restart_shard(shard)
+
+
+def claim_output(store: "OutputStore", identity: dict, args) -> None:
+    """The first run of an OUTPUT records what the run is; every later run (another shard, a
+    rerun) must be the same run, or is refused before any work, each difference named."""
+    identity = json.loads(json.dumps(identity))  # as it reads back
+    if args.restart:
+        restart_output(store, identity, args)
+    elif store.manifest() is None and store.parts():
+        fail(format_refusal(None, store, args))
+    manifest = {"format": MANIFEST_FORMAT, "identity": identity, "max_samples": args.max_samples,
+                "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "run": os.urandom(8).hex()}  # a run restarted in the same second is another
+    existing = store.create_manifest(manifest)
+    if existing is None:
+        return
+    refusal = format_refusal(existing, store, args)
+    if refusal:
+        fail(refusal)
+    problems = run_differences(existing, identity, args)
+    if problems:
+        advice = way_out(store, args, "write to another OUTPUT, or pass --restart to delete what "
+                                      "OUTPUT holds and start it over")
+        fail(f"OUTPUT {store.location()} holds another run, so resuming into it would mix "
+             f"two runs:\n  " + "\n  ".join(problems) + f"\n{advice[0].upper()}{advice[1:]}.")
+    if existing.get("max_samples") != args.max_samples:
+        store.update_manifest({**existing, "max_samples": args.max_samples})
+
+
+# ---- stats and the card ----------------------------------------------------------------------
+
+def proc_bytes(path: str, key: str) -> int | None:
+    """A "key: N kB" line of a /proc file (Linux), in bytes; None without it."""
+    try:
+        for line in Path(path).read_text().splitlines():
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def peak_rss_bytes() -> int:
+    """This program's peak resident memory: /proc's VmHWM. (ru_maxrss also counts the memory
+    the parent process had when it started this one.)"""
+    return proc_bytes("/proc/self/status", "VmHWM") or \
+        resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+class RunStats:
+    def __init__(self, rows_total: int, rows_skipped: int):
+        self.started = time.monotonic()
+        self.rows_total, self.rows_skipped = rows_total, rows_skipped
+        self.rows_ok = self.rows_failed = 0  # rows written, error rows included (the writer's count)
+        self.rows_text_layer = 0  # rows written from their PDF text layer, not sent
+        self.errors_seen = 0
+        self.latencies: list[float] = []
+        self.finished_at: list[float] = []
+        self.first_started: float | None = None  # the first page entered the pipeline
+        self.tokens: list[int] = []
+        self.in_flight = self.peak_in_flight = 0
+        self.loop_retried = self.still_looping = 0
+        self.server_startup_s = None
+        self.vllm_version = None
+        self.extra: dict = {}
+
+    def record(self, result: RowResult, latency: float | None) -> None:
+        self.errors_seen += result.error is not None
+        if latency is not None:
+            self.latencies.append(latency)
+        self.finished_at.append(time.monotonic())
+        self.tokens.append(result.completion_tokens or 0)
+
+    def count_loops(self, result: RowResult) -> None:
+        """A page's raw answer, after its loop retries."""
+        self.loop_retried += (result.attempts or 1) > 1
+        self.still_looping += result.error is None and loops(result.text, result.finish_reason)
+
+    def enter(self) -> None:
+        self.first_started = self.first_started or time.monotonic()
+        self.in_flight += 1
+        self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
+
+    def leave(self) -> None:
+        self.in_flight -= 1
+
+    def as_dict(self) -> dict:
+        elapsed = time.monotonic() - self.started
+        active = self.finished_at[-1] - self.first_started \
+            if self.finished_at and self.first_started else None
+        done = len(self.finished_at)
+        steady_rate = steady_tokens = None
+        if done >= 2:  # leave out start-up and tail: the middle 80% of completions (from 10 on)
+            a, b = done // 10, done - done // 10 - 1
+            span = self.finished_at[b] - self.finished_at[a]
+            if span > 0:
+                steady_rate = (b - a) / span
+                steady_tokens = sum(self.tokens[a + 1:b + 1]) / span
+
+        def quantile(q):
+            if not self.latencies:
+                return None
+            ordered = sorted(self.latencies)
+            return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 4)
+
+        return {
+            "rows_total": self.rows_total, "rows_ok": self.rows_ok,
+            "rows_failed": self.rows_failed, "rows_skipped": self.rows_skipped,
+            "rows_text_layer": self.rows_text_layer,
+            "rows_not_written": self.rows_total - self.rows_ok - self.rows_failed
+            - self.rows_skipped - self.rows_text_layer,
+            "elapsed_s": round(elapsed, 3),
+            "active_s": round(active, 3) if active else None,
+            "pages_per_s": round(done / elapsed, 4) if elapsed > 0 else None,
+            "pages_per_s_steady": round(steady_rate, 4) if steady_rate else None,
+            "completion_tokens_per_s": round(steady_tokens, 2) if steady_tokens else None,
+            "latency_p50_s": quantile(0.5), "latency_p95_s": quantile(0.95),
+            # Little's law: how full the driver kept the server, whatever the server's speed
+            "mean_in_flight": round(sum(self.latencies) / active, 2)
+            if self.latencies and active else None,
+            "peak_in_flight": self.peak_in_flight,
+            "pages_loop_retried": self.loop_retried, "pages_still_looping": self.still_looping,
+            "peak_rss_bytes": peak_rss_bytes(),
+            "server_startup_s": self.server_startup_s,
+            "vllm_version": self.vllm_version,
+            **self.extra,
+        }
+
+
+# ---- secrets and the Jobs command ------------------------------------------------------------
+
+def is_secret(name, value=None) -> bool:
+    """Whether what is given under this name (an option, a JSON key at any depth, a URL's query
+    parameter) is a secret; a bare flag (True), an empty or a null value is none."""
+    return bool(SECRET_NAME.search(str(name))) and value not in (True, False, "", [], {})
+
+
+def redact_text(text: str) -> str:
+    """Text with its secrets masked: token-like values (hf_..., sk-...), a URL's user information,
+    values named like secrets (NAMED_VALUE). For anything printed or recorded."""
+    text = URL_USERINFO.sub("***@", TOKEN_VALUE.sub("***", text))
+    return NAMED_VALUE.sub(lambda m: m[1] + "***" if is_secret(m[3], m[4]) else m[0], text)
+
+
+def redact_value(value, mask: str | None = "***"):
+    """A JSON-like value with its secrets masked at every depth: values under a secret's name,
+    JSON text inside strings, any text by redact_text. mask=None drops the named ones instead:
+    what a run is (its identity) and what a Job is given must not hold them at all."""
+    if isinstance(value, dict):
+        return {k: mask if is_secret(k, v) else redact_value(v, mask) for k, v in value.items()
+                if mask is not None or not is_secret(k, v)}
+    if isinstance(value, list):
+        return [redact_value(v, mask) for v in value]
+    if not isinstance(value, str):
+        return value
+    if value.lstrip()[:1] in ("{", "["):
+        try:
+            parsed = json.loads(value)
+        except ValueError:
+            return redact_text(value)
+        redacted = redact_value(parsed, mask)
+        return value if redacted == parsed else json.dumps(redacted)
+    return redact_text(value)
+
+
+def flag_items(argv: list[str], value_options=None) -> list[tuple[str | None, list[str], bool]]:
+    """A command line as (flag, values, joined) items, the one reading of every command line
+    here (--serve-args, `vllm serve`'s, this script's): `--flag=value` (joined), `--flag value`,
+    `--flag a b` (vLLM's list options), a bare `--flag` or `--no-flag` (no values), and (None,
+    [word], False) for a word that is no flag's value. Given value_options (a parser's), those
+    take one value and every other flag none; else a flag takes the words up to the next flag."""
+    items, rest = [], []
+    if value_options is not None and "--" in argv:
+        argv, rest = argv[:argv.index("--")], argv[argv.index("--") + 1:]
+    for word in argv:
+        flag, values, joined = items[-1] if items else (None, [], True)
+        if flag and not joined and (flag in value_options and not values
+                                    if value_options is not None else
+                                    not FLAG.match(word) and not flag.startswith("--no-")):
+            values.append(word)
+        elif FLAG.match(word):
+            name, eq, value = word.partition("=")
+            items.append((name, [value] if eq else [], bool(eq)))
+        else:
+            items.append((None, [word], False))
+    return items + [(None, [word], False) for word in rest]
+
+
+def flag_words(items) -> list[str]:
+    """flag_items' items back as a command line."""
+    words = []
+    for name, values, joined in items:
+        words += [f"{name}={values[0]}"] if joined else [name, *values] if name else values
+    return words
+
+
+def redact_option(name: str | None, value: str, mask: str | None = "***") -> str:
+    """An option's value with its secrets masked (or dropped: redact_value): --serve-args is
+    itself a command line."""
+    if name == "--serve-args":
+        try:
+            return shlex.join(redact_argv(shlex.split(value), mask))
+        except ValueError:
+            return redact_text(value)
+    return redact_value(value, mask)
+
+
+def redact_argv(argv: list[str], mask: str | None = "***", value_options=None) -> list[str]:
+    """A command line with its secrets masked, or dropped (mask=None): a secret option's
+    value, and the rest by redact_option. For logs, cards and inference_info."""
+    items = []
+    for name, values, joined in flag_items(argv, value_options):
+        if is_secret(name or "", values):
+            if mask is None:
+                continue
+            values = [mask] * len(values)
+        items.append((name, [redact_option(name, v, mask) for v in values], joined))
+    return flag_words(items)
+
+
+def _jobs_script_args(argv: list[str]) -> tuple[list[str], str | None, str | None]:
+    """This run's arguments as a Job should receive them: INPUT and OUTPUT (a local one replaced
+    by a placeholder, returned too), the options minus NOT_FOR_JOBS, no secret anywhere
+    (they are dropped, not masked: a masked value would be used)."""
+    positionals, options, known = [], [], _VALUE_OPTIONS or None
+    for name, values, _ in flag_items(redact_argv(argv, None, known), known):
+        if name is None:
+            positionals += values
+        elif name not in NOT_FOR_JOBS and not (name == "--serve-args" and values == [""]):
+            options += [name, *values]
+    local_input = local_output = None
+    if positionals and (is_local_target(positionals[0]) or Path(positionals[0]).expanduser().exists()):
+        local_input, positionals[0] = positionals[0], INPUT_PLACEHOLDER
+    if len(positionals) > 1 and is_local_target(positionals[1]):
+        local_output, positionals[1] = positionals[1], OUTPUT_PLACEHOLDER
+    return positionals + options, local_input, local_output
+
+
+def without_options(argv: list[str], names: set[str]) -> list[str]:
+    """argv without the options named, and their values."""
+    out, i = [], 0
+    while i < len(argv):
+        if argv[i] == "--":
+            return out + argv[i:]
+        name, eq, _ = argv[i].partition("=")
+        step = 2 if name.startswith("--") and not eq and name in _VALUE_OPTIONS else 1
+        if name not in names:
+            out += argv[i:i + step]
+        i += step
+    return out
+
+
+def rerun_advice() -> str:
+    """How to finish a run that has written rows: the same command, but without --restart,
+    which would delete them and start over again. Its secrets are left out, not masked (a
+    masked value would be used), and the options that held them named."""
+    kept = without_options(_RUN_ARGV, {"--restart"})
+    if kept == _RUN_ARGV:
+        return "rerun the same command"
+    script = f"<the URL of {script_name()}>" if uv_url_copy() else sys.argv[0]
+    known = _VALUE_OPTIONS or None
+    left_out = [name for name, values, joined in flag_items(kept, known) if name and
+                redact_argv(flag_words([(name, values, joined)]), None, known)
+                != flag_words([(name, values, joined)])]
+    added = f" (adding back your {', '.join(left_out)}: secrets are never printed)" \
+        if left_out else ""
+    return (f"rerun it without --restart (with it, the run starts over): uv run "
+            f"{shlex.join([script, *redact_argv(kept, None, known)])}{added}")
+
+
+def reproduce_command(argv: list[str]) -> str:
+    """The Hugging Face Jobs command for this run, as it should be pasted: image, flavor and
+    timeout explicit, the token as a Jobs secret, no local path, no secret."""
+    script = script_name()
+    args = shlex.join(_jobs_script_args(argv)[0])
+    # the flavor this Job was given, else the script's; never ACCELERATOR (`cpu` or `gpu` in a Job)
+    flavor = os.environ.get("JOB_FLAVOR") or DEFAULT_FLAVOR
+    head = f"--flavor {flavor} --timeout {JOB_TIMEOUT} --secrets HF_TOKEN"
+    if IMAGE_HAS_UV:
+        return f"hf jobs uv run --image {JOB_IMAGE} {head} {script} {args}"
+    # an image without uv: install it first, and fetch the script by its URL (in the Job's
+    # environment, so that the container's shell expands it)
+    inner = f'pip install -q uv && uv run "$SCRIPT_URL" {args}'
+    url = shlex.quote(f"SCRIPT_URL=<raw URL of {script}>")
+    return f"hf jobs run {head} --env {url} {JOB_IMAGE} -- bash -lc {shlex.quote(inner)}"
+
+
+def jobs_command_notes(argv: list[str]) -> list[str]:
+    """What the printed Jobs command covers, and what to fill in before pasting it."""
+    _, local_input, local_output = _jobs_script_args(argv)
+    hours = float(JOB_TIMEOUT[:-1]) if JOB_TIMEOUT.endswith("h") else float(JOB_TIMEOUT) / 3600
+    if JOB_PAGES_PER_S:
+        pages = int((hours - 0.25) * 3600 * JOB_PAGES_PER_S // 1000 * 1000)
+        cover = (f"--timeout {JOB_TIMEOUT} covers about {pages:,} pages at the measured "
+                 f"{JOB_PAGES_PER_S} pages/s on {DEFAULT_FLAVOR} (15 min of start-up allowed)")
+    else:
+        cover = (f"--timeout {JOB_TIMEOUT}: no throughput was measured for this model on "
+                 f"{DEFAULT_FLAVOR}; time a --max-samples run first")
+    notes = [f"{cover}; a larger input needs a longer --timeout, or --num-shards N with one Job "
+             f"per --shard-index (a stopped Job resumes where it ended when rerun)."]
+    if local_input:
+        notes.append(f"INPUT {local_input} is on this machine, which a Job cannot read: push it "
+                     f"first with `hf upload {INPUT_PLACEHOLDER} {local_input} --repo-type "
+                     f"dataset` and put that dataset id in place of {INPUT_PLACEHOLDER}.")
+    if local_output:
+        notes.append(f"OUTPUT {local_output} is a local folder, and a Job's disk is discarded "
+                     f"when it ends: OUTPUT must be a Hub dataset id; put yours in place of "
+                     f"{OUTPUT_PLACEHOLDER} (add --private to keep it private).")
+    if not IMAGE_HAS_UV:
+        notes.append(f"SCRIPT_URL: replace <raw URL of {script_name()}> with the URL "
+                     f"of this script's raw file (the image has no uv, so the Job fetches it).")
+    return notes
+
+
+def part_note(path: Path, column: str) -> dict:
+    """What a part holds besides text: its error rows (row -> kind) and how many rows come
+    from the PDF text layer. On the Hub it is kept beside the parts (.ocr/notes/), so that a
+    rerun on another machine knows which rows to redo, and the card counts every row."""
+    import pyarrow.parquet as pq
+
+    start = ranges_from_names([path.name])[0][0]
+    names = pq.read_schema(str(path)).names
+    wanted = [c for c in (column, f"{column}_error", f"{column}_error_kind", f"{column}_skipped")
+              if c in names and (c != column or f"{column}_skipped" in names)]
+    table = pq.read_table(str(path), columns=wanted).to_pydict()
+    errors = table.get(f"{column}_error") or []
+    kinds = table.get(f"{column}_error_kind") or [None] * len(errors)
+    skipped = table.get(f"{column}_skipped") or []
+    return {"errors": {str(start + i): kind for i, (error, kind) in enumerate(zip(errors, kinds))
+                       if error is not None},
+            "text_layer": sum(t is None and s is not None for t, s in zip(table.get(column) or [],
+                                                                           skipped))}
+
+
+def output_counts(store: OutputStore, column: str) -> str:
+    """The whole output's rows, counted from its parts (every shard, every earlier run)."""
+    rows = failed = text_layer = elsewhere = 0
+    for (start, stop), path in store.parts():
+        rows += stop - start
+        try:
+            note = part_note(path, column) if path else store.notes[part_name(start, stop)]
+            failed += len(note["errors"])
+            text_layer += note["text_layer"]
+        except Exception:  # only on the Hub, without a note (an older run), or another layout
+            elsewhere += stop - start
+    texts = rows - failed - text_layer - elsewhere
+    counted = f"{texts:,} with text" + (f", {text_layer:,} from their PDF text layer (not sent)"
+                                        if text_layer else "") + f" and {failed:,} error rows"
+    if elsewhere:
+        counted += f" among the {rows - elsewhere:,} counted ({elsewhere:,} on the Hub were not)"
+    return f"This output holds {rows:,} rows: {counted}."
+
+
+def pdf_card_rows(source: InputSource, column: str) -> str:
+    rows = []
+    if source.pdf is not None:
+        if not source.pdf.per_document:
+            rows.append("| `page_number` | the page of its PDF, from 1; null for an image or a "
+                        "PDF that cannot be opened |")
+        rows.append("| `page_count` | the pages of its PDF |")
+    if "text_layer" in _TEXT_LAYER_COLUMNS:
+        rows.append(f"| `{column}_text_layer` | the text embedded in the PDF page |")
+    if "skipped" in _TEXT_LAYER_COLUMNS:
+        rows.append(f"| `{column}_skipped` | why the page was not sent (its text layer has "
+                    f"enough text); `{column}` is null then |")
+    return "".join(row + "\n" for row in rows)
+
+
+def loop_summary(stats: dict, args) -> str:
+    retried, looping = stats.get("pages_loop_retried") or 0, stats.get("pages_still_looping") or 0
+    if not args.loop_retries:
+        return f"Looping pages were not sent again (`--loop-retries 0`); {looping:,} loop."
+    return (f"{retried:,} pages looped and were sent again at temperature {LOOP_TEMPERATURE} "
+            f"with a seed from the row (`--loop-retries {args.loop_retries}`); "
+            f"{looping:,} still loop.")
+
+
+def build_card(source: InputSource, store: OutputStore, args, stats: dict, info_entry: dict,
+               argv: list[str]) -> str:
+    column = args.output_column
+    settings = json.dumps(run_settings(args), indent=2, ensure_ascii=False)
+    serve = info_entry.get("serve_args")
+    on_jobs = os.environ.get("JOB_ID") or os.environ.get("HF_JOB_ID")
+    provenance = f"Hugging Face Job {on_jobs}" if on_jobs else "a local run"
+    moving = ", a moving tag: its vLLM version is in the stats" if IMAGE_TAG_MOVING else ""
+    argv = without_options(argv, {"--restart", "--shard-index"})  # the run, not this shard's rerun
+    notes = jobs_command_notes(argv) + [
+        f"The run was split into {args.num_shards} shards: run the command once per shard, adding "
+        f"--shard-index 0 to {args.num_shards - 1} (one Job each)."] * (args.num_shards > 1)
+    return f"""---
+tags:
+- ocr
+- vllm
+- uv-script
+---
+
+# OCR of `{source.description}` with {MODEL_ID}
+
+Each row of the input with its page transcribed into the `{column}` column by
+[{MODEL_ID}](https://huggingface.co/{MODEL_ID}) on vLLM (`{JOB_IMAGE}`{moving}),
+with `{script_name()}` ({SCRIPT_SHAPE} shape), from {provenance}.
+Weights: `{args.model}` at revision `{info_entry.get("model_revision") or "unknown"}`.
+
+| column | meaning |
+| --- | --- |
+| `{column}` | {"the PDF's pages as Markdown, each after a line `<!-- page N -->`" if source.pdf is not None and source.pdf.per_document else "the page as Markdown"}; null when the row failed |
+| `{column}_error` | why the row failed; null on success |
+| `{column}_error_kind` | `page` (the page caused it: final) or `server` (a rerun retries it) |
+| `{column}_finish_reason` | `stop`, or `length` when the token budget ran out |
+| `{column}_prompt_tokens`, `{column}_completion_tokens` | token counts of the request |
+| `{column}_attempts` | generations the text took: above 1 when it looped and was sent again |
+{pdf_card_rows(source, column)}| `inference_info` | JSON list, one entry per model run over this dataset |
+
+{output_counts(store, column)}
+
+## This run
+
+{loop_summary(stats, args)}
+
+```json
+{json.dumps(stats, indent=2)}
+```
+
+Settings:
+
+```json
+{settings}
+```
+
+Serve flags: `{shlex.join(redact_argv(serve)) if serve else 'offline engine'}`
+
+Reproduce on Hugging Face Jobs:
+
+```
+{reproduce_command(argv)}
+```
+
+{chr(10).join("* " + note for note in notes)}
+"""
+
+
+# ---- arguments -------------------------------------------------------------------------------
+
+def add_common_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("input", help="Hub dataset id, or a local folder of images and/or PDFs, "
+                        "a .pdf file, a .parquet file/folder, or a save_to_disk folder")
+    parser.add_argument("output", help="Hub dataset id (namespace/name), or a local folder "
+                        "(write ./name or an absolute path)")
+    group = parser.add_argument_group("input")
+    group.add_argument("--config", help="dataset config (subset) of a Hub INPUT")
+    group.add_argument("--split", default="train", help="split to read (default: train)")
+    group.add_argument("--revision", help="Hub INPUT revision (branch, tag or commit)")
+    group.add_argument("--image-column", default="image", help="column holding the page image")
+    group.add_argument("--max-samples", type=int, help="only the first N rows (after --shuffle); "
+                       "for PDF input, N documents")
+    group.add_argument("--shuffle", action="store_true", help="shuffle rows before --max-samples")
+    group.add_argument("--seed", type=int, default=42, help="shuffle seed (default: 42)")
+    group.add_argument("--num-shards", type=int, default=1,
+                       help="split the input into N contiguous ranges (one per Job)")
+    group.add_argument("--shard-index", type=int, default=0, help="which range this run does")
+    group = parser.add_argument_group(
+        "PDF input", "PDFs are read from a folder (beside images or not), a column of the "
+        "datasets Pdf type, or a column of PDF bytes or paths; each page is one output row, "
+        "with page_number and page_count, rendered at the size the model wants")
+    group.add_argument("--pdf-column", help="the column holding PDFs, when not detected")
+    group.add_argument("--pages", help="pages of each PDF to do, 1-based, e.g. 1-5,8,10- "
+                       "(default: all)")
+    group.add_argument("--pdf-dpi", type=float, default=PDF_DPI,
+                       help=f"the most DPI a page is rendered at, {PDF_MIN_DPI} to {PDF_MAX_DPI} "
+                            f"(default: {PDF_DPI}); the model's own size bound and a "
+                            f"{PDF_MAX_PIXELS / 1e6:g} MP cap come first")
+    group.add_argument("--per-document", action="store_true",
+                       help="one row per PDF instead of per page: its pages' texts in order, each "
+                            "after a line <!-- page N -->; failed pages named in the error column")
+    group.add_argument("--text-layer", action="store_true",
+                       help="add <column>_text_layer: the text embedded in each PDF page")
+    group.add_argument("--skip-text-pages", type=int, metavar="N",
+                       help="do not send pages whose text layer has at least N characters "
+                            "(not counting spaces): their row holds the text layer, and "
+                            "<column>_skipped says why (counted as rows_text_layer)")
+    group.add_argument("--pdf-workers", type=int, default=max(1, min(4, os.cpu_count() or 1)),
+                       help="processes rendering PDF pages (default: up to 4)")
+    group.add_argument("--pdf-page-timeout", type=float, default=120.0,
+                       help="seconds a page may take to render before it becomes an error row "
+                            "(default: 120)")
+    group = parser.add_argument_group("output")
+    group.add_argument("--output-column", default="markdown",
+                       help="column for the text; diagnostics are named after it (default: markdown)")
+    group.add_argument("--overwrite", action="store_true",
+                       help="replace result columns that the input already has")
+    group.add_argument("--restart", action="store_true",
+                       help="delete what OUTPUT holds (rows, card, manifest) and start it over: "
+                            "the way out when a rerun is refused as another run; beside other "
+                            "shards' rows, redo this --shard-index's rows only")
+    group.add_argument("--retry-errors", action="store_true",
+                       help="redo every error row of OUTPUT (a rerun always redoes the rows the "
+                            "server or the connection failed, never those the page failed)")
+    group.add_argument("--private", action="store_true", help="create the Hub repo private")
+    group.add_argument("--hf-token", help="Hub token (default: HF_TOKEN or your login)")
+    group.add_argument("--work-dir", help="staging folder for Hub output "
+                       "(default: ~/.cache/ocr-vllm-scripts/outputs)")
+    group.add_argument("--part-rows", type=int, default=250,
+                       help="rows per parquet part (default: 250); every finished row is also "
+                            "journaled under OUTPUT/.ocr/ at once, so a crash loses none")
+    group.add_argument("--part-seconds", type=float, default=300.0,
+                       help="write finished rows into parts (and, for a Hub OUTPUT, commit "
+                            "them) at least this often (default: 300)")
+    group.add_argument("--stats-json", help="write the run's stats as JSON to this path")
+    group = parser.add_argument_group("model")
+    group.add_argument("--model", default=MODEL_ID,
+                       help=f"model id or local path (default: {MODEL_ID}); a fine-tune or mirror")
+    group.add_argument("--model-revision",
+                       help="commit sha, tag or branch of the model's weights (default: "
+                            f"{MODEL_REVISION or 'main'}); the sha it resolves to is recorded")
+    group.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS,
+                       help=f"generation budget per page (default: {DEFAULT_MAX_TOKENS})")
+    group.add_argument("--no-sanity-check", action="store_true",
+                       help="do not stop when the first pages all come back degenerate")
+    group.add_argument("--sanity-pages", type=int, default=8,
+                       help="pages the degenerate-output check looks at (default: 8)")
+    group.add_argument("--loop-retries", type=int, default=1,
+                       help="send a page whose answer loops (a repetition loop, or cut at "
+                            f"--max-tokens with a repeated tail) again, up to N times, at "
+                            f"temperature {LOOP_TEMPERATURE} with a seed from the row (a rerun "
+                            f"repeats it); the answer that does not loop is kept, else the "
+                            f"shorter. 0 turns it off (default: 1)")
+
+
+def parse_arguments(parser: argparse.ArgumentParser, argv: list[str], engine_problems):
+    """Parse (no abbreviations: `--hf-tok` must not pass for --hf-token and escape redaction),
+    then validate every argument before anything is read, started or created; the server's
+    or the offline engine's own options by engine_problems(args)."""
+    global _VALUE_OPTIONS
+    parser.allow_abbrev = False
+    _RUN_ARGV[:] = argv
+    _VALUE_OPTIONS = {s for action in parser._actions for s in action.option_strings
+                      if action.nargs != 0}
+
+    def error(message: str) -> "NoReturn":  # noqa: F821  (through log: argparse echoes values)
+        parser.print_usage(sys.stderr)
+        fail(message)
+
+    parser.error = error
+    args = parser.parse_args(argv)
+    validate_arguments(args, engine_problems(args))
+    return args
+
+
+def validate_arguments(args, engine_problems: list[str]) -> None:
+    """Every argument a user can get wrong, at once and together, before any side effect."""
+    problems = []
+    at_least = {"num_shards": 1, "part_rows": 1, "max_tokens": 1, "sanity_pages": 1,
+                "max_samples": 0, "shard_index": 0, "concurrency": 1, "max_retries": 0,
+                "max_restarts": 0, "min_window": 1, "max_window": 1, "api_server_count": 1,
+                "batch_size": 1, "skip_text_pages": 1, "pdf_workers": 1, "loop_retries": 0}
+    for name, low in at_least.items():
+        value = getattr(args, name, None)
+        if value is not None and value < low:
+            problems.append(f"--{name.replace('_', '-')} must be at least {low}, got {value}")
+    for name in ("part_seconds", "server_timeout", "server_down_timeout", "request_timeout",
+                 "adapt_interval", "max_inflight_memory", "pdf_page_timeout"):
+        value = getattr(args, name, None)
+        if value is not None and not value > 0:
+            problems.append(f"--{name.replace('_', '-')} must be above 0, got {value}")
+    if args.shuffle and args.seed < 0:
+        problems.append(f"--seed must be at least 0 to --shuffle, got {args.seed}")
+    if not args.output_column.strip():
+        problems.append("--output-column must name a column, got an empty name")
+    if args.loop_retries > 5:
+        problems.append(f"--loop-retries must be at most 5, got {args.loop_retries} (a page that "
+                        f"still loops after that will loop again)")
+    if args.pdf_dpi is not None and not PDF_MIN_DPI <= args.pdf_dpi <= PDF_MAX_DPI:
+        problems.append(f"--pdf-dpi must be {PDF_MIN_DPI} to {PDF_MAX_DPI}, got {args.pdf_dpi:g}")
+    try:  # one spelling per selection, so that "1-" and "1-3,2-" are the same run as none
+        args.pages = canonical_pages(parse_pages(args.pages))
+    except ValueError as exc:
+        problems.append(str(exc))
+    if args.num_shards >= 1 and not 0 <= args.shard_index < args.num_shards:
+        problems.append(f"--shard-index must be in [0, {args.num_shards}) for --num-shards "
+                        f"{args.num_shards}, got {args.shard_index}")
+    if args.stats_json:
+        problems += filter(None, [unwritable_file("--stats-json", args.stats_json)])
+    problems += engine_problems
+    if problems:
+        fail("; ".join(problems) + ".")
+    resolve_output(args.output)  # exits 2 saying how to write a local path
+    check_output_outside_input(args)
+
+
+def unwritable_file(option: str, value: str) -> str | None:
+    """Why the file an option names could not be written at the end of the run (None: it can),
+    found before any work; nothing is left behind, and folders are made only when written."""
+    path = Path(value).expanduser()
+    if path.is_dir():
+        return f"{option} {value} is a folder: name a file"
+    folder = path.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        return f"{option} {value}: {folder} is not a folder"
+    try:
+        if folder != path.parent:
+            if not os.access(folder, os.W_OK | os.X_OK):
+                raise PermissionError(f"cannot create folders in {folder}")
+        elif path.exists():
+            open(path, "a").close()
+        else:
+            open(path, "x").close()
+            path.unlink()
+    except OSError as exc:
+        return f"{option} {value} cannot be written ({exc.strerror or exc})"
+    return None
+
+
+def write_stats(stats: dict, args) -> None:
+    """--stats-json; a file that cannot be written is a warning (the stats go to the log
+    instead), never a change of the run's exit code."""
+    if args.stats_json:
+        path = Path(args.stats_json).expanduser()
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(stats, indent=2))
+        except OSError as exc:
+            log(f"warning: cannot write --stats-json {args.stats_json} ({exc.strerror or exc}); "
+                f"the stats: {json.dumps(stats)}")
+
+
+# ---- one run, whatever ends it ---------------------------------------------------------------
+
+class Interrupts:
+    """SIGINT and SIGTERM (a cancelled Job) stop the run once, as KeyboardInterrupt; until the
+    finished rows are saved, further signals only say so. After that, one more stops the
+    engine at once."""
+
+    def __init__(self):
+        self.signum: int | None = None
+        self.saved = False
+        self.previous = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self.previous[sig] = signal.signal(sig, self.on_signal)
+
+    def on_signal(self, signum, frame) -> None:
+        if self.signum is not None and not self.saved:
+            log("saving the finished rows first; the run stops once they are on disk")
+            return
+        self.signum = signum
+        raise KeyboardInterrupt
+
+    def exit_code(self) -> int:
+        return 128 + int(self.signum or signal.SIGINT)
+
+    def restore(self) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+
+
+@dataclass
+class Run:
+    """One run, from its checked input to its output."""
+    args: object
+    store: OutputStore
+    source: InputSource
+    plan: RowPlan
+    stats: RunStats
+    writer: PartWriter
+    check: DegenerateCheck
+    info_entry: dict
+
+
+def open_run(args, hub_api, engine: dict, info_entry: dict) -> Run:
+    """Everything that may refuse the run, before any engine starts: the output (its lock),
+    the input (at the pinned revision), the manifest, then the rows this run does."""
+    try:
+        store = OutputStore(args.output, args, hub_api)
+    except Exception as exc:
+        local_disk = isinstance(exc, OSError) and not isinstance(exc, ConnectionError) \
+            and not hasattr(exc, "response")  # HfHubHTTPError is an OSError too
+        if local_disk or resolve_output(args.output)[0] != "hub":
+            raise
+        fail(hub_refusal(exc, args.output), EXIT_NOT_WRITTEN)
+    if args.private and store.api is not None:  # create_repo(exist_ok=True) leaves it as it is
+        try:
+            public = store.api.repo_info(store.target, repo_type="dataset").private is False
+        except Exception:
+            public = False  # only a warning: never a reason to stop
+        if public:
+            log(f"warning: {store.target} exists and is public: --private applies only to a repo "
+                f"it creates, so this one stays public (make it private in its settings)")
+    try:
+        source = open_input(pinned_input(store, args))
+        check_output_columns(source, args)
+    except BaseException:  # refused, nothing to do, or an input that fails: no trace of it
+        store.abandon()
+        raise
+    store.shard_range = (source.lo, source.hi)
+    store.drop_stale_staged_parts()
+    claim_output(store, run_identity(args, source, engine), args)
+    plan = plan_rows(source, store, args)
+    store.resend_local_parts()
+    if source.pdf is not None and plan.send:
+        _RENDERER[:] = [PdfRenderer(source.pdf, args)]  # forked before the driver's threads
+    stats = RunStats(rows_total=source.hi - source.lo, rows_skipped=plan.skipped)
+    stats.extra["rows_recovered"] = len(plan.recovered)
+    check = DegenerateCheck(not args.no_sanity_check and not plan.earlier_ok, args.sanity_pages,
+                            len(plan.send))
+    writer = PartWriter(store, source, plan, output_features(source, args), info_entry, check,
+                        args)
+    recovered = f", {len(plan.recovered)} recovered from the journal" if plan.recovered else ""
+    pages = f" ({len(plan.send)} pages to send)" if plan.send != plan.pending else ""
+    log(f"{len(plan.pending)} of {stats.rows_total} rows to do{pages} ({stats.rows_skipped} "
+        f"already done{recovered}; {len(plan.redo)} error rows redone) -> {store.location()}")
+    return Run(args, store, source, plan, stats, writer, check, info_entry)
+
+
+def hub_refusal(exc: BaseException, repo: str) -> str:
+    """What a Hub error at the start of a run means, and what to check."""
+    status = getattr(getattr(exc, "response", None), "status_code", None)
+    said = (str(exc).strip().splitlines() or [""])[0]
+    said = f"{type(exc).__name__}: {said}" if said else type(exc).__name__
+    if status in (401, 403, 404):
+        return (f"the Hub refused OUTPUT {repo} ({said}). Nothing was sent. Check the token: it "
+                f"needs write access (HF_TOKEN or --hf-token; `hf auth whoami` names its user), "
+                f"and the repo name: {repo.split('/')[0]} must be your user or an organisation "
+                f"you can write to.")
+    return (f"the Hub failed while opening OUTPUT {repo} ({said}). Nothing was sent; rerun the "
+            f"same command once the Hub answers.")
+
+
+def early_exits_reported(args, body) -> int:
+    """body() with the exits that come before any page is sent (a refused rerun, a held lock,
+    a Ctrl-C while the input loads) reported in --stats-json too: never an earlier run's file."""
+    def report(code: int) -> None:
+        write_stats({"rows_total": 0, "rows_ok": 0, "rows_failed": 0, "rows_skipped": 0,
+                     "rows_text_layer": 0, "rows_not_written": 0, "exit_code": code}, args)
+    try:
+        return body()
+    except SystemExit as exc:
+        report(exc.code if isinstance(exc.code, int) else EXIT_USAGE)
+        raise
+    except KeyboardInterrupt:
+        log("interrupted before any page was sent: nothing to save")
+        report(130)
+        return 130
+    except OSError as exc:  # a full or read-only disk before any page was sent
+        log(f"error: cannot write to OUTPUT {args.output}: {exc}. Nothing was sent; free space "
+            f"(or choose another OUTPUT), then rerun the same command.")
+        report(EXIT_NOT_WRITTEN)
+        return EXIT_NOT_WRITTEN
+
+
+def run_guarded(run: Run, work, stop_engine, argv: list[str]) -> int:
+    """work() under the failure policy: whatever ends it, the finished rows are saved and the
+    exit code tells the truth."""
+    interrupts = Interrupts()
+    code = 0
+    try:
+        for result in run.plan.recovered.values():  # journaled by a killed run: judged first
+            if result.error is None and result.skipped is None:
+                run.check.observe(result)
+        if run.plan.send:
+            work()
+    except RunAborted as exc:
+        log(f"error: {exc}")
+        code = exc.code
+    except KeyboardInterrupt:
+        log("interrupted: saving the finished rows")
+        code = interrupts.exit_code()
+    except Exception:  # a bug or an unforeseen failure: keep what is finished, then say what
+        import traceback
+        traceback.print_exc()
+        log("error: the run failed; saving the finished rows")
+        code = EXIT_NOT_WRITTEN
+    return finish_run(code, run, interrupts, stop_engine, argv)
+
+
+def finish_run(code: int, run: Run, interrupts: Interrupts, stop_engine, argv: list[str]) -> int:
+    """The end of every run, whatever ended it: save the finished rows (signals wait), stop the
+    engine, then the card, the stats and the exit code that tells the truth."""
+    writer, check, store, stats, args = run.writer, run.check, run.store, run.stats, run.args
+    try:
+        try:
+            check.finish()
+        except RunAborted as exc:
+            log(f"error: {exc}")
+            code = code or exc.code
+        if check.tripped:
+            store.journal.close(discard=True)
+            log("the pages finished so far are all degenerate: nothing is written")
+        else:
+            writer.flush(final=True)
+            store.journal.close()
+            if code:
+                pages = sum(map(len, writer.open_documents.values()))
+                pages = f" (and {pages} pages of unfinished documents)" if pages else ""
+                log(f"saved: {writer.rows_ok + writer.rows_failed} finished rows{pages} are in "
+                    f"{store.location()}; to resume, {rerun_advice()}")
+    finally:
+        interrupts.saved = True
+    try:
+        stop_engine(False)
+    except KeyboardInterrupt:
+        stop_engine(True)
+    interrupts.saved = False  # the card and the last commit wait for no signal either
+    while _RENDERER:
+        _RENDERER.pop().close()
+    stats.rows_ok, stats.rows_failed = writer.rows_ok - writer.rows_text_layer, writer.rows_failed
+    stats.rows_text_layer = writer.rows_text_layer
+    result = stats.as_dict()
+    if result["rows_not_written"] and not code:
+        code = EXIT_NOT_WRITTEN
+        log(f"error: {result['rows_not_written']} row(s) were not written"
+            + (f" ({writer.write_errors[-1]})" if writer.write_errors else "")
+            + f"; to finish them, {rerun_advice()}")
+    wrote = writer.rows_ok + writer.rows_failed
+    if not wrote and not store.parts() and not list(store.journal.folder.glob("*.jsonl")):
+        store.forget_run()  # nothing written: the next run may be another one
+    if store.api is not None and (wrote or store.sent_parts):
+        try:
+            store.read_hub(others_only=True)  # the card counts what other shards wrote since
+        except Exception as exc:
+            log(f"warning: cannot list {store.target} for the card ({exc}); it counts what "
+                f"this run saw")
+    card_missing = store.parts() and not (store.card_on_hub if store.api is not None else
+                                          (store.root / "README.md").exists())
+    store.finish(build_card(run.source, store, args, result, run.info_entry, argv)
+                 if (wrote or store.sent_parts or card_missing) and not check.tripped else None)
+    if store.conflict and not code:
+        code = EXIT_USAGE
+    if store.upload_failures and not code:
+        code = EXIT_NOT_UPLOADED
+    result["exit_code"] = code
+    write_stats(result, args)
+    text_layer = f"{result['rows_text_layer']} from their text layer, " \
+        if result["rows_text_layer"] else ""
+    log(f"done: {result['rows_ok']} ok, {result['rows_failed']} failed, {text_layer}"
+        f"{result['rows_skipped']} skipped, {result['rows_not_written']} not written in "
+        f"{result['elapsed_s']:.1f} s ({result['pages_per_s'] or 0:.2f} pages/s) -> "
+        f"{store.location()} (exit {code})")
+    interrupts.restore()
+    return code
+# ==== END COMMON HELPERS ====

@@ -1,0 +1,345 @@
+"""The OFFLINE HELPERS block of the offline scripts: vllm.LLM in fixed batches."""
+
+# ==== BEGIN OFFLINE HELPERS (identical in every offline script; edit one copy, run tools/sync_helpers.py) ====
+# vllm.LLM in fixed batches. The model section provides LLM_KWARGS, CHAT_KWARGS,
+# build_messages(), sampling_kwargs(), VLLM_REQUIREMENT; the common block provides the rest.
+import base64
+import shutil
+import site
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+
+for _extra_site in filter(None, os.environ.get("OCR_SCRIPT_EXTRA_SITE", "").split(os.pathsep)):
+    if _extra_site not in sys.path:
+        # appended after the image's own packages (its torch and vllm win), with the folder's
+        # .pth files read: uv's layered environments link their packages through one
+        site.addsitedir(_extra_site)
+
+
+def _python_has_vllm(python: str) -> bool:
+    try:
+        probe = subprocess.run(
+            [python, "-c", "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"],
+            capture_output=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return probe.returncode == 0
+
+
+def gpu_visible() -> bool:
+    """An NVIDIA or AMD GPU device, or nvidia-smi: what a vLLM GPU build needs to run."""
+    devices = ("/dev/nvidiactl", "/dev/nvidia0", "/dev/kfd")
+    return any(Path(d).exists() for d in devices) or shutil.which("nvidia-smi") is not None
+
+
+def check_offline_engine(argv: list[str]) -> None:
+    """Before the input is read and the repo created: this machine can run vllm.LLM, or exit at
+    once with the Jobs command. An importable vllm runs (its CPU build included), as does the
+    machine's own Python with vllm (the vLLM image); without either, a GPU is needed for the
+    vllm that uv would install (several GB)."""
+    import importlib.util
+
+    try:
+        if importlib.util.find_spec("vllm") is not None:
+            return
+    except (ImportError, ValueError):
+        pass
+    if gpu_visible() or os.environ.get("OCR_SCRIPT_REEXEC"):
+        return
+    for candidate in ("/usr/bin/python3", "/usr/local/bin/python3", "/opt/conda/bin/python3"):
+        if Path(candidate).exists() and _python_has_vllm(candidate):
+            return
+    notes = "".join(f"\n  * {note}" for note in jobs_command_notes(argv))
+    log(f"error: no vllm can be imported here and no GPU is visible (no /dev/nvidia*, no "
+        f"nvidia-smi), so vllm.LLM cannot run on this machine.\n\nRun it on Hugging Face Jobs, "
+        f"whose vLLM image provides vllm and a GPU:\n  {reproduce_command(argv)}{notes}\n\n"
+        f"or on a machine with a GPU (the script asks uv for vllm there), or where vllm is "
+        f"installed (its CPU build runs too).")
+    raise SystemExit(2)
+
+
+def import_vllm(argv: list[str]):
+    """vllm, from this environment, else from the machine's own Python (the vLLM image: no
+    second install of vllm and torch), else installed by uv on the fly."""
+    # bare CUDA images have no compiler for these JIT paths (MODEL-FACTS); set before import
+    os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
+    os.environ.setdefault("VLLM_USE_DEEP_GEMM", "0")
+    try:
+        import vllm
+        return vllm
+    except ImportError:
+        pass
+    if os.environ.get("OCR_SCRIPT_REEXEC"):
+        fail(f"vllm cannot be imported. Run this script in the vLLM image (hf jobs uv run --image "
+             f"{JOB_IMAGE} ...) or on a GPU machine with `pip install vllm`.")
+
+    env = {**os.environ, "OCR_SCRIPT_REEXEC": "1"}
+    script = str(Path(sys.argv[0]).resolve())
+    for candidate in ("/usr/bin/python3", "/usr/local/bin/python3", "/opt/conda/bin/python3"):
+        if Path(candidate).exists() and _python_has_vllm(candidate):
+            env["OCR_SCRIPT_EXTRA_SITE"] = os.pathsep.join(site.getsitepackages())
+            log(f"using the vllm installed for {candidate} (nothing heavy is installed)")
+            os.execve(candidate, [candidate, script, *argv], env)
+    uv = shutil.which("uv")
+    if uv:
+        log(f"vllm is not installed here; asking uv for vllm{VLLM_REQUIREMENT} (several GB once)")
+        os.execve(uv, [uv, "run", "--with", f"vllm{VLLM_REQUIREMENT}", script, *argv], env)
+    fail("vllm is not installed and uv is not on PATH to install it: `pip install vllm`, or run "
+         f"on Hugging Face Jobs with --image {JOB_IMAGE}.")
+
+
+def effective_llm_kwargs(args) -> dict:
+    """LLM_KWARGS with --llm-kwargs merged over them (a null value removes a key), and the
+    weights' revision: the sha it resolves to, so the record is what ran."""
+    merged = dict(LLM_KWARGS)
+    if resolved_revision(args) or requested_revision(args):
+        merged["revision"] = resolved_revision(args) or requested_revision(args)
+    for key, value in json.loads(args.llm_kwargs or "{}").items():
+        if value is None:
+            merged.pop(key, None)
+        else:
+            merged[key] = value
+    return merged
+
+
+def data_url(page: PreparedPage) -> str:
+    return f"data:{page.mime};base64,{base64.b64encode(page.data).decode()}"
+
+
+class EngineStreak(HeldFailures):
+    """A broken engine is not N bad pages. A single page failing is its row's error; but pages
+    failing alone one after another, with the same exception and no page answered between
+    (STREAK of them), an engine that is gone (EngineDeadError, out of memory), or a run that
+    ends with none of its pages answered (HeldFailures, as the server scripts judge), stop the
+    run with exit 4. Failed rows wait in `held` until a page is answered after them, so on a
+    stop they stay pending and the rerun sends them again. A ValueError is vLLM refusing that
+    page's input (longer than max_model_len, an image it cannot process): the page's own
+    error, like a 400 from a server."""
+
+    STREAK = 16
+    WHO = "engine"
+
+    def __init__(self):
+        super().__init__()
+        self.count, self.kind = 0, ""
+
+    def failed(self, exc: Exception, alone: bool) -> None:
+        kind, last = type(exc).__name__, f"{type(exc).__name__}: {str(exc)[:300]}"
+        if "EngineDead" in kind or "out of memory" in str(exc).lower():
+            self.stop(f"the vLLM engine is gone ({last})")
+        if alone and not isinstance(exc, ValueError):
+            self.count, self.kind = (self.count + 1 if kind == self.kind else 1), kind
+            self.failures, self.last = self.failures + 1, last
+            if self.count >= self.STREAK:
+                self.stop(f"the last {self.count} pages failed one by one, none answered "
+                          f"between (last: {self.last})")
+
+    def ok(self, pages: int) -> None:
+        self.count, self.kind, self.answered = 0, "", self.answered + pages
+
+    def release(self) -> list:
+        """The held rows once a page was answered after them."""
+        return [] if self.count else self.release_held()
+
+
+def generate_batch(llm, sampling, items: list, args, streak: EngineStreak) -> list[RowResult]:
+    """Results for [(index, page)]; a batch that raises is split until the bad row is alone.
+    `sampling`: one SamplingParams for every page, or a list of one per page."""
+    try:
+        outputs = llm.chat([build_messages(data_url(page), args) for _, page in items], sampling,
+                           use_tqdm=False, **CHAT_KWARGS)
+    except Exception as exc:
+        streak.failed(exc, alone=len(items) == 1)
+        if len(items) == 1:
+            return [exception_row(exc, PAGE, "generation failed: ")]
+        half = len(items) // 2
+        first, rest = (sampling[:half], sampling[half:]) if isinstance(sampling, list) \
+            else (sampling, sampling)
+        return generate_batch(llm, first, items[:half], args, streak) + \
+            generate_batch(llm, rest, items[half:], args, streak)
+    streak.ok(len(items))
+    results = []
+    for output in outputs:
+        try:
+            completion = output.outputs[0]
+            results.append(RowResult(text=completion.text, finish_reason=completion.finish_reason,
+                                     prompt_tokens=len(output.prompt_token_ids or []),
+                                     completion_tokens=len(completion.token_ids), attempts=1))
+        except Exception as exc:  # an output without a completion: this row's error
+            results.append(exception_row(exc, PAGE, "unreadable output: "))
+    return results
+
+
+def prepare_or_error(cell):
+    try:
+        return prepare_page(cell)
+    except PageError as exc:
+        return error_row(str(exc), PAGE)
+    except Exception as exc:  # whatever reading the page raised: this row fails, not the run
+        return exception_row(exc, PAGE)
+
+
+def retry_loops(llm, loop_sampling, items: list, results: dict, args, streak) -> None:
+    """The batch's looping pages again, in one generate call per retry round, each with the
+    seed of its row (loop_sampling(seed) is a SamplingParams at LOOP_TEMPERATURE)."""
+    for attempt in range(1, args.loop_retries + 1):
+        looping = [(index, page) for index, page in items if results[index].error is None
+                   and loops(results[index].text, results[index].finish_reason)]
+        if not looping:
+            return
+        sampling = [loop_sampling(loop_seed(index, attempt)) for index, _ in looping]
+        for (index, _), retry in zip(looping, generate_batch(llm, sampling, looping, args,
+                                                             streak)):
+            results[index] = kept_attempt(results[index], retry)
+
+
+def run_offline(source: InputSource, pending: list[int], writer: PartWriter, stats: RunStats,
+                args, check: DegenerateCheck, llm, sampling, loop_sampling) -> None:
+    """Fixed batches; the next batch's pages are prepared while the engine runs this one."""
+    from tqdm import tqdm
+
+    pool = ThreadPoolExecutor(max_workers=max(2, min(8, os.cpu_count() or 2)),
+                              thread_name_prefix="prepare")
+    cells = iter_image_cells(source, pending)
+
+    def submit_next():
+        batch = []
+        for index, cell in cells:
+            batch.append((index, pool.submit(prepare_or_error, cell)))
+            if len(batch) == args.batch_size:
+                break
+        return batch
+
+    digests = {}  # row -> what its page was made from, until the row is written
+
+    def write(index: int, result: RowResult, latency: float | None = None) -> None:
+        stats.count_loops(result)
+        result = postprocessed(result, args)
+        result.digest = digests.pop(index, None)
+        if result.error is None and result.skipped is None:
+            check.observe(result)
+        writer.add(index, result)
+        stats.record(result, latency if result.error is None else None)
+
+    streak = EngineStreak()
+    bar = tqdm(total=len(pending), unit="page", dynamic_ncols=True,
+               mininterval=0.5 if sys.stderr.isatty() else 10.0)
+    try:
+        upcoming = submit_next()
+        while upcoming:
+            batch, upcoming = upcoming, None
+            prepared = [(index, future.result()) for index, future in batch]
+            upcoming = submit_next()
+            results: dict[int, RowResult] = {}
+            valid = []
+            for index, page in prepared:
+                if isinstance(page, RowResult):
+                    results[index] = page
+                    continue
+                digests[index] = page.digest
+                if page.skipped:
+                    results[index] = text_layer_row(page, args)
+                else:
+                    valid.append((index, page))
+            stats.in_flight = len(valid)
+            stats.peak_in_flight = max(stats.peak_in_flight, len(valid))
+            stats.first_started = stats.first_started or time.monotonic()
+            started = time.monotonic()
+            if valid:
+                for (index, page), result in zip(valid, generate_batch(llm, sampling, valid, args,
+                                                                       streak)):
+                    result.text_layer = page.text_layer
+                    results[index] = result
+                retry_loops(llm, loop_sampling, valid, results, args, streak)
+                streak.held += [(i, results.pop(i)) for i, _ in valid if results[i].error]
+            latency = time.monotonic() - started
+            for index, result in [*results.items(), *streak.release()]:
+                write(index, result, latency)
+            bar.update(len(prepared))
+            bar.set_postfix(errors=stats.errors_seen, refresh=False)
+            if writer.due():
+                writer.flush()
+        for index, result in streak.at_end(writer.redo):
+            write(index, result)
+        bar.set_postfix(errors=stats.errors_seen)
+    finally:
+        bar.close()
+        pool.shutdown(wait=False, cancel_futures=True)
+
+
+def add_offline_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("engine")
+    group.add_argument("--batch-size", type=int, default=16,
+                       help="pages per generate call (default: 16, the seed's setting)")
+    group.add_argument("--llm-kwargs", default="",
+                       help="JSON merged over the script's vllm.LLM arguments, e.g. "
+                            "'{\"max_model_len\": 16384, \"tensor_parallel_size\": 2}'; "
+                            "null removes one")
+
+
+def offline_argument_problems(args) -> list[str]:
+    """--llm-kwargs, if wrong (parse_arguments reports it with the rest)."""
+    try:
+        if args.llm_kwargs and not isinstance(json.loads(args.llm_kwargs), dict):
+            raise ValueError("not a JSON object")
+    except ValueError as exc:
+        return [f"--llm-kwargs must be a JSON object ({exc})"]
+    return []
+
+
+def info_entry_for(args, llm_kwargs) -> dict:
+    return {
+        "model": args.model,
+        "model_revision": resolved_revision(args),
+        "script": script_name(),
+        "shape": SCRIPT_SHAPE,
+        "image": JOB_IMAGE,
+        "llm_kwargs": redact_value(llm_kwargs),
+        "column": args.output_column,
+        "settings": run_settings(args),
+        "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def run_offline_script(doc: str, argv: list[str] | None = None, hub_api=None) -> int:
+    """The whole run: arguments, input, engine, output. `main()` calls it with the docstring."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = argparse.ArgumentParser(
+        allow_abbrev=False,
+        description=doc.split("\n\n")[0],
+        epilog=doc.split("\n\n", 1)[1] + "\n" + EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_common_arguments(parser)
+    add_offline_arguments(parser)
+    add_model_arguments(parser)
+    args = parse_arguments(parser, argv, offline_argument_problems)  # a bad OUTPUT fails here
+    llm_kwargs = effective_llm_kwargs(args)
+    need = image_token_budget() + args.max_tokens
+    if need > int(llm_kwargs.get("max_model_len") or MAX_MODEL_LEN):
+        fail(f"--max-tokens {args.max_tokens} plus up to {image_token_budget()} prompt tokens is "
+             f"{need}, over max_model_len {llm_kwargs.get('max_model_len')}: every page would "
+             f"fail. Lower --max-tokens or raise max_model_len through --llm-kwargs.")
+    check_offline_engine(argv)  # no vllm and no GPU: the Jobs command, before any input is read
+    return early_exits_reported(args, lambda: offline_run(args, argv, hub_api, llm_kwargs))
+
+
+def offline_run(args, argv: list[str], hub_api, llm_kwargs: dict) -> int:
+    run = open_run(args, hub_api, llm_kwargs, info_entry_for(args, llm_kwargs))
+
+    def work() -> None:
+        vllm = import_vllm(argv)
+        run.stats.vllm_version = run.info_entry["vllm_version"] = getattr(vllm, "__version__", None)
+        started = time.monotonic()
+        llm = vllm.LLM(model=args.model, **llm_kwargs)
+        run.stats.server_startup_s = round(time.monotonic() - started, 2)
+        sampling = vllm.SamplingParams(**sampling_kwargs(args))
+
+        def loop_sampling(seed: int):
+            return vllm.SamplingParams(**{**sampling_kwargs(args),
+                                          "temperature": LOOP_TEMPERATURE, "seed": seed})
+
+        run_offline(run.source, run.plan.send, run.writer, run.stats, args, run.check, llm,
+                    sampling, loop_sampling)
+
+    return run_guarded(run, work, lambda force: None, argv)
+# ==== END OFFLINE HELPERS ====

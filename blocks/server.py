@@ -1,0 +1,1220 @@
+"""The SERVER HELPERS block of the server scripts: the vLLM server's life cycle, the request loop."""
+
+# ==== BEGIN SERVER HELPERS (identical in every server script; edit one copy, run tools/sync_helpers.py) ====
+# The vLLM server's life cycle and the request loop. The model section provides SERVE_ARGS,
+# SERVE_ENV, DEFAULT_SERVER, spawn_args(), build_request(), image_token_budget(); the common
+# block provides the rest.
+import asyncio
+import base64
+import shutil
+import socket
+import statistics
+import subprocess
+import urllib.parse
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+
+IMAGE_URL_PLACEHOLDER = "@@PAGE_IMAGE_URL@@"
+RETRY_STATUS = {408, 429, 500, 502, 503, 504}
+
+
+def effective_serve_args(args) -> list[str]:
+    """SERVE_ARGS, then --serve-args; --logits-processors moved last, since it takes a list
+    and would swallow any bare value after it."""
+    items = flag_items(list(SERVE_ARGS) + shlex.split(args.serve_args or ""))
+    return flag_words(sorted(items, key=lambda item: str(item[0]).replace("_", "-")
+                             == "--logits-processors"))
+
+
+def serve_arg_value(argv: list[str], name: str, default=None):
+    """The last value given for a flag (like vLLM, an option may be spelled with underscores)."""
+    values = [v[0] for flag, v, _ in flag_items(argv) if v and str(flag).replace("_", "-") == name]
+    return values[-1] if values else default
+
+
+def flag_values(argv: list[str]) -> dict:
+    """--flag value pairs of a command line as a dict (a bare flag is True, a list flag a list)."""
+    return {flag: values[0] if len(values) == 1 else values or True
+            for flag, values, _ in flag_items(argv) if flag}
+
+
+def parse_vllm_size(value) -> int | None:
+    """A size as vLLM's command line spells it: 24000, 24k (x1000), 24K (x1024), 25.6k, 1m, 1M,
+    1g, 1G, 1t, 1T (no decimals with K/M/G/T); None for `auto` or -1 (the model's own context,
+    known only from /v1/models once the server is up). ValueError for anything else."""
+    text = str(value).strip()
+    if text.lower() == "auto" or text == "-1":
+        return None
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgGtT])", text)
+    if match:
+        number, suffix = match.groups()
+        if suffix.islower():
+            return int(float(number) * 10 ** (3 * "kmgt".index(suffix) + 3))
+        if "." in number:
+            raise ValueError(f"{text!r}: no decimals with {suffix} (did you mean "
+                             f"{number}{suffix.lower()}?)")
+        return int(number) * 2 ** (10 * "KMGT".index(suffix) + 10)
+    if re.fullmatch(r"\d+", text):
+        return int(text)
+    raise ValueError(f"{text!r} is not a size (write e.g. 32768, 24k, 32K or auto)")
+
+
+def server_url_parts(url: str) -> tuple[str, str, int]:
+    """(base, host, port) of --server. The base keeps a path prefix (a reverse proxy's)
+    and drops a trailing /v1: endpoints are base + /v1/..., /health, /metrics."""
+    parsed = urllib.parse.urlparse(url if "//" in url else "http://" + url)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise ValueError(f"--server {url!r} is not an http(s) URL (write e.g. http://127.0.0.1:8000)")
+    if "@" in parsed.netloc:  # httpx would send it as Basic auth, in place of the API key
+        raise ValueError(f"--server {url!r} holds a user or password: give the server's API key "
+                         f"with --api-key (or VLLM_API_KEY), and --server without it")
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)  # ValueError on a bad port
+    path = parsed.path.rstrip("/")
+    if path.endswith("/v1"):
+        path = path[:-3]
+    return f"{parsed.scheme}://{parsed.netloc}{path}", parsed.hostname, port
+
+
+def server_argument_problems(args) -> list[str]:
+    """The server options a user can get wrong (parse_arguments reports them with the rest)."""
+    problems = []
+    if getattr(args, "min_window", None) and getattr(args, "max_window", None) \
+            and args.min_window > args.max_window:
+        problems.append(f"--min-window {args.min_window} is above --max-window {args.max_window}")
+    try:
+        server_url_parts(args.server)
+    except ValueError as exc:
+        problems.append(str(exc))
+    try:
+        words = shlex.split(args.serve_args)
+    except ValueError as exc:
+        problems.append(f"--serve-args cannot be split as a command line: {exc}")
+        words = []
+    try:
+        parse_vllm_size(serve_arg_value(words, "--max-model-len", "auto"))
+    except ValueError as exc:
+        problems.append(f"--serve-args --max-model-len: {exc}")
+    return problems
+
+
+def served_model_name(args) -> str:
+    return serve_arg_value(effective_serve_args(args), "--served-model-name") or args.model
+
+
+def check_context_budget(max_model_len: int, args) -> None:
+    """Image tokens + max_tokens must fit the context, or the server answers 400 to every page."""
+    need = image_token_budget() + args.max_tokens
+    if need > max_model_len:
+        room = max_model_len - image_token_budget()
+        advice = (f"Lower --max-tokens to at most {room}, or raise --max-model-len to at least "
+                  f"{need}." if room > 0 else
+                  f"The largest page alone needs {image_token_budget()} prompt tokens: raise "
+                  f"--max-model-len to at least {need}.")
+        fail(f"--max-tokens {args.max_tokens} plus up to {image_token_budget()} prompt tokens "
+             f"(the largest page) is {need}, over the server's max_model_len {max_model_len}: "
+             f"every request would be refused. {advice}")
+
+
+def serve_secrets(argv: list[str]) -> tuple[list[str], dict]:
+    """Serve arguments without their secret options, and the environment that carries them
+    instead (a command line is visible to every user of the machine): vLLM reads VLLM_API_KEY
+    and the Hub client HF_TOKEN."""
+    kept, env = [], {}
+    for flag, values, joined in flag_items(argv):
+        variable = {"--api-key": "VLLM_API_KEY", "--hf-token": "HF_TOKEN"}.get(
+            str(flag).replace("_", "-"))
+        if variable and values:
+            env[variable] = values[0]
+        else:
+            kept.append((flag, values, joined))
+    return flag_words(kept), env
+
+
+# Runs `vllm serve` for the driver, as the leader of the server's own process group: when the
+# driver dies without stopping the server (kill -9, a crash, an OOM kill), this notices within
+# half a second (it is re-parented) and stops the whole group, the engine's own child processes
+# included; when `vllm serve` exits, its leftover children go too. It is the server's parent, so
+# it also gives it a parent-death signal (it is single-threaded: prctl applies to it as a whole).
+SERVER_WATCHDOG = r"""
+import os, signal, subprocess, sys, time
+driver = os.getppid()
+signal.signal(signal.SIGTERM, lambda *_: None)  # the driver's stop() signals the whole group
+def parent_death_signal():
+    try:
+        import ctypes
+        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except Exception:
+        pass
+def sweep():
+    me, group = os.getpid(), os.getpgrp()
+    try:
+        entries = os.listdir("/proc")
+    except OSError:  # no /proc (not Linux): the group was signalled as a whole already
+        entries = []
+    for entry in entries:
+        if entry.isdigit() and int(entry) != me:
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                if int(fields[2]) == group:
+                    os.kill(int(entry), signal.SIGKILL)
+            except (OSError, ValueError, IndexError):
+                pass
+server = subprocess.Popen(sys.argv[1:], stdin=subprocess.DEVNULL, preexec_fn=parent_death_signal)
+while True:
+    try:
+        code = server.wait(timeout=0.5)
+        break
+    except subprocess.TimeoutExpired:
+        pass
+    if os.getppid() != driver:
+        os.killpg(0, signal.SIGTERM)
+        try:
+            code = server.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            code = -9
+        break
+sweep()
+sys.exit(code if code >= 0 else 128 - code)
+"""
+
+
+def unknown_host(exc: BaseException) -> bool:
+    """The host name does not resolve (not a temporary DNS failure): no server will ever
+    start there."""
+    seen = exc
+    while seen is not None:
+        if isinstance(seen, socket.gaierror):
+            return seen.errno in (socket.EAI_NONAME, getattr(socket, "EAI_NODATA", None))
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def is_tls_error(exc: BaseException) -> bool:
+    import ssl
+
+    seen = exc
+    while seen is not None:
+        if isinstance(seen, ssl.SSLError) or "SSL" in str(seen) or "CERTIFICATE" in str(seen):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+class ServerManager:
+    """Reuse a server, wait for one that is booting, or start `vllm serve` and own it."""
+
+    def __init__(self, args, argv: list[str], log_dir: Path):
+        self.args, self.argv = args, argv
+        self.base, self.host, self.port = server_url_parts(args.server)
+        self.local = self.host in ("127.0.0.1", "localhost", "::1", "0.0.0.0")
+        serve_args = effective_serve_args(args)
+        self.api_key = args.api_key or os.environ.get("VLLM_API_KEY") or \
+            serve_arg_value(serve_args, "--api-key") or None
+        self.headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        self.log_path = log_dir / f"vllm-serve-{self.port}.log"
+        self.process: subprocess.Popen | None = None
+        self.restarts = 0
+        self.model_name = served_model_name(args)
+        self.max_model_len: int | None = None
+        self.version: str | None = None
+        self.revision: str | None = None  # the weights' sha, known only for a server started here
+        self.engines = 1  # data-parallel engines of a server started here
+        self._lock = asyncio.Lock()
+
+    # -- probes --
+    async def probe(self, client, starting: bool = True) -> str:
+        """"ready", "starting" (a server that answers but is not ready, or no answer in time)
+        or "absent" (nothing listens). Raises RunAborted at once for what will never serve
+        this run: a refused API key, a TLS failure, a port that answers as something else."""
+        response = None
+        for attempt in range(2):  # a reset connection is tried once more before judging
+            try:
+                response = await client.get(f"{self.base}/v1/models", headers=self.headers,
+                                            timeout=10)
+                break
+            except httpx.TimeoutException:
+                return "starting"
+            except httpx.HTTPError as exc:
+                if is_tls_error(exc):
+                    raise RunAborted(f"TLS failed with {self.base}: {exc}. Check the URL's "
+                                     f"scheme (http or https) and the server's certificate.",
+                                     code=2) from None
+                if isinstance(exc, httpx.ConnectError):
+                    if starting and unknown_host(exc):
+                        raise RunAborted(f"the host {self.host!r} of --server {self.args.server} "
+                                         f"does not resolve ({exc}): check its name (e.g. "
+                                         f"http://127.0.0.1:8000).", code=2) from None
+                    return "absent"
+                if attempt:
+                    raise RunAborted(
+                        f"port {self.port} answers, but not as an HTTP server ({type(exc).__name__}: "
+                        f"{exc or 'no response'}): it is not an OpenAI-compatible vLLM server. "
+                        f"If it serves HTTPS, write --server https://...; otherwise stop what "
+                        f"uses the port or pass --server with another one.", code=2) from None
+        status = response.status_code
+        if status in (401, 403):
+            hint = "the key sent is wrong: pass the right one with --api-key or VLLM_API_KEY" \
+                if self.api_key else "it wants one: pass --api-key or set VLLM_API_KEY"
+            raise RunAborted(f"the server at {self.base} refuses the API key (HTTP {status} on "
+                             f"/v1/models): {hint}.", code=4)
+        if status in (500, 502, 503, 504):
+            return "starting"  # a proxy whose upstream boots, a server loading its model
+        try:
+            payload = response.json()
+        except ValueError:
+            payload = None
+        models = payload.get("data") if isinstance(payload, dict) else None
+        if status != 200 or not isinstance(models, list) or \
+                not all(isinstance(m, dict) for m in models):
+            kind = response.headers.get("content-type", "?").split(";")[0]
+            raise RunAborted(
+                f"port {self.port} answers, but not as an OpenAI-compatible vLLM server: GET "
+                f"{self.base}/v1/models gave HTTP {status} ({kind}) without a model list. "
+                f"Another service uses the port: stop it, or pass --server with the vLLM "
+                f"server's URL (or a free port for the server this script starts).", code=2)
+        try:
+            health = await client.get(f"{self.base}/health", headers=self.headers, timeout=5)
+        except httpx.HTTPError:
+            return "starting"
+        if health.status_code not in (200, 404):  # 404: an OpenAI-compatible proxy, no /health
+            return "starting"
+        for entry in models:
+            if entry.get("id") == self.model_name:
+                self.max_model_len = entry.get("max_model_len") or self.max_model_len
+                return "ready"
+        names = ", ".join(str(m.get("id", "?")) for m in models)
+        message = (f"the server at {self.base} serves {names or 'no model'}, not "
+                   f"{self.model_name}. Pass --model with the served name, or point --server "
+                   f"elsewhere.")
+        if starting:
+            fail(message)
+        raise RunAborted(message, EXIT_REFUSED)  # it changed under a running job
+
+    async def ready(self, client, starting: bool = True) -> bool:
+        return await self.probe(client, starting) == "ready"
+
+    def port_in_use(self) -> bool:
+        try:
+            with socket.create_connection((self.host, self.port), timeout=1):
+                return True
+        except OSError:
+            return False
+
+    def vllm_booting_here(self) -> bool:
+        """A `vllm serve` on this port started a moment ago (not yet listening)."""
+        for proc in Path("/proc").glob("[0-9]*"):
+            try:
+                argv = (proc / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            words = [a.decode(errors="replace") for a in argv if a]
+            is_serve = any(w.endswith("vllm") for w in words[:3]) and "serve" in words[:4]
+            is_api = any("vllm.entrypoints.openai.api_server" in w for w in words[:4])
+            if (is_serve or is_api) and str(serve_arg_value(words, "--port", 8000)) == str(self.port):
+                if self.process is None or int(proc.name) != self.process.pid:
+                    return True
+        return False
+
+    def planned_budget(self) -> None:
+        """The context budget of the server this script would start (unknown for `auto`)."""
+        max_len = serve_arg_value(effective_serve_args(self.args), "--max-model-len")
+        size = parse_vllm_size(max_len) if max_len else None
+        if size:
+            check_context_budget(size, self.args)
+
+    async def plan(self) -> str:
+        """Before the input is read: "reuse" (a server answers with the model), "wait" (one is
+        starting, or --no-spawn, or a remote URL) or "spawn" (a local port is free, `vllm`
+        exists and the context budget fits). Exits with the reason, and the Jobs command when no
+        server can run here."""
+        timeout = httpx.Timeout(10.0, connect=3.0)
+        async with httpx.AsyncClient(timeout=timeout) as client:
+            state = await self.probe(client)
+        if state == "ready":
+            if self.max_model_len:
+                check_context_budget(int(self.max_model_len), self.args)
+            return "reuse"
+        if state == "starting" or not self.local or self.args.no_spawn or self.vllm_booting_here():
+            what = "is not ready yet" if state == "starting" else \
+                "does not answer yet (`vllm serve` opens its port once the model is loaded)"
+            log(f"the server at {self.base} {what}: the run will be waiting for that URL "
+                f"(up to {self.args.server_timeout:.0f} s, --server-timeout)")
+            return "wait"
+        self.planned_budget()
+        if shutil.which("vllm") is None:
+            self.explain_missing_vllm()
+        return "spawn"
+
+    # -- life cycle --
+    async def start(self, client, stats: RunStats) -> None:
+        started = time.monotonic()
+        not_ours = "not started by this run; it will be left running"
+        state = await self.probe(client)
+        if state == "ready":
+            log(f"using the vLLM server already running at {self.base} ({self.model_name}; "
+                f"{not_ours})")
+        elif not self.local or self.args.no_spawn:
+            log(f"waiting for the server at {self.base} (up to {self.args.server_timeout:.0f} s; "
+                f"{not_ours})")
+            await self.wait_ready(client, self.args.server_timeout)
+        elif state == "starting" or self.port_in_use() or self.vllm_booting_here():
+            log(f"a server is starting on port {self.port}; waiting for it instead of starting "
+                f"another ({not_ours})")
+            await self.wait_ready(client, self.args.server_timeout)
+        else:
+            if shutil.which("vllm") is None:
+                self.explain_missing_vllm()
+            self.planned_budget()
+            self.spawn()
+            await self.wait_ready(client, self.args.server_timeout)
+            stats.server_startup_s = round(time.monotonic() - started, 2)
+        if self.max_model_len:
+            check_context_budget(int(self.max_model_len), self.args)
+        try:
+            response = await client.get(f"{self.base}/version", headers=self.headers, timeout=5)
+            self.version = response.json().get("version")
+        except (httpx.HTTPError, ValueError, AttributeError):
+            self.version = None
+        stats.vllm_version = self.version
+
+    def explain_missing_vllm(self) -> "NoReturn":  # noqa: F821
+        notes = "".join(f"\n  * {note}" for note in jobs_command_notes(self.argv))
+        if JOB_IMAGE.startswith("vllm/vllm-openai:"):
+            image = "whose vLLM image provides `vllm`"
+            local = (f"  * install vLLM on a machine with a GPU (`uv pip install vllm` or `pip "
+                     f"install vllm`), then rerun the same command: the script starts `vllm serve` "
+                     f"itself;\n")
+        else:  # a model that runs only on its vendor's vLLM build, shipped in its image
+            image = f"in the image that carries the only vLLM build this model runs on"
+            local = (f"  * run this script inside {JOB_IMAGE} on a machine with a GPU (`docker "
+                     f"run --gpus all ...`): that image's `vllm` is the vendor's build this model "
+                     f"needs, and no other vLLM runs it;\n")
+        log(f"error: nothing answers at {self.base} and there is no `vllm` command here to start "
+            f"a server.\n\nRun it on Hugging Face Jobs, {image}:\n  "
+            f"{reproduce_command(self.argv)}{notes}\n\nor locally:\n{local}"
+            f"  * or pass --server URL to use a vLLM server that is already running.")
+        raise SystemExit(2)
+
+    def serve_command(self) -> list[str]:
+        command = ["vllm", "serve", self.args.model, "--host", self.host, "--port", str(self.port)]
+        self.revision = resolved_revision(self.args)  # what this server loads, and the record
+        if self.revision or requested_revision(self.args):
+            command += ["--revision", self.revision or requested_revision(self.args)]
+        serve_args = effective_serve_args(self.args)
+        if SCRIPT_SHAPE == "saturate" and serve_arg_value(serve_args, "--api-server-count") is None:
+            count = self.args.api_server_count or default_api_server_count()
+            if count > 1:
+                command += ["--api-server-count", str(count)]
+        parallel = data_parallel_args(serve_args)
+        self.engines = int(parallel[1]) if parallel else 1
+        return command + parallel + serve_args  # --logits-processors stays last
+
+    def spawn(self) -> None:
+        """Start `vllm serve` under SERVER_WATCHDOG, in its own process group; the API key and
+        the Hub token go through its environment, never its command line."""
+        command, secret_env = serve_secrets(self.serve_command() + spawn_args(self.args))
+        env = {**os.environ, **SERVE_ENV, **secret_env}
+        if self.api_key:
+            env["VLLM_API_KEY"] = self.api_key
+        if self.args.hf_token:
+            env["HF_TOKEN"] = self.args.hf_token
+        log(f"starting: {shlex.join(redact_argv(command))}\n  (server log: {self.log_path})")
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log_file = open(self.log_path, "ab")
+        self.process = subprocess.Popen([sys.executable, "-c", SERVER_WATCHDOG, *command],
+                                        stdout=log_file, stderr=subprocess.STDOUT,
+                                        stdin=subprocess.DEVNULL, start_new_session=True, env=env)
+        log_file.close()
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return "(no server log)"
+        return "\n".join("  | " + line for line in text[-lines:])
+
+    async def wait_ready(self, client, timeout: float) -> None:
+        """Wait for a server that is really starting: the one spawned here, one that answers
+        "not ready yet", or a `vllm serve` booting on the port. A refused key, a TLS failure or
+        another service on the port end the wait at once (RunAborted from probe)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process is not None and self.process.poll() is not None:
+                raise RunAborted(f"vllm serve exited with code {self.process.returncode} before "
+                                 f"it was ready. Last lines of {self.log_path}:\n{self.log_tail()}")
+            state = await self.probe(client)
+            if state == "ready":
+                return
+            if state == "absent" and self.process is None and self.local \
+                    and not self.args.no_spawn and not self.vllm_booting_here():
+                raise RunAborted(f"the server that was starting on port {self.port} is gone "
+                                 f"(nothing listens and no `vllm serve` runs for that port); "
+                                 f"rerun to start one.")
+            await asyncio.sleep(1.0)
+        tail = f"\nLast lines of {self.log_path}:\n{self.log_tail()}" if self.process else ""
+        raise RunAborted(f"the server at {self.base} was not ready after {timeout:.0f} s{tail}")
+
+    async def recover(self, client) -> None:
+        """After a connection error: return once the server answers again, restarting a spawned
+        one that died (bounded), or raise RunAborted."""
+        async with self._lock:
+            if await self.ready(client, starting=False):
+                return
+            if self.process is not None and self.process.poll() is not None:
+                if self.restarts >= self.args.max_restarts:
+                    raise RunAborted(f"vllm serve died {self.restarts + 1} times; giving up. Last "
+                                     f"lines of {self.log_path}:\n{self.log_tail()}")
+                self.restarts += 1
+                log(f"vllm serve died (exit {self.process.returncode}); restart "
+                    f"{self.restarts}/{self.args.max_restarts}; its pages are sent again")
+                self.stop()
+                self.spawn()
+                await self.wait_ready(client, self.args.server_timeout)
+                return
+            deadline = time.monotonic() + self.args.server_down_timeout
+            log(f"the server at {self.base} is not answering: waiting up to "
+                f"{self.args.server_down_timeout:g} s for it (--server-down-timeout); finished "
+                f"rows are kept")
+            while time.monotonic() < deadline:
+                if await self.ready(client, starting=False):
+                    return
+                if self.process is not None and self.process.poll() is not None:
+                    break
+                await asyncio.sleep(2.0)
+            else:
+                raise RunAborted(f"the server at {self.base} stopped answering for "
+                                 f"{self.args.server_down_timeout:g} s")
+        await self.recover(client)  # the spawned server died while we waited: restart it
+
+    def stop(self, force: bool = False) -> None:
+        """Stop the server this run started (its whole process group); never another one."""
+        if self.process is None or self.process.poll() is not None:
+            return
+        try:
+            if not force:
+                log("stopping the vllm serve this run started")
+                os.killpg(self.process.pid, signal.SIGTERM)
+                try:
+                    self.process.wait(timeout=30)
+                    return
+                except subprocess.TimeoutExpired:
+                    pass
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=10)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            pass
+
+
+def prepare_page_inline(cell) -> PreparedPage | None:
+    """The page, when its bytes are in memory and it goes out as it is: a header read, cheaper
+    on the event loop than a hop to the pool and back (CPU that a server on the same machine
+    can use). None: the page needs the pool."""
+    held = cell.get("bytes") if isinstance(cell, dict) else cell
+    if not isinstance(held, (bytes, bytearray, memoryview)):
+        return None
+    return prepare_page(cell, decode=False)
+
+
+def request_json(model_name: str, args, seed: int | None = None) -> tuple[bytes, bytes]:
+    """The JSON body's text before and after the image URL; with a seed, a loop retry's."""
+    request = build_request(IMAGE_URL_PLACEHOLDER, args)
+    request["model"] = model_name
+    if seed is not None:
+        request.update(temperature=LOOP_TEMPERATURE, seed=seed)
+    head, tail = json.dumps(request, ensure_ascii=False).split(IMAGE_URL_PLACEHOLDER)
+    return head.encode(), tail.encode()
+
+
+def request_body(page: PreparedPage, model_name: str, args) -> bytes:
+    """The JSON body with the page's base64 spliced in as bytes: one copy, no escaping needed."""
+    head, tail = request_json(model_name, args)
+    return b"".join((head, b"data:", page.mime.encode(), b";base64,",
+                     base64.b64encode(page.data), tail))
+
+
+def loop_retry_body(body: bytes, model_name: str, args, seed: int, previous: int | None) -> bytes:
+    """`body` (sent with seed `previous`) again with the retry's temperature and seed: its image
+    URL is cut out of the bytes, so the page is neither kept decoded nor encoded twice."""
+    head, tail = request_json(model_name, args, previous)
+    new_head, new_tail = request_json(model_name, args, seed)
+    with memoryview(body) as view:
+        return b"".join((new_head, view[len(head):len(body) - len(tail)], new_tail))
+
+
+async def send_until_clean(client, server: "ServerManager", body: bytes, index: int,
+                           args) -> RowResult:
+    """send_page(), then up to --loop-retries more while the kept answer loops."""
+    result = await send_page(client, server, body, args)
+    previous = None
+    for attempt in range(1, args.loop_retries + 1):
+        if result.error is not None or not loops(result.text, result.finish_reason):
+            break
+        seed = loop_seed(index, attempt)
+        body, previous = loop_retry_body(body, server.model_name, args, seed, previous), seed
+        result = kept_attempt(result, await send_page(client, server, body, args))
+    return result
+
+
+def count_or_none(value) -> int | None:
+    """A token count as the int32 column holds it, or None."""
+    return value if isinstance(value, int) and 0 <= value < 2 ** 31 else None
+
+
+def read_completion(response) -> RowResult:
+    """The row's result from a 200 answer; a malformed one is the server's error."""
+    try:
+        payload = response.json()
+        choice = payload["choices"][0]
+        text = choice["message"]["content"]
+        if text is not None and not isinstance(text, str):
+            raise TypeError(f"content is {type(text).__name__}")
+        usage = payload.get("usage") or {}
+        finish = choice.get("finish_reason")
+        return RowResult(text=text or "", finish_reason=finish if isinstance(finish, str) else None,
+                         prompt_tokens=count_or_none(usage.get("prompt_tokens")),
+                         completion_tokens=count_or_none(usage.get("completion_tokens")),
+                         attempts=1)
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
+        return error_row(f"unreadable response ({type(exc).__name__}: {exc}): "
+                         f"{response.text[:300]}", SERVER)
+
+
+def refusal(response, server) -> RunAborted | None:
+    """An answer that refuses the whole run, not this page."""
+    status, text = response.status_code, response.text[:300]
+    if status in (401, 403):
+        return RunAborted(f"the server at {server.base} refuses the API key (HTTP {status}: "
+                          f"{text}). Pass the right --api-key (or VLLM_API_KEY).", EXIT_REFUSED)
+    if status == 404 and "does not exist" in text:
+        return RunAborted(f"the server at {server.base} no longer serves {server.model_name} "
+                          f"(HTTP 404: {text}); it was restarted with another model?", EXIT_REFUSED)
+    return None
+
+
+async def send_page(client, server: "ServerManager", body: bytes, args) -> RowResult:
+    """POST one page; retry what may pass next time, record what will not."""
+    url = f"{server.base}/v1/chat/completions"
+    headers = {"Content-Type": "application/json", **server.headers}
+    attempt, outages, last_error = 0, 0, ""
+    while attempt <= args.max_retries:
+        try:
+            response = await client.post(url, content=body, headers=headers)
+        except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError,
+                httpx.WriteError) as exc:
+            outages += 1
+            if outages > args.max_restarts + 5:
+                return error_row(f"connection failed {outages} times: {exc}", SERVER)
+            await server.recover(client)  # raises RunAborted when the server is gone for good
+            continue
+        except httpx.TimeoutException:
+            last_error = f"timed out after {args.request_timeout:g} s"
+        except httpx.HTTPError as exc:  # an answer httpx cannot read (a gzip body that is not)
+            last_error = f"unreadable answer: {type(exc).__name__}: {exc}"
+        else:
+            if response.status_code == 200:
+                return read_completion(response)
+            refused = refusal(response, server)
+            if refused is not None:
+                raise refused
+            last_error = f"HTTP {response.status_code}: {response.text[:500]}"
+            if response.status_code not in RETRY_STATUS:
+                return error_row(last_error, PAGE)  # the request itself (this page) is refused
+        attempt += 1
+        if attempt <= args.max_retries:
+            await asyncio.sleep(min(30.0, 2 ** attempt) * random.uniform(0.5, 1.0))
+    return error_row(f"gave up after {args.max_retries + 1} attempts: {last_error}", SERVER)
+
+
+class FailureStorm(HeldFailures):
+    """Pages that failed on the server's side (5xx, timeouts) are held until a page is answered
+    after them. Many in a row over a while stop the run, as does its end with no page answered
+    (HeldFailures); their rows stay pending for the rerun. A page's own error (a 400) neither
+    counts nor breaks the streak: the server judged that page, no more."""
+
+    def __init__(self, pages: int, seconds: float):
+        super().__init__()
+        self.pages, self.seconds = pages, seconds
+        self.count, self.since = 0, None
+
+    def observe(self, index: int, result: RowResult) -> list:
+        """The rows to write now: this one, and those held before, once a page is answered."""
+        if result.error_kind == SERVER:
+            self.held.append((index, result))
+            self.failures, self.count = self.failures + 1, self.count + 1
+            self.last = result.error[:300]
+            self.since = self.since or time.monotonic()
+            if self.count >= self.pages and time.monotonic() - self.since >= self.seconds:
+                self.stop(f"the last {self.count} pages all failed on the server's side over "
+                          f"{time.monotonic() - self.since:.0f} s (last: {self.last})")
+            return []
+        if result.error is not None or result.skipped is not None:
+            return [(index, result)]
+        self.answered += 1
+        self.count, self.since = 0, None
+        return [(index, result), *self.release_held()]
+
+
+class ClientGroup:
+    """httpx clients behind one `post`/`get`, each holding at most POOL_SIZE requests. httpx
+    scans every connection of its pool on each request, and its idle check is quadratic: one
+    pool for 256 pages in flight cost 14-16 ms of driver CPU per page here, against 4-5 ms at
+    32. Small pools keep the cost per page flat however wide the window grows."""
+
+    POOL_SIZE = 16
+
+    def __init__(self, **client_kwargs):
+        self.client_kwargs = client_kwargs
+        self.clients: list[httpx.AsyncClient] = []
+        self.busy: list[int] = []
+
+    async def __aenter__(self) -> "ClientGroup":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        for client in self.clients:
+            await client.aclose()
+
+    def least_busy(self) -> int:
+        index = min(range(len(self.busy)), key=self.busy.__getitem__, default=-1)
+        if index < 0 or self.busy[index] >= self.POOL_SIZE:
+            self.clients.append(httpx.AsyncClient(**self.client_kwargs))
+            self.busy.append(0)
+            index = len(self.clients) - 1
+        return index
+
+    async def request(self, method: str, url: str, **kwargs) -> httpx.Response:
+        index = self.least_busy()
+        self.busy[index] += 1
+        try:
+            return await self.clients[index].request(method, url, **kwargs)
+        finally:
+            self.busy[index] -= 1
+
+    async def post(self, url: str, **kwargs) -> httpx.Response:
+        return await self.request("POST", url, **kwargs)
+
+    async def get(self, url: str, **kwargs) -> httpx.Response:
+        return await self.request("GET", url, **kwargs)
+
+
+class Window:
+    """Pages in flight: acquired before a page is prepared, released when its answer is in.
+    Its limit can move (the saturate scripts adapt it)."""
+
+    def __init__(self, limit: int):
+        self.limit, self.used = max(1, limit), 0
+        self._changed = asyncio.Condition()
+
+    async def acquire(self) -> None:
+        async with self._changed:
+            await self._changed.wait_for(lambda: self.used < self.limit)
+            self.used += 1
+
+    async def release(self) -> None:
+        async with self._changed:
+            self.used -= 1
+            self._changed.notify_all()
+
+    async def resize(self, limit: int) -> None:
+        async with self._changed:
+            self.limit = max(1, limit)
+            self._changed.notify_all()
+
+
+def available_memory_bytes() -> int:
+    available = proc_bytes("/proc/meminfo", "MemAvailable")
+    return 8 << 30 if available is None else available
+
+
+def parse_metrics(text: str) -> dict:
+    """The vLLM gauges the window needs, summed over label sets; missing ones are absent."""
+    wanted = {"vllm:num_requests_running": "running", "vllm:num_requests_waiting": "waiting",
+              "vllm:kv_cache_usage_perc": "kv", "vllm:gpu_cache_usage_perc": "kv",
+              "vllm:prefix_cache_hits_total": "prefix_hits",
+              "vllm:prefix_cache_queries_total": "prefix_queries"}
+    out: dict = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in wanted:
+            try:
+                value = float(line.rsplit(" ", 1)[1])
+            except (IndexError, ValueError):
+                continue
+            key = wanted[name]
+            out[key] = out.get(key, 0.0) + value if key != "kv" else max(out.get(key, 0.0), value)
+    return out
+
+
+class WindowController:
+    """Adapts the window of a saturate script: it grows while the engine has no queue and
+    delivered tokens/s still rise, holds or shrinks when requests wait or the KV cache is near
+    full, never widens a window nothing has come back through, and never lets the pages in
+    flight outgrow the host-memory budget (measured bytes per page). Without the engine's
+    gauges (some vLLM versions drop them with --api-server-count > 1) it goes by delivered
+    throughput alone. Every tick is written to a telemetry file."""
+
+    def __init__(self, window: Window, stats: RunStats, args, telemetry_path: Path | None,
+                 adaptive: bool):
+        self.window, self.stats, self.args, self.adaptive = window, stats, args, adaptive
+        self.budget = int(args.max_inflight_memory * (1 << 20)) if args.max_inflight_memory \
+            else available_memory_bytes() // 4
+        self.telemetry = open(telemetry_path, "a") if telemetry_path else None
+        self.page_bytes: list[int] = []
+        self.tokens = self.pages = 0
+        self.preparing = 0
+        self.completions_since_change = 0
+        self.best_rate = 0.0
+        self.samples: list[str] = []
+        self.metrics_seen = False
+        self.prefix_hit_rate = None
+        self.input_done = False
+        self.last_sample = time.monotonic()
+
+    def note_body(self, size: int) -> None:
+        self.page_bytes.append(size)
+        if len(self.page_bytes) > 256:
+            del self.page_bytes[:128]
+
+    def on_result(self, result: RowResult) -> None:
+        self.tokens += result.completion_tokens or 0
+        self.pages += 1
+        self.completions_since_change += 1
+
+    def memory_cap(self) -> int:
+        """Pages the budget holds: each in flight keeps its request body, plus a margin."""
+        if not self.page_bytes:
+            return max(1, self.args.min_window)
+        per_page = statistics.mean(self.page_bytes) * 1.5 + (64 << 10)
+        return max(1, int(self.budget // per_page))
+
+    async def read_metrics(self, client, server: ServerManager) -> dict:
+        try:
+            response = await client.get(f"{server.base}/metrics", headers=server.headers, timeout=5)
+            if response.status_code == 200:
+                metrics = parse_metrics(response.text)
+                self.metrics_seen = self.metrics_seen or bool(metrics)
+                return metrics
+        except httpx.HTTPError:
+            pass
+        return {}
+
+    async def run(self, client, server: ServerManager) -> None:
+        while True:
+            await asyncio.sleep(self.args.adapt_interval)
+            await self.sample(client, server)
+
+    async def sample(self, client, server: ServerManager) -> None:
+        """Read the gauges, decide, write a telemetry row; also once at the end, so that a run
+        shorter than one interval has its row and the prefix-cache counters are the final ones."""
+        now = time.monotonic()
+        dt, self.last_sample = max(1e-3, now - self.last_sample), now
+        metrics = await self.read_metrics(client, server)
+        if metrics.get("prefix_queries"):
+            self.prefix_hit_rate = round(metrics.get("prefix_hits", 0.0) / metrics["prefix_queries"], 4)
+        rate, page_rate = self.tokens / dt, self.pages / dt
+        self.tokens = self.pages = 0
+        await self.tick(metrics, rate)
+        if self.telemetry:
+            self.telemetry.write(json.dumps({
+                "t": round(now - self.stats.started, 2), "window": self.window.limit,
+                "in_flight": self.stats.in_flight, "preparing": self.preparing,
+                "running": metrics.get("running"), "waiting": metrics.get("waiting"),
+                "kv_cache": metrics.get("kv"), "tokens_per_s": round(rate, 1),
+                "pages_per_s": round(page_rate, 3), "memory_cap": self.memory_cap(),
+                "bound_by": self.samples[-1] if self.samples else None}) + "\n")
+            self.telemetry.flush()
+
+    async def tick(self, metrics: dict, rate: float) -> None:
+        """One decision. Continuous batching always keeps a few requests waiting for their
+        prefill; a queue is "long" only when as many wait as run."""
+        limit, cap = self.window.limit, self.memory_cap()
+        waiting, running, kv = metrics.get("waiting"), metrics.get("running") or 0, metrics.get("kv")
+        long_queue = waiting is not None and waiting > max(4, running)
+        some_queue = waiting is not None and waiting > max(2, running / 4)
+        full = self.stats.in_flight >= limit * 0.9
+        if self.input_done:
+            verdict = "tail"  # the last pages draining: says nothing about the steady state
+        elif not self.stats.finished_at:
+            verdict = "start"  # the first pages still on their way: nor does the filling
+        elif some_queue or (kv or 0) > 0.9:
+            verdict = "engine"
+        elif full and limit >= cap:
+            verdict = "memory"
+        elif self.preparing >= max(2, self.stats.in_flight // 2):
+            verdict = "preprocessing"
+        elif not full:
+            verdict = "input"
+        else:
+            verdict = "engine" if waiting is None and rate < self.best_rate * 1.02 else "window"
+        self.samples.append(verdict)
+        if not self.adaptive:
+            return
+        new = limit
+        if limit > cap:
+            new = cap  # the host-memory budget comes first
+        elif long_queue or (kv or 0) > 0.95:
+            new = max(self.args.min_window, int(limit * 0.85))  # over-full: give some back
+        elif some_queue or (kv or 0) > 0.9:
+            new = limit  # the engine has its queue: more pages in flight would only wait
+        elif not full or self.completions_since_change < max(2, limit // 4):
+            new = limit  # never widen a window nothing has come back through
+        elif self.best_rate and rate < self.best_rate * 0.95:
+            new = limit  # delivered tokens/s stopped rising: this is the plateau
+        else:
+            new = min(cap, self.args.max_window, int(math.ceil(limit * 1.5)))
+        self.best_rate = max(self.best_rate, rate)
+        if new != limit:
+            self.completions_since_change = 0
+            await self.window.resize(new)
+
+    def bound_by(self) -> str | None:
+        """The most frequent verdict of the steady state; "window" (full, no queue, still
+        growing) counts as the engine only when nothing else was seen."""
+        steady = [s for s in self.samples if s not in ("start", "tail")]
+        if not steady:
+            return "input" if self.samples else None
+        bounded = [s for s in steady if s != "window"] or ["engine"]
+        return max(set(bounded), key=bounded.count)
+
+    def close(self) -> None:
+        if self.telemetry:
+            self.telemetry.close()
+
+
+async def run_server_pipeline(source: InputSource, pending: list[int], writer: PartWriter,
+                              stats: RunStats, args, server: ServerManager, window: Window,
+                              check: DegenerateCheck,
+                              controller: WindowController | None = None) -> None:
+    """Start or reuse the server, then keep the window full until every pending row is done.
+    On abort or interrupt, finished rows stay in `writer` for the caller to flush."""
+    from tqdm import tqdm
+
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    timeout = httpx.Timeout(args.request_timeout, connect=30.0)
+    prep_pool = ThreadPoolExecutor(max_workers=max(2, min(8, os.cpu_count() or 2)),
+                                   thread_name_prefix="prepare")
+    write_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="write")
+    loop = asyncio.get_running_loop()
+    write_lock = asyncio.Lock()
+    store = writer.store
+    storm = FailureStorm(args.abort_after_failures, args.abort_after_seconds)
+    failure: list[BaseException] = []
+    bar = adapting = None
+    async with ClientGroup(limits=limits, timeout=timeout) as client:
+        try:
+            await server.start(client, stats)
+            writer.info_entry["vllm_version"] = server.version
+            writer.info_entry["model_revision"] = server.revision
+            if not args.concurrency and server.engines > 1:  # a window for every engine
+                await window.resize(max(window.limit, PAGES_PER_ENGINE * server.engines))
+            adapting = asyncio.create_task(controller.run(client, server)) if controller else None
+            bar = tqdm(total=len(pending), unit="page", dynamic_ncols=True, smoothing=0.1,
+                       mininterval=0.5 if sys.stderr.isatty() else 10.0)
+
+            async def flush_if_due(final: bool = False) -> None:
+                if store.conflict:
+                    raise RunAborted(store.conflict, EXIT_USAGE)
+                if final or writer.due():
+                    async with write_lock:
+                        await loop.run_in_executor(write_pool, writer.flush, final)
+                store.commit_if_due()
+
+            async def one(index: int, cell) -> None:
+                latency = digest = None
+                try:
+                    if controller:
+                        controller.preparing += 1
+                    try:
+                        page = prepare_page_inline(cell) or \
+                            await loop.run_in_executor(prep_pool, prepare_page, cell)
+                    finally:
+                        if controller:
+                            controller.preparing -= 1
+                    digest = page.digest
+                    if page.skipped:  # not sent: its text layer is its row
+                        result = text_layer_row(page, args)
+                    else:
+                        layer = page.text_layer
+                        body = request_body(page, server.model_name, args)
+                        del page, cell
+                        if controller:
+                            controller.note_body(len(body))
+                        sent = time.monotonic()
+                        try:
+                            result = await send_until_clean(client, server, body, index, args)
+                        except (RunAborted, PageError):
+                            raise
+                        except Exception as exc:  # whatever the transport raised: the server's side
+                            result = exception_row(exc, SERVER, "request failed: ")
+                        del body
+                        latency = time.monotonic() - sent
+                        result.text_layer = layer
+                except PageError as exc:
+                    result = error_row(str(exc), PAGE)
+                except RunAborted as exc:
+                    failure.append(exc)
+                    return
+                except Exception as exc:  # reading or preparing the page: this row fails, not the run
+                    result = exception_row(exc, PAGE)
+                finally:
+                    stats.leave()
+                    await window.release()  # the answer is in: the next page may go
+                stats.count_loops(result)
+                result = postprocessed(result, args)
+                result.digest = digest
+                stats.record(result, latency)
+                try:
+                    if result.error is None and result.skipped is None:
+                        check.observe(result)
+                    finished = storm.observe(index, result)
+                except RunAborted as exc:  # nothing written: degenerate, or held by the storm
+                    failure.append(exc)
+                    return
+                for row in finished:
+                    writer.add(*row)
+                bar.update(1)
+                if result.error is not None:
+                    bar.set_postfix(errors=stats.errors_seen, refresh=False)
+                if controller is not None:
+                    controller.on_result(result)
+                await flush_if_due()
+
+            tasks: set[asyncio.Task] = set()
+            for index, cell in iter_image_cells(source, pending):
+                await window.acquire()
+                if failure:
+                    await window.release()
+                    break
+                stats.enter()
+                task = asyncio.create_task(one(index, cell))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+            if controller:
+                controller.input_done = True
+            while tasks and not failure:
+                await asyncio.wait(set(tasks), return_when=asyncio.FIRST_COMPLETED)
+            if failure:
+                for task in list(tasks):
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+                raise failure[0]
+            for row in storm.at_end(writer.redo):
+                writer.add(*row)
+            if adapting is not None:  # one last sample: the final state, the final counters
+                adapting.cancel()
+                await asyncio.gather(adapting, return_exceptions=True)
+                await controller.sample(client, server)
+        finally:
+            if controller is not None:
+                if adapting is not None:
+                    adapting.cancel()
+                controller.close()
+            if bar is not None:
+                bar.close()
+            prep_pool.shutdown(wait=False, cancel_futures=True)
+            write_pool.shutdown(wait=True)
+
+
+def add_server_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("server")
+    group.add_argument("--server", default=DEFAULT_SERVER,
+                       help="vLLM server URL; reused when it answers, else (local URL) "
+                            "`vllm serve` is started on its host and port (default: %(default)s)")
+    group.add_argument("--api-key", help="server API key (default: VLLM_API_KEY)")
+    group.add_argument("--serve-args", default="",
+                       help="extra `vllm serve` arguments, appended after the script's own so "
+                            "they override them, e.g. \"--max-model-len 16384\"")
+    group.add_argument("--no-spawn", action="store_true",
+                       help="never start a server: wait for --server (up to --server-timeout)")
+    group.add_argument("--server-timeout", type=float, default=1800.0,
+                       help="seconds to wait for a server to be ready (default: 1800: a cold "
+                            "start downloads the weights)")
+    group.add_argument("--server-down-timeout", type=float, default=300.0,
+                       help="seconds a server may stop answering mid-run before the run ends "
+                            "(finished rows are kept; rerun to resume)")
+    group.add_argument("--max-restarts", type=int, default=3,
+                       help="restarts of a spawned server that dies mid-run (default: 3)")
+    group.add_argument("--request-timeout", type=float, default=900.0,
+                       help="seconds for one page's answer (default: 900)")
+    group.add_argument("--max-retries", type=int, default=4,
+                       help="retries of a page after a timeout, 429 or 5xx (default: 4)")
+    group.add_argument("--abort-after-failures", type=int, default=20,
+                       help="stop the run when this many pages in a row fail on the server's "
+                            "side (5xx, timeouts) over at least --abort-after-seconds (default: 20)")
+    group.add_argument("--abort-after-seconds", type=float, default=60.0,
+                       help="see --abort-after-failures (default: 60)")
+    if SCRIPT_SHAPE != "saturate":
+        group.add_argument("--concurrency", type=int, default=None,
+                           help=f"pages in flight at once (default: {PAGES_PER_ENGINE} per engine, "
+                                f"the seed's setting: {PAGES_PER_ENGINE} x N when this script "
+                                f"starts vLLM on N GPUs)")
+        return
+    group = parser.add_argument_group("saturation (the window adapts to keep the engine busy)")
+    group.add_argument("--concurrency", type=int, default=None,
+                       help="a fixed window of N pages instead of the adaptive one")
+    group.add_argument("--max-inflight-memory", type=float, default=None,
+                       help="MiB of host memory that pages in flight may hold (default: a "
+                            "quarter of the memory available at start)")
+    group.add_argument("--min-window", type=int, default=32,
+                       help="smallest window, and the one it starts from (default: 32, the "
+                            "server scripts' fixed window; starting lower cost 96-page runs here "
+                            "a fifth of their throughput while the window grew)")
+    group.add_argument("--max-window", type=int, default=1024, help="largest window (default: 1024)")
+    group.add_argument("--adapt-interval", type=float, default=2.0,
+                       help="seconds between window decisions (default: 2)")
+    group.add_argument("--api-server-count", type=int, default=None,
+                       help=f"API server processes of a spawned server (default: "
+                            f"{API_SERVER_COUNT} when this process may use {API_SERVERS_MIN_CPUS} "
+                            f"or more CPUs, else 1; see the docstring)")
+
+
+API_SERVER_COUNT = globals().get("API_SERVER_COUNT", 1)  # a model section's measured count
+API_SERVERS_MIN_CPUS = 12  # the flavors where more API servers were measured to help had 12+
+
+
+def cgroup_cpu_limit(root: str = "/sys/fs/cgroup") -> float | None:
+    """CPUs a cgroup quota allows (v2 cpu.max, else v1 cfs quota), None without one."""
+    try:
+        relative = Path("/proc/self/cgroup").read_text().split("0::", 1)[1].split("\n", 1)[0]
+    except (OSError, IndexError):
+        relative = "/"
+    candidates = [(Path(root + relative) / "cpu.max", None), (Path(root) / "cpu.max", None),
+                  (Path(root) / "cpu" / "cpu.cfs_quota_us", Path(root) / "cpu" / "cpu.cfs_period_us")]
+    for quota_file, period_file in candidates:
+        try:
+            if period_file is None:
+                quota, period = quota_file.read_text().split()[:2]
+            else:
+                quota, period = quota_file.read_text().strip(), period_file.read_text().strip()
+            if quota in ("max", "-1"):
+                return None
+            return int(quota) / int(period)
+        except (OSError, ValueError, ZeroDivisionError):
+            continue
+    return None
+
+
+def usable_cpus(cgroup_root: str = "/sys/fs/cgroup") -> int:
+    """CPUs this process may use: its affinity mask, capped by a cgroup quota. os.cpu_count()
+    counts the host's cores, also inside a container allowed only a few of them."""
+    try:
+        count = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        count = os.cpu_count() or 1
+    limit = cgroup_cpu_limit(cgroup_root)
+    if limit is not None:
+        count = min(count, int(limit))
+    return max(1, count)
+
+
+PAGES_PER_ENGINE = 32  # the window per engine when --concurrency is not given: the seed's setting
+PARALLEL_FLAGS = ("--data-parallel-size", "--tensor-parallel-size", "--pipeline-parallel-size",
+                  "-dp", "-tp", "-pp")
+
+
+def visible_gpus() -> int:
+    """GPUs this process may use: CUDA_VISIBLE_DEVICES when set, else `nvidia-smi -L`."""
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is not None:
+        return len([d for d in listed.split(",") if d.strip() not in ("", "-1")])
+    try:
+        listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True,
+                                 timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return sum(line.startswith("GPU ") for line in listing.splitlines())
+
+
+def data_parallel_args(serve_args: list[str]) -> list[str]:
+    """One engine per GPU (vLLM's data parallelism) on a machine with several, unless the serve
+    arguments already say how to use them: a multi-GPU flavor is paid for every GPU."""
+    given = any(serve_arg_value(serve_args, flag) for flag in PARALLEL_FLAGS)
+    gpus = 0 if given else visible_gpus()
+    return ["--data-parallel-size", str(gpus)] if gpus > 1 else []
+
+
+def default_api_server_count() -> int:
+    """One API server preprocesses images on one core. Where a model section measured more
+    (API_SERVER_COUNT; LightOnOCR-3: 4 gave +9% to +16% on flavors of 12+ vCPUs), that many
+    when this process may use API_SERVERS_MIN_CPUS CPUs; else 1: on small flavors host memory
+    binds first, and extra servers only cost memory."""
+    return API_SERVER_COUNT if usable_cpus() >= API_SERVERS_MIN_CPUS else 1
+
+
+def info_entry_for(args, server_args) -> dict:
+    return {
+        "model": args.model,
+        "model_revision": None,  # set once the server is known: only one started here tells
+        "script": script_name(),
+        "shape": SCRIPT_SHAPE,
+        "image": JOB_IMAGE,
+        "serve_args": redact_argv(server_args),
+        "column": args.output_column,
+        "settings": run_settings(args),
+        "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def plan_server(args, argv: list[str]) -> str:
+    """The server check that comes before reading the input or creating a Hub repo: a server
+    that answers (with this model and a context that fits), or a free local port and a `vllm`
+    to start there; else exit at once, with the Jobs command when no server can run here."""
+    try:
+        return asyncio.run(ServerManager(args, argv, Path(".")).plan())
+    except RunAborted as exc:
+        fail(str(exc), exc.code)
+
+
+def server_argument_parser(doc: str) -> argparse.ArgumentParser:
+    """Every option of a server script: input/output, server, then the model's own."""
+    parser = argparse.ArgumentParser(
+        allow_abbrev=False,
+        description=doc.split("\n\n")[0],
+        epilog=doc.split("\n\n", 1)[1] + "\n" + EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_common_arguments(parser)
+    add_server_arguments(parser)
+    add_model_arguments(parser)
+    return parser
+
+
+def run_server_script(doc: str, argv: list[str] | None = None, hub_api=None) -> int:
+    """The whole run: arguments, input, engine, output. `main()` calls it with the docstring."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = server_argument_parser(doc)
+    args = parse_arguments(parser, argv, server_argument_problems)  # a bad OUTPUT fails here
+    return early_exits_reported(args, lambda: server_run(args, argv, hub_api))
+
+
+def server_run(args, argv: list[str], hub_api) -> int:
+    plan_server(args, argv)  # before the input is read and the repo created
+    run = open_run(args, hub_api, flag_values(effective_serve_args(args)),
+                   info_entry_for(args, effective_serve_args(args)))
+    server = ServerManager(args, argv, run.store.meta / "logs")
+    controller = None
+    window = Window(args.concurrency or (args.min_window if SCRIPT_SHAPE == "saturate"
+                                         else PAGES_PER_ENGINE))
+    if SCRIPT_SHAPE == "saturate":
+        telemetry = Path(args.stats_json).expanduser().with_suffix(".telemetry.jsonl") \
+            if args.stats_json else run.store.meta / "logs" / "telemetry.jsonl"
+        telemetry.parent.mkdir(parents=True, exist_ok=True)
+        controller = WindowController(window, run.stats, args, telemetry,
+                                      adaptive=not args.concurrency)
+
+    def work() -> None:
+        try:
+            asyncio.run(run_server_pipeline(run.source, run.plan.send, run.writer, run.stats,
+                                            args, server, window, run.check, controller))
+        finally:
+            if controller is not None:
+                run.stats.extra.update({
+                    "bound_by": controller.bound_by(), "window_final": window.limit,
+                    "memory_budget_bytes": controller.budget,
+                    "prefix_cache_hit_rate": controller.prefix_hit_rate})
+
+    return run_guarded(run, work, server.stop, argv)
+# ==== END SERVER HELPERS ====
