@@ -96,7 +96,9 @@ DEFAULT_FLAVOR = "a10g-small"
 JOB_TIMEOUT = "4h"  # Jobs stop a job after 30 min unless told: every printed command passes this
 JOB_PAGES_PER_S = 2.2  # the seed's saturated rate on a10g-small: about 29,000 pages in 4 h
 SCRIPT_SHAPE = "saturate"
+API_SERVER_COUNT = 4  # measured here only: see the docstring
 
+# ==== BEGIN LIGHTONOCR-3 MODEL (source: blocks/lighton_ocr3.py) ====
 MODES = ("plain", "grounding")  # the two trained modes; other instructions are untrained
 MAX_MODEL_LEN = 18000
 DEFAULT_MAX_TOKENS = 12288  # the authors' benchmark output budget
@@ -107,7 +109,6 @@ PATCH_GRID = 32  # Qwen3.5 vision: 16 px patches merged 2x2
 PROMPT_TEXT_TOKENS = 64
 PAGE_FORMAT = "png"  # pages that must be resized or converted: PNG, as the model was trained
 RESIZE_FILTER = "lanczos"  # the authors render and downscale with LANCZOS
-API_SERVER_COUNT = 4  # measured here only: see the docstring
 PREFIX_CACHING = False
 CHAT_TEMPLATE_KWARGS = {"enable_thinking": False}
 
@@ -246,6 +247,7 @@ def inference_settings(args) -> dict:
             "temperature": args.temperature, "top_p": TOP_P, "max_tokens": args.max_tokens,
             "longest_edge": LONGEST_EDGE, "image_format": PAGE_FORMAT,
             "chat_template_kwargs": CHAT_TEMPLATE_KWARGS}
+# ==== END LIGHTONOCR-3 MODEL ====
 
 SERVE_ARGS = [
     "--limit-mm-per-prompt", '{"image": 1}',

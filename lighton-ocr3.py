@@ -74,6 +74,7 @@ JOB_TIMEOUT = "4h"  # Jobs stop a job after 30 min unless told: every printed co
 JOB_PAGES_PER_S = 0.90  # the seed's offline rate on a10g-small: about 12,000 pages in 4 h
 SCRIPT_SHAPE = "offline"
 
+# ==== BEGIN LIGHTONOCR-3 MODEL (source: blocks/lighton_ocr3.py) ====
 MODES = ("plain", "grounding")  # the two trained modes; other instructions are untrained
 MAX_MODEL_LEN = 18000
 DEFAULT_MAX_TOKENS = 12288  # the authors' benchmark output budget
@@ -222,6 +223,7 @@ def inference_settings(args) -> dict:
             "temperature": args.temperature, "top_p": TOP_P, "max_tokens": args.max_tokens,
             "longest_edge": LONGEST_EDGE, "image_format": PAGE_FORMAT,
             "chat_template_kwargs": CHAT_TEMPLATE_KWARGS}
+# ==== END LIGHTONOCR-3 MODEL ====
 
 LLM_KWARGS = {
     "max_model_len": MAX_MODEL_LEN,

@@ -69,6 +69,7 @@ JOB_TIMEOUT = "4h"  # Jobs stop a job after 30 min unless told: every printed co
 JOB_PAGES_PER_S = 1.44  # the seed's server rate on l4x1: about 19,000 pages in 4 h
 SCRIPT_SHAPE = "server"  # "server": fixed window; "saturate": adaptive window
 
+# ==== BEGIN OVISOCR2 MODEL (source: blocks/ovis_ocr2.py) ====
 # The card's prompt, character for character (it starts with a newline; braces are literal).
 PROMPT = (
     "\nExtract all readable content from the image in natural human reading order and output "
@@ -88,23 +89,6 @@ PATCH_GRID = 32  # Qwen3.5 vision: 16 px patches merged 2x2, so sizes snap to mu
 PROMPT_TEXT_TOKENS = 256  # generous bound on the chat template and prompt text around the image
 PAGE_FORMAT = "jpeg"  # pages that must be converted or resized: JPEG quality 95 (others go as is)
 PREFIX_CACHING = False
-
-SERVE_ARGS = [
-    "--max-model-len", str(MAX_MODEL_LEN),
-    "--gpu-memory-utilization", "0.85",
-    "--limit-mm-per-prompt", '{"image": 1}',
-    "--no-enable-prefix-caching",
-    "--mm-processor-cache-gb", "0",
-    "--mm-processor-kwargs",
-    '{"images_kwargs": {"min_pixels": %d, "max_pixels": %d}}' % (MIN_PIXELS, MAX_PIXELS),
-]
-SERVE_ENV: dict = {}  # environment variables the spawned `vllm serve` needs
-DEFAULT_SERVER = "http://127.0.0.1:8000"
-
-
-def spawn_args(args) -> list[str]:
-    """Serve arguments known only when this script starts the server itself (none here)."""
-    return []
 
 
 def image_token_budget() -> int:
@@ -133,22 +117,6 @@ def add_model_arguments(parser) -> None:
              "(the card's clean-up drops them)")
 
 
-def build_request(image_url: str, args) -> dict:
-    """One chat request: the image first, then the prompt; thinking off; greedy."""
-    return {
-        "messages": [{
-            "role": "user",
-            "content": [
-                {"type": "image_url", "image_url": {"url": image_url}},
-                {"type": "text", "text": PROMPT},
-            ],
-        }],
-        "temperature": TEMPERATURE,
-        "max_tokens": args.max_tokens,
-        "chat_template_kwargs": {"enable_thinking": False},
-    }
-
-
 def postprocess(text: str, args) -> tuple[str, dict]:
     """The card's clean-up, byte for byte (MODEL-FACTS.md, OvisOCR2): strip the text, split it
     on exactly two newlines, drop the blocks that, once stripped, start with a figure
@@ -168,6 +136,40 @@ def inference_settings(args) -> dict:
     return {"prompt": PROMPT, "temperature": TEMPERATURE, "max_tokens": args.max_tokens,
             "min_pixels": MIN_PIXELS, "max_pixels": MAX_PIXELS,
             "chat_template_kwargs": {"enable_thinking": False}}
+# ==== END OVISOCR2 MODEL ====
+
+SERVE_ARGS = [
+    "--max-model-len", str(MAX_MODEL_LEN),
+    "--gpu-memory-utilization", "0.85",
+    "--limit-mm-per-prompt", '{"image": 1}',
+    "--no-enable-prefix-caching",
+    "--mm-processor-cache-gb", "0",
+    "--mm-processor-kwargs",
+    '{"images_kwargs": {"min_pixels": %d, "max_pixels": %d}}' % (MIN_PIXELS, MAX_PIXELS),
+]
+SERVE_ENV: dict = {}  # environment variables the spawned `vllm serve` needs
+DEFAULT_SERVER = "http://127.0.0.1:8000"
+
+
+def spawn_args(args) -> list[str]:
+    """Serve arguments known only when this script starts the server itself (none here)."""
+    return []
+
+
+def build_request(image_url: str, args) -> dict:
+    """One chat request: the image first, then the prompt; thinking off; greedy."""
+    return {
+        "messages": [{
+            "role": "user",
+            "content": [
+                {"type": "image_url", "image_url": {"url": image_url}},
+                {"type": "text", "text": PROMPT},
+            ],
+        }],
+        "temperature": TEMPERATURE,
+        "max_tokens": args.max_tokens,
+        "chat_template_kwargs": {"enable_thinking": False},
+    }
 
 
 # ==== BEGIN COMMON HELPERS (identical in every script; edit one copy, run tools/sync_helpers.py) ====

@@ -61,6 +61,7 @@ JOB_TIMEOUT = "4h"  # Jobs stop a job after 30 min unless told: every printed co
 JOB_PAGES_PER_S = 0.83  # the seed's offline rate on l4x1: about 11,000 pages in 4 h
 SCRIPT_SHAPE = "offline"
 
+# ==== BEGIN OVISOCR2 MODEL (source: blocks/ovis_ocr2.py) ====
 # The card's prompt, character for character (it starts with a newline; braces are literal).
 PROMPT = (
     "\nExtract all readable content from the image in natural human reading order and output "
@@ -81,17 +82,6 @@ PROMPT_TEXT_TOKENS = 256  # generous bound on the chat template and prompt text 
 PAGE_FORMAT = "jpeg"  # pages that must be converted or resized: JPEG quality 95 (others go as is)
 PREFIX_CACHING = False
 
-LLM_KWARGS = {
-    "max_model_len": MAX_MODEL_LEN,
-    "gpu_memory_utilization": 0.8,
-    "limit_mm_per_prompt": {"image": 1},
-    "enable_prefix_caching": False,
-    "mm_processor_cache_gb": 0,
-    "mm_processor_kwargs": {"images_kwargs": {"min_pixels": MIN_PIXELS, "max_pixels": MAX_PIXELS}},
-    "gdn_prefill_backend": "triton",
-}
-CHAT_KWARGS = {"chat_template_kwargs": {"enable_thinking": False}}
-
 
 def image_token_budget() -> int:
     """Worst-case prompt tokens of one page: the largest image plus the text around it."""
@@ -99,7 +89,11 @@ def image_token_budget() -> int:
 
 
 def target_size(width: int, height: int) -> tuple[int, int]:
-    """The size to send: unchanged unless above MAX_PIXELS, then the processor's own choice."""
+    """The size to send: unchanged unless above MAX_PIXELS, then the processor's own choice.
+
+    Qwen-style processors snap both sides to the patch grid and scale the area under
+    max_pixels; resizing to exactly that size means the server does not resample again.
+    """
     if width * height <= MAX_PIXELS:
         return width, height
     scale = math.sqrt(width * height / MAX_PIXELS)
@@ -113,21 +107,6 @@ def add_model_arguments(parser) -> None:
         "--keep-image-tags", action="store_true",
         help="keep the <img src=\"images/bbox_...\"> figure placeholders in the Markdown "
              "(the card's clean-up drops them)")
-
-
-def build_messages(image_url: str, args) -> list[dict]:
-    """One conversation: the image first, then the prompt (the same message the server gets)."""
-    return [{
-        "role": "user",
-        "content": [
-            {"type": "image_url", "image_url": {"url": image_url}},
-            {"type": "text", "text": PROMPT},
-        ],
-    }]
-
-
-def sampling_kwargs(args) -> dict:
-    return {"temperature": TEMPERATURE, "max_tokens": args.max_tokens}
 
 
 def postprocess(text: str, args) -> tuple[str, dict]:
@@ -149,6 +128,33 @@ def inference_settings(args) -> dict:
     return {"prompt": PROMPT, "temperature": TEMPERATURE, "max_tokens": args.max_tokens,
             "min_pixels": MIN_PIXELS, "max_pixels": MAX_PIXELS,
             "chat_template_kwargs": {"enable_thinking": False}}
+# ==== END OVISOCR2 MODEL ====
+
+LLM_KWARGS = {
+    "max_model_len": MAX_MODEL_LEN,
+    "gpu_memory_utilization": 0.8,
+    "limit_mm_per_prompt": {"image": 1},
+    "enable_prefix_caching": False,
+    "mm_processor_cache_gb": 0,
+    "mm_processor_kwargs": {"images_kwargs": {"min_pixels": MIN_PIXELS, "max_pixels": MAX_PIXELS}},
+    "gdn_prefill_backend": "triton",
+}
+CHAT_KWARGS = {"chat_template_kwargs": {"enable_thinking": False}}
+
+
+def build_messages(image_url: str, args) -> list[dict]:
+    """One conversation: the image first, then the prompt (the same message the server gets)."""
+    return [{
+        "role": "user",
+        "content": [
+            {"type": "image_url", "image_url": {"url": image_url}},
+            {"type": "text", "text": PROMPT},
+        ],
+    }]
+
+
+def sampling_kwargs(args) -> dict:
+    return {"temperature": TEMPERATURE, "max_tokens": args.max_tokens}
 
 
 # ==== BEGIN COMMON HELPERS (identical in every script; edit one copy, run tools/sync_helpers.py) ====

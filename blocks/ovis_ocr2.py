@@ -1,0 +1,70 @@
+"""The OvisOCR2 model section shared by ovis-ocr2.py and ovis-ocr2-server.py."""
+
+# ==== BEGIN OVISOCR2 MODEL (source: blocks/ovis_ocr2.py) ====
+# The card's prompt, character for character (it starts with a newline; braces are literal).
+PROMPT = (
+    "\nExtract all readable content from the image in natural human reading order and output "
+    "the result as a single Markdown document. For charts or images, represent them using an "
+    'HTML image tag: <img src="images/bbox_{left}_{top}_{right}_{bottom}.jpg" />, where left, '
+    "top, right, bottom are bounding box coordinates scaled to [0, 1000). Format formulas as "
+    "LaTeX. Format tables as HTML: <table>...</table>. Transcribe all other text as standard "
+    "Markdown. Preserve the original text without translation or paraphrasing."
+)
+
+MAX_MODEL_LEN = 32768
+DEFAULT_MAX_TOKENS = 16384
+TEMPERATURE = 0.0
+MIN_PIXELS = 448 * 448  # 200,704: the processor upscales below this; the client never does
+MAX_PIXELS = 2880 * 2880  # 8,294,400: the client downscales above this, to the processor's grid
+PATCH_GRID = 32  # Qwen3.5 vision: 16 px patches merged 2x2, so sizes snap to multiples of 32
+PROMPT_TEXT_TOKENS = 256  # generous bound on the chat template and prompt text around the image
+PAGE_FORMAT = "jpeg"  # pages that must be converted or resized: JPEG quality 95 (others go as is)
+PREFIX_CACHING = False
+
+
+def image_token_budget() -> int:
+    """Worst-case prompt tokens of one page: the largest image plus the text around it."""
+    return MAX_PIXELS // (PATCH_GRID * PATCH_GRID) + PROMPT_TEXT_TOKENS
+
+
+def target_size(width: int, height: int) -> tuple[int, int]:
+    """The size to send: unchanged unless above MAX_PIXELS, then the processor's own choice.
+
+    Qwen-style processors snap both sides to the patch grid and scale the area under
+    max_pixels; resizing to exactly that size means the server does not resample again.
+    """
+    if width * height <= MAX_PIXELS:
+        return width, height
+    scale = math.sqrt(width * height / MAX_PIXELS)
+    new_w = max(PATCH_GRID, math.floor(width / scale / PATCH_GRID) * PATCH_GRID)
+    new_h = max(PATCH_GRID, math.floor(height / scale / PATCH_GRID) * PATCH_GRID)
+    return new_w, new_h
+
+
+def add_model_arguments(parser) -> None:
+    parser.add_argument(
+        "--keep-image-tags", action="store_true",
+        help="keep the <img src=\"images/bbox_...\"> figure placeholders in the Markdown "
+             "(the card's clean-up drops them)")
+
+
+def postprocess(text: str, args) -> tuple[str, dict]:
+    """The card's clean-up, byte for byte (MODEL-FACTS.md, OvisOCR2): strip the text, split it
+    on exactly two newlines, drop the blocks that, once stripped, start with a figure
+    placeholder, join with two newlines, trim a degenerate repeated tail. Other spacing is the
+    model's own."""
+    blocks = text.strip().split("\n\n")
+    if not args.keep_image_tags:
+        blocks = [b for b in blocks if not b.strip().startswith('<img src="images/bbox_')]
+    return trim_repeated_tail("\n\n".join(blocks)), {}
+
+
+EXTRA_COLUMNS: dict = {}  # column suffix -> "blocks" or "string": model-specific output columns
+
+
+def inference_settings(args) -> dict:
+    """What the inference_info entry and the card record about this model's settings."""
+    return {"prompt": PROMPT, "temperature": TEMPERATURE, "max_tokens": args.max_tokens,
+            "min_pixels": MIN_PIXELS, "max_pixels": MAX_PIXELS,
+            "chat_template_kwargs": {"enable_thinking": False}}
+# ==== END OVISOCR2 MODEL ====
