@@ -245,7 +245,7 @@ def inference_settings(args) -> dict:
             "skip_special_tokens": False, "vllm_xargs": NGRAM_XARGS}
 
 
-# ==== BEGIN COMMON HELPERS (identical in every script; edit one copy, run tools/sync_helpers.py) ====
+# ==== BEGIN COMMON HELPERS (source: blocks/common.py; edit there, run tools/sync_helpers.py) ====
 # Input, page images, output parts, dataset card, stats. The model section above provides:
 # MODEL_ID, JOB_IMAGE, IMAGE_HAS_UV, DEFAULT_FLAVOR, SCRIPT_SHAPE, PAGE_FORMAT,
 # target_size(), postprocess(), inference_settings(), EXTRA_COLUMNS, DEFAULT_MAX_TOKENS.
@@ -3712,7 +3712,7 @@ def finish_run(code: int, run: Run, interrupts: Interrupts, stop_engine, argv: l
 # ==== END COMMON HELPERS ====
 
 
-# ==== BEGIN SERVER HELPERS (identical in every server script; edit one copy, run tools/sync_helpers.py) ====
+# ==== BEGIN SERVER HELPERS (source: blocks/server.py; edit there, run tools/sync_helpers.py) ====
 # The vLLM server's life cycle and the request loop. The model section provides SERVE_ARGS,
 # SERVE_ENV, DEFAULT_SERVER, spawn_args(), build_request(), image_token_budget(); the common
 # block provides the rest.
@@ -4095,11 +4095,11 @@ class ServerManager:
         notes = "".join(f"\n  * {note}" for note in jobs_command_notes(self.argv))
         if JOB_IMAGE.startswith("vllm/vllm-openai:"):
             image = "whose vLLM image provides `vllm`"
-            local = (f"  * install vLLM on a machine with a GPU (`uv pip install vllm` or `pip "
-                     f"install vllm`), then rerun the same command: the script starts `vllm serve` "
-                     f"itself;\n")
+            local = ("  * install vLLM on a machine with a GPU (`uv pip install vllm` or `pip "
+                     "install vllm`), then rerun the same command: the script starts `vllm serve` "
+                     "itself;\n")
         else:  # a model that runs only on its vendor's vLLM build, shipped in its image
-            image = f"in the image that carries the only vLLM build this model runs on"
+            image = "in the image that carries the only vLLM build this model runs on"
             local = (f"  * run this script inside {JOB_IMAGE} on a machine with a GPU (`docker "
                      f"run --gpus all ...`): that image's `vllm` is the vendor's build this model "
                      f"needs, and no other vLLM runs it;\n")

@@ -157,7 +157,7 @@ def sampling_kwargs(args) -> dict:
     return {"temperature": TEMPERATURE, "max_tokens": args.max_tokens}
 
 
-# ==== BEGIN COMMON HELPERS (identical in every script; edit one copy, run tools/sync_helpers.py) ====
+# ==== BEGIN COMMON HELPERS (source: blocks/common.py; edit there, run tools/sync_helpers.py) ====
 # Input, page images, output parts, dataset card, stats. The model section above provides:
 # MODEL_ID, JOB_IMAGE, IMAGE_HAS_UV, DEFAULT_FLAVOR, SCRIPT_SHAPE, PAGE_FORMAT,
 # target_size(), postprocess(), inference_settings(), EXTRA_COLUMNS, DEFAULT_MAX_TOKENS.
@@ -3624,7 +3624,7 @@ def finish_run(code: int, run: Run, interrupts: Interrupts, stop_engine, argv: l
 # ==== END COMMON HELPERS ====
 
 
-# ==== BEGIN OFFLINE HELPERS (identical in every offline script; edit one copy, run tools/sync_helpers.py) ====
+# ==== BEGIN OFFLINE HELPERS (source: blocks/offline.py; edit there, run tools/sync_helpers.py) ====
 # vllm.LLM in fixed batches. The model section provides LLM_KWARGS, CHAT_KWARGS,
 # build_messages(), sampling_kwargs(), VLLM_REQUIREMENT; the common block provides the rest.
 import base64

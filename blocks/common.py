@@ -1,6 +1,19 @@
-"""The COMMON HELPERS block of every script: input, page images, output parts, dataset card, stats."""
+"""The COMMON HELPERS block of every script: input, page images, output parts, dataset card,
+stats, the run's life cycle.
 
-# ==== BEGIN COMMON HELPERS (identical in every script; edit one copy, run tools/sync_helpers.py) ====
+Edit here, then run `python tools/sync_helpers.py`: it copies the block (from its BEGIN
+line on) into the scripts that carry it. The names imported below come, in a script, from
+its model section (blocks/model.py says how) or from the blocks before this one.
+"""
+
+import re
+
+from blocks.model import (
+    DEFAULT_FLAVOR, DEFAULT_MAX_TOKENS, EXTRA_COLUMNS, IMAGE_HAS_UV, inference_settings, JOB_IMAGE,
+    MODEL_ID, PAGE_FORMAT, postprocess, SCRIPT_SHAPE, target_size,
+)
+
+# ==== BEGIN COMMON HELPERS (source: blocks/common.py; edit there, run tools/sync_helpers.py) ====
 # Input, page images, output parts, dataset card, stats. The model section above provides:
 # MODEL_ID, JOB_IMAGE, IMAGE_HAS_UV, DEFAULT_FLAVOR, SCRIPT_SHAPE, PAGE_FORMAT,
 # target_size(), postprocess(), inference_settings(), EXTRA_COLUMNS, DEFAULT_MAX_TOKENS.

@@ -1,4 +1,14 @@
-"""The LightOnOCR-3 model section shared by lighton-ocr3.py and lighton-ocr3-saturate.py."""
+"""The LightOnOCR-3 model section shared by lighton-ocr3.py and lighton-ocr3-saturate.py: the
+model's settings, options and output parsing; each script adds its serve or vllm.LLM part.
+
+Edit here, then run `python tools/sync_helpers.py`: it copies the block (from its BEGIN
+line on) into the scripts that carry it. Its functions may call the common block's helpers
+(imported below), which the script defines before they run.
+"""
+
+import re
+
+from blocks.common import block_box
 
 # ==== BEGIN LIGHTONOCR-3 MODEL (source: blocks/lighton_ocr3.py) ====
 MODES = ("plain", "grounding")  # the two trained modes; other instructions are untrained

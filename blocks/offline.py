@@ -1,6 +1,31 @@
-"""The OFFLINE HELPERS block of the offline scripts: vllm.LLM in fixed batches."""
+"""The OFFLINE HELPERS block of the offline scripts: vllm.LLM in fixed batches.
 
-# ==== BEGIN OFFLINE HELPERS (identical in every offline script; edit one copy, run tools/sync_helpers.py) ====
+Edit here, then run `python tools/sync_helpers.py`: it copies the block (from its BEGIN
+line on) into the scripts that carry it. The names imported below come, in a script, from
+its model section (blocks/model.py says how) or from the blocks before this one.
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from blocks.model import (
+    add_model_arguments, build_messages, CHAT_KWARGS, image_token_budget, JOB_IMAGE, LLM_KWARGS,
+    MAX_MODEL_LEN, sampling_kwargs, SCRIPT_SHAPE, VLLM_REQUIREMENT,
+)
+from blocks.common import (
+    add_common_arguments, DegenerateCheck, early_exits_reported, error_row, exception_row,
+    EXIT_CODES, fail, HeldFailures, InputSource, iter_image_cells, jobs_command_notes,
+    kept_attempt, log, loop_seed, LOOP_TEMPERATURE, loops, open_run, PAGE, PageError,
+    parse_arguments, PartWriter, postprocessed, prepare_page, PreparedPage, redact_value,
+    reproduce_command, requested_revision, resolved_revision, RowResult, run_guarded, run_settings,
+    RunStats, script_name, text_layer_row,
+)
+
+# ==== BEGIN OFFLINE HELPERS (source: blocks/offline.py; edit there, run tools/sync_helpers.py) ====
 # vllm.LLM in fixed batches. The model section provides LLM_KWARGS, CHAT_KWARGS,
 # build_messages(), sampling_kwargs(), VLLM_REQUIREMENT; the common block provides the rest.
 import base64

@@ -1,4 +1,14 @@
-"""The OvisOCR2 model section shared by ovis-ocr2.py and ovis-ocr2-server.py."""
+"""The OvisOCR2 model section shared by ovis-ocr2.py and ovis-ocr2-server.py: the model's
+prompt, settings and clean-up; each script adds its serve or vllm.LLM part.
+
+Edit here, then run `python tools/sync_helpers.py`: it copies the block (from its BEGIN
+line on) into the scripts that carry it. Its functions may call the common block's helpers
+(imported below), which the script defines before they run.
+"""
+
+import math
+
+from blocks.common import trim_repeated_tail
 
 # ==== BEGIN OVISOCR2 MODEL (source: blocks/ovis_ocr2.py) ====
 # The card's prompt, character for character (it starts with a newline; braces are literal).

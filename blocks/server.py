@@ -1,6 +1,38 @@
-"""The SERVER HELPERS block of the server scripts: the vLLM server's life cycle, the request loop."""
+"""The SERVER HELPERS block of the server scripts: the vLLM server's life cycle, the request
+loop.
 
-# ==== BEGIN SERVER HELPERS (identical in every server script; edit one copy, run tools/sync_helpers.py) ====
+Edit here, then run `python tools/sync_helpers.py`: it copies the block (from its BEGIN
+line on) into the scripts that carry it. The names imported below come, in a script, from
+its model section (blocks/model.py says how) or from the blocks before this one.
+"""
+
+import argparse
+import json
+import math
+import os
+import random
+import re
+import shlex
+import signal
+import sys
+import time
+from pathlib import Path
+
+from blocks.model import (
+    add_model_arguments, build_request, DEFAULT_SERVER, image_token_budget, JOB_IMAGE,
+    SCRIPT_SHAPE, SERVE_ARGS, SERVE_ENV, spawn_args,
+)
+from blocks.common import (
+    add_common_arguments, DegenerateCheck, early_exits_reported, error_row, exception_row,
+    EXIT_CODES, EXIT_REFUSED, EXIT_USAGE, fail, flag_items, flag_words, HeldFailures, InputSource,
+    iter_image_cells, jobs_command_notes, kept_attempt, log, loop_seed, LOOP_TEMPERATURE, loops,
+    open_run, PAGE, PageError, parse_arguments, PartWriter, postprocessed, prepare_page,
+    PreparedPage, proc_bytes, redact_argv, reproduce_command, requested_revision,
+    resolved_revision, RowResult, run_guarded, run_settings, RunAborted, RunStats, script_name,
+    SERVER, text_layer_row,
+)
+
+# ==== BEGIN SERVER HELPERS (source: blocks/server.py; edit there, run tools/sync_helpers.py) ====
 # The vLLM server's life cycle and the request loop. The model section provides SERVE_ARGS,
 # SERVE_ENV, DEFAULT_SERVER, spawn_args(), build_request(), image_token_budget(); the common
 # block provides the rest.
@@ -383,11 +415,11 @@ class ServerManager:
         notes = "".join(f"\n  * {note}" for note in jobs_command_notes(self.argv))
         if JOB_IMAGE.startswith("vllm/vllm-openai:"):
             image = "whose vLLM image provides `vllm`"
-            local = (f"  * install vLLM on a machine with a GPU (`uv pip install vllm` or `pip "
-                     f"install vllm`), then rerun the same command: the script starts `vllm serve` "
-                     f"itself;\n")
+            local = ("  * install vLLM on a machine with a GPU (`uv pip install vllm` or `pip "
+                     "install vllm`), then rerun the same command: the script starts `vllm serve` "
+                     "itself;\n")
         else:  # a model that runs only on its vendor's vLLM build, shipped in its image
-            image = f"in the image that carries the only vLLM build this model runs on"
+            image = "in the image that carries the only vLLM build this model runs on"
             local = (f"  * run this script inside {JOB_IMAGE} on a machine with a GPU (`docker "
                      f"run --gpus all ...`): that image's `vllm` is the vendor's build this model "
                      f"needs, and no other vLLM runs it;\n")

@@ -76,6 +76,23 @@ def test_sync_tool_detects_and_repairs_a_drifted_script_and_an_edited_block(tmp_
     assert subprocess.run(tool + ["--check"]).returncode == 0
 
 
+def test_every_name_a_block_or_script_uses_is_defined():
+    """blocks/model.py is the interface: a module of blocks/ imports what it uses from the model
+    section from there, and the rest from the blocks before it; the imports must resolve, and
+    ruff must find no undefined name (nor unused import) in a module or an assembled script."""
+    import importlib
+    sys.path.insert(0, str(ROOT))
+    try:
+        for module in sorted((ROOT / "blocks").glob("*.py")):
+            importlib.import_module(f"blocks.{module.stem}")
+    finally:
+        sys.path.remove(str(ROOT))
+    run = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "--select",
+                          "F821,F822,F401", "--output-format", "concise", "blocks", *ALL_SCRIPTS],
+                         cwd=ROOT, capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
 @pytest.mark.parametrize("script", ALL_SCRIPTS)
 def test_the_official_ocr_flags_everywhere_but_hpd(script):
     """The README: every script uses --no-enable-prefix-caching, --mm-processor-cache-gb 0 and

@@ -1,0 +1,85 @@
+"""The model section, as the blocks see it: the one interface between a script's model section
+and its helper blocks. No script carries this file.
+
+A block reaches the model section only through the names below. In a script they are globals
+the model section defines before the blocks run; in a module of blocks/ they are imported from
+here (`from blocks.model import ...`, in the part above the BEGIN line, which the assembler
+leaves out), so that ruff knows every name and a test can import a block. Each value here is a
+placeholder of the right type; a script's model section sets the real one.
+
+Besides these, a block may read an optional model-section name with a default, at the top of
+the block that uses it: `NAME = globals().get("NAME", default)` (MODEL_REVISION, RESIZE_FILTER,
+LOOP_TEMPERATURE, JOB_TIMEOUT, JOB_PAGES_PER_S, IMAGE_TAG_MOVING, PDF_DPI in the common block;
+API_SERVER_COUNT in the saturate block). A model section sets one only where its model differs.
+
+The model section may call any helper of the common block (`trim_repeated_tail`, `block_box`):
+its functions run after the blocks are defined.
+"""
+
+# Every script (common block)
+MODEL_ID = "org/model"  # the Hub id of the weights
+JOB_IMAGE = "vllm/vllm-openai:tag"  # the image a Job runs in
+IMAGE_HAS_UV = True  # the image has uv: `hf jobs uv run` works
+DEFAULT_FLAVOR = "l4x1"  # the Jobs flavor the printed commands use
+SCRIPT_SHAPE = "server"  # "server", "saturate" or "offline"
+PAGE_FORMAT = "jpeg"  # the format of pages that must be converted or resized
+DEFAULT_MAX_TOKENS = 4096
+EXTRA_COLUMNS: dict = {}  # column suffix -> "blocks" or "string": model-specific output columns
+
+
+def target_size(width: int, height: int) -> tuple[int, int]:
+    """The size a page is sent at."""
+    raise NotImplementedError
+
+
+def image_token_budget() -> int:
+    """Worst-case prompt tokens of one page."""
+    raise NotImplementedError
+
+
+def add_model_arguments(parser) -> None:
+    """The model's own command-line options."""
+    raise NotImplementedError
+
+
+def postprocess(text: str, args) -> tuple[str, dict]:
+    """The model's answer -> (Markdown, {column suffix: extra value})."""
+    raise NotImplementedError
+
+
+def inference_settings(args) -> dict:
+    """What the inference_info entry and the card record about the model's settings."""
+    raise NotImplementedError
+
+
+# Server scripts (server block)
+SERVE_ARGS: list = []  # `vllm serve` arguments after the model id
+SERVE_ENV: dict = {}  # environment variables the spawned `vllm serve` needs
+DEFAULT_SERVER = "http://127.0.0.1:8000"
+
+
+def spawn_args(args) -> list[str]:
+    """Serve arguments known only when the script starts the server itself."""
+    raise NotImplementedError
+
+
+def build_request(image_url: str, args) -> dict:
+    """One chat-completions request body for one page."""
+    raise NotImplementedError
+
+
+# Offline scripts (offline block)
+VLLM_REQUIREMENT = ">=0"  # what `uv run --with vllm...` asks for where none is installed
+MAX_MODEL_LEN = 32768
+LLM_KWARGS: dict = {}  # vllm.LLM(**LLM_KWARGS)
+CHAT_KWARGS: dict = {}  # llm.chat(..., **CHAT_KWARGS)
+
+
+def build_messages(image_url: str, args) -> list[dict]:
+    """One conversation for one page."""
+    raise NotImplementedError
+
+
+def sampling_kwargs(args) -> dict:
+    """vllm.SamplingParams(**sampling_kwargs(args))."""
+    raise NotImplementedError
