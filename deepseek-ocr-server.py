@@ -107,7 +107,7 @@ LOGITS_PROCESSOR = "vllm.model_executor.models.deepseek_ocr:NGramPerReqLogitsPro
 SERVE_ARGS = [
     "--trust-remote-code",
     "--max-model-len", str(MAX_MODEL_LEN),
-    "--no-enable-prefix-caching",
+    "--enable-prefix-caching" if PREFIX_CACHING else "--no-enable-prefix-caching",
     "--mm-processor-cache-gb", "0",
     "--limit-mm-per-prompt", '{"image": 1}',
     "--logits-processors", LOGITS_PROCESSOR,  # last: it takes a list
@@ -245,7 +245,7 @@ def inference_settings(args) -> dict:
             "skip_special_tokens": False, "vllm_xargs": NGRAM_XARGS}
 
 
-# ==== BEGIN COMMON HELPERS (source: blocks/common.py; edit there, run tools/sync_helpers.py) ====
+# ==== BEGIN COMMON HELPERS (edit blocks/common.py, then run tools/sync_helpers.py) ====
 # Input, page images, output parts, dataset card, stats. The model section above provides:
 # MODEL_ID, JOB_IMAGE, IMAGE_HAS_UV, DEFAULT_FLAVOR, SCRIPT_SHAPE, PAGE_FORMAT,
 # target_size(), postprocess(), inference_settings(), EXTRA_COLUMNS, DEFAULT_MAX_TOKENS.
@@ -1454,19 +1454,6 @@ def encode_page(img) -> tuple[bytes, str]:
     return out.getvalue(), "image/jpeg"
 
 
-def block_box(values, top: int) -> list[int] | None:
-    """A parsed box as four ints in [0, top], or None: a degenerate output's 99999999999 or
-    a missing coordinate must not reach the int32 box column (it would make the part
-    unwritable). Takes strings or numbers; never raises."""
-    try:
-        numbers = [float(v) for v in values]
-    except (TypeError, ValueError, OverflowError):
-        return None
-    if len(numbers) != 4 or not all(0 <= v <= top for v in numbers):  # NaN fails too
-        return None
-    return [int(v) for v in numbers]
-
-
 # ---- text checks ----------------------------------------------------------------------------
 
 def repeated_tail(text: str, max_period: int = 200) -> tuple[int, int]:
@@ -1481,16 +1468,6 @@ def repeated_tail(text: str, max_period: int = 200) -> tuple[int, int]:
         if repeats >= 2 and repeats * period > best[0] * best[1]:
             best = (period, repeats)
     return best
-
-
-def trim_repeated_tail(text: str, min_length: int = 8000) -> str:
-    """Keep one copy of a degenerate repeated tail (>= 100 chars, >= 5 repeats, period <= 200)."""
-    if len(text) < min_length:
-        return text
-    period, repeats = repeated_tail(text)
-    if repeats >= 5 and period * repeats >= 100:
-        return text[: len(text) - period * (repeats - 1)]
-    return text
 
 
 def looks_degenerate(text: str | None) -> bool:
@@ -1511,8 +1488,8 @@ def looks_degenerate(text: str | None) -> bool:
 
 def loops(text: str | None, finish_reason: str | None) -> bool:
     """The raw answer of a page worth sending again: text the degenerate check would flag, or
-    one cut at max_tokens that ends in the loop trim_repeated_tail trims (>= 5 repeats over >=
-    100 chars: a real page cut mid-text rarely ends that way). A blank page is not a loop."""
+    one cut at max_tokens that ends in a loop (>= 5 repeats over >= 100 chars: a real page cut
+    mid-text rarely ends that way). A blank page is not a loop."""
     if not text or not text.strip():
         return False
     if looks_degenerate(text):
@@ -3712,7 +3689,23 @@ def finish_run(code: int, run: Run, interrupts: Interrupts, stop_engine, argv: l
 # ==== END COMMON HELPERS ====
 
 
-# ==== BEGIN SERVER HELPERS (source: blocks/server.py; edit there, run tools/sync_helpers.py) ====
+# ==== BEGIN GROUNDING HELPERS (edit blocks/grounding.py, then run tools/sync_helpers.py) ====
+# For the model sections that parse boxes out of their model's answer.
+def block_box(values, top: int) -> list[int] | None:
+    """A parsed box as four ints in [0, top], or None: a degenerate output's 99999999999 or
+    a missing coordinate must not reach the int32 box column (it would make the part
+    unwritable). Takes strings or numbers; never raises."""
+    try:
+        numbers = [float(v) for v in values]
+    except (TypeError, ValueError, OverflowError):
+        return None
+    if len(numbers) != 4 or not all(0 <= v <= top for v in numbers):  # NaN fails too
+        return None
+    return [int(v) for v in numbers]
+# ==== END GROUNDING HELPERS ====
+
+
+# ==== BEGIN SERVER HELPERS (edit blocks/server.py, then run tools/sync_helpers.py) ====
 # The vLLM server's life cycle and the request loop. The model section provides SERVE_ARGS,
 # SERVE_ENV, DEFAULT_SERVER, spawn_args(), build_request(), image_token_budget(); the common
 # block provides the rest.
@@ -3720,7 +3713,6 @@ import asyncio
 import base64
 import shutil
 import socket
-import statistics
 import subprocess
 import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
@@ -3790,10 +3782,7 @@ def server_url_parts(url: str) -> tuple[str, str, int]:
 
 def server_argument_problems(args) -> list[str]:
     """The server options a user can get wrong (parse_arguments reports them with the rest)."""
-    problems = []
-    if getattr(args, "min_window", None) and getattr(args, "max_window", None) \
-            and args.min_window > args.max_window:
-        problems.append(f"--min-window {args.min_window} is above --max-window {args.max_window}")
+    problems = WINDOW.problems(args)
     try:
         server_url_parts(args.server)
     except ValueError as exc:
@@ -4115,10 +4104,7 @@ class ServerManager:
         if self.revision or requested_revision(self.args):
             command += ["--revision", self.revision or requested_revision(self.args)]
         serve_args = effective_serve_args(self.args)
-        if SCRIPT_SHAPE == "saturate" and serve_arg_value(serve_args, "--api-server-count") is None:
-            count = self.args.api_server_count or default_api_server_count()
-            if count > 1:
-                command += ["--api-server-count", str(count)]
+        command += WINDOW.serve_args(self.args, serve_args)
         parallel = data_parallel_args(serve_args)
         self.engines = int(parallel[1]) if parallel else 1
         return command + parallel + serve_args  # --logits-processors stays last
@@ -4435,172 +4421,35 @@ class Window:
             self._changed.notify_all()
 
 
-def available_memory_bytes() -> int:
-    available = proc_bytes("/proc/meminfo", "MemAvailable")
-    return 8 << 30 if available is None else available
+class FixedWindow:
+    """The window of a -server.py script: a fixed number of pages in flight. The saturate
+    block of a -saturate.py script sets WINDOW to its adaptive window instead."""
+
+    def add_arguments(self, parser: argparse.ArgumentParser, group) -> None:
+        group.add_argument("--concurrency", type=int, default=None,
+                           help=f"pages in flight at once (default: {PAGES_PER_ENGINE} per engine, "
+                                f"the seed's setting: {PAGES_PER_ENGINE} x N when this script "
+                                f"starts vLLM on N GPUs)")
+
+    def problems(self, args) -> list[str]:
+        return []
+
+    def serve_args(self, args, serve_args: list[str]) -> list[str]:
+        """What this window adds to the command of a server started here."""
+        return []
+
+    def start(self, args, run) -> tuple[Window, None]:
+        """The window, and the controller that adapts it during the run (none: it stays)."""
+        return Window(args.concurrency or PAGES_PER_ENGINE), None
 
 
-def parse_metrics(text: str) -> dict:
-    """The vLLM gauges the window needs, summed over label sets; missing ones are absent."""
-    wanted = {"vllm:num_requests_running": "running", "vllm:num_requests_waiting": "waiting",
-              "vllm:kv_cache_usage_perc": "kv", "vllm:gpu_cache_usage_perc": "kv",
-              "vllm:prefix_cache_hits_total": "prefix_hits",
-              "vllm:prefix_cache_queries_total": "prefix_queries"}
-    out: dict = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        name = line.split("{", 1)[0].split(" ", 1)[0]
-        if name in wanted:
-            try:
-                value = float(line.rsplit(" ", 1)[1])
-            except (IndexError, ValueError):
-                continue
-            key = wanted[name]
-            out[key] = out.get(key, 0.0) + value if key != "kv" else max(out.get(key, 0.0), value)
-    return out
-
-
-class WindowController:
-    """Adapts the window of a saturate script: it grows while the engine has no queue and
-    delivered tokens/s still rise, holds or shrinks when requests wait or the KV cache is near
-    full, never widens a window nothing has come back through, and never lets the pages in
-    flight outgrow the host-memory budget (measured bytes per page). Without the engine's
-    gauges (some vLLM versions drop them with --api-server-count > 1) it goes by delivered
-    throughput alone. Every tick is written to a telemetry file."""
-
-    def __init__(self, window: Window, stats: RunStats, args, telemetry_path: Path | None,
-                 adaptive: bool):
-        self.window, self.stats, self.args, self.adaptive = window, stats, args, adaptive
-        self.budget = int(args.max_inflight_memory * (1 << 20)) if args.max_inflight_memory \
-            else available_memory_bytes() // 4
-        self.telemetry = open(telemetry_path, "a") if telemetry_path else None
-        self.page_bytes: list[int] = []
-        self.tokens = self.pages = 0
-        self.preparing = 0
-        self.completions_since_change = 0
-        self.best_rate = 0.0
-        self.samples: list[str] = []
-        self.metrics_seen = False
-        self.prefix_hit_rate = None
-        self.input_done = False
-        self.last_sample = time.monotonic()
-
-    def note_body(self, size: int) -> None:
-        self.page_bytes.append(size)
-        if len(self.page_bytes) > 256:
-            del self.page_bytes[:128]
-
-    def on_result(self, result: RowResult) -> None:
-        self.tokens += result.completion_tokens or 0
-        self.pages += 1
-        self.completions_since_change += 1
-
-    def memory_cap(self) -> int:
-        """Pages the budget holds: each in flight keeps its request body, plus a margin."""
-        if not self.page_bytes:
-            return max(1, self.args.min_window)
-        per_page = statistics.mean(self.page_bytes) * 1.5 + (64 << 10)
-        return max(1, int(self.budget // per_page))
-
-    async def read_metrics(self, client, server: ServerManager) -> dict:
-        try:
-            response = await client.get(f"{server.base}/metrics", headers=server.headers, timeout=5)
-            if response.status_code == 200:
-                metrics = parse_metrics(response.text)
-                self.metrics_seen = self.metrics_seen or bool(metrics)
-                return metrics
-        except httpx.HTTPError:
-            pass
-        return {}
-
-    async def run(self, client, server: ServerManager) -> None:
-        while True:
-            await asyncio.sleep(self.args.adapt_interval)
-            await self.sample(client, server)
-
-    async def sample(self, client, server: ServerManager) -> None:
-        """Read the gauges, decide, write a telemetry row; also once at the end, so that a run
-        shorter than one interval has its row and the prefix-cache counters are the final ones."""
-        now = time.monotonic()
-        dt, self.last_sample = max(1e-3, now - self.last_sample), now
-        metrics = await self.read_metrics(client, server)
-        if metrics.get("prefix_queries"):
-            self.prefix_hit_rate = round(metrics.get("prefix_hits", 0.0) / metrics["prefix_queries"], 4)
-        rate, page_rate = self.tokens / dt, self.pages / dt
-        self.tokens = self.pages = 0
-        await self.tick(metrics, rate)
-        if self.telemetry:
-            self.telemetry.write(json.dumps({
-                "t": round(now - self.stats.started, 2), "window": self.window.limit,
-                "in_flight": self.stats.in_flight, "preparing": self.preparing,
-                "running": metrics.get("running"), "waiting": metrics.get("waiting"),
-                "kv_cache": metrics.get("kv"), "tokens_per_s": round(rate, 1),
-                "pages_per_s": round(page_rate, 3), "memory_cap": self.memory_cap(),
-                "bound_by": self.samples[-1] if self.samples else None}) + "\n")
-            self.telemetry.flush()
-
-    async def tick(self, metrics: dict, rate: float) -> None:
-        """One decision. Continuous batching always keeps a few requests waiting for their
-        prefill; a queue is "long" only when as many wait as run."""
-        limit, cap = self.window.limit, self.memory_cap()
-        waiting, running, kv = metrics.get("waiting"), metrics.get("running") or 0, metrics.get("kv")
-        long_queue = waiting is not None and waiting > max(4, running)
-        some_queue = waiting is not None and waiting > max(2, running / 4)
-        full = self.stats.in_flight >= limit * 0.9
-        if self.input_done:
-            verdict = "tail"  # the last pages draining: says nothing about the steady state
-        elif not self.stats.finished_at:
-            verdict = "start"  # the first pages still on their way: nor does the filling
-        elif some_queue or (kv or 0) > 0.9:
-            verdict = "engine"
-        elif full and limit >= cap:
-            verdict = "memory"
-        elif self.preparing >= max(2, self.stats.in_flight // 2):
-            verdict = "preprocessing"
-        elif not full:
-            verdict = "input"
-        else:
-            verdict = "engine" if waiting is None and rate < self.best_rate * 1.02 else "window"
-        self.samples.append(verdict)
-        if not self.adaptive:
-            return
-        new = limit
-        if limit > cap:
-            new = cap  # the host-memory budget comes first
-        elif long_queue or (kv or 0) > 0.95:
-            new = max(self.args.min_window, int(limit * 0.85))  # over-full: give some back
-        elif some_queue or (kv or 0) > 0.9:
-            new = limit  # the engine has its queue: more pages in flight would only wait
-        elif not full or self.completions_since_change < max(2, limit // 4):
-            new = limit  # never widen a window nothing has come back through
-        elif self.best_rate and rate < self.best_rate * 0.95:
-            new = limit  # delivered tokens/s stopped rising: this is the plateau
-        else:
-            new = min(cap, self.args.max_window, int(math.ceil(limit * 1.5)))
-        self.best_rate = max(self.best_rate, rate)
-        if new != limit:
-            self.completions_since_change = 0
-            await self.window.resize(new)
-
-    def bound_by(self) -> str | None:
-        """The most frequent verdict of the steady state; "window" (full, no queue, still
-        growing) counts as the engine only when nothing else was seen."""
-        steady = [s for s in self.samples if s not in ("start", "tail")]
-        if not steady:
-            return "input" if self.samples else None
-        bounded = [s for s in steady if s != "window"] or ["engine"]
-        return max(set(bounded), key=bounded.count)
-
-    def close(self) -> None:
-        if self.telemetry:
-            self.telemetry.close()
+WINDOW = FixedWindow()
 
 
 async def run_server_pipeline(source: InputSource, pending: list[int], writer: PartWriter,
                               stats: RunStats, args, server: ServerManager, window: Window,
                               check: DegenerateCheck,
-                              controller: WindowController | None = None) -> None:
+                              controller=None) -> None:
     """Start or reuse the server, then keep the window full until every pending row is done.
     On abort or interrupt, finished rows stay in `writer` for the caller to flush."""
     from tqdm import tqdm
@@ -4759,68 +4608,7 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
                             "side (5xx, timeouts) over at least --abort-after-seconds (default: 20)")
     group.add_argument("--abort-after-seconds", type=float, default=60.0,
                        help="see --abort-after-failures (default: 60)")
-    if SCRIPT_SHAPE != "saturate":
-        group.add_argument("--concurrency", type=int, default=None,
-                           help=f"pages in flight at once (default: {PAGES_PER_ENGINE} per engine, "
-                                f"the seed's setting: {PAGES_PER_ENGINE} x N when this script "
-                                f"starts vLLM on N GPUs)")
-        return
-    group = parser.add_argument_group("saturation (the window adapts to keep the engine busy)")
-    group.add_argument("--concurrency", type=int, default=None,
-                       help="a fixed window of N pages instead of the adaptive one")
-    group.add_argument("--max-inflight-memory", type=float, default=None,
-                       help="MiB of host memory that pages in flight may hold (default: a "
-                            "quarter of the memory available at start)")
-    group.add_argument("--min-window", type=int, default=32,
-                       help="smallest window, and the one it starts from (default: 32, the "
-                            "server scripts' fixed window; starting lower cost 96-page runs here "
-                            "a fifth of their throughput while the window grew)")
-    group.add_argument("--max-window", type=int, default=1024, help="largest window (default: 1024)")
-    group.add_argument("--adapt-interval", type=float, default=2.0,
-                       help="seconds between window decisions (default: 2)")
-    group.add_argument("--api-server-count", type=int, default=None,
-                       help=f"API server processes of a spawned server (default: "
-                            f"{API_SERVER_COUNT} when this process may use {API_SERVERS_MIN_CPUS} "
-                            f"or more CPUs, else 1; see the docstring)")
-
-
-API_SERVER_COUNT = globals().get("API_SERVER_COUNT", 1)  # a model section's measured count
-API_SERVERS_MIN_CPUS = 12  # the flavors where more API servers were measured to help had 12+
-
-
-def cgroup_cpu_limit(root: str = "/sys/fs/cgroup") -> float | None:
-    """CPUs a cgroup quota allows (v2 cpu.max, else v1 cfs quota), None without one."""
-    try:
-        relative = Path("/proc/self/cgroup").read_text().split("0::", 1)[1].split("\n", 1)[0]
-    except (OSError, IndexError):
-        relative = "/"
-    candidates = [(Path(root + relative) / "cpu.max", None), (Path(root) / "cpu.max", None),
-                  (Path(root) / "cpu" / "cpu.cfs_quota_us", Path(root) / "cpu" / "cpu.cfs_period_us")]
-    for quota_file, period_file in candidates:
-        try:
-            if period_file is None:
-                quota, period = quota_file.read_text().split()[:2]
-            else:
-                quota, period = quota_file.read_text().strip(), period_file.read_text().strip()
-            if quota in ("max", "-1"):
-                return None
-            return int(quota) / int(period)
-        except (OSError, ValueError, ZeroDivisionError):
-            continue
-    return None
-
-
-def usable_cpus(cgroup_root: str = "/sys/fs/cgroup") -> int:
-    """CPUs this process may use: its affinity mask, capped by a cgroup quota. os.cpu_count()
-    counts the host's cores, also inside a container allowed only a few of them."""
-    try:
-        count = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        count = os.cpu_count() or 1
-    limit = cgroup_cpu_limit(cgroup_root)
-    if limit is not None:
-        count = min(count, int(limit))
-    return max(1, count)
+    WINDOW.add_arguments(parser, group)
 
 
 PAGES_PER_ENGINE = 32  # the window per engine when --concurrency is not given: the seed's setting
@@ -4847,14 +4635,6 @@ def data_parallel_args(serve_args: list[str]) -> list[str]:
     given = any(serve_arg_value(serve_args, flag) for flag in PARALLEL_FLAGS)
     gpus = 0 if given else visible_gpus()
     return ["--data-parallel-size", str(gpus)] if gpus > 1 else []
-
-
-def default_api_server_count() -> int:
-    """One API server preprocesses images on one core. Where a model section measured more
-    (API_SERVER_COUNT; LightOnOCR-3: 4 gave +9% to +16% on flavors of 12+ vCPUs), that many
-    when this process may use API_SERVERS_MIN_CPUS CPUs; else 1: on small flavors host memory
-    binds first, and extra servers only cost memory."""
-    return API_SERVER_COUNT if usable_cpus() >= API_SERVERS_MIN_CPUS else 1
 
 
 def info_entry_for(args, server_args) -> dict:
@@ -4907,15 +4687,7 @@ def server_run(args, argv: list[str], hub_api) -> int:
     run = open_run(args, hub_api, flag_values(effective_serve_args(args)),
                    info_entry_for(args, effective_serve_args(args)))
     server = ServerManager(args, argv, run.store.meta / "logs")
-    controller = None
-    window = Window(args.concurrency or (args.min_window if SCRIPT_SHAPE == "saturate"
-                                         else PAGES_PER_ENGINE))
-    if SCRIPT_SHAPE == "saturate":
-        telemetry = Path(args.stats_json).expanduser().with_suffix(".telemetry.jsonl") \
-            if args.stats_json else run.store.meta / "logs" / "telemetry.jsonl"
-        telemetry.parent.mkdir(parents=True, exist_ok=True)
-        controller = WindowController(window, run.stats, args, telemetry,
-                                      adaptive=not args.concurrency)
+    window, controller = WINDOW.start(args, run)
 
     def work() -> None:
         try:
@@ -4923,10 +4695,7 @@ def server_run(args, argv: list[str], hub_api) -> int:
                                             args, server, window, run.check, controller))
         finally:
             if controller is not None:
-                run.stats.extra.update({
-                    "bound_by": controller.bound_by(), "window_final": window.limit,
-                    "memory_budget_bytes": controller.budget,
-                    "prefix_cache_hit_rate": controller.prefix_hit_rate})
+                run.stats.extra.update(controller.summary())
 
     return run_guarded(run, work, server.stop, argv)
 # ==== END SERVER HELPERS ====

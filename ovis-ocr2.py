@@ -120,6 +120,16 @@ def postprocess(text: str, args) -> tuple[str, dict]:
     return trim_repeated_tail("\n\n".join(blocks)), {}
 
 
+def trim_repeated_tail(text: str, min_length: int = 8000) -> str:
+    """Keep one copy of a degenerate repeated tail (>= 100 chars, >= 5 repeats, period <= 200)."""
+    if len(text) < min_length:
+        return text
+    period, repeats = repeated_tail(text)
+    if repeats >= 5 and period * repeats >= 100:
+        return text[: len(text) - period * (repeats - 1)]
+    return text
+
+
 EXTRA_COLUMNS: dict = {}  # column suffix -> "blocks" or "string": model-specific output columns
 
 
@@ -134,7 +144,7 @@ LLM_KWARGS = {
     "max_model_len": MAX_MODEL_LEN,
     "gpu_memory_utilization": 0.8,
     "limit_mm_per_prompt": {"image": 1},
-    "enable_prefix_caching": False,
+    "enable_prefix_caching": PREFIX_CACHING,
     "mm_processor_cache_gb": 0,
     "mm_processor_kwargs": {"images_kwargs": {"min_pixels": MIN_PIXELS, "max_pixels": MAX_PIXELS}},
     "gdn_prefill_backend": "triton",
@@ -157,7 +167,7 @@ def sampling_kwargs(args) -> dict:
     return {"temperature": TEMPERATURE, "max_tokens": args.max_tokens}
 
 
-# ==== BEGIN COMMON HELPERS (source: blocks/common.py; edit there, run tools/sync_helpers.py) ====
+# ==== BEGIN COMMON HELPERS (edit blocks/common.py, then run tools/sync_helpers.py) ====
 # Input, page images, output parts, dataset card, stats. The model section above provides:
 # MODEL_ID, JOB_IMAGE, IMAGE_HAS_UV, DEFAULT_FLAVOR, SCRIPT_SHAPE, PAGE_FORMAT,
 # target_size(), postprocess(), inference_settings(), EXTRA_COLUMNS, DEFAULT_MAX_TOKENS.
@@ -1366,19 +1376,6 @@ def encode_page(img) -> tuple[bytes, str]:
     return out.getvalue(), "image/jpeg"
 
 
-def block_box(values, top: int) -> list[int] | None:
-    """A parsed box as four ints in [0, top], or None: a degenerate output's 99999999999 or
-    a missing coordinate must not reach the int32 box column (it would make the part
-    unwritable). Takes strings or numbers; never raises."""
-    try:
-        numbers = [float(v) for v in values]
-    except (TypeError, ValueError, OverflowError):
-        return None
-    if len(numbers) != 4 or not all(0 <= v <= top for v in numbers):  # NaN fails too
-        return None
-    return [int(v) for v in numbers]
-
-
 # ---- text checks ----------------------------------------------------------------------------
 
 def repeated_tail(text: str, max_period: int = 200) -> tuple[int, int]:
@@ -1393,16 +1390,6 @@ def repeated_tail(text: str, max_period: int = 200) -> tuple[int, int]:
         if repeats >= 2 and repeats * period > best[0] * best[1]:
             best = (period, repeats)
     return best
-
-
-def trim_repeated_tail(text: str, min_length: int = 8000) -> str:
-    """Keep one copy of a degenerate repeated tail (>= 100 chars, >= 5 repeats, period <= 200)."""
-    if len(text) < min_length:
-        return text
-    period, repeats = repeated_tail(text)
-    if repeats >= 5 and period * repeats >= 100:
-        return text[: len(text) - period * (repeats - 1)]
-    return text
 
 
 def looks_degenerate(text: str | None) -> bool:
@@ -1423,8 +1410,8 @@ def looks_degenerate(text: str | None) -> bool:
 
 def loops(text: str | None, finish_reason: str | None) -> bool:
     """The raw answer of a page worth sending again: text the degenerate check would flag, or
-    one cut at max_tokens that ends in the loop trim_repeated_tail trims (>= 5 repeats over >=
-    100 chars: a real page cut mid-text rarely ends that way). A blank page is not a loop."""
+    one cut at max_tokens that ends in a loop (>= 5 repeats over >= 100 chars: a real page cut
+    mid-text rarely ends that way). A blank page is not a loop."""
     if not text or not text.strip():
         return False
     if looks_degenerate(text):
@@ -3624,7 +3611,7 @@ def finish_run(code: int, run: Run, interrupts: Interrupts, stop_engine, argv: l
 # ==== END COMMON HELPERS ====
 
 
-# ==== BEGIN OFFLINE HELPERS (source: blocks/offline.py; edit there, run tools/sync_helpers.py) ====
+# ==== BEGIN OFFLINE HELPERS (edit blocks/offline.py, then run tools/sync_helpers.py) ====
 # vllm.LLM in fixed batches. The model section provides LLM_KWARGS, CHAT_KWARGS,
 # build_messages(), sampling_kwargs(), VLLM_REQUIREMENT; the common block provides the rest.
 import base64

@@ -13,7 +13,7 @@ from blocks.model import (
     MODEL_ID, PAGE_FORMAT, postprocess, SCRIPT_SHAPE, target_size,
 )
 
-# ==== BEGIN COMMON HELPERS (source: blocks/common.py; edit there, run tools/sync_helpers.py) ====
+# ==== BEGIN COMMON HELPERS (edit blocks/common.py, then run tools/sync_helpers.py) ====
 # Input, page images, output parts, dataset card, stats. The model section above provides:
 # MODEL_ID, JOB_IMAGE, IMAGE_HAS_UV, DEFAULT_FLAVOR, SCRIPT_SHAPE, PAGE_FORMAT,
 # target_size(), postprocess(), inference_settings(), EXTRA_COLUMNS, DEFAULT_MAX_TOKENS.
@@ -1222,19 +1222,6 @@ def encode_page(img) -> tuple[bytes, str]:
     return out.getvalue(), "image/jpeg"
 
 
-def block_box(values, top: int) -> list[int] | None:
-    """A parsed box as four ints in [0, top], or None: a degenerate output's 99999999999 or
-    a missing coordinate must not reach the int32 box column (it would make the part
-    unwritable). Takes strings or numbers; never raises."""
-    try:
-        numbers = [float(v) for v in values]
-    except (TypeError, ValueError, OverflowError):
-        return None
-    if len(numbers) != 4 or not all(0 <= v <= top for v in numbers):  # NaN fails too
-        return None
-    return [int(v) for v in numbers]
-
-
 # ---- text checks ----------------------------------------------------------------------------
 
 def repeated_tail(text: str, max_period: int = 200) -> tuple[int, int]:
@@ -1249,16 +1236,6 @@ def repeated_tail(text: str, max_period: int = 200) -> tuple[int, int]:
         if repeats >= 2 and repeats * period > best[0] * best[1]:
             best = (period, repeats)
     return best
-
-
-def trim_repeated_tail(text: str, min_length: int = 8000) -> str:
-    """Keep one copy of a degenerate repeated tail (>= 100 chars, >= 5 repeats, period <= 200)."""
-    if len(text) < min_length:
-        return text
-    period, repeats = repeated_tail(text)
-    if repeats >= 5 and period * repeats >= 100:
-        return text[: len(text) - period * (repeats - 1)]
-    return text
 
 
 def looks_degenerate(text: str | None) -> bool:
@@ -1279,8 +1256,8 @@ def looks_degenerate(text: str | None) -> bool:
 
 def loops(text: str | None, finish_reason: str | None) -> bool:
     """The raw answer of a page worth sending again: text the degenerate check would flag, or
-    one cut at max_tokens that ends in the loop trim_repeated_tail trims (>= 5 repeats over >=
-    100 chars: a real page cut mid-text rarely ends that way). A blank page is not a loop."""
+    one cut at max_tokens that ends in a loop (>= 5 repeats over >= 100 chars: a real page cut
+    mid-text rarely ends that way). A blank page is not a loop."""
     if not text or not text.strip():
         return False
     if looks_degenerate(text):

@@ -8,7 +8,7 @@ line on) into the scripts that carry it. Its functions may call the common block
 
 import re
 
-from blocks.common import block_box
+from blocks.grounding import block_box
 
 # ==== BEGIN LIGHTONOCR-3 MODEL (source: blocks/lighton_ocr3.py) ====
 MODES = ("plain", "grounding")  # the two trained modes; other instructions are untrained

@@ -12,8 +12,9 @@ the block that uses it: `NAME = globals().get("NAME", default)` (MODEL_REVISION,
 LOOP_TEMPERATURE, JOB_TIMEOUT, JOB_PAGES_PER_S, IMAGE_TAG_MOVING, PDF_DPI in the common block;
 API_SERVER_COUNT in the saturate block). A model section sets one only where its model differs.
 
-The model section may call any helper of the common block (`trim_repeated_tail`, `block_box`):
-its functions run after the blocks are defined.
+The model section's functions may call the helpers of the blocks its script carries (the
+common block's `repeated_tail`, the grounding block's `block_box`): they run after the blocks
+are defined.
 """
 
 # Every script (common block)

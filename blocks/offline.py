@@ -25,7 +25,7 @@ from blocks.common import (
     RunStats, script_name, text_layer_row,
 )
 
-# ==== BEGIN OFFLINE HELPERS (source: blocks/offline.py; edit there, run tools/sync_helpers.py) ====
+# ==== BEGIN OFFLINE HELPERS (edit blocks/offline.py, then run tools/sync_helpers.py) ====
 # vllm.LLM in fixed batches. The model section provides LLM_KWARGS, CHAT_KWARGS,
 # build_messages(), sampling_kwargs(), VLLM_REQUIREMENT; the common block provides the rest.
 import base64

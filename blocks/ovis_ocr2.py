@@ -8,7 +8,7 @@ line on) into the scripts that carry it. Its functions may call the common block
 
 import math
 
-from blocks.common import trim_repeated_tail
+from blocks.common import repeated_tail
 
 # ==== BEGIN OVISOCR2 MODEL (source: blocks/ovis_ocr2.py) ====
 # The card's prompt, character for character (it starts with a newline; braces are literal).
@@ -67,6 +67,16 @@ def postprocess(text: str, args) -> tuple[str, dict]:
     if not args.keep_image_tags:
         blocks = [b for b in blocks if not b.strip().startswith('<img src="images/bbox_')]
     return trim_repeated_tail("\n\n".join(blocks)), {}
+
+
+def trim_repeated_tail(text: str, min_length: int = 8000) -> str:
+    """Keep one copy of a degenerate repeated tail (>= 100 chars, >= 5 repeats, period <= 200)."""
+    if len(text) < min_length:
+        return text
+    period, repeats = repeated_tail(text)
+    if repeats >= 5 and period * repeats >= 100:
+        return text[: len(text) - period * (repeats - 1)]
+    return text
 
 
 EXTRA_COLUMNS: dict = {}  # column suffix -> "blocks" or "string": model-specific output columns

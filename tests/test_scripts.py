@@ -33,6 +33,8 @@ def test_header_and_layout(script):
         '"""', "# Model section", "# ==== BEGIN COMMON HELPERS", "def main(")]
     assert order == sorted(order), "header, docstring, model section, helper blocks, main()"
     module = load_script(script)
+    # the adaptive window's machinery ships in the saturate scripts only
+    assert ("# ==== BEGIN SATURATE HELPERS" in text) == (module.SCRIPT_SHAPE == "saturate")
     if module.IMAGE_HAS_UV:
         header = text.split("# ///\n", 2)[0] + text.split("\n# ///", 1)[0]
         assert f'image = "{module.JOB_IMAGE}"' in header
@@ -91,6 +93,34 @@ def test_every_name_a_block_or_script_uses_is_defined():
                           "F821,F822,F401", "--output-format", "concise", "blocks", *ALL_SCRIPTS],
                          cwd=ROOT, capture_output=True, text=True)
     assert run.returncode == 0, run.stdout + run.stderr
+
+
+def unreferenced_top_level_names(source: str) -> list[str]:
+    """The functions, classes and constants a script defines at its top level and never names
+    anywhere in the script (a name read through globals().get("NAME") is named by its block)."""
+    import ast
+    tree = ast.parse(source)
+    defined = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            defined.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            defined |= {n.id for target in targets for n in ast.walk(target)
+                        if isinstance(n, ast.Name)}
+    named = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    return sorted(defined - named)
+
+
+@pytest.mark.parametrize("script", ALL_SCRIPTS)
+def test_a_script_carries_only_what_it_runs(script):
+    assert unreferenced_top_level_names((ROOT / script).read_text()) == []
+
+
+def test_the_unreferenced_names_check_finds_a_dead_helper():
+    source = (ROOT / SERVER_SCRIPTS[0]).read_text()
+    dead = source.replace("\ndef main(", "\ndef never_called() -> None:\n    pass\n\n\ndef main(")
+    assert unreferenced_top_level_names(dead) == ["never_called"]
 
 
 @pytest.mark.parametrize("script", ALL_SCRIPTS)
@@ -380,7 +410,7 @@ def test_api_server_count_only_where_it_was_measured(script, cpus, monkeypatch):
     """MODEL-FACTS.md: 4 API servers were measured for LightOnOCR-3 only (+16% on a100-large);
     never on HPD-Parsing's fork. Others get none, whatever the machine."""
     module = load_script(script)
-    monkeypatch.setattr(module, "usable_cpus", lambda *a: cpus)
+    monkeypatch.setattr(module, "usable_cpus", lambda *a: cpus, raising=False)  # saturate only
     monkeypatch.setattr(module, "resolved_revision", lambda args: None)
     args = module.server_argument_parser(module.__doc__).parse_args(["in", "./out"])
     command = module.ServerManager(args, [], Path("/tmp")).serve_command()
