@@ -31,9 +31,10 @@ from blocks.common import (
 )
 
 # ==== BEGIN SERVER HELPERS (edit blocks/server.py, then run tools/sync_helpers.py) ====
-# The vLLM server's life cycle and the request loop. The model section provides SERVE_ARGS,
-# SERVE_ENV, DEFAULT_SERVER, spawn_args(), build_request(), image_token_budget(); the common
-# block provides the rest.
+# The vLLM server's life cycle, the request loop and its fixed window (WINDOW; the SATURATE
+# block of a -saturate.py script, after this one, replaces it). The model section provides
+# SERVE_ARGS, SERVE_ENV, DEFAULT_SERVER, spawn_args(), build_request(), image_token_budget();
+# the common block provides the rest.
 import asyncio
 import base64
 import shutil

@@ -77,6 +77,15 @@ def test_sync_tool_detects_and_repairs_a_drifted_script_and_an_edited_block(tmp_
     assert "RETRY_STATUS = {409," in drifted.read_text()
     assert subprocess.run(tool + ["--check"]).returncode == 0
 
+    # an edit made in one script (say, by a merge) becomes the source, then reaches the others
+    edited = tmp_path / SERVER_SCRIPTS[1]
+    edited.write_text(edited.read_text().replace("RETRY_STATUS = {409,", "RETRY_STATUS = {410,"))
+    adopt = subprocess.run(tool + [SERVER_SCRIPTS[1]], capture_output=True, text=True)
+    assert "blocks/server.py" in adopt.stdout and SERVER_SCRIPTS[0] in adopt.stdout
+    assert "RETRY_STATUS = {410," in server.read_text() and server.read_text().startswith('"""')
+    assert "RETRY_STATUS = {410," in drifted.read_text()
+    assert subprocess.run(tool + ["--check"]).returncode == 0
+
 
 def test_every_name_a_block_or_script_uses_is_defined():
     """blocks/model.py is the interface: a module of blocks/ imports what it uses from the model

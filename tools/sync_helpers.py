@@ -2,6 +2,8 @@
 
     python tools/sync_helpers.py            # write every script its sources assemble to
     python tools/sync_helpers.py --check    # exit 1 and name the scripts that differ
+    python tools/sync_helpers.py SCRIPT     # take SCRIPT's blocks as their sources, then write
+                                            # (for an edit made in a script, e.g. in a merge)
 
 Each script is fetched and run alone by URL, so the blocks are copied into it, not imported
 (SQLite's amalgamation: developers edit many files, users get one). A module of blocks/ holds
@@ -28,14 +30,18 @@ def block_pattern(name: str) -> re.Pattern:
                       re.S | re.M)
 
 
+def block_modules() -> dict[str, Path]:
+    """Block name -> the module of blocks/ that holds it."""
+    return {begin.group(1): module for module in sorted(BLOCKS_DIR.glob("*.py"))
+            if (begin := BEGIN.search(module.read_text()))}
+
+
 def block_sources() -> dict[str, str]:
     """Block name -> its text, from every module of blocks/ that holds a block."""
     sources = {}
-    for module in sorted(BLOCKS_DIR.glob("*.py")):
+    for module in block_modules().values():
         text = module.read_text()
         begin = BEGIN.search(text)
-        if begin is None:
-            continue  # the interface stub and package files hold no block
         block = block_pattern(begin.group(1)).search(text, begin.start())
         if block is None or block.end() != len(text):
             sys.exit(f"{module.relative_to(ROOT)}: the block must run from its BEGIN line to an "
@@ -63,11 +69,29 @@ def assemble(text: str, sources: dict[str, str]) -> str:
     return text
 
 
+def adopt(script: Path) -> list[str]:
+    """Write each block of `script` into its module, the part above its BEGIN line kept."""
+    text, modules, changed = script.read_text(), block_modules(), []
+    for name in BEGIN.findall(text):
+        module = modules[name]
+        source = module.read_text()
+        new = source[:BEGIN.search(source).start()] + block_pattern(name).search(text).group(0)
+        if new != source:
+            module.write_text(new)
+            changed.append(str(module.relative_to(ROOT)))
+    return changed
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true",
                         help="write nothing; exit 1 if a script differs from its sources")
+    parser.add_argument("script", nargs="?", type=Path,
+                        help="a script whose blocks were edited: they become the sources")
     args = parser.parse_args()
+    if args.script and not args.check:
+        changed = adopt(ROOT / args.script.name)
+        print("sources taken from " + args.script.name + ": " + (", ".join(changed) or "none changed"))
     sources = block_sources()
     stale = []
     for script in scripts():
