@@ -121,8 +121,13 @@ def spawn_args(args) -> list[str]:
     return []
 
 
-def image_token_budget() -> int:
-    return IMAGE_TOKENS_MAX + PROMPT_TEXT_TOKENS
+def image_token_budget(args=None) -> int:
+    """The largest page (933 image tokens) and the text around it; a custom --prompt longer than
+    the built-in ones adds its UTF-8 bytes (each token is at least one byte: an upper bound)."""
+    extra = 0
+    if args is not None and args.prompt:
+        extra = max(0, len(args.prompt.encode()) - max(len(p.encode()) for p in PROMPTS.values()))
+    return IMAGE_TOKENS_MAX + PROMPT_TEXT_TOKENS + extra
 
 
 # The authors' scripts let a page run to the context (max_tokens 8192 on the V0 engine, which
@@ -141,8 +146,8 @@ def add_model_arguments(parser) -> None:
     parser.add_argument("--prompt-mode", choices=sorted(PROMPTS), default=DEFAULT_PROMPT_MODE,
                         help=f"which of the model's prompts (default: {DEFAULT_PROMPT_MODE})")
     parser.add_argument("--prompt", help="a custom prompt instead (without the <image> prefix); "
-                        f"the context check counts {PROMPT_TEXT_TOKENS} tokens for it: lower "
-                        "--max-tokens by what a longer one adds, or its dense pages get 400")
+                        "one longer than the built-in ones needs a lower --max-tokens, which "
+                        "the start-up check names")
     parser.add_argument("--keep-raw", action="store_true",
                         help="also keep the raw output, grounding tags and all, in <column>_raw")
 
@@ -3806,14 +3811,15 @@ def served_model_name(args) -> str:
 
 def check_context_budget(max_model_len: int, args) -> None:
     """Image tokens + max_tokens must fit the context, or the server answers 400 to every page."""
-    need = image_token_budget() + args.max_tokens
+    budget = image_token_budget(args)
+    need = budget + args.max_tokens
     if need > max_model_len:
-        room = max_model_len - image_token_budget()
+        room = max_model_len - budget
         advice = (f"Lower --max-tokens to at most {room}, or raise --max-model-len to at least "
                   f"{need}." if room > 0 else
-                  f"The largest page alone needs {image_token_budget()} prompt tokens: raise "
+                  f"The largest page alone needs {budget} prompt tokens: raise "
                   f"--max-model-len to at least {need}.")
-        fail(f"--max-tokens {args.max_tokens} plus up to {image_token_budget()} prompt tokens "
+        fail(f"--max-tokens {args.max_tokens} plus up to {budget} prompt tokens "
              f"(the largest page) is {need}, over the server's max_model_len {max_model_len}: "
              f"every request would be refused. {advice}")
 

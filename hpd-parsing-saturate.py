@@ -135,7 +135,7 @@ def spawn_args(args) -> list[str]:
     return ["--speculative-config", json.dumps(config)]
 
 
-def image_token_budget() -> int:
+def image_token_budget(args=None) -> int:
     return IMAGE_TOKENS_MAX + PROMPT_TEXT_TOKENS
 
 
@@ -3969,14 +3969,15 @@ def served_model_name(args) -> str:
 
 def check_context_budget(max_model_len: int, args) -> None:
     """Image tokens + max_tokens must fit the context, or the server answers 400 to every page."""
-    need = image_token_budget() + args.max_tokens
+    budget = image_token_budget(args)
+    need = budget + args.max_tokens
     if need > max_model_len:
-        room = max_model_len - image_token_budget()
+        room = max_model_len - budget
         advice = (f"Lower --max-tokens to at most {room}, or raise --max-model-len to at least "
                   f"{need}." if room > 0 else
-                  f"The largest page alone needs {image_token_budget()} prompt tokens: raise "
+                  f"The largest page alone needs {budget} prompt tokens: raise "
                   f"--max-model-len to at least {need}.")
-        fail(f"--max-tokens {args.max_tokens} plus up to {image_token_budget()} prompt tokens "
+        fail(f"--max-tokens {args.max_tokens} plus up to {budget} prompt tokens "
              f"(the largest page) is {need}, over the server's max_model_len {max_model_len}: "
              f"every request would be refused. {advice}")
 

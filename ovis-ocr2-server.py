@@ -91,7 +91,7 @@ PAGE_FORMAT = "jpeg"  # pages that must be converted or resized: JPEG quality 95
 PREFIX_CACHING = False
 
 
-def image_token_budget() -> int:
+def image_token_budget(args=None) -> int:
     """Worst-case prompt tokens of one page: the largest image plus the text around it."""
     return MAX_PIXELS // (PATCH_GRID * PATCH_GRID) + PROMPT_TEXT_TOKENS
 
@@ -3727,14 +3727,15 @@ def served_model_name(args) -> str:
 
 def check_context_budget(max_model_len: int, args) -> None:
     """Image tokens + max_tokens must fit the context, or the server answers 400 to every page."""
-    need = image_token_budget() + args.max_tokens
+    budget = image_token_budget(args)
+    need = budget + args.max_tokens
     if need > max_model_len:
-        room = max_model_len - image_token_budget()
+        room = max_model_len - budget
         advice = (f"Lower --max-tokens to at most {room}, or raise --max-model-len to at least "
                   f"{need}." if room > 0 else
-                  f"The largest page alone needs {image_token_budget()} prompt tokens: raise "
+                  f"The largest page alone needs {budget} prompt tokens: raise "
                   f"--max-model-len to at least {need}.")
-        fail(f"--max-tokens {args.max_tokens} plus up to {image_token_budget()} prompt tokens "
+        fail(f"--max-tokens {args.max_tokens} plus up to {budget} prompt tokens "
              f"(the largest page) is {need}, over the server's max_model_len {max_model_len}: "
              f"every request would be refused. {advice}")
 

@@ -83,7 +83,7 @@ PAGE_FORMAT = "jpeg"  # pages that must be converted or resized: JPEG quality 95
 PREFIX_CACHING = False
 
 
-def image_token_budget() -> int:
+def image_token_budget(args=None) -> int:
     """Worst-case prompt tokens of one page: the largest image plus the text around it."""
     return MAX_PIXELS // (PATCH_GRID * PATCH_GRID) + PROMPT_TEXT_TOKENS
 
@@ -3925,9 +3925,10 @@ def run_offline_script(doc: str, argv: list[str] | None = None, hub_api=None) ->
     add_model_arguments(parser)
     args = parse_arguments(parser, argv, offline_argument_problems)  # a bad OUTPUT fails here
     llm_kwargs = effective_llm_kwargs(args)
-    need = image_token_budget() + args.max_tokens
+    budget = image_token_budget(args)
+    need = budget + args.max_tokens
     if need > int(llm_kwargs.get("max_model_len") or MAX_MODEL_LEN):
-        fail(f"--max-tokens {args.max_tokens} plus up to {image_token_budget()} prompt tokens is "
+        fail(f"--max-tokens {args.max_tokens} plus up to {budget} prompt tokens is "
              f"{need}, over max_model_len {llm_kwargs.get('max_model_len')}: every page would "
              f"fail. Lower --max-tokens or raise max_model_len through --llm-kwargs.")
     check_offline_engine(argv)  # no vllm and no GPU: the Jobs command, before any input is read

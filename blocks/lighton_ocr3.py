@@ -25,7 +25,7 @@ PREFIX_CACHING = False
 CHAT_TEMPLATE_KWARGS = {"enable_thinking": False}
 
 
-def image_token_budget() -> int:
+def image_token_budget(args=None) -> int:
     """A square page at the longest edge is the worst case: (2048/32)^2 = 4096 image tokens."""
     return (LONGEST_EDGE // PATCH_GRID) ** 2 + PROMPT_TEXT_TOKENS
 

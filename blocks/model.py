@@ -33,8 +33,8 @@ def target_size(width: int, height: int) -> tuple[int, int]:
     raise NotImplementedError
 
 
-def image_token_budget() -> int:
-    """Worst-case prompt tokens of one page."""
+def image_token_budget(args=None) -> int:
+    """Worst-case prompt tokens of one page, with these arguments (None: the defaults)."""
     raise NotImplementedError
 
 

@@ -339,9 +339,10 @@ def run_offline_script(doc: str, argv: list[str] | None = None, hub_api=None) ->
     add_model_arguments(parser)
     args = parse_arguments(parser, argv, offline_argument_problems)  # a bad OUTPUT fails here
     llm_kwargs = effective_llm_kwargs(args)
-    need = image_token_budget() + args.max_tokens
+    budget = image_token_budget(args)
+    need = budget + args.max_tokens
     if need > int(llm_kwargs.get("max_model_len") or MAX_MODEL_LEN):
-        fail(f"--max-tokens {args.max_tokens} plus up to {image_token_budget()} prompt tokens is "
+        fail(f"--max-tokens {args.max_tokens} plus up to {budget} prompt tokens is "
              f"{need}, over max_model_len {llm_kwargs.get('max_model_len')}: every page would "
              f"fail. Lower --max-tokens or raise max_model_len through --llm-kwargs.")
     check_offline_engine(argv)  # no vllm and no GPU: the Jobs command, before any input is read

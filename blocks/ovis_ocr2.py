@@ -32,7 +32,7 @@ PAGE_FORMAT = "jpeg"  # pages that must be converted or resized: JPEG quality 95
 PREFIX_CACHING = False
 
 
-def image_token_budget() -> int:
+def image_token_budget(args=None) -> int:
     """Worst-case prompt tokens of one page: the largest image plus the text around it."""
     return MAX_PIXELS // (PATCH_GRID * PATCH_GRID) + PROMPT_TEXT_TOKENS
 

@@ -321,6 +321,30 @@ def test_deepseek_lets_a_page_run_to_the_context_as_its_authors_do(tmp_path, stu
             assert {r["max_tokens"] for r in stub.requests()} == {7195}
 
 
+def test_a_deepseek_prompt_longer_than_its_own_is_counted_by_the_context_check(tmp_path,
+                                                                               stub_server):
+    """At the default budget (the context minus the largest page, MODEL-FACTS.md, DeepSeek-OCR)
+    a custom --prompt longer than the built-in ones leaves the densest pages no room: they were
+    sent and refused with a 400 each (page error rows). The start-up check counts the prompt's
+    UTF-8 bytes beyond the longest built-in one (a token is at least one byte) and names the
+    budget that fits; with it the run goes through."""
+    deepseek = load_script("deepseek-ocr-server.py")
+    longest = max(len(p.encode()) for p in deepseek.PROMPTS.values())
+    prompt = "<|grounding|>Convert the document to markdown, keeping every footnote. " * 4
+    room = 8192 - 933 - 64 - (len(prompt.encode()) - longest)
+    write_image_folder(tmp_path / "in", 2)
+    stub = stub_server("--model", deepseek.MODEL_ID, "--max-model-len", "8192")
+    base = [str(tmp_path / "in"), str(tmp_path / "out"), "--server", stub.url,
+            "--no-sanity-check", "--prompt", prompt]
+    run = run_script("deepseek-ocr-server.py", *base)
+    assert run.returncode == 2 and f"Lower --max-tokens to at most {room}" in run.stderr, \
+        run.stderr
+    assert not stub.requests()
+    run = run_script("deepseek-ocr-server.py", *base, "--max-tokens", str(room))
+    assert run.returncode == 0, run.stderr
+    assert {r["max_tokens"] for r in stub.requests()} == {room}
+
+
 def test_a_rerun_of_an_output_written_with_the_old_deepseek_budget_is_refused(tmp_path,
                                                                                stub_server):
     """An OUTPUT written before the budget and render DPI changed (max_tokens 4096, 200 DPI)
