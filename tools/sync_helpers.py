@@ -5,6 +5,9 @@
     python tools/sync_helpers.py SCRIPT     # take SCRIPT's blocks as their sources, then write
                                             # (for an edit made in a script, e.g. in a merge)
 
+Writing never discards an edit made in a script: when one script's copy of a block differs from
+the other scripts' copies, it writes nothing and names the script.
+
 Each script is fetched and run alone by URL, so the blocks are copied into it, not imported
 (SQLite's amalgamation: developers edit many files, users get one). A module of blocks/ holds
 one block, from its `# ==== BEGIN NAME` line to its `# ==== END NAME ====` line; what comes
@@ -82,6 +85,21 @@ def adopt(script: Path) -> list[str]:
     return changed
 
 
+def edited_copies(texts: dict[str, str], sources: dict[str, str]) -> list[tuple[str, str]]:
+    """(script, block) for each copy of a block that differs from its source where the scripts
+    carrying that block do not all hold the same copy: an edit made in that script (or a copy
+    of a script for a new model, edited in a part it shares with its model's other script)."""
+    copies: dict[str, dict[str, list[str]]] = {}
+    for script, text in texts.items():
+        for name in BEGIN.findall(text):
+            copy = block_pattern(name).search(text)
+            if copy:
+                copies.setdefault(name, {}).setdefault(copy.group(0), []).append(script)
+    return [(script, name) for name, by_copy in copies.items() if len(by_copy) > 1
+            for copy, holders in by_copy.items() if copy != sources.get(name)
+            for script in holders]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true",
@@ -93,6 +111,16 @@ def main() -> int:
         changed = adopt(ROOT / args.script.name)
         print("sources taken from " + args.script.name + ": " + (", ".join(changed) or "none changed"))
     sources = block_sources()
+    edited = [] if args.script or args.check else \
+        edited_copies({s.name: s.read_text() for s in scripts()}, sources)
+    for script, name in edited:
+        print(f"{script}: its {name} block differs from the other scripts' copies: an edit made in "
+              f"the script, which writing would discard. Keep it for every script that carries "
+              f"the block: python tools/sync_helpers.py {script}; drop it: git checkout {script}; "
+              f"in a script copied for a new model, delete the block's BEGIN and END lines "
+              f"to make a model part the script's own.")
+    if edited:
+        return 1
     stale = []
     for script in scripts():
         text = script.read_text()
