@@ -123,6 +123,14 @@ def test_a_copy_for_a_new_model_keeps_its_edited_model_section(tmp_path):
     assert new.read_text() == own
     assert subprocess.run(tool + ["--check"], capture_output=True).returncode == 0
 
+    # a block the new script needs: its BEGIN and END lines, which the assembler fills in
+    end = "# ==== END SERVER HELPERS ====\n"
+    new.write_text(own.replace(end, end + "# ==== BEGIN GROUNDING HELPERS ====\n"
+                                          "# ==== END GROUNDING HELPERS ====\n"))
+    run = subprocess.run(tool, capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout
+    assert "def block_box(" in new.read_text()
+
 def test_every_name_a_block_or_script_uses_is_defined():
     """blocks/model.py is the interface: a module of blocks/ imports what it uses from the model
     section from there, and the rest from the blocks before it; the imports must resolve, and

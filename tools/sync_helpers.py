@@ -93,7 +93,7 @@ def edited_copies(texts: dict[str, str], sources: dict[str, str]) -> list[tuple[
     for script, text in texts.items():
         for name in BEGIN.findall(text):
             copy = block_pattern(name).search(text)
-            if copy:
+            if copy and copy.group(0).count("\n") > 2:  # BEGIN and END alone: a block to fill in
                 copies.setdefault(name, {}).setdefault(copy.group(0), []).append(script)
     return [(script, name) for name, by_copy in copies.items() if len(by_copy) > 1
             for copy, holders in by_copy.items() if copy != sources.get(name)
