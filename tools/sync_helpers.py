@@ -136,7 +136,10 @@ def main() -> int:
     if args.check:
         for name in stale:
             print(f"{name} differs from what its sources assemble to")
-        print("run: python tools/sync_helpers.py" if stale else "every script matches its sources")
+        print("run: python tools/sync_helpers.py (after an edit in blocks/), or python "
+              "tools/sync_helpers.py SCRIPT (after an edit of SCRIPT's blocks, e.g. by a merge: "
+              "a bare run would put the sources back over it)" if stale
+              else "every script matches its sources")
         return 1 if stale else 0
     print("assembled: " + ", ".join(stale) if stale else "every script already matches")
     return 0
