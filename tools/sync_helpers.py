@@ -67,8 +67,10 @@ def assemble(text: str, sources: dict[str, str]) -> str:
     """The script text with each of its blocks replaced by its source."""
     for name in BEGIN.findall(text):
         if name not in sources:
-            raise KeyError(name)
-        text = block_pattern(name).sub(lambda _m: sources[name], text, count=1)
+            raise KeyError(f"no module of blocks/ holds the block {name}")
+        text, found = block_pattern(name).subn(lambda _m: sources[name], text, count=1)
+        if not found:
+            raise KeyError(f"its BEGIN {name} line has no END {name} ==== line after it")
     return text
 
 
@@ -76,9 +78,14 @@ def adopt(script: Path) -> list[str]:
     """Write each block of `script` into its module, the part above its BEGIN line kept."""
     text, modules, changed = script.read_text(), block_modules(), []
     for name in BEGIN.findall(text):
+        block = block_pattern(name).search(text)
+        if block is None:
+            sys.exit(f"{script.name}: its BEGIN {name} line has no END {name} ==== line after it")
+        if name not in modules:
+            sys.exit(f"{script.name}: no module of blocks/ holds the block {name}")
         module = modules[name]
         source = module.read_text()
-        new = source[:BEGIN.search(source).start()] + block_pattern(name).search(text).group(0)
+        new = source[:BEGIN.search(source).start()] + block.group(0)
         if new != source:
             module.write_text(new)
             changed.append(str(module.relative_to(ROOT)))
@@ -107,6 +114,8 @@ def main() -> int:
     parser.add_argument("script", nargs="?", type=Path,
                         help="a script whose blocks were edited: they become the sources")
     args = parser.parse_args()
+    if args.script and args.script.name not in {s.name for s in scripts()}:
+        parser.error(f"{args.script}: not a model script of {ROOT}")
     if args.script and not args.check:
         changed = adopt(ROOT / args.script.name)
         print("sources taken from " + args.script.name + ": " + (", ".join(changed) or "none changed"))
@@ -126,8 +135,8 @@ def main() -> int:
         text = script.read_text()
         try:
             assembled = assemble(text, sources)
-        except KeyError as missing:
-            print(f"{script.name}: no module of blocks/ holds the block {missing}")
+        except KeyError as problem:
+            print(f"{script.name}: {problem.args[0]}")
             return 1
         if assembled != text:
             stale.append(script.name)
