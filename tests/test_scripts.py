@@ -131,6 +131,21 @@ def test_a_copy_for_a_new_model_keeps_its_edited_model_section(tmp_path):
     assert run.returncode == 0, run.stdout
     assert "def block_box(" in new.read_text()
 
+
+def test_sync_tool_names_a_block_without_its_end_line(tmp_path):
+    import shutil
+    for script in ALL_SCRIPTS:
+        shutil.copy(ROOT / script, tmp_path / script)
+    shutil.copytree(ROOT / "tools", tmp_path / "tools")
+    shutil.copytree(ROOT / "blocks", tmp_path / "blocks")
+    tool = [sys.executable, str(tmp_path / "tools" / "sync_helpers.py")]
+    broken = tmp_path / SERVER_SCRIPTS[0]
+    broken.write_text(broken.read_text().replace("# ==== END SERVER HELPERS ====\n", ""))
+    for extra in (["--check"], [], [SERVER_SCRIPTS[0]]):
+        run = subprocess.run(tool + extra, capture_output=True, text=True)
+        assert run.returncode == 1, (extra, run.stdout, run.stderr)
+        assert "no END SERVER HELPERS" in run.stdout + run.stderr and not run.stderr.count("\n") > 1
+
 def test_every_name_a_block_or_script_uses_is_defined():
     """blocks/model.py is the interface: a module of blocks/ imports what it uses from the model
     section from there, and the rest from the blocks before it; the imports must resolve, and
