@@ -98,6 +98,8 @@ SCRIPT_SHAPE = "saturate"
 API_SERVER_COUNT = 4  # measured here only: see the docstring
 
 # ==== BEGIN LIGHTONOCR-3 MODEL (source: blocks/lighton_ocr3.py) ====
+# Shared by the two LightOnOCR-3 scripts (edit the source, then run tools/sync_helpers.py). In a
+# copy for a new model, delete this comment and the BEGIN and END lines: the part is its own.
 MODES = ("plain", "grounding")  # the two trained modes; other instructions are untrained
 MAX_MODEL_LEN = 18000
 DEFAULT_MAX_TOKENS = 12288  # the authors' benchmark output budget

@@ -70,6 +70,8 @@ JOB_PAGES_PER_S = 1.44  # the seed's server rate on l4x1: about 19,000 pages in 
 SCRIPT_SHAPE = "server"  # "server": fixed window; "saturate": adaptive window
 
 # ==== BEGIN OVISOCR2 MODEL (source: blocks/ovis_ocr2.py) ====
+# Shared by the two OvisOCR2 scripts (edit the source, then run tools/sync_helpers.py). In a
+# copy for a new model, delete this comment and the BEGIN and END lines: the part is its own.
 # The card's prompt, character for character (it starts with a newline; braces are literal).
 PROMPT = (
     "\nExtract all readable content from the image in natural human reading order and output "

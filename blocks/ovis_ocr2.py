@@ -11,6 +11,8 @@ import math
 from blocks.common import repeated_tail
 
 # ==== BEGIN OVISOCR2 MODEL (source: blocks/ovis_ocr2.py) ====
+# Shared by the two OvisOCR2 scripts (edit the source, then run tools/sync_helpers.py). In a
+# copy for a new model, delete this comment and the BEGIN and END lines: the part is its own.
 # The card's prompt, character for character (it starts with a newline; braces are literal).
 PROMPT = (
     "\nExtract all readable content from the image in natural human reading order and output "

@@ -52,7 +52,7 @@ def test_scripts_are_what_their_sources_assemble_to():
     assert run.returncode == 0, run.stdout
 
 
-def test_sync_tool_detects_and_repairs_a_drifted_script_and_an_edited_block(tmp_path):
+def test_sync_tool_detects_a_drifted_script_and_spreads_an_edited_block(tmp_path):
     import shutil
     for script in ALL_SCRIPTS:
         shutil.copy(ROOT / script, tmp_path / script)
@@ -65,8 +65,12 @@ def test_sync_tool_detects_and_repairs_a_drifted_script_and_an_edited_block(tmp_
     check = subprocess.run(tool + ["--check"], capture_output=True, text=True)
     assert check.returncode == 1 and SERVER_SCRIPTS[0] in check.stdout
     assert SERVER_SCRIPTS[1] not in check.stdout
-    fix = subprocess.run(tool, capture_output=True, text=True)
-    assert SERVER_SCRIPTS[0] in fix.stdout and drifted.read_text() == original
+    # writing would discard that edit: the tool refuses and says the ways out
+    refused = subprocess.run(tool, capture_output=True, text=True)
+    assert refused.returncode == 1 and SERVER_SCRIPTS[0] in refused.stdout
+    assert f"python tools/sync_helpers.py {SERVER_SCRIPTS[0]}" in refused.stdout
+    assert "RETRY_STATUS = {409," in drifted.read_text()
+    drifted.write_text(original)  # the edit dropped (git checkout SCRIPT)
     assert subprocess.run(tool + ["--check"]).returncode == 0
 
     server = tmp_path / "blocks" / "server.py"
@@ -86,6 +90,61 @@ def test_sync_tool_detects_and_repairs_a_drifted_script_and_an_edited_block(tmp_
     assert "RETRY_STATUS = {410," in drifted.read_text()
     assert subprocess.run(tool + ["--check"]).returncode == 0
 
+
+
+def test_a_copy_for_a_new_model_keeps_its_edited_model_section(tmp_path):
+    """README, Adapting a script: copy the closest script, edit its model section, run the
+    assembler. The copy of ovis-ocr2-server.py carries the OvisOCR2 scripts' shared part: the
+    assembler must neither put the OvisOCR2 part back over the new prompt, silently, nor write
+    the new prompt into the OvisOCR2 scripts; once its BEGIN/END lines are deleted (as the
+    README says), the part is the new script's own."""
+    import shutil
+    for script in ALL_SCRIPTS:
+        shutil.copy(ROOT / script, tmp_path / script)
+    shutil.copytree(ROOT / "tools", tmp_path / "tools")
+    shutil.copytree(ROOT / "blocks", tmp_path / "blocks")
+    tool = [sys.executable, str(tmp_path / "tools" / "sync_helpers.py")]
+    new = tmp_path / "acme-ocr-server.py"
+    text = (ROOT / "ovis-ocr2-server.py").read_text()
+    assert "# ==== BEGIN OVISOCR2 MODEL" in text and "Extract all readable" in text
+    new.write_text(text.replace("Extract all readable", "ACME: extract all readable"))
+    edited = new.read_text()
+    run = subprocess.run(tool, capture_output=True, text=True)
+    assert run.returncode == 1 and "acme-ocr-server.py" in run.stdout
+    assert "delete" in run.stdout  # the way out for a new model's script
+    assert new.read_text() == edited
+    for script in ("ovis-ocr2.py", "ovis-ocr2-server.py"):
+        assert (tmp_path / script).read_text() == (ROOT / script).read_text()
+
+    own = re.sub(r"^# ==== (BEGIN|END) OVISOCR2 MODEL.*\n", "", edited, flags=re.M)
+    new.write_text(own)
+    run = subprocess.run(tool, capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout
+    assert new.read_text() == own
+    assert subprocess.run(tool + ["--check"], capture_output=True).returncode == 0
+
+    # a block the new script needs: its BEGIN and END lines, which the assembler fills in
+    end = "# ==== END SERVER HELPERS ====\n"
+    new.write_text(own.replace(end, end + "# ==== BEGIN GROUNDING HELPERS ====\n"
+                                          "# ==== END GROUNDING HELPERS ====\n"))
+    run = subprocess.run(tool, capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout
+    assert "def block_box(" in new.read_text()
+
+
+def test_sync_tool_names_a_block_without_its_end_line(tmp_path):
+    import shutil
+    for script in ALL_SCRIPTS:
+        shutil.copy(ROOT / script, tmp_path / script)
+    shutil.copytree(ROOT / "tools", tmp_path / "tools")
+    shutil.copytree(ROOT / "blocks", tmp_path / "blocks")
+    tool = [sys.executable, str(tmp_path / "tools" / "sync_helpers.py")]
+    broken = tmp_path / SERVER_SCRIPTS[0]
+    broken.write_text(broken.read_text().replace("# ==== END SERVER HELPERS ====\n", ""))
+    for extra in (["--check"], [], [SERVER_SCRIPTS[0]]):
+        run = subprocess.run(tool + extra, capture_output=True, text=True)
+        assert run.returncode == 1, (extra, run.stdout, run.stderr)
+        assert "no END SERVER HELPERS" in run.stdout + run.stderr and not run.stderr.count("\n") > 1
 
 def test_every_name_a_block_or_script_uses_is_defined():
     """blocks/model.py is the interface: a module of blocks/ imports what it uses from the model
