@@ -3293,6 +3293,19 @@ Reproduce on Hugging Face Jobs:
 
 # ---- arguments -------------------------------------------------------------------------------
 
+def argument_parser(doc: str, add_shape_arguments) -> argparse.ArgumentParser:
+    """Every option of a script: input and output, its shape's (server or engine), the model's."""
+    parser = argparse.ArgumentParser(
+        allow_abbrev=False,
+        description=doc.split("\n\n")[0],
+        epilog=doc.split("\n\n", 1)[1] + "\n" + EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_common_arguments(parser)
+    add_shape_arguments(parser)
+    add_model_arguments(parser)
+    return parser
+
+
 def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("input", help="Hub dataset id, or a local folder of images and/or PDFs, "
                         "a .pdf file, a .parquet file/folder, or a save_to_disk folder")
@@ -4668,23 +4681,10 @@ def plan_server(args, argv: list[str]) -> str:
         fail(str(exc), exc.code)
 
 
-def server_argument_parser(doc: str) -> argparse.ArgumentParser:
-    """Every option of a server script: input/output, server, then the model's own."""
-    parser = argparse.ArgumentParser(
-        allow_abbrev=False,
-        description=doc.split("\n\n")[0],
-        epilog=doc.split("\n\n", 1)[1] + "\n" + EXIT_CODES,
-        formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_common_arguments(parser)
-    add_server_arguments(parser)
-    add_model_arguments(parser)
-    return parser
-
-
 def run_server_script(doc: str, argv: list[str] | None = None, hub_api=None) -> int:
     """The whole run: arguments, input, engine, output. `main()` calls it with the docstring."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    parser = server_argument_parser(doc)
+    parser = argument_parser(doc, add_server_arguments)
     args = parse_arguments(parser, argv, server_argument_problems)  # a bad OUTPUT fails here
     return early_exits_reported(args, lambda: server_run(args, argv, hub_api))
 

@@ -3287,6 +3287,19 @@ Reproduce on Hugging Face Jobs:
 
 # ---- arguments -------------------------------------------------------------------------------
 
+def argument_parser(doc: str, add_shape_arguments) -> argparse.ArgumentParser:
+    """Every option of a script: input and output, its shape's (server or engine), the model's."""
+    parser = argparse.ArgumentParser(
+        allow_abbrev=False,
+        description=doc.split("\n\n")[0],
+        epilog=doc.split("\n\n", 1)[1] + "\n" + EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_common_arguments(parser)
+    add_shape_arguments(parser)
+    add_model_arguments(parser)
+    return parser
+
+
 def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("input", help="Hub dataset id, or a local folder of images and/or PDFs, "
                         "a .pdf file, a .parquet file/folder, or a save_to_disk folder")
@@ -4008,14 +4021,7 @@ def info_entry_for(args, llm_kwargs) -> dict:
 def run_offline_script(doc: str, argv: list[str] | None = None, hub_api=None) -> int:
     """The whole run: arguments, input, engine, output. `main()` calls it with the docstring."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    parser = argparse.ArgumentParser(
-        allow_abbrev=False,
-        description=doc.split("\n\n")[0],
-        epilog=doc.split("\n\n", 1)[1] + "\n" + EXIT_CODES,
-        formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_common_arguments(parser)
-    add_offline_arguments(parser)
-    add_model_arguments(parser)
+    parser = argument_parser(doc, add_offline_arguments)
     args = parse_arguments(parser, argv, offline_argument_problems)  # a bad OUTPUT fails here
     llm_kwargs = effective_llm_kwargs(args)
     budget = image_token_budget(args)

@@ -399,7 +399,7 @@ def ceiling_of_script(script: str, work: Path, source: Path, cells, url: str, mo
     extra = ["--model", str(model)] if not script.startswith("hpd") else []
     extra += ["--concurrency", str(concurrency), "--max-tokens", str(max_tokens), "--no-sanity-check"]
     # the pre-encoded bodies are the ones the script sends: built from its own parsed arguments
-    args = module.server_argument_parser(module.__doc__).parse_args(
+    args = module.argument_parser(module.__doc__, module.add_server_arguments).parse_args(
         [str(source), str(work / "unused"), "--server", url, *extra])
     name = "HPD-Parsing" if script.startswith("hpd") else str(model)
     bodies = [module.request_body(module.prepare_page(c), name, args) for c in cells]

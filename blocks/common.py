@@ -9,8 +9,8 @@ its model section (blocks/model.py says how) or from the blocks before this one.
 import re
 
 from blocks.model import (
-    DEFAULT_FLAVOR, DEFAULT_MAX_TOKENS, EXTRA_COLUMNS, IMAGE_HAS_UV, inference_settings, JOB_IMAGE,
-    MODEL_ID, PAGE_FORMAT, postprocess, SCRIPT_SHAPE, target_size,
+    add_model_arguments, DEFAULT_FLAVOR, DEFAULT_MAX_TOKENS, EXTRA_COLUMNS, IMAGE_HAS_UV,
+    inference_settings, JOB_IMAGE, MODEL_ID, PAGE_FORMAT, postprocess, SCRIPT_SHAPE, target_size,
 )
 
 # ==== BEGIN COMMON HELPERS (edit blocks/common.py, then run tools/sync_helpers.py) ====
@@ -3055,6 +3055,19 @@ Reproduce on Hugging Face Jobs:
 
 
 # ---- arguments -------------------------------------------------------------------------------
+
+def argument_parser(doc: str, add_shape_arguments) -> argparse.ArgumentParser:
+    """Every option of a script: input and output, its shape's (server or engine), the model's."""
+    parser = argparse.ArgumentParser(
+        allow_abbrev=False,
+        description=doc.split("\n\n")[0],
+        epilog=doc.split("\n\n", 1)[1] + "\n" + EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_common_arguments(parser)
+    add_shape_arguments(parser)
+    add_model_arguments(parser)
+    return parser
+
 
 def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("input", help="Hub dataset id, or a local folder of images and/or PDFs, "

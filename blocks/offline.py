@@ -13,12 +13,12 @@ import time
 from pathlib import Path
 
 from blocks.model import (
-    add_model_arguments, build_messages, CHAT_KWARGS, image_token_budget, JOB_IMAGE, LLM_KWARGS,
+    build_messages, CHAT_KWARGS, image_token_budget, JOB_IMAGE, LLM_KWARGS,
     MAX_MODEL_LEN, sampling_kwargs, SCRIPT_SHAPE, VLLM_REQUIREMENT,
 )
 from blocks.common import (
-    add_common_arguments, DegenerateCheck, early_exits_reported, error_row, exception_row,
-    EXIT_CODES, fail, HeldFailures, InputSource, iter_image_cells, jobs_command_notes,
+    argument_parser, DegenerateCheck, early_exits_reported, error_row, exception_row,
+    fail, HeldFailures, InputSource, iter_image_cells, jobs_command_notes,
     kept_attempt, log, loop_seed, LOOP_TEMPERATURE, loops, open_run, PAGE, PageError,
     parse_arguments, PartWriter, postprocessed, prepare_page, PreparedPage, redact_value,
     reproduce_command, requested_revision, resolved_revision, RowResult, run_guarded, run_settings,
@@ -329,14 +329,7 @@ def info_entry_for(args, llm_kwargs) -> dict:
 def run_offline_script(doc: str, argv: list[str] | None = None, hub_api=None) -> int:
     """The whole run: arguments, input, engine, output. `main()` calls it with the docstring."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    parser = argparse.ArgumentParser(
-        allow_abbrev=False,
-        description=doc.split("\n\n")[0],
-        epilog=doc.split("\n\n", 1)[1] + "\n" + EXIT_CODES,
-        formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_common_arguments(parser)
-    add_offline_arguments(parser)
-    add_model_arguments(parser)
+    parser = argument_parser(doc, add_offline_arguments)
     args = parse_arguments(parser, argv, offline_argument_problems)  # a bad OUTPUT fails here
     llm_kwargs = effective_llm_kwargs(args)
     budget = image_token_budget(args)

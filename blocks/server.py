@@ -18,12 +18,12 @@ import time
 from pathlib import Path
 
 from blocks.model import (
-    add_model_arguments, build_request, DEFAULT_SERVER, image_token_budget, JOB_IMAGE,
+    build_request, DEFAULT_SERVER, image_token_budget, JOB_IMAGE,
     SCRIPT_SHAPE, SERVE_ARGS, SERVE_ENV, spawn_args,
 )
 from blocks.common import (
-    add_common_arguments, DegenerateCheck, early_exits_reported, error_row, exception_row,
-    EXIT_CODES, EXIT_REFUSED, EXIT_USAGE, fail, flag_items, flag_words, HeldFailures, InputSource,
+    argument_parser, DegenerateCheck, early_exits_reported, error_row, exception_row,
+    EXIT_REFUSED, EXIT_USAGE, fail, flag_items, flag_words, HeldFailures, InputSource,
     iter_image_cells, jobs_command_notes, kept_attempt, log, loop_seed, LOOP_TEMPERATURE, loops,
     open_run, PAGE, PageError, parse_arguments, PartWriter, postprocessed, prepare_page,
     PreparedPage, redact_argv, reproduce_command, requested_revision, resolved_revision, RowResult,
@@ -988,23 +988,10 @@ def plan_server(args, argv: list[str]) -> str:
         fail(str(exc), exc.code)
 
 
-def server_argument_parser(doc: str) -> argparse.ArgumentParser:
-    """Every option of a server script: input/output, server, then the model's own."""
-    parser = argparse.ArgumentParser(
-        allow_abbrev=False,
-        description=doc.split("\n\n")[0],
-        epilog=doc.split("\n\n", 1)[1] + "\n" + EXIT_CODES,
-        formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_common_arguments(parser)
-    add_server_arguments(parser)
-    add_model_arguments(parser)
-    return parser
-
-
 def run_server_script(doc: str, argv: list[str] | None = None, hub_api=None) -> int:
     """The whole run: arguments, input, engine, output. `main()` calls it with the docstring."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    parser = server_argument_parser(doc)
+    parser = argument_parser(doc, add_server_arguments)
     args = parse_arguments(parser, argv, server_argument_problems)  # a bad OUTPUT fails here
     return early_exits_reported(args, lambda: server_run(args, argv, hub_api))
 

@@ -504,7 +504,7 @@ def test_api_server_count_only_where_it_was_measured(script, cpus, monkeypatch):
     module = load_script(script)
     monkeypatch.setattr(module, "usable_cpus", lambda *a: cpus, raising=False)  # saturate only
     monkeypatch.setattr(module, "resolved_revision", lambda args: None)
-    args = module.server_argument_parser(module.__doc__).parse_args(["in", "./out"])
+    args = module.argument_parser(module.__doc__, module.add_server_arguments).parse_args(["in", "./out"])
     command = module.ServerManager(args, [], Path("/tmp")).serve_command()
     count = command[command.index("--api-server-count") + 1] if "--api-server-count" in command else None
     assert count == ("4" if script == SATURATE and cpus >= 12 else None)
@@ -547,7 +547,7 @@ def test_a_spawned_server_gets_one_engine_per_visible_gpu_unless_told_otherwise(
         (bin_dir / "nvidia-smi").chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
     monkeypatch.setattr(module, "resolved_revision", lambda args: None)
-    args = module.server_argument_parser(module.__doc__).parse_args(
+    args = module.argument_parser(module.__doc__, module.add_server_arguments).parse_args(
         ["in", "./out", f"--serve-args={serve_args}"])
     command = module.ServerManager(args, [], tmp_path).serve_command()
     given = command[command.index("--data-parallel-size"):][:2] \
