@@ -36,6 +36,21 @@ def part_bytes(folder: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted((folder / "data").glob("part-*.parquet"))}
 
 
+def stopped_once_journaled(argv: list[str], out: Path, rows: int) -> tuple[int, str]:
+    """Run the script with argv, SIGTERM it once `rows` rows are in OUTPUT's journal: its exit
+    code and what it printed."""
+    run = subprocess.Popen([sys.executable, str(ROOT / OVIS), *argv],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: journal_rows(out) >= rows, process=run)
+        run.send_signal(signal.SIGTERM)
+        stderr = run.communicate(timeout=60)[1]
+    finally:
+        if run.poll() is None:
+            run.kill()
+    return run.returncode, stderr
+
+
 def reproduce_block(card: str) -> str:
     return card.split("Reproduce on Hugging Face Jobs:", 1)[1].split("```")[1]
 
@@ -188,17 +203,10 @@ def test_a_sigtermed_restart_prints_a_command_that_resumes_it(tmp_path, stub_ser
     out = tmp_path / "out"
     assert run_script(OVIS, str(tmp_path / "in"), str(out), *common(stub)).returncode == 0
     slow = stub_server("--latency", "0.3")
-    run = subprocess.Popen([sys.executable, str(ROOT / OVIS), str(tmp_path / "in"), str(out),
-                            *common(slow, "--restart", "--concurrency", "1", "--part-rows", "2")],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
-        wait_for(lambda: journal_rows(out) >= 4, process=run)
-        run.send_signal(signal.SIGTERM)
-        stderr = run.communicate(timeout=60)[1]
-    finally:
-        if run.poll() is None:
-            run.kill()
-    assert run.returncode == 128 + signal.SIGTERM, stderr
+    code, stderr = stopped_once_journaled(
+        [str(tmp_path / "in"), str(out),
+         *common(slow, "--restart", "--concurrency", "1", "--part-rows", "2")], out, 4)
+    assert code == 128 + signal.SIGTERM, stderr
     printed = re.search(r"rerun it without --restart.*?: uv run (.*)$", stderr, re.M)
     assert printed, stderr
     argv = shlex.split(printed.group(1))
@@ -225,17 +233,9 @@ def test_the_printed_resume_command_keeps_input_and_output_and_uses_no_masked_se
     out = tmp_path / "out"
     options = ["--server", stub.url, "--api-key", key, "--part-rows", "2", "--concurrency", "1"]
     assert run_script(OVIS, *options, str(tmp_path / "in"), str(out)).returncode == 0
-    run = subprocess.Popen([sys.executable, str(ROOT / OVIS), *options, "--restart",
-                            str(tmp_path / "in"), str(out)],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
-        wait_for(lambda: journal_rows(out) >= 2, process=run)
-        run.send_signal(signal.SIGTERM)
-        stderr = run.communicate(timeout=60)[1]
-    finally:
-        if run.poll() is None:
-            run.kill()
-    assert run.returncode == 128 + signal.SIGTERM, stderr
+    code, stderr = stopped_once_journaled(
+        [*options, "--restart", str(tmp_path / "in"), str(out)], out, 2)
+    assert code == 128 + signal.SIGTERM, stderr
     printed = re.search(r"rerun it without --restart.*?: uv run (.*) \(adding back your "
                         r"--api-key: secrets are never printed\)$", stderr, re.M)
     assert printed, stderr
