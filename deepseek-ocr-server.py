@@ -187,7 +187,7 @@ DET_SPAN = re.compile(r"<\|det\|>(?:(?:(?!<\|).){0,5000}?<\|/det\|>"
 STRAY_TAGS = re.compile(r"<\|/?(?:ref|det|grounding)\|>|<｜end▁of▁sentence｜>|<\|end▁of▁sentence\|>")
 
 
-# The official post-processing's LaTeX mappings (MODEL-FACTS.md, DeepSeek-OCR).
+# The official post-processing's LaTeX mappings (github.com/deepseek-ai/DeepSeek-OCR).
 COLON_EQUALS = ((re.compile(r"\\coloneqq(?![A-Za-z])"), ":="), (re.compile(r"\\eqqcolon(?![A-Za-z])"), "=:"))
 
 
@@ -215,9 +215,9 @@ def parse_grounded_blocks(raw: str) -> list[dict]:
 
 def figure_placeholders(raw: str) -> str:
     """Each `image` span becomes `![](images/N.jpg)` and a newline, N counting the page's
-    figures from 0, as the authors' clean-up does it (MODEL-FACTS.md, DeepSeek-OCR, "Figures";
-    DeepSeek-OCR-vllm/run_dpsk_ocr_image.py): the figure's place stays in the Markdown, and its
-    box is in the blocks column."""
+    figures from 0, as the authors' clean-up does it (github.com/deepseek-ai/DeepSeek-OCR,
+    DeepSeek-OCR-master/DeepSeek-OCR-vllm/run_dpsk_ocr_image.py): the figure's place stays in
+    the Markdown, and its box is in the blocks column."""
     import itertools
 
     figures = itertools.count()

@@ -13,20 +13,21 @@
 # so `hf jobs uv run` cannot start it. The Jobs command is in the docstring below.
 """Parse a dataset of page images with PaddlePaddle/HPD-Parsing, keeping vLLM saturated.
 
-Each page becomes Markdown (from the parsed blocks: chart and seal blocks carry no text) and
-a blocks column (type, box in 0-1000 space or null, text). Each block's text is cleaned as the
+Each page becomes Markdown (from the parsed blocks: chart and seal blocks carry no text) and a
+blocks column (type, box in 0-1000 space or null, text). Each block's text is cleaned as the
 vendor's own Markdown export (eval/hpd_to_markdown.py in the model repo) does it, since the
-benchmark figures quoted for the model were scored on that export (MODEL-FACTS.md,
-HPD-Parsing): a child head left in a block's text is removed; the canned sentences for blurry
-or text-free regions are removed wherever they occur, and `[Non-Text]` when it is a block's
-whole text; an unterminated `\\[` or `<table>` is closed; display math written the model's way
-(`\\[`, newline, formula, newline, `\\]`) becomes inline unless it has a `\\\\` row break;
-`\\tag{}` is stripped; `\\supset` becomes `\\sqsupset`; `\\left( ... \\right)` becomes
-`( ... )` when nothing tall is inside; repeated ellipses collapse and a trailing `\\quad` goes;
-Unicode operators become LaTeX in math and in arithmetic lines, which are wrapped in `\\( \\)`.
-Details MODEL-FACTS leaves open (the tall constructs, the operator table, a division wrapped
-as math, adjacent formulas split) are taken from the reference collection's port of the export
-(ocr/hpd-parsing-server.py, clean_text); where this script reads a step differently from that
+benchmark figures quoted for the model were scored on that export
+(huggingface.co/PaddlePaddle/HPD-Parsing): a child head left in a block's text is removed; the
+canned sentences for blurry or text-free regions are removed wherever they occur, and
+`[Non-Text]` when it is a block's whole text; an unterminated `\\[` or `<table>` is closed;
+display math written the model's way (`\\[`, newline, formula, newline, `\\]`) becomes inline
+unless it has a `\\\\` row break; `\\tag{}` is stripped; `\\supset` becomes `\\sqsupset`;
+`\\left( ... \\right)` becomes `( ... )` when nothing tall is inside; repeated ellipses collapse
+and a trailing `\\quad` goes; Unicode operators become LaTeX in math and in arithmetic lines,
+which are wrapped in `\\( \\)`. Details the export's description leaves open (the tall
+constructs, the operator table, a division wrapped as math, adjacent formulas split) are taken
+from the reference collection's port of the export (huggingface.co/datasets/uv-scripts/ocr,
+ocr/hpd-parsing-server.py, clean_text); where this script reads a step differently from that
 port, export_text() says so.
 
 The driver has no torch or vllm dependency and adapts its window of pages in flight to keep the
@@ -56,7 +57,7 @@ repo's P-MTP/ folder, about 644 MB) first: only then, never when `--server` answ
 Why prefix caching stays ON here (every other script turns it off)
     Hierarchical parallel decoding (`document parsing with fork.`) forks a child branch per
     page region, and the children reuse the parent branch's prefix KV: the cache does real work
-    (hit rate 52.9% on 5 pages, 43.9% on 10, in the seed). The run reports the server's hit
+    (measured hit rate 52.9% on 5 pages, 43.9% on 10). The run reports the server's hit
     rate in its stats and card. Do not switch it off in a sweep: a test fails if anyone does.
     For the same reason a spawned server keeps one API server (no `--api-server-count`):
     several were never measured on the fork, and with several vLLM drops per-request figures
@@ -178,8 +179,9 @@ def build_request(image_url: str, args) -> dict:
     return request
 
 
-# Output (MODEL-FACTS.md, HPD-Parsing): `<BLOCK>type [x1,y1,x2,y2]<CHILD>text` blocks with
-# <FORK> tags, boxes 0 to 1000. A head whose box is missing or out of range keeps its block.
+# Output (the model card, huggingface.co/PaddlePaddle/HPD-Parsing):
+# `<BLOCK>type [x1,y1,x2,y2]<CHILD>text` blocks with <FORK> tags, boxes 0 to 1000. A head
+# whose box is missing or out of range keeps its block.
 BLOCK_HEAD = re.compile(r"<BLOCK>[ \t]*([^\[<\n]{0,100})(?:\[([^\]<\n]{0,200})(?:\]|\Z))?")
 CUT_TAG = re.compile(r"<(?:/?(?:B(?:L(?:O(?:C(?:K)?)?)?)?|C(?:H(?:I(?:L(?:D)?)?)?)?|F(?:O(?:R(?:K)?)?)?))?\Z")
 # With <FORK>, a child's head can sit inside a block's text without its own <BLOCK>: a word, a
@@ -190,7 +192,7 @@ CUT_CHILD_HEAD = re.compile(r"<FORK>\s*(?:\w+\s*)?(?:\[[-\d.,\s]*(?:\]\s*)?)?")
 BLOCK_TAGS = re.compile(r"</?(?:FORK|CHILD|BLOCK)>")
 
 # The vendor's Markdown export, eval/hpd_to_markdown.py in the model repo, step by step as
-# MODEL-FACTS.md (HPD-Parsing) gives it. Where it leaves a detail open, the detail is taken
+# its two public ports agree on it. Where it leaves a detail open, the detail is taken
 # from the reference collection's port (uv-scripts/ocr, ocr/hpd-parsing-server.py, clean_text:
 # "matching the official hpd_to_markdown.py steps"), named "the port" below.
 TEXTLESS = {"chart", "seal"}  # the export skips these; image and figure blocks keep their text

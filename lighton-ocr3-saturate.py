@@ -20,8 +20,8 @@ saturated.
 
 A driver with no torch or vllm dependency feeds a vLLM server (its own `vllm serve`, or the
 one at `--server`) through an adaptive window of pages in flight, instead of fixed batches:
-the seed measured 0.90 -> 2.2 pages/s on a10g-small and 1.27 -> 7.2 pages/s on a100-large
-going from lighton-ocr3.py (batches of 16) to pages in flight.
+0.90 -> 2.2 pages/s on a10g-small and 1.27 -> 7.2 pages/s on a100-large (600 pages) going
+from lighton-ocr3.py (batches of 16) to pages in flight.
 
 Run it
     hf jobs uv run --image vllm/vllm-openai:v0.30.0 --flavor a10g-small --timeout 4h --secrets HF_TOKEN \\
@@ -38,14 +38,14 @@ What bounds a run, and what this script does about it
       gauges (some vLLM versions drop them with --api-server-count > 1) it goes by delivered
       throughput alone. It never widens a window that nothing has come back through.
     * Host memory: each page in flight holds only its encoded request (a 2048 px PNG page is
-      a few MiB, against the seed's 0.1 GiB per page), and the window never outgrows
-      `--max-inflight-memory` (default: a quarter of the memory available at start), measured
-      from the real size of the pages sent.
+      a few MiB, against 0.1 GiB per page measured for decoded images), and the window never
+      outgrows `--max-inflight-memory` (default: a quarter of the memory available at start),
+      measured from the real size of the pages sent.
     * Preprocessing: pages are decoded once and downscaled only when above 2048 px (JPEG pages
       decoded at reduced scale first, then LANCZOS, the authors' filter); a PNG page that is
       already right is sent as is. On the server side one API server preprocesses images on one
       core: a spawned server gets `--api-server-count 4` where this process may use 12 or more
-      CPUs (the seed: +16% on a100-large, +9% on rtx-pro-6000, +10% on a10g-large), 1
+      CPUs (measured: +16% on a100-large, +9% on rtx-pro-6000, +10% on a10g-large), 1
       elsewhere, where memory binds first. The CPUs are counted from this process's affinity
       and its cgroup quota: os.cpu_count() gives the host's cores inside a container that may
       use only a few. This is the one script that adds it, because it is the one model where
@@ -62,12 +62,12 @@ Model settings (from the authors)
     the image then the word `grounding` (`--mode grounding`: a `![label](x1,y1,x2,y2)` marker
     before every block, parsed into the blocks column; the Markdown column has no markers).
     Pages: longest edge 2048 px (the training render size), downscale only, PNG.
-    Temperature: the README says 0.1, the authors' client 0.2 with top_p 1.0; this script uses
-    0.2, top_p 1.0, the setting of the seed's measured runs (CER 0.077-0.083 mean on 282 book
+    Temperature: the model card says 0.1, the authors' client 0.2 with top_p 1.0; this script uses
+    0.2, top_p 1.0, the setting of the measured runs (CER 0.077-0.083 mean on 282 book
     pages), so its output is comparable to those figures. max_tokens 12288: the authors'
     benchmark budget; with the 4,160-token worst-case page it fits 18000.
 
-Post-processing (MODEL-FACTS.md, LightOnOCR-3 section)
+Post-processing (the model card, https://huggingface.co/lightonai/LightOnOCR-3-0.8B)
     Grounding: one block per `![label](x1,y1,x2,y2)` marker, its text on the marker's line and
     running on until the next marker; a `label+` block continues the previous one: it stays a
     block of its own (own box, often the next column) and its text joins the previous one's
@@ -93,7 +93,7 @@ JOB_IMAGE = f"vllm/vllm-openai:{IMAGE_TAG}"
 IMAGE_HAS_UV = True  # the vLLM images have uv: `hf jobs uv run` works
 DEFAULT_FLAVOR = "a10g-small"
 JOB_TIMEOUT = "4h"  # Jobs stop a job after 30 min unless told: every printed command passes this
-JOB_PAGES_PER_S = 2.2  # the seed's saturated rate on a10g-small: about 29,000 pages in 4 h
+JOB_PAGES_PER_S = 2.2  # measured saturated on a10g-small: about 29,000 pages in 4 h
 SCRIPT_SHAPE = "saturate"
 API_SERVER_COUNT = 4  # measured here only: see the docstring
 
@@ -103,7 +103,7 @@ API_SERVER_COUNT = 4  # measured here only: see the docstring
 MODES = ("plain", "grounding")  # the two trained modes; other instructions are untrained
 MAX_MODEL_LEN = 18000
 DEFAULT_MAX_TOKENS = 12288  # the authors' benchmark output budget
-TEMPERATURE = 0.2  # the seed's measured runs (and the authors' client); see the docstring
+TEMPERATURE = 0.2  # the measured runs' setting (and the authors' client); see the docstring
 TOP_P = 1.0
 LONGEST_EDGE = 2048  # the training render size: the model does no further resizing
 PATCH_GRID = 32  # Qwen3.5 vision: 16 px patches merged 2x2
@@ -146,7 +146,7 @@ def message_content(image_url: str, args) -> list[dict]:
     return content
 
 
-# Grounding output (MODEL-FACTS.md, LightOnOCR-3: the authors' README example and client): one
+# Grounding output (the model card's example, huggingface.co/lightonai/LightOnOCR-3-0.8B): one
 # block per `![label](x1,y1,x2,y2)` marker, its text right after the marker on the same line and
 # running on, over several lines if need be, until the next marker. Coordinates 0 to 1000.
 BLOCK_MARKER = re.compile(
@@ -161,8 +161,8 @@ PROSE = re.compile(r"(?<![A-Za-z])[A-Za-z]{2,}\s+[A-Za-z]{2,}")  # from a word's
 
 
 def reads_as_math(inner: str) -> bool:
-    """Whether the text between an escaped pair `\\$...\\$` reads as math (MODEL-FACTS.md,
-    LightOnOCR-3, post-processing). The authors' exact test is not stated, only its examples
+    """Whether the text between an escaped pair `\\$...\\$` reads as math (the model
+    card's post-processing). The authors' exact test is not stated, only its examples
     (prices, code and URLs keep their escapes): this is this script's reading of them."""
     if not inner.strip() or inner != inner.strip():
         return False  # "\$5 and \$10": TeX math does not begin or end on a space

@@ -17,9 +17,9 @@
 """OCR a dataset of page images or PDFs with lightonai/LightOnOCR-3-0.8B, offline: this
 script owns vllm.LLM and generates in fixed batches.
 
-The baseline lighton-ocr3-saturate.py is measured against (the seed: 0.90 against 2.2 pages/s
-on a10g-small); use it when you want one process and no HTTP. A page whose image cannot be
-decoded gets its error before the batch is built; a batch that raises is split until the
+The baseline lighton-ocr3-saturate.py is measured against (0.90 against 2.2 pages/s measured on
+a10g-small, 600 pages); use it when you want one process and no HTTP. A page whose image cannot
+be decoded gets its error before the batch is built; a batch that raises is split until the
 failing row is isolated, and the rest of it is answered.
 
 Run it
@@ -40,11 +40,11 @@ Model settings (from the authors)
     `--mode grounding` adds the word `grounding` (a `![label](x1,y1,x2,y2)` marker before every
     block, parsed into the blocks column; the Markdown column has no markers). Pages: longest
     edge 2048 px, downscale only, PNG. Temperature 0.2 with top_p 1.0, the setting of the
-    seed's measured runs (the README says 0.1; the authors' client defaults to 0.2), so the
-    output is comparable to those figures (CER 0.077-0.083 mean on 282 book pages).
+    measured runs (the card says 0.1; the authors' client defaults to 0.2), so the output is
+    comparable to their figures (CER 0.077-0.083 mean on 282 book pages).
     max_tokens 12288, the authors' benchmark budget.
 
-Post-processing (MODEL-FACTS.md, LightOnOCR-3 section)
+Post-processing (the model card, https://huggingface.co/lightonai/LightOnOCR-3-0.8B)
     Grounding: one block per `![label](x1,y1,x2,y2)` marker, its text on the marker's line and
     running on until the next marker; a `label+` block continues the previous one: it stays a
     block of its own (own box, often the next column) and its text joins the previous one's
@@ -71,7 +71,7 @@ IMAGE_HAS_UV = True  # the vLLM images have uv: `hf jobs uv run` works
 VLLM_REQUIREMENT = ">=0.30.0"
 DEFAULT_FLAVOR = "a10g-small"
 JOB_TIMEOUT = "4h"  # Jobs stop a job after 30 min unless told: every printed command passes this
-JOB_PAGES_PER_S = 0.90  # the seed's offline rate on a10g-small: about 12,000 pages in 4 h
+JOB_PAGES_PER_S = 0.90  # measured offline on a10g-small: about 12,000 pages in 4 h
 SCRIPT_SHAPE = "offline"
 
 # ==== BEGIN LIGHTONOCR-3 MODEL (source: blocks/lighton_ocr3.py) ====
@@ -80,7 +80,7 @@ SCRIPT_SHAPE = "offline"
 MODES = ("plain", "grounding")  # the two trained modes; other instructions are untrained
 MAX_MODEL_LEN = 18000
 DEFAULT_MAX_TOKENS = 12288  # the authors' benchmark output budget
-TEMPERATURE = 0.2  # the seed's measured runs (and the authors' client); see the docstring
+TEMPERATURE = 0.2  # the measured runs' setting (and the authors' client); see the docstring
 TOP_P = 1.0
 LONGEST_EDGE = 2048  # the training render size: the model does no further resizing
 PATCH_GRID = 32  # Qwen3.5 vision: 16 px patches merged 2x2
@@ -123,7 +123,7 @@ def message_content(image_url: str, args) -> list[dict]:
     return content
 
 
-# Grounding output (MODEL-FACTS.md, LightOnOCR-3: the authors' README example and client): one
+# Grounding output (the model card's example, huggingface.co/lightonai/LightOnOCR-3-0.8B): one
 # block per `![label](x1,y1,x2,y2)` marker, its text right after the marker on the same line and
 # running on, over several lines if need be, until the next marker. Coordinates 0 to 1000.
 BLOCK_MARKER = re.compile(
@@ -138,8 +138,8 @@ PROSE = re.compile(r"(?<![A-Za-z])[A-Za-z]{2,}\s+[A-Za-z]{2,}")  # from a word's
 
 
 def reads_as_math(inner: str) -> bool:
-    """Whether the text between an escaped pair `\\$...\\$` reads as math (MODEL-FACTS.md,
-    LightOnOCR-3, post-processing). The authors' exact test is not stated, only its examples
+    """Whether the text between an escaped pair `\\$...\\$` reads as math (the model
+    card's post-processing). The authors' exact test is not stated, only its examples
     (prices, code and URLs keep their escapes): this is this script's reading of them."""
     if not inner.strip() or inner != inner.strip():
         return False  # "\$5 and \$10": TeX math does not begin or end on a space

@@ -19,8 +19,8 @@
 
 Every page becomes Markdown (LaTeX formulas, HTML tables) in a new column. The driver has no
 torch or vllm dependency: it talks to a vLLM OpenAI-compatible server and keeps
-`--concurrency` pages in flight, so the engine's continuous batching never runs dry (the
-seed measured 1.44 img/s against 0.83 offline on l4x1, 94/100 outputs byte-identical).
+`--concurrency` pages in flight, so the engine's continuous batching never runs dry (on l4x1,
+100 pages: 1.44 img/s against 0.83 offline, 94/100 outputs byte-identical).
 
 Run it
     # on Hugging Face Jobs (the image provides the `vllm` binary; the header names it):
@@ -66,7 +66,7 @@ JOB_IMAGE = f"vllm/vllm-openai:{IMAGE_TAG}"
 IMAGE_HAS_UV = True  # the vLLM images have uv: `hf jobs uv run` works
 DEFAULT_FLAVOR = "l4x1"
 JOB_TIMEOUT = "4h"  # Jobs stop a job after 30 min unless told: every printed command passes this
-JOB_PAGES_PER_S = 1.44  # the seed's server rate on l4x1: about 19,000 pages in 4 h
+JOB_PAGES_PER_S = 1.44  # measured on l4x1 through a server: about 19,000 pages in 4 h
 SCRIPT_SHAPE = "server"  # "server": fixed window; "saturate": adaptive window
 
 # ==== BEGIN OVISOCR2 MODEL (source: blocks/ovis_ocr2.py) ====
@@ -120,8 +120,8 @@ def add_model_arguments(parser) -> None:
 
 
 def postprocess(text: str, args) -> tuple[str, dict]:
-    """The card's clean-up, byte for byte (MODEL-FACTS.md, OvisOCR2): strip the text, split it
-    on exactly two newlines, drop the blocks that, once stripped, start with a figure
+    """The card's clean-up, byte for byte (huggingface.co/ATH-MaaS/OvisOCR2): strip the text,
+    split it on exactly two newlines, drop the blocks that, once stripped, start with a figure
     placeholder, join with two newlines, trim a degenerate repeated tail. Other spacing is the
     model's own."""
     blocks = text.strip().split("\n\n")

@@ -18,8 +18,8 @@
 vllm.LLM.
 
 Pages go to the engine in fixed batches (`--batch-size`, default 16), the shape of the model
-card's own example. It is the baseline that ovis-ocr2-server.py is measured against (the seed:
-0.83 img/s offline against 1.44 img/s through a server on l4x1); use it when you want one
+card's own example. It is the baseline that ovis-ocr2-server.py is measured against (on l4x1,
+100 pages: 0.83 img/s offline against 1.44 img/s through a server); use it when you want one
 process and no HTTP. A page whose image cannot be decoded gets its error before the batch is
 built, and a batch that raises is split until the failing row is isolated: one bad row never
 fails its batch.
@@ -58,7 +58,7 @@ IMAGE_HAS_UV = True  # the vLLM images have uv: `hf jobs uv run` works
 VLLM_REQUIREMENT = ">=0.22.1"  # what `uv run --with vllm...` asks for where none is installed
 DEFAULT_FLAVOR = "l4x1"
 JOB_TIMEOUT = "4h"  # Jobs stop a job after 30 min unless told: every printed command passes this
-JOB_PAGES_PER_S = 0.83  # the seed's offline rate on l4x1: about 11,000 pages in 4 h
+JOB_PAGES_PER_S = 0.83  # measured offline on l4x1: about 11,000 pages in 4 h
 SCRIPT_SHAPE = "offline"
 
 # ==== BEGIN OVISOCR2 MODEL (source: blocks/ovis_ocr2.py) ====
@@ -112,8 +112,8 @@ def add_model_arguments(parser) -> None:
 
 
 def postprocess(text: str, args) -> tuple[str, dict]:
-    """The card's clean-up, byte for byte (MODEL-FACTS.md, OvisOCR2): strip the text, split it
-    on exactly two newlines, drop the blocks that, once stripped, start with a figure
+    """The card's clean-up, byte for byte (huggingface.co/ATH-MaaS/OvisOCR2): strip the text,
+    split it on exactly two newlines, drop the blocks that, once stripped, start with a figure
     placeholder, join with two newlines, trim a degenerate repeated tail. Other spacing is the
     model's own."""
     blocks = text.strip().split("\n\n")

@@ -16,7 +16,7 @@ from blocks.grounding import block_box
 MODES = ("plain", "grounding")  # the two trained modes; other instructions are untrained
 MAX_MODEL_LEN = 18000
 DEFAULT_MAX_TOKENS = 12288  # the authors' benchmark output budget
-TEMPERATURE = 0.2  # the seed's measured runs (and the authors' client); see the docstring
+TEMPERATURE = 0.2  # the measured runs' setting (and the authors' client); see the docstring
 TOP_P = 1.0
 LONGEST_EDGE = 2048  # the training render size: the model does no further resizing
 PATCH_GRID = 32  # Qwen3.5 vision: 16 px patches merged 2x2
@@ -59,7 +59,7 @@ def message_content(image_url: str, args) -> list[dict]:
     return content
 
 
-# Grounding output (MODEL-FACTS.md, LightOnOCR-3: the authors' README example and client): one
+# Grounding output (the model card's example, huggingface.co/lightonai/LightOnOCR-3-0.8B): one
 # block per `![label](x1,y1,x2,y2)` marker, its text right after the marker on the same line and
 # running on, over several lines if need be, until the next marker. Coordinates 0 to 1000.
 BLOCK_MARKER = re.compile(
@@ -74,8 +74,8 @@ PROSE = re.compile(r"(?<![A-Za-z])[A-Za-z]{2,}\s+[A-Za-z]{2,}")  # from a word's
 
 
 def reads_as_math(inner: str) -> bool:
-    """Whether the text between an escaped pair `\\$...\\$` reads as math (MODEL-FACTS.md,
-    LightOnOCR-3, post-processing). The authors' exact test is not stated, only its examples
+    """Whether the text between an escaped pair `\\$...\\$` reads as math (the model
+    card's post-processing). The authors' exact test is not stated, only its examples
     (prices, code and URLs keep their escapes): this is this script's reading of them."""
     if not inner.strip() or inner != inner.strip():
         return False  # "\$5 and \$10": TeX math does not begin or end on a space

@@ -61,8 +61,8 @@ def add_model_arguments(parser) -> None:
 
 
 def postprocess(text: str, args) -> tuple[str, dict]:
-    """The card's clean-up, byte for byte (MODEL-FACTS.md, OvisOCR2): strip the text, split it
-    on exactly two newlines, drop the blocks that, once stripped, start with a figure
+    """The card's clean-up, byte for byte (huggingface.co/ATH-MaaS/OvisOCR2): strip the text,
+    split it on exactly two newlines, drop the blocks that, once stripped, start with a figure
     placeholder, join with two newlines, trim a degenerate repeated tail. Other spacing is the
     model's own."""
     blocks = text.strip().split("\n\n")
