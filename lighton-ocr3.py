@@ -1106,8 +1106,7 @@ def selected_pages(ranges, count: int) -> list[int]:
 
 @dataclass
 class PdfPage:
-    """A page to render: its document's row and file (None: bytes in the input), its number;
-    or why the document has no page to render."""
+    """A page to render (its document's row, file or None, number) or why there is none."""
     doc_row: int
     path: str | None
     number: int | None
@@ -1116,8 +1115,7 @@ class PdfPage:
 
 @dataclass
 class PdfPages:
-    """The output rows of a PDF input: row i is page number[i] of input row doc[i] (number 0:
-    a row that is an image, or a document whose pages cannot be counted, see errors)."""
+    """Output row i is page number[i] of input row doc[i] (0: an image, or see errors)."""
     docs: object  # the input, PDF column included
     column: str
     per_document: bool = False  # output rows are documents, their pages joined (--per-document)
@@ -1130,8 +1128,7 @@ class PdfPages:
     digests: dict = field(default_factory=dict)  # doc row -> input_digest(): see digest()
 
     def fingerprint(self) -> str:
-        """The documents as counted, and each file's size and file_tail(): a PDF replaced is
-        another input."""
+        """The documents as counted, each file's size and file_tail(): a PDF replaced is another."""
         digest = hashlib.sha256(self.doc.tobytes() + self.number.tobytes() + self.count.tobytes())
         for row, path in sorted(self.paths.items()):
             try:
@@ -1141,8 +1138,7 @@ class PdfPages:
         return digest.hexdigest()[:20]
 
     def digest(self, doc_row: int) -> str | None:
-        """input_digest() of a document's bytes; a file's is read whole, once per run (its size
-        and file_tail() miss a page replaced inside)."""
+        """input_digest() of a document; a file's read once per run (a tail misses inner edits)."""
         if doc_row not in self.digests and doc_row in self.paths:
             digest = hashlib.sha256()
             try:
@@ -1185,8 +1181,7 @@ def pdf_source(cell) -> tuple[bytes | str | None, str | None]:
 
 
 def pdf_open_error(exc: BaseException, data=None) -> str:
-    """Why PDFium would not open a document. Its error code can be an earlier document's, so
-    the bytes have the last word: an empty page tree, an /Encrypt entry."""
+    """Why PDFium would not open a document: its error code can be stale, so the bytes decide."""
     text = str(exc)
     if isinstance(data, bytes) and re.search(rb"/Count\s*0\b", data) and \
             not re.search(rb"/Count\s*[1-9]", data):  # PDFium refuses an empty page tree
@@ -1199,8 +1194,7 @@ def pdf_open_error(exc: BaseException, data=None) -> str:
 
 
 def file_tail(path) -> bytes:
-    """A file's last 64 KiB, where parquet keeps its footer and a PDF its trailer: a file
-    rewritten shows there, one only touched or copied does not. OSError if unreadable."""
+    """A file's last 64 KiB (parquet's footer, a PDF's trailer: a rewrite shows there); OSError."""
     with open(path, "rb") as handle:
         handle.seek(max(0, os.fstat(handle.fileno()).st_size - 65536))
         return handle.read()
@@ -1218,8 +1212,7 @@ def _file_ends(path: str, size: int = 1 << 20) -> bytes | None:
 
 
 def count_pdf_pages(ds, column: str, args) -> PdfPages:
-    """Every document's page count, read without rendering (the output's row numbers come from
-    them, so every shard counts the whole input, once per run)."""
+    """Every document's page count, unrendered: the output's row numbers, so every shard counts."""
     import numpy as np
     import pypdfium2 as pdfium
     from tqdm import tqdm
@@ -1233,18 +1226,16 @@ def count_pdf_pages(ds, column: str, args) -> PdfPages:
         total, error = 0, None
         if isinstance(data, str):
             pdf.paths[row] = data
+        elif data is not None:  # a file's is read when a page of it is sent (PdfPages.digest)
+            pdf.digests[row] = input_digest(data)
         if data is None:
             if column != "pdf" or "image" not in ds.column_names:  # else: an image of the folder
                 error = "missing PDF (empty cell)"
         elif isinstance(data, str) and not os.path.isfile(data):
             error = f"cannot read the PDF file {shown}: no such file"
         else:
-            if isinstance(data, bytes):  # (a file's: read when needed, PdfPages.digest)
-                pdf.digests[row] = input_digest(data)
             try:
-                document = pdfium.PdfDocument(data)
-                total = len(document)
-                document.close()
+                total = len(pdfium.PdfDocument(data))
             except Exception as exc:
                 error = pdf_open_error(exc, data if isinstance(data, bytes) else _file_ends(data))
         pages = selected_pages(ranges, total)
@@ -1288,8 +1279,7 @@ def input_rows(source: InputSource, indices: list[int]) -> dict:
 
 
 def pdf_render_size(width_pt: float, height_pt: float, dpi: float) -> tuple[float, tuple[int, int]]:
-    """(PDFium's scale, the size in pixels) for a page of this size in points, after its
-    rotation: at `dpi`, within PDF_MAX_PIXELS, then within the model's own bound."""
+    """(PDFium's scale, pixel size) of a page in points: at `dpi`, within both pixel bounds."""
     if not (width_pt > 0 and height_pt > 0):
         raise PageError(f"the page has no area ({width_pt} x {height_pt} pt)")
     width, height = width_pt * dpi / 72, height_pt * dpi / 72
@@ -1299,8 +1289,7 @@ def pdf_render_size(width_pt: float, height_pt: float, dpi: float) -> tuple[floa
 
 
 def _render_pdf_page(page, dpi: float, text_layer: bool, skip_chars: int | None) -> PreparedPage:
-    """The page at the model's size, encoded, with its text layer when asked for; skipped, not
-    rendered, when that layer has skip_chars characters other than spaces."""
+    """The page encoded at the model's size, with its text layer; skipped if that has skip_chars."""
     from PIL import Image
 
     layer = page.get_textpage().get_text_bounded() if text_layer or skip_chars else None
@@ -1316,8 +1305,7 @@ def _render_pdf_page(page, dpi: float, text_layer: bool, skip_chars: int | None)
 
 
 def _pdf_worker(conn, driver: int, docs, column: str, *options) -> None:
-    """A render process: jobs in, pages (their fields) or errors out; the last document stays
-    open for its next page. It dies with the driver, however the driver dies."""
+    """A render process: jobs in, page fields or errors out; it dies with the driver."""
     import pypdfium2 as pdfium
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
@@ -1327,7 +1315,7 @@ def _pdf_worker(conn, driver: int, docs, column: str, *options) -> None:
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG (Linux)
     except Exception:
         pass  # elsewhere: the parent's pid is watched below
-    opened, document = None, None  # the row of the open document, and it
+    opened = None  # the row of the document kept open
     while True:
         try:
             while not conn.poll(1.0):
@@ -1337,26 +1325,21 @@ def _pdf_worker(conn, driver: int, docs, column: str, *options) -> None:
         except (EOFError, OSError):  # the driver is gone
             return
         try:
-            if opened != doc_row:
-                if document is not None:
-                    document.close()
-                opened, document = None, pdfium.PdfDocument(path or
-                                                            pdf_source(docs[doc_row][column])[0])
+            if opened != doc_row:  # the last document closes as it is let go
+                opened = None
+                document = pdfium.PdfDocument(path or pdf_source(docs[doc_row][column])[0])
                 document.init_forms()  # form fields drawn, as a viewer shows them
                 opened = doc_row
             reply = vars(_render_pdf_page(document[number - 1], *options))
-        except PageError as exc:
-            reply = str(exc)
-        except Exception as exc:
-            reply = pdf_open_error(exc) if opened is None else \
+        except Exception as exc:  # the document opened when it was counted
+            reply = str(exc) if isinstance(exc, PageError) else \
                 f"cannot render page {number}: {type(exc).__name__}: {exc}"
         conn.send(reply)
 
 
 class PdfRenderer:
-    """Worker processes that render PDF pages, each keeping its last document open; blocking and
-    thread-safe. A page that takes longer than the deadline or crashes PDFium is that page's
-    error, and its worker is replaced."""
+    """Render processes, blocking and thread-safe: a page that outlasts the deadline or crashes
+    PDFium is that page's error, and its worker is replaced."""
 
     def __init__(self, pdf: PdfPages, args):
         import queue
@@ -1415,14 +1398,13 @@ _RENDERER: list = []  # the run's PdfRenderer, started (open_run) before any pag
 
 
 def encode_page(img) -> tuple[bytes, str]:
-    """PAGE_FORMAT "png": lossless, for models trained on PNG renders; "jpeg": quality 95, as
-    the seed's recipes send."""
+    """PAGE_FORMAT "png": lossless, for models trained on PNG renders; else JPEG quality 95."""
     out = io.BytesIO()
     if PAGE_FORMAT == "png":
         img.save(out, format="PNG", compress_level=1)
-        return out.getvalue(), "image/png"
-    img.save(out, format="JPEG", quality=95)
-    return out.getvalue(), "image/jpeg"
+    else:
+        img.save(out, format="JPEG", quality=95)
+    return out.getvalue(), f"image/{PAGE_FORMAT}"
 
 
 # ---- text checks ----------------------------------------------------------------------------
