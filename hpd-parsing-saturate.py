@@ -1270,9 +1270,8 @@ def selected_pages(ranges, count: int) -> list[int]:
 
 @dataclass
 class PdfPage:
-    """A page to render (its document's row, file or None, number) or why there is none."""
+    """A page to render (its document's row, its number) or why there is none."""
     doc_row: int
-    path: str | None
     number: int | None
     error: str | None = None
 
@@ -1330,7 +1329,7 @@ class PdfPages:
 
     def page(self, i: int) -> PdfPage:
         row = int(self.doc[i])
-        return PdfPage(row, self.paths.get(row), int(self.number[i]) or None, self.errors.get(row))
+        return PdfPage(row, int(self.number[i]) or None, self.errors.get(row))
 
 
 def pdf_source(cell) -> tuple[bytes | str | None, str | None]:
@@ -1485,13 +1484,13 @@ def _pdf_worker(conn, driver: int, docs, column: str, *options) -> None:
             while not conn.poll(1.0):
                 if os.getppid() != driver:
                     return
-            doc_row, path, number = conn.recv()
+            doc_row, number = conn.recv()
         except (EOFError, OSError):  # the driver is gone
             return
         try:
             if opened != doc_row:  # the last document closes as it is let go
                 opened = None
-                document = pdfium.PdfDocument(path or pdf_source(docs[doc_row][column])[0])
+                document = pdfium.PdfDocument(pdf_source(docs[doc_row][column])[0])
                 document.init_forms()  # form fields drawn, as a viewer shows them
                 opened = doc_row
             reply = vars(_render_pdf_page(document[number - 1], *options))
@@ -1532,7 +1531,7 @@ class PdfRenderer:
         process, pipe = self.idle.get()
         reply = None  # unless it answers, a worker that hung or died is replaced
         try:
-            pipe.send((page.doc_row, page.path, page.number))
+            pipe.send((page.doc_row, page.number))
             if not pipe.poll(self.timeout):
                 raise PageError(f"rendering page {page.number} took more than "
                                 f"{self.timeout:g} s (--pdf-page-timeout)")
