@@ -994,11 +994,9 @@ def find_pdf_column(ds, args) -> str | None:
         return typed[0]
     if isinstance(ds.features.get("pdf"), dict) and set(ds.features["pdf"]) == {"bytes", "path"}:
         return "pdf"  # the folder reader's
-    column = args.image_column
-    if column in ds.column_names and not isinstance(ds.features[column], datasets.Image) and \
-            any(map(looks_like_pdf, first_cells(column))):
-        return column
-    return None
+    column = args.image_column  # not image-typed, yet its first cells are PDFs
+    maybe = column in ds.column_names and not isinstance(ds.features[column], datasets.Image)
+    return column if maybe and any(map(looks_like_pdf, first_cells(column))) else None
 
 
 def looks_like_pdf(cell) -> bool:
@@ -1039,9 +1037,8 @@ def canonical_pages(ranges) -> str | None:
 
 
 def selected_pages(ranges, count: int) -> list[int]:
-    if ranges is None:
-        return list(range(1, count + 1))
-    return sorted({n for first, last in ranges for n in range(first, min(count, last or count) + 1)})
+    return sorted({n for first, last in ranges or [(1, None)]
+                   for n in range(first, min(count, last or count) + 1)})
 
 
 @dataclass
@@ -1090,9 +1087,7 @@ class PdfPages:
         return self.digests.get(doc_row)
 
     def first_row(self, doc_row: int) -> int:
-        import numpy as np
-
-        return int(np.searchsorted(self.doc, doc_row, side="left"))
+        return int(self.doc.searchsorted(doc_row))
 
     def rows_of(self, doc_row: int) -> range:
         return range(self.first_row(doc_row), self.first_row(doc_row + 1))
@@ -1245,15 +1240,15 @@ def _render_pdf_page(page, dpi: float, text_layer: bool, skip_chars: int | None)
 
 def _pdf_worker(conn, driver: int, docs, column: str, *options) -> None:
     """A render process: jobs in, page fields or errors out; it dies with the driver."""
+    import ctypes
+
     import pypdfium2 as pdfium
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
     try:
-        import ctypes
-
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG (Linux)
-    except Exception:
-        pass  # elsewhere: the parent's pid is watched below
+    except Exception:  # elsewhere: the parent's pid is watched below
+        pass
     opened = None  # the row of the document kept open
     while True:
         try:
