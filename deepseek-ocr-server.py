@@ -1283,7 +1283,8 @@ def pdf_render_size(width_pt: float, height_pt: float, dpi: float) -> tuple[floa
     if not (width_pt > 0 and height_pt > 0):
         raise PageError(f"the page has no area ({width_pt} x {height_pt} pt)")
     width, height = width_pt * dpi / 72, height_pt * dpi / 72
-    shrink = min(1.0, math.sqrt(PDF_MAX_PIXELS / (width * height)), PDF_MAX_SIDE / max(width, height))
+    shrink = min(1.0, math.sqrt(PDF_MAX_PIXELS / (width * height)),
+                 PDF_MAX_SIDE / max(width, height))
     target = target_size(max(1, round(width * shrink)), max(1, round(height * shrink)))
     return target[0] / width_pt, target
 
