@@ -970,43 +970,42 @@ PDF_MAX_SIDE = 16384  # pixels: above it, no encoder (JPEG stops at 65,535) or p
 
 def find_pdf_column(ds, args) -> str | None:
     """--pdf-column; else a column of the `datasets.Pdf` type, the folder reader's `pdf`, or an
-    image column whose first cells are PDFs (bytes starting %PDF-, or paths ending .pdf)."""
+    image column whose first cells are PDFs (bytes starting %PDF-, or paths to PDF files)."""
     import datasets
 
-    pdf_type = getattr(datasets, "Pdf", None)
     typed = [name for name, feature in ds.features.items()
-             if pdf_type is not None and isinstance(feature, pdf_type)]
-    if args.pdf_column:
-        if args.pdf_column not in ds.column_names:
-            fail(f"--pdf-column {args.pdf_column!r} not found. Columns: {', '.join(ds.column_names)}")
-        if args.pdf_column in typed:
-            return args.pdf_column  # its cells would be decoded here: the type says enough
-        column = args.pdf_column
-        cells = ds.select_columns([column]).select(range(min(16, len(ds))))[column]
+             if isinstance(feature, getattr(datasets, "Pdf", ()))]
+
+    def first_cells(column):
+        return ds.select_columns([column]).select(range(min(16, len(ds))))[column]
+
+    column = args.pdf_column
+    if column:
+        if column not in ds.column_names:
+            fail(f"--pdf-column {column!r} not found. Columns: {', '.join(ds.column_names)}")
+        cells = [] if column in typed else first_cells(column)  # typed: the type says enough
         if any(cell is not None for cell in cells) and not any(map(looks_like_pdf, cells)):
-            fail(f"--pdf-column {args.pdf_column!r} holds no PDFs in its first rows (PDF bytes "
-                 f"start with %PDF-; paths must lead to PDF files)")
-        return args.pdf_column
+            fail(f"--pdf-column {column!r} holds no PDFs in its first rows (PDF bytes start "
+                 f"with %PDF-; paths must lead to PDF files)")
+        return column
     if len(typed) > 1:
         fail(f"INPUT has several PDF columns ({', '.join(typed)}); pass --pdf-column NAME")
     if typed:
         return typed[0]
     if isinstance(ds.features.get("pdf"), dict) and set(ds.features["pdf"]) == {"bytes", "path"}:
         return "pdf"  # the folder reader's
-    column = args.image_column
-    if column in ds.column_names and not isinstance(ds.features[column], datasets.Image):
-        if any(looks_like_pdf(cell) for cell in
-               ds.select_columns([column]).select(range(min(8, len(ds))))[column]):
-            return column
-    return None
+    column = args.image_column  # not image-typed, yet its first cells are PDFs
+    maybe = column in ds.column_names and not isinstance(ds.features[column], datasets.Image)
+    return column if maybe and any(map(looks_like_pdf, first_cells(column))) else None
 
 
 def looks_like_pdf(cell) -> bool:
-    data, shown = pdf_source(cell)
-    if isinstance(data, bytes):
-        return data[:5] == b"%PDF-"
-    return isinstance(data, str) and (data.lower().endswith(".pdf") or
-                                      (_file_ends(data, 5) or b"")[:5] == b"%PDF-")
+    data = pdf_source(cell)[0]
+    if isinstance(data, str):
+        if data.lower().endswith(".pdf"):
+            return True
+        data = _file_ends(data, 5)
+    return isinstance(data, bytes) and data.startswith(b"%PDF-")
 
 
 def parse_pages(spec: str | None) -> list[tuple[int, int | None]] | None:
@@ -1015,65 +1014,57 @@ def parse_pages(spec: str | None) -> list[tuple[int, int | None]] | None:
         return None
     ranges = []
     for item in spec.replace(" ", "").split(","):
-        match = re.fullmatch(r"(\d+)(?:(-)(\d*))?", item)
-        if not match or int(match.group(1)) < 1 or match.group(3) and \
-                int(match.group(3)) < int(match.group(1)):
+        match = re.fullmatch(r"(\d+)(-(\d*))?", item)
+        first = int(match[1]) if match else 0
+        last = first if not match or not match[2] else int(match[3]) if match[3] else None
+        if first < 1 or last is not None and last < first:
             raise ValueError(f"--pages {spec!r}: {item!r} is not N, A-B or A- (1-based)")
-        first = int(match.group(1))
-        last = first if not match.group(2) else int(match.group(3)) if match.group(3) else None
         ranges.append((first, last))
     return ranges
 
 
 def canonical_pages(ranges) -> str | None:
+    """The ranges sorted and merged, as --pages is written down: None for every page."""
     merged: list[list] = []
     for first, last in sorted(ranges or [], key=lambda r: r[0]):
         if merged and (merged[-1][1] is None or first <= merged[-1][1] + 1):
-            if merged[-1][1] is not None:
-                merged[-1][1] = None if last is None else max(merged[-1][1], last)
+            merged[-1][1] = None if None in (merged[-1][1], last) else max(merged[-1][1], last)
         else:
             merged.append([first, last])
-    if not merged or merged == [[1, None]]:
+    if merged in ([], [[1, None]]):
         return None
     return ",".join(f"{a}" if a == b else f"{a}-{b or ''}" for a, b in merged)
 
 
 def selected_pages(ranges, count: int) -> list[int]:
-    if ranges is None:
-        return list(range(1, count + 1))
-    return sorted({n for first, last in ranges for n in range(first, min(count, last or count) + 1)})
+    return sorted({n for first, last in ranges or [(1, None)]
+                   for n in range(first, min(count, last or count) + 1)})
 
 
 @dataclass
 class PdfPage:
-    """One page to render: the document's row, its file (else its bytes are in the input), the
-    1-based page number; or why the document has no page to render."""
+    """A page to render (its document's row, its number) or why there is none."""
     doc_row: int
-    path: str | None
     number: int | None
     error: str | None = None
 
 
 @dataclass
 class PdfPages:
-    """The output rows of a PDF input: row i is page number[i] of input row doc[i] (number 0:
-    a row that is an image, or a document whose pages cannot be counted, see errors)."""
+    """Output row i is page number[i] of input row doc[i] (0: an image, or see errors)."""
     docs: object  # the input, PDF column included
     column: str
-    doc: object  # numpy int64 per output row
-    number: object  # numpy int32 per output row
-    count: object
-    paths: dict  # doc row -> its file, when it is one
-    errors: dict  # doc row -> why it has no page to render
+    per_document: bool = False  # output rows are documents, their pages joined (--per-document)
+    doc: object = None  # numpy int64 per output row, and number, count int32
+    number: object = None
+    count: object = None
+    paths: dict = field(default_factory=dict)  # doc row -> its file, when it is one
+    errors: dict = field(default_factory=dict)  # doc row -> why it has no page to render
     names: list = field(default_factory=list)  # doc row -> the document's path as its cell says
     digests: dict = field(default_factory=dict)  # doc row -> input_digest(): see digest()
-    per_document: bool = False  # output rows are documents, their pages joined (--per-document)
 
     def fingerprint(self) -> str:
-        """The documents as counted: their pages, and for files outside the input, each one's
-        size and file_tail(): a PDF replaced is another input."""
-        import hashlib
-
+        """The documents as counted, each file's size and file_tail(): a PDF replaced is another."""
         digest = hashlib.sha256(self.doc.tobytes() + self.number.tobytes() + self.count.tobytes())
         for row, path in sorted(self.paths.items()):
             try:
@@ -1083,38 +1074,33 @@ class PdfPages:
         return digest.hexdigest()[:20]
 
     def digest(self, doc_row: int) -> str | None:
-        """input_digest() of a document's bytes; a file's read whole, once per run, when a page
-        of it is sent or recovered: its size and file_tail() miss a page replaced inside."""
+        """input_digest() of a document; a file's read once per run (a tail misses inner edits)."""
         if doc_row not in self.digests and doc_row in self.paths:
             digest = hashlib.sha256()
             try:
                 with open(self.paths[doc_row], "rb") as handle:
-                    while chunk := handle.read(1 << 20):
+                    for chunk in iter(lambda: handle.read(1 << 20), b""):
                         digest.update(chunk)
                 self.digests[doc_row] = digest.hexdigest()[:20]
             except OSError:
                 self.digests[doc_row] = None
         return self.digests.get(doc_row)
 
+    def first_row(self, doc_row: int) -> int:
+        return int(self.doc.searchsorted(doc_row))
+
     def rows_of(self, doc_row: int) -> range:
-        """The page rows of a document."""
         return range(self.first_row(doc_row), self.first_row(doc_row + 1))
 
-    def first_row(self, doc_row: int) -> int:
-        import numpy as np
-
-        return int(np.searchsorted(self.doc, doc_row, side="left"))
+    def count_of(self, doc_row: int) -> int:
+        return int(self.count[self.first_row(doc_row)])  # every document has a row
 
     def is_pdf(self, doc_row: int) -> bool:
-        return doc_row in self.errors or doc_row in self.paths or self.count_of(doc_row) > 0
-
-    def count_of(self, doc_row: int) -> int:
-        i = self.first_row(doc_row)
-        return int(self.count[i]) if i < len(self.doc) and self.doc[i] == doc_row else 0
+        return doc_row in self.errors or self.count_of(doc_row) > 0
 
     def page(self, i: int) -> PdfPage:
         row = int(self.doc[i])
-        return PdfPage(row, self.paths.get(row), int(self.number[i]) or None, self.errors.get(row))
+        return PdfPage(row, int(self.number[i]) or None, self.errors.get(row))
 
 
 def pdf_source(cell) -> tuple[bytes | str | None, str | None]:
@@ -1129,22 +1115,20 @@ def pdf_source(cell) -> tuple[bytes | str | None, str | None]:
 
 
 def pdf_open_error(exc: BaseException, data=None) -> str:
-    """Why PDFium would not open a document. Its error code can be an earlier document's, so
-    the bytes have the last word: an empty page tree, an /Encrypt entry."""
+    """Why PDFium would not open a document: its error code can be stale, so the bytes decide."""
     text = str(exc)
     if isinstance(data, bytes) and re.search(rb"/Count\s*0\b", data) and \
             not re.search(rb"/Count\s*[1-9]", data):  # PDFium refuses an empty page tree
         return "the PDF has no pages"
     if "password" in text.lower() and (not isinstance(data, bytes) or b"/Encrypt" in data):
         return "the PDF is encrypted: a password is needed to open it"
-    if "format" in text.lower() or "corrupt" in text.lower() or "password" in text.lower():
+    if re.search("format|corrupt|password", text, re.I):
         return f"not a readable PDF (corrupt or truncated): {text}"
     return f"cannot open the PDF: {type(exc).__name__}: {text}"
 
 
 def file_tail(path) -> bytes:
-    """A file's last 64 KiB, where parquet keeps its footer and a PDF its trailer: a file
-    rewritten shows there, one only touched or copied does not. OSError if unreadable."""
+    """A file's last 64 KiB (parquet's footer, a PDF's trailer: a rewrite shows there); OSError."""
     with open(path, "rb") as handle:
         handle.seek(max(0, os.fstat(handle.fileno()).st_size - 65536))
         return handle.read()
@@ -1162,55 +1146,46 @@ def _file_ends(path: str, size: int = 1 << 20) -> bytes | None:
 
 
 def count_pdf_pages(ds, column: str, args) -> PdfPages:
-    """Every document's page count, read without rendering (the output's row numbers come from
-    them, so every shard counts the whole input, once per run)."""
+    """Every document's page count, unrendered: the output's row numbers, so every shard counts."""
     import numpy as np
     import pypdfium2 as pdfium
     from tqdm import tqdm
 
-    ranges = parse_pages(args.pages)
-    doc, number, count, paths, errors, names, digests = [], [], [], {}, {}, [], {}
+    ranges, pdf, rows = parse_pages(args.pages), PdfPages(ds, column), []
     cells = ds.select_columns([column])
     for row in tqdm(range(len(ds)), desc="counting PDF pages", unit="doc", disable=len(ds) < 50,
                     mininterval=0.5 if sys.stderr.isatty() else 10.0):
         data, shown = pdf_source(cells[row][column])
-        names.append(shown)
+        pdf.names.append(shown)
+        total, error = 0, None
         if isinstance(data, str):
-            paths[row] = data
-        pages: list[int] = []
-        total = 0
+            pdf.paths[row] = data
+        elif data is not None:  # a file's is read when a page of it is sent (PdfPages.digest)
+            pdf.digests[row] = input_digest(data)
         if data is None:
             if column != "pdf" or "image" not in ds.column_names:  # else: an image of the folder
-                errors[row] = "missing PDF (empty cell)"
+                error = "missing PDF (empty cell)"
         elif isinstance(data, str) and not os.path.isfile(data):
-            errors[row] = f"cannot read the PDF file {shown}: no such file"
+            error = f"cannot read the PDF file {shown}: no such file"
         else:
-            if isinstance(data, bytes):  # (a file's: read when needed, PdfPages.digest)
-                digests[row] = input_digest(data)
             try:
-                document = pdfium.PdfDocument(data)
-                try:
-                    total = len(document)
-                finally:
-                    document.close()
-                pages = selected_pages(ranges, total)
-                if not total:
-                    errors[row] = "the PDF has no pages"
-                elif not pages:
-                    errors[row] = f"none of --pages {args.pages} is in this {total}-page PDF"
+                total = len(pdfium.PdfDocument(data))
             except Exception as exc:
-                errors[row] = pdf_open_error(exc, data if isinstance(data, bytes) else
-                                             _file_ends(data))
-        for page in pages or [0]:
-            doc.append(row)
-            number.append(page)
-            count.append(total)
-    if errors:
-        log(f"{len(errors)} PDF(s) cannot be rendered (e.g. row {min(errors)}: "
-            f"{errors[min(errors)]}): each becomes an error row")
-    return PdfPages(ds, column, np.array(doc, dtype=np.int64), np.array(number, dtype=np.int32),
-                    np.array(count, dtype=np.int32), paths, errors, names, digests=digests)
-
+                error = pdf_open_error(exc, data if isinstance(data, bytes) else _file_ends(data))
+        pages = selected_pages(ranges, total)
+        if data is not None and error is None and not pages:
+            error = f"none of --pages {args.pages} is in this {total}-page PDF" if total else \
+                "the PDF has no pages"
+        if error is not None:
+            pdf.errors[row] = error
+        rows += [(row, page, total) for page in pages or [0]]
+    if pdf.errors:
+        first = min(pdf.errors)
+        log(f"{len(pdf.errors)} PDF(s) cannot be rendered (e.g. row {first}: "
+            f"{pdf.errors[first]}): each becomes an error row")
+    pdf.doc, pdf.number, pdf.count = (np.array(values, dtype) for values, dtype in
+                                      zip(zip(*rows), (np.int64, np.int32, np.int32)))
+    return pdf
 
 
 def input_features(source: InputSource):
@@ -1227,154 +1202,129 @@ def input_features(source: InputSource):
 def input_rows(source: InputSource, indices: list[int]) -> dict:
     """The input columns of these output rows."""
     pdf = source.pdf
-    if pdf is None:
-        return source.dataset.select(indices).to_dict()
-    if pdf.per_document:
-        rows = source.dataset.select(indices).to_dict()
+    pages = pdf is not None and not pdf.per_document
+    rows = source.dataset.select([int(pdf.doc[i]) for i in indices] if pages else indices).to_dict()
+    if pages:
+        rows["page_number"] = [int(pdf.number[i]) or None for i in indices]
+        rows["page_count"] = [int(pdf.count[i]) or None for i in indices]
+    elif pdf is not None:
         rows["page_count"] = [pdf.count_of(i) or None for i in indices]
-        return rows
-    rows = source.dataset.select([int(pdf.doc[i]) for i in indices]).to_dict()
-    rows["page_number"] = [int(pdf.number[i]) or None for i in indices]
-    rows["page_count"] = [int(pdf.count[i]) or None for i in indices]
     return rows
 
 
 def pdf_render_size(width_pt: float, height_pt: float, dpi: float) -> tuple[float, tuple[int, int]]:
-    """(PDFium's scale, the size in pixels) for a page of this size in points, after its
-    rotation: at `dpi`, within PDF_MAX_PIXELS, then within the model's own bound."""
+    """(PDFium's scale, pixel size) of a page in points: at `dpi`, within both pixel bounds."""
     if not (width_pt > 0 and height_pt > 0):
         raise PageError(f"the page has no area ({width_pt} x {height_pt} pt)")
     width, height = width_pt * dpi / 72, height_pt * dpi / 72
-    shrink = min(1.0, math.sqrt(PDF_MAX_PIXELS / (width * height)), PDF_MAX_SIDE / max(width, height))
+    shrink = min(1.0, math.sqrt(PDF_MAX_PIXELS / (width * height)),
+                 PDF_MAX_SIDE / max(width, height))
     target = target_size(max(1, round(width * shrink)), max(1, round(height * shrink)))
     return target[0] / width_pt, target
 
 
-def _render_pdf_page(page, dpi: float, text_layer: bool, skip_chars: int | None) -> tuple:
+def _render_pdf_page(page, dpi: float, text_layer: bool, skip_chars: int | None) -> PreparedPage:
+    """The page encoded at the model's size, with its text layer; skipped if that has skip_chars."""
     from PIL import Image
 
     layer = page.get_textpage().get_text_bounded() if text_layer or skip_chars else None
     if layer is not None:
         layer = layer.replace("\r\n", "\n").replace("\r", "\n")  # PDFium ends lines with \r\n
     if skip_chars and sum(not c.isspace() for c in layer) >= skip_chars:
-        return "skip", layer
+        return PreparedPage(b"", "", 0, 0, False, text_layer=layer, skipped=True)
     scale, target = pdf_render_size(*page.get_size(), dpi)
     img = to_rgb(page.render(scale=scale, may_draw_forms=True).to_pil())
     if img.size != target:  # a pixel of rounding, or the model's grid
         img = img.resize(target, getattr(Image.Resampling, RESIZE_FILTER.upper()))
-    data, mime = encode_page(img)
-    return "ok", data, mime, target[0], target[1], layer
+    return PreparedPage(*encode_page(img), *target, False, text_layer=layer)
 
 
-def _pdf_worker(conn, driver: int, docs, column: str, dpi: float, text_layer: bool,
-                skip_chars) -> None:
-    """A render process: jobs in, pages out; the last document stays open for its next page.
-    It dies with the driver, however the driver dies."""
+def _pdf_worker(conn, driver: int, docs, column: str, *options) -> None:
+    """A render process: jobs in, page fields or errors out; it dies with the driver."""
+    import ctypes
+
     import pypdfium2 as pdfium
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
     try:
-        import ctypes
-
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG (Linux)
-    except Exception:
-        pass  # elsewhere: the parent's pid is watched below
-    opened: tuple | None = None
+    except Exception:  # elsewhere: the parent's pid is watched below
+        pass
+    opened = None  # the row of the document kept open
     while True:
         try:
             while not conn.poll(1.0):
                 if os.getppid() != driver:
                     return
-            job = conn.recv()
+            doc_row, number = conn.recv()
         except (EOFError, OSError):  # the driver is gone
             return
-        doc_row, path, number = job
         try:
-            if opened is None or opened[0] != doc_row:
-                if opened is not None:
-                    opened[1].close()
+            if opened != doc_row:  # the last document closes as it is let go
                 opened = None
-                data = path or pdf_source(docs[doc_row][column])[0]
-                document = pdfium.PdfDocument(data)
+                document = pdfium.PdfDocument(pdf_source(docs[doc_row][column])[0])
                 document.init_forms()  # form fields drawn, as a viewer shows them
-                opened = (doc_row, document)
-            try:
-                page = opened[1][number - 1]
-            except Exception as exc:
-                raise PageError(f"cannot load page {number}: {exc}") from None
-            reply = _render_pdf_page(page, dpi, text_layer, skip_chars)
-        except PageError as exc:
-            reply = ("error", str(exc))
-        except Exception as exc:
-            reply = ("error", pdf_open_error(exc) if opened is None else
-                     f"cannot render page {number}: {type(exc).__name__}: {exc}")
+                opened = doc_row
+            reply = vars(_render_pdf_page(document[number - 1], *options))
+        except Exception as exc:  # the document opened when it was counted
+            reply = str(exc) if isinstance(exc, PageError) else \
+                f"cannot render page {number}: {type(exc).__name__}: {exc}"
         conn.send(reply)
 
 
 class PdfRenderer:
-    """Worker processes that render PDF pages; blocking and thread-safe. A page that takes
-    longer than the deadline, or crashes PDFium, is that page's error; its worker is replaced.
-    A page goes to the worker that has its document open, when it is free."""
+    """Render processes, blocking and thread-safe: a page that outlasts the deadline or crashes
+    PDFium is that page's error, and its worker is replaced."""
 
     def __init__(self, pdf: PdfPages, args):
+        import queue
+
+        self.pdf, self.timeout, self.idle = pdf, args.pdf_page_timeout, queue.Queue()
+        self.options = (args.pdf_dpi, bool(args.text_layer), args.skip_text_pages)
+        for _ in range(max(1, args.pdf_workers)):
+            self._start()
+
+    def _start(self) -> None:
         import multiprocessing
 
-        self.pdf, self.args = pdf, args
-        self.context = multiprocessing.get_context("fork")  # the workers read the input as is
-        self.options = (args.pdf_dpi, bool(args.text_layer), args.skip_text_pages)
-        self.idle = [self._start() for _ in range(max(1, args.pdf_workers))]
-        self.ready = threading.Condition()
-
-    def _start(self) -> list:
-        ours, theirs = self.context.Pipe()
+        ours, theirs = multiprocessing.Pipe()
         with warnings.catch_warnings():  # fork beside the driver's threads: the child runs no
             warnings.simplefilter("ignore", DeprecationWarning)  # Python of theirs
-            process = self.context.Process(target=_pdf_worker, daemon=True, args=(
-                theirs, os.getpid(), self.pdf.docs, self.pdf.column, *self.options))
+            process = multiprocessing.get_context("fork").Process(  # reads the input as is
+                target=_pdf_worker, daemon=True,
+                args=(theirs, os.getpid(), self.pdf.docs, self.pdf.column, *self.options))
             process.start()
         theirs.close()
-        return [process, ours, None]  # the process, its pipe, the document it has open
+        self.idle.put((process, ours))
 
-    def render(self, page: PdfPage) -> "PreparedPage":
+    def render(self, page: PdfPage) -> PreparedPage:
         if page.error is not None:
             raise PageError(page.error)
-        with self.ready:
-            while not self.idle:
-                self.ready.wait()
-            worker = next((w for w in self.idle if w[2] == page.doc_row), self.idle[0])
-            self.idle.remove(worker)
-        replace = True  # unless it answers: a worker that hung or died is not reused
+        process, pipe = self.idle.get()
+        reply = None  # unless it answers, a worker that hung or died is replaced
         try:
-            worker[1].send((page.doc_row, page.path, page.number))
-            if not worker[1].poll(self.args.pdf_page_timeout):
+            pipe.send((page.doc_row, page.number))
+            if not pipe.poll(self.timeout):
                 raise PageError(f"rendering page {page.number} took more than "
-                                f"{self.args.pdf_page_timeout:g} s (--pdf-page-timeout)")
-            reply = worker[1].recv()
-            replace = False
+                                f"{self.timeout:g} s (--pdf-page-timeout)")
+            reply = pipe.recv()
         except (EOFError, OSError):
             raise PageError(f"the PDF renderer crashed on page {page.number}") from None
         finally:
-            if replace:
-                worker[0].kill()
-                worker[0].join(timeout=5)
-                worker[1].close()
-                worker = self._start()
+            if reply is None:
+                process.kill()
+                process.join(timeout=5)
+                pipe.close()
+                self._start()
             else:
-                worker[2] = page.doc_row
-            with self.ready:
-                self.idle.append(worker)
-                self.ready.notify()
-        if reply[0] == "error":
-            raise PageError(reply[1])
-        if reply[0] == "skip":
-            return PreparedPage(b"", "", 0, 0, False, text_layer=reply[1], skipped=True,
-                                digest=self.pdf.digest(page.doc_row))
-        _, data, mime, width, height, layer = reply
-        return PreparedPage(data, mime, width, height, False, text_layer=layer,
-                            digest=self.pdf.digest(page.doc_row))
+                self.idle.put((process, pipe))
+        if isinstance(reply, str):
+            raise PageError(reply)
+        return PreparedPage(**{**reply, "digest": self.pdf.digest(page.doc_row)})
 
     def close(self) -> None:
-        for process, pipe, _ in self.idle:
+        while not self.idle.empty():
+            process, pipe = self.idle.get()
             pipe.close()
             process.kill()
 
@@ -1383,14 +1333,13 @@ _RENDERER: list = []  # the run's PdfRenderer, started (open_run) before any pag
 
 
 def encode_page(img) -> tuple[bytes, str]:
-    """PAGE_FORMAT "png": lossless, for models trained on PNG renders; "jpeg": quality 95, as
-    the seed's recipes send."""
+    """PAGE_FORMAT "png": lossless, for models trained on PNG renders; else JPEG quality 95."""
     out = io.BytesIO()
     if PAGE_FORMAT == "png":
         img.save(out, format="PNG", compress_level=1)
-        return out.getvalue(), "image/png"
-    img.save(out, format="JPEG", quality=95)
-    return out.getvalue(), "image/jpeg"
+    else:
+        img.save(out, format="JPEG", quality=95)
+    return out.getvalue(), f"image/{PAGE_FORMAT}"
 
 
 # ---- text checks ----------------------------------------------------------------------------
