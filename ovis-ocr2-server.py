@@ -2021,9 +2021,8 @@ def take_lock(path: Path, location: str):
 
 
 class OutputStore:
-    """Parts under data/ of a local folder, or of a staging folder whose parts go to a Hub repo
-    in batched commits (at most one per 36 s x shards: the Hub takes about 128 commits an hour
-    per repo). Everything that is not data sits under .ocr/, which `datasets` never reads."""
+    """Parts under data/ of a folder, or of a staging folder sent to a Hub repo in batched commits
+    (the Hub takes about 128 an hour per repo); the rest under .ocr/, which `datasets` skips."""
 
     def __init__(self, target: str, args, hub_api=None):
         self.kind, self.target = resolve_output(target)
@@ -2079,9 +2078,8 @@ class OutputStore:
                                              local_dir=local_dir))
 
     def sync_from_hub(self) -> None:
-        """The Hub is the truth, the staging folder a cache: its manifest wins, and a repo that
-        holds no run (deleted, or never written) means a fresh start. A repo holding a dataset
-        of its own is refused: its card would go, and load_dataset would return its rows."""
+        """The Hub is the truth, the staging folder a cache: its manifest wins, a repo with no run
+        means a fresh start, and a repo holding a dataset of its own is refused."""
         files = self.read_hub()
         ours = any(f == ".ocr/manifest.json" or f.startswith("data/part-") for f in files)
         other = sorted(f for f in files if not (
@@ -2109,8 +2107,7 @@ class OutputStore:
             self.queued[".ocr/manifest.json"] = self.meta / "manifest.json"
 
     def read_hub(self, others_only: bool = False) -> set[str]:
-        """The repo's files: its parts, whether it has a card, the shards' notes (at the end:
-        the other shards', for the card)."""
+        """The repo's files; its parts, card and shards' notes (at the end: the others')."""
         files = set(self.api.list_repo_files(self.target, repo_type="dataset"))
         self.remote_names |= {Path(f).name for f in files if f.startswith("data/")}
         self.card_on_hub = "README.md" in files
@@ -2155,8 +2152,7 @@ class OutputStore:
             set(local) | self.remote_names)]
 
     def abandon(self) -> None:
-        """A run refused before it claimed OUTPUT leaves no folder behind that it made: only
-        when nothing but its own lock is in it (another shard may have started beside it)."""
+        """A refused run removes the folder it made, if it holds only its own lock."""
         import shutil
 
         files = [p for p in self.root.rglob("*") if not p.is_dir()] if self.made_root else None
@@ -2164,8 +2160,7 @@ class OutputStore:
             shutil.rmtree(self.root, ignore_errors=True)
 
     def clear_local(self) -> None:
-        """Journal first and manifest last: a kill half-way leaves no rows of the old run that
-        a new run would take for its own."""
+        """Journal first, manifest last: a kill half-way leaves no old rows for a new run."""
         import shutil
 
         shutil.rmtree(self.meta / "journal", ignore_errors=True)
@@ -2183,8 +2178,7 @@ class OutputStore:
         return [part_name(*r) for r, _ in self.parts()]
 
     def other_shards_rows(self) -> list[str]:
-        """What OUTPUT holds outside this shard's rows: parts, and the journals of other
-        shards (one that runs, or was killed before it wrote a part)."""
+        """OUTPUT's parts outside this shard's rows, and the other shards' journals with rows."""
         return [n for n in self.part_names() if not self.in_shard(n, whole=True)] + [
             f".ocr/journal/{path.name}" for path in (self.meta / "journal").glob("*")
             if path != self.journal.folder and any(path.glob("*.jsonl"))]
@@ -2203,9 +2197,8 @@ class OutputStore:
         return running
 
     def restart(self, shard: str | None = None) -> None:
-        """--restart: OUTPUT's rows, card and manifest removed (on the Hub in one commit), all
-        shards' alike, never while another shard of it runs here; given `shard` (beside other
-        shards' rows), only its parts and journal: the manifest and the card stay."""
+        """--restart: OUTPUT's rows, card and manifest go (on the Hub in one commit), unless another
+        shard runs here; given `shard` (beside other shards' rows), only its parts and journal."""
         import shutil
 
         mine = {n for n in self.part_names() if shard is None or self.in_shard(n, whole=True)}
@@ -2223,14 +2216,13 @@ class OutputStore:
                 self.delete_on_hub(doomed, f"Restart {shard or 'the OCR run'}")
             self.remote_names -= mine
             self.known -= mine
-        for name in mine:
-            self.hub_notes.pop(name, None)
         if not shard:
             self.clear_local()
         shutil.rmtree(self.journal.folder, ignore_errors=True)
         for name in mine:
             (self.root / "data" / name).unlink(missing_ok=True)
             self.notes.pop(name, None)
+            self.hub_notes.pop(name, None)
         self.journal = Journal(self.journal.folder)
 
     def delete_on_hub(self, files: list[str], message: str) -> None:
@@ -2240,8 +2232,7 @@ class OutputStore:
                                operations=[CommitOperationDelete(path_in_repo=f) for f in files])
 
     def write_manifest(self, manifest: dict, replace: bool = False) -> dict | None:
-        """Record the run, atomically; unless `replace`, only where OUTPUT has none, else
-        return that one (another run, a shard started first, made it)."""
+        """Record the run atomically; unless `replace`, only if OUTPUT has none, else return it."""
         path = self.meta / "manifest.json"
         tmp = path.with_name(f".manifest.{os.getpid()}.tmp")
         try:
@@ -2274,8 +2265,7 @@ class OutputStore:
                     self.queued.pop(".ocr/manifest.json", None)
 
     def own_staged_parts(self) -> list[Path]:
-        """This shard's parts in the staging folder, which the shards on this machine share:
-        another shard's are its own to send or drop, maybe while it writes them."""
+        """This shard's staged parts (the shards on one machine share the staging folder)."""
         return [path for path in self.local_parts() if self.in_shard(path.name)]
 
     def drop_stale_staged_parts(self) -> None:
@@ -2305,7 +2295,8 @@ class OutputStore:
     def commit_if_due(self) -> None:
         with self.queue_lock:
             busy = self.committing is not None and self.committing.is_alive()
-            if busy or not self.queued or time.monotonic() - self.last_commit < self.commit_interval:
+            if busy or not self.queued or \
+                    time.monotonic() - self.last_commit < self.commit_interval:
                 return
             files, self.queued = self.queued, {}
             self.last_commit = time.monotonic()
@@ -2313,9 +2304,8 @@ class OutputStore:
             self.committing.start()
 
     def commit(self, files: dict) -> bool:
-        """One commit of several files, with this shard's notes; retried with backoff, honouring
-        the Hub's Retry-After on 429 (rate limit) and 412 (another shard committed first).
-        What fails goes back to the queue, for the next commits."""
+        """One commit of files and this shard's notes, retried (honouring Retry-After on 429 and
+        412: another shard committed first); what fails goes back to the queue."""
         from huggingface_hub import CommitOperationAdd
 
         operations = [CommitOperationAdd(path_in_repo=name, path_or_fileobj=str(local))
@@ -2327,10 +2317,8 @@ class OutputStore:
             operations.append(CommitOperationAdd(path_in_repo=self.notes_name,
                                                  path_or_fileobj=json.dumps(notes).encode()))
         for attempt in range(UPLOAD_ATTEMPTS):
-            try:  # two writers of one shard (a Job retried while the first one runs): no lock
-                # sees the other container, so parts in this shard's rows that this run neither
-                # found nor wrote stop it; naming the head checked as the parent makes the Hub
-                # refuse (412) a commit that landed in between, and the check runs again
+            try:  # no lock reaches another container: parts in this shard's rows this run neither
+                # found nor wrote stop it, and a commit landing after the check is refused (412)
                 head = self.api.repo_info(self.target, repo_type="dataset").sha
                 foreign = sorted(Path(f).name for f in self.api.list_repo_files(
                     self.target, repo_type="dataset", revision=head) if f.startswith("data/")
@@ -2374,8 +2362,7 @@ class OutputStore:
         return False
 
     def finish(self, card: str | None) -> None:
-        """The card, then (Hub) every queued file in one last commit; what fails is named,
-        with the `hf upload` that sends it (and this shard's notes, staged for it)."""
+        """The card, then (Hub) all queued files in one last commit, or the `hf upload` for them."""
         if card is not None:
             (self.root / "README.md").write_text(card, encoding="utf-8")
         if self.api is None:
@@ -2559,10 +2546,8 @@ def iter_image_cells(source: InputSource, indices: list[int], batch: int = 64):
 
 # ---- what one run is: the run manifest ---------------------------------------------------------
 
-# The version of what OUTPUT records for a rerun: the manifest, the journal, the parts' notes.
-# Any change to what they hold or mean bumps it: a rerun of an OUTPUT of another version is
-# refused in one line, as this script (run by URL, so it may meet any older OUTPUT) cannot
-# promise to finish it as the run it recorded.
+# The version of what OUTPUT records (manifest, journal, notes), bumped by any change to them: a
+# rerun (by URL, it may meet any older OUTPUT) of another version is refused in one line.
 MANIFEST_FORMAT = 1
 
 # Options that may change between the runs of one OUTPUT: which shard runs, how fast and how
