@@ -1955,21 +1955,18 @@ def take_lock(path: Path, location: str):
 
 
 class OutputStore:
-    """Parts under data/ of a local folder, or of a staging folder whose parts go to a Hub repo
-    in batched commits (at most one per 36 s x shards: the Hub takes about 128 commits an hour
-    per repo). Everything that is not data sits under .ocr/, which `datasets` never reads."""
+    """Parts under data/ of a folder, or of a staging folder sent to a Hub repo in batched commits
+    (the Hub takes about 128 an hour per repo); the rest under .ocr/, which `datasets` skips."""
 
     def __init__(self, target: str, args, hub_api=None):
         self.kind, self.target = resolve_output(target)
-        self.api = None
-        self.upload_failures: list[str] = []
+        self.api, self.column = None, args.output_column
         if self.kind == "local":
             self.root = Path(self.target)
         else:
-            if hub_api is None:
-                from huggingface_hub import HfApi
-                hub_api = HfApi(token=args.hf_token or None)
-            self.api = hub_api
+            from huggingface_hub import HfApi
+
+            self.api = hub_api or HfApi(token=args.hf_token or None)
             base = Path(args.work_dir).expanduser() if args.work_dir else \
                 Path.home() / ".cache" / "ocr-vllm-scripts" / "outputs"
             self.root = base / self.target.replace("/", "__")
@@ -1981,77 +1978,43 @@ class OutputStore:
         except OSError as exc:
             fail(f"cannot create {self.root}: {exc}")
         shard = f"shard-{args.shard_index}-of-{args.num_shards}"
-        self.column = args.output_column
         self.notes_name = f".ocr/notes/{shard}.json"
         self.notes: dict[str, dict] = {}  # part name -> part_note(): every shard's, the latest
         self.hub_notes: dict[str, dict] = {}  # the same, of the parts as they are on the Hub
         self.notes_due = False  # notes rebuilt here, which the Hub has not got yet
-        self.card_on_hub = False
+        self.card_on_hub = self.created_manifest = False
         self.sent_parts = 0  # parts given to the Hub by this run (written, or resent)
-        self.lock_path = self.meta / f"lock-{shard}"
-        self.lock = take_lock(self.lock_path, self.location())
+        self.upload_failures: list[str] = []
+        self.lock = take_lock(self.meta / f"lock-{shard}", self.location())
         self.journal = Journal(self.meta / "journal" / shard)
         self.remote_names: set[str] = set()  # data parts on the Hub
         self.known: set[str] = set()  # parts on the Hub that this run saw or wrote
-        self.shard_range = (0, 0)
-        self.conflict: str | None = None
         self.keep_local: set[str] = set()  # staged parts with rows a rerun redoes: kept here
-        self.created_manifest = False
+        self.shard_range, self.conflict = (0, 0), None
         self.queued: dict[str, Path] = {}  # path in repo -> local file, for the next commit
         self.commit_interval = 36.0 * max(1, args.num_shards)
-        self.last_commit = -math.inf
-        self.committing: threading.Thread | None = None
+        self.last_commit, self.committing = -math.inf, None
         self.queue_lock = threading.Lock()
         if self.api is not None:
             self.api.create_repo(self.target, repo_type="dataset", private=args.private or None,
                                  exist_ok=True)
             self.sync_from_hub()
-        self.remove_dead_temp_files()
+        for path in (self.root / "data").glob(".part-*.tmp"):  # a write cut short by a kill
+            try:
+                os.kill(int(path.name.rsplit(".", 2)[-2]), 0)  # its writer, .part-*.PID.tmp
+            except (ValueError, ProcessLookupError):
+                path.unlink(missing_ok=True)
+            except PermissionError:
+                pass  # alive, another user's
+
+    def download(self, name: str, local_dir: Path) -> Path:
+        return Path(self.api.hf_hub_download(self.target, name, repo_type="dataset",
+                                             local_dir=local_dir))
 
     def sync_from_hub(self) -> None:
-        """The Hub is the truth, the staging folder a cache: its manifest wins, and a repo that
-        holds no run (deleted, or never written) means a fresh start."""
+        """The Hub is the truth, the staging folder a cache: its manifest wins, a repo with no run
+        means a fresh start, and a repo holding a dataset of its own is refused."""
         files = self.read_hub()
-        self.refuse_other_data(files)
-        self.known = set(self.remote_names)
-        manifest = self.meta / "manifest.json"
-        if ".ocr/manifest.json" in files:
-            downloaded = Path(self.api.hf_hub_download(
-                self.target, ".ocr/manifest.json", repo_type="dataset", local_dir=self.meta / "hub"))
-            which = ("identity", "created", "run")
-            hub_run = {k: json.loads(downloaded.read_text()).get(k) for k in which}
-            if manifest.exists() and hub_run != {k: json.loads(manifest.read_text()).get(k)
-                                                 for k in which}:
-                log(f"{self.target} holds another run than this staging copy's (restarted "
-                    f"elsewhere?): clearing {self.root}, the Hub's run goes on")
-                self.clear_local()
-            manifest.write_bytes(downloaded.read_bytes())
-        elif not self.remote_names and (self.meta / "on-hub").exists():
-            log(f"{self.target} no longer holds the run this staging copy sent there (the repo "
-                f"was deleted?): starting afresh, clearing {self.root}")
-            self.clear_local()  # (staged parts never sent anywhere are sent later instead)
-        if manifest.exists() and ".ocr/manifest.json" not in files:  # its upload failed
-            self.queued[".ocr/manifest.json"] = manifest
-
-    def read_hub(self, others_only: bool = False) -> set[str]:
-        """The repo's files: its parts, whether it has a card, the shards' notes (at the end:
-        the other shards', for the card)."""
-        files = set(self.api.list_repo_files(self.target, repo_type="dataset"))
-        self.remote_names |= {Path(f).name for f in files if f.startswith("data/")}
-        self.card_on_hub = "README.md" in files
-        for name in sorted(f for f in files if f.startswith(".ocr/notes/")):
-            if not (others_only and name == self.notes_name):
-                downloaded = self.api.hf_hub_download(self.target, name, repo_type="dataset",
-                                                      local_dir=self.meta / "hub")
-                notes = json.loads(Path(downloaded).read_text())
-                self.hub_notes.update({k: v for k, v in notes.items() if k in self.remote_names})
-        self.notes = {**self.hub_notes, **self.notes}
-        return files
-
-    def refuse_other_data(self, files: set[str]) -> None:
-        """A repo that holds a dataset of its own is no OUTPUT: its card would be replaced, and
-        `load_dataset(repo)` would return its rows and none of the OCR. Only this collection's
-        files may be there (a card beside its manifest or parts is its own)."""
         ours = any(f == ".ocr/manifest.json" or f.startswith("data/part-") for f in files)
         other = sorted(f for f in files if not (
             f == ".gitattributes" or f.startswith(".ocr/") or (f == "README.md" and ours)
@@ -2061,102 +2024,98 @@ class OutputStore:
                  f"{', ...' if len(other) > 3 else ''}): this run would replace its card, and "
                  f"load_dataset({self.target!r}) would still return its rows, none of the OCR. "
                  f"Write to a new repo, e.g. {self.target}-ocr")
+        self.known = set(self.remote_names)
+        if ".ocr/manifest.json" in files:
+            hub = self.download(".ocr/manifest.json", self.meta / "hub")
+            mine, theirs = self.manifest(), json.loads(hub.read_text())
+            if mine and any(mine.get(k) != theirs.get(k) for k in ("identity", "created", "run")):
+                log(f"{self.target} holds another run than this staging copy's (restarted "
+                    f"elsewhere?): clearing {self.root}, the Hub's run goes on")
+                self.clear_local()
+            (self.meta / "manifest.json").write_bytes(hub.read_bytes())
+        elif not self.remote_names and (self.meta / "on-hub").exists():
+            log(f"{self.target} no longer holds the run this staging copy sent there (the repo "
+                f"was deleted?): starting afresh, clearing {self.root}")
+            self.clear_local()  # (staged parts never sent anywhere are sent later instead)
+        elif (self.meta / "manifest.json").exists():  # its upload failed
+            self.queued[".ocr/manifest.json"] = self.meta / "manifest.json"
+
+    def read_hub(self, others_only: bool = False) -> set[str]:
+        """The repo's files; its parts, card and shards' notes (at the end: the others')."""
+        files = set(self.api.list_repo_files(self.target, repo_type="dataset"))
+        self.remote_names |= {Path(f).name for f in files if f.startswith("data/")}
+        self.card_on_hub = "README.md" in files
+        for name in sorted(f for f in files if f.startswith(".ocr/notes/")):
+            if not (others_only and name == self.notes_name):
+                notes = json.loads(self.download(name, self.meta / "hub").read_text())
+                self.hub_notes.update({k: v for k, v in notes.items() if k in self.remote_names})
+        self.notes = {**self.hub_notes, **self.notes}
+        return files
 
     def note_rebuilt(self, name: str, note: dict) -> None:
         """A Hub part's note, read from the part: the next commit sends it with the others."""
         self.hub_notes[name] = self.notes[name] = note
         self.notes_due = True
 
+    def in_shard(self, name: str, whole: bool = False) -> bool:
+        """Whether part `name` overlaps this shard's rows (whole: lies within them)."""
+        lo, hi = self.shard_range
+        return any(lo <= a < b <= hi if whole else a < hi and lo < b
+                   for a, b in ranges_from_names([name]))
+
     def shard_notes(self, parts: dict) -> dict:
         """This shard's notes: of its parts on the Hub, and `parts` (name -> note) over them."""
-        lo, hi = self.shard_range
-        return {k: v for k, v in {**self.hub_notes, **parts}.items()
-                if any(a < hi and lo < b for a, b in ranges_from_names([k]))}
+        return {k: v for k, v in {**self.hub_notes, **parts}.items() if self.in_shard(k)}
 
     def fetch_part(self, name: str) -> Path:
-        """A part only the Hub has, into the staging folder: to redo its error rows here, or to
-        read its note."""
+        """A part only the Hub has, staged: to redo its error rows here, or to read its note."""
         try:
-            self.api.hf_hub_download(self.target, f"data/{name}", repo_type="dataset",
-                                     local_dir=self.root)
+            return self.download(f"data/{name}", self.root)
         except Exception as exc:
             fail(f"cannot download data/{name} from {self.target} ({type(exc).__name__}: "
                  f"{redact_text(str(exc))[:300]}). Nothing was sent; rerun the same command "
                  f"once the Hub answers.", EXIT_NOT_WRITTEN)
-        return self.root / "data" / name
 
     def local_parts(self) -> list[Path]:
         return sorted((self.root / "data").glob("part-*.parquet"))
 
+    def parts(self) -> list[tuple[tuple[int, int], Path | None]]:
+        """((start, stop), local path or None when only the Hub has it) of every part."""
+        local = {p.name: p for p in self.local_parts()}
+        return [(r, local.get(part_name(*r))) for r in ranges_from_names(
+            set(local) | self.remote_names)]
+
     def abandon(self) -> None:
-        """A run refused before it claimed OUTPUT leaves no folder behind that it made: only
-        when nothing but its own lock is in it (another shard may have started beside it)."""
+        """A refused run removes the folder it made, if it holds only its own lock."""
         import shutil
 
         files = [p for p in self.root.rglob("*") if not p.is_dir()] if self.made_root else None
-        if files == [self.lock_path]:
+        if files == [Path(self.lock.name)]:
             shutil.rmtree(self.root, ignore_errors=True)
 
     def clear_local(self) -> None:
-        """Journal first and manifest last: a kill half-way leaves no rows of the old run that
-        a new run would take for its own."""
+        """Journal first, manifest last: a kill half-way leaves no old rows for a new run."""
         import shutil
 
         shutil.rmtree(self.meta / "journal", ignore_errors=True)
         shutil.rmtree(self.meta / "notes", ignore_errors=True)  # staged for `hf upload`
         self.notes = dict(self.hub_notes)
-        for path in self.local_parts():
+        for path in self.local_parts() + [self.root / "README.md", self.meta / "on-hub",
+                                          self.meta / "manifest.json"]:
             path.unlink(missing_ok=True)
-        (self.root / "README.md").unlink(missing_ok=True)
-        for name in ("on-hub", "manifest.json"):
-            (self.meta / name).unlink(missing_ok=True)
-
-    def remove_dead_temp_files(self) -> None:
-        """A part write a kill cut short leaves .part-*.PID.tmp: removed once PID is gone."""
-        for path in (self.root / "data").glob(".part-*.tmp"):
-            try:
-                os.kill(int(path.name.rsplit(".", 2)[-2]), 0)
-            except (ValueError, ProcessLookupError):
-                path.unlink(missing_ok=True)
-            except PermissionError:
-                pass  # alive, another user's
 
     def manifest(self) -> dict | None:
         path = self.meta / "manifest.json"
         return json.loads(path.read_text()) if path.exists() else None
 
+    def part_names(self) -> list[str]:
+        return [part_name(*r) for r, _ in self.parts()]
+
     def other_shards_rows(self) -> list[str]:
-        """What OUTPUT holds outside this shard's rows: parts, and the journals of other
-        shards (one that runs, or was killed before it wrote a part)."""
-        lo, hi = self.shard_range
-        parts = [part_name(a, b) for (a, b), _ in self.parts() if not lo <= a < b <= hi]
-        journals = [f".ocr/journal/{path.name}" for path in (self.meta / "journal").glob("*")
-                    if path != self.journal.folder and any(path.glob("*.jsonl"))]
-        return parts + journals
-
-    def restart_shard(self, shard: str) -> None:
-        """--restart beside other shards' rows: this shard's parts (on the Hub in one commit)
-        and journal removed; the other shards' rows, the manifest and the card stay."""
-        import shutil
-
-        lo, hi = self.shard_range
-        mine = {part_name(a, b) for (a, b), _ in self.parts() if lo <= a < b <= hi}
-        log(f"--restart: removing the {len(mine)} part(s) of {shard} of {self.location()}; "
-            f"the other shards' rows stay")
-        shutil.rmtree(self.journal.folder, ignore_errors=True)
-        self.journal = Journal(self.journal.folder)
-        for name in mine:
-            (self.root / "data" / name).unlink(missing_ok=True)
-            self.notes.pop(name, None)
-            self.hub_notes.pop(name, None)
-        if self.api is not None:
-            files = self.api.list_repo_files(self.target, repo_type="dataset")
-            doomed = [f for f in files if f == self.notes_name or
-                      f.startswith("data/") and Path(f).name in mine]
-            if doomed:
-                self.delete_on_hub(doomed, f"Restart {shard} of the OCR run")
-            self.remote_names -= mine
-            self.known -= mine
+        """OUTPUT's parts outside this shard's rows, and the other shards' journals with rows."""
+        return [n for n in self.part_names() if not self.in_shard(n, whole=True)] + [
+            f".ocr/journal/{path.name}" for path in (self.meta / "journal").glob("*")
+            if path != self.journal.folder and any(path.glob("*.jsonl"))]
 
     def other_writers(self) -> list[str]:
         """The other shards of OUTPUT that a process writes right now (their locks held)."""
@@ -2171,37 +2130,59 @@ class OutputStore:
                                    f"{path.name[len('lock-'):]}")
         return running
 
-    def restart(self) -> None:
-        """--restart: OUTPUT's rows, card and manifest removed (on the Hub in one commit), all
-        shards' alike, so never while another shard of it runs here."""
-        running = self.other_writers()
-        if running:
-            fail(f"--restart removes every shard's rows, and {running[0]} of "
+    def restart(self, shard: str | None = None) -> None:
+        """--restart: OUTPUT's rows, card and manifest go (on the Hub in one commit), unless another
+        shard runs here; given `shard` (beside other shards' rows), only its parts and journal."""
+        import shutil
+
+        mine = {n for n in self.part_names() if shard is None or self.in_shard(n, whole=True)}
+        if shard is None and self.other_writers():
+            fail(f"--restart removes every shard's rows, and {self.other_writers()[0]} of "
                  f"{self.location()}: stop it first")
-        log(f"--restart: removing the rows, card and manifest of {self.location()}")
+        log(f"--restart: removing the rows, card and manifest of {self.location()}" if not shard
+            else f"--restart: removing the {len(mine)} part(s) of {shard} of "
+                 f"{self.location()}; the other shards' rows stay")
         if self.api is not None:
-            files = self.api.list_repo_files(self.target, repo_type="dataset")
-            doomed = [f for f in files if f.startswith(("data/", ".ocr/")) or f == "README.md"]
+            doomed = [f for f in self.api.list_repo_files(self.target, repo_type="dataset")
+                      if ((f.startswith(("data/", ".ocr/")) or f == "README.md") if not shard
+                          else f == self.notes_name or f[len("data/"):] in mine)]
             if doomed:
-                self.delete_on_hub(doomed, "Restart the OCR run")
-            self.remote_names, self.known, self.hub_notes = set(), set(), {}
-        self.clear_local()
+                self.delete_on_hub(doomed, f"Restart {shard or 'the OCR run'}")
+            self.remote_names -= mine
+            self.known -= mine
+        if not shard:
+            self.clear_local()
+        shutil.rmtree(self.journal.folder, ignore_errors=True)
+        for name in mine:
+            (self.root / "data" / name).unlink(missing_ok=True)
+            self.notes.pop(name, None)
+            self.hub_notes.pop(name, None)
         self.journal = Journal(self.journal.folder)
 
-    def create_manifest(self, manifest: dict) -> dict | None:
-        """Record the run, atomically, unless OUTPUT has one: then return that one."""
+    def delete_on_hub(self, files: list[str], message: str) -> None:
+        from huggingface_hub import CommitOperationDelete
+
+        self.api.create_commit(self.target, repo_type="dataset", commit_message=message,
+                               operations=[CommitOperationDelete(path_in_repo=f) for f in files])
+
+    def write_manifest(self, manifest: dict, replace: bool = False) -> dict | None:
+        """Record the run atomically; unless `replace`, only if OUTPUT has none, else return it."""
         path = self.meta / "manifest.json"
         tmp = path.with_name(f".manifest.{os.getpid()}.tmp")
         try:
             tmp.write_text(json.dumps(manifest, indent=1))
-            os.link(tmp, path)  # fails if another run (a shard started first) made it
+            os.replace(tmp, path) if replace else os.link(tmp, path)
         except FileExistsError:
             return json.loads(path.read_text())
         finally:
             tmp.unlink(missing_ok=True)
-        self.created_manifest = True
-        if self.api is not None:
-            self.commit_now({".ocr/manifest.json": path})
+        self.created_manifest |= not replace
+        if self.api is not None and replace:
+            with self.queue_lock:
+                self.queued[".ocr/manifest.json"] = path
+        elif self.api is not None and not self.commit({".ocr/manifest.json": path}) \
+                and self.conflict:
+            fail(self.conflict)
         return None
 
     def forget_run(self) -> None:
@@ -2217,33 +2198,9 @@ class OutputStore:
                 with self.queue_lock:
                     self.queued.pop(".ocr/manifest.json", None)
 
-    def delete_on_hub(self, files: list[str], message: str) -> None:
-        from huggingface_hub import CommitOperationDelete
-
-        self.api.create_commit(self.target, repo_type="dataset", commit_message=message,
-                               operations=[CommitOperationDelete(path_in_repo=f) for f in files])
-
-    def update_manifest(self, manifest: dict) -> None:
-        path = self.meta / "manifest.json"
-        tmp = path.with_name(f".manifest.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(manifest, indent=1))
-        os.replace(tmp, path)
-        if self.api is not None:
-            with self.queue_lock:
-                self.queued[".ocr/manifest.json"] = path
-
-    def parts(self) -> list[tuple[tuple[int, int], Path | None]]:
-        """((start, stop), local path or None when only the Hub has it) of every part."""
-        local = {p.name: p for p in self.local_parts()}
-        names = set(local) | self.remote_names
-        return [(r, local.get(part_name(*r))) for r in ranges_from_names(names)]
-
     def own_staged_parts(self) -> list[Path]:
-        """This shard's parts in the staging folder, which the shards run on this machine share:
-        another shard's are its own to send or drop, maybe while it writes them."""
-        lo, hi = self.shard_range
-        return [path for path in self.local_parts()
-                if any(a < hi and lo < b for a, b in ranges_from_names([path.name]))]
+        """This shard's staged parts (the shards on one machine share the staging folder)."""
+        return [path for path in self.local_parts() if self.in_shard(path.name)]
 
     def drop_stale_staged_parts(self) -> None:
         """The Hub's parts win over their staged copies, and what they cover is never resent."""
@@ -2272,16 +2229,17 @@ class OutputStore:
     def commit_if_due(self) -> None:
         with self.queue_lock:
             busy = self.committing is not None and self.committing.is_alive()
-            if busy or not self.queued or time.monotonic() - self.last_commit < self.commit_interval:
+            if busy or not self.queued or \
+                    time.monotonic() - self.last_commit < self.commit_interval:
                 return
             files, self.queued = self.queued, {}
             self.last_commit = time.monotonic()
-            self.committing = threading.Thread(target=self._commit, args=(files,), daemon=True)
+            self.committing = threading.Thread(target=self.commit, args=(files,), daemon=True)
             self.committing.start()
 
-    def _commit(self, files: dict) -> bool:
-        """One commit of several files; retried with backoff, honouring the Hub's Retry-After
-        on 429 (rate limit) and 412 (another shard committed first)."""
+    def commit(self, files: dict) -> bool:
+        """One commit of files and this shard's notes, retried (honouring Retry-After on 429 and
+        412: another shard committed first); what fails goes back to the queue."""
         from huggingface_hub import CommitOperationAdd
 
         operations = [CommitOperationAdd(path_in_repo=name, path_or_fileobj=str(local))
@@ -2293,72 +2251,52 @@ class OutputStore:
             operations.append(CommitOperationAdd(path_in_repo=self.notes_name,
                                                  path_or_fileobj=json.dumps(notes).encode()))
         for attempt in range(UPLOAD_ATTEMPTS):
-            try:
-                head = self.check_no_other_writer()
-                if self.conflict:
+            try:  # no lock reaches another container: parts in this shard's rows this run neither
+                # found nor wrote stop it, and a commit landing after the check is refused (412)
+                head = self.api.repo_info(self.target, repo_type="dataset").sha
+                foreign = sorted(Path(f).name for f in self.api.list_repo_files(
+                    self.target, repo_type="dataset", revision=head) if f.startswith("data/")
+                    and Path(f).name not in self.known and self.in_shard(f))
+                if foreign:
+                    lo, hi = self.shard_range
+                    self.conflict = (f"another run is writing rows {lo}-{hi} of {self.target} at "
+                                     f"the same time ({', '.join(foreign[:3])} appeared): "
+                                     f"stopping this one so that no row is written twice")
                     return False
                 self.api.create_commit(self.target, operations=operations, repo_type="dataset",
                                        commit_message=f"Add {len(files)} file(s) (OCR)",
-                                       parent_commit=head)  # 412 if anyone committed since
+                                       parent_commit=head)
                 self.last_commit = time.monotonic()
                 (self.meta / "on-hub").touch()  # this staging copy has reached the Hub
-                committed = {Path(name).name for name in files if name.startswith("data/")}
                 self.hub_notes.update(notes)
                 if with_notes:  # newer than a copy staged for `hf upload` (see finish())
                     self.notes_due = False
                     (self.root / self.notes_name).unlink(missing_ok=True)
-                self.remote_names |= committed
-                self.known |= committed
-                for name in committed - self.keep_local:  # on the Hub now: the cache can go
+                self.remote_names |= parts
+                self.known |= parts
+                for name in parts - self.keep_local:  # on the Hub now: the cache can go
                     (self.root / "data" / name).unlink(missing_ok=True)
                 return True
             except Exception as exc:  # network, rate limit, a concurrent commit
                 response = getattr(exc, "response", None)
-                status = getattr(response, "status_code", None)
                 wait = min(60.0, UPLOAD_BACKOFF_S * 2 ** attempt) * random.uniform(0.5, 1.0)
-                retry_after = (getattr(response, "headers", None) or {}).get("Retry-After")
-                if status in (412, 429) and retry_after:
-                    try:
-                        wait = float(retry_after)
-                    except ValueError:
-                        pass
-                if attempt + 1 == UPLOAD_ATTEMPTS or wait > UPLOAD_MAX_WAIT_S:
-                    log(f"commit of {len(files)} file(s) failed ({type(exc).__name__}: {exc}); "
-                        f"giving up on it for now")
+                after = str((getattr(response, "headers", None) or {}).get("Retry-After"))
+                if getattr(response, "status_code", None) in (412, 429) and after.isdigit():
+                    wait = float(after)
+                last = attempt + 1 == UPLOAD_ATTEMPTS or wait > UPLOAD_MAX_WAIT_S
+                log(f"commit of {len(files)} file(s) failed ({type(exc).__name__}: {exc}); " + (
+                    "giving up on it for now" if last else
+                    f"retrying in {wait:.0f} s ({attempt + 1}/{UPLOAD_ATTEMPTS})"))
+                if last:
                     break
-                log(f"commit of {len(files)} file(s) failed ({type(exc).__name__}: {exc}); "
-                    f"retrying in {wait:.0f} s ({attempt + 1}/{UPLOAD_ATTEMPTS})")
                 time.sleep(wait)
         with self.queue_lock:
             for name, local in files.items():
                 self.queued.setdefault(name, local)  # the final commit tries them again
         return False
 
-    def commit_now(self, files: dict) -> None:
-        """Commit at once; what fails stays queued for the next commits."""
-        if not self._commit(files) and self.conflict:
-            fail(self.conflict)
-
-    def check_no_other_writer(self) -> str:
-        """Two writers of one shard (a Job retried while the first attempt still runs): no OS
-        lock sees the other container, so before each commit the repo's head is checked for
-        parts in this shard's range that this run neither found at its start nor wrote; the
-        commit then names that head as its parent, so a commit that lands in between makes the
-        Hub refuse it (412) and the check runs again. Returns the head."""
-        lo, hi = self.shard_range
-        head = self.api.repo_info(self.target, repo_type="dataset").sha
-        files = self.api.list_repo_files(self.target, repo_type="dataset", revision=head)
-        foreign = [Path(f).name for f in files if f.startswith("data/")
-                   and Path(f).name not in self.known
-                   and any(a < hi and lo < b for a, b in ranges_from_names([f]))]
-        if foreign:
-            self.conflict = (f"another run is writing rows {lo}-{hi} of {self.target} at the same "
-                             f"time ({', '.join(sorted(foreign)[:3])} appeared): stopping this "
-                             f"one so that no row is written twice")
-        return head
-
     def finish(self, card: str | None) -> None:
-        """The card, then (Hub) every queued file in one last commit."""
+        """The card, then (Hub) all queued files in one last commit, or the `hf upload` for them."""
         if card is not None:
             (self.root / "README.md").write_text(card, encoding="utf-8")
         if self.api is None:
@@ -2366,20 +2304,19 @@ class OutputStore:
         if self.committing is not None:
             self.committing.join()
         if self.conflict:
-            log(f"error: {self.conflict}")
-            return
+            return log(f"error: {self.conflict}")
         with self.queue_lock:
             files, self.queued = self.queued, {}
         if card is not None:
             files["README.md"] = self.root / "README.md"
-        if (files or self.notes_due) and not self._commit(files):
+        if (files or self.notes_due) and not self.commit(files):
             with self.queue_lock:
                 self.upload_failures = sorted(self.queued)
         if self.upload_failures:
             notes = self.shard_notes({p.name: part_note(p, self.column)
                                       for p in self.local_parts()})
             (self.root / self.notes_name).parent.mkdir(exist_ok=True)
-            (self.root / self.notes_name).write_text(json.dumps(notes))  # `hf upload` sends it
+            (self.root / self.notes_name).write_text(json.dumps(notes))
             # one --exclude (a list is written differently by each version of `hf`): everything
             # under .ocr/ but the manifest and the notes is this machine's own bookkeeping
             log(f"{len(self.upload_failures)} file(s) did not reach the Hub; they are safe in "
@@ -2388,7 +2325,8 @@ class OutputStore:
                 f"--repo-type dataset --exclude '.ocr/[!mn]*'")
 
     def location(self) -> str:
-        return str(self.root) if self.kind == "local" else f"https://huggingface.co/datasets/{self.target}"
+        return str(self.root) if self.kind == "local" else \
+            f"https://huggingface.co/datasets/{self.target}"
 
 
 class PartWriter:
@@ -2542,11 +2480,8 @@ def iter_image_cells(source: InputSource, indices: list[int], batch: int = 64):
 
 # ---- what one run is: the run manifest ---------------------------------------------------------
 
-# The version of what OUTPUT records for a rerun: the manifest, the journal, the parts' notes.
-# Any change to what they hold or mean bumps it, and that is all it takes: a rerun of an
-# OUTPUT of another version is refused in one line (an older one: --restart redoes it, or a
-# new OUTPUT; a newer one: update the script), as this script cannot promise to finish it as
-# the run it recorded. Users run these scripts by URL, so a rerun may meet any older OUTPUT.
+# The version of what OUTPUT records (manifest, journal, notes), bumped by any change to them: a
+# rerun (by URL, it may meet any older OUTPUT) of another version is refused in one line.
 MANIFEST_FORMAT = 1
 
 # Options that may change between the runs of one OUTPUT: which shard runs, how fast and how
@@ -2566,15 +2501,13 @@ MAY_CHANGE_ENGINE = {"gpu-memory-utilization", "data-parallel-size", "tensor-par
                      "swap-space", "kv-cache-memory"}
 
 
+
 def input_identity(args, files: list | None) -> dict:
-    """What the input is: a Hub dataset at the revision this run read, or the files the reader
-    reads (open_input's): names and sizes, and for files other than images a hash of their
-    file_tail(): a table rewritten is another input. An image replaced by one of the same size
-    is not seen here (a journaled row is checked by its digest, see plan_rows)."""
-    local = Path(args.input).expanduser()
+    """A Hub dataset at the revision read, or the files read: names, sizes and, but for images,
+    a hash of their file_tail() (an image replaced is caught by its row's digest: plan_rows)."""
     if files is None:
         return {"hub": args.input, "revision": hub_dataset_sha(args) or args.revision}
-    entries = []
+    local, entries = Path(args.input).expanduser(), []
     for path in files:
         entry = f"{path.relative_to(local) if path != local else path.name}"
         try:
@@ -2586,9 +2519,7 @@ def input_identity(args, files: list | None) -> dict:
         entries.append(entry)
     text = "\n".join(entries).encode("utf-8", "surrogateescape")
     identity = {"files": len(files), "digest": hashlib.sha256(text).hexdigest()[:20]}
-    if len(entries) <= 2000:  # small enough to name what changed
-        identity["list"] = entries
-    return identity
+    return {**identity, "list": entries} if len(entries) <= 2000 else identity  # names changes
 
 
 def hub_dataset_sha(args) -> str | None:
@@ -2641,110 +2572,70 @@ def identity_differences(old, new, where: str = "") -> list[str]:
 def pinned_input(store: "OutputStore", args):
     """A rerun without --revision reads the Hub input at the revision the first run read (so
     does a shard's --restart beside the other shards' rows; a whole run's reads the latest)."""
-    path = store.meta / "manifest.json"
-    if args.revision is None and path.exists() and not (args.restart and args.num_shards == 1):
+    if args.revision is None and not (args.restart and args.num_shards == 1):
         try:
-            args.revision = json.loads(path.read_text())["identity"]["input"].get("revision")
+            args.revision = store.manifest()["identity"]["input"].get("revision")
         except (ValueError, KeyError, TypeError, AttributeError):
             pass
     return args
 
 
-def format_refusal(recorded: dict | None, store: "OutputStore", args) -> str | None:
-    """Why this script cannot go on with what OUTPUT records (None: it can): another
-    MANIFEST_FORMAT, or rows and no manifest at all (format 0)."""
-    location = store.location()
+def way_out(store: "OutputStore", args, restart: str) -> str:
+    """A refused rerun's way out: `restart` (advice that holds --restart), unless other shards
+    are in OUTPUT, whose rows no shard's --restart deletes."""
+    others = store.other_shards_rows() + store.other_writers() if args.num_shards > 1 else []
+    return restart if not others else (
+        f"write to a new OUTPUT (other shards' rows are in it: {others[0]}, and a shard's "
+        f"--restart redoes its own rows only, as the same run)")
+
+
+def check_same_run(recorded: dict | None, identity: dict, store: "OutputStore", args) -> None:
+    """Refused, each difference named, unless OUTPUT's manifest `recorded` is of this run: of
+    another MANIFEST_FORMAT (None: rows and no manifest, format 0), or another identity."""
     version = (recorded or {}).get("format", 0)
     version = version if isinstance(version, int) else 0
     if version > MANIFEST_FORMAT:
-        return (f"OUTPUT {location} was written by a newer version of this script (manifest "
-                f"format {version}; this one knows {MANIFEST_FORMAT}): update the script (fetch "
-                f"it again from its URL) and rerun.")
+        fail(f"OUTPUT {store.location()} was written by a newer version of this script "
+             f"(manifest format {version}; this one knows {MANIFEST_FORMAT}): update the script "
+             f"(fetch it again from its URL) and rerun.")
     if version < MANIFEST_FORMAT:
-        advice = way_out(store, args, "pass --restart to redo the run, or write to a new OUTPUT")
-        return (f"OUTPUT {location} was written by an older version of this script (manifest "
-                f"format {version}; this one writes {MANIFEST_FORMAT}), which it cannot finish as "
-                f"the run it recorded: {advice}.")
-    return None
-
-
-def run_differences(recorded: dict, identity: dict, args) -> list[str]:
-    """What makes this run another run than the one OUTPUT records, each difference named."""
+        fail(f"OUTPUT {store.location()} was written by an older version of this script "
+             f"(manifest format {version}; this one writes {MANIFEST_FORMAT}), which it cannot "
+             f"finish as the run it recorded: " + way_out(
+                 store, args, "pass --restart to redo the run, or write to a new OUTPUT") + ".")
     problems = identity_differences(recorded.get("identity"), identity)
     before, now = recorded.get("max_samples"), args.max_samples
     if before != now and not (args.num_shards == 1 and (
             now is None or (before is not None and now > before))):  # the same order, longer
         problems.append(f"--max-samples: was {before}, now {now} (only a larger one, on an "
                         f"unsharded run)")
-    return problems
-
-
-def other_shards(store: "OutputStore", args) -> tuple[list[str], list[str]]:
-    """A sharded run's other shards in OUTPUT: their rows, and the processes that write them
-    (one may not have written a row yet). Beside them, --restart redoes this shard only."""
-    if args.num_shards == 1:
-        return [], []
-    return store.other_shards_rows(), store.other_writers()
-
-
-def way_out(store: "OutputStore", args, restart: str) -> str:
-    """A refused rerun's way out: `restart` (advice that holds --restart), unless other shards
-    are in OUTPUT, whose rows no shard's --restart deletes."""
-    others, running = other_shards(store, args)
-    if not others and not running:
-        return restart
-    return (f"write to a new OUTPUT (other shards' rows are in it: {(others + running)[0]}, and "
-            f"a shard's --restart redoes its own rows only, as the same run)")
-
-
-def restart_output(store: "OutputStore", identity: dict, args) -> None:
-    """--restart redoes this shard's rows only when other shards' rows are in OUTPUT, and only
-    as the same run (else OUTPUT would hold two runs); otherwise all of OUTPUT."""
-    others, running = other_shards(store, args)
-    if not others and not running:
-        store.restart()
-        return
-    recorded = store.manifest()
-    if recorded is not None or others:  # (shards that have not claimed it yet: nothing to match)
-        refusal = format_refusal(recorded, store, args)
-        if refusal:
-            fail(refusal)
-    why = "\n  ".join(run_differences(recorded, identity, args)) if recorded else ""
-    others += running
-    shard = f"shard {args.shard_index} of {args.num_shards}"
-    if why:
-        fail(f"--restart of {shard} redoes its rows only, and the other shards' rows in OUTPUT "
-             f"({', '.join(others[:3])}{', ...' if len(others) > 3 else ''}) are of another "
-             f"run:\n  {why}\nTo start this run afresh, write to a new OUTPUT (or restart this "
-             f"shard with the settings the others were written with).")
-    store.restart_shard(shard)
+    if problems:
+        advice = way_out(store, args, "write to another OUTPUT, or pass --restart to delete "
+                                      "what OUTPUT holds and start it over")
+        fail(f"OUTPUT {store.location()} holds another run, so resuming into it would mix "
+             f"two runs:\n  " + "\n  ".join(problems) + f"\n{advice[0].upper()}{advice[1:]}.")
 
 
 def claim_output(store: "OutputStore", identity: dict, args) -> None:
     """The first run of an OUTPUT records what the run is; every later run (another shard, a
-    rerun) must be the same run, or is refused before any work, each difference named."""
+    rerun, a shard's --restart beside the other shards' rows) must be the same run."""
     identity = json.loads(json.dumps(identity))  # as it reads back
-    if args.restart:
-        restart_output(store, identity, args)
-    elif store.manifest() is None and store.parts():
-        fail(format_refusal(None, store, args))
-    manifest = {"format": MANIFEST_FORMAT, "identity": identity, "max_samples": args.max_samples,
-                "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                "run": os.urandom(8).hex()}  # a run restarted in the same second is another
-    existing = store.create_manifest(manifest)
-    if existing is None:
-        return
-    refusal = format_refusal(existing, store, args)
-    if refusal:
-        fail(refusal)
-    problems = run_differences(existing, identity, args)
-    if problems:
-        advice = way_out(store, args, "write to another OUTPUT, or pass --restart to delete what "
-                                      "OUTPUT holds and start it over")
-        fail(f"OUTPUT {store.location()} holds another run, so resuming into it would mix "
-             f"two runs:\n  " + "\n  ".join(problems) + f"\n{advice[0].upper()}{advice[1:]}.")
-    if existing.get("max_samples") != args.max_samples:
-        store.update_manifest({**existing, "max_samples": args.max_samples})
+    rows, running = (store.other_shards_rows(), store.other_writers()) \
+        if args.restart and args.num_shards > 1 else ([], [])
+    if args.restart and not rows + running:
+        store.restart()
+    elif store.manifest() is not None or (rows if args.restart else store.parts()):
+        check_same_run(store.manifest(), identity, store, args)
+    if rows + running:  # a shard's --restart redoes its rows only, as the same run
+        store.restart(f"shard {args.shard_index} of {args.num_shards}")
+    existing = store.write_manifest({
+        "format": MANIFEST_FORMAT, "identity": identity, "max_samples": args.max_samples,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "run": os.urandom(8).hex()})  # a run restarted in the same second is another
+    if existing is not None:  # another run (a shard, a rerun) recorded it: this one must match
+        check_same_run(existing, identity, store, args)
+        if existing.get("max_samples") != args.max_samples:
+            store.write_manifest({**existing, "max_samples": args.max_samples}, replace=True)
 
 
 # ---- stats and the card ----------------------------------------------------------------------
