@@ -1,5 +1,5 @@
 # /// script
-# requires-python = ">=3.10"
+# requires-python = ">=3.11"  # tomllib
 # dependencies = [
 #     "huggingface_hub>=2.4.0",
 # ]
@@ -45,8 +45,6 @@ Exit status: 0 every shard's rows are written; 1 shards still missing rows after
 --max-attempts (named, with what to do); 2 a usage error or a refused run; the script's own
 status when its check refuses the run; 130 interrupted (the Jobs keep running).
 """
-
-from __future__ import annotations
 
 import argparse
 import hashlib
@@ -253,23 +251,23 @@ class Api:
         self.hf, self.token, self.namespace = hf, token, namespace
         self.calls: list[float] = []
 
-    def call(self, name: str, *args, **kwargs):
+    def call(self, method: str, *args, **kwargs):
         for attempt in range(5):
             self.calls.append(time.monotonic())
             try:
-                return getattr(self.hf, name)(*args, **kwargs)
+                return getattr(self.hf, method)(*args, **kwargs)
             except Exception as exc:
                 status, wait = http_status(exc), retry_after(exc)
                 if status != 429 and not (status is not None and status >= 500) or attempt == 4:
                     raise
                 wait = wait if wait is not None else 2.0 * 2 ** attempt
-                log(f"the Hub answered {status} to {name}: waiting {wait:.0f} s")
+                log(f"the Hub answered {status} to {method}: waiting {wait:.0f} s")
                 time.sleep(min(wait, 300.0))
 
-    def jobs(self, name: str, **kwargs):
+    def jobs(self, method: str, **kwargs):
         if self.namespace:
             kwargs["namespace"] = self.namespace
-        return self.call(name, **kwargs)
+        return self.call(method, **kwargs)
 
     def calls_in_last(self, seconds: float) -> int:
         now = time.monotonic()
@@ -377,7 +375,7 @@ class Shard:
     hi: int
     jobs: list = field(default_factory=list)  # JobInfo, oldest first
     done_rows: int = 0
-    pending_server_rows: int = 0
+    server_error_rows: int | None = None  # from the shard's notes, once its Job has ended
     state: str = "PENDING"
     reported_scheduling: bool = False
     log_tail_shown: set = field(default_factory=set)
@@ -386,10 +384,6 @@ class Shard:
     @property
     def rows(self) -> int:
         return self.hi - self.lo
-
-    @property
-    def complete(self) -> bool:
-        return self.done_rows >= self.rows and self.pending_server_rows == 0
 
     @property
     def latest(self):
@@ -592,9 +586,10 @@ def log_tail(api: Api, job) -> str:
 
 
 def watch(api: Api, ctx: dict, shards: list[Shard], poll_s: float) -> None:
-    """Until every shard is complete or out of attempts. Each poll: one list_jobs by the run's
-    label, one listing of OUTPUT's files; a shard's notes, its log tail or its resubmission
-    only when its Job has ended, each within the budget of CALLS_PER_MINUTE."""
+    """Until every shard's rows are on the Hub or its attempts are spent. Each poll: one
+    list_jobs by the run's label, one listing of OUTPUT's files; once a shard's Job has ended,
+    its notes (the error rows a rerun would redo) within CALLS_PER_MINUTE; a failed Job's log
+    tail and its resubmission (one each per ended Job) at once."""
     run_id, output = ctx["run_id"], ctx["args"].output
     last_table = ""
     while True:
@@ -615,35 +610,30 @@ def watch(api: Api, ctx: dict, shards: list[Shard], poll_s: float) -> None:
                 log(f"shard {s.index}: Job {job.id} has been SCHEDULING for "
                     f"{fmt_s(now - created(job))} (no {ctx['spec'].flavor} free?); it is left "
                     f"queued: --cancel and a smaller --shards, or another --flavor, if it stays")
-        ended = [s for s in shards if s.latest is not None and s.state in ENDED]
-        for s in ended:
-            if s.notes_read_for == s.latest.id or api.calls_in_last(60) >= CALLS_PER_MINUTE:
-                continue
-            notes = read_notes(api, output, s, len(shards))
-            s.pending_server_rows = server_error_rows(notes, s.lo, s.hi)
-            s.notes_read_for = s.latest.id
-        for s in ended:
-            if s.notes_read_for != s.latest.id:
-                continue
-            if s.complete:
-                s.state = "DONE"
-                continue
+        window = 2 * poll_s  # two polls: 60 s at the default, whatever the poll in tests
+        for s in (s for s in shards if s.latest is not None and s.state in ENDED):
             job = s.latest
-            if job.id not in s.log_tail_shown and s.state != "COMPLETED" and \
-                    api.calls_in_last(60) < CALLS_PER_MINUTE:
+            if s.done_rows >= s.rows:  # every row is on the Hub (error rows included)
+                s.state = "DONE"
+                if s.notes_read_for != job.id and api.calls_in_last(window) < CALLS_PER_MINUTE:
+                    notes = read_notes(api, output, s, len(shards))
+                    s.server_error_rows = server_error_rows(notes, s.lo, s.hi)
+                    s.notes_read_for = job.id
+                continue
+            if job.id not in s.log_tail_shown and s.state != "COMPLETED":
                 s.log_tail_shown.add(job.id)
                 message = getattr(getattr(job, "status", None), "message", None)
                 log(f"shard {s.index}: Job {job.id} ended {s.state}"
-                    f"{' (' + message + ')' if message else ''} with "
-                    f"{s.rows - s.done_rows + s.pending_server_rows} rows to do; its log "
-                    f"ends:\n{log_tail(api, job)}")
+                    f"{' (' + message + ')' if message else ''} with {s.rows - s.done_rows} "
+                    f"rows not written; its log ends:\n{log_tail(api, job)}")
             if len(s.jobs) >= ctx["args"].max_attempts:
                 s.state = "FAILED"
-            elif api.calls_in_last(60) < CALLS_PER_MINUTE:
-                log(f"shard {s.index}: submitting it again (attempt {len(s.jobs) + 1} of "
-                    f"{ctx['args'].max_attempts}); the script resumes where it stopped")
-                s.jobs.append(ctx["submit"](s.index))
-                s.state, s.notes_read_for = "SCHEDULING", None
+                continue
+            log(f"shard {s.index}: Job {job.id} ended {s.state} with {s.rows - s.done_rows} "
+                f"rows not written: submitting it again (attempt {len(s.jobs) + 1} of "
+                f"{ctx['args'].max_attempts}); the script resumes where it stopped")
+            s.jobs.append(ctx["submit"](s.index))  # the work itself: outside the watch's budget
+            s.state = "SCHEDULING"
         shown = table(shards, now)
         if shown != last_table:
             log(shown)
@@ -709,6 +699,7 @@ def summary(ctx: dict, shards: list[Shard], price: float | None, api: Api,
         "rows_done": sum(min(s.done_rows, s.rows) for s in shards),
         "shards_failed": [s.index for s in shards if s.state == "FAILED"],
         "jobs": [{"shard": s.index, "state": s.state, "rows": s.rows, "rows_done": s.done_rows,
+                  "server_error_rows": s.server_error_rows,
                   "attempts": len(s.jobs), "job_ids": [j.id for j in s.jobs],
                   "running_s": round(sum(running_seconds(j, now) for j in s.jobs), 1)}
                  for s in shards],
