@@ -556,6 +556,20 @@ def read_notes(api: Api, output: str, shard: Shard, shards: int) -> dict:
         return json.loads(Path(path).read_text())
 
 
+def card_rows(api: Api, output: str) -> int | None:
+    """The rows OUTPUT's card counts (the last shard to finish writes it, from every part)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        try:
+            path = api.call("hf_hub_download", output, "README.md", repo_type="dataset",
+                            local_dir=folder)
+        except Exception:
+            return None
+        found = re.search(r"holds ([\d,]+) rows", Path(path).read_text())
+    return int(found.group(1).replace(",", "")) if found else None
+
+
 def fmt_s(seconds: float) -> str:
     seconds = int(seconds)
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else \
@@ -798,14 +812,21 @@ def launch(args, script_args: list[str], hf_api) -> int:
     finally:
         lock.handle.close()
     stats = summary(ctx, shards, price, api, started)
-    if args.stats_json:
-        Path(args.stats_json).write_text(json.dumps(stats, indent=2) + "\n")
     cost = f"${stats['cost_usd']:.2f} (${stats['cost_per_1000_pages_usd']:.3f} per 1,000 " \
            f"pages)" if stats["cost_usd"] is not None else "unknown (no price for the flavor)"
     log(f"run {run_id}: {stats['rows_done']}/{stats['rows_total']} rows on {args.output}, "
         f"{sum(len(s.jobs) for s in shards)} Jobs, {fmt_s(stats['job_seconds'])} of Job time, "
         f"cost {cost}; {stats['api_calls']} API calls")
     failed = stats["shards_failed"]
+    if not failed:
+        counted = card_rows(api, args.output)
+        stats["card_rows"] = counted
+        if counted != stats["rows_total"]:
+            log(f"the card of {args.output} counts {counted} rows, not "
+                f"{stats['rows_total']} (two shards finished at once?): only its count is "
+                f"stale; the rows are all there (load_dataset reads every part)")
+    if args.stats_json:
+        Path(args.stats_json).write_text(json.dumps(stats, indent=2) + "\n")
     if failed:
         log(f"shards {', '.join(map(str, failed))} still miss rows after {args.max_attempts} "
             f"attempts each (their logs are above): fix the cause, then rerun this command with "

@@ -263,6 +263,7 @@ def test_a_run_over_three_jobs_writes_every_row_once(launcher, hub, stub_server,
     figures = json.loads(stats.read_text())
     assert figures["rows_done"] == figures["rows_total"] == 9 and figures["shards_failed"] == []
     assert figures["cost_usd"] is not None and figures["cost_per_1000_pages_usd"] is not None
+    assert figures["card_rows"] == 9  # the card counts the whole output
     err = capsys.readouterr().err
     assert "answered 429 to list_jobs: waiting 1 s" in err  # the Hub's Retry-After, honoured
     assert "9/9 rows" in err
