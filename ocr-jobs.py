@@ -17,7 +17,9 @@ shards whose Job ended before their rows were written, and says what the run cos
 Every option the launcher does not know is the script's, passed to every shard as given.
 
 Before any Job: the script checks the run itself (`SCRIPT INPUT OUTPUT ... --check-only`, run
-once here: the arguments, the input's revision and row count, the OUTPUT's manifest); refused
+once here: the arguments, the input's revision and row count, the OUTPUT's manifest; it
+prints, as its last stdout line, JSON `{"rows": N}` (the rows of the whole run, every shard's,
+after --max-samples, PDF pages counted; `input_revision` too if it resolved one); refused
 are a local INPUT or OUTPUT, a script argument naming a local file (a Job cannot read it),
 `--restart`, `--num-shards`/`--shard-index` (the launcher sets them), `--shards` below 1 or
 above the rows, no token, and an account the Jobs API refuses.
