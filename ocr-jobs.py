@@ -1,0 +1,852 @@
+# /// script
+# requires-python = ">=3.11"  # tomllib
+# dependencies = [
+#     "huggingface_hub>=2.4.0",
+# ]
+# ///
+"""Run a script of the collection over N Hugging Face Jobs, into one output.
+
+No GPU, no vllm: it checks the run, submits one Job per shard, watches them, submits again the
+shards whose Job ended before their rows were written, and says what the run cost.
+
+    uv run ocr-jobs.py lighton-ocr3-saturate.py user/scans user/scans-ocr --shards 16
+    uv run ocr-jobs.py ovis-ocr2-server.py user/scans user/scans-ocr --shards 8 --max-tokens 4096
+    uv run ocr-jobs.py lighton-ocr3-saturate.py user/scans user/scans-ocr --shards 16 --dry-run
+    uv run ocr-jobs.py lighton-ocr3-saturate.py user/scans user/scans-ocr --shards 16 --cancel
+
+Every option the launcher does not know is the script's, passed to every shard as given.
+
+Before any Job: the script checks the run itself (`SCRIPT INPUT OUTPUT ... --check-only`, run
+once here: the arguments, the input's revision and row count, the OUTPUT's manifest; it
+prints, as its last stdout line, JSON `{"rows": N}` (the rows of the whole run, every shard's,
+after --max-samples, PDF pages counted; `input_revision` too if it resolved one); refused
+are a local INPUT or OUTPUT, a script argument naming a local file (a Job cannot read it),
+`--restart`, `--num-shards`/`--shard-index` (the launcher sets them), `--shards` below 1 or
+above the rows, no token, and an account the Jobs API refuses.
+
+Submission: one Job per shard (`HfApi.run_uv_job`, `attempts=1`), with the image, flavor,
+timeout and secrets of the script's `[tool.hf-jobs]` header (`--image`, `--flavor`,
+`--timeout` override them); HPD-Parsing, whose image has no uv, through `HfApi.run_job` with
+the install command its docstring gives, the script shipped into OUTPUT's `.ocr/launcher/` and
+fetched by commit. Every shard reads the input at the revision resolved here. The token travels
+as a Job secret, never in the arguments. Each Job is labelled with the run id, its shard and
+the script, and named `ocr-<script>-<i>-of-<n>`.
+
+Watching: one `list_jobs` by the run's label and one listing of OUTPUT's files per poll (every
+30 s: at most 6 API calls a minute, however many shards); rows done are read from the parts on
+the Hub (`data/part-<start>-<stop>.parquet`) and, once a shard's Job has ended, its notes
+(`.ocr/notes/shard-i-of-n.json`: rows that failed on the server's side are not done). A shard
+whose Job ended with rows missing is submitted again, at most --max-attempts times in all (the
+script resumes where it stopped); a Job that stays SCHEDULING for 10 minutes is reported.
+
+Ctrl-C leaves the Jobs running and prints their ids: the same command again adopts them and
+submits only what is missing; `--cancel` cancels every Job of the run. A second launcher on the
+same OUTPUT exits 2, naming the first's run id.
+
+Exit status: 0 every shard's rows are written; 1 shards still missing rows after
+--max-attempts (named, with what to do); 2 a usage error or a refused run; the script's own
+status when its check refuses the run; 130 interrupted (the Jobs keep running).
+"""
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# Not a model script: tests/conftest.py, tools/sync_helpers.py and the registry tests skip it.
+SCRIPT_KIND = "tool"
+
+PROG = "ocr-jobs.py"
+REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
+PART_NAME = re.compile(r"^data/part-(\d{9})-(\d{9})\.parquet$")  # the scripts' OutputStore's
+POLL_S = 30.0  # two calls a poll: 4 a minute, and 2 left for notes, logs and resubmissions
+CALLS_PER_MINUTE = 6
+SCHEDULING_REPORT_S = 600.0
+STARTUP_S = 15 * 60  # what the scripts allow for a Job's start (image pull, model download)
+CHECK_COMMAND = ["uv", "run", "--quiet"]  # how the script's own check is run here
+ENDED = {"COMPLETED", "ERROR", "CANCELED", "DELETED"}
+EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
+LAUNCHER_OPTIONS_NOT_PASSED = ("--restart", "--num-shards", "--shard-index")
+LABEL = "ocr-jobs"  # label keys: ocr-jobs (run id), ocr-output, ocr-shard, ocr-script, ocr-run
+
+
+class UsageError(Exception):
+    def __init__(self, message: str, code: int = EXIT_USAGE):
+        super().__init__(message)
+        self.code = code
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------------- the arguments
+
+
+def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="Options it does not know are the script's.",
+                                allow_abbrev=False)
+    p.add_argument("script", help="a model script of the collection (a path)")
+    p.add_argument("input", help="INPUT: a Hub dataset id")
+    p.add_argument("output", help="OUTPUT: a Hub dataset id")
+    p.add_argument("--shards", type=int, required=True, help="how many Jobs (shards)")
+    p.add_argument("--max-attempts", type=int, default=3,
+                   help="Jobs per shard at most, the first included (default 3)")
+    p.add_argument("--flavor", help="the Jobs hardware (default: the script's header)")
+    p.add_argument("--timeout", help="each Job's timeout, e.g. 6h (default: the script's)")
+    p.add_argument("--image", help="the Docker image (default: the script's)")
+    p.add_argument("--namespace", help="the user or organisation the Jobs run under")
+    p.add_argument("--hf-token", help="the Hub token (default: HF_TOKEN or the saved login)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the submissions and the estimated time and cost; submit nothing")
+    p.add_argument("--cancel", action="store_true", help="cancel every Job of this run")
+    p.add_argument("--stats-json", help="write the run's figures (shards, rows, cost) here")
+    p.add_argument("--poll-seconds", type=float, default=POLL_S, help=argparse.SUPPRESS)
+    args, script_args = p.parse_known_args(argv)
+    return args, script_args
+
+
+def option_value(script_args: list[str], name: str) -> str | None:
+    for i, word in enumerate(script_args):
+        if word == name and i + 1 < len(script_args):
+            return script_args[i + 1]
+        if word.startswith(name + "="):
+            return word.split("=", 1)[1]
+    return None
+
+
+def without_option(script_args: list[str], name: str) -> list[str]:
+    out, skip = [], False
+    for word in script_args:
+        if skip:
+            skip = False
+        elif word == name:
+            skip = True
+        elif not word.startswith(name + "="):
+            out.append(word)
+    return out
+
+
+def refuse_arguments(args, script_args: list[str]) -> None:
+    """What a Job cannot do, or what the launcher decides: refused before anything is sent."""
+    if not Path(args.script).is_file():
+        raise UsageError(f"SCRIPT {args.script} is not a file: pass the path of a model script "
+                         f"of the collection, e.g. lighton-ocr3-saturate.py")
+    for label, value in (("INPUT", args.input), ("OUTPUT", args.output)):
+        if Path(value).expanduser().exists() or not REPO_ID.match(value):
+            raise UsageError(
+                f"{label} {value!r} is not a Hub dataset id: a Job cannot read this machine's "
+                f"files. Push a folder first (hf upload user/name {value} --repo-type dataset) "
+                f"and pass user/name")
+    for name in LAUNCHER_OPTIONS_NOT_PASSED:
+        if any(w == name or w.startswith(name + "=") for w in script_args):
+            why = "a restart deletes what OUTPUT holds: run the script itself with --restart " \
+                  "first" if name == "--restart" else "the launcher sets it: pass --shards N"
+            raise UsageError(f"{name} is not passed to the Jobs ({why})")
+    for word in script_args:
+        value = word.split("=", 1)[1] if word.startswith("--") and "=" in word else word
+        if value and Path(value).expanduser().is_file():
+            raise UsageError(f"the script argument {word!r} names a local file, which a Job "
+                             f"cannot read (the Jobs API would upload it under a new path): "
+                             f"push it to the Hub or pass its content instead")
+        if value == "/data" or value.startswith("/data/"):
+            raise UsageError(f"{word!r}: /data is where the Jobs API mounts the script; use "
+                             f"another path")
+    if args.shards < 1:
+        raise UsageError(f"--shards must be at least 1, got {args.shards}")
+    if args.max_attempts < 1:
+        raise UsageError(f"--max-attempts must be at least 1, got {args.max_attempts}")
+
+
+# ---------------------------------------------------------------------------- the script's Job
+
+
+@dataclass
+class JobSpec:
+    image: str
+    flavor: str
+    timeout: str
+    secrets: list[str]
+    has_uv: bool
+    pages_per_s: float | None  # measured on the script's own flavor
+
+
+def script_header(text: str) -> dict:
+    """The PEP 723 block's TOML (its [tool.hf-jobs] table is what `hf jobs uv run` reads)."""
+    import tomllib
+
+    match = re.search(r"^# /// script\s*$(.*?)^# ///\s*$", text, re.M | re.S)
+    if not match:
+        return {}
+    body = "\n".join(line[2:] if line.startswith("# ") else line[1:]
+                     for line in match.group(1).splitlines())
+    return tomllib.loads(body)
+
+
+def registry_entry(script: Path) -> dict:
+    """The script's models.json entry (beside the script, or beside this launcher)."""
+    for folder in (script.resolve().parent, Path(__file__).resolve().parent):
+        path = folder / "models.json"
+        if path.exists():
+            for entry in json.loads(path.read_text()).get("scripts", []):
+                if entry.get("script") == script.name:
+                    return entry
+    return {}
+
+
+def job_spec(script: Path, args) -> JobSpec:
+    text = script.read_text()
+    jobs = script_header(text).get("tool", {}).get("hf-jobs", {})
+    entry = registry_entry(script)
+    rate = re.search(r"^JOB_PAGES_PER_S = ([0-9.]+)", text, re.M)
+    has_uv = re.search(r"^IMAGE_HAS_UV = False", text, re.M) is None
+    image = args.image or jobs.get("image")
+    if image is None and entry.get("image"):
+        image = re.split(r"\s", entry["image"])[0]  # the registry notes a moving tag after it
+        run_command = entry.get("run_command") or ""
+        full = re.search(r"\s(\S+/" + re.escape(image.split("/")[-1]) + r")\s", run_command)
+        image = full.group(1) if full else image
+    flavor = args.flavor or jobs.get("flavor") or entry.get("flavor")
+    timeout = args.timeout or jobs.get("timeout") or entry.get("timeout")
+    if not (image and flavor and timeout):
+        raise UsageError(f"{script.name} names no Jobs image, flavor or timeout (no "
+                         f"[tool.hf-jobs] header, no models.json entry): pass --image, "
+                         f"--flavor and --timeout")
+    rate_value = float(rate.group(1)) if rate and not args.flavor else None
+    return JobSpec(image, flavor, timeout, list(jobs.get("secrets") or ["HF_TOKEN"]), has_uv,
+                   rate_value)
+
+
+def duration_s(text: str) -> float:
+    match = re.fullmatch(r"\s*([0-9.]+)\s*([smhd]?)\s*", str(text))
+    if not match:
+        raise UsageError(f"--timeout {text!r}: write a duration such as 90m, 4h or 1d")
+    return float(match.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[match.group(2)]
+
+
+def slug(value: str, limit: int = 63) -> str:
+    """A label value the Jobs API takes: letters, digits, '-', '_', '.'; long ones hashed."""
+    clean = re.sub(r"[^A-Za-z0-9_.-]+", "-", value).strip("-_.")
+    if len(clean) <= limit:
+        return clean
+    return clean[:limit - 9] + "-" + hashlib.sha1(value.encode()).hexdigest()[:8]
+
+
+# ---------------------------------------------------------------------------- the API
+
+
+class Api:
+    """The HfApi calls the launcher makes, counted (the watch's budget), with the Hub's
+    Retry-After honoured on a 429."""
+
+    def __init__(self, hf, token: str | None, namespace: str | None):
+        self.hf, self.token, self.namespace = hf, token, namespace
+        self.calls: list[float] = []
+
+    def call(self, method: str, *args, **kwargs):
+        for attempt in range(5):
+            self.calls.append(time.monotonic())
+            try:
+                return getattr(self.hf, method)(*args, **kwargs)
+            except Exception as exc:
+                status, wait = http_status(exc), retry_after(exc)
+                if status != 429 and not (status is not None and status >= 500) or attempt == 4:
+                    raise
+                wait = wait if wait is not None else 2.0 * 2 ** attempt
+                log(f"the Hub answered {status} to {method}: waiting {wait:.0f} s")
+                time.sleep(min(wait, 300.0))
+
+    def jobs(self, method: str, **kwargs):
+        if self.namespace:
+            kwargs["namespace"] = self.namespace
+        return self.call(method, **kwargs)
+
+    def calls_in_last(self, seconds: float) -> int:
+        now = time.monotonic()
+        return sum(now - t < seconds for t in self.calls)
+
+
+def http_status(exc: Exception) -> int | None:
+    response = getattr(exc, "response", None)
+    return getattr(response, "status_code", None)
+
+
+def retry_after(exc: Exception) -> float | None:
+    headers = getattr(getattr(exc, "response", None), "headers", None) or {}
+    try:
+        return float(headers.get("Retry-After"))
+    except (TypeError, ValueError):
+        return None
+
+
+def hub_token(args) -> str | None:
+    if args.hf_token:
+        return args.hf_token
+    from huggingface_hub import get_token
+
+    return get_token()
+
+
+def check_account(api: Api) -> str:
+    """Who runs the Jobs: a token the Hub refuses, or an account without Jobs, stops here."""
+    try:
+        user = api.call("whoami")
+    except Exception as exc:
+        raise UsageError(f"the Hub refuses the token ({type(exc).__name__}: {str(exc)[:200]}): "
+                         f"log in again (hf auth login) or pass --hf-token") from None
+    try:  # the Jobs API itself: an account without Jobs (no credit, no plan) answers 402/403
+        next(iter(api.jobs("list_jobs", labels={LABEL: "none"})), None)
+    except Exception as exc:
+        status = http_status(exc)
+        if status in (401, 402, 403):
+            raise UsageError(f"the Jobs API refuses this account ({status}: "
+                             f"{str(exc).splitlines()[0][:200]}): Jobs need a payment method or "
+                             f"a plan with Jobs (huggingface.co/settings/billing)") from None
+        raise
+    return api.namespace or user.get("name")
+
+
+# ---------------------------------------------------------------------------- the check
+
+
+def run_check(script: Path, args, script_args: list[str], token: str | None) -> dict:
+    """The script's own check of the run (`--check-only`), once, here: what the first Job
+    would refuse is refused before any Job. Its last stdout line may be JSON with `rows`."""
+    command = [*CHECK_COMMAND, str(script), args.input, args.output, *script_args, "--check-only"]
+    env = dict(os.environ)
+    if token:
+        env["HF_TOKEN"] = token  # through the environment, never the command line
+    log(f"checking the run: {script.name} ... --check-only")
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900)
+    except FileNotFoundError:
+        raise UsageError(f"cannot run {command[0]!r} to check the run: install uv "
+                         f"(https://docs.astral.sh/uv/)") from None
+    if done.returncode == 2 and "unrecognized arguments: --check-only" in done.stderr:
+        raise UsageError(f"{script.name} does not know --check-only (a copy older than this "
+                         f"launcher): use the collection's current {script.name}")
+    if done.returncode != 0:
+        tail = "\n".join(done.stderr.strip().splitlines()[-5:])
+        raise UsageError(f"{script.name} refuses the run (exit {done.returncode}), no Job was "
+                         f"submitted:\n{tail}", done.returncode)
+    for line in reversed(done.stdout.strip().splitlines()):
+        try:
+            found = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(found, dict):
+            return found
+    return {}
+
+
+def resolve_revision(api: Api, args, script_args: list[str]) -> str:
+    revision = option_value(script_args, "--revision")
+    try:
+        return api.call("dataset_info", args.input, revision=revision).sha
+    except Exception as exc:
+        raise UsageError(f"cannot resolve {args.input}"
+                         f"{'@' + revision if revision else ''} on the Hub ({type(exc).__name__}:"
+                         f" {str(exc).splitlines()[0][:200]})") from None
+
+
+# ---------------------------------------------------------------------------- the run's Jobs
+
+
+def run_fingerprint(args, script: Path, script_args: list[str]) -> str:
+    """What makes two launches the same run: the same script, input, output, shards and
+    script arguments (a rerun adopts its Jobs; another run on the same OUTPUT is refused)."""
+    words = [script.name, args.input, args.output, str(args.shards),
+             *without_option(script_args, "--revision")]
+    return hashlib.sha1("\0".join(words).encode()).hexdigest()[:12]
+
+
+@dataclass
+class Shard:
+    index: int
+    lo: int
+    hi: int
+    jobs: list = field(default_factory=list)  # JobInfo, oldest first
+    done_rows: int = 0
+    server_error_rows: int | None = None  # from the shard's notes, once its Job has ended
+    state: str = "PENDING"
+    reported_scheduling: bool = False
+    log_tail_shown: set = field(default_factory=set)
+    notes_read_for: str | None = None
+
+    @property
+    def rows(self) -> int:
+        return self.hi - self.lo
+
+    @property
+    def latest(self):
+        return self.jobs[-1] if self.jobs else None
+
+
+def shard_bounds(rows: int, shards: int, index: int) -> tuple[int, int]:
+    """The scripts' split (open_input): contiguous ranges, the remainder spread."""
+    return rows * index // shards, rows * (index + 1) // shards
+
+
+def stage(job) -> str:
+    status = getattr(job, "status", None)
+    value = getattr(status, "stage", None) or "SCHEDULING"
+    return getattr(value, "value", value)
+
+
+def job_label(job, key: str) -> str | None:
+    return (getattr(job, "labels", None) or {}).get(key)
+
+
+def created(job) -> float:
+    when = getattr(job, "created_at", None)
+    return when.timestamp() if when else 0.0
+
+
+def running_seconds(job, now: float) -> float:
+    started = getattr(job, "started_at", None)
+    if started is None:
+        return 0.0
+    finished = getattr(job, "finished_at", None)
+    end = finished.timestamp() if finished else now
+    return max(0.0, end - started.timestamp())
+
+
+def output_jobs(api: Api, output: str) -> list:
+    return list(api.jobs("list_jobs", labels={"ocr-output": slug(output)}))
+
+
+def find_run(api: Api, args, fingerprint: str) -> str | None:
+    """The run id of this command's Jobs still on record (to adopt); refuses when another
+    run's Jobs are writing OUTPUT."""
+    jobs = output_jobs(api, args.output)
+    others = sorted({job_label(j, LABEL) for j in jobs if stage(j) not in ENDED
+                     and job_label(j, "ocr-run") != fingerprint} - {None})
+    if others:
+        raise UsageError(f"another launch (run {others[0]}) has Jobs writing {args.output}: let "
+                         f"it finish, or cancel it (its command with --cancel), or write to "
+                         f"another OUTPUT")
+    ours = sorted((j for j in jobs if job_label(j, "ocr-run") == fingerprint), key=created)
+    return job_label(ours[-1], LABEL) if ours else None
+
+
+class LauncherLock:
+    """One launcher per OUTPUT on this machine: an OS lock, released however it ends."""
+
+    def __init__(self, output: str, run_id: str):
+        import fcntl
+
+        folder = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "ocr-jobs"
+        folder.mkdir(parents=True, exist_ok=True)
+        self.path = folder / f"{slug(output)}.lock"
+        self.handle = open(self.path, "a+")
+        try:
+            fcntl.flock(self.handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            self.handle.seek(0)
+            first = self.handle.read().strip() or "unknown"
+            raise UsageError(f"another launcher is watching {output} (run {first}, lock "
+                             f"{self.path}): wait for it, or stop it (Ctrl-C leaves its Jobs "
+                             f"running) and rerun this command to adopt them") from None
+        self.handle.seek(0)
+        self.handle.truncate()
+        self.handle.write(run_id)
+        self.handle.flush()
+
+
+def submission(spec: JobSpec, script: Path, args, script_args: list[str], revision: str,
+               shard: int, run_id: str, fingerprint: str) -> dict:
+    """What one shard's Job is: run_uv_job's (or run_job's) arguments, no secret value."""
+    shard_args = [args.input, args.output, *without_option(script_args, "--revision"),
+                  "--revision", revision, "--num-shards", str(args.shards),
+                  "--shard-index", str(shard)]
+    labels = {LABEL: run_id, "ocr-run": fingerprint, "ocr-output": slug(args.output),
+              "ocr-shard": str(shard), "ocr-script": slug(script.stem)}
+    name = f"ocr-{slug(script.stem, 40)}-{shard}-of-{args.shards}"
+    return {"image": spec.image, "flavor": spec.flavor, "timeout": spec.timeout,
+            "labels": labels, "name": name, "script_args": shard_args,
+            "secrets": sorted(set(spec.secrets) | {"HF_TOKEN"})}
+
+
+def ship_script(api: Api, script: Path, output: str) -> str:
+    """An image without uv fetches the script by URL: it goes into OUTPUT's .ocr/ (which the
+    scripts allow there), and the URL names the commit, so every shard runs the same bytes."""
+    from huggingface_hub import CommitOperationAdd, constants
+
+    api.call("create_repo", output, repo_type="dataset", exist_ok=True)
+    info = api.call("create_commit", output, repo_type="dataset",
+                    operations=[CommitOperationAdd(path_in_repo=f".ocr/launcher/{script.name}",
+                                                   path_or_fileobj=str(script))],
+                    commit_message=f"ocr-jobs.py: the script the Jobs run ({script.name})")
+    commit = getattr(info, "oid", None) or "main"
+    return f"{constants.ENDPOINT}/datasets/{output}/resolve/{commit}/.ocr/launcher/{script.name}"
+
+
+def install_command(script_args: list[str]) -> list[str]:
+    """HPD-Parsing's Jobs command, as its docstring gives it: uv first, then the script, fetched
+    with the token (OUTPUT may be private)."""
+    fetch = ("import os, urllib.request as r; q = r.Request(os.environ['SCRIPT_URL'], headers="
+             "{'Authorization': 'Bearer ' + os.environ['HF_TOKEN']}); "
+             "open('/tmp/ocr-script.py', 'wb').write(r.urlopen(q).read())")
+    inner = (f"pip install -q uv && python3 -c {shlex.quote(fetch)} && "
+             f"uv run /tmp/ocr-script.py {shlex.join(script_args)}")
+    return ["bash", "-lc", inner]
+
+
+def submit(api: Api, spec: JobSpec, script: Path, sub: dict, token: str, script_url: str | None):
+    secrets = {name: token if name == "HF_TOKEN" else os.environ.get(name)
+               for name in sub["secrets"]}
+    missing = [name for name, value in secrets.items() if value is None]
+    if missing:
+        raise UsageError(f"the script's header asks for the secret(s) {', '.join(missing)}: set "
+                         f"them in this shell's environment")
+    common = dict(image=sub["image"], flavor=sub["flavor"], timeout=sub["timeout"], attempts=1,
+                  name=sub["name"], labels=sub["labels"], secrets=secrets)
+    if spec.has_uv:
+        return api.jobs("run_uv_job", script=str(script), script_args=sub["script_args"],
+                        **common)
+    return api.jobs("run_job", command=install_command(sub["script_args"]),
+                    env={"SCRIPT_URL": script_url}, **common)
+
+
+# ---------------------------------------------------------------------------- watching
+
+
+def covered_rows(files: list[str], lo: int, hi: int) -> int:
+    """Rows of [lo, hi) that parts on the Hub hold (part names are their row ranges)."""
+    spans = []
+    for name in files:
+        match = PART_NAME.match(name)
+        if match:
+            a, b = max(int(match.group(1)), lo), min(int(match.group(2)), hi)
+            if a < b:
+                spans.append((a, b))
+    total, end = 0, lo
+    for a, b in sorted(spans):
+        a = max(a, end)
+        if a < b:
+            total += b - a
+            end = b
+    return total
+
+
+def server_error_rows(notes: dict, lo: int, hi: int) -> int:
+    """Rows a rerun redoes: error rows the server (not the page) caused, per the notes."""
+    return sum(kind == "server" and lo <= int(row) < hi
+               for note in notes.values() for row, kind in note.get("errors", {}).items())
+
+
+def read_notes(api: Api, output: str, shard: Shard, shards: int) -> dict:
+    import tempfile
+
+    name = f".ocr/notes/shard-{shard.index}-of-{shards}.json"
+    with tempfile.TemporaryDirectory() as folder:
+        try:
+            path = api.call("hf_hub_download", output, name, repo_type="dataset",
+                            local_dir=folder)
+        except Exception:
+            return {}
+        return json.loads(Path(path).read_text())
+
+
+def card_rows(api: Api, output: str) -> int | None:
+    """The rows OUTPUT's card counts (the last shard to finish writes it, from every part)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        try:
+            path = api.call("hf_hub_download", output, "README.md", repo_type="dataset",
+                            local_dir=folder)
+        except Exception:
+            return None
+        found = re.search(r"holds ([\d,]+) rows", Path(path).read_text())
+    return int(found.group(1).replace(",", "")) if found else None
+
+
+def fmt_s(seconds: float) -> str:
+    seconds = int(seconds)
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else \
+        f"{seconds // 60}m{seconds % 60:02d}s"
+
+
+def table(shards: list[Shard], now: float) -> str:
+    lines = [f"{'shard':>5}  {'state':<10} {'rows done':>15}  attempts  elapsed  job"]
+    for s in shards:
+        job = s.latest
+        elapsed = fmt_s(running_seconds(job, now)) if job else "-"
+        lines.append(f"{s.index:>5}  {s.state:<10} {s.done_rows:>7}/{s.rows:<7}  "
+                     f"{len(s.jobs):>8}  {elapsed:>7}  {job.id if job else '-'}")
+    rows, done = sum(s.rows for s in shards), sum(min(s.done_rows, s.rows) for s in shards)
+    width = 30
+    filled = int(width * done / rows) if rows else width
+    lines.append(f"[{'#' * filled}{'.' * (width - filled)}] {done}/{rows} rows "
+                 f"({100 * done / rows if rows else 100:.1f}%)")
+    return "\n".join(lines)
+
+
+def log_tail(api: Api, job) -> str:
+    try:
+        lines = list(api.jobs("fetch_job_logs", job_id=job.id, tail=20))
+    except Exception as exc:
+        return f"(its logs could not be read: {type(exc).__name__})"
+    return "\n".join("    " + line.rstrip() for line in lines[-20:])
+
+
+def watch(api: Api, ctx: dict, shards: list[Shard], poll_s: float) -> None:
+    """Until every shard's rows are on the Hub or its attempts are spent. Each poll: one
+    list_jobs by the run's label, one listing of OUTPUT's files; once a shard's Job has ended,
+    its notes (the error rows a rerun would redo) within CALLS_PER_MINUTE; a failed Job's log
+    tail and its resubmission (one each per ended Job) at once."""
+    run_id, output = ctx["run_id"], ctx["args"].output
+    last_table = ""
+    while True:
+        jobs = {j.id: j for j in api.jobs("list_jobs", labels={LABEL: run_id})}
+        files = api.call("list_repo_files", output, repo_type="dataset")
+        now = time.time()
+        for s in shards:
+            s.jobs = [jobs.get(j.id, j) for j in s.jobs]
+            s.done_rows = covered_rows(files, s.lo, s.hi)
+            job = s.latest
+            if job is None:
+                s.state = "PENDING"
+                continue
+            s.state = stage(job)
+            if s.state == "SCHEDULING" and not s.reported_scheduling and \
+                    now - created(job) > SCHEDULING_REPORT_S:
+                s.reported_scheduling = True
+                log(f"shard {s.index}: Job {job.id} has been SCHEDULING for "
+                    f"{fmt_s(now - created(job))} (no {ctx['spec'].flavor} free?); it is left "
+                    f"queued: --cancel and a smaller --shards, or another --flavor, if it stays")
+        window = 2 * poll_s  # two polls: 60 s at the default, whatever the poll in tests
+        for s in (s for s in shards if s.latest is not None and s.state in ENDED):
+            job = s.latest
+            if s.done_rows >= s.rows:  # every row is on the Hub (error rows included)
+                s.state = "DONE"
+                if s.notes_read_for != job.id and api.calls_in_last(window) < CALLS_PER_MINUTE:
+                    notes = read_notes(api, output, s, len(shards))
+                    s.server_error_rows = server_error_rows(notes, s.lo, s.hi)
+                    s.notes_read_for = job.id
+                continue
+            if job.id not in s.log_tail_shown and s.state != "COMPLETED":
+                s.log_tail_shown.add(job.id)
+                message = getattr(getattr(job, "status", None), "message", None)
+                log(f"shard {s.index}: Job {job.id} ended {s.state}"
+                    f"{' (' + message + ')' if message else ''} with {s.rows - s.done_rows} "
+                    f"rows not written; its log ends:\n{log_tail(api, job)}")
+            if len(s.jobs) >= ctx["args"].max_attempts:
+                s.state = "FAILED"
+                continue
+            log(f"shard {s.index}: Job {job.id} ended {s.state} with {s.rows - s.done_rows} "
+                f"rows not written: submitting it again (attempt {len(s.jobs) + 1} of "
+                f"{ctx['args'].max_attempts}); the script resumes where it stopped")
+            s.jobs.append(ctx["submit"](s.index))  # the work itself: outside the watch's budget
+            s.state = "SCHEDULING"
+        shown = table(shards, now)
+        if shown != last_table:
+            log(shown)
+            last_table = shown
+        if all(s.state in ("DONE", "FAILED") for s in shards):
+            return
+        time.sleep(poll_s)
+
+
+# ---------------------------------------------------------------------------- cost
+
+
+def price_per_minute(api: Api, flavor: str) -> float | None:
+    try:
+        for hw in api.call("list_jobs_hardware"):
+            if hw.name == flavor:
+                per = {"minute": 1, "hour": 1 / 60, "second": 60}.get(hw.unit_label, None)
+                return hw.unit_cost_usd * per if per else None
+    except Exception:
+        return None
+    return None
+
+
+def estimate(spec: JobSpec, rows: int | None, shards: int, price: float | None) -> list[str]:
+    lines = []
+    if rows is None:
+        return ["rows unknown (the script's check did not count them): no estimate"]
+    per_shard = math.ceil(rows / shards)
+    if spec.pages_per_s is None:
+        return [f"{rows} rows, about {per_shard} per shard; no measured pages/s for this script "
+                f"on {spec.flavor}: time a --max-samples run first"]
+    seconds = STARTUP_S + per_shard / spec.pages_per_s
+    lines.append(f"estimate: {rows} rows, {per_shard} per shard at {spec.pages_per_s} pages/s "
+                 f"on {spec.flavor} (measured): about {fmt_s(seconds)} per Job, start-up "
+                 f"({STARTUP_S // 60} min) included")
+    if price is not None:
+        cost = shards * seconds / 60 * price
+        lines.append(f"estimated cost: ${cost:.2f} (${price:.4f}/min x {shards} Jobs), "
+                     f"${1000 * cost / max(rows, 1):.3f} per 1,000 pages")
+    timeout = duration_s(spec.timeout)
+    if seconds > timeout:
+        need = math.ceil(shards * seconds / timeout)
+        lines.append(f"WARNING: a shard needs about {fmt_s(seconds)}, beyond its timeout "
+                     f"{spec.timeout}: pass --timeout {math.ceil(seconds / 3600)}h, or "
+                     f"--shards {need} or more")
+    return lines
+
+
+# ---------------------------------------------------------------------------- main
+
+
+def summary(ctx: dict, shards: list[Shard], price: float | None, api: Api,
+            started: float) -> dict:
+    now = time.time()
+    seconds = sum(running_seconds(j, now) for s in shards for j in s.jobs)
+    rows = sum(s.rows for s in shards)
+    cost = seconds / 60 * price if price is not None else None
+    watched = max(time.monotonic() - started, 1e-9)
+    return {
+        "run_id": ctx["run_id"], "script": ctx["script"].name, "input": ctx["args"].input,
+        "input_revision": ctx["revision"], "output": ctx["args"].output,
+        "flavor": ctx["spec"].flavor, "shards": len(shards), "rows_total": rows,
+        "rows_done": sum(min(s.done_rows, s.rows) for s in shards),
+        "shards_failed": [s.index for s in shards if s.state == "FAILED"],
+        "jobs": [{"shard": s.index, "state": s.state, "rows": s.rows, "rows_done": s.done_rows,
+                  "server_error_rows": s.server_error_rows,
+                  "attempts": len(s.jobs), "job_ids": [j.id for j in s.jobs],
+                  "running_s": round(sum(running_seconds(j, now) for j in s.jobs), 1)}
+                 for s in shards],
+        "job_seconds": round(seconds, 1), "price_usd_per_minute": price,
+        "cost_usd": None if cost is None else round(cost, 4),
+        "cost_per_1000_pages_usd": None if cost is None or not rows else
+        round(1000 * cost / rows, 4),
+        "api_calls": len(api.calls), "elapsed_s": round(watched, 1),
+    }
+
+
+def main(argv: list[str] | None = None, hf_api=None) -> int:
+    args, script_args = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        return launch(args, script_args, hf_api)
+    except UsageError as exc:
+        log(f"{PROG}: {exc}")
+        return exc.code
+
+
+def launch(args, script_args: list[str], hf_api) -> int:
+    script = Path(args.script)
+    refuse_arguments(args, script_args)
+    spec = job_spec(script, args)
+    duration_s(spec.timeout)
+    token = hub_token(args)
+    if hf_api is None:
+        from huggingface_hub import HfApi
+        hf_api = HfApi(token=token)
+    api = Api(hf_api, token, args.namespace)
+    fingerprint = run_fingerprint(args, script, script_args)
+    if args.cancel:
+        return cancel(api, args, fingerprint)
+    if not token and not args.dry_run:
+        raise UsageError("no Hub token: log in (hf auth login), set HF_TOKEN or pass --hf-token; "
+                         "the Jobs get it as a secret")
+    if not args.dry_run:
+        check_account(api)
+    checked = run_check(script, args, script_args, token)
+    rows = checked.get("rows")
+    if rows is not None and args.shards > rows:
+        raise UsageError(f"--shards {args.shards} is more than the {rows} rows: pass --shards "
+                         f"{rows} or fewer")
+    revision = checked.get("input_revision") or resolve_revision(api, args, script_args)
+    price = price_per_minute(api, spec.flavor)
+    run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + fingerprint[:6]
+    if args.dry_run:
+        for i in range(args.shards):
+            sub = submission(spec, script, args, script_args, revision, i, run_id, fingerprint)
+            how = "run_uv_job" if spec.has_uv else "run_job (install uv, fetch the script)"
+            print(f"shard {i}: {how} image={sub['image']} flavor={sub['flavor']} "
+                  f"timeout={sub['timeout']} name={sub['name']}\n"
+                  f"  labels={json.dumps(sub['labels'])}\n"
+                  f"  secrets={','.join(sub['secrets'])} (values not shown)\n"
+                  f"  {script.name} {shlex.join(sub['script_args'])}")
+        for line in estimate(spec, rows, args.shards, price):
+            print(line)
+        print("dry run: nothing was submitted")
+        return 0
+    adopted = find_run(api, args, fingerprint)
+    run_id = adopted or run_id
+    lock = LauncherLock(args.output, run_id)  # held until this function returns
+    script_url = None if spec.has_uv else ship_script(api, script, args.output)
+    if rows is None:
+        raise UsageError(f"{script.name}'s check did not count the rows (its --check-only "
+                         f"prints them): use the collection's current {script.name}")
+    shards = [Shard(i, *shard_bounds(rows, args.shards, i)) for i in range(args.shards)]
+    ctx = {"args": args, "script": script, "spec": spec, "run_id": run_id,
+           "revision": revision}
+
+    def submit_shard(i: int):
+        sub = submission(spec, script, args, script_args, revision, i, run_id, fingerprint)
+        job = submit(api, spec, script, sub, token, script_url)
+        log(f"shard {i}: Job {job.id} submitted ({sub['name']})")
+        return job
+
+    ctx["submit"] = submit_shard
+    if adopted:
+        for job in sorted(api.jobs("list_jobs", labels={LABEL: run_id}), key=created):
+            index = job_label(job, "ocr-shard")
+            if index is not None and index.isdigit() and int(index) < len(shards):
+                shards[int(index)].jobs.append(job)
+        log(f"adopting run {run_id}: {sum(len(s.jobs) for s in shards)} Jobs on record; "
+            f"submitting only the shards without one")
+    started = time.monotonic()
+    try:
+        for s in shards:
+            if not s.jobs:
+                s.jobs.append(submit_shard(s.index))
+        watch(api, ctx, shards, args.poll_seconds)
+    except KeyboardInterrupt:
+        running = [j.id for s in shards for j in s.jobs[-1:] if stage(j) not in ENDED]
+        log(f"\ninterrupted: the Jobs keep running ({', '.join(running) or 'none'}). Rerun the "
+            f"same command to watch them again (run {run_id}), or add --cancel to stop them.")
+        return EXIT_INTERRUPTED
+    finally:
+        lock.handle.close()
+    stats = summary(ctx, shards, price, api, started)
+    cost = f"${stats['cost_usd']:.2f} (${stats['cost_per_1000_pages_usd']:.3f} per 1,000 " \
+           f"pages)" if stats["cost_usd"] is not None else "unknown (no price for the flavor)"
+    log(f"run {run_id}: {stats['rows_done']}/{stats['rows_total']} rows on {args.output}, "
+        f"{sum(len(s.jobs) for s in shards)} Jobs, {fmt_s(stats['job_seconds'])} of Job time, "
+        f"cost {cost}; {stats['api_calls']} API calls")
+    failed = stats["shards_failed"]
+    if not failed:
+        counted = card_rows(api, args.output)
+        stats["card_rows"] = counted
+        if counted != stats["rows_total"]:
+            log(f"the card of {args.output} counts {counted} rows, not "
+                f"{stats['rows_total']} (two shards finished at once?): only its count is "
+                f"stale; the rows are all there (load_dataset reads every part)")
+    if args.stats_json:
+        Path(args.stats_json).write_text(json.dumps(stats, indent=2) + "\n")
+    if failed:
+        log(f"shards {', '.join(map(str, failed))} still miss rows after {args.max_attempts} "
+            f"attempts each (their logs are above): fix the cause, then rerun this command with "
+            f"a larger --max-attempts; the scripts resume where they stopped")
+        return EXIT_FAILED
+    return 0
+
+
+def cancel(api: Api, args, fingerprint: str) -> int:
+    jobs = [j for j in output_jobs(api, args.output) if job_label(j, "ocr-run") == fingerprint]
+    live = [j for j in jobs if stage(j) not in ENDED]
+    for job in live:
+        api.jobs("cancel_job", job_id=job.id)
+        log(f"cancelled Job {job.id} (shard {job_label(job, 'ocr-shard')})")
+    log(f"{len(live)} Jobs cancelled" + (f" (run {job_label(live[0], LABEL)})" if live else
+                                         ": none of this run was running"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
