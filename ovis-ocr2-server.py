@@ -1395,6 +1395,9 @@ def encode_page(img) -> tuple[bytes, str]:
 
 # ---- text checks ----------------------------------------------------------------------------
 
+CUT = ("length", "repetition")  # an answer the engine ended: at max_tokens, or by its detection
+
+
 def repeated_tail(text: str, max_period: int = 200) -> tuple[int, int]:
     """(period, repeats) of the longest run of one unit repeated at the end of text."""
     best = (0, 0)
@@ -1407,6 +1410,18 @@ def repeated_tail(text: str, max_period: int = 200) -> tuple[int, int]:
         if repeats >= 2 and repeats * period > best[0] * best[1]:
             best = (period, repeats)
     return best
+
+
+def text_before_loop(text: str) -> int:
+    """The characters before the repeating tail, with one copy of its unit."""
+    period, repeats = repeated_tail(text, 1000)
+    return len(text) - period * (repeats - 1) if repeats else len(text)
+
+
+def cut_at_loop(text: str, finish_reason: str | None) -> str:
+    """An answer cut by repetition detection keeps its text up to the repeating tail and one
+    copy of the repeating unit; any other answer stays as it came."""
+    return text[:text_before_loop(text)] if text and finish_reason == "repetition" else text
 
 
 def looks_degenerate(text: str | None) -> bool:
@@ -1425,18 +1440,22 @@ def looks_degenerate(text: str | None) -> bool:
     return False
 
 
+def broken_answer(text: str | None, finish_reason: str | None) -> bool:
+    """What a broken engine answers: empty, one character over and over, or cut (at max_tokens
+    or by repetition detection). A complete page that repeats (a blank form) is none of these."""
+    visible = "".join((text or "").split())
+    return finish_reason in CUT or not visible or (len(visible) >= 8 and len(set(visible)) == 1)
+
+
 def loops(text: str | None, finish_reason: str | None) -> bool:
-    """The raw answer of a page worth sending again: text the degenerate check would flag, or
-    one cut at max_tokens that ends in a loop (>= 5 repeats over >= 100 chars: a real page cut
-    mid-text rarely ends that way). A blank page is not a loop."""
-    if not text or not text.strip():
-        return False
-    if looks_degenerate(text):
-        return True
-    if finish_reason != "length":
+    """An answer worth sending again: one cut by repetition detection, or cut at max_tokens in a
+    loop (>= 5 repeats over >= 100 chars at its end: a real page cut mid-text rarely ends that
+    way). A complete answer never is, whatever it repeats (a blank form); a blank one neither."""
+    if finish_reason not in CUT or not text or not text.strip():
         return False
     period, repeats = repeated_tail(text)
-    return repeats >= 5 and period * repeats >= 100
+    return finish_reason == "repetition" or looks_degenerate(text) or \
+        (repeats >= 5 and period * repeats >= 100)
 
 
 def loop_seed(index: int, attempt: int) -> int:
@@ -1445,7 +1464,8 @@ def loop_seed(index: int, attempt: int) -> int:
 
 
 def kept_attempt(kept: "RowResult", retry: "RowResult") -> "RowResult":
-    """Of a looping answer and its retry: the retry when it does not loop or is shorter. A
+    """Of a looping answer and its retry: the retry when it does not loop or has more text
+    before its repeating tail (the other's table rows may have been lost to the loop). A
     retry the server or transport failed makes the row that error (a rerun redoes it); one
     refused as a request (a 400: a seed the server does not take, say) leaves the looping
     answer, and says so once."""
@@ -1459,7 +1479,8 @@ def kept_attempt(kept: "RowResult", retry: "RowResult") -> "RowResult":
                 f"looping answer is kept (pages_still_looping counts them)")
         return kept
     attempts = (kept.attempts or 1) + 1
-    if not loops(retry.text, retry.finish_reason) or len(retry.text) < len(kept.text):
+    if not loops(retry.text, retry.finish_reason) or \
+            text_before_loop(retry.text) > text_before_loop(kept.text):
         kept = retry
     kept.attempts = attempts
     return kept
@@ -1469,8 +1490,10 @@ class DegenerateCheck:
     """Stops the run when the first completed pages are all degenerate: a wrong model/image
     pair looks like normal load from outside (full GPU, no errors). It judges at least
     MIN_EVIDENCE pages (a blank last page proves nothing), and never a rerun of an output whose
-    earlier runs wrote text. A page sent again because it looped counts as degenerate: at a
-    higher temperature a broken engine's loop can turn into noise that passes for text."""
+    earlier runs wrote text. A page cut (at max_tokens or by repetition detection) counts as
+    degenerate, and so does one sent again because it was: at a higher temperature a broken
+    engine's loop can turn into noise that passes for text. A complete answer counts only when
+    empty or one character over and over (a blank form's table of empty cells is a page)."""
 
     MIN_EVIDENCE = 3
 
@@ -1488,8 +1511,9 @@ class DegenerateCheck:
         if self.done:
             return
         retried = (result.attempts or 1) > 1
-        self.fixed_by_retry += retried and not looks_degenerate(result.text)
-        self.seen.append(retried or looks_degenerate(result.text))
+        bad = broken_answer(result.text, result.finish_reason)
+        self.fixed_by_retry += retried and not bad
+        self.seen.append(retried or bad)
         if len(self.seen) >= self.pages:
             self.finish()
 
@@ -1504,7 +1528,7 @@ class DegenerateCheck:
                 f"temperature {LOOP_TEMPERATURE} came back as text)" if self.fixed_by_retry else ""
             raise RunAborted(
                 f"the first {len(self.seen)} pages all came back degenerate (empty, one "
-                f"character repeated, or a repetition loop){fixed}. That is what a wrong model / engine "
+                f"character repeated, or cut in a loop){fixed}. That is what a wrong model / engine "
                 f"pair looks like: this script was validated with {MODEL_ID} on "
                 f"{JOB_IMAGE}. Check --model and the image; pass "
                 f"--no-sanity-check to write such output anyway.", code=EXIT_DEGENERATE)
@@ -1592,8 +1616,8 @@ def joined_pages(pages: list[tuple[int, RowResult]]) -> RowResult:
         error="; ".join(f"page {n}: {r.error}" for n, r in errors) or None,
         error_kind=None if not errors else SERVER if any(r.error_kind == SERVER for _, r in errors)
         else PAGE,
-        finish_reason="length" if any(r.finish_reason == "length" for _, r in ok) else
-        next((r.finish_reason for _, r in ok if r.finish_reason), None),
+        finish_reason=next((r.finish_reason for _, r in ok if r.finish_reason in CUT),
+                           next((r.finish_reason for _, r in ok if r.finish_reason), None)),
         prompt_tokens=counts("prompt_tokens"), completion_tokens=counts("completion_tokens"),
         attempts=max((r.attempts for _, r in ok if r.attempts is not None), default=None),
         extras=extras, text_layer=marked((n, r.text_layer) for n, r in pages),
@@ -3192,7 +3216,7 @@ Weights: `{args.model}` at revision `{info_entry.get("model_revision") or "unkno
 | `{column}` | {"the PDF's pages as Markdown, each after a line `<!-- page N -->`" if source.pdf is not None and source.pdf.per_document else "the page as Markdown"}; null when the row failed |
 | `{column}_error` | why the row failed; null on success |
 | `{column}_error_kind` | `page` (the page caused it: final) or `server` (a rerun retries it) |
-| `{column}_finish_reason` | `stop`, or `length` when the token budget ran out |
+| `{column}_finish_reason` | `stop`, `length` when the token budget ran out, or `repetition` when the engine's repetition detection cut it (the text then ends with one copy of the repeating unit) |
 | `{column}_prompt_tokens`, `{column}_completion_tokens` | token counts of the request |
 | `{column}_attempts` | generations the text took: above 1 when it looped and was sent again |
 {pdf_card_rows(source, column)}| `inference_info` | JSON list, one entry per model run over this dataset |
@@ -4208,7 +4232,8 @@ def read_completion(response) -> RowResult:
             raise TypeError(f"content is {type(text).__name__}")
         usage = payload.get("usage") or {}
         finish = choice.get("finish_reason")
-        return RowResult(text=text or "", finish_reason=finish if isinstance(finish, str) else None,
+        finish = finish if isinstance(finish, str) else None
+        return RowResult(text=cut_at_loop(text or "", finish), finish_reason=finish,
                          prompt_tokens=count_or_none(usage.get("prompt_tokens")),
                          completion_tokens=count_or_none(usage.get("completion_tokens")),
                          attempts=1)

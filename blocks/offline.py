@@ -24,6 +24,7 @@ from blocks.common import (
     reproduce_command, requested_revision, resolved_revision, RowResult, run_guarded, run_settings,
     RunStats, script_name, text_layer_row,
 )
+from blocks.common import cut_at_loop
 
 # ==== BEGIN OFFLINE HELPERS (edit blocks/offline.py, then run tools/sync_helpers.py) ====
 # vllm.LLM in fixed batches. The model section provides LLM_KWARGS, CHAT_KWARGS,
@@ -187,7 +188,8 @@ def generate_batch(llm, sampling, items: list, args, streak: EngineStreak) -> li
     for output in outputs:
         try:
             completion = output.outputs[0]
-            results.append(RowResult(text=completion.text, finish_reason=completion.finish_reason,
+            results.append(RowResult(text=cut_at_loop(completion.text, completion.finish_reason),
+                                     finish_reason=completion.finish_reason,
                                      prompt_tokens=len(output.prompt_token_ids or []),
                                      completion_tokens=len(completion.token_ids), attempts=1))
         except Exception as exc:  # an output without a completion: this row's error

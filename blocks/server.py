@@ -29,6 +29,7 @@ from blocks.common import (
     PreparedPage, redact_argv, reproduce_command, requested_revision, resolved_revision, RowResult,
     run_guarded, run_settings, RunAborted, RunStats, script_name, SERVER, text_layer_row,
 )
+from blocks.common import cut_at_loop
 
 # ==== BEGIN SERVER HELPERS (edit blocks/server.py, then run tools/sync_helpers.py) ====
 # The vLLM server's life cycle, the request loop and its fixed window (WINDOW; the SATURATE
@@ -597,7 +598,8 @@ def read_completion(response) -> RowResult:
             raise TypeError(f"content is {type(text).__name__}")
         usage = payload.get("usage") or {}
         finish = choice.get("finish_reason")
-        return RowResult(text=text or "", finish_reason=finish if isinstance(finish, str) else None,
+        finish = finish if isinstance(finish, str) else None
+        return RowResult(text=cut_at_loop(text or "", finish), finish_reason=finish,
                          prompt_tokens=count_or_none(usage.get("prompt_tokens")),
                          completion_tokens=count_or_none(usage.get("completion_tokens")),
                          attempts=1)
