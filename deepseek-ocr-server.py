@@ -103,6 +103,9 @@ PAGE_FORMAT = "jpeg"  # pages that must be converted or resized: JPEG quality 95
 PREFIX_CACHING = False
 NGRAM_XARGS = {"ngram_size": 30, "window_size": 90, "whitelist_token_ids": [128821, 128822]}
 LOGITS_PROCESSOR = "vllm.model_executor.models.deepseek_ocr:NGramPerReqLogitsProcessor"
+# --repetition-detection (P, C): the n-gram processor already bars a 30-gram repeated within 90
+# tokens, so only its whitelisted <td></td> can loop at a period P covers
+REPETITION_DETECTION = (4, 64)
 
 SERVE_ARGS = [
     "--trust-remote-code",
@@ -262,6 +265,7 @@ JOB_TIMEOUT = globals().get("JOB_TIMEOUT", "4h")  # Jobs stop after 30 min witho
 JOB_PAGES_PER_S = globals().get("JOB_PAGES_PER_S")  # measured rate on DEFAULT_FLAVOR, if any
 IMAGE_TAG_MOVING = globals().get("IMAGE_TAG_MOVING", False)  # True: JOB_IMAGE is no fixed build
 PDF_DPI = globals().get("PDF_DPI", 400)  # a PDF page's render DPI, unless the model's bound is less
+REPETITION_DETECTION = globals().get("REPETITION_DETECTION", (32, 64))  # P, C: --repetition-detection
 import argparse
 import hashlib
 import io
@@ -1524,6 +1528,16 @@ def loops(text: str | None, finish_reason: str | None) -> bool:
         (repeats >= 5 and period * repeats >= 100)
 
 
+def repetition_detection(args) -> dict | None:
+    """The request's `repetition_detection` with --repetition-detection: vLLM ends a request
+    whose last P or fewer tokens repeated C times in a row (finish_reason repetition). C is
+    above the 60 identical rows or characters of tests/repetitive_pages.py, whatever the
+    tokenizer; P and C are the model's REPETITION_DETECTION."""
+    if not getattr(args, "repetition_detection", False):
+        return None
+    return {"max_pattern_size": REPETITION_DETECTION[0], "min_count": REPETITION_DETECTION[1]}
+
+
 def loop_seed(index: int, attempt: int) -> int:
     """The seed of a row's retry: the same row and attempt, the same seed, so a rerun repeats it."""
     return zlib.crc32(f"{index}:{attempt}".encode()) & 0x7FFFFFFF
@@ -2760,7 +2774,8 @@ def hub_dataset_sha(args) -> str | None:
 def run_settings(args) -> dict:
     """The model's settings and the loop retry's: what the card, inference_info and manifest say."""
     return {**inference_settings(args), "loop_retries": args.loop_retries,
-            "loop_temperature": LOOP_TEMPERATURE}
+            "loop_temperature": LOOP_TEMPERATURE,
+            "repetition_detection": repetition_detection(args)}
 
 
 def run_identity(args, source: InputSource, engine: dict) -> dict:
@@ -3408,11 +3423,18 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--sanity-pages", type=int, default=8,
                        help="pages the degenerate-output check looks at (default: 8)")
     group.add_argument("--loop-retries", type=int, default=1,
-                       help="send a page whose answer loops (a repetition loop, or cut at "
-                            f"--max-tokens with a repeated tail) again, up to N times, at "
+                       help="send a page whose answer was cut in a loop (at --max-tokens "
+                            f"with a repeated tail, or by --repetition-detection) again, up to N "
+                            f"times, at "
                             f"temperature {LOOP_TEMPERATURE} with a seed from the row (a rerun "
                             f"repeats it); the answer that does not loop is kept, else the "
-                            f"shorter. 0 turns it off (default: 1)")
+                            f"one with more text before its loop. 0 turns it off (default: 1)")
+    group.add_argument("--repetition-detection", action="store_true",
+                       help=f"let vLLM end a loop: a page whose last {REPETITION_DETECTION[0]} "
+                            f"or fewer tokens repeated {REPETITION_DETECTION[1]} times in a row "
+                            f"stops there (finish_reason repetition) and counts as looping. Off "
+                            f"by default: the check costs the engine time at every step (README, "
+                            f"pages that loop)")
 
 
 def parse_arguments(parser: argparse.ArgumentParser, argv: list[str], engine_problems):
@@ -4263,6 +4285,8 @@ def request_json(model_name: str, args, seed: int | None = None) -> tuple[bytes,
     """The JSON body's text before and after the image URL; with a seed, a loop retry's."""
     request = build_request(IMAGE_URL_PLACEHOLDER, args)
     request["model"] = model_name
+    if repetition_detection(args):
+        request["repetition_detection"] = repetition_detection(args)
     if seed is not None:
         request.update(temperature=LOOP_TEMPERATURE, seed=seed)
     head, tail = json.dumps(request, ensure_ascii=False).split(IMAGE_URL_PLACEHOLDER)

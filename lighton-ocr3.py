@@ -256,6 +256,7 @@ JOB_TIMEOUT = globals().get("JOB_TIMEOUT", "4h")  # Jobs stop after 30 min witho
 JOB_PAGES_PER_S = globals().get("JOB_PAGES_PER_S")  # measured rate on DEFAULT_FLAVOR, if any
 IMAGE_TAG_MOVING = globals().get("IMAGE_TAG_MOVING", False)  # True: JOB_IMAGE is no fixed build
 PDF_DPI = globals().get("PDF_DPI", 400)  # a PDF page's render DPI, unless the model's bound is less
+REPETITION_DETECTION = globals().get("REPETITION_DETECTION", (32, 64))  # P, C: --repetition-detection
 import argparse
 import hashlib
 import io
@@ -1518,6 +1519,16 @@ def loops(text: str | None, finish_reason: str | None) -> bool:
         (repeats >= 5 and period * repeats >= 100)
 
 
+def repetition_detection(args) -> dict | None:
+    """The request's `repetition_detection` with --repetition-detection: vLLM ends a request
+    whose last P or fewer tokens repeated C times in a row (finish_reason repetition). C is
+    above the 60 identical rows or characters of tests/repetitive_pages.py, whatever the
+    tokenizer; P and C are the model's REPETITION_DETECTION."""
+    if not getattr(args, "repetition_detection", False):
+        return None
+    return {"max_pattern_size": REPETITION_DETECTION[0], "min_count": REPETITION_DETECTION[1]}
+
+
 def loop_seed(index: int, attempt: int) -> int:
     """The seed of a row's retry: the same row and attempt, the same seed, so a rerun repeats it."""
     return zlib.crc32(f"{index}:{attempt}".encode()) & 0x7FFFFFFF
@@ -2754,7 +2765,8 @@ def hub_dataset_sha(args) -> str | None:
 def run_settings(args) -> dict:
     """The model's settings and the loop retry's: what the card, inference_info and manifest say."""
     return {**inference_settings(args), "loop_retries": args.loop_retries,
-            "loop_temperature": LOOP_TEMPERATURE}
+            "loop_temperature": LOOP_TEMPERATURE,
+            "repetition_detection": repetition_detection(args)}
 
 
 def run_identity(args, source: InputSource, engine: dict) -> dict:
@@ -3402,11 +3414,18 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--sanity-pages", type=int, default=8,
                        help="pages the degenerate-output check looks at (default: 8)")
     group.add_argument("--loop-retries", type=int, default=1,
-                       help="send a page whose answer loops (a repetition loop, or cut at "
-                            f"--max-tokens with a repeated tail) again, up to N times, at "
+                       help="send a page whose answer was cut in a loop (at --max-tokens "
+                            f"with a repeated tail, or by --repetition-detection) again, up to N "
+                            f"times, at "
                             f"temperature {LOOP_TEMPERATURE} with a seed from the row (a rerun "
                             f"repeats it); the answer that does not loop is kept, else the "
-                            f"shorter. 0 turns it off (default: 1)")
+                            f"one with more text before its loop. 0 turns it off (default: 1)")
+    group.add_argument("--repetition-detection", action="store_true",
+                       help=f"let vLLM end a loop: a page whose last {REPETITION_DETECTION[0]} "
+                            f"or fewer tokens repeated {REPETITION_DETECTION[1]} times in a row "
+                            f"stops there (finish_reason repetition) and counts as looping. Off "
+                            f"by default: the check costs the engine time at every step (README, "
+                            f"pages that loop)")
 
 
 def parse_arguments(parser: argparse.ArgumentParser, argv: list[str], engine_problems):
@@ -4059,6 +4078,22 @@ def run_offline_script(doc: str, argv: list[str] | None = None, hub_api=None) ->
     return early_exits_reported(args, lambda: offline_run(args, argv, hub_api, llm_kwargs))
 
 
+def engine_repetition_detection(args, info_entry: dict) -> dict:
+    """SamplingParams' repetition_detection when asked for; a vLLM without it (before 0.17.1)
+    runs without, says so once, and inference_info records it off."""
+    wanted = repetition_detection(args)
+    if not wanted:
+        return {}
+    try:
+        from vllm.sampling_params import RepetitionDetectionParams
+    except ImportError:
+        log("warning: this vLLM has no repetition_detection (it came in 0.17.1): "
+            "--repetition-detection is off for this run")
+        info_entry["settings"]["repetition_detection"] = None
+        return {}
+    return {"repetition_detection": RepetitionDetectionParams(**wanted)}
+
+
 def offline_run(args, argv: list[str], hub_api, llm_kwargs: dict) -> int:
     run = open_run(args, hub_api, llm_kwargs, info_entry_for(args, llm_kwargs))
 
@@ -4068,10 +4103,11 @@ def offline_run(args, argv: list[str], hub_api, llm_kwargs: dict) -> int:
         started = time.monotonic()
         llm = vllm.LLM(model=args.model, **llm_kwargs)
         run.stats.server_startup_s = round(time.monotonic() - started, 2)
-        sampling = vllm.SamplingParams(**sampling_kwargs(args))
+        detection = engine_repetition_detection(args, run.info_entry)
+        sampling = vllm.SamplingParams(**sampling_kwargs(args), **detection)
 
         def loop_sampling(seed: int):
-            return vllm.SamplingParams(**{**sampling_kwargs(args),
+            return vllm.SamplingParams(**{**sampling_kwargs(args), **detection,
                                           "temperature": LOOP_TEMPERATURE, "seed": seed})
 
         run_offline(run.source, run.plan.send, run.writer, run.stats, args, run.check, llm,

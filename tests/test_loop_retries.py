@@ -341,3 +341,54 @@ def test_a_loop_retry_the_server_fails_is_never_kept_and_the_rerun_redoes_it(tmp
 def test_loop_retries_are_bounded(tmp_path, stub_server):
     run = run_script(OVIS, str(tmp_path), str(tmp_path / "out"), "--loop-retries", "1000")
     assert run.returncode == 2 and "--loop-retries must be at most 5" in run.stderr
+
+
+# ---- --repetition-detection (#29, item 4) --------------------------------------------------------
+
+@pytest.mark.parametrize("script", SERVER_SCRIPTS)
+def test_repetition_detection_is_sent_in_the_body_and_recorded(tmp_path, stub_server, script):
+    module = load_script(script)
+    p, c = module.REPETITION_DETECTION
+    wanted = {"max_pattern_size": p, "min_count": c}
+    run, stub, _, _ = loop_run(tmp_path, stub_server, script, [], "--repetition-detection",
+                               pages=2)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert [r.get("repetition_detection") for r in stub.requests()] == [wanted] * 2
+    info = json.loads(load_output(tmp_path / "out")["inference_info"][0])[0]
+    assert info["settings"]["repetition_detection"] == wanted
+    sent = len(stub.requests())
+    base = [str(tmp_path / "in"), str(tmp_path / "out"), "--server", stub.url, "--max-tokens",
+            "1000", "--no-sanity-check"]
+    refused = run_script(script, *base)  # the run's identity holds it: no silent switch
+    assert refused.returncode == 2 and "repetition" in refused.stderr, refused.stderr[-2000:]
+    run, stub, _, _ = loop_run(tmp_path, stub_server, script, [], pages=2, out="off")
+    assert run.returncode == 0 and not any("repetition_detection" in r for r in stub.requests())
+    assert sent == 2
+
+
+@pytest.mark.parametrize("before", [False, True], ids=["vllm-with-it", "vllm-before-0.17.1"])
+def test_offline_repetition_detection_reaches_sampling_params_or_warns_once(tmp_path, before):
+    module = load_script("ovis-ocr2.py")
+    write_image_folder(tmp_path / "in", 3)
+    calls = tmp_path / "llm.jsonl"
+    env = {"PYTHONPATH": f"{ROOT / 'tests' / 'fake_vllm_pkg'}{os.pathsep}"
+                         f"{os.environ.get('PYTHONPATH', '')}",
+           "FAKE_VLLM_CALLS": str(calls), "FAKE_VLLM_LOOP_BELOW": "0.25",
+           **({"FAKE_VLLM_BEFORE_0_17": "1"} if before else {})}
+    run = run_script("ovis-ocr2.py", str(tmp_path / "in"), str(tmp_path / "out"), "--max-tokens",
+                     "1000", "--no-sanity-check", "--repetition-detection", env=env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    p, c = module.REPETITION_DETECTION
+    sampling = [json.loads(line)["kwargs"] for line in calls.read_text().splitlines()
+                if json.loads(line)["call"] == "SamplingParams"]
+    assert len(sampling) == 4  # the greedy pass's, and each page's loop retry
+    info = json.loads(load_output(tmp_path / "out")["inference_info"][0])[0]
+    if before:
+        assert all("repetition_detection" not in k for k in sampling)
+        assert run.stderr.count("has no repetition_detection") == 1, run.stderr
+        assert info["settings"]["repetition_detection"] is None
+    else:
+        assert [k["repetition_detection"] for k in sampling] == \
+            [{"max_pattern_size": p, "min_pattern_size": 0, "min_count": c}] * 4
+        assert "repetition_detection" not in run.stderr
+        assert info["settings"]["repetition_detection"] == {"max_pattern_size": p, "min_count": c}
