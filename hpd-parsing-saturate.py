@@ -93,6 +93,10 @@ PROMPT_FORK = "document parsing with fork."
 PROMPT_SINGLE = "document parsing."
 MAX_MODEL_LEN = 16384
 DEFAULT_MAX_TOKENS = 8000
+# --repetition-detection stays off by default: at 8,000 tokens a loop of 32 would end after
+# 2,048 (under 4x), and the saturate window makes vLLM's check cost more than it saves
+REPETITION_DETECTION_NOTE = (", unverified on the vendor's vLLM fork 0.17.1+hpdparsing: upstream "
+                             "0.17.1 has the field, and vLLM ignores a body field it does not know")
 TEMPERATURE = 0.0
 IMAGE_TOKENS_MAX = 13 * 256  # InternVL tiling: at most 12 tiles of 448 px plus a thumbnail, 256 each
 PROMPT_TEXT_TOKENS = 64
@@ -421,6 +425,7 @@ JOB_PAGES_PER_S = globals().get("JOB_PAGES_PER_S")  # measured rate on DEFAULT_F
 IMAGE_TAG_MOVING = globals().get("IMAGE_TAG_MOVING", False)  # True: JOB_IMAGE is no fixed build
 PDF_DPI = globals().get("PDF_DPI", 400)  # a PDF page's render DPI, unless the model's bound is less
 REPETITION_DETECTION = globals().get("REPETITION_DETECTION", (32, 64))  # P, C: --repetition-detection
+REPETITION_DETECTION_ON = globals().get("REPETITION_DETECTION_ON", False)  # its default
 import argparse
 import hashlib
 import io
@@ -3414,11 +3419,15 @@ def pdf_card_rows(source: InputSource, column: str) -> str:
 
 def loop_summary(stats: dict, args) -> str:
     retried, looping = stats.get("pages_loop_retried") or 0, stats.get("pages_still_looping") or 0
+    detection = repetition_detection(args)
+    ended = f" vLLM's repetition detection ended loops in the engine (`repetition_detection` " \
+        f"{json.dumps(detection)}){globals().get('REPETITION_DETECTION_NOTE', '')}." \
+        if detection else ""
     if not args.loop_retries:
-        return f"Looping pages were not sent again (`--loop-retries 0`); {looping:,} loop."
+        return f"Looping pages were not sent again (`--loop-retries 0`); {looping:,} loop.{ended}"
     return (f"{retried:,} pages looped and were sent again at temperature {LOOP_TEMPERATURE} "
             f"with a seed from the row (`--loop-retries {args.loop_retries}`); "
-            f"{looping:,} still loop.")
+            f"{looping:,} still loop.{ended}")
 
 
 def build_card(source: InputSource, store: OutputStore, args, stats: dict, info_entry: dict,
@@ -3584,12 +3593,13 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
                             f"temperature {LOOP_TEMPERATURE} with a seed from the row (a rerun "
                             f"repeats it); the answer that does not loop is kept, else the "
                             f"one with more text before its loop. 0 turns it off (default: 1)")
-    group.add_argument("--repetition-detection", action="store_true",
+    group.add_argument("--repetition-detection", action=argparse.BooleanOptionalAction,
+                       default=REPETITION_DETECTION_ON,
                        help=f"let vLLM end a loop: a page whose last {REPETITION_DETECTION[0]} "
                             f"or fewer tokens repeated {REPETITION_DETECTION[1]} times in a row "
-                            f"stops there (finish_reason repetition) and counts as looping. Off "
-                            f"by default: the check costs the engine time at every step (README, "
-                            f"pages that loop)")
+                            f"stops there (finish_reason repetition) and counts as looping; the "
+                            f"check costs the engine time at every step (README, pages that "
+                            f"loop; default: {'on' if REPETITION_DETECTION_ON else 'off'})")
 
 
 def parse_arguments(parser: argparse.ArgumentParser, argv: list[str], engine_problems):

@@ -359,11 +359,16 @@ def test_repetition_detection_is_sent_in_the_body_and_recorded(tmp_path, stub_se
     sent = len(stub.requests())
     base = [str(tmp_path / "in"), str(tmp_path / "out"), "--server", stub.url, "--max-tokens",
             "1000", "--no-sanity-check"]
-    refused = run_script(script, *base)  # the run's identity holds it: no silent switch
+    refused = run_script(script, *base, "--no-repetition-detection")  # in the run's identity
     assert refused.returncode == 2 and "repetition" in refused.stderr, refused.stderr[-2000:]
-    run, stub, _, _ = loop_run(tmp_path, stub_server, script, [], pages=2, out="off")
+    assert len(stub.requests()) == sent
+    run, stub, _, _ = loop_run(tmp_path, stub_server, script, [], "--no-repetition-detection",
+                               pages=2, out="off")
     assert run.returncode == 0 and not any("repetition_detection" in r for r in stub.requests())
-    assert sent == 2
+    run, stub, _, _ = loop_run(tmp_path, stub_server, script, [], pages=2, out="default")
+    assert run.returncode == 0
+    assert [r.get("repetition_detection") for r in stub.requests()] == \
+        [wanted if module.REPETITION_DETECTION_ON else None] * 2
 
 
 @pytest.mark.parametrize("before", [False, True], ids=["vllm-with-it", "vllm-before-0.17.1"])
