@@ -1445,17 +1445,9 @@ def looks_degenerate(text: str | None) -> bool:
     return False
 
 
-def broken_answer(text: str | None, finish_reason: str | None) -> bool:
-    """What a broken engine answers: empty, one character over and over, or cut (at max_tokens
-    or by repetition detection). A complete page that repeats (a blank form) is none of these."""
-    visible = "".join((text or "").split())
-    return finish_reason in CUT or not visible or (len(visible) >= 8 and len(set(visible)) == 1)
-
-
 def loops(text: str | None, finish_reason: str | None) -> bool:
-    """An answer worth sending again: one cut by repetition detection, or cut at max_tokens in a
-    loop (>= 5 repeats over >= 100 chars at its end: a real page cut mid-text rarely ends that
-    way). A complete answer never is, whatever it repeats (a blank form); a blank one neither."""
+    """An answer to send again: cut by repetition detection, or cut at max_tokens in a loop (>= 5
+    repeats over >= 100 chars at its end). Never a complete answer (a blank form) or a blank one."""
     if finish_reason not in CUT or not text or not text.strip():
         return False
     period, repeats = repeated_tail(text)
@@ -1464,10 +1456,8 @@ def loops(text: str | None, finish_reason: str | None) -> bool:
 
 
 def repetition_detection(args) -> dict | None:
-    """The request's `repetition_detection` with --repetition-detection: vLLM ends a request
-    whose last P or fewer tokens repeated C times in a row (finish_reason repetition). C is
-    above the 60 identical rows or characters of tests/repetitive_pages.py, whatever the
-    tokenizer; P and C are the model's REPETITION_DETECTION."""
+    """The request's `repetition_detection`, when on: vLLM ends a request whose last P or fewer
+    tokens repeated C times in a row (C above tests/repetitive_pages.py's 60 identical rows)."""
     if not getattr(args, "repetition_detection", False):
         return None
     return {"max_pattern_size": REPETITION_DETECTION[0], "min_count": REPETITION_DETECTION[1]}
@@ -1480,10 +1470,8 @@ def loop_seed(index: int, attempt: int) -> int:
 
 def kept_attempt(kept: "RowResult", retry: "RowResult") -> "RowResult":
     """Of a looping answer and its retry: the retry when it does not loop or has more text
-    before its repeating tail (the other's table rows may have been lost to the loop). A
-    retry the server or transport failed makes the row that error (a rerun redoes it); one
-    refused as a request (a 400: a seed the server does not take, say) leaves the looping
-    answer, and says so once."""
+    before its loop. A retry the server failed makes the row that error (a rerun redoes it);
+    one refused as a request (a 400: a seed the server does not take) keeps the first, said once."""
     if retry.error is not None:
         if retry.error_kind == SERVER:
             return error_row(f"the answer looped, and sending it again failed: {retry.error}",
@@ -1502,13 +1490,10 @@ def kept_attempt(kept: "RowResult", retry: "RowResult") -> "RowResult":
 
 
 class DegenerateCheck:
-    """Stops the run when the first completed pages are all degenerate: a wrong model/image
+    """Stops the run when the first completed pages are all broken answers: a wrong model/image
     pair looks like normal load from outside (full GPU, no errors). It judges at least
-    MIN_EVIDENCE pages (a blank last page proves nothing), and never a rerun of an output whose
-    earlier runs wrote text. A page cut (at max_tokens or by repetition detection) counts as
-    degenerate, and so does one sent again because it was: at a higher temperature a broken
-    engine's loop can turn into noise that passes for text. A complete answer counts only when
-    empty or one character over and over (a blank form's table of empty cells is a page)."""
+    MIN_EVIDENCE pages, never a rerun of an output whose earlier runs wrote text. A page sent
+    again counts too: at a higher temperature a broken engine's loop can turn into noise."""
 
     MIN_EVIDENCE = 3
 
@@ -1526,7 +1511,10 @@ class DegenerateCheck:
         if self.done:
             return
         retried = (result.attempts or 1) > 1
-        bad = broken_answer(result.text, result.finish_reason)
+        # broken: cut, empty, or one character over and over; not a complete blank form
+        visible = "".join((result.text or "").split())
+        bad = result.finish_reason in CUT or not visible or \
+            (len(visible) >= 8 and len(set(visible)) == 1)
         self.fixed_by_retry += retried and not bad
         self.seen.append(retried or bad)
         if len(self.seen) >= self.pages:
@@ -1551,9 +1539,8 @@ class DegenerateCheck:
 
 class HeldFailures:
     """Rows that failed on the server's (engine's) side wait in `held` until a page is answered
-    after them: a run stopped meanwhile leaves them pending, and its rerun sends them again. One
-    rule for every script: a run that ends with no page answered while some failed that way is
-    the server refusing the run, however short, not a dataset of error rows (exit 4)."""
+    after them (a run stopped meanwhile leaves them pending). A run that ends with no page
+    answered while some failed that way is the server refusing the run (exit 4)."""
 
     WHO = "server"
 
@@ -1568,8 +1555,7 @@ class HeldFailures:
 
     def at_end(self, redone) -> list:
         """The rows still held, to write as error rows; or the run is refused. Rows `redone`
-        were error rows already: failing again loses nothing (a page the server always fails
-        must not make every rerun exit 4)."""
+        were error rows already: a page the server always fails must not make reruns exit 4."""
         if self.failures and not self.answered and any(i not in redone for i, _ in self.held):
             self.stop(f"no page of this run was answered: {self.failures} failed on the "
                       f"{self.WHO}'s side (last: {self.last})")

@@ -780,6 +780,24 @@ def loop_bodies(model: str, detection: dict | None, xargs: list[dict], max_token
             for x in xargs]
 
 
+async def send_fresh(url: str, bodies: list[bytes], concurrency: int) -> tuple[float, int]:
+    """(seconds, completion tokens) for every body, `concurrency` at once, each on a new
+    connection (a kept-alive one the server closed while idle fails the request)."""
+    import httpx
+
+    gate, tokens = asyncio.Semaphore(concurrency), []
+    async with httpx.AsyncClient(timeout=900, limits=httpx.Limits(max_keepalive_connections=0)) \
+            as client:
+        async def one(body):
+            async with gate:
+                response = await client.post(f"{url}/v1/chat/completions", content=body,
+                                             headers={"Content-Type": "application/json"})
+                tokens.append(response.json()["usage"]["completion_tokens"])
+        started = time.monotonic()
+        await asyncio.gather(*(one(b) for b in bodies))
+        return time.monotonic() - started, sum(tokens)
+
+
 def bench_repetition(work: Path) -> None:
     import random
 
@@ -818,6 +836,7 @@ def bench_repetition(work: Path) -> None:
                                     headers={"Content-Type": "application/json"}).json()
                 served.setdefault(q, {})[mode] = (answer["usage"]["completion_tokens"],
                                                   answer["choices"][0]["finish_reason"])
+                print(f"  served period {q} detection {mode}: {served[q][mode]}", flush=True)
         # pages/s: 96 pages of long-tailed lengths (benchmarks/page_length.py), 0, 2 and 10%
         # of them looping (periods 1, 8, 32 in turn) to max_tokens 2,048 (real budgets / 8,
         # as the page lengths are), at 32 in flight; detection off and on, alternating
@@ -829,9 +848,12 @@ def bench_repetition(work: Path) -> None:
                      {"page_length": page_length(i), "salt": i} for i in range(96)]
             for rnd in range(2):
                 for mode, field in (("off", None), ("on", detection))[::1 if rnd % 2 == 0 else -1]:
-                    elapsed, tokens, _ = asyncio.run(send_preencoded(
+                    elapsed, tokens = asyncio.run(send_fresh(
                         server.url, loop_bodies(str(model), field, xargs, 2048), 32))
                     rates.setdefault(share, {}).setdefault(mode, []).append((96 / elapsed, tokens))
+    except Exception:
+        print((work / "serve.log").read_text(errors="replace")[-4000:], flush=True)
+        raise
     finally:
         server.stop()
     offline = json.loads(subprocess.run(
