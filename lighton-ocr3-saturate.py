@@ -288,8 +288,9 @@ JOB_TIMEOUT = globals().get("JOB_TIMEOUT", "4h")  # Jobs stop after 30 min witho
 JOB_PAGES_PER_S = globals().get("JOB_PAGES_PER_S")  # measured rate on DEFAULT_FLAVOR, if any
 IMAGE_TAG_MOVING = globals().get("IMAGE_TAG_MOVING", False)  # True: JOB_IMAGE is no fixed build
 PDF_DPI = globals().get("PDF_DPI", 400)  # a PDF page's render DPI, unless the model's bound is less
-REPETITION_DETECTION = globals().get("REPETITION_DETECTION", (32, 64))  # P, C: --repetition-detection
+REPETITION_DETECTION = globals().get("REPETITION_DETECTION", (32, 64))  # --repetition-detection
 REPETITION_DETECTION_ON = globals().get("REPETITION_DETECTION_ON", False)  # its default
+REPETITION_DETECTION_NOTE = globals().get("REPETITION_DETECTION_NOTE", "")  # the card's, when on
 import argparse
 import hashlib
 import io
@@ -1620,8 +1621,8 @@ class DegenerateCheck:
                 f"temperature {LOOP_TEMPERATURE} came back as text)" if self.fixed_by_retry else ""
             raise RunAborted(
                 f"the first {len(self.seen)} pages all came back degenerate (empty, one "
-                f"character repeated, or cut in a loop){fixed}. That is what a wrong model / engine "
-                f"pair looks like: this script was validated with {MODEL_ID} on "
+                f"character repeated, or cut in a loop){fixed}. That is what a wrong model / "
+                f"engine pair looks like: this script was validated with {MODEL_ID} on "
                 f"{JOB_IMAGE}. Check --model and the image; pass "
                 f"--no-sanity-check to write such output anyway.", code=EXIT_DEGENERATE)
 
@@ -3271,7 +3272,7 @@ def loop_summary(stats: dict, args) -> str:
     retried, looping = stats.get("pages_loop_retried") or 0, stats.get("pages_still_looping") or 0
     detection = repetition_detection(args)
     ended = f" vLLM's repetition detection ended loops in the engine (`repetition_detection` " \
-        f"{json.dumps(detection)}){globals().get('REPETITION_DETECTION_NOTE', '')}." \
+        f"{json.dumps(detection)}){REPETITION_DETECTION_NOTE}." \
         if detection else ""
     if not args.loop_retries:
         return f"Looping pages were not sent again (`--loop-retries 0`); {looping:,} loop.{ended}"

@@ -1,7 +1,7 @@
 """Forced loops for the repetition-detection benchmark (issue #29, item 3); engine side.
 
-`ForcedLoopProcessor` (a vLLM logits processor: `--logits-processors forced_loop:ForcedLoopProcessor`
-with this folder on PYTHONPATH) makes a tiny random model write what the request's extra
+`ForcedLoopProcessor` (a vLLM logits processor: `--logits-processors
+forced_loop:ForcedLoopProcessor` with this folder on PYTHONPATH) makes a tiny random model write what the request's extra
 arguments (`vllm_xargs`, or SamplingParams.extra_args) say: `page_length` L tokens that never
 repeat, then the end; or, with `loop_period` p, `loop_after` tokens that never repeat, then a
 cycle of p distinct tokens until max_tokens, or until repetition detection ends it. Every token

@@ -773,7 +773,8 @@ GPU_STEP_S = 32 / 4057
 BUDGETS = {"ovis-ocr2": 16384, "lighton-ocr3": 12288, "hpd-parsing": 8000, "deepseek-ocr": 7195}
 
 
-def loop_bodies(model: str, detection: dict | None, xargs: list[dict], max_tokens: int) -> list[bytes]:
+def loop_bodies(model: str, detection: dict | None, xargs: list[dict],
+                max_tokens: int) -> list[bytes]:
     return [json.dumps({"model": model, "max_tokens": max_tokens, "temperature": 0.0,
                         "messages": [{"role": "user", "content": "A page:"}], "vllm_xargs": x,
                         **({"repetition_detection": detection} if detection else {})}).encode()
@@ -863,7 +864,8 @@ def bench_repetition(work: Path) -> None:
     for q in PERIODS:
         (off, _), (on, why) = served[q]["off"], served[q]["on"]
         llm_off, llm_on = offline["off"][str(q)][0], offline["on"][str(q)][0]
-        ratios = ", ".join(f"{name} {budget / on:.1f}x" for name, budget in BUDGETS.items())
+        ratios = ", ".join(f"{name} {budget / on if why == 'repetition' else 1:.1f}x"
+                           for name, budget in BUDGETS.items())
         note("repetition", f"period {q}: tokens per looping page off | on (serve; vllm.LLM)",
              f"{off} | {on} {why}; {llm_off} | {llm_on}; at each budget: {ratios}")
     for share, modes in rates.items():
@@ -878,7 +880,7 @@ SECTIONS = {"driver-cost": bench_driver_cost, "memory": bench_memory, "startup":
             "stub-1000": bench_stub_1000, "scale-out": bench_scale_out, "ceiling": bench_ceiling,
             "shapes": bench_shapes, "pdf": bench_pdf, "compare": bench_compare,
             "repetition": bench_repetition}
-NOT_BY_DEFAULT = {"compare", "repetition"}  # run when named: it measures another tool, not the drivers
+NOT_BY_DEFAULT = {"compare", "repetition"}  # run when named: another tool; vLLM's own check
 NEEDS_ENGINE = {"ceiling", "shapes", "scale-out"}
 ROUNDS = 4
 BASELINE = None  # a git ref: driver-cost measures the script at that commit too

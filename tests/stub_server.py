@@ -63,7 +63,8 @@ def loop_text(text: str, seed) -> str:
     falls into a loop of 20 to 34 lines (so the retry's is the shorter, with more text)."""
     if seed is None:
         return text + "\n" + "the same line again\n" * 40
-    return text + f"\nread further at seed {seed}.\n" + "the same line again\n" * (20 + int(seed) % 15)
+    loop = "the same line again\n" * (20 + int(seed) % 15)
+    return text + f"\nread further at seed {seed}.\n" + loop
 
 
 def elide_images(messages):
