@@ -288,6 +288,9 @@ JOB_TIMEOUT = globals().get("JOB_TIMEOUT", "4h")  # Jobs stop after 30 min witho
 JOB_PAGES_PER_S = globals().get("JOB_PAGES_PER_S")  # measured rate on DEFAULT_FLAVOR, if any
 IMAGE_TAG_MOVING = globals().get("IMAGE_TAG_MOVING", False)  # True: JOB_IMAGE is no fixed build
 PDF_DPI = globals().get("PDF_DPI", 400)  # a PDF page's render DPI, unless the model's bound is less
+REPETITION_DETECTION = globals().get("REPETITION_DETECTION", (32, 64))  # --repetition-detection
+REPETITION_DETECTION_ON = globals().get("REPETITION_DETECTION_ON", False)  # its default
+REPETITION_DETECTION_NOTE = globals().get("REPETITION_DETECTION_NOTE", "")  # the card's, when on
 import argparse
 import hashlib
 import io
@@ -1436,6 +1439,9 @@ def encode_page(img) -> tuple[bytes, str]:
 
 # ---- text checks ----------------------------------------------------------------------------
 
+CUT = ("length", "repetition")  # an answer the engine ended: at max_tokens, or by its detection
+
+
 def repeated_tail(text: str, max_period: int = 200) -> tuple[int, int]:
     """(period, repeats) of the longest run of one unit repeated at the end of text."""
     best = (0, 0)
@@ -1448,6 +1454,18 @@ def repeated_tail(text: str, max_period: int = 200) -> tuple[int, int]:
         if repeats >= 2 and repeats * period > best[0] * best[1]:
             best = (period, repeats)
     return best
+
+
+def text_before_loop(text: str) -> int:
+    """The characters before the repeating tail, with one copy of its unit."""
+    period, repeats = repeated_tail(text, 1000)
+    return len(text) - period * (repeats - 1) if repeats else len(text)
+
+
+def cut_at_loop(text: str, finish_reason: str | None) -> str:
+    """An answer cut by repetition detection keeps its text up to the repeating tail and one
+    copy of the repeating unit; any other answer stays as it came."""
+    return text[:text_before_loop(text)] if text and finish_reason == "repetition" else text
 
 
 def looks_degenerate(text: str | None) -> bool:
@@ -1467,17 +1485,21 @@ def looks_degenerate(text: str | None) -> bool:
 
 
 def loops(text: str | None, finish_reason: str | None) -> bool:
-    """The raw answer of a page worth sending again: text the degenerate check would flag, or
-    one cut at max_tokens that ends in a loop (>= 5 repeats over >= 100 chars: a real page cut
-    mid-text rarely ends that way). A blank page is not a loop."""
-    if not text or not text.strip():
-        return False
-    if looks_degenerate(text):
-        return True
-    if finish_reason != "length":
+    """An answer to send again: cut by repetition detection, or cut at max_tokens in a loop (>= 5
+    repeats over >= 100 chars at its end). Never a complete answer (a blank form) or a blank one."""
+    if finish_reason not in CUT or not text or not text.strip():
         return False
     period, repeats = repeated_tail(text)
-    return repeats >= 5 and period * repeats >= 100
+    return finish_reason == "repetition" or looks_degenerate(text) or \
+        (repeats >= 5 and period * repeats >= 100)
+
+
+def repetition_detection(args) -> dict | None:
+    """The request's `repetition_detection`, when on: vLLM ends a request whose last P or fewer
+    tokens repeated C times in a row (C above tests/repetitive_pages.py's 60 identical rows)."""
+    if not getattr(args, "repetition_detection", False):
+        return None
+    return {"max_pattern_size": REPETITION_DETECTION[0], "min_count": REPETITION_DETECTION[1]}
 
 
 def loop_seed(index: int, attempt: int) -> int:
@@ -1486,10 +1508,9 @@ def loop_seed(index: int, attempt: int) -> int:
 
 
 def kept_attempt(kept: "RowResult", retry: "RowResult") -> "RowResult":
-    """Of a looping answer and its retry: the retry when it does not loop or is shorter. A
-    retry the server or transport failed makes the row that error (a rerun redoes it); one
-    refused as a request (a 400: a seed the server does not take, say) leaves the looping
-    answer, and says so once."""
+    """Of a looping answer and its retry: the retry when it does not loop or has more text
+    before its loop. A retry the server failed makes the row that error (a rerun redoes it);
+    one refused as a request (a 400: a seed the server does not take) keeps the first, said once."""
     if retry.error is not None:
         if retry.error_kind == SERVER:
             return error_row(f"the answer looped, and sending it again failed: {retry.error}",
@@ -1500,18 +1521,18 @@ def kept_attempt(kept: "RowResult", retry: "RowResult") -> "RowResult":
                 f"looping answer is kept (pages_still_looping counts them)")
         return kept
     attempts = (kept.attempts or 1) + 1
-    if not loops(retry.text, retry.finish_reason) or len(retry.text) < len(kept.text):
+    if not loops(retry.text, retry.finish_reason) or \
+            text_before_loop(retry.text) > text_before_loop(kept.text):
         kept = retry
     kept.attempts = attempts
     return kept
 
 
 class DegenerateCheck:
-    """Stops the run when the first completed pages are all degenerate: a wrong model/image
+    """Stops the run when the first completed pages are all broken answers: a wrong model/image
     pair looks like normal load from outside (full GPU, no errors). It judges at least
-    MIN_EVIDENCE pages (a blank last page proves nothing), and never a rerun of an output whose
-    earlier runs wrote text. A page sent again because it looped counts as degenerate: at a
-    higher temperature a broken engine's loop can turn into noise that passes for text."""
+    MIN_EVIDENCE pages, never a rerun of an output whose earlier runs wrote text. A page sent
+    again counts too: at a higher temperature a broken engine's loop can turn into noise."""
 
     MIN_EVIDENCE = 3
 
@@ -1529,8 +1550,12 @@ class DegenerateCheck:
         if self.done:
             return
         retried = (result.attempts or 1) > 1
-        self.fixed_by_retry += retried and not looks_degenerate(result.text)
-        self.seen.append(retried or looks_degenerate(result.text))
+        # broken: cut, empty, or one character over and over; not a complete blank form
+        visible = "".join((result.text or "").split())
+        bad = result.finish_reason in CUT or not visible or \
+            (len(visible) >= 8 and len(set(visible)) == 1)
+        self.fixed_by_retry += retried and not bad
+        self.seen.append(retried or bad)
         if len(self.seen) >= self.pages:
             self.finish()
 
@@ -1545,17 +1570,16 @@ class DegenerateCheck:
                 f"temperature {LOOP_TEMPERATURE} came back as text)" if self.fixed_by_retry else ""
             raise RunAborted(
                 f"the first {len(self.seen)} pages all came back degenerate (empty, one "
-                f"character repeated, or a repetition loop){fixed}. That is what a wrong model / engine "
-                f"pair looks like: this script was validated with {MODEL_ID} on "
+                f"character repeated, or cut in a loop){fixed}. That is what a wrong model / "
+                f"engine pair looks like: this script was validated with {MODEL_ID} on "
                 f"{JOB_IMAGE}. Check --model and the image; pass "
                 f"--no-sanity-check to write such output anyway.", code=EXIT_DEGENERATE)
 
 
 class HeldFailures:
     """Rows that failed on the server's (engine's) side wait in `held` until a page is answered
-    after them: a run stopped meanwhile leaves them pending, and its rerun sends them again. One
-    rule for every script: a run that ends with no page answered while some failed that way is
-    the server refusing the run, however short, not a dataset of error rows (exit 4)."""
+    after them (a run stopped meanwhile leaves them pending). A run that ends with no page
+    answered while some failed that way is the server refusing the run (exit 4)."""
 
     WHO = "server"
 
@@ -1570,8 +1594,7 @@ class HeldFailures:
 
     def at_end(self, redone) -> list:
         """The rows still held, to write as error rows; or the run is refused. Rows `redone`
-        were error rows already: failing again loses nothing (a page the server always fails
-        must not make every rerun exit 4)."""
+        were error rows already: a page the server always fails must not make reruns exit 4."""
         if self.failures and not self.answered and any(i not in redone for i, _ in self.held):
             self.stop(f"no page of this run was answered: {self.failures} failed on the "
                       f"{self.WHO}'s side (last: {self.last})")
@@ -1633,8 +1656,8 @@ def joined_pages(pages: list[tuple[int, RowResult]]) -> RowResult:
         error="; ".join(f"page {n}: {r.error}" for n, r in errors) or None,
         error_kind=None if not errors else SERVER if any(r.error_kind == SERVER for _, r in errors)
         else PAGE,
-        finish_reason="length" if any(r.finish_reason == "length" for _, r in ok) else
-        next((r.finish_reason for _, r in ok if r.finish_reason), None),
+        finish_reason=next((r.finish_reason for _, r in ok if r.finish_reason in CUT),
+                           next((r.finish_reason for _, r in ok if r.finish_reason), None)),
         prompt_tokens=counts("prompt_tokens"), completion_tokens=counts("completion_tokens"),
         attempts=max((r.attempts for _, r in ok if r.attempts is not None), default=None),
         extras=extras, text_layer=marked((n, r.text_layer) for n, r in pages),
@@ -2642,7 +2665,8 @@ def hub_dataset_sha(args) -> str | None:
 def run_settings(args) -> dict:
     """The model's settings and the loop retry's: what the card, inference_info and manifest say."""
     return {**inference_settings(args), "loop_retries": args.loop_retries,
-            "loop_temperature": LOOP_TEMPERATURE}
+            "loop_temperature": LOOP_TEMPERATURE,
+            "repetition_detection": repetition_detection(args)}
 
 
 def run_identity(args, source: InputSource, engine: dict) -> dict:
@@ -3086,11 +3110,15 @@ def pdf_card_rows(source: InputSource, column: str) -> str:
 
 def loop_summary(stats: dict, args) -> str:
     retried, looping = stats.get("pages_loop_retried") or 0, stats.get("pages_still_looping") or 0
+    detection = repetition_detection(args)
+    ended = f" vLLM's repetition detection ended loops in the engine (`repetition_detection` " \
+        f"{json.dumps(detection)}){REPETITION_DETECTION_NOTE}." \
+        if detection else ""
     if not args.loop_retries:
-        return f"Looping pages were not sent again (`--loop-retries 0`); {looping:,} loop."
+        return f"Looping pages were not sent again (`--loop-retries 0`); {looping:,} loop.{ended}"
     return (f"{retried:,} pages looped and were sent again at temperature {LOOP_TEMPERATURE} "
             f"with a seed from the row (`--loop-retries {args.loop_retries}`); "
-            f"{looping:,} still loop.")
+            f"{looping:,} still loop.{ended}")
 
 
 def build_card(source: InputSource, store: OutputStore, args, stats: dict, info_entry: dict,
@@ -3124,7 +3152,7 @@ Weights: `{args.model}` at revision `{info_entry.get("model_revision") or "unkno
 | `{column}` | {"the PDF's pages as Markdown, each after a line `<!-- page N -->`" if source.pdf is not None and source.pdf.per_document else "the page as Markdown"}; null when the row failed |
 | `{column}_error` | why the row failed; null on success |
 | `{column}_error_kind` | `page` (the page caused it: final) or `server` (a rerun retries it) |
-| `{column}_finish_reason` | `stop`, or `length` when the token budget ran out |
+| `{column}_finish_reason` | `stop`, `length` when the token budget ran out, or `repetition` when the engine's repetition detection cut it (the text then ends with one copy of the repeating unit) |
 | `{column}_prompt_tokens`, `{column}_completion_tokens` | token counts of the request |
 | `{column}_attempts` | generations the text took: above 1 when it looped and was sent again |
 {pdf_card_rows(source, column)}| `inference_info` | JSON list, one entry per model run over this dataset |
@@ -3250,11 +3278,19 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--sanity-pages", type=int, default=8,
                        help="pages the degenerate-output check looks at (default: 8)")
     group.add_argument("--loop-retries", type=int, default=1,
-                       help="send a page whose answer loops (a repetition loop, or cut at "
-                            f"--max-tokens with a repeated tail) again, up to N times, at "
+                       help="send a page whose answer was cut in a loop (at --max-tokens "
+                            f"with a repeated tail, or by --repetition-detection) again, up to N "
+                            f"times, at "
                             f"temperature {LOOP_TEMPERATURE} with a seed from the row (a rerun "
                             f"repeats it); the answer that does not loop is kept, else the "
-                            f"shorter. 0 turns it off (default: 1)")
+                            f"one with more text before its loop. 0 turns it off (default: 1)")
+    group.add_argument("--repetition-detection", action=argparse.BooleanOptionalAction,
+                       default=REPETITION_DETECTION_ON,
+                       help=f"let vLLM end a loop: a page whose last {REPETITION_DETECTION[0]} "
+                            f"or fewer tokens repeated {REPETITION_DETECTION[1]} times in a row "
+                            f"stops there (finish_reason repetition) and counts as looping; the "
+                            f"check costs the engine time at every step (README, pages that "
+                            f"loop; default: {'on' if REPETITION_DETECTION_ON else 'off'})")
 
 
 def parse_arguments(parser: argparse.ArgumentParser, argv: list[str], engine_problems):
@@ -4105,6 +4141,8 @@ def request_json(model_name: str, args, seed: int | None = None) -> tuple[bytes,
     """The JSON body's text before and after the image URL; with a seed, a loop retry's."""
     request = build_request(IMAGE_URL_PLACEHOLDER, args)
     request["model"] = model_name
+    if repetition_detection(args):
+        request["repetition_detection"] = repetition_detection(args)
     if seed is not None:
         request.update(temperature=LOOP_TEMPERATURE, seed=seed)
     head, tail = json.dumps(request, ensure_ascii=False).split(IMAGE_URL_PLACEHOLDER)
@@ -4156,7 +4194,8 @@ def read_completion(response) -> RowResult:
             raise TypeError(f"content is {type(text).__name__}")
         usage = payload.get("usage") or {}
         finish = choice.get("finish_reason")
-        return RowResult(text=text or "", finish_reason=finish if isinstance(finish, str) else None,
+        finish = finish if isinstance(finish, str) else None
+        return RowResult(text=cut_at_loop(text or "", finish), finish_reason=finish,
                          prompt_tokens=count_or_none(usage.get("prompt_tokens")),
                          completion_tokens=count_or_none(usage.get("completion_tokens")),
                          attempts=1)

@@ -17,7 +17,10 @@ import math
 import os
 import statistics
 
-from vllm.v1.sample.logits_processor import AdapterLogitsProcessor
+try:
+    from vllm.v1.sample.logits_processor import AdapterLogitsProcessor
+except ImportError:  # imported outside the engine's environment (benchmarks/run.py): page_length()
+    AdapterLogitsProcessor = object
 
 # Lognormal page lengths: median 96 tokens, sigma 0.8 (p90 about 270, p99 about 620),
 # clamped to [16, 768]: the shape of real OCR page lengths, scaled down for a CPU.

@@ -30,6 +30,12 @@ Sections (all by default, in this order; 8 to 11 minutes on 2 cores):
                  edited): parity of two outputs, and CER/WER against a ground-truth column;
                  wall and CPU seconds of the whole command (reading the parquet included).
                  Not in the default run (about 3 minutes): name it
+  repetition     vLLM's repetition detection (issue #29) at the scripts' (P, C): the engine's
+                 check per step at 32, 256 and 1,024 requests against a GPU decode step;
+                 tokens per looping page by loop period (1, 8, 32, 128; forced by
+                 benchmarks/forced_loop.py) with it off and on, through `vllm serve` and
+                 `vllm.LLM`; pages/s off and on with 0, 2 and 10% of pages looping. Not in the
+                 default run (about 6 minutes): name it
 
 The real-engine sections use the CPU vLLM environment and tiny checkpoints the tests build, and
 share one `vllm serve` (LightOnOCR-3's flags, the page-length processor loaded). Results go to
@@ -784,12 +790,124 @@ def bench_pdf(work: Path) -> None:
          f"{mib(figures[small]['up_front_peak_pss'])} | {mib(figures[big]['up_front_peak_pss'])} MiB")
 
 
+# ---- repetition detection (issue #29, item 3) --------------------------------------------------
+
+# A GPU decode step to weigh the check against: OvisOCR2 on a10g-small at a window of 32 ran
+# 4,057 tokens/s (../shared/MODEL-FACTS.md, seed 000), 32 / 4,057 = 7.9 ms per step. No larger
+# window was measured: a step over more requests takes no less, so at 256 and 1,024 the same
+# 7.9 ms gives an upper bound of the check's share.
+GPU_STEP_S = 32 / 4057
+BUDGETS = {"ovis-ocr2": 16384, "lighton-ocr3": 12288, "hpd-parsing": 8000, "deepseek-ocr": 7195}
+
+
+def loop_bodies(model: str, detection: dict | None, xargs: list[dict],
+                max_tokens: int) -> list[bytes]:
+    return [json.dumps({"model": model, "max_tokens": max_tokens, "temperature": 0.0,
+                        "messages": [{"role": "user", "content": "A page:"}], "vllm_xargs": x,
+                        **({"repetition_detection": detection} if detection else {})}).encode()
+            for x in xargs]
+
+
+async def send_fresh(url: str, bodies: list[bytes], concurrency: int) -> tuple[float, int]:
+    """(seconds, completion tokens) for every body, `concurrency` at once, each on a new
+    connection (a kept-alive one the server closed while idle fails the request)."""
+    import httpx
+
+    gate, tokens = asyncio.Semaphore(concurrency), []
+    async with httpx.AsyncClient(timeout=900, limits=httpx.Limits(max_keepalive_connections=0)) \
+            as client:
+        async def one(body):
+            async with gate:
+                response = await client.post(f"{url}/v1/chat/completions", content=body,
+                                             headers={"Content-Type": "application/json"})
+                tokens.append(response.json()["usage"]["completion_tokens"])
+        started = time.monotonic()
+        await asyncio.gather(*(one(b) for b in bodies))
+        return time.monotonic() - started, sum(tokens)
+
+
+def bench_repetition(work: Path) -> None:
+    import random
+
+    from forced_loop import PERIODS
+    from page_length import page_length
+
+    scripts = {s: load_script(s).REPETITION_DETECTION for s in
+               ("ovis-ocr2-server.py", "deepseek-ocr-server.py")}
+    pc = scripts["ovis-ocr2-server.py"]
+    engine_env.build()
+    py = str(engine_env.python())
+    bench = str(ROOT / "benchmarks" / "forced_loop.py")
+    for p, c in sorted(set(scripts.values())):
+        cost = json.loads(subprocess.run([py, bench, "check-cost", str(p), str(c)], text=True,
+                                         capture_output=True, env=engine_env_vars(),
+                                         check=True).stdout.strip().splitlines()[-1])
+        RESULTS.setdefault("repetition_check_s", {})[f"{p}:{c}"] = cost
+        note("repetition", f"engine check at P={p} C={c}: 32 | 256 | 1,024 requests per step",
+             " | ".join(f"{cost[n] * 1e3:.3f} ms ({cost[n] / GPU_STEP_S:.1%})"
+                        for n in ("32", "256", "1024")) + " of a 7.9 ms GPU step")
+    max_tokens = 4096
+    model = tiny_model("qwen3_5")
+    serve = [*EAGER_SERVE, "--max-model-len", str(max_tokens + 256), "--logits-processors",
+             "forced_loop:ForcedLoopProcessor"]
+    server = RunningServer(model, free_port(), serve, work / "serve.log", env=engine_env_vars())
+    try:
+        server.wait()
+        detection = {"max_pattern_size": pc[0], "min_count": pc[1]}
+        served = {}
+        for mode, field in (("off", None), ("on", detection)):
+            bodies = loop_bodies(str(model), field, [{"loop_period": q} for q in PERIODS],
+                                 max_tokens)
+            for q, body in zip(PERIODS, bodies):
+                import httpx
+                answer = httpx.post(f"{server.url}/v1/chat/completions", content=body, timeout=900,
+                                    headers={"Content-Type": "application/json"}).json()
+                served.setdefault(q, {})[mode] = (answer["usage"]["completion_tokens"],
+                                                  answer["choices"][0]["finish_reason"])
+                print(f"  served period {q} detection {mode}: {served[q][mode]}", flush=True)
+        # pages/s: 96 pages of long-tailed lengths (benchmarks/page_length.py), 0, 2 and 10%
+        # of them looping (periods 1, 8, 32 in turn) to max_tokens 2,048 (real budgets / 8,
+        # as the page lengths are), at 32 in flight; detection off and on, alternating
+        rng = random.Random(7)
+        rates = {}
+        for share in (0.0, 0.02, 0.10):
+            looping = set(rng.sample(range(96), round(96 * share)))
+            xargs = [{"loop_period": PERIODS[i % 3], "salt": i} if i in looping else
+                     {"page_length": page_length(i), "salt": i} for i in range(96)]
+            for rnd in range(2):
+                for mode, field in (("off", None), ("on", detection))[::1 if rnd % 2 == 0 else -1]:
+                    elapsed, tokens = asyncio.run(send_fresh(
+                        server.url, loop_bodies(str(model), field, xargs, 2048), 32))
+                    rates.setdefault(share, {}).setdefault(mode, []).append((96 / elapsed, tokens))
+    except Exception:
+        print((work / "serve.log").read_text(errors="replace")[-4000:], flush=True)
+        raise
+    finally:
+        server.stop()
+    offline = json.loads(subprocess.run(
+        [py, bench, "offline", str(model), str(pc[0]), str(pc[1]), str(max_tokens)], text=True,
+        capture_output=True, env=engine_env_vars(), cwd=work).stdout.strip().splitlines()[-1])
+    RESULTS["repetition"] = {"served": served, "offline": offline, "rates": rates}
+    for q in PERIODS:
+        (off, _), (on, why) = served[q]["off"], served[q]["on"]
+        llm_off, llm_on = offline["off"][str(q)][0], offline["on"][str(q)][0]
+        ratios = ", ".join(f"{name} {budget / on if why == 'repetition' else 1:.1f}x"
+                           for name, budget in BUDGETS.items())
+        note("repetition", f"period {q}: tokens per looping page off | on (serve; vllm.LLM)",
+             f"{off} | {on} {why}; {llm_off} | {llm_on}; at each budget: {ratios}")
+    for share, modes in rates.items():
+        note("repetition", f"pages/s, {share:.0%} of pages looping: off | on (2 rounds each)",
+             " | ".join(f"{statistics.mean(r for r, _ in modes[m]):.2f} ({modes[m][0][1]:,} tok)"
+                        for m in ("off", "on")))
+
+
 # In this order: the stub sections, then scale-out (its shards boot while the shared engine
 # does), then the timed real-engine sections with nothing else running.
 SECTIONS = {"driver-cost": bench_driver_cost, "memory": bench_memory, "startup": bench_startup,
             "stub-1000": bench_stub_1000, "scale-out": bench_scale_out, "ceiling": bench_ceiling,
-            "shapes": bench_shapes, "pdf": bench_pdf, "compare": bench_compare}
-NOT_BY_DEFAULT = {"compare"}  # run when named: it measures another tool, not the drivers
+            "shapes": bench_shapes, "pdf": bench_pdf, "compare": bench_compare,
+            "repetition": bench_repetition}
+NOT_BY_DEFAULT = {"compare", "repetition"}  # run when named: another tool; vLLM's own check
 NEEDS_ENGINE = {"ceiling", "shapes", "scale-out"}
 ROUNDS = 4
 BASELINE = None  # a git ref: driver-cost measures the script at that commit too

@@ -24,6 +24,7 @@ from blocks.common import (
     reproduce_command, requested_revision, resolved_revision, RowResult, run_guarded, run_settings,
     RunStats, script_name, text_layer_row,
 )
+from blocks.common import cut_at_loop, repetition_detection
 
 # ==== BEGIN OFFLINE HELPERS (edit blocks/offline.py, then run tools/sync_helpers.py) ====
 # vllm.LLM in fixed batches. The model section provides LLM_KWARGS, CHAT_KWARGS,
@@ -187,7 +188,8 @@ def generate_batch(llm, sampling, items: list, args, streak: EngineStreak) -> li
     for output in outputs:
         try:
             completion = output.outputs[0]
-            results.append(RowResult(text=completion.text, finish_reason=completion.finish_reason,
+            results.append(RowResult(text=cut_at_loop(completion.text, completion.finish_reason),
+                                     finish_reason=completion.finish_reason,
                                      prompt_tokens=len(output.prompt_token_ids or []),
                                      completion_tokens=len(completion.token_ids), attempts=1))
         except Exception as exc:  # an output without a completion: this row's error
@@ -342,6 +344,22 @@ def run_offline_script(doc: str, argv: list[str] | None = None, hub_api=None) ->
     return early_exits_reported(args, lambda: offline_run(args, argv, hub_api, llm_kwargs))
 
 
+def engine_repetition_detection(args, info_entry: dict) -> dict:
+    """SamplingParams' repetition_detection when asked for; a vLLM without it (before 0.17.1)
+    runs without, says so once, and inference_info records it off."""
+    wanted = repetition_detection(args)
+    if not wanted:
+        return {}
+    try:
+        from vllm.sampling_params import RepetitionDetectionParams
+    except ImportError:
+        log("warning: this vLLM has no repetition_detection (it came in 0.17.1): "
+            "--repetition-detection is off for this run")
+        info_entry["settings"]["repetition_detection"] = None
+        return {}
+    return {"repetition_detection": RepetitionDetectionParams(**wanted)}
+
+
 def offline_run(args, argv: list[str], hub_api, llm_kwargs: dict) -> int:
     run = open_run(args, hub_api, llm_kwargs, info_entry_for(args, llm_kwargs))
 
@@ -351,10 +369,11 @@ def offline_run(args, argv: list[str], hub_api, llm_kwargs: dict) -> int:
         started = time.monotonic()
         llm = vllm.LLM(model=args.model, **llm_kwargs)
         run.stats.server_startup_s = round(time.monotonic() - started, 2)
-        sampling = vllm.SamplingParams(**sampling_kwargs(args))
+        detection = engine_repetition_detection(args, run.info_entry)
+        sampling = vllm.SamplingParams(**sampling_kwargs(args), **detection)
 
         def loop_sampling(seed: int):
-            return vllm.SamplingParams(**{**sampling_kwargs(args),
+            return vllm.SamplingParams(**{**sampling_kwargs(args), **detection,
                                           "temperature": LOOP_TEMPERATURE, "seed": seed})
 
         run_offline(run.source, run.plan.send, run.writer, run.stats, args, run.check, llm,

@@ -29,6 +29,7 @@ from blocks.common import (
     PreparedPage, redact_argv, reproduce_command, requested_revision, resolved_revision, RowResult,
     run_guarded, run_settings, RunAborted, RunStats, script_name, SERVER, text_layer_row,
 )
+from blocks.common import cut_at_loop, repetition_detection
 
 # ==== BEGIN SERVER HELPERS (edit blocks/server.py, then run tools/sync_helpers.py) ====
 # The vLLM server's life cycle, the request loop and its fixed window (WINDOW; the SATURATE
@@ -546,6 +547,8 @@ def request_json(model_name: str, args, seed: int | None = None) -> tuple[bytes,
     """The JSON body's text before and after the image URL; with a seed, a loop retry's."""
     request = build_request(IMAGE_URL_PLACEHOLDER, args)
     request["model"] = model_name
+    if repetition_detection(args):
+        request["repetition_detection"] = repetition_detection(args)
     if seed is not None:
         request.update(temperature=LOOP_TEMPERATURE, seed=seed)
     head, tail = json.dumps(request, ensure_ascii=False).split(IMAGE_URL_PLACEHOLDER)
@@ -597,7 +600,8 @@ def read_completion(response) -> RowResult:
             raise TypeError(f"content is {type(text).__name__}")
         usage = payload.get("usage") or {}
         finish = choice.get("finish_reason")
-        return RowResult(text=text or "", finish_reason=finish if isinstance(finish, str) else None,
+        finish = finish if isinstance(finish, str) else None
+        return RowResult(text=cut_at_loop(text or "", finish), finish_reason=finish,
                          prompt_tokens=count_or_none(usage.get("prompt_tokens")),
                          completion_tokens=count_or_none(usage.get("completion_tokens")),
                          attempts=1)

@@ -58,10 +58,13 @@ def mapped_answer(image_bytes: bytes, path: str) -> str | None:
 
 
 def loop_text(text: str, seed) -> str:
-    """A page's answer fallen into a repetition loop (cut at max_tokens): the greedy loop runs
-    40 lines, a seeded one 20 to 34 (so the retry's is the shorter)."""
-    lines = 40 if seed is None else 20 + int(seed) % 15
-    return text + "\n" + "the same line again\n" * lines
+    """A page's answer fallen into a repetition loop (cut at max_tokens or by repetition
+    detection): the greedy loop runs 40 lines; a seeded one reads one line further before it
+    falls into a loop of 20 to 34 lines (so the retry's is the shorter, with more text)."""
+    if seed is None:
+        return text + "\n" + "the same line again\n" * 40
+    loop = "the same line again\n" * (20 + int(seed) % 15)
+    return text + f"\nread further at seed {seed}.\n" + loop
 
 
 def elide_images(messages):
@@ -255,7 +258,7 @@ def make_handler(stub: Stub):
             max_tokens = int(request.get("max_tokens") or 16)
             finish = "stop"
             if opts.loop_below is not None and float(request.get("temperature") or 0) < opts.loop_below:
-                text, finish = loop_text(text, request.get("seed")), "length"
+                text, finish = loop_text(text, request.get("seed")), opts.loop_finish
             if opts.malformed_every and n % opts.malformed_every == 0:
                 self.reply(200, {"id": f"stub-{n}", "choices": [{"message": text}]})
                 return
@@ -314,6 +317,9 @@ def parse(argv=None):
     p.add_argument("--loop-below", type=float,
                    help="a request at a temperature below this answers a repetition loop cut at "
                         "max_tokens (finish_reason length): 0.25 loops greedy pages only, 9 always")
+    p.add_argument("--loop-finish", default="length", choices=["length", "repetition"],
+                   help="the finish_reason of a --loop-below answer (repetition: vLLM's "
+                        "repetition_detection cut it)")
     p.add_argument("--no-decode", action="store_true", help="do not decode images (cheap)")
     p.add_argument("--refuse-after", type=int, help="answer --refuse-status to request N+1 on")
     p.add_argument("--refuse-status", type=int, default=401)

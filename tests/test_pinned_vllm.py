@@ -85,7 +85,8 @@ def captured(tmp_path_factory) -> dict:
         env["FAKE_VLLM_ARGV"] = str(tmp / "argv")
         env["CUDA_VISIBLE_DEVICES"] = "0,1"  # two GPUs: the release must take --data-parallel-size
         run = run_script(script, str(tmp / "in"), str(tmp / "out"), "--server",
-                         f"http://127.0.0.1:{free_port()}", "--no-sanity-check", *extra, env=env)
+                         f"http://127.0.0.1:{free_port()}", "--no-sanity-check",
+                         "--repetition-detection", *extra, env=env)
         assert run.returncode == 0, run.stderr[-3000:]
         argv = (tmp / "argv").read_bytes().split(b"\0")[:-1]
         assert b"--data-parallel-size" in argv, argv
@@ -97,7 +98,7 @@ def captured(tmp_path_factory) -> dict:
         tmp = tmp_path_factory.mktemp(script.replace(".py", ""))
         write_image_folder(tmp / "in", 1, fmt="JPEG")
         run = run_script(script, str(tmp / "in"), str(tmp / "out"), "--no-sanity-check",
-                         env={"PYTHONPATH": str(TESTS / "fake_vllm_pkg"),
+                         "--repetition-detection", env={"PYTHONPATH": str(TESTS / "fake_vllm_pkg"),
                               "FAKE_VLLM_CALLS": str(tmp / "calls.jsonl")})
         assert run.returncode == 0, run.stderr[-3000:]
         calls = {c["call"]: c for c in map(json.loads, (tmp / "calls.jsonl").read_text().splitlines())}

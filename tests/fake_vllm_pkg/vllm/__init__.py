@@ -9,7 +9,8 @@ call holding a page whose answer contains TEXT (every answer has "Page"; a page'
 has the sha1 of its bytes, first 12 hex digits); FAKE_VLLM_RAISE="NAME[: MESSAGE]" raises a
 RuntimeError subclass of that name instead ("EngineDeadError", "OutOfMemoryError: CUDA out
 of memory"), on every call when FAKE_VLLM_FAIL_ON is unset. FAKE_VLLM_LOOP_BELOW=T answers in
-a repetition loop below temperature T; FAKE_VLLM_BATCH_SECONDS sleeps that long per call;
+a repetition loop below temperature T (finish_reason FAKE_VLLM_LOOP_FINISH, default
+length); FAKE_VLLM_BATCH_SECONDS sleeps that long per call;
 FAKE_VLLM_ENGINE_LINGERS=S forks an engine process that outlives the driver by S seconds.
 
 It is never the proof that a script works with vLLM: tests/test_engine.py is.
@@ -79,7 +80,8 @@ class LLM:
                     message or "injected failure")
             finish = "stop"
             if loop_below and float(sampling.get("temperature") or 0) < float(loop_below):
-                text, finish = loop_text(text, sampling.get("seed")), "length"
+                text = loop_text(text, sampling.get("seed"))
+                finish = os.environ.get("FAKE_VLLM_LOOP_FINISH") or "length"
             tokens = list(range(min(max_tokens, len(text) // 4)))
             outputs.append(SimpleNamespace(
                 prompt_token_ids=list(range(100)),
