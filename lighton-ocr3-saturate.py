@@ -469,9 +469,9 @@ def check_output_outside_input(args) -> None:
     source = Path(args.input).expanduser()
     if not is_local_target(args.output):
         if not source.exists() and args.output.lower() == args.input.lower():
-            fail(f"OUTPUT must not be INPUT: {args.output} is the input dataset, whose card this "
-                 f"run would replace (and --restart would delete its data before reading it). "
-                 f"Write to another repo, e.g. {args.output}-ocr")
+            fail(f"OUTPUT must not be INPUT: {args.output} is the input dataset (its card would "
+                 f"be replaced, its data deleted by --restart). Write to another repo, e.g. "
+                 f"{args.output}-ocr")
         return
     if not source.exists():
         return
@@ -508,11 +508,12 @@ def _walk_folder(root: Path, args) -> list[Path]:
         kept = []
         for name in sorted(name for name in dirs if not name.startswith(".")):
             path = os.path.join(folder, name)
-            if folder_id(path) in seen:
+            key = folder_id(path)
+            if key in seen:
                 log(f"skipped {shown_path(path)}: a symlink to "
-                    f"{seen[folder_id(path)].format(shown_path(os.path.realpath(path)))}")
+                    f"{seen[key].format(shown_path(os.path.realpath(path)))}")
             else:
-                seen[folder_id(path)] = read
+                seen[key] = read
                 kept.append(name)
         dirs[:] = kept
         files += [Path(folder, name) for name in names if not name.startswith(".")]
@@ -899,7 +900,8 @@ def to_rgb(img):
             255 if peak <= 255 else 4095 if peak <= 4095 else 65535
         scaled = np.clip(np.nan_to_num(arr.astype(np.float32)) * (255.0 / top), 0, 255)
         return Image.fromarray(scaled.round().astype(np.uint8), mode="L").convert("RGB")
-    if img.mode == "P" and "transparency" in img.info or img.mode in ("RGBA", "LA", "PA", "RGBa", "La"):
+    if img.mode in ("RGBA", "LA", "PA", "RGBa", "La") or \
+            img.mode == "P" and "transparency" in img.info:
         background = Image.new("RGBA", img.size, (255, 255, 255, 255))
         return Image.alpha_composite(background, img.convert("RGBA")).convert("RGB")
     return img.convert("RGB")
