@@ -383,12 +383,15 @@ def _walk_folder(root: Path, args) -> list[Path]:
     """Every file under root, in path order. Symlinked folders are followed, each real folder
     once (a loop, a second link or a link to OUTPUT is skipped and said); hidden names (.git,
     macOS ._x) are left out, as `datasets` does."""
-    def folder_id(path) -> tuple:
-        info = os.stat(path)
-        return info.st_dev, info.st_ino
-
     def unreadable(exc: OSError) -> None:
         fail(f"cannot read the folder {shown_path(exc.filename)} of INPUT: {exc.strerror or exc}")
+
+    def folder_id(path) -> tuple:
+        try:
+            info = os.stat(path)
+        except OSError as exc:
+            unreadable(exc)
+        return info.st_dev, info.st_ino
 
     read = "a folder already read ({}; a loop, or a second link to it)"
     seen = {folder_id(root): read}  # each real folder: why a link to it is skipped
