@@ -188,10 +188,9 @@ def build_request(image_url: str, args) -> dict:
 
 
 # ==== BEGIN COMMON HELPERS (edit blocks/common.py, then run tools/sync_helpers.py) ====
-# Input, page images, output parts, dataset card, stats. The model section above provides:
-# MODEL_ID, JOB_IMAGE, IMAGE_HAS_UV, DEFAULT_FLAVOR, SCRIPT_SHAPE, PAGE_FORMAT,
-# target_size(), postprocess(), inference_settings(), EXTRA_COLUMNS, DEFAULT_MAX_TOKENS.
-# These have defaults; a model section sets one only where its model differs:
+# Input, page images, output parts, dataset card, stats. The model section above provides
+# MODEL_ID, JOB_IMAGE, IMAGE_HAS_UV, DEFAULT_FLAVOR, SCRIPT_SHAPE, PAGE_FORMAT, target_size(),
+# postprocess(), inference_settings(), EXTRA_COLUMNS, DEFAULT_MAX_TOKENS, and may set these:
 MODEL_REVISION = globals().get("MODEL_REVISION")  # a commit sha or tag pins the weights
 RESIZE_FILTER = globals().get("RESIZE_FILTER", "bicubic")  # the model's own resampling filter
 LOOP_TEMPERATURE = globals().get("LOOP_TEMPERATURE", 0.3)  # a looping page's second try
@@ -282,9 +281,8 @@ class RunAborted(Exception):
 # ---- where the data comes from and goes to ------------------------------------------------
 
 def uv_url_copy() -> bool:
-    """Whether this is the temporary copy `uv run URL` runs: <stem> plus six random letters and
-    digits, in the temp folder (this collection's own names never end in six such characters
-    with a capital or a digit among them)."""
+    """Whether this is the temporary copy `uv run URL` runs: <stem> and six random letters and
+    digits, one a capital or a digit (no name of this collection ends so), in the temp folder."""
     import tempfile
 
     path = Path(sys.argv[0])
@@ -293,8 +291,7 @@ def uv_url_copy() -> bool:
 
 
 def script_name() -> str:
-    """This script's file name, the same however it is run: by URL too, whose random copy's name
-    made every rerun another run."""
+    """This script's file name however it is run (by URL too: a rerun is the same run)."""
     name = Path(sys.argv[0]).name
     return name[:-9] + ".py" if uv_url_copy() else name
 
@@ -367,9 +364,12 @@ _WARNED: set = set()  # warnings said once per run
 
 
 def shown_path(path) -> str:
-    """A path as valid text: a name that is not UTF-8 (an old zip's Latin-1) shows its bytes
-    as \\xNN escapes instead of breaking Arrow, JSON or the terminal."""
+    """A path as valid text: a name that is not UTF-8 shows its bytes as \\xNN escapes."""
     return os.fsencode(path).decode("utf-8", "backslashreplace")
+
+
+def _first_of(names: list) -> str:
+    return f"{names[0]}{', ...' if len(names) > 1 else ''}"
 
 
 def _nothing_to_do(what: str) -> "NoReturn":  # noqa: F821
@@ -378,102 +378,90 @@ def _nothing_to_do(what: str) -> "NoReturn":  # noqa: F821
 
 
 def check_output_outside_input(args) -> None:
-    """A local OUTPUT and INPUT must not hold each other (symlinks resolved): OUTPUT inside
-    INPUT would read its own parts as input on the next run, and `load_dataset(OUTPUT)` would
-    read INPUT inside OUTPUT as rows of the output. A Hub OUTPUT must not be the Hub INPUT: its
-    card would be replaced, and --restart would delete its data before reading it. Refused
-    before anything is written."""
+    """Refused before anything is written: a local OUTPUT and INPUT that hold each other (one
+    would be read as the other), a Hub OUTPUT that is the Hub INPUT (its card replaced)."""
     source = Path(args.input).expanduser()
-    if not source.exists():
-        if not is_local_target(args.output) and args.output.lower() == args.input.lower():
-            fail(f"OUTPUT must not be INPUT: {args.output} is the input dataset, whose card this "
-                 f"run would replace (and --restart would delete its data before reading it). "
-                 f"Write to another repo, e.g. {args.output}-ocr")
-        return
     if not is_local_target(args.output):
+        if not source.exists() and args.output.lower() == args.input.lower():
+            fail(f"OUTPUT must not be INPUT: {args.output} is the input dataset (its card would "
+                 f"be replaced, its data deleted by --restart). Write to another repo, e.g. "
+                 f"{args.output}-ocr")
+        return
+    if not source.exists():
         return
     source, target = source.resolve(), Path(args.output).expanduser().resolve()
     if target in source.parents:
-        fail(f"INPUT must not be inside OUTPUT: {shown_path(source)} is inside "
-             f"{shown_path(target)}, and datasets.load_dataset(OUTPUT) would read INPUT's files "
-             f"as rows of the output. Write it to another folder, e.g. "
+        fail(f"INPUT must not be inside OUTPUT {shown_path(target)}: load_dataset(OUTPUT) would "
+             f"read INPUT's files as output rows. Write it to another folder, e.g. "
              f"{shown_path(target.parent / (target.name + '-ocr'))}")
     if source.is_dir() and (target == source or source in target.parents):
-        fail(f"OUTPUT must not be INPUT or inside INPUT: {shown_path(target)} is "
-             f"{'INPUT itself' if target == source else 'inside INPUT ' + shown_path(source)}. "
-             f"A rerun would read the output's own files as input and leave images unread. "
-             f"Write it beside INPUT, e.g. {shown_path(source.parent / (source.name + '-ocr'))}")
+        fail(f"OUTPUT must not be INPUT or inside INPUT {shown_path(source)}: a rerun would read "
+             f"its own files as input. Write it beside INPUT, e.g. "
+             f"{shown_path(source.parent / (source.name + '-ocr'))}")
 
 
 def _walk_folder(root: Path, args) -> list[Path]:
     """Every file under root, in path order. Symlinked folders are followed, each real folder
-    once: a link back to a folder already read (a loop, or a second link to it) is skipped
-    and said, and so is a link to OUTPUT (its parts would be read as input). Hidden names (.x:
-    .git, .ocr, macOS ._ files) are left out, as `datasets` does."""
-    files: list[Path] = []
-    seen: set = set()
-    output = Path(args.output).expanduser() if is_local_target(args.output) else None
-    try:
-        output_id = (output.stat().st_dev, output.stat().st_ino) if output else None
-    except OSError:
-        output_id = None
-    hidden = 0
-    stack = [root]
-    while stack:
-        folder = stack.pop()
+    once (a loop, a second link or a link to OUTPUT is skipped and said); hidden names (.git,
+    macOS ._x) are left out, as `datasets` does."""
+    def unreadable(exc: OSError) -> None:
+        fail(f"cannot read the folder {shown_path(exc.filename)} of INPUT: {exc.strerror or exc}")
+
+    def folder_id(path) -> tuple:
         try:
-            info = folder.stat()
-            entries = list(os.scandir(folder))
+            info = os.stat(path)
         except OSError as exc:
-            fail(f"cannot read the folder {shown_path(folder)} of INPUT: {exc.strerror or exc}")
-        if (info.st_dev, info.st_ino) == output_id:
-            log(f"skipped {shown_path(folder)}: a symlink to OUTPUT, whose files are no input")
-            continue
-        if (info.st_dev, info.st_ino) in seen:
-            log(f"skipped {shown_path(folder)}: a symlink to a folder already read "
-                f"({shown_path(folder.resolve())}; a loop, or a second link to it)")
-            continue
-        seen.add((info.st_dev, info.st_ino))
-        for entry in entries:
-            if entry.name.startswith("."):
-                hidden += 1
-                continue
-            try:
-                is_dir = entry.is_dir()  # follows a symlink
-            except OSError:
-                is_dir = False
-            (stack if is_dir else files).append(Path(entry.path))
+            unreadable(exc)
+        return info.st_dev, info.st_ino
+
+    read = "a folder already read ({}; a loop, or a second link to it)"
+    seen = {folder_id(root): read}  # each real folder: why a link to it is skipped
+    output = Path(args.output).expanduser()
+    if is_local_target(args.output) and output.exists():
+        seen[folder_id(output)] = "OUTPUT, whose files are no input"
+    files, hidden = [], 0
+    for folder, dirs, names in os.walk(root, onerror=unreadable, followlinks=True):
+        hidden += sum(name.startswith(".") for name in dirs + names)
+        kept = []
+        for name in sorted(name for name in dirs if not name.startswith(".")):
+            path = os.path.join(folder, name)
+            key = folder_id(path)
+            if key in seen:
+                log(f"skipped {shown_path(path)}: a symlink to "
+                    f"{seen[key].format(shown_path(os.path.realpath(path)))}")
+            else:
+                seen[key] = read
+                kept.append(name)
+        dirs[:] = kept
+        files += [Path(folder, name) for name in names if not name.startswith(".")]
     if hidden:
         log(f"left out {hidden} hidden file(s) or folder(s) of INPUT (names starting with '.')")
     return sorted(files)
 
 
 def _read_metadata(root: Path, metadata_files: list[Path], relative: list[str]):
-    """imagefolder's metadata files (csv, jsonl, parquet; `file_name` relative to the metadata
-    file's own folder), joined to the images by name: an Arrow table, one row per image."""
+    """imagefolder's metadata files (`file_name` relative to the file's own folder), joined to
+    the images by name: an Arrow table, one row per image, from the first row that names it."""
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.csv as pcsv
     import pyarrow.json as pjson
     import pyarrow.parquet as pq
 
+    read = {".parquet": pq.read_table, ".csv": pcsv.read_csv, ".jsonl": pjson.read_json}
     tables, keys = [], []
     for path in metadata_files:
         try:
-            table = pq.read_table(str(path)) if path.suffix == ".parquet" else \
-                pcsv.read_csv(str(path)) if path.suffix == ".csv" else pjson.read_json(str(path))
+            table = read[path.suffix](str(path))
         except Exception as exc:
             fail(f"cannot read the metadata file {shown_path(path)}: {type(exc).__name__}: {exc}")
-        if "file_name" not in table.column_names:
-            fail(f"the metadata file {shown_path(path)} has no file_name column (columns: "
-                 f"{', '.join(table.column_names)}); add one naming each image relative to "
-                 f"its folder, or move the file out of INPUT")
-        if "image" in table.column_names:
-            fail(f"the metadata file {shown_path(path)} has an image column, which is where "
-                 f"the scans go; rename it")
+        if "file_name" not in table.column_names or "image" in table.column_names:
+            fail(f"the metadata file {shown_path(path)} needs a file_name column naming each "
+                 f"image relative to its folder, and no image column (columns: "
+                 f"{', '.join(table.column_names)}); fix it, or move it out of INPUT")
         base = path.parent.relative_to(root).as_posix()
-        for name in pc.cast(table.column("file_name"), pa.string()).to_pylist():
-            keys.append(os.path.normpath(f"{base}/{name}") if name is not None else None)
+        keys += [name and os.path.normpath(f"{base}/{name}")
+                 for name in pc.cast(table["file_name"], pa.string()).to_pylist()]
         tables.append(table.drop_columns(["file_name"]))
     try:
         meta = pa.concat_tables(tables, promote_options="permissive")
@@ -481,24 +469,18 @@ def _read_metadata(root: Path, metadata_files: list[Path], relative: list[str]):
         fail(f"the metadata files of INPUT do not share their columns "
              f"({', '.join(shown_path(p) for p in metadata_files)}): {exc}")
     row_of: dict = {}
-    twice = []
-    for row, key in enumerate(keys):
-        if key is not None and row_of.setdefault(key, row) != row:
-            twice.append(key)
-    if twice:
-        log(f"warning: {len(twice)} metadata row(s) name an image named before ({twice[0]}"
-            f"{', ...' if len(twice) > 1 else ''}): each image has one row, with the first "
-            f"metadata row's columns")
+    twice = [key for row, key in enumerate(keys) if key and row_of.setdefault(key, row) != row]
     take = [row_of.get(name) for name in relative]
     unlisted = [name for name, row in zip(relative, take) if row is None]
-    if unlisted:
-        log(f"{len(unlisted)} image(s) not named in the metadata file(s) ({shown_path(unlisted[0])}"
-            f"{', ...' if len(unlisted) > 1 else ''}): OCR'd all the same, their metadata "
-            f"columns empty")
     absent = sorted(set(row_of) - set(relative))
+    if twice:
+        log(f"warning: {len(twice)} metadata row(s) name an image named before "
+            f"({_first_of(twice)}): each image has the first such row's columns")
+    if unlisted:
+        log(f"{len(unlisted)} image(s) not named in the metadata file(s) "
+            f"({shown_path(_first_of(unlisted))}): OCR'd all the same, their metadata empty")
     if absent:
-        log(f"{len(absent)} metadata row(s) name no image in INPUT ({absent[0]}"
-            f"{', ...' if len(absent) > 1 else ''}): left out")
+        log(f"{len(absent)} metadata row(s) name no image in INPUT ({_first_of(absent)}): left out")
     return meta.take(pa.array(take, type=pa.int64()))
 
 
@@ -509,15 +491,9 @@ def _image_folder(root: Path, images: list[Path], metadata_files: list[Path]):
 
     relative = [p.relative_to(root).as_posix() for p in images]
     cells = [{"bytes": None, "path": str(p)} for p in images]
-    is_pdf = [p.suffix.lower() == ".pdf" for p in images]
     odd = [i for i, p in enumerate(images) if shown_path(p) != str(p)]
     if odd:  # not valid text for Arrow: read now, under a readable name (the real file is read)
-        size = 0
-        for i in odd:
-            try:
-                size += images[i].stat().st_size
-            except OSError:  # a broken link: its row says it cannot be read
-                pass
+        size = sum(images[i].stat().st_size for i in odd if images[i].exists())
         if size > ODD_NAMES_MAX_BYTES:
             fail(f"{len(odd)} image name(s) are not UTF-8 (e.g. {shown_path(images[odd[0]])}) "
                  f"and they total {size / 2**30:.1f} GiB, more than is read into memory; "
@@ -525,11 +501,12 @@ def _image_folder(root: Path, images: list[Path], metadata_files: list[Path]):
         for i in odd:
             try:
                 data = images[i].read_bytes()
-            except OSError:
-                data = None  # the row's error says it cannot be read
+            except OSError:  # the row's error says it cannot be read
+                data = None
             cells[i] = {"bytes": data, "path": shown_path(images[i].name)}
         log(f"{len(odd)} image name(s) are not UTF-8 (e.g. {shown_path(relative[odd[0]])}); "
             f"file_name shows their bytes as \\xNN")
+    is_pdf = [p.suffix.lower() == ".pdf" for p in images]
     columns = {"image": [None if pdf else cell for cell, pdf in zip(cells, is_pdf)],
                "file_name": [shown_path(name) for name in relative],
                "pdf": [cell if pdf else None for cell, pdf in zip(cells, is_pdf)]}
@@ -545,9 +522,9 @@ def _image_folder(root: Path, images: list[Path], metadata_files: list[Path]):
     return ds
 
 
-def _check_table_files(files: list[Path]) -> list[Path]:
-    """The table files that hold rows: an empty (0-byte) or unreadable file is refused by
-    name; a parquet file of no rows is left out (datasets fails on one)."""
+def _table_files(files: list[Path], what: str) -> list[Path]:
+    """The table files that hold rows: an empty or unreadable file is refused by name, a parquet
+    file of no rows left out (datasets fails on one); none: nothing to do."""
     import pyarrow.parquet as pq
 
     kept = []
@@ -555,17 +532,13 @@ def _check_table_files(files: list[Path]) -> list[Path]:
         if path.stat().st_size == 0:
             fail(f"INPUT file {shown_path(path)} is empty (0 bytes), not a {path.suffix} file: "
                  f"remove it, or write it again")
-        if path.suffix != ".parquet":
-            kept.append(path)
-            continue
         try:
-            rows = pq.ParquetFile(str(path)).metadata.num_rows
+            rows = pq.ParquetFile(str(path)).metadata.num_rows if path.suffix == ".parquet" else 1
         except Exception as exc:
             fail(f"INPUT file {shown_path(path)} is not a readable parquet file "
                  f"({type(exc).__name__}: {exc})")
-        if rows:
-            kept.append(path)
-    return kept
+        kept += [path] * bool(rows)
+    return kept or _nothing_to_do(what)
 
 
 def _load_table_folder(path: Path, args):
@@ -590,13 +563,9 @@ def _load_table_folder(path: Path, args):
         fail(f"split {args.split!r} not in {shown_path(path)}"
              f"{' (config ' + repr(args.config) + ')' if args.config else ''}; it has: "
              f"{', '.join(data_files) or 'none'}. Pass --split NAME.")
-    files = _check_table_files([Path(f) for f in data_files[args.split]])
-    if not files:
-        _nothing_to_do(f"{shown_path(path)} (split {args.split})")
-    try:
-        # The resolved files, passed explicitly: datasets caches a README config by its name
-        # alone and would serve a changed folder's old rows; explicit files are hashed with
-        # their dates, so a changed file is read fresh. Only this split is prepared.
+    files = _table_files([Path(f) for f in data_files[args.split]],
+                         f"{shown_path(path)} (split {args.split})")
+    try:  # the files named: datasets caches a README config by name, a changed folder stale
         return datasets.load_dataset(str(path), args.config, split=args.split,
                                      data_files={args.split: [str(f) for f in files]})
     except Exception as exc:
@@ -606,8 +575,8 @@ def _load_table_folder(path: Path, args):
 
 
 def _one_split(what: str, args, split: str = "train") -> None:
-    """An INPUT with no configs and one split (of a DatasetDict, the one chosen): a --config,
-    or a --split other than that split or the default, is refused rather than ignored."""
+    """An INPUT with no configs and one split: a --config, or a --split other than that split
+    or the default, is refused rather than ignored."""
     problems = [f"--config {args.config} (it has no configs)"] * \
         (args.config not in (None, "", "default")) + \
         [f"--split {args.split} (its one split is {split})"] * (args.split not in ("train", split))
@@ -617,11 +586,8 @@ def _one_split(what: str, args, split: str = "train") -> None:
 
 
 def _load_local_dataset(path: Path, args):
-    """What a local INPUT is: a parquet/arrow file; a save_to_disk folder; a folder of table
-    files (read by `datasets`, splits and configs honoured); or a folder of images (the
-    scripts' own reader, with `file_name` and any metadata file). Never both silently.
-    Returns the dataset and the files it is read from, from the same walk: what the run's
-    identity records (a file an image folder's reader never reads, desktop.ini, is not one)."""
+    """A local INPUT, read as what it is (a parquet/arrow file, a save_to_disk folder, a folder
+    of table files or of images and PDFs), never two at once; with the files it is read from."""
     import datasets
 
     if path.is_file() and path.suffix.lower() == ".pdf":
@@ -631,8 +597,7 @@ def _load_local_dataset(path: Path, args):
             fail(f"INPUT file {shown_path(path)} is not a .parquet, .arrow or .pdf file; pass a "
                  f"folder of images or PDFs instead.")
         _one_split(f"file {shown_path(path)}", args, args.split)  # a file is any split
-        if not _check_table_files([path]):
-            _nothing_to_do(shown_path(path))
+        _table_files([path], shown_path(path))
         try:
             return datasets.load_dataset(path.suffix[1:], data_files=[str(path)],
                                          split="train"), [path]
@@ -648,23 +613,21 @@ def _load_local_dataset(path: Path, args):
             if args.split not in loaded:
                 fail(f"split {args.split!r} not in {shown_path(path)}; it has: "
                      f"{', '.join(loaded)}. Pass --split NAME.")
-            _one_split(shown_path(path), args, args.split)  # (a --config)
-            loaded = loaded[args.split]
+            loaded, split = loaded[args.split], args.split
         else:
-            _one_split(f"{shown_path(path)} (save_to_disk of one Dataset)", args,
-                       str(loaded.split or "train"))
+            split = str(loaded.split or "train")
+        _one_split(shown_path(path), args, split)
         return loaded, _walk_folder(path, args)
     files = _walk_folder(path, args)
-    images = [p for p in files if p.suffix.lower() in IMAGE_EXTENSIONS or p.suffix.lower() == ".pdf"]
+    images = [p for p in files if p.suffix.lower() in IMAGE_EXTENSIONS | {".pdf"}]
     metadata = [p for p in files if p.name in METADATA_NAMES]
     tables = [p for p in files if p.suffix in TABLE_EXTENSIONS and p not in metadata]
     if images and tables:
         shown = ", ".join(shown_path(p.relative_to(path)) for p in tables[:3])
         fail(f"INPUT {shown_path(path)} holds {len(images)} image(s) and {len(tables)} "
-             f"table file(s) ({shown}{', ...' if len(tables) > 3 else ''}), and which to read "
-             f"is ambiguous. To OCR the images, move the table files out of the folder (a "
-             f"metadata.parquet/jsonl/csv beside the images is joined by file_name); to OCR "
-             f"the table, pass its file or folder as INPUT.")
+             f"table file(s) ({shown}{', ...' if len(tables) > 3 else ''}): to OCR the images, "
+             f"move the table files out (a metadata.parquet/jsonl/csv beside them is joined by "
+             f"file_name); to OCR the table, pass its file or folder as INPUT.")
     if images:
         ignored = [f"--{k} {v}" for k, v in (("config", args.config), ("split", args.split))
                    if v and v != ("train" if k == "split" else None)]
@@ -677,17 +640,6 @@ def _load_local_dataset(path: Path, args):
          f"and no saved dataset.")
 
 
-def _feature_name(feature) -> str:
-    import datasets
-
-    if isinstance(feature, datasets.Value):
-        return feature.dtype
-    if isinstance(feature, dict):
-        return "struct of " + ", ".join(feature)
-    return type(feature).__name__ + (f" of {_feature_name(feature.feature)}"
-                                     if hasattr(feature, "feature") else "")
-
-
 def _check_image_column(ds, column: str, lo: int, hi: int, base: Path | None) -> None:
     """One clear refusal up front, from the column's type and its first rows, instead of an
     error on every row: lists of images, values that are no image, paths that lead nowhere."""
@@ -697,24 +649,21 @@ def _check_image_column(ds, column: str, lo: int, hi: int, base: Path | None) ->
     advice = (f"pass --image-column NAME of a column of images (columns: "
               f"{', '.join(ds.column_names)})")
     if isinstance(feature, (list, tuple)) or hasattr(feature, "feature"):
-        fail(f"image column {column!r} holds lists ({_feature_name(feature)}), and these "
+        fail(f"image column {column!r} holds lists ({feature}), and these "
              f"scripts OCR one image per row: flatten it first (one row per page), or {advice}")
-    binary = isinstance(feature, datasets.Value) and feature.dtype in ("binary", "large_binary")
-    text = isinstance(feature, datasets.Value) and feature.dtype in ("string", "large_string")
+    dtype = feature.dtype if isinstance(feature, datasets.Value) else None
     struct = isinstance(feature, dict) and "bytes" in feature
-    if not (isinstance(feature, datasets.Image) or binary or text or struct):
-        fail(f"image column {column!r} is of type {_feature_name(feature)}, not images; {advice}")
-    if binary or hi <= lo:
+    if not (isinstance(feature, datasets.Image) or struct or dtype in (
+            "binary", "large_binary", "string", "large_string")):
+        fail(f"image column {column!r} is of type {feature}, not images; {advice}")
+    if dtype in ("binary", "large_binary") or hi <= lo:
         return
     sample = ds.select_columns([column]).select(range(lo, min(hi, lo + 16)))[column]
     paths = [c if isinstance(c, str) else c.get("path") for c in sample
              if isinstance(c, str) or isinstance(c, dict) and c.get("bytes") is None]
     paths = [p for p in paths if p]
-    if not paths:
-        return
-    found = [Path(p).expanduser().is_file() or base is not None and (base / p).is_file()
-             for p in paths]
-    if not any(found):
+    if paths and not any(Path(p).expanduser().is_file() or base is not None and
+                         (base / p).is_file() for p in paths):
         where = f"{Path.cwd()}" + (f" and {base}" if base is not None else "")
         fail(f"image column {column!r} holds paths that lead to no file, e.g. {paths[0]!r} "
              f"(relative ones looked up in {where}). Write absolute paths, or paths relative "
@@ -744,8 +693,8 @@ def open_input(args) -> InputSource:
         _nothing_to_do(description)
     _PATH_BASE[:] = [base] if base is not None else []  # before a PDF column is looked for
     pdf_column = find_pdf_column(ds, args)
-    if pdf_column is not None and getattr(datasets, "Pdf", None) is not None and \
-            isinstance(ds.features[pdf_column], datasets.Pdf):
+    if pdf_column is not None and isinstance(ds.features[pdf_column],
+                                             getattr(datasets, "Pdf", ())):
         ds = ds.cast_column(pdf_column, datasets.Pdf(decode=False))  # the bytes, opened here
     if args.image_column not in ds.column_names and pdf_column is None:
         image_like = [name for name, feature in ds.features.items()
@@ -754,8 +703,7 @@ def open_input(args) -> InputSource:
         fail(f"image column {args.image_column!r} not found. Columns: "
              f"{', '.join(ds.column_names)}{hint}. Pass --image-column NAME, or --pdf-column "
              f"NAME for a column of PDF bytes or paths.")
-    if args.image_column in ds.column_names and \
-            isinstance(ds.features[args.image_column], datasets.Image):
+    if isinstance(ds.features.get(args.image_column), datasets.Image):
         ds = ds.cast_column(args.image_column, datasets.Image(decode=False))
     rows_full = len(ds)
     if args.shuffle:
@@ -775,9 +723,9 @@ def open_input(args) -> InputSource:
         return InputSource(ds, args.image_column, description, lo, hi, rows_full, files=files)
     pages = count_pdf_pages(ds, pdf_column, args)
     pages.per_document = bool(args.per_document)
-    shown = ds  # the output names each document (a folder's file_name does), never its bytes
-    if "file_name" not in ds.column_names:  # added before the PDF column goes: no columns, no rows
-        shown = shown.add_column(" name", pages.names)
+    # the output names each document (a folder's file_name does), never its bytes; the name is
+    # added before the PDF column goes (a dataset of no columns has no rows)
+    shown = ds if "file_name" in ds.column_names else ds.add_column(" name", pages.names)
     shown = shown.remove_columns([pdf_column])
     if " name" in shown.column_names:
         shown = shown.rename_column(" name", pdf_column)
@@ -821,40 +769,31 @@ class PreparedPage:
 
 
 def input_digest(data: bytes) -> str:
-    """What a row was made from: the image's bytes as read (a PDF page: its document's bytes,
-    PdfPages.digest), journaled with the row, so that a rerun reuses a journaled row
-    only for the same bytes (an image replaced by one of the same size is another page)."""
+    """What a row was made from (a PDF page: its document), journaled with the row: a rerun
+    reuses a journaled row only for the same bytes."""
     return hashlib.sha256(data).hexdigest()[:20]
 
 
 def _resolve_image_path(value: str) -> Path:
-    """A path string of the image column: as written (absolute, or from the working folder),
-    else relative to INPUT's folder."""
+    """A path string of the image column: as written, else relative to INPUT's folder."""
     path = Path(value).expanduser()
-    if not path.is_absolute() and _PATH_BASE and not path.exists() and \
+    if _PATH_BASE and not path.is_absolute() and not path.exists() and \
             (_PATH_BASE[0] / path).exists():
         return _PATH_BASE[0] / path
     return path
 
 
 def read_cell_bytes(cell) -> bytes:
-    if cell is None:
-        raise PageError("missing image (empty cell)")
+    """The bytes of an image cell: bytes, a {bytes, path} struct, or a path string."""
     if isinstance(cell, dict):
-        data, path = cell.get("bytes"), cell.get("path")
-        if data is None and path:
-            try:
-                data = _resolve_image_path(path).read_bytes()
-            except OSError as exc:
-                raise PageError(f"cannot read image file {path}: {exc}") from None
-        if data is None:
-            raise PageError("missing image (cell has neither bytes nor path)")
-        cell = data
-    elif isinstance(cell, str):
+        cell = cell.get("path") if cell.get("bytes") is None else cell["bytes"]
+    if isinstance(cell, str) and cell:
         try:
             cell = _resolve_image_path(cell).read_bytes()
         except OSError as exc:
             raise PageError(f"cannot read image file {cell}: {exc}") from None
+    if cell is None or cell == "":
+        raise PageError("missing image (empty cell)")
     if not isinstance(cell, (bytes, bytearray, memoryview)):
         raise PageError(f"unsupported image cell of type {type(cell).__name__}")
     if len(cell) == 0:
@@ -862,44 +801,33 @@ def read_cell_bytes(cell) -> bytes:
     return bytes(cell)
 
 
-def _rescale_to_8bit(img):
-    """16-bit and float scans to 8-bit by their real bit depth, so a 16-bit page stays grey."""
-    import numpy as np
-    from PIL import Image
-
-    arr = np.asarray(img)
-    if arr.dtype.kind == "f":
-        top = 1.0 if float(np.nanmax(arr)) <= 1.0 else 65535.0
-    else:
-        peak = int(arr.max()) if arr.size else 0
-        top = 255 if peak <= 255 else 4095 if peak <= 4095 else 65535
-    scaled = np.clip(np.nan_to_num(arr.astype(np.float32)) * (255.0 / top), 0, 255)
-    return Image.fromarray(scaled.round().astype(np.uint8), mode="L")
-
-
 def to_rgb(img):
-    """Any PIL mode to RGB: alpha flattened on white, palettes expanded, 16-bit rescaled."""
+    """Any PIL mode to RGB: alpha flattened on white, palettes expanded, 16-bit and float scans
+    rescaled by their real bit depth (a 16-bit page stays grey)."""
     from PIL import Image
 
     if img.mode == "RGB":
         return img
     if img.mode in ("I;16", "I;16L", "I;16B", "I;16N", "I", "F"):
-        return _rescale_to_8bit(img).convert("RGB")
-    if img.mode == "P" and "transparency" in img.info or img.mode in ("RGBA", "LA", "PA", "RGBa", "La"):
-        rgba = img.convert("RGBA")
-        background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
-        return Image.alpha_composite(background, rgba).convert("RGB")
+        import numpy as np
+
+        arr = np.asarray(img)
+        peak = float(np.nanmax(arr)) if arr.size else 0.0
+        top = (1.0 if peak <= 1.0 else 65535.0) if arr.dtype.kind == "f" else \
+            255 if peak <= 255 else 4095 if peak <= 4095 else 65535
+        scaled = np.clip(np.nan_to_num(arr.astype(np.float32)) * (255.0 / top), 0, 255)
+        return Image.fromarray(scaled.round().astype(np.uint8), mode="L").convert("RGB")
+    if img.mode in ("RGBA", "LA", "PA", "RGBa", "La") or \
+            img.mode == "P" and "transparency" in img.info:
+        background = Image.new("RGBA", img.size, (255, 255, 255, 255))
+        return Image.alpha_composite(background, img.convert("RGBA")).convert("RGB")
     return img.convert("RGB")
 
 
 def prepare_page(cell, decode: bool = True) -> PreparedPage | None:
-    """Encoded bytes to send for one cell; raises PageError for anything that is not a page.
-
-    A page that needs no change (a JPEG or PNG in RGB, upright, one frame, within bounds) is
-    sent byte for byte: no new artifacts, no encoding cost; a complete JPEG is not even decoded
-    (damage inside one is left to the server's decoder). Others are decoded once, turned
-    upright, converted to RGB, resized to target_size() and encoded once (encode_page). With
-    decode=False, None instead of any pixel work."""
+    """The encoded bytes to send for one cell, PageError for anything that is not a page; with
+    decode=False, None instead of any pixel work. A JPEG or PNG that needs no change (RGB,
+    upright, one frame, within bounds) is sent as it is: no new artifacts, no encoding cost."""
     from PIL import Image, ImageOps
 
     if isinstance(cell, PdfPage):
@@ -917,36 +845,32 @@ def prepare_page(cell, decode: bool = True) -> PreparedPage | None:
             # PNG keeps EXIF (rare) after the pixels: reading it there would decode the page
             has_exif = img.format != "PNG" or "exif" in img.info
             orientation = img.getexif().get(0x0112, 1) if has_exif else 1
-            upright = orientation in (None, 1)
-            if not upright and orientation in (5, 6, 7, 8):
+            upright, turned = orientation in (None, 1), orientation in (5, 6, 7, 8)
+            if turned:
                 width, height = height, width
             target = target_size(width, height)
-            same_size = target == (width, height)
             frames = getattr(img, "n_frames", 1)
-            if same_size and upright and img.mode == "RGB" and frames == 1:
-                if img.format == "JPEG":
-                    if raw.rstrip(b"\0").endswith(b"\xff\xd9"):  # complete: send as it is
-                        return PreparedPage(raw, "image/jpeg", width, height, True, digest=digest)
-                    if not decode:
-                        return None
-                    img.draft("RGB", (max(1, width // 8), max(1, height // 8)))
-                    img.load()  # trailing bytes or truncated? A 1/8-scale decode reads it all
+            if target == (width, height) and upright and img.mode == "RGB" and frames == 1:
+                if img.format == "JPEG":  # a complete one is not even decoded
+                    if not raw.rstrip(b"\0").endswith(b"\xff\xd9"):
+                        if not decode:
+                            return None
+                        img.draft("RGB", (max(1, width // 8), max(1, height // 8)))
+                        img.load()  # trailing bytes or truncated? A 1/8-scale decode reads all
                     return PreparedPage(raw, "image/jpeg", width, height, True, digest=digest)
                 if img.format == "PNG" and (decode or len(raw) <= 1 << 20):
-                    # every chunk's checksum, no decompression: catches truncation
-                    Image.open(io.BytesIO(raw)).verify()
+                    Image.open(io.BytesIO(raw)).verify()  # every chunk's checksum: truncation
                     return PreparedPage(raw, "image/png", width, height, True, digest=digest)
             if not decode:
                 return None
-            source_format = img.format
             if frames > 1:
                 img.seek(0)
-            if not same_size and source_format == "JPEG":
-                # a reduced-scale decode, to no less than twice the target: the model's own
-                # filter then does the last step, as on the authors' fully decoded page
-                draft_size = target if upright or orientation not in (5, 6, 7, 8) else target[::-1]
+            if target != (width, height) and img.format == "JPEG":
+                # a reduced-scale decode to no less than twice the target: the model's own
+                # filter does the last step, as on the authors' fully decoded page
+                draft = target[::-1] if turned else target
                 img.draft(img.mode if img.mode in ("RGB", "L") else None,
-                          (2 * draft_size[0], 2 * draft_size[1]))
+                          (2 * draft[0], 2 * draft[1]))
             img.load()
             if not upright:
                 img = ImageOps.exif_transpose(img)
