@@ -1871,12 +1871,10 @@ def replace_rows(path: Path, start: int, redone: dict, features, args) -> None:
 
 
 def append_info(old, entry: dict) -> str:
-    history = []
-    if old:
-        try:
-            history = json.loads(old) if isinstance(old, str) else list(old)
-        except (ValueError, TypeError):
-            history = [{"unparsed": str(old)}]
+    try:
+        history = json.loads(old) if old and isinstance(old, str) else list(old or [])
+    except (ValueError, TypeError):
+        history = [{"unparsed": str(old)}]
     return json.dumps((history if isinstance(history, list) else [history]) + [entry],
                       ensure_ascii=False)
 
@@ -1940,9 +1938,9 @@ class Journal:
         self.segments[self.current] = set()
         self.lines = 0
 
-    def _drop_empty(self, every: bool = False) -> None:
+    def _drop_empty(self) -> None:
         for path, rows in list(self.segments.items()):
-            if not rows and (every or path != self.current):
+            if not rows and path != self.current:  # the open one stays
                 path.unlink(missing_ok=True)
                 del self.segments[path]
 
@@ -1960,11 +1958,11 @@ class Journal:
                     self.file.close()
                 except OSError as exc:  # its last lines' rows are in parts, or not written
                     log(f"warning: cannot write the journal ({exc})")
-                self.file = None
+            self.file = self.current = None
             if discard:
                 for rows in self.segments.values():
                     rows.clear()
-            self._drop_empty(every=True)
+            self._drop_empty()
 
 
 @dataclass
@@ -2007,7 +2005,6 @@ def plan_rows(source: InputSource, store: "OutputStore", args) -> RowPlan:
         earlier_ok += stop - start - len(note["errors"])
         redo.update((row, path) for row in again)
     store.keep_local.update(path.name for path in redo.values())  # rewritten here later
-    uncovered = [source.lo + i for i, flag in enumerate(covered) if not flag]
     pdf = source.pdf if source.pdf is not None and source.pdf.per_document else None
 
     def wanted(i: int) -> bool:  # --per-document journals each page as -1 - page
@@ -2030,7 +2027,7 @@ def plan_rows(source: InputSource, store: "OutputStore", args) -> RowPlan:
             f"were made from (replaced since, even by a file of the same size), or the journal "
             f"does not say (an error before the page was read, or written by an older version)")
     pages = {-1 - i: recovered.pop(i) for i in [i for i in recovered if i < 0]}
-    pending = sorted(i for i in set(uncovered) | set(redo) if i not in recovered)
+    pending = [i for i in range(source.lo, source.hi) if wanted(i) and i not in recovered]
     skipped = source.hi - source.lo - len(pending) - len(recovered)
     if pdf is None:
         return RowPlan(pending, recovered, redo, skipped, earlier_ok, pending)
@@ -2042,8 +2039,7 @@ def plan_rows(source: InputSource, store: "OutputStore", args) -> RowPlan:
 
 
 def input_digests(source: InputSource, rows) -> dict:
-    """input_digest() of these rows' input as it is now (None: unreadable), reading only theirs
-    (a PDF's: PdfPages.digest)."""
+    """input_digest() of these rows' input as it is now (None: unreadable; a PDF's: its own)."""
     digests = {}
     for index, cell in iter_image_cells(source, sorted(rows)):
         try:
@@ -2055,9 +2051,8 @@ def input_digests(source: InputSource, rows) -> dict:
 
 
 def lock_file(handle) -> bool:
-    """Lock an open file until this process dies, however: False when another holds it. A POSIX
-    record lock, which forked children (PDF renderers, vLLM's engine) do not inherit, unlike
-    flock(). A filesystem without locks is said, not fatal."""
+    """Lock an open file until this process dies, however: False when another holds it. Not
+    flock(): forked children (PDF renderers, vLLM's engine) do not inherit a POSIX lock."""
     import errno
     import fcntl
 
@@ -2528,9 +2523,9 @@ class OutputStore:
 class PartWriter:
     """Finished rows go to the journal at once, and into parquet parts once the degenerate check
     has passed. Parts follow fixed blocks of --part-rows rows: a block is written once its rows
-    are all finished, in whatever order (a slow page holds back only its own block); every
-    --part-seconds, at the end or on an abort, the other finished rows too. A redone error row
-    replaces it in its part."""
+    are all finished, in whatever order (a slow page holds back only its own block), and so is
+    a part whose error rows are all redone; every --part-seconds, at the end or on an abort,
+    the other finished rows too."""
 
     def __init__(self, store: OutputStore, source: InputSource, plan: RowPlan, features,
                  info_entry: dict, check: "DegenerateCheck", args):
@@ -2538,20 +2533,22 @@ class PartWriter:
         self.info_entry, self.check, self.args = info_entry, check, args
         self.redo = dict(plan.redo)  # row -> part holding its error row, until replaced
         self.results: dict[int, RowResult] = dict(plan.recovered)  # finished, in no part yet
-        self.left: dict[int, int] = {}  # block -> its rows not finished yet
-        for block in (i // args.part_rows for i in plan.pending if i not in self.redo):
-            self.left[block] = self.left.get(block, 0) + 1
-        self.complete = {i // args.part_rows for i in self.results if i not in self.redo} \
-            - set(self.left)
+        self.left: dict = {}  # group (see _group) -> its rows not finished yet
+        for group in map(self._group, plan.pending):
+            self.left[group] = self.left.get(group, 0) + 1
+        self.complete = set(map(self._group, self.results)) - set(self.left)
         self.lock = threading.Lock()
         self.last_flush = time.monotonic()
         self.rows_ok = self.rows_failed = 0
         self.rows_text_layer = 0  # of rows_ok: pages not sent, their text layer was enough
         self.write_errors: list[str] = []
-        self.failed: set[Path] = set()
         self.open_documents: dict[int, dict] = {}  # --per-document: doc -> its pages finished
         for index, result in plan.pages.items():
             self.add(index, result, journaled=True)
+
+    def _group(self, index: int):
+        """What a row is written with: the part its error row is in, or its block."""
+        return self.redo.get(index) or index // self.args.part_rows
 
     def add(self, index: int, result: RowResult, journaled: bool = False) -> None:
         pdf = self.source.pdf
@@ -2573,28 +2570,31 @@ class PartWriter:
             self.store.journal.append(index, result)
         with self.lock:
             self.results[index] = result
-            block = index // self.args.part_rows
-            if index not in self.redo:
-                self.left[block] -= 1
-                if not self.left[block]:
-                    del self.left[block]
-                    self.complete.add(block)
+            group = self._group(index)
+            self.left[group] -= 1
+            if not self.left[group]:
+                del self.left[group]
+                self.complete.add(group)
 
     def due(self) -> bool:
         return self.check.passed() and bool(self.results) and (
             bool(self.complete) or time.monotonic() - self.last_flush >= self.args.part_seconds)
 
     def flush(self, final: bool = False) -> None:
-        """Write complete blocks; every finished row when --part-seconds passed or final."""
+        """Write the complete groups; every finished row when --part-seconds passed or final.
+        A group that fails is tried again at the next full flush."""
         size = self.args.part_rows
         everything = final or time.monotonic() - self.last_flush >= self.args.part_seconds
         with self.lock:
-            blocks, self.complete = self.complete, set()
-            rows = sorted(i for i in self.results if i not in self.redo
-                          and (everything or i // size in blocks))
-        runs: list[list[int]] = []  # a part each: consecutive rows of one block
+            groups, self.complete = self.complete, set()
+            rows = sorted(i for i in self.results if everything or self._group(i) in groups)
+            redone = {i: self.redo[i] for i in rows if i in self.redo}
+        runs: list[list[int]] = []  # a new part each: consecutive rows of one block
+        by_part: dict[Path, list[int]] = {}  # a part rewritten with its redone rows
         for index in rows:
-            if runs and index == runs[-1][-1] + 1 and index // size == runs[-1][0] // size:
+            if index in redone:
+                by_part.setdefault(redone[index], []).append(index)
+            elif runs and index == runs[-1][-1] + 1 and index // size == runs[-1][0] // size:
                 runs[-1].append(index)
             else:
                 runs.append([index])
@@ -2602,27 +2602,14 @@ class PartWriter:
             path = self.store.root / "data" / part_name(run[0], run[-1] + 1)
             self._store(path, run, lambda results: write_part(
                 path, self.source, run, results, self.features, self.info_entry, self.args))
-        self._replace(everything)
+        for path, run in by_part.items():
+            start = ranges_from_names([path.name])[0][0]
+            self._store(path, run, lambda results: replace_rows(
+                path, start, dict(zip(run, results)), self.features, self.args))
         if everything:
-            self.failed.clear()
             self.last_flush = time.monotonic()
 
-    def _replace(self, everything: bool) -> None:
-        """Rewrite the parts whose redone rows are all finished (or any, at the end)."""
-        by_part: dict[Path, list[int]] = {}
-        with self.lock:
-            for index, path in self.redo.items():
-                by_part.setdefault(path, []).append(index)
-            ready = {path: [i for i in rows if i in self.results] for path, rows in by_part.items()
-                     if any(i in self.results for i in rows) and (everything or (
-                         path not in self.failed and all(i in self.results for i in rows)))}
-        for path, rows in ready.items():
-            start = ranges_from_names([path.name])[0][0]
-            if not self._store(path, rows, lambda results: replace_rows(
-                    path, start, dict(zip(rows, results)), self.features, self.args)):
-                self.failed.add(path)  # tried again at the next full flush
-
-    def _store(self, path: Path, rows: list[int], write) -> bool:
+    def _store(self, path: Path, rows: list[int], write) -> None:
         """write(results) to the part at path, then count the rows and publish the part; on an
         error (a full disk, a bad input cell) the rows are kept and written again later."""
         results = [self.results[i] for i in rows]
@@ -2633,7 +2620,7 @@ class PartWriter:
             log(f"error: {message}; its rows are kept and written again later")
             self.write_errors.append(message)
             self.last_flush = time.monotonic()  # wait a while before the next attempt
-            return False
+            return
         with self.lock:
             for index in rows:
                 self.results.pop(index, None)
@@ -2646,7 +2633,6 @@ class PartWriter:
         if any(r.error_kind == SERVER for r in results):
             self.store.keep_local.add(path.name)  # a rerun here redoes them
         self.store.publish(path)
-        return True
 
 
 def iter_image_cells(source: InputSource, indices: list[int], batch: int = 64):
