@@ -1467,37 +1467,39 @@ def error_row(message: str, kind: str) -> RowResult:
 
 
 def joined_pages(pages: list[tuple[int, RowResult]]) -> RowResult:
-    """A document's row from its pages' (--per-document): the good pages' texts in page order,
-    each after a line that says which page follows; each failed page named in the error."""
+    """A document's row (--per-document): each page's text after a line naming the page (a page
+    not sent: its text layer; a failed page: nothing), each failed page named in the error."""
     if len(pages) == 1 and not pages[0][0]:
         return pages[0][1]  # an image, or a document whose pages could not be counted
-    digests = {r.digest for _, r in pages}
-    marked = lambda values: "\n\n".join(  # noqa: E731
-        f"<!-- page {n} -->" + (f"\n\n{v}" if v else "") for n, v in values if v is not None) or None
     ok = [(n, r) for n, r in pages if r.error is None]
     errors = [(n, r) for n, r in pages if r.error is not None]
-    # every page has its line; a page not sent has its text layer, a failed page nothing
-    texts = [(n, r.text if r.skipped is None else r.text_layer) if r.error is None else (n, "")
+
+    def marked(values):
+        return "\n\n".join(f"<!-- page {n} -->" + (f"\n\n{v}" if v else "")
+                           for n, v in values if v is not None) or None
+
+    def total(name: str):
+        return sum(getattr(r, name) or 0 for _, r in ok) or None
+
+    texts = [(n, "" if r.error is not None else r.text if r.skipped is None else r.text_layer)
              for n, r in pages]
-    counts = lambda name: sum(getattr(r, name) or 0 for _, r in ok) or None  # noqa: E731
-    extras = {}
-    for suffix, kind in EXTRA_COLUMNS.items():
-        values = [(n, r.extras.get(suffix)) for n, r in ok]
-        extras[suffix] = [b for _, v in values for b in v or []] if kind == "blocks" else \
-            marked(values)
-    skipped = [n for n, r in pages if r.skipped]
+    extras = {suffix: [b for _, r in ok for b in r.extras.get(suffix) or []] if kind == "blocks"
+              else marked((n, r.extras.get(suffix)) for n, r in ok)
+              for suffix, kind in EXTRA_COLUMNS.items()}
+    reasons = [r.finish_reason for _, r in ok if r.finish_reason]
+    skipped = ", ".join(str(n) for n, r in pages if r.skipped)
+    digests = {r.digest for _, r in pages}
     return RowResult(
         text=marked(texts) if any(t for _, t in texts) else None,
         error="; ".join(f"page {n}: {r.error}" for n, r in errors) or None,
-        error_kind=None if not errors else SERVER if any(r.error_kind == SERVER for _, r in errors)
-        else PAGE,
-        finish_reason=next((r.finish_reason for _, r in ok if r.finish_reason in CUT),
-                           next((r.finish_reason for _, r in ok if r.finish_reason), None)),
-        prompt_tokens=counts("prompt_tokens"), completion_tokens=counts("completion_tokens"),
+        error_kind=(SERVER if any(r.error_kind == SERVER for _, r in errors) else PAGE)
+        if errors else None,
+        finish_reason=next((r for r in reasons if r in CUT), next(iter(reasons), None)),
+        prompt_tokens=total("prompt_tokens"), completion_tokens=total("completion_tokens"),
         attempts=max((r.attempts for _, r in ok if r.attempts is not None), default=None),
         extras=extras, text_layer=marked((n, r.text_layer) for n, r in pages),
-        skipped=f"pages {', '.join(map(str, skipped))} not sent: their text layer (in the text "
-        f"too) was enough" if skipped else None,
+        skipped=f"pages {skipped} not sent: their text layer (in the text too) was enough"
+        if skipped else None,
         digest=digests.pop() if len(digests) == 1 else None)  # the document's, if all pages had it
 
 
@@ -1528,20 +1530,16 @@ def part_name(start: int, stop: int) -> str:
 
 
 def ranges_from_names(names) -> list[tuple[int, int]]:
-    out = []
-    for name in names:
-        match = PART_NAME.match(Path(name).name)
-        if match:
-            out.append((int(match.group(1)), int(match.group(2))))
-    return sorted(out)
+    matches = (PART_NAME.match(Path(name).name) for name in names)
+    return sorted((int(m[1]), int(m[2])) for m in matches if m)
 
 
 def output_features(source: InputSource, args):
     import datasets
 
-    features = datasets.Features(
-        {k: v for k, v in input_features(source).items()
-         if k not in result_column_names(args.output_column) and k != "inference_info"})
+    names = result_column_names(args.output_column)
+    features = datasets.Features({k: v for k, v in input_features(source).items()
+                                  if k not in names and k != "inference_info"})
     image = features.get(source.image_column)
     # an Image, or a {bytes, path} struct that was one (pyarrow types `bytes` null when every
     # cell is a path): its files are embedded, so it is an Image again, decoded on load
@@ -1550,14 +1548,13 @@ def output_features(source: InputSource, args):
     kinds = [datasets.Value(kind) for kind in RESULT_FIELDS.values()] + \
         [extra_feature(kind) for kind in EXTRA_COLUMNS.values()] + \
         [datasets.Value("string")] * len(_TEXT_LAYER_COLUMNS)
-    for name, feature in zip(result_column_names(args.output_column), kinds):
-        features[name] = feature
+    features.update(zip(names, kinds))
     features["inference_info"] = datasets.Value("string")
     return features
 
 
 def extra_feature(kind: str):
-    """Model-specific columns: "blocks" is layout (label, box as x1 y1 x2 y2, text), one entry
+    """A model's own column: "blocks" is its layout (label, box as x1 y1 x2 y2, text), one entry
     per block in reading order; "string" is plain text (e.g. the raw model output)."""
     import datasets
 
@@ -1575,12 +1572,13 @@ def result_columns(results: list, column: str) -> dict:
 
 
 def encode_rows(batch: dict, results: list, features, args):
-    """The Arrow table of a batch; a row whose result a column cannot hold becomes that row's
-    error (its other rows are kept), never a part that cannot be written."""
+    """The Arrow table of a batch; a result a column cannot hold becomes its row's error (the
+    other rows are kept), never a part that cannot be written."""
     import datasets
     import pyarrow as pa
 
-    def table(rows: dict):
+    def table(rows: dict, results: list):
+        rows = {**rows, **result_columns(results, args.output_column)}
         encoded = features.encode_batch(rows)
         for name, cells in rows.items():  # an image's bytes are kept: `datasets` would keep
             if isinstance(features[name], datasets.Image):  # its path alone if that names a file
@@ -1588,57 +1586,57 @@ def encode_rows(batch: dict, results: list, features, args):
                                  else value for cell, value in zip(cells, encoded[name])]
         return pa.Table.from_pydict(encoded, schema=features.arrow_schema)
 
-    def encode():
-        batch.update(result_columns(results, args.output_column))
-        return table(batch)
-
     try:
-        return encode()
+        return table(batch, results)
     except Exception:  # find the rows at fault: encode each alone
         for i, result in enumerate(results):
-            one = {name: values[i:i + 1] for name, values in batch.items()}
-            one.update(result_columns([result], args.output_column))
             try:
-                table(one)
+                table({name: values[i:i + 1] for name, values in batch.items()}, [result])
             except Exception as exc:
                 results[i] = exception_row(exc, PAGE, "the result cannot be stored: ")
-        return encode()
+        return table(batch, results)
+
+
+def write_atomically(path: Path, write) -> None:
+    """write(tmp), then tmp renamed to path: a kill leaves the old file or the new, whole."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def write_part(path: Path, source: InputSource, indices: list[int], results: list, features,
                info_entry: dict, args) -> None:
-    """Write the given rows (consecutive indices) with their results; atomic (tmp, then rename).
-    `results` may be edited: a result that cannot be stored becomes its row's error."""
+    """Write the given rows (consecutive indices) with their results, atomically. `results`
+    may be edited: a result that cannot be stored becomes its row's error."""
     import pyarrow.parquet as pq
 
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
+    def write(tmp: Path):
         with pq.ParquetWriter(str(tmp), features.arrow_schema) as writer:
             for offset in range(0, len(indices), 32):
-                chunk = indices[offset:offset + 32]
-                rows = input_rows(source, chunk)
+                rows = input_rows(source, indices[offset:offset + 32])
                 batch = {k: v for k, v in rows.items() if k in features}
-                image_cells = batch.get(source.image_column) or []
-                for i, cell in enumerate(image_cells):  # embed image files that were only paths
-                    if isinstance(cell, dict) and cell.get("bytes") is None and cell.get("path"):
-                        try:
-                            file = _resolve_image_path(cell["path"])  # as the page was read
-                            image_cells[i] = {"bytes": file.read_bytes(), "path": file.name}
-                        except OSError:  # the row's error says why; a path to nothing
-                            image_cells[i] = None  # would make the output fail to iterate
-                old_info = rows.get("inference_info") or [None] * len(chunk)
-                batch["inference_info"] = [append_info(old, info_entry) for old in old_info]
+                cells = batch.get(source.image_column) or []
                 part = results[offset:offset + 32]
-                for i, result in enumerate(part):
-                    if result.error is not None and image_cells and not opens(image_cells[i]):
-                        image_cells[i] = None  # so that load_dataset(OUTPUT) iterates: see opens()
-                        part[i] = error_row(f"{result.error} (the image is not carried over: "
+                for i, cell in enumerate(cells):
+                    if isinstance(cell, dict) and cell.get("bytes") is None and cell.get("path"):
+                        try:  # embed an image file that was only a path, found as it was read
+                            file = _resolve_image_path(cell["path"])
+                            cells[i] = {"bytes": file.read_bytes(), "path": file.name}
+                        except OSError:  # the row's error says why; a path to nothing
+                            cells[i] = None  # would make the output fail to iterate
+                    if part[i].error is not None and not opens(cells[i]):
+                        cells[i] = None  # so that load_dataset(OUTPUT) iterates: see opens()
+                        part[i] = error_row(f"{part[i].error} (the image is not carried over: "
                                             f"it cannot be decoded)", PAGE)
+                old_info = rows.get("inference_info") or [None] * len(part)
+                batch["inference_info"] = [append_info(old, info_entry) for old in old_info]
                 writer.write_table(encode_rows(batch, part, features, args))
                 results[offset:offset + 32] = part
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+
+    write_atomically(path, write)
 
 
 def opens(cell) -> bool:
@@ -1659,52 +1657,39 @@ def opens(cell) -> bool:
 
 
 def replace_rows(path: Path, start: int, redone: dict, features, args) -> None:
-    """Rewrite a part with some of its rows' results replaced (a rerun redid error rows);
-    atomic, so a row is never in two parts."""
+    """Rewrite a part with the results of some of its rows replaced (a rerun redid error rows),
+    atomically, so that a row is never in two parts."""
     import datasets
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     table = pq.read_table(str(path))
-    names = result_column_names(args.output_column)
-    columns = {name: table.column(name).to_pylist() for name in names if name in table.column_names}
-    results = [redone.get(start + i) for i in range(table.num_rows)]
-    replaced = result_columns([r or RowResult() for r in results], args.output_column)
-    for name, values in replaced.items():
-        old = columns.get(name, [None] * table.num_rows)
-        columns[name] = [new if r is not None else prev for new, prev, r in zip(values, old, results)]
-    encoded = datasets.Features({n: features[n] for n in names}).encode_batch(columns)
-    for name in names:
-        array = pa.array(encoded[name], type=features.arrow_schema.field(name).type)
-        if name in table.column_names:
-            table = table.set_column(table.column_names.index(name), name, array)
-        else:
-            table = table.append_column(features.arrow_schema.field(name), array)
-    table = table.select(features.arrow_schema.names).cast(features.arrow_schema)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        pq.write_table(table, str(tmp))
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    rows = range(start, start + table.num_rows)
+    new = result_columns([redone.get(i) or RowResult() for i in rows], args.output_column)
+    columns = {name: [value if i in redone else old for i, value, old in zip(
+        rows, values, table.column(name).to_pylist() if name in table.column_names
+        else [None] * len(rows))] for name, values in new.items()}  # an older part may lack one
+    encoded = datasets.Features({name: features[name] for name in new}).encode_batch(columns)
+    schema = features.arrow_schema
+    table = pa.Table.from_arrays([pa.array(encoded[f.name], type=f.type) if f.name in new
+                                  else table.column(f.name).cast(f.type) for f in schema],
+                                 schema=schema)
+    write_atomically(path, lambda tmp: pq.write_table(table, str(tmp)))
 
 
 def append_info(old, entry: dict) -> str:
-    history = []
-    if old:
-        try:
-            history = json.loads(old) if isinstance(old, str) else list(old)
-        except (ValueError, TypeError):
-            history = [{"unparsed": str(old)}]
-        if not isinstance(history, list):
-            history = [history]
-    return json.dumps(history + [entry], ensure_ascii=False)
+    try:
+        history = json.loads(old) if old and isinstance(old, str) else list(old or [])
+    except (ValueError, TypeError):
+        history = [{"unparsed": str(old)}]
+    return json.dumps((history if isinstance(history, list) else [history]) + [entry],
+                      ensure_ascii=False)
 
 
 class Journal:
-    """Each finished row, appended the moment it is accepted (one JSON line, handed to the OS at
-    once and fsynced every few seconds), so `kill -9` loses none of them. A segment is removed
-    once parts hold all its rows; a rerun replays what earlier runs left."""
+    """Each finished row, one JSON line appended the moment it is accepted (fsynced every few
+    seconds), so `kill -9` loses none. A segment goes once parts hold all its rows; a rerun
+    replays what earlier runs left."""
 
     ROTATE_ROWS, SYNC_SECONDS = 2000, 2.0
 
@@ -1712,32 +1697,27 @@ class Journal:
         self.folder = folder
         self.segments: dict[Path, set[int]] = {}  # each segment's rows not yet in a part
         self.file = self.current = None
-        self.lines = 0
-        self.synced = time.monotonic()
+        self.lines, self.synced, self.failed = 0, time.monotonic(), False
         self.lock = threading.Lock()
-        self.failed = False
 
     def replay(self, wanted) -> dict[int, RowResult]:
         """Rows earlier runs finished, oldest segment first; `wanted(row)` says which to take."""
         rows: dict[int, RowResult] = {}
         for path in sorted(self.folder.glob("*.jsonl")):
-            taken = set()
+            self.segments[path] = set()
             for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
                 try:
                     entry = json.loads(line)
-                    index = entry.pop("row")
-                    result = RowResult(**entry)
+                    index, result = entry.pop("row"), RowResult(**entry)
                 except (ValueError, TypeError, KeyError, AttributeError):
                     continue  # the line a kill cut short
                 if wanted(index):
                     rows[index] = result
-                    taken.add(index)
-            self.segments[path] = taken
+                    self.segments[path].add(index)
         return rows
 
     def append(self, index: int, result: RowResult) -> None:
-        # ASCII escapes: any text, lone surrogates included
-        line = json.dumps({"row": index, **result.__dict__}) + "\n"
+        line = json.dumps({"row": index, **result.__dict__}) + "\n"  # ASCII: lone surrogates too
         with self.lock:
             try:
                 if self.file is None or self.lines >= self.ROTATE_ROWS:
@@ -1765,9 +1745,9 @@ class Journal:
         self.segments[self.current] = set()
         self.lines = 0
 
-    def _drop_empty(self, every: bool = False) -> None:
+    def _drop_empty(self) -> None:
         for path, rows in list(self.segments.items()):
-            if not rows and (every or path != self.current):
+            if not rows and path != self.current:  # the open one stays
                 path.unlink(missing_ok=True)
                 del self.segments[path]
 
@@ -1783,13 +1763,13 @@ class Journal:
             if self.file is not None:
                 try:
                     self.file.close()
-                except OSError as exc:  # its last lines: the rows they hold are in parts, or not written
+                except OSError as exc:  # its last lines' rows are in parts, or not written
                     log(f"warning: cannot write the journal ({exc})")
-                self.file = None
+            self.file = self.current = None
             if discard:
                 for rows in self.segments.values():
                     rows.clear()
-            self._drop_empty(every=True)
+            self._drop_empty()
 
 
 @dataclass
@@ -1807,7 +1787,6 @@ class RowPlan:
 def plan_rows(source: InputSource, store: "OutputStore", args) -> RowPlan:
     """Rows not in any part, plus error rows a rerun redoes: those the server or transport
     caused, or every error row with --retry-errors; minus what the journal already holds."""
-    column = args.output_column
     covered = bytearray(source.hi - source.lo)
     redo: dict[int, Path] = {}
     earlier_ok = 0
@@ -1819,8 +1798,8 @@ def plan_rows(source: InputSource, store: "OutputStore", args) -> RowPlan:
         if path is None and name not in store.notes and lo < hi:  # only on the Hub, without
             # its note (sent by `hf upload`, or by an older version): read from the part itself
             path = fetched = store.fetch_part(name)
-            store.note_rebuilt(name, part_note(path, column))
-        note = part_note(path, column) if path else store.notes.get(name)
+            store.note_rebuilt(name, part_note(path, args.output_column))
+        note = part_note(path, args.output_column) if path else store.notes.get(name)
         if note is None:  # another shard's part: its own rerun reads it
             earlier_ok += stop - start
             continue
@@ -1833,62 +1812,54 @@ def plan_rows(source: InputSource, store: "OutputStore", args) -> RowPlan:
         earlier_ok += stop - start - len(note["errors"])
         redo.update((row, path) for row in again)
     store.keep_local.update(path.name for path in redo.values())  # rewritten here later
-    uncovered = [source.lo + i for i, flag in enumerate(covered) if not flag]
-    wanted = lambda i: i in redo or (source.lo <= i < source.hi  # noqa: E731
-                                     and not covered[i - source.lo])
-    per_document = source.pdf is not None and source.pdf.per_document
-    # --per-document journals each page under -1 - page, until its document is whole
-    recovered = store.journal.replay(lambda i: wanted(i) if i >= 0 else per_document and
-                                     -i <= len(source.pdf.doc) and wanted(int(source.pdf.doc[-1 - i])))
-    pages = {-1 - i: recovered.pop(i) for i in [i for i in recovered if i < 0]}
-    for index, result in list(recovered.items()):
-        if index in redo and result.error is not None:
-            del recovered[index]  # an error row the part holds already (or a redo that failed
-            # again before a kill): redone once more
-    first = source.pdf.first_row if per_document else int  # a document's row: its first page's
-    now = input_digests(source, {first(i) for i in recovered} | set(pages))
-    changed = [i for i, r in recovered.items() if r.digest is None or r.digest != now[first(i)]]
-    changed_pages = [i for i, r in pages.items() if r.digest is None or r.digest != now[i]]
+    pdf = source.pdf if source.pdf is not None and source.pdf.per_document else None
+
+    def wanted(i: int) -> bool:  # --per-document journals each page as -1 - page
+        if i < 0:
+            return pdf is not None and -i <= len(pdf.doc) and wanted(int(pdf.doc[-1 - i]))
+        return i in redo or source.lo <= i < source.hi and not covered[i - source.lo]
+
+    def input_row(i: int) -> int:  # whose input a journal entry was made from
+        return -1 - i if i < 0 else pdf.first_row(i) if pdf else i
+
+    # an error row a part holds already (or a redo that failed again before a kill): redone
+    recovered = {i: r for i, r in store.journal.replay(wanted).items()
+                 if not (i in redo and r.error is not None)}
+    now = input_digests(source, {input_row(i) for i in recovered})
+    changed = [i for i, r in recovered.items() if r.digest is None or r.digest != now[input_row(i)]]
     for i in changed:
         del recovered[i]
-    for i in changed_pages:
-        del pages[i]
-    if changed or changed_pages:
-        log(f"{len(changed) + len(changed_pages)} row(s) of the journal are done again: their "
-            f"input is not what they were made from (replaced since, even by a file of the same "
-            f"size), or the journal does not say (an error before the page was read, or "
-            f"written by an older version)")
-    pending = sorted(i for i in set(uncovered) | set(redo) if i not in recovered)
+    if changed:
+        log(f"{len(changed)} row(s) of the journal are done again: their input is not what they "
+            f"were made from (replaced since, even by a file of the same size), or the journal "
+            f"does not say (an error before the page was read, or written by an older version)")
+    pages = {-1 - i: recovered.pop(i) for i in [i for i in recovered if i < 0]}
+    pending = [i for i in range(source.lo, source.hi) if wanted(i) and i not in recovered]
     skipped = source.hi - source.lo - len(pending) - len(recovered)
-    if not per_document:
+    if pdf is None:
         return RowPlan(pending, recovered, redo, skipped, earlier_ok, pending)
     pending_docs = set(pending)
-    pages = {i: r for i, r in pages.items() if int(source.pdf.doc[i]) in pending_docs
+    pages = {i: r for i, r in pages.items() if int(pdf.doc[i]) in pending_docs
              and (r.error is None or r.error_kind == PAGE and not args.retry_errors)}
-    send = [i for doc in pending for i in source.pdf.rows_of(doc) if i not in pages]
+    send = [i for doc in pending for i in pdf.rows_of(doc) if i not in pages]
     return RowPlan(pending, recovered, redo, skipped, earlier_ok, send, pages)
 
 
 def input_digests(source: InputSource, rows) -> dict:
-    """input_digest() of these output rows' input as it is now (None: it cannot be read): the
-    bytes of these rows only (a PDF's: PdfPages.digest)."""
+    """input_digest() of these rows' input as it is now (None: unreadable; a PDF's: its own)."""
     digests = {}
     for index, cell in iter_image_cells(source, sorted(rows)):
-        if isinstance(cell, PdfPage):
-            digests[index] = source.pdf.digest(cell.doc_row)
-            continue
         try:
-            digests[index] = input_digest(read_cell_bytes(cell))
+            digests[index] = source.pdf.digest(cell.doc_row) if isinstance(cell, PdfPage) \
+                else input_digest(read_cell_bytes(cell))
         except PageError:
             digests[index] = None
     return digests
 
 
 def lock_file(handle) -> bool:
-    """Lock an open file, exclusively, until this process dies, however it dies: False when
-    another process holds it. A POSIX record lock, not flock(): forked children (PDF renderers,
-    vLLM's engine processes) do not inherit it, so one that outlives a killed driver for a
-    moment does not refuse the rerun. A filesystem without locks is said, not fatal."""
+    """Lock an open file until this process dies, however: False when another holds it. Not
+    flock(): forked children (PDF renderers, vLLM's engine) do not inherit a POSIX lock."""
     import errno
     import fcntl
 
@@ -2295,11 +2266,11 @@ class OutputStore:
 
 
 class PartWriter:
-    """Finished rows go to the journal at once and, once the degenerate check has passed, into
-    parquet parts. Parts follow fixed blocks of --part-rows row indices: a block is written as
-    soon as its rows are all finished, whatever the order they finish in (a slow page holds
-    back only its own block). Every --part-seconds, and at the end or on an abort, the finished
-    rows of the other blocks are written too. A redone error row replaces it in its part."""
+    """Finished rows go to the journal at once, and into parquet parts once the degenerate check
+    has passed. Parts follow fixed blocks of --part-rows rows: a block is written once its rows
+    are all finished, in whatever order (a slow page holds back only its own block), and so is
+    a part whose error rows are all redone; every --part-seconds, at the end or on an abort,
+    the other finished rows too."""
 
     def __init__(self, store: OutputStore, source: InputSource, plan: RowPlan, features,
                  info_entry: dict, check: "DegenerateCheck", args):
@@ -2307,22 +2278,22 @@ class PartWriter:
         self.info_entry, self.check, self.args = info_entry, check, args
         self.redo = dict(plan.redo)  # row -> part holding its error row, until replaced
         self.results: dict[int, RowResult] = dict(plan.recovered)  # finished, in no part yet
-        self.left: dict[int, int] = {}  # block -> its rows not finished yet
-        for index in plan.pending:
-            if index not in self.redo:
-                block = index // args.part_rows
-                self.left[block] = self.left.get(block, 0) + 1
-        self.complete = {i // args.part_rows for i in self.results if i not in self.redo} \
-            - set(self.left)
+        self.left: dict = {}  # group (see _group) -> its rows not finished yet
+        for group in map(self._group, plan.pending):
+            self.left[group] = self.left.get(group, 0) + 1
+        self.complete = set(map(self._group, self.results)) - set(self.left)
         self.lock = threading.Lock()
         self.last_flush = time.monotonic()
         self.rows_ok = self.rows_failed = 0
         self.rows_text_layer = 0  # of rows_ok: pages not sent, their text layer was enough
         self.write_errors: list[str] = []
-        self.failed: set[Path] = set()
         self.open_documents: dict[int, dict] = {}  # --per-document: doc -> its pages finished
         for index, result in plan.pages.items():
             self.add(index, result, journaled=True)
+
+    def _group(self, index: int):
+        """What a row is written with: the part its error row is in, or its block."""
+        return self.redo.get(index) or index // self.args.part_rows
 
     def add(self, index: int, result: RowResult, journaled: bool = False) -> None:
         pdf = self.source.pdf
@@ -2344,87 +2315,69 @@ class PartWriter:
             self.store.journal.append(index, result)
         with self.lock:
             self.results[index] = result
-            block = index // self.args.part_rows
-            if index not in self.redo:
-                self.left[block] -= 1
-                if not self.left[block]:
-                    del self.left[block]
-                    self.complete.add(block)
+            group = self._group(index)
+            self.left[group] -= 1
+            if not self.left[group]:
+                del self.left[group]
+                self.complete.add(group)
 
     def due(self) -> bool:
         return self.check.passed() and bool(self.results) and (
             bool(self.complete) or time.monotonic() - self.last_flush >= self.args.part_seconds)
 
     def flush(self, final: bool = False) -> None:
-        """Write complete blocks; every finished row when --part-seconds passed or final."""
+        """Write the complete groups; every finished row when --part-seconds passed or final.
+        A group that fails is tried again at the next full flush."""
+        size = self.args.part_rows
         everything = final or time.monotonic() - self.last_flush >= self.args.part_seconds
         with self.lock:
-            blocks, self.complete = self.complete, set()
-            rows = sorted(i for i in self.results if i not in self.redo
-                          and (everything or i // self.args.part_rows in blocks))
-        run: list[int] = []
-        for index in rows + [None]:
-            if run and (index is None or index != run[-1] + 1
-                        or index // self.args.part_rows != run[-1] // self.args.part_rows):
-                self._write(run)
-                run = []
-            if index is not None:
-                run.append(index)
-        self._replace(everything)
+            groups, self.complete = self.complete, set()
+            rows = sorted(i for i in self.results if everything or self._group(i) in groups)
+            redone = {i: self.redo[i] for i in rows if i in self.redo}
+        runs: list[list[int]] = []  # a new part each: consecutive rows of one block
+        by_part: dict[Path, list[int]] = {}  # a part rewritten with its redone rows
+        for index in rows:
+            if index in redone:
+                by_part.setdefault(redone[index], []).append(index)
+            elif runs and index == runs[-1][-1] + 1 and index // size == runs[-1][0] // size:
+                runs[-1].append(index)
+            else:
+                runs.append([index])
+        for run in runs:
+            path = self.store.root / "data" / part_name(run[0], run[-1] + 1)
+            self._store(path, run, lambda results: write_part(
+                path, self.source, run, results, self.features, self.info_entry, self.args))
+        for path, run in by_part.items():
+            start = ranges_from_names([path.name])[0][0]
+            self._store(path, run, lambda results: replace_rows(
+                path, start, dict(zip(run, results)), self.features, self.args))
         if everything:
-            self.failed.clear()
             self.last_flush = time.monotonic()
 
-    def _written(self, indices: list[int], results: list) -> None:
+    def _store(self, path: Path, rows: list[int], write) -> None:
+        """write(results) to the part at path, then count the rows and publish the part; on an
+        error (a full disk, a bad input cell) the rows are kept and written again later."""
+        results = [self.results[i] for i in rows]
+        try:
+            write(results)  # may turn a result that cannot be stored into its row's error
+        except Exception as exc:
+            message = f"cannot write {path.name}: {type(exc).__name__}: {exc}"
+            log(f"error: {message}; its rows are kept and written again later")
+            self.write_errors.append(message)
+            self.last_flush = time.monotonic()  # wait a while before the next attempt
+            return
         with self.lock:
-            for index in indices:
+            for index in rows:
                 self.results.pop(index, None)
                 self.redo.pop(index, None)
         ok = sum(r.error is None for r in results)
         self.rows_ok += ok
         self.rows_failed += len(results) - ok
         self.rows_text_layer += sum(r.skipped is not None and r.attempts == 0 for r in results)
-        self.store.journal.written(indices)
-
-    def _write(self, chunk: list[int]) -> None:
-        path = self.store.root / "data" / part_name(chunk[0], chunk[-1] + 1)
-        results = [self.results[i] for i in chunk]
-        try:
-            write_part(path, self.source, chunk, results, self.features, self.info_entry, self.args)
-        except Exception as exc:  # a full disk, a bad input cell: keep the rows, try again later
-            self._write_failed(path, exc)
-            return
-        self._written(chunk, results)
+        self.store.journal.written(rows)
         if any(r.error_kind == SERVER for r in results):
             self.store.keep_local.add(path.name)  # a rerun here redoes them
         self.store.publish(path)
-
-    def _replace(self, everything: bool) -> None:
-        """Rewrite parts whose redone rows are all finished (or any, at the end)."""
-        by_part: dict[Path, list[int]] = {}
-        with self.lock:
-            for index, path in self.redo.items():
-                by_part.setdefault(path, []).append(index)
-            ready = {path: rows for path, rows in by_part.items()
-                     if any(i in self.results for i in rows) and (everything or (
-                         path not in self.failed and all(i in self.results for i in rows)))}
-        for path, rows in ready.items():
-            redone = {i: self.results[i] for i in rows if i in self.results}
-            start = ranges_from_names([path.name])[0][0]
-            try:
-                replace_rows(path, start, redone, self.features, self.args)
-            except Exception as exc:
-                self._write_failed(path, exc)
-                self.failed.add(path)  # tried again at the next full flush
-                continue
-            self._written(list(redone), list(redone.values()))
-            self.store.publish(path)
-
-    def _write_failed(self, path: Path, exc: Exception) -> None:
-        message = f"cannot write {path.name}: {type(exc).__name__}: {exc}"
-        log(f"error: {message}; its rows are kept and written again later")
-        self.write_errors.append(message)
-        self.last_flush = time.monotonic()  # wait a while before the next attempt
 
 
 def iter_image_cells(source: InputSource, indices: list[int], batch: int = 64):
