@@ -3750,10 +3750,8 @@ def block_box(values, top: int) -> list[int] | None:
 
 
 # ==== BEGIN SERVER HELPERS (edit blocks/server.py, then run tools/sync_helpers.py) ====
-# The vLLM server's life cycle, the request loop and its fixed window (WINDOW; the SATURATE
-# block of a -saturate.py script, after this one, replaces it). The model section provides
-# SERVE_ARGS, SERVE_ENV, DEFAULT_SERVER, spawn_args(), build_request(), image_token_budget();
-# the common block provides the rest.
+# The vLLM server's life cycle, the request loop and its fixed window (WINDOW; a -saturate.py
+# script's SATURATE block replaces it). Model section: SERVE_ARGS .. image_token_budget().
 import asyncio
 import base64
 import functools
@@ -3877,11 +3875,10 @@ def serve_secrets(argv: list[str]) -> tuple[list[str], dict]:
             {SECRET_SERVE_OPTIONS[option_name(flag)]: values[0] for flag, values, _ in secret})
 
 
-# Runs `vllm serve` for the driver, as the leader of the server's own process group: when the
-# driver dies without stopping the server (kill -9, a crash, an OOM kill), this notices within
-# half a second (it is re-parented) and stops the whole group, the engine's own child processes
-# included; when `vllm serve` exits, its leftover children go too. It is the server's parent, so
-# it also gives it a parent-death signal (it is single-threaded: prctl applies to it as a whole).
+# Runs `vllm serve` as the leader of its own process group: when the driver dies without
+# stopping it (kill -9, OOM), it is re-parented, notices within half a second and stops the
+# whole group; when `vllm serve` exits, its leftover children go too. As the server's
+# single-threaded parent, it can also give it a parent-death signal.
 SERVER_WATCHDOG = r"""
 import os, signal, subprocess, sys, time
 driver = os.getppid()
@@ -3973,9 +3970,8 @@ class ServerManager:
 
     # -- probes --
     async def probe(self, client, starting: bool = True) -> str:
-        """"ready", "starting" (a server that answers but is not ready, or no answer in time)
-        or "absent" (nothing listens). Raises RunAborted at once for what will never serve
-        this run: a refused API key, a TLS failure, a port that answers as something else."""
+        """"ready", "starting" (answers but not ready, or no answer in time) or "absent"; RunAborted
+        for what will never serve: a refused key, a TLS failure, another service on the port."""
         response = None
         for attempt in range(2):  # a reset connection is tried once more before judging
             try:
@@ -4077,6 +4073,8 @@ class ServerManager:
                 or self.vllm_booting_here():
             self.action = "wait"
             what = "is not ready yet" if state == "starting" else \
+                "is starting; waiting for it instead of starting another" \
+                if self.local and not self.args.no_spawn else \
                 "does not answer yet (`vllm serve` opens its port once the model is loaded)"
             log(f"the server at {self.base} {what}: the run will be waiting for that URL (up to "
                 f"{self.args.server_timeout:.0f} s, --server-timeout; not started by this run, it "
@@ -4164,8 +4162,7 @@ class ServerManager:
 
     async def wait_ready(self, client, timeout: float) -> None:
         """Wait for a server that is really starting: the one spawned here, one that answers
-        "not ready yet", or a `vllm serve` booting on the port. A refused key, a TLS failure or
-        another service on the port end the wait at once (RunAborted from probe)."""
+        "not ready yet", or a `vllm serve` booting on the port."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process is not None and self.process.poll() is not None:
@@ -4212,25 +4209,20 @@ class ServerManager:
         """Stop the server this run started (its whole process group); never another one."""
         if self.process is None or self.process.poll() is not None:
             return
-        try:
-            if not force:
-                log("stopping the vllm serve this run started")
-                os.killpg(self.process.pid, signal.SIGTERM)
-                try:
-                    self.process.wait(timeout=30)
-                    return
-                except subprocess.TimeoutExpired:
-                    pass
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(timeout=10)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            pass
+        if not force:
+            log("stopping the vllm serve this run started")
+        for sent, wait in ([] if force else [(signal.SIGTERM, 30)]) + [(signal.SIGKILL, 10)]:
+            try:
+                os.killpg(self.process.pid, sent)
+                self.process.wait(timeout=wait)
+                return
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                pass
 
 
 def prepare_page_inline(cell) -> PreparedPage | None:
-    """The page, when its bytes are in memory and it goes out as it is: a header read, cheaper
-    on the event loop than a hop to the pool and back (CPU that a server on the same machine
-    can use). None: the page needs the pool."""
+    """The page when its bytes are in memory and go out as they are (a header read: cheaper on
+    the event loop than a hop to the pool); None: it needs the pool."""
     held = cell.get("bytes") if isinstance(cell, dict) else cell
     if not isinstance(held, (bytes, bytearray, memoryview)):
         return None
@@ -4348,10 +4340,9 @@ async def send_page(client, server: "ServerManager", body: bytes, args) -> RowRe
 
 
 class FailureStorm(HeldFailures):
-    """Pages that failed on the server's side (5xx, timeouts) are held until a page is answered
-    after them. Many in a row over a while stop the run, as does its end with no page answered
-    (HeldFailures); their rows stay pending for the rerun. A page's own error (a 400) neither
-    counts nor breaks the streak: the server judged that page, no more."""
+    """Server-side failures (5xx, timeouts) are held until a page is answered after them; many
+    in a row over a while, or none answered at all, stop the run and leave them pending. A
+    page's own error (a 400) neither counts nor breaks the streak."""
 
     def __init__(self, pages: int, seconds: float):
         super().__init__()
@@ -4436,8 +4427,7 @@ class Window:
 
 
 class FixedWindow:
-    """The window of a -server.py script: a fixed number of pages in flight. The saturate
-    block of a -saturate.py script sets WINDOW to its adaptive window instead."""
+    """The window of a -server.py script: a fixed number of pages in flight."""
 
     def add_arguments(self, parser: argparse.ArgumentParser, group) -> None:
         group.add_argument("--concurrency", type=int, default=None,
@@ -4462,14 +4452,11 @@ WINDOW = FixedWindow()
 
 async def run_server_pipeline(source: InputSource, pending: list[int], writer: PartWriter,
                               stats: RunStats, args, server: ServerManager, window: Window,
-                              check: DegenerateCheck,
-                              controller=None) -> None:
-    """Start or reuse the server, then keep the window full until every pending row is done.
-    On abort or interrupt, finished rows stay in `writer` for the caller to flush."""
+                              check: DegenerateCheck, controller=None) -> None:
+    """Start or reuse the server, then keep the window full until every pending row is done
+    (on abort or interrupt, finished rows stay in `writer` for the caller to flush)."""
     from tqdm import tqdm
 
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    timeout = httpx.Timeout(args.request_timeout, connect=30.0)
     prep_pool = ThreadPoolExecutor(max_workers=max(2, min(8, os.cpu_count() or 2)),
                                    thread_name_prefix="prepare")
     write_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="write")
@@ -4479,7 +4466,9 @@ async def run_server_pipeline(source: InputSource, pending: list[int], writer: P
     storm = FailureStorm(args.abort_after_failures, args.abort_after_seconds)
     failure: list[BaseException] = []
     bar = adapting = None
-    async with ClientGroup(limits=limits, timeout=timeout) as client:
+    unlimited = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    async with ClientGroup(limits=unlimited,
+                           timeout=httpx.Timeout(args.request_timeout, connect=30.0)) as client:
         try:
             await server.start(client, stats)
             writer.info_entry["vllm_version"] = server.version
@@ -4584,9 +4573,9 @@ async def run_server_pipeline(source: InputSource, pending: list[int], writer: P
                 await asyncio.gather(adapting, return_exceptions=True)
                 await controller.sample(client, server)
         finally:
+            if adapting is not None:
+                adapting.cancel()
             if controller is not None:
-                if adapting is not None:
-                    adapting.cancel()
                 controller.close()
             if bar is not None:
                 bar.close()
@@ -4712,17 +4701,11 @@ def cgroup_cpu_limit(root: str = "/sys/fs/cgroup") -> float | None:
         relative = Path("/proc/self/cgroup").read_text().split("0::", 1)[1].split("\n", 1)[0]
     except (OSError, IndexError):
         relative = "/"
-    candidates = [(Path(root + relative) / "cpu.max", None), (Path(root) / "cpu.max", None),
-                  (Path(root) / "cpu" / "cpu.cfs_quota_us", Path(root) / "cpu" / "cpu.cfs_period_us")]
-    for quota_file, period_file in candidates:
+    for files in ([Path(root + relative, "cpu.max")], [Path(root, "cpu.max")],
+                  [Path(root, "cpu", "cpu.cfs_quota_us"), Path(root, "cpu", "cpu.cfs_period_us")]):
         try:
-            if period_file is None:
-                quota, period = quota_file.read_text().split()[:2]
-            else:
-                quota, period = quota_file.read_text().strip(), period_file.read_text().strip()
-            if quota in ("max", "-1"):
-                return None
-            return int(quota) / int(period)
+            quota, period = " ".join(f.read_text() for f in files).split()[:2]
+            return None if quota in ("max", "-1") else int(quota) / int(period)
         except (OSError, ValueError, ZeroDivisionError):
             continue
     return None
@@ -4736,16 +4719,12 @@ def usable_cpus(cgroup_root: str = "/sys/fs/cgroup") -> int:
     except (AttributeError, OSError):
         count = os.cpu_count() or 1
     limit = cgroup_cpu_limit(cgroup_root)
-    if limit is not None:
-        count = min(count, int(limit))
-    return max(1, count)
+    return max(1, count if limit is None else min(count, int(limit)))
 
 
 def default_api_server_count() -> int:
-    """One API server preprocesses images on one core. Where a model section measured more
-    (API_SERVER_COUNT; LightOnOCR-3: 4 gave +9% to +16% on flavors of 12+ vCPUs), that many
-    when this process may use API_SERVERS_MIN_CPUS CPUs; else 1: on small flavors host memory
-    binds first, and extra servers only cost memory."""
+    """A model section's measured API_SERVER_COUNT (one server preprocesses on one core) where
+    this process may use API_SERVERS_MIN_CPUS CPUs; else 1: small flavors run out of memory."""
     return API_SERVER_COUNT if usable_cpus() >= API_SERVERS_MIN_CPUS else 1
 
 
@@ -4761,9 +4740,7 @@ def parse_metrics(text: str) -> dict:
               "vllm:prefix_cache_hits_total": "prefix_hits",
               "vllm:prefix_cache_queries_total": "prefix_queries"}
     out: dict = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
+    for line in text.splitlines():  # a comment's or a blank line's name is none of them
         name = line.split("{", 1)[0].split(" ", 1)[0]
         if name in wanted:
             try:
@@ -4776,12 +4753,9 @@ def parse_metrics(text: str) -> dict:
 
 
 class WindowController:
-    """Adapts the window of a saturate script: it grows while the engine has no queue and
-    delivered tokens/s still rise, holds or shrinks when requests wait or the KV cache is near
-    full, never widens a window nothing has come back through, and never lets the pages in
-    flight outgrow the host-memory budget (measured bytes per page). Without the engine's
-    gauges (some vLLM versions drop them with --api-server-count > 1) it goes by delivered
-    throughput alone. Every tick is written to a telemetry file."""
+    """Adapts the window: it grows while the engine has no queue and delivered tokens/s rise,
+    holds or shrinks when requests wait or the KV cache is near full, within the host-memory
+    budget; without the engine's gauges, by throughput alone. Each tick goes to telemetry."""
 
     def __init__(self, window: Window, stats: RunStats, args, telemetry_path: Path | None,
                  adaptive: bool):
@@ -4795,7 +4769,6 @@ class WindowController:
         self.completions_since_change = 0
         self.best_rate = 0.0
         self.samples: list[str] = []
-        self.metrics_seen = False
         self.prefix_hit_rate = None
         self.input_done = False
         self.last_sample = time.monotonic()
@@ -4820,13 +4793,9 @@ class WindowController:
     async def read_metrics(self, client, server: ServerManager) -> dict:
         try:
             response = await client.get(f"{server.base}/metrics", headers=server.headers, timeout=5)
-            if response.status_code == 200:
-                metrics = parse_metrics(response.text)
-                self.metrics_seen = self.metrics_seen or bool(metrics)
-                return metrics
         except httpx.HTTPError:
-            pass
-        return {}
+            return {}
+        return parse_metrics(response.text) if response.status_code == 200 else {}
 
     async def run(self, client, server: ServerManager) -> None:
         while True:

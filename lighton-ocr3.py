@@ -3721,6 +3721,7 @@ def block_box(values, top: int) -> list[int] | None:
 # vllm.LLM in fixed batches. The model section provides LLM_KWARGS, CHAT_KWARGS,
 # build_messages(), sampling_kwargs(), VLLM_REQUIREMENT; the common block provides the rest.
 import base64
+import itertools
 import shutil
 import site
 import subprocess
@@ -3733,14 +3734,17 @@ for _extra_site in filter(None, os.environ.get("OCR_SCRIPT_EXTRA_SITE", "").spli
         site.addsitedir(_extra_site)
 
 
-def _python_has_vllm(python: str) -> bool:
-    try:
-        probe = subprocess.run(
-            [python, "-c", "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"],
-            capture_output=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return probe.returncode == 0
+def system_python_with_vllm() -> str | None:
+    """The machine's own Python when it has vllm (the vLLM image): no second vllm and torch."""
+    probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"
+    for python in ("/usr/bin/python3", "/usr/local/bin/python3", "/opt/conda/bin/python3"):
+        try:
+            if Path(python).exists() and subprocess.run(
+                    [python, "-c", probe], capture_output=True, timeout=60).returncode == 0:
+                return python
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+    return None
 
 
 def gpu_visible() -> bool:
@@ -3750,10 +3754,9 @@ def gpu_visible() -> bool:
 
 
 def check_offline_engine(argv: list[str]) -> None:
-    """Before the input is read and the repo created: this machine can run vllm.LLM, or exit at
-    once with the Jobs command. An importable vllm runs (its CPU build included), as does the
-    machine's own Python with vllm (the vLLM image); without either, a GPU is needed for the
-    vllm that uv would install (several GB)."""
+    """Before the input is read and the repo created: this machine can run vllm.LLM (an
+    importable vllm, CPU build included, or the machine's Python with vllm; else a GPU for the
+    vllm uv would install), or exit at once with the Jobs command."""
     import importlib.util
 
     try:
@@ -3761,11 +3764,8 @@ def check_offline_engine(argv: list[str]) -> None:
             return
     except (ImportError, ValueError):
         pass
-    if gpu_visible() or os.environ.get("OCR_SCRIPT_REEXEC"):
+    if gpu_visible() or os.environ.get("OCR_SCRIPT_REEXEC") or system_python_with_vllm():
         return
-    for candidate in ("/usr/bin/python3", "/usr/local/bin/python3", "/opt/conda/bin/python3"):
-        if Path(candidate).exists() and _python_has_vllm(candidate):
-            return
     notes = "".join(f"\n  * {note}" for note in jobs_command_notes(argv))
     log(f"error: no vllm can be imported here and no GPU is visible (no /dev/nvidia*, no "
         f"nvidia-smi), so vllm.LLM cannot run on this machine.\n\nRun it on Hugging Face Jobs, "
@@ -3776,8 +3776,7 @@ def check_offline_engine(argv: list[str]) -> None:
 
 
 def import_vllm(argv: list[str]):
-    """vllm, from this environment, else from the machine's own Python (the vLLM image: no
-    second install of vllm and torch), else installed by uv on the fly."""
+    """vllm, from this environment, else from the machine's own Python, else installed by uv."""
     # bare CUDA images have no compiler for these JIT paths (MODEL-FACTS); set before import
     os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
     os.environ.setdefault("VLLM_USE_DEEP_GEMM", "0")
@@ -3789,14 +3788,13 @@ def import_vllm(argv: list[str]):
     if os.environ.get("OCR_SCRIPT_REEXEC"):
         fail(f"vllm cannot be imported. Run this script in the vLLM image (hf jobs uv run --image "
              f"{JOB_IMAGE} ...) or on a GPU machine with `pip install vllm`.")
-
     env = {**os.environ, "OCR_SCRIPT_REEXEC": "1"}
     script = str(Path(sys.argv[0]).resolve())
-    for candidate in ("/usr/bin/python3", "/usr/local/bin/python3", "/opt/conda/bin/python3"):
-        if Path(candidate).exists() and _python_has_vllm(candidate):
-            env["OCR_SCRIPT_EXTRA_SITE"] = os.pathsep.join(site.getsitepackages())
-            log(f"using the vllm installed for {candidate} (nothing heavy is installed)")
-            os.execve(candidate, [candidate, script, *argv], env)
+    python = system_python_with_vllm()
+    if python:
+        env["OCR_SCRIPT_EXTRA_SITE"] = os.pathsep.join(site.getsitepackages())
+        log(f"using the vllm installed for {python} (nothing heavy is installed)")
+        os.execve(python, [python, script, *argv], env)
     uv = shutil.which("uv")
     if uv:
         log(f"vllm is not installed here; asking uv for vllm{VLLM_REQUIREMENT} (several GB once)")
@@ -3824,14 +3822,11 @@ def data_url(page: PreparedPage) -> str:
 
 
 class EngineStreak(HeldFailures):
-    """A broken engine is not N bad pages. A single page failing is its row's error; but pages
-    failing alone one after another, with the same exception and no page answered between
-    (STREAK of them), an engine that is gone (EngineDeadError, out of memory), or a run that
-    ends with none of its pages answered (HeldFailures, as the server scripts judge), stop the
-    run with exit 4. Failed rows wait in `held` until a page is answered after them, so on a
-    stop they stay pending and the rerun sends them again. A ValueError is vLLM refusing that
-    page's input (longer than max_model_len, an image it cannot process): the page's own
-    error, like a 400 from a server."""
+    """A broken engine is not N bad pages: STREAK pages failing alone in a row with the same
+    exception, an engine that is gone (EngineDeadError, out of memory), or no page answered at
+    all (HeldFailures) stop the run (exit 4); failed rows are held until a page is answered
+    after them, so a stop leaves them pending. A ValueError is vLLM refusing that page's input:
+    the page's own error, like a 400 from a server."""
 
     STREAK = 16
     WHO = "engine"
@@ -3860,8 +3855,8 @@ class EngineStreak(HeldFailures):
 
 
 def generate_batch(llm, sampling, items: list, args, streak: EngineStreak) -> list[RowResult]:
-    """Results for [(index, page)]; a batch that raises is split until the bad row is alone.
-    `sampling`: one SamplingParams for every page, or a list of one per page."""
+    """Results for [(index, page)], `sampling` one SamplingParams per page; a batch that raises
+    is split until the bad row is alone."""
     try:
         outputs = llm.chat([build_messages(data_url(page), args) for _, page in items], sampling,
                            use_tqdm=False, **CHAT_KWARGS)
@@ -3870,10 +3865,8 @@ def generate_batch(llm, sampling, items: list, args, streak: EngineStreak) -> li
         if len(items) == 1:
             return [exception_row(exc, PAGE, "generation failed: ")]
         half = len(items) // 2
-        first, rest = (sampling[:half], sampling[half:]) if isinstance(sampling, list) \
-            else (sampling, sampling)
-        return generate_batch(llm, first, items[:half], args, streak) + \
-            generate_batch(llm, rest, items[half:], args, streak)
+        return generate_batch(llm, sampling[:half], items[:half], args, streak) + \
+            generate_batch(llm, sampling[half:], items[half:], args, streak)
     streak.ok(len(items))
     results = []
     for output in outputs:
@@ -3920,12 +3913,8 @@ def run_offline(source: InputSource, pending: list[int], writer: PartWriter, sta
     cells = iter_image_cells(source, pending)
 
     def submit_next():
-        batch = []
-        for index, cell in cells:
-            batch.append((index, pool.submit(prepare_or_error, cell)))
-            if len(batch) == args.batch_size:
-                break
-        return batch
+        return [(index, pool.submit(prepare_or_error, cell))
+                for index, cell in itertools.islice(cells, args.batch_size)]
 
     digests = {}  # row -> what its page was made from, until the row is written
 
@@ -3944,27 +3933,25 @@ def run_offline(source: InputSource, pending: list[int], writer: PartWriter, sta
     try:
         upcoming = submit_next()
         while upcoming:
-            batch, upcoming = upcoming, None
-            prepared = [(index, future.result()) for index, future in batch]
+            prepared = [(index, future.result()) for index, future in upcoming]
             upcoming = submit_next()
-            results: dict[int, RowResult] = {}
+            results: dict[int, RowResult] = {}  # a page that failed to prepare is its error row
             valid = []
             for index, page in prepared:
-                if isinstance(page, RowResult):
-                    results[index] = page
-                    continue
-                digests[index] = page.digest
-                if page.skipped:
-                    results[index] = text_layer_row(page, args)
-                else:
-                    valid.append((index, page))
+                if isinstance(page, PreparedPage):
+                    digests[index] = page.digest
+                    if not page.skipped:
+                        valid.append((index, page))
+                        continue
+                    page = text_layer_row(page, args)
+                results[index] = page
             stats.in_flight = len(valid)
             stats.peak_in_flight = max(stats.peak_in_flight, len(valid))
             stats.first_started = stats.first_started or time.monotonic()
             started = time.monotonic()
             if valid:
-                for (index, page), result in zip(valid, generate_batch(llm, sampling, valid, args,
-                                                                       streak)):
+                answers = generate_batch(llm, [sampling] * len(valid), valid, args, streak)
+                for (index, page), result in zip(valid, answers):
                     result.text_layer = page.text_layer
                     results[index] = result
                 retry_loops(llm, loop_sampling, valid, results, args, streak)

@@ -3642,10 +3642,8 @@ def finish_run(code: int, run: Run, interrupts: Interrupts, stop_engine, argv: l
 
 
 # ==== BEGIN SERVER HELPERS (edit blocks/server.py, then run tools/sync_helpers.py) ====
-# The vLLM server's life cycle, the request loop and its fixed window (WINDOW; the SATURATE
-# block of a -saturate.py script, after this one, replaces it). The model section provides
-# SERVE_ARGS, SERVE_ENV, DEFAULT_SERVER, spawn_args(), build_request(), image_token_budget();
-# the common block provides the rest.
+# The vLLM server's life cycle, the request loop and its fixed window (WINDOW; a -saturate.py
+# script's SATURATE block replaces it). Model section: SERVE_ARGS .. image_token_budget().
 import asyncio
 import base64
 import functools
@@ -3769,11 +3767,10 @@ def serve_secrets(argv: list[str]) -> tuple[list[str], dict]:
             {SECRET_SERVE_OPTIONS[option_name(flag)]: values[0] for flag, values, _ in secret})
 
 
-# Runs `vllm serve` for the driver, as the leader of the server's own process group: when the
-# driver dies without stopping the server (kill -9, a crash, an OOM kill), this notices within
-# half a second (it is re-parented) and stops the whole group, the engine's own child processes
-# included; when `vllm serve` exits, its leftover children go too. It is the server's parent, so
-# it also gives it a parent-death signal (it is single-threaded: prctl applies to it as a whole).
+# Runs `vllm serve` as the leader of its own process group: when the driver dies without
+# stopping it (kill -9, OOM), it is re-parented, notices within half a second and stops the
+# whole group; when `vllm serve` exits, its leftover children go too. As the server's
+# single-threaded parent, it can also give it a parent-death signal.
 SERVER_WATCHDOG = r"""
 import os, signal, subprocess, sys, time
 driver = os.getppid()
@@ -3865,9 +3862,8 @@ class ServerManager:
 
     # -- probes --
     async def probe(self, client, starting: bool = True) -> str:
-        """"ready", "starting" (a server that answers but is not ready, or no answer in time)
-        or "absent" (nothing listens). Raises RunAborted at once for what will never serve
-        this run: a refused API key, a TLS failure, a port that answers as something else."""
+        """"ready", "starting" (answers but not ready, or no answer in time) or "absent"; RunAborted
+        for what will never serve: a refused key, a TLS failure, another service on the port."""
         response = None
         for attempt in range(2):  # a reset connection is tried once more before judging
             try:
@@ -3969,6 +3965,8 @@ class ServerManager:
                 or self.vllm_booting_here():
             self.action = "wait"
             what = "is not ready yet" if state == "starting" else \
+                "is starting; waiting for it instead of starting another" \
+                if self.local and not self.args.no_spawn else \
                 "does not answer yet (`vllm serve` opens its port once the model is loaded)"
             log(f"the server at {self.base} {what}: the run will be waiting for that URL (up to "
                 f"{self.args.server_timeout:.0f} s, --server-timeout; not started by this run, it "
@@ -4056,8 +4054,7 @@ class ServerManager:
 
     async def wait_ready(self, client, timeout: float) -> None:
         """Wait for a server that is really starting: the one spawned here, one that answers
-        "not ready yet", or a `vllm serve` booting on the port. A refused key, a TLS failure or
-        another service on the port end the wait at once (RunAborted from probe)."""
+        "not ready yet", or a `vllm serve` booting on the port."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process is not None and self.process.poll() is not None:
@@ -4104,25 +4101,20 @@ class ServerManager:
         """Stop the server this run started (its whole process group); never another one."""
         if self.process is None or self.process.poll() is not None:
             return
-        try:
-            if not force:
-                log("stopping the vllm serve this run started")
-                os.killpg(self.process.pid, signal.SIGTERM)
-                try:
-                    self.process.wait(timeout=30)
-                    return
-                except subprocess.TimeoutExpired:
-                    pass
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(timeout=10)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            pass
+        if not force:
+            log("stopping the vllm serve this run started")
+        for sent, wait in ([] if force else [(signal.SIGTERM, 30)]) + [(signal.SIGKILL, 10)]:
+            try:
+                os.killpg(self.process.pid, sent)
+                self.process.wait(timeout=wait)
+                return
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                pass
 
 
 def prepare_page_inline(cell) -> PreparedPage | None:
-    """The page, when its bytes are in memory and it goes out as it is: a header read, cheaper
-    on the event loop than a hop to the pool and back (CPU that a server on the same machine
-    can use). None: the page needs the pool."""
+    """The page when its bytes are in memory and go out as they are (a header read: cheaper on
+    the event loop than a hop to the pool); None: it needs the pool."""
     held = cell.get("bytes") if isinstance(cell, dict) else cell
     if not isinstance(held, (bytes, bytearray, memoryview)):
         return None
@@ -4240,10 +4232,9 @@ async def send_page(client, server: "ServerManager", body: bytes, args) -> RowRe
 
 
 class FailureStorm(HeldFailures):
-    """Pages that failed on the server's side (5xx, timeouts) are held until a page is answered
-    after them. Many in a row over a while stop the run, as does its end with no page answered
-    (HeldFailures); their rows stay pending for the rerun. A page's own error (a 400) neither
-    counts nor breaks the streak: the server judged that page, no more."""
+    """Server-side failures (5xx, timeouts) are held until a page is answered after them; many
+    in a row over a while, or none answered at all, stop the run and leave them pending. A
+    page's own error (a 400) neither counts nor breaks the streak."""
 
     def __init__(self, pages: int, seconds: float):
         super().__init__()
@@ -4328,8 +4319,7 @@ class Window:
 
 
 class FixedWindow:
-    """The window of a -server.py script: a fixed number of pages in flight. The saturate
-    block of a -saturate.py script sets WINDOW to its adaptive window instead."""
+    """The window of a -server.py script: a fixed number of pages in flight."""
 
     def add_arguments(self, parser: argparse.ArgumentParser, group) -> None:
         group.add_argument("--concurrency", type=int, default=None,
@@ -4354,14 +4344,11 @@ WINDOW = FixedWindow()
 
 async def run_server_pipeline(source: InputSource, pending: list[int], writer: PartWriter,
                               stats: RunStats, args, server: ServerManager, window: Window,
-                              check: DegenerateCheck,
-                              controller=None) -> None:
-    """Start or reuse the server, then keep the window full until every pending row is done.
-    On abort or interrupt, finished rows stay in `writer` for the caller to flush."""
+                              check: DegenerateCheck, controller=None) -> None:
+    """Start or reuse the server, then keep the window full until every pending row is done
+    (on abort or interrupt, finished rows stay in `writer` for the caller to flush)."""
     from tqdm import tqdm
 
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    timeout = httpx.Timeout(args.request_timeout, connect=30.0)
     prep_pool = ThreadPoolExecutor(max_workers=max(2, min(8, os.cpu_count() or 2)),
                                    thread_name_prefix="prepare")
     write_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="write")
@@ -4371,7 +4358,9 @@ async def run_server_pipeline(source: InputSource, pending: list[int], writer: P
     storm = FailureStorm(args.abort_after_failures, args.abort_after_seconds)
     failure: list[BaseException] = []
     bar = adapting = None
-    async with ClientGroup(limits=limits, timeout=timeout) as client:
+    unlimited = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    async with ClientGroup(limits=unlimited,
+                           timeout=httpx.Timeout(args.request_timeout, connect=30.0)) as client:
         try:
             await server.start(client, stats)
             writer.info_entry["vllm_version"] = server.version
@@ -4476,9 +4465,9 @@ async def run_server_pipeline(source: InputSource, pending: list[int], writer: P
                 await asyncio.gather(adapting, return_exceptions=True)
                 await controller.sample(client, server)
         finally:
+            if adapting is not None:
+                adapting.cancel()
             if controller is not None:
-                if adapting is not None:
-                    adapting.cancel()
                 controller.close()
             if bar is not None:
                 bar.close()

@@ -1,9 +1,8 @@
 """The SATURATE HELPERS block of the -saturate.py scripts: the adaptive window, vLLM's /metrics,
 the telemetry, the saturate options, the API servers of a spawned server.
 
-Edit here, then run `python tools/sync_helpers.py`: it copies the block (from its BEGIN
-line on) into the scripts that carry it. The names imported below come, in a script, from
-its model section (blocks/model.py says how) or from the blocks before this one.
+Edit here, then run `python tools/sync_helpers.py`. In a script, the names imported below come
+from its model section (blocks/model.py) or an earlier block.
 """
 
 import argparse
@@ -35,17 +34,11 @@ def cgroup_cpu_limit(root: str = "/sys/fs/cgroup") -> float | None:
         relative = Path("/proc/self/cgroup").read_text().split("0::", 1)[1].split("\n", 1)[0]
     except (OSError, IndexError):
         relative = "/"
-    candidates = [(Path(root + relative) / "cpu.max", None), (Path(root) / "cpu.max", None),
-                  (Path(root) / "cpu" / "cpu.cfs_quota_us", Path(root) / "cpu" / "cpu.cfs_period_us")]
-    for quota_file, period_file in candidates:
+    for files in ([Path(root + relative, "cpu.max")], [Path(root, "cpu.max")],
+                  [Path(root, "cpu", "cpu.cfs_quota_us"), Path(root, "cpu", "cpu.cfs_period_us")]):
         try:
-            if period_file is None:
-                quota, period = quota_file.read_text().split()[:2]
-            else:
-                quota, period = quota_file.read_text().strip(), period_file.read_text().strip()
-            if quota in ("max", "-1"):
-                return None
-            return int(quota) / int(period)
+            quota, period = " ".join(f.read_text() for f in files).split()[:2]
+            return None if quota in ("max", "-1") else int(quota) / int(period)
         except (OSError, ValueError, ZeroDivisionError):
             continue
     return None
@@ -59,16 +52,12 @@ def usable_cpus(cgroup_root: str = "/sys/fs/cgroup") -> int:
     except (AttributeError, OSError):
         count = os.cpu_count() or 1
     limit = cgroup_cpu_limit(cgroup_root)
-    if limit is not None:
-        count = min(count, int(limit))
-    return max(1, count)
+    return max(1, count if limit is None else min(count, int(limit)))
 
 
 def default_api_server_count() -> int:
-    """One API server preprocesses images on one core. Where a model section measured more
-    (API_SERVER_COUNT; LightOnOCR-3: 4 gave +9% to +16% on flavors of 12+ vCPUs), that many
-    when this process may use API_SERVERS_MIN_CPUS CPUs; else 1: on small flavors host memory
-    binds first, and extra servers only cost memory."""
+    """A model section's measured API_SERVER_COUNT (one server preprocesses on one core) where
+    this process may use API_SERVERS_MIN_CPUS CPUs; else 1: small flavors run out of memory."""
     return API_SERVER_COUNT if usable_cpus() >= API_SERVERS_MIN_CPUS else 1
 
 
@@ -84,9 +73,7 @@ def parse_metrics(text: str) -> dict:
               "vllm:prefix_cache_hits_total": "prefix_hits",
               "vllm:prefix_cache_queries_total": "prefix_queries"}
     out: dict = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
+    for line in text.splitlines():  # a comment's or a blank line's name is none of them
         name = line.split("{", 1)[0].split(" ", 1)[0]
         if name in wanted:
             try:
@@ -99,12 +86,9 @@ def parse_metrics(text: str) -> dict:
 
 
 class WindowController:
-    """Adapts the window of a saturate script: it grows while the engine has no queue and
-    delivered tokens/s still rise, holds or shrinks when requests wait or the KV cache is near
-    full, never widens a window nothing has come back through, and never lets the pages in
-    flight outgrow the host-memory budget (measured bytes per page). Without the engine's
-    gauges (some vLLM versions drop them with --api-server-count > 1) it goes by delivered
-    throughput alone. Every tick is written to a telemetry file."""
+    """Adapts the window: it grows while the engine has no queue and delivered tokens/s rise,
+    holds or shrinks when requests wait or the KV cache is near full, within the host-memory
+    budget; without the engine's gauges, by throughput alone. Each tick goes to telemetry."""
 
     def __init__(self, window: Window, stats: RunStats, args, telemetry_path: Path | None,
                  adaptive: bool):
@@ -118,7 +102,6 @@ class WindowController:
         self.completions_since_change = 0
         self.best_rate = 0.0
         self.samples: list[str] = []
-        self.metrics_seen = False
         self.prefix_hit_rate = None
         self.input_done = False
         self.last_sample = time.monotonic()
@@ -143,13 +126,9 @@ class WindowController:
     async def read_metrics(self, client, server: ServerManager) -> dict:
         try:
             response = await client.get(f"{server.base}/metrics", headers=server.headers, timeout=5)
-            if response.status_code == 200:
-                metrics = parse_metrics(response.text)
-                self.metrics_seen = self.metrics_seen or bool(metrics)
-                return metrics
         except httpx.HTTPError:
-            pass
-        return {}
+            return {}
+        return parse_metrics(response.text) if response.status_code == 200 else {}
 
     async def run(self, client, server: ServerManager) -> None:
         while True:
