@@ -3754,6 +3754,7 @@ def block_box(values, top: int) -> list[int] | None:
 # script's SATURATE block replaces it). Model section: SERVE_ARGS .. image_token_budget().
 import asyncio
 import base64
+import contextlib
 import functools
 import shutil
 import socket
@@ -3782,12 +3783,6 @@ def serve_arg_value(argv: list[str], name: str, default=None):
     """The last value given for a flag."""
     values = [v[0] for flag, v, _ in flag_items(argv) if v and option_name(flag) == name]
     return values[-1] if values else default
-
-
-def flag_values(argv: list[str]) -> dict:
-    """--flag value pairs of a command line (a bare flag is True, a list flag a list)."""
-    return {flag: values[0] if len(values) == 1 else values or True
-            for flag, values, _ in flag_items(argv) if flag}
 
 
 def parse_vllm_size(value) -> int | None:
@@ -3905,20 +3900,16 @@ def sweep():
             except (OSError, ValueError, IndexError):
                 pass
 server = subprocess.Popen(sys.argv[1:], stdin=subprocess.DEVNULL, preexec_fn=parent_death_signal)
-while True:
+while server.poll() is None and os.getppid() == driver:
+    time.sleep(0.5)
+if server.poll() is None:  # the driver is gone
+    os.killpg(0, signal.SIGTERM)
     try:
-        code = server.wait(timeout=0.5)
-        break
+        server.wait(timeout=20)
     except subprocess.TimeoutExpired:
         pass
-    if os.getppid() != driver:
-        os.killpg(0, signal.SIGTERM)
-        try:
-            code = server.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            code = -9
-        break
-sweep()
+sweep()  # SIGKILLs a server still running after the 20 s too
+code = server.wait()
 sys.exit(code if code >= 0 else 128 - code)
 """
 
@@ -4128,8 +4119,8 @@ class ServerManager:
     def serve_command(self) -> list[str]:
         command = ["vllm", "serve", self.args.model, "--host", self.host, "--port", str(self.port)]
         self.revision = resolved_revision(self.args)  # what this server loads, and the record
-        if self.revision or requested_revision(self.args):
-            command += ["--revision", self.revision or requested_revision(self.args)]
+        if revision := self.revision or requested_revision(self.args):
+            command += ["--revision", revision]
         serve_args = effective_serve_args(self.args)
         command += WINDOW.serve_args(self.args, serve_args)
         parallel = data_parallel_args(serve_args)
@@ -4220,15 +4211,6 @@ class ServerManager:
                 pass
 
 
-def prepare_page_inline(cell) -> PreparedPage | None:
-    """The page when its bytes are in memory and go out as they are (a header read: cheaper on
-    the event loop than a hop to the pool); None: it needs the pool."""
-    held = cell.get("bytes") if isinstance(cell, dict) else cell
-    if not isinstance(held, (bytes, bytearray, memoryview)):
-        return None
-    return prepare_page(cell, decode=False)
-
-
 def request_json(model_name: str, args, seed: int | None = None) -> tuple[bytes, bytes]:
     """The JSON body's text before and after the image URL; with a seed, a loop retry's."""
     request = build_request(IMAGE_URL_PLACEHOLDER, args)
@@ -4293,18 +4275,6 @@ def read_completion(response) -> RowResult:
                          f"{response.text[:300]}", SERVER)
 
 
-def refusal(response, server) -> RunAborted | None:
-    """An answer that refuses the whole run, not this page."""
-    status, text = response.status_code, response.text[:300]
-    if status in (401, 403):
-        return RunAborted(f"the server at {server.base} refuses the API key (HTTP {status}: "
-                          f"{text}). Pass the right --api-key (or VLLM_API_KEY).", EXIT_REFUSED)
-    if status == 404 and "does not exist" in text:
-        return RunAborted(f"the server at {server.base} no longer serves {server.model_name} "
-                          f"(HTTP 404: {text}); it was restarted with another model?", EXIT_REFUSED)
-    return None
-
-
 async def send_page(client, server: "ServerManager", body: bytes, args) -> RowResult:
     """POST one page; retry what may pass next time, record what will not."""
     url = f"{server.base}/v1/chat/completions"
@@ -4325,13 +4295,18 @@ async def send_page(client, server: "ServerManager", body: bytes, args) -> RowRe
         except httpx.HTTPError as exc:  # an answer httpx cannot read (a gzip body that is not)
             last_error = f"unreadable answer: {type(exc).__name__}: {exc}"
         else:
-            if response.status_code == 200:
+            status, text = response.status_code, response.text[:300]
+            if status == 200:
                 return read_completion(response)
-            refused = refusal(response, server)
-            if refused is not None:
-                raise refused
-            last_error = f"HTTP {response.status_code}: {response.text[:500]}"
-            if response.status_code not in RETRY_STATUS:
+            if status in (401, 403):  # these two refuse the whole run, not this page
+                raise RunAborted(f"the server at {server.base} refuses the API key (HTTP {status}: "
+                                 f"{text}). Pass the right --api-key (or VLLM_API_KEY).", EXIT_REFUSED)
+            if status == 404 and "does not exist" in text:
+                raise RunAborted(f"the server at {server.base} no longer serves {server.model_name} "
+                                 f"(HTTP 404: {text}); it was restarted with another model?",
+                                 EXIT_REFUSED)
+            last_error = f"HTTP {status}: {response.text[:500]}"
+            if status not in RETRY_STATUS:
                 return error_row(last_error, PAGE)  # the request itself (this page) is refused
         attempt += 1
         if attempt <= args.max_retries:
@@ -4367,7 +4342,7 @@ class FailureStorm(HeldFailures):
         return [(index, result), *self.release_held()]
 
 
-class ClientGroup:
+class ClientGroup(contextlib.AsyncExitStack):
     """httpx clients behind one `post`/`get`, each holding at most POOL_SIZE requests: httpx
     scans every connection of its pool on each request (one pool for 256 pages in flight cost
     14-16 ms of driver CPU per page here, against 4-5 ms at 32)."""
@@ -4375,21 +4350,16 @@ class ClientGroup:
     POOL_SIZE = 16
 
     def __init__(self, **client_kwargs):
+        super().__init__()  # closes every client on exit
         self.client_kwargs = client_kwargs
         self.clients: list[httpx.AsyncClient] = []
         self.busy: list[int] = []
-
-    async def __aenter__(self) -> "ClientGroup":
-        return self
-
-    async def __aexit__(self, *exc) -> None:
-        for client in self.clients:
-            await client.aclose()
 
     async def request(self, method: str, url: str, **kwargs) -> httpx.Response:
         index = min(range(len(self.busy)), key=self.busy.__getitem__, default=-1)
         if index < 0 or self.busy[index] >= self.POOL_SIZE:
             self.clients.append(httpx.AsyncClient(**self.client_kwargs))
+            self.push_async_callback(self.clients[-1].aclose)
             self.busy.append(0)
             index = len(self.busy) - 1
         self.busy[index] += 1
@@ -4407,7 +4377,7 @@ class Window:
     Its limit can move (the saturate scripts adapt it)."""
 
     def __init__(self, limit: int):
-        self.limit, self.used = max(1, limit), 0
+        self.limit, self.used, self.preparing = max(1, limit), 0, 0
         self._changed = asyncio.Condition()
 
     async def acquire(self) -> None:
@@ -4438,12 +4408,10 @@ class FixedWindow:
     def problems(self, args) -> list[str]:
         return []
 
-    def serve_args(self, args, serve_args: list[str]) -> list[str]:
-        """What this window adds to the command of a server started here."""
+    def serve_args(self, args, serve_args: list[str]) -> list[str]:  # for a server started here
         return []
 
-    def start(self, args, run) -> tuple[Window, None]:
-        """The window, and the controller that adapts it during the run (none: it stays)."""
+    def start(self, args, run) -> tuple[Window, None]:  # and the controller adapting it: none
         return Window(args.concurrency or PAGES_PER_ENGINE), None
 
 
@@ -4490,14 +4458,14 @@ async def run_server_pipeline(source: InputSource, pending: list[int], writer: P
             async def one(index: int, cell) -> None:
                 latency = digest = None
                 try:
-                    if controller:
-                        controller.preparing += 1
-                    try:
-                        page = prepare_page_inline(cell) or \
-                            await loop.run_in_executor(prep_pool, prepare_page, cell)
+                    window.preparing += 1
+                    held = cell.get("bytes") if isinstance(cell, dict) else cell
+                    try:  # bytes in memory go out as they are: a header read, no hop to the pool
+                        page = prepare_page(cell, decode=False) \
+                            if isinstance(held, (bytes, bytearray, memoryview)) \
+                            else await loop.run_in_executor(prep_pool, prepare_page, cell)
                     finally:
-                        if controller:
-                            controller.preparing -= 1
+                        window.preparing -= 1
                     digest = page.digest
                     if page.skipped:  # not sent: its text layer is its row
                         result = text_layer_row(page, args)
@@ -4506,7 +4474,7 @@ async def run_server_pipeline(source: InputSource, pending: list[int], writer: P
                         body = request_body(page, server.model_name, args)
                         del page, cell
                         if controller:
-                            controller.note_body(len(body))
+                            controller.page_bytes.append(len(body))
                         sent = time.monotonic()
                         try:
                             result = await send_until_clean(client, server, body, index, args)
@@ -4669,7 +4637,9 @@ def server_run(args, argv: list[str], hub_api) -> int:
     except RunAborted as exc:
         fail(str(exc), exc.code)
     serve_args = effective_serve_args(args)
-    run = open_run(args, hub_api, flag_values(serve_args), info_entry_for(args, serve_args))
+    settings = {flag: values[0] if len(values) == 1 else values or True  # a bare flag is True
+                for flag, values, _ in flag_items(serve_args) if flag}
+    run = open_run(args, hub_api, settings, info_entry_for(args, serve_args))
     server.log_dir = run.store.meta / "logs"
     window, controller = WINDOW.start(args, run)
 
@@ -4690,6 +4660,7 @@ def server_run(args, argv: list[str], hub_api) -> int:
 # their options; the API servers of a server they start. The model section may set
 # API_SERVER_COUNT; the server block provides the rest.
 import statistics
+from collections import deque
 
 API_SERVER_COUNT = globals().get("API_SERVER_COUNT", 1)  # a model section's measured count
 API_SERVERS_MIN_CPUS = 12  # the flavors where more API servers were measured to help had 12+
@@ -4722,17 +4693,6 @@ def usable_cpus(cgroup_root: str = "/sys/fs/cgroup") -> int:
     return max(1, count if limit is None else min(count, int(limit)))
 
 
-def default_api_server_count() -> int:
-    """A model section's measured API_SERVER_COUNT (one server preprocesses on one core) where
-    this process may use API_SERVERS_MIN_CPUS CPUs; else 1: small flavors run out of memory."""
-    return API_SERVER_COUNT if usable_cpus() >= API_SERVERS_MIN_CPUS else 1
-
-
-def available_memory_bytes() -> int:
-    available = proc_bytes("/proc/meminfo", "MemAvailable")
-    return 8 << 30 if available is None else available
-
-
 def parse_metrics(text: str) -> dict:
     """The vLLM gauges the window needs, summed over label sets; missing ones are absent."""
     wanted = {"vllm:num_requests_running": "running", "vllm:num_requests_waiting": "waiting",
@@ -4761,22 +4721,16 @@ class WindowController:
                  adaptive: bool):
         self.window, self.stats, self.args, self.adaptive = window, stats, args, adaptive
         self.budget = int(args.max_inflight_memory * (1 << 20)) if args.max_inflight_memory \
-            else available_memory_bytes() // 4
+            else (proc_bytes("/proc/meminfo", "MemAvailable") or 8 << 30) // 4
         self.telemetry = open(telemetry_path, "a") if telemetry_path else None
-        self.page_bytes: list[int] = []
+        self.page_bytes: deque[int] = deque(maxlen=256)  # request body sizes of recent pages
         self.tokens = self.pages = 0
-        self.preparing = 0
         self.completions_since_change = 0
         self.best_rate = 0.0
         self.samples: list[str] = []
         self.prefix_hit_rate = None
         self.input_done = False
         self.last_sample = time.monotonic()
-
-    def note_body(self, size: int) -> None:
-        self.page_bytes.append(size)
-        if len(self.page_bytes) > 256:
-            del self.page_bytes[:128]
 
     def on_result(self, result: RowResult) -> None:
         self.tokens += result.completion_tokens or 0
@@ -4790,13 +4744,6 @@ class WindowController:
         per_page = statistics.mean(self.page_bytes) * 1.5 + (64 << 10)
         return max(1, int(self.budget // per_page))
 
-    async def read_metrics(self, client, server: ServerManager) -> dict:
-        try:
-            response = await client.get(f"{server.base}/metrics", headers=server.headers, timeout=5)
-        except httpx.HTTPError:
-            return {}
-        return parse_metrics(response.text) if response.status_code == 200 else {}
-
     async def run(self, client, server: ServerManager) -> None:
         while True:
             await asyncio.sleep(self.args.adapt_interval)
@@ -4807,7 +4754,11 @@ class WindowController:
         shorter than one interval has its row and the prefix-cache counters are the final ones."""
         now = time.monotonic()
         dt, self.last_sample = max(1e-3, now - self.last_sample), now
-        metrics = await self.read_metrics(client, server)
+        try:
+            response = await client.get(f"{server.base}/metrics", headers=server.headers, timeout=5)
+            metrics = parse_metrics(response.text) if response.status_code == 200 else {}
+        except httpx.HTTPError:
+            metrics = {}
         if metrics.get("prefix_queries"):
             self.prefix_hit_rate = round(metrics.get("prefix_hits", 0.0) / metrics["prefix_queries"], 4)
         rate, page_rate = self.tokens / dt, self.pages / dt
@@ -4816,7 +4767,7 @@ class WindowController:
         if self.telemetry:
             self.telemetry.write(json.dumps({
                 "t": round(now - self.stats.started, 2), "window": self.window.limit,
-                "in_flight": self.stats.in_flight, "preparing": self.preparing,
+                "in_flight": self.stats.in_flight, "preparing": self.window.preparing,
                 "running": metrics.get("running"), "waiting": metrics.get("waiting"),
                 "kv_cache": metrics.get("kv"), "tokens_per_s": round(rate, 1),
                 "pages_per_s": round(page_rate, 3), "memory_cap": self.memory_cap(),
@@ -4839,7 +4790,7 @@ class WindowController:
             verdict = "engine"
         elif full and limit >= cap:
             verdict = "memory"
-        elif self.preparing >= max(2, self.stats.in_flight // 2):
+        elif self.window.preparing >= max(2, self.stats.in_flight // 2):
             verdict = "preprocessing"
         elif not full:
             verdict = "input"
@@ -4876,7 +4827,6 @@ class WindowController:
         return max(set(bounded), key=bounded.count)
 
     def summary(self) -> dict:
-        """What the stats file records about the window."""
         return {"bound_by": self.bound_by(), "window_final": self.window.limit,
                 "memory_budget_bytes": self.budget, "prefix_cache_hit_rate": self.prefix_hit_rate}
 
@@ -4917,7 +4867,10 @@ class AdaptiveWindow(FixedWindow):
     def serve_args(self, args, serve_args: list[str]) -> list[str]:
         if serve_arg_value(serve_args, "--api-server-count") is not None:
             return []
-        count = args.api_server_count or default_api_server_count()
+        # the measured count where this process may use API_SERVERS_MIN_CPUS CPUs (one API
+        # server preprocesses on one core); else 1: small flavors run out of memory
+        count = args.api_server_count or \
+            (API_SERVER_COUNT if usable_cpus() >= API_SERVERS_MIN_CPUS else 1)
         return ["--api-server-count", str(count)] if count > 1 else []
 
     def start(self, args, run) -> tuple[Window, WindowController]:

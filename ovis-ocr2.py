@@ -3716,8 +3716,8 @@ def effective_llm_kwargs(args) -> dict:
     """LLM_KWARGS with --llm-kwargs merged over them (a null value removes a key), and the
     weights' revision: the sha it resolves to, so the record is what ran."""
     merged = dict(LLM_KWARGS)
-    if resolved_revision(args) or requested_revision(args):
-        merged["revision"] = resolved_revision(args) or requested_revision(args)
+    if revision := resolved_revision(args) or requested_revision(args):
+        merged["revision"] = revision
     for key, value in json.loads(args.llm_kwargs or "{}").items():
         if value is None:
             merged.pop(key, None)
@@ -3726,16 +3726,10 @@ def effective_llm_kwargs(args) -> dict:
     return merged
 
 
-def data_url(page: PreparedPage) -> str:
-    return f"data:{page.mime};base64,{base64.b64encode(page.data).decode()}"
-
-
 class EngineStreak(HeldFailures):
-    """A broken engine is not N bad pages: STREAK pages failing alone in a row with the same
-    exception, an engine that is gone (EngineDeadError, out of memory), or no page answered at
-    all (HeldFailures) stop the run (exit 4); failed rows are held until a page is answered
-    after them, so a stop leaves them pending. A ValueError is vLLM refusing that page's input:
-    the page's own error, like a 400 from a server."""
+    """Stops the run (exit 4) on STREAK pages failing alone in a row with the same exception,
+    a dead engine (EngineDeadError, out of memory), or none answered (HeldFailures). A
+    ValueError is that page's own input refused: its error, like a server's 400."""
 
     STREAK = 16
     WHO = "engine"
@@ -3758,8 +3752,7 @@ class EngineStreak(HeldFailures):
     def ok(self, pages: int) -> None:
         self.count, self.kind, self.answered = 0, "", self.answered + pages
 
-    def release(self) -> list:
-        """The held rows once a page was answered after them."""
+    def release(self) -> list:  # the held rows, once a page was answered after them
         return [] if self.count else self.release_held()
 
 
@@ -3767,8 +3760,10 @@ def generate_batch(llm, sampling, items: list, args, streak: EngineStreak) -> li
     """Results for [(index, page)], `sampling` one SamplingParams per page; a batch that raises
     is split until the bad row is alone."""
     try:
-        outputs = llm.chat([build_messages(data_url(page), args) for _, page in items], sampling,
-                           use_tqdm=False, **CHAT_KWARGS)
+        urls = [f"data:{page.mime};base64,{base64.b64encode(page.data).decode()}"
+                for _, page in items]
+        outputs = llm.chat([build_messages(url, args) for url in urls], sampling, use_tqdm=False,
+                           **CHAT_KWARGS)
     except Exception as exc:
         streak.failed(exc, alone=len(items) == 1)
         if len(items) == 1:
@@ -3798,23 +3793,23 @@ def prepare_or_error(cell):
         return exception_row(exc, PAGE)
 
 
-def retry_loops(llm, loop_sampling, items: list, results: dict, args, streak) -> None:
-    """The batch's looping pages again, in one generate call per retry round, each with the
-    seed of its row (loop_sampling(seed) is a SamplingParams at LOOP_TEMPERATURE)."""
+def retry_loops(llm, sampling, items: list, results: dict, args, streak) -> None:
+    """The batch's looping pages again, one generate call per retry round, each page with its
+    row's seed."""
     for attempt in range(1, args.loop_retries + 1):
         looping = [(index, page) for index, page in items if results[index].error is None
                    and loops(results[index].text, results[index].finish_reason)]
         if not looping:
             return
-        sampling = [loop_sampling(loop_seed(index, attempt)) for index, _ in looping]
-        for (index, _), retry in zip(looping, generate_batch(llm, sampling, looping, args,
-                                                             streak)):
+        seeded = [sampling(loop_seed(index, attempt)) for index, _ in looping]
+        for (index, _), retry in zip(looping, generate_batch(llm, seeded, looping, args, streak)):
             results[index] = kept_attempt(results[index], retry)
 
 
 def run_offline(source: InputSource, pending: list[int], writer: PartWriter, stats: RunStats,
-                args, check: DegenerateCheck, llm, sampling, loop_sampling) -> None:
-    """Fixed batches; the next batch's pages are prepared while the engine runs this one."""
+                args, check: DegenerateCheck, llm, sampling) -> None:
+    """Fixed batches; the next batch's pages are prepared while the engine runs this one.
+    sampling(seed=None): a SamplingParams; with a seed, a loop retry's."""
     from tqdm import tqdm
 
     pool = ThreadPoolExecutor(max_workers=max(2, min(8, os.cpu_count() or 2)),
@@ -3859,11 +3854,11 @@ def run_offline(source: InputSource, pending: list[int], writer: PartWriter, sta
             stats.first_started = stats.first_started or time.monotonic()
             started = time.monotonic()
             if valid:
-                answers = generate_batch(llm, [sampling] * len(valid), valid, args, streak)
+                answers = generate_batch(llm, [sampling()] * len(valid), valid, args, streak)
                 for (index, page), result in zip(valid, answers):
                     result.text_layer = page.text_layer
                     results[index] = result
-                retry_loops(llm, loop_sampling, valid, results, args, streak)
+                retry_loops(llm, sampling, valid, results, args, streak)
                 streak.held += [(i, results.pop(i)) for i, _ in valid if results[i].error]
             latency = time.monotonic() - started
             for index, result in [*results.items(), *streak.release()]:
@@ -3939,14 +3934,13 @@ def offline_run(args, argv: list[str], hub_api, llm_kwargs: dict) -> int:
         started = time.monotonic()
         llm = vllm.LLM(model=args.model, **llm_kwargs)
         run.stats.server_startup_s = round(time.monotonic() - started, 2)
-        sampling = vllm.SamplingParams(**sampling_kwargs(args))
 
-        def loop_sampling(seed: int):
-            return vllm.SamplingParams(**{**sampling_kwargs(args),
-                                          "temperature": LOOP_TEMPERATURE, "seed": seed})
+        def sampling(seed: int | None = None):
+            retry = {} if seed is None else {"temperature": LOOP_TEMPERATURE, "seed": seed}
+            return vllm.SamplingParams(**{**sampling_kwargs(args), **retry})
 
         run_offline(run.source, run.plan.send, run.writer, run.stats, args, run.check, llm,
-                    sampling, loop_sampling)
+                    sampling)
 
     return run_guarded(run, work, lambda force: None, argv)
 # ==== END OFFLINE HELPERS ====

@@ -23,6 +23,7 @@ from blocks.server import FixedWindow, serve_arg_value, ServerManager, Window
 # their options; the API servers of a server they start. The model section may set
 # API_SERVER_COUNT; the server block provides the rest.
 import statistics
+from collections import deque
 
 API_SERVER_COUNT = globals().get("API_SERVER_COUNT", 1)  # a model section's measured count
 API_SERVERS_MIN_CPUS = 12  # the flavors where more API servers were measured to help had 12+
@@ -55,17 +56,6 @@ def usable_cpus(cgroup_root: str = "/sys/fs/cgroup") -> int:
     return max(1, count if limit is None else min(count, int(limit)))
 
 
-def default_api_server_count() -> int:
-    """A model section's measured API_SERVER_COUNT (one server preprocesses on one core) where
-    this process may use API_SERVERS_MIN_CPUS CPUs; else 1: small flavors run out of memory."""
-    return API_SERVER_COUNT if usable_cpus() >= API_SERVERS_MIN_CPUS else 1
-
-
-def available_memory_bytes() -> int:
-    available = proc_bytes("/proc/meminfo", "MemAvailable")
-    return 8 << 30 if available is None else available
-
-
 def parse_metrics(text: str) -> dict:
     """The vLLM gauges the window needs, summed over label sets; missing ones are absent."""
     wanted = {"vllm:num_requests_running": "running", "vllm:num_requests_waiting": "waiting",
@@ -94,22 +84,16 @@ class WindowController:
                  adaptive: bool):
         self.window, self.stats, self.args, self.adaptive = window, stats, args, adaptive
         self.budget = int(args.max_inflight_memory * (1 << 20)) if args.max_inflight_memory \
-            else available_memory_bytes() // 4
+            else (proc_bytes("/proc/meminfo", "MemAvailable") or 8 << 30) // 4
         self.telemetry = open(telemetry_path, "a") if telemetry_path else None
-        self.page_bytes: list[int] = []
+        self.page_bytes: deque[int] = deque(maxlen=256)  # request body sizes of recent pages
         self.tokens = self.pages = 0
-        self.preparing = 0
         self.completions_since_change = 0
         self.best_rate = 0.0
         self.samples: list[str] = []
         self.prefix_hit_rate = None
         self.input_done = False
         self.last_sample = time.monotonic()
-
-    def note_body(self, size: int) -> None:
-        self.page_bytes.append(size)
-        if len(self.page_bytes) > 256:
-            del self.page_bytes[:128]
 
     def on_result(self, result: RowResult) -> None:
         self.tokens += result.completion_tokens or 0
@@ -123,13 +107,6 @@ class WindowController:
         per_page = statistics.mean(self.page_bytes) * 1.5 + (64 << 10)
         return max(1, int(self.budget // per_page))
 
-    async def read_metrics(self, client, server: ServerManager) -> dict:
-        try:
-            response = await client.get(f"{server.base}/metrics", headers=server.headers, timeout=5)
-        except httpx.HTTPError:
-            return {}
-        return parse_metrics(response.text) if response.status_code == 200 else {}
-
     async def run(self, client, server: ServerManager) -> None:
         while True:
             await asyncio.sleep(self.args.adapt_interval)
@@ -140,7 +117,11 @@ class WindowController:
         shorter than one interval has its row and the prefix-cache counters are the final ones."""
         now = time.monotonic()
         dt, self.last_sample = max(1e-3, now - self.last_sample), now
-        metrics = await self.read_metrics(client, server)
+        try:
+            response = await client.get(f"{server.base}/metrics", headers=server.headers, timeout=5)
+            metrics = parse_metrics(response.text) if response.status_code == 200 else {}
+        except httpx.HTTPError:
+            metrics = {}
         if metrics.get("prefix_queries"):
             self.prefix_hit_rate = round(metrics.get("prefix_hits", 0.0) / metrics["prefix_queries"], 4)
         rate, page_rate = self.tokens / dt, self.pages / dt
@@ -149,7 +130,7 @@ class WindowController:
         if self.telemetry:
             self.telemetry.write(json.dumps({
                 "t": round(now - self.stats.started, 2), "window": self.window.limit,
-                "in_flight": self.stats.in_flight, "preparing": self.preparing,
+                "in_flight": self.stats.in_flight, "preparing": self.window.preparing,
                 "running": metrics.get("running"), "waiting": metrics.get("waiting"),
                 "kv_cache": metrics.get("kv"), "tokens_per_s": round(rate, 1),
                 "pages_per_s": round(page_rate, 3), "memory_cap": self.memory_cap(),
@@ -172,7 +153,7 @@ class WindowController:
             verdict = "engine"
         elif full and limit >= cap:
             verdict = "memory"
-        elif self.preparing >= max(2, self.stats.in_flight // 2):
+        elif self.window.preparing >= max(2, self.stats.in_flight // 2):
             verdict = "preprocessing"
         elif not full:
             verdict = "input"
@@ -209,7 +190,6 @@ class WindowController:
         return max(set(bounded), key=bounded.count)
 
     def summary(self) -> dict:
-        """What the stats file records about the window."""
         return {"bound_by": self.bound_by(), "window_final": self.window.limit,
                 "memory_budget_bytes": self.budget, "prefix_cache_hit_rate": self.prefix_hit_rate}
 
@@ -250,7 +230,10 @@ class AdaptiveWindow(FixedWindow):
     def serve_args(self, args, serve_args: list[str]) -> list[str]:
         if serve_arg_value(serve_args, "--api-server-count") is not None:
             return []
-        count = args.api_server_count or default_api_server_count()
+        # the measured count where this process may use API_SERVERS_MIN_CPUS CPUs (one API
+        # server preprocesses on one core); else 1: small flavors run out of memory
+        count = args.api_server_count or \
+            (API_SERVER_COUNT if usable_cpus() >= API_SERVERS_MIN_CPUS else 1)
         return ["--api-server-count", str(count)] if count > 1 else []
 
     def start(self, args, run) -> tuple[Window, WindowController]:

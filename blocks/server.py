@@ -34,6 +34,7 @@ from blocks.common import (
 # script's SATURATE block replaces it). Model section: SERVE_ARGS .. image_token_budget().
 import asyncio
 import base64
+import contextlib
 import functools
 import shutil
 import socket
@@ -62,12 +63,6 @@ def serve_arg_value(argv: list[str], name: str, default=None):
     """The last value given for a flag."""
     values = [v[0] for flag, v, _ in flag_items(argv) if v and option_name(flag) == name]
     return values[-1] if values else default
-
-
-def flag_values(argv: list[str]) -> dict:
-    """--flag value pairs of a command line (a bare flag is True, a list flag a list)."""
-    return {flag: values[0] if len(values) == 1 else values or True
-            for flag, values, _ in flag_items(argv) if flag}
 
 
 def parse_vllm_size(value) -> int | None:
@@ -185,20 +180,16 @@ def sweep():
             except (OSError, ValueError, IndexError):
                 pass
 server = subprocess.Popen(sys.argv[1:], stdin=subprocess.DEVNULL, preexec_fn=parent_death_signal)
-while True:
+while server.poll() is None and os.getppid() == driver:
+    time.sleep(0.5)
+if server.poll() is None:  # the driver is gone
+    os.killpg(0, signal.SIGTERM)
     try:
-        code = server.wait(timeout=0.5)
-        break
+        server.wait(timeout=20)
     except subprocess.TimeoutExpired:
         pass
-    if os.getppid() != driver:
-        os.killpg(0, signal.SIGTERM)
-        try:
-            code = server.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            code = -9
-        break
-sweep()
+sweep()  # SIGKILLs a server still running after the 20 s too
+code = server.wait()
 sys.exit(code if code >= 0 else 128 - code)
 """
 
@@ -408,8 +399,8 @@ class ServerManager:
     def serve_command(self) -> list[str]:
         command = ["vllm", "serve", self.args.model, "--host", self.host, "--port", str(self.port)]
         self.revision = resolved_revision(self.args)  # what this server loads, and the record
-        if self.revision or requested_revision(self.args):
-            command += ["--revision", self.revision or requested_revision(self.args)]
+        if revision := self.revision or requested_revision(self.args):
+            command += ["--revision", revision]
         serve_args = effective_serve_args(self.args)
         command += WINDOW.serve_args(self.args, serve_args)
         parallel = data_parallel_args(serve_args)
@@ -500,15 +491,6 @@ class ServerManager:
                 pass
 
 
-def prepare_page_inline(cell) -> PreparedPage | None:
-    """The page when its bytes are in memory and go out as they are (a header read: cheaper on
-    the event loop than a hop to the pool); None: it needs the pool."""
-    held = cell.get("bytes") if isinstance(cell, dict) else cell
-    if not isinstance(held, (bytes, bytearray, memoryview)):
-        return None
-    return prepare_page(cell, decode=False)
-
-
 def request_json(model_name: str, args, seed: int | None = None) -> tuple[bytes, bytes]:
     """The JSON body's text before and after the image URL; with a seed, a loop retry's."""
     request = build_request(IMAGE_URL_PLACEHOLDER, args)
@@ -573,18 +555,6 @@ def read_completion(response) -> RowResult:
                          f"{response.text[:300]}", SERVER)
 
 
-def refusal(response, server) -> RunAborted | None:
-    """An answer that refuses the whole run, not this page."""
-    status, text = response.status_code, response.text[:300]
-    if status in (401, 403):
-        return RunAborted(f"the server at {server.base} refuses the API key (HTTP {status}: "
-                          f"{text}). Pass the right --api-key (or VLLM_API_KEY).", EXIT_REFUSED)
-    if status == 404 and "does not exist" in text:
-        return RunAborted(f"the server at {server.base} no longer serves {server.model_name} "
-                          f"(HTTP 404: {text}); it was restarted with another model?", EXIT_REFUSED)
-    return None
-
-
 async def send_page(client, server: "ServerManager", body: bytes, args) -> RowResult:
     """POST one page; retry what may pass next time, record what will not."""
     url = f"{server.base}/v1/chat/completions"
@@ -605,13 +575,18 @@ async def send_page(client, server: "ServerManager", body: bytes, args) -> RowRe
         except httpx.HTTPError as exc:  # an answer httpx cannot read (a gzip body that is not)
             last_error = f"unreadable answer: {type(exc).__name__}: {exc}"
         else:
-            if response.status_code == 200:
+            status, text = response.status_code, response.text[:300]
+            if status == 200:
                 return read_completion(response)
-            refused = refusal(response, server)
-            if refused is not None:
-                raise refused
-            last_error = f"HTTP {response.status_code}: {response.text[:500]}"
-            if response.status_code not in RETRY_STATUS:
+            if status in (401, 403):  # these two refuse the whole run, not this page
+                raise RunAborted(f"the server at {server.base} refuses the API key (HTTP {status}: "
+                                 f"{text}). Pass the right --api-key (or VLLM_API_KEY).", EXIT_REFUSED)
+            if status == 404 and "does not exist" in text:
+                raise RunAborted(f"the server at {server.base} no longer serves {server.model_name} "
+                                 f"(HTTP 404: {text}); it was restarted with another model?",
+                                 EXIT_REFUSED)
+            last_error = f"HTTP {status}: {response.text[:500]}"
+            if status not in RETRY_STATUS:
                 return error_row(last_error, PAGE)  # the request itself (this page) is refused
         attempt += 1
         if attempt <= args.max_retries:
@@ -647,7 +622,7 @@ class FailureStorm(HeldFailures):
         return [(index, result), *self.release_held()]
 
 
-class ClientGroup:
+class ClientGroup(contextlib.AsyncExitStack):
     """httpx clients behind one `post`/`get`, each holding at most POOL_SIZE requests: httpx
     scans every connection of its pool on each request (one pool for 256 pages in flight cost
     14-16 ms of driver CPU per page here, against 4-5 ms at 32)."""
@@ -655,21 +630,16 @@ class ClientGroup:
     POOL_SIZE = 16
 
     def __init__(self, **client_kwargs):
+        super().__init__()  # closes every client on exit
         self.client_kwargs = client_kwargs
         self.clients: list[httpx.AsyncClient] = []
         self.busy: list[int] = []
-
-    async def __aenter__(self) -> "ClientGroup":
-        return self
-
-    async def __aexit__(self, *exc) -> None:
-        for client in self.clients:
-            await client.aclose()
 
     async def request(self, method: str, url: str, **kwargs) -> httpx.Response:
         index = min(range(len(self.busy)), key=self.busy.__getitem__, default=-1)
         if index < 0 or self.busy[index] >= self.POOL_SIZE:
             self.clients.append(httpx.AsyncClient(**self.client_kwargs))
+            self.push_async_callback(self.clients[-1].aclose)
             self.busy.append(0)
             index = len(self.busy) - 1
         self.busy[index] += 1
@@ -687,7 +657,7 @@ class Window:
     Its limit can move (the saturate scripts adapt it)."""
 
     def __init__(self, limit: int):
-        self.limit, self.used = max(1, limit), 0
+        self.limit, self.used, self.preparing = max(1, limit), 0, 0
         self._changed = asyncio.Condition()
 
     async def acquire(self) -> None:
@@ -718,12 +688,10 @@ class FixedWindow:
     def problems(self, args) -> list[str]:
         return []
 
-    def serve_args(self, args, serve_args: list[str]) -> list[str]:
-        """What this window adds to the command of a server started here."""
+    def serve_args(self, args, serve_args: list[str]) -> list[str]:  # for a server started here
         return []
 
-    def start(self, args, run) -> tuple[Window, None]:
-        """The window, and the controller that adapts it during the run (none: it stays)."""
+    def start(self, args, run) -> tuple[Window, None]:  # and the controller adapting it: none
         return Window(args.concurrency or PAGES_PER_ENGINE), None
 
 
@@ -770,14 +738,14 @@ async def run_server_pipeline(source: InputSource, pending: list[int], writer: P
             async def one(index: int, cell) -> None:
                 latency = digest = None
                 try:
-                    if controller:
-                        controller.preparing += 1
-                    try:
-                        page = prepare_page_inline(cell) or \
-                            await loop.run_in_executor(prep_pool, prepare_page, cell)
+                    window.preparing += 1
+                    held = cell.get("bytes") if isinstance(cell, dict) else cell
+                    try:  # bytes in memory go out as they are: a header read, no hop to the pool
+                        page = prepare_page(cell, decode=False) \
+                            if isinstance(held, (bytes, bytearray, memoryview)) \
+                            else await loop.run_in_executor(prep_pool, prepare_page, cell)
                     finally:
-                        if controller:
-                            controller.preparing -= 1
+                        window.preparing -= 1
                     digest = page.digest
                     if page.skipped:  # not sent: its text layer is its row
                         result = text_layer_row(page, args)
@@ -786,7 +754,7 @@ async def run_server_pipeline(source: InputSource, pending: list[int], writer: P
                         body = request_body(page, server.model_name, args)
                         del page, cell
                         if controller:
-                            controller.note_body(len(body))
+                            controller.page_bytes.append(len(body))
                         sent = time.monotonic()
                         try:
                             result = await send_until_clean(client, server, body, index, args)
@@ -949,7 +917,9 @@ def server_run(args, argv: list[str], hub_api) -> int:
     except RunAborted as exc:
         fail(str(exc), exc.code)
     serve_args = effective_serve_args(args)
-    run = open_run(args, hub_api, flag_values(serve_args), info_entry_for(args, serve_args))
+    settings = {flag: values[0] if len(values) == 1 else values or True  # a bare flag is True
+                for flag, values, _ in flag_items(serve_args) if flag}
+    run = open_run(args, hub_api, settings, info_entry_for(args, serve_args))
     server.log_dir = run.store.meta / "logs"
     window, controller = WINDOW.start(args, run)
 
