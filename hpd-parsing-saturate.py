@@ -4592,10 +4592,10 @@ async def run_server_pipeline(source: InputSource, pending: list[int], writer: P
                 try:
                     window.preparing += 1
                     held = cell.get("bytes") if isinstance(cell, dict) else cell
-                    try:  # bytes in memory go out as they are: a header read, no hop to the pool
-                        page = prepare_page(cell, decode=False) \
-                            if isinstance(held, (bytes, bytearray, memoryview)) \
-                            else await loop.run_in_executor(prep_pool, prepare_page, cell)
+                    try:  # bytes in memory that go out as they are: a header read, no pool hop
+                        inline = isinstance(held, (bytes, bytearray, memoryview))
+                        page = inline and prepare_page(cell, decode=False) or \
+                            await loop.run_in_executor(prep_pool, prepare_page, cell)
                     finally:
                         window.preparing -= 1
                     digest = page.digest
