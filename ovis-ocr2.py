@@ -3386,6 +3386,7 @@ def finish_run(code: int, run: Run, interrupts: Interrupts, stop_engine, argv: l
 # vllm.LLM in fixed batches. The model section provides LLM_KWARGS, CHAT_KWARGS,
 # build_messages(), sampling_kwargs(), VLLM_REQUIREMENT; the common block provides the rest.
 import base64
+import itertools
 import shutil
 import site
 import subprocess
@@ -3398,14 +3399,17 @@ for _extra_site in filter(None, os.environ.get("OCR_SCRIPT_EXTRA_SITE", "").spli
         site.addsitedir(_extra_site)
 
 
-def _python_has_vllm(python: str) -> bool:
-    try:
-        probe = subprocess.run(
-            [python, "-c", "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"],
-            capture_output=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return probe.returncode == 0
+def system_python_with_vllm() -> str | None:
+    """The machine's own Python when it has vllm (the vLLM image): no second vllm and torch."""
+    probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"
+    for python in ("/usr/bin/python3", "/usr/local/bin/python3", "/opt/conda/bin/python3"):
+        try:
+            if Path(python).exists() and subprocess.run(
+                    [python, "-c", probe], capture_output=True, timeout=60).returncode == 0:
+                return python
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+    return None
 
 
 def gpu_visible() -> bool:
@@ -3415,10 +3419,9 @@ def gpu_visible() -> bool:
 
 
 def check_offline_engine(argv: list[str]) -> None:
-    """Before the input is read and the repo created: this machine can run vllm.LLM, or exit at
-    once with the Jobs command. An importable vllm runs (its CPU build included), as does the
-    machine's own Python with vllm (the vLLM image); without either, a GPU is needed for the
-    vllm that uv would install (several GB)."""
+    """Before the input is read and the repo created: this machine can run vllm.LLM (an
+    importable vllm, CPU build included, or the machine's Python with vllm; else a GPU for the
+    vllm uv would install), or exit at once with the Jobs command."""
     import importlib.util
 
     try:
@@ -3426,11 +3429,8 @@ def check_offline_engine(argv: list[str]) -> None:
             return
     except (ImportError, ValueError):
         pass
-    if gpu_visible() or os.environ.get("OCR_SCRIPT_REEXEC"):
+    if gpu_visible() or os.environ.get("OCR_SCRIPT_REEXEC") or system_python_with_vllm():
         return
-    for candidate in ("/usr/bin/python3", "/usr/local/bin/python3", "/opt/conda/bin/python3"):
-        if Path(candidate).exists() and _python_has_vllm(candidate):
-            return
     notes = "".join(f"\n  * {note}" for note in jobs_command_notes(argv))
     log(f"error: no vllm can be imported here and no GPU is visible (no /dev/nvidia*, no "
         f"nvidia-smi), so vllm.LLM cannot run on this machine.\n\nRun it on Hugging Face Jobs, "
@@ -3441,8 +3441,7 @@ def check_offline_engine(argv: list[str]) -> None:
 
 
 def import_vllm(argv: list[str]):
-    """vllm, from this environment, else from the machine's own Python (the vLLM image: no
-    second install of vllm and torch), else installed by uv on the fly."""
+    """vllm, from this environment, else from the machine's own Python, else installed by uv."""
     # bare CUDA images have no compiler for these JIT paths (MODEL-FACTS); set before import
     os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
     os.environ.setdefault("VLLM_USE_DEEP_GEMM", "0")
@@ -3454,14 +3453,13 @@ def import_vllm(argv: list[str]):
     if os.environ.get("OCR_SCRIPT_REEXEC"):
         fail(f"vllm cannot be imported. Run this script in the vLLM image (hf jobs uv run --image "
              f"{JOB_IMAGE} ...) or on a GPU machine with `pip install vllm`.")
-
     env = {**os.environ, "OCR_SCRIPT_REEXEC": "1"}
     script = str(Path(sys.argv[0]).resolve())
-    for candidate in ("/usr/bin/python3", "/usr/local/bin/python3", "/opt/conda/bin/python3"):
-        if Path(candidate).exists() and _python_has_vllm(candidate):
-            env["OCR_SCRIPT_EXTRA_SITE"] = os.pathsep.join(site.getsitepackages())
-            log(f"using the vllm installed for {candidate} (nothing heavy is installed)")
-            os.execve(candidate, [candidate, script, *argv], env)
+    python = system_python_with_vllm()
+    if python:
+        env["OCR_SCRIPT_EXTRA_SITE"] = os.pathsep.join(site.getsitepackages())
+        log(f"using the vllm installed for {python} (nothing heavy is installed)")
+        os.execve(python, [python, script, *argv], env)
     uv = shutil.which("uv")
     if uv:
         log(f"vllm is not installed here; asking uv for vllm{VLLM_REQUIREMENT} (several GB once)")
@@ -3474,8 +3472,8 @@ def effective_llm_kwargs(args) -> dict:
     """LLM_KWARGS with --llm-kwargs merged over them (a null value removes a key), and the
     weights' revision: the sha it resolves to, so the record is what ran."""
     merged = dict(LLM_KWARGS)
-    if resolved_revision(args) or requested_revision(args):
-        merged["revision"] = resolved_revision(args) or requested_revision(args)
+    if revision := resolved_revision(args) or requested_revision(args):
+        merged["revision"] = revision
     for key, value in json.loads(args.llm_kwargs or "{}").items():
         if value is None:
             merged.pop(key, None)
@@ -3484,19 +3482,10 @@ def effective_llm_kwargs(args) -> dict:
     return merged
 
 
-def data_url(page: PreparedPage) -> str:
-    return f"data:{page.mime};base64,{base64.b64encode(page.data).decode()}"
-
-
 class EngineStreak(HeldFailures):
-    """A broken engine is not N bad pages. A single page failing is its row's error; but pages
-    failing alone one after another, with the same exception and no page answered between
-    (STREAK of them), an engine that is gone (EngineDeadError, out of memory), or a run that
-    ends with none of its pages answered (HeldFailures, as the server scripts judge), stop the
-    run with exit 4. Failed rows wait in `held` until a page is answered after them, so on a
-    stop they stay pending and the rerun sends them again. A ValueError is vLLM refusing that
-    page's input (longer than max_model_len, an image it cannot process): the page's own
-    error, like a 400 from a server."""
+    """Stops the run (exit 4) on STREAK pages failing alone in a row with the same exception,
+    a dead engine (EngineDeadError, out of memory), or none answered (HeldFailures). A
+    ValueError is that page's own input refused: its error, like a server's 400."""
 
     STREAK = 16
     WHO = "engine"
@@ -3519,26 +3508,25 @@ class EngineStreak(HeldFailures):
     def ok(self, pages: int) -> None:
         self.count, self.kind, self.answered = 0, "", self.answered + pages
 
-    def release(self) -> list:
-        """The held rows once a page was answered after them."""
+    def release(self) -> list:  # the held rows, once a page was answered after them
         return [] if self.count else self.release_held()
 
 
 def generate_batch(llm, sampling, items: list, args, streak: EngineStreak) -> list[RowResult]:
-    """Results for [(index, page)]; a batch that raises is split until the bad row is alone.
-    `sampling`: one SamplingParams for every page, or a list of one per page."""
+    """Results for [(index, page)], `sampling` one SamplingParams per page; a batch that raises
+    is split until the bad row is alone."""
     try:
-        outputs = llm.chat([build_messages(data_url(page), args) for _, page in items], sampling,
-                           use_tqdm=False, **CHAT_KWARGS)
+        urls = [f"data:{page.mime};base64,{base64.b64encode(page.data).decode()}"
+                for _, page in items]
+        outputs = llm.chat([build_messages(url, args) for url in urls], sampling, use_tqdm=False,
+                           **CHAT_KWARGS)
     except Exception as exc:
         streak.failed(exc, alone=len(items) == 1)
         if len(items) == 1:
             return [exception_row(exc, PAGE, "generation failed: ")]
         half = len(items) // 2
-        first, rest = (sampling[:half], sampling[half:]) if isinstance(sampling, list) \
-            else (sampling, sampling)
-        return generate_batch(llm, first, items[:half], args, streak) + \
-            generate_batch(llm, rest, items[half:], args, streak)
+        return generate_batch(llm, sampling[:half], items[:half], args, streak) + \
+            generate_batch(llm, sampling[half:], items[half:], args, streak)
     streak.ok(len(items))
     results = []
     for output in outputs:
@@ -3562,23 +3550,23 @@ def prepare_or_error(cell):
         return exception_row(exc, PAGE)
 
 
-def retry_loops(llm, loop_sampling, items: list, results: dict, args, streak) -> None:
-    """The batch's looping pages again, in one generate call per retry round, each with the
-    seed of its row (loop_sampling(seed) is a SamplingParams at LOOP_TEMPERATURE)."""
+def retry_loops(llm, sampling, items: list, results: dict, args, streak) -> None:
+    """The batch's looping pages again, one generate call per retry round, each page with its
+    row's seed."""
     for attempt in range(1, args.loop_retries + 1):
         looping = [(index, page) for index, page in items if results[index].error is None
                    and loops(results[index].text, results[index].finish_reason)]
         if not looping:
             return
-        sampling = [loop_sampling(loop_seed(index, attempt)) for index, _ in looping]
-        for (index, _), retry in zip(looping, generate_batch(llm, sampling, looping, args,
-                                                             streak)):
+        seeded = [sampling(loop_seed(index, attempt)) for index, _ in looping]
+        for (index, _), retry in zip(looping, generate_batch(llm, seeded, looping, args, streak)):
             results[index] = kept_attempt(results[index], retry)
 
 
 def run_offline(source: InputSource, pending: list[int], writer: PartWriter, stats: RunStats,
-                args, check: DegenerateCheck, llm, sampling, loop_sampling) -> None:
-    """Fixed batches; the next batch's pages are prepared while the engine runs this one."""
+                args, check: DegenerateCheck, llm, sampling) -> None:
+    """Fixed batches; the next batch's pages are prepared while the engine runs this one.
+    sampling(seed=None): a SamplingParams; with a seed, a loop retry's."""
     from tqdm import tqdm
 
     pool = ThreadPoolExecutor(max_workers=max(2, min(8, os.cpu_count() or 2)),
@@ -3586,12 +3574,8 @@ def run_offline(source: InputSource, pending: list[int], writer: PartWriter, sta
     cells = iter_image_cells(source, pending)
 
     def submit_next():
-        batch = []
-        for index, cell in cells:
-            batch.append((index, pool.submit(prepare_or_error, cell)))
-            if len(batch) == args.batch_size:
-                break
-        return batch
+        return [(index, pool.submit(prepare_or_error, cell))
+                for index, cell in itertools.islice(cells, args.batch_size)]
 
     digests = {}  # row -> what its page was made from, until the row is written
 
@@ -3610,30 +3594,28 @@ def run_offline(source: InputSource, pending: list[int], writer: PartWriter, sta
     try:
         upcoming = submit_next()
         while upcoming:
-            batch, upcoming = upcoming, None
-            prepared = [(index, future.result()) for index, future in batch]
+            prepared = [(index, future.result()) for index, future in upcoming]
             upcoming = submit_next()
-            results: dict[int, RowResult] = {}
+            results: dict[int, RowResult] = {}  # a page that failed to prepare is its error row
             valid = []
             for index, page in prepared:
-                if isinstance(page, RowResult):
-                    results[index] = page
-                    continue
-                digests[index] = page.digest
-                if page.skipped:
-                    results[index] = text_layer_row(page, args)
-                else:
-                    valid.append((index, page))
+                if isinstance(page, PreparedPage):
+                    digests[index] = page.digest
+                    if not page.skipped:
+                        valid.append((index, page))
+                        continue
+                    page = text_layer_row(page, args)
+                results[index] = page
             stats.in_flight = len(valid)
             stats.peak_in_flight = max(stats.peak_in_flight, len(valid))
             stats.first_started = stats.first_started or time.monotonic()
             started = time.monotonic()
             if valid:
-                for (index, page), result in zip(valid, generate_batch(llm, sampling, valid, args,
-                                                                       streak)):
+                answers = generate_batch(llm, [sampling()] * len(valid), valid, args, streak)
+                for (index, page), result in zip(valid, answers):
                     result.text_layer = page.text_layer
                     results[index] = result
-                retry_loops(llm, loop_sampling, valid, results, args, streak)
+                retry_loops(llm, sampling, valid, results, args, streak)
                 streak.held += [(i, results.pop(i)) for i, _ in valid if results[i].error]
             latency = time.monotonic() - started
             for index, result in [*results.items(), *streak.release()]:
@@ -3726,14 +3708,13 @@ def offline_run(args, argv: list[str], hub_api, llm_kwargs: dict) -> int:
         llm = vllm.LLM(model=args.model, **llm_kwargs)
         run.stats.server_startup_s = round(time.monotonic() - started, 2)
         detection = engine_repetition_detection(args, run.info_entry)
-        sampling = vllm.SamplingParams(**sampling_kwargs(args), **detection)
 
-        def loop_sampling(seed: int):
-            return vllm.SamplingParams(**{**sampling_kwargs(args), **detection,
-                                          "temperature": LOOP_TEMPERATURE, "seed": seed})
+        def sampling(seed: int | None = None):
+            retry = {} if seed is None else {"temperature": LOOP_TEMPERATURE, "seed": seed}
+            return vllm.SamplingParams(**{**sampling_kwargs(args), **detection, **retry})
 
         run_offline(run.source, run.plan.send, run.writer, run.stats, args, run.check, llm,
-                    sampling, loop_sampling)
+                    sampling)
 
     return run_guarded(run, work, lambda force: None, argv)
 # ==== END OFFLINE HELPERS ====

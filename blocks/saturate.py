@@ -1,9 +1,8 @@
 """The SATURATE HELPERS block of the -saturate.py scripts: the adaptive window, vLLM's /metrics,
 the telemetry, the saturate options, the API servers of a spawned server.
 
-Edit here, then run `python tools/sync_helpers.py`: it copies the block (from its BEGIN
-line on) into the scripts that carry it. The names imported below come, in a script, from
-its model section (blocks/model.py says how) or from the blocks before this one.
+Edit here, then run `python tools/sync_helpers.py`. In a script, the names imported below come
+from its model section (blocks/model.py) or an earlier block.
 """
 
 import argparse
@@ -24,6 +23,7 @@ from blocks.server import FixedWindow, serve_arg_value, ServerManager, Window
 # their options; the API servers of a server they start. The model section may set
 # API_SERVER_COUNT; the server block provides the rest.
 import statistics
+from collections import deque
 
 API_SERVER_COUNT = globals().get("API_SERVER_COUNT", 1)  # a model section's measured count
 API_SERVERS_MIN_CPUS = 12  # the flavors where more API servers were measured to help had 12+
@@ -35,17 +35,11 @@ def cgroup_cpu_limit(root: str = "/sys/fs/cgroup") -> float | None:
         relative = Path("/proc/self/cgroup").read_text().split("0::", 1)[1].split("\n", 1)[0]
     except (OSError, IndexError):
         relative = "/"
-    candidates = [(Path(root + relative) / "cpu.max", None), (Path(root) / "cpu.max", None),
-                  (Path(root) / "cpu" / "cpu.cfs_quota_us", Path(root) / "cpu" / "cpu.cfs_period_us")]
-    for quota_file, period_file in candidates:
+    for files in ([Path(root + relative, "cpu.max")], [Path(root, "cpu.max")],
+                  [Path(root, "cpu", "cpu.cfs_quota_us"), Path(root, "cpu", "cpu.cfs_period_us")]):
         try:
-            if period_file is None:
-                quota, period = quota_file.read_text().split()[:2]
-            else:
-                quota, period = quota_file.read_text().strip(), period_file.read_text().strip()
-            if quota in ("max", "-1"):
-                return None
-            return int(quota) / int(period)
+            quota, period = " ".join(f.read_text() for f in files).split()[:2]
+            return None if quota in ("max", "-1") else int(quota) / int(period)
         except (OSError, ValueError, ZeroDivisionError):
             continue
     return None
@@ -59,22 +53,7 @@ def usable_cpus(cgroup_root: str = "/sys/fs/cgroup") -> int:
     except (AttributeError, OSError):
         count = os.cpu_count() or 1
     limit = cgroup_cpu_limit(cgroup_root)
-    if limit is not None:
-        count = min(count, int(limit))
-    return max(1, count)
-
-
-def default_api_server_count() -> int:
-    """One API server preprocesses images on one core. Where a model section measured more
-    (API_SERVER_COUNT; LightOnOCR-3: 4 gave +9% to +16% on flavors of 12+ vCPUs), that many
-    when this process may use API_SERVERS_MIN_CPUS CPUs; else 1: on small flavors host memory
-    binds first, and extra servers only cost memory."""
-    return API_SERVER_COUNT if usable_cpus() >= API_SERVERS_MIN_CPUS else 1
-
-
-def available_memory_bytes() -> int:
-    available = proc_bytes("/proc/meminfo", "MemAvailable")
-    return 8 << 30 if available is None else available
+    return max(1, count if limit is None else min(count, int(limit)))
 
 
 def parse_metrics(text: str) -> dict:
@@ -84,9 +63,7 @@ def parse_metrics(text: str) -> dict:
               "vllm:prefix_cache_hits_total": "prefix_hits",
               "vllm:prefix_cache_queries_total": "prefix_queries"}
     out: dict = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
+    for line in text.splitlines():  # a comment's or a blank line's name is none of them
         name = line.split("{", 1)[0].split(" ", 1)[0]
         if name in wanted:
             try:
@@ -99,34 +76,24 @@ def parse_metrics(text: str) -> dict:
 
 
 class WindowController:
-    """Adapts the window of a saturate script: it grows while the engine has no queue and
-    delivered tokens/s still rise, holds or shrinks when requests wait or the KV cache is near
-    full, never widens a window nothing has come back through, and never lets the pages in
-    flight outgrow the host-memory budget (measured bytes per page). Without the engine's
-    gauges (some vLLM versions drop them with --api-server-count > 1) it goes by delivered
-    throughput alone. Every tick is written to a telemetry file."""
+    """Adapts the window: it grows while the engine has no queue and delivered tokens/s rise,
+    holds or shrinks when requests wait or the KV cache is near full, within the host-memory
+    budget; without the engine's gauges, by throughput alone. Each tick goes to telemetry."""
 
     def __init__(self, window: Window, stats: RunStats, args, telemetry_path: Path | None,
                  adaptive: bool):
         self.window, self.stats, self.args, self.adaptive = window, stats, args, adaptive
         self.budget = int(args.max_inflight_memory * (1 << 20)) if args.max_inflight_memory \
-            else available_memory_bytes() // 4
+            else (proc_bytes("/proc/meminfo", "MemAvailable") or 8 << 30) // 4
         self.telemetry = open(telemetry_path, "a") if telemetry_path else None
-        self.page_bytes: list[int] = []
+        self.page_bytes: deque[int] = deque(maxlen=256)  # request body sizes of recent pages
         self.tokens = self.pages = 0
-        self.preparing = 0
         self.completions_since_change = 0
         self.best_rate = 0.0
         self.samples: list[str] = []
-        self.metrics_seen = False
         self.prefix_hit_rate = None
         self.input_done = False
         self.last_sample = time.monotonic()
-
-    def note_body(self, size: int) -> None:
-        self.page_bytes.append(size)
-        if len(self.page_bytes) > 256:
-            del self.page_bytes[:128]
 
     def on_result(self, result: RowResult) -> None:
         self.tokens += result.completion_tokens or 0
@@ -140,17 +107,6 @@ class WindowController:
         per_page = statistics.mean(self.page_bytes) * 1.5 + (64 << 10)
         return max(1, int(self.budget // per_page))
 
-    async def read_metrics(self, client, server: ServerManager) -> dict:
-        try:
-            response = await client.get(f"{server.base}/metrics", headers=server.headers, timeout=5)
-            if response.status_code == 200:
-                metrics = parse_metrics(response.text)
-                self.metrics_seen = self.metrics_seen or bool(metrics)
-                return metrics
-        except httpx.HTTPError:
-            pass
-        return {}
-
     async def run(self, client, server: ServerManager) -> None:
         while True:
             await asyncio.sleep(self.args.adapt_interval)
@@ -161,7 +117,11 @@ class WindowController:
         shorter than one interval has its row and the prefix-cache counters are the final ones."""
         now = time.monotonic()
         dt, self.last_sample = max(1e-3, now - self.last_sample), now
-        metrics = await self.read_metrics(client, server)
+        try:
+            response = await client.get(f"{server.base}/metrics", headers=server.headers, timeout=5)
+            metrics = parse_metrics(response.text) if response.status_code == 200 else {}
+        except httpx.HTTPError:
+            metrics = {}
         if metrics.get("prefix_queries"):
             self.prefix_hit_rate = round(metrics.get("prefix_hits", 0.0) / metrics["prefix_queries"], 4)
         rate, page_rate = self.tokens / dt, self.pages / dt
@@ -170,7 +130,7 @@ class WindowController:
         if self.telemetry:
             self.telemetry.write(json.dumps({
                 "t": round(now - self.stats.started, 2), "window": self.window.limit,
-                "in_flight": self.stats.in_flight, "preparing": self.preparing,
+                "in_flight": self.stats.in_flight, "preparing": self.window.preparing,
                 "running": metrics.get("running"), "waiting": metrics.get("waiting"),
                 "kv_cache": metrics.get("kv"), "tokens_per_s": round(rate, 1),
                 "pages_per_s": round(page_rate, 3), "memory_cap": self.memory_cap(),
@@ -193,7 +153,7 @@ class WindowController:
             verdict = "engine"
         elif full and limit >= cap:
             verdict = "memory"
-        elif self.preparing >= max(2, self.stats.in_flight // 2):
+        elif self.window.preparing >= max(2, self.stats.in_flight // 2):
             verdict = "preprocessing"
         elif not full:
             verdict = "input"
@@ -230,7 +190,6 @@ class WindowController:
         return max(set(bounded), key=bounded.count)
 
     def summary(self) -> dict:
-        """What the stats file records about the window."""
         return {"bound_by": self.bound_by(), "window_final": self.window.limit,
                 "memory_budget_bytes": self.budget, "prefix_cache_hit_rate": self.prefix_hit_rate}
 
@@ -271,7 +230,10 @@ class AdaptiveWindow(FixedWindow):
     def serve_args(self, args, serve_args: list[str]) -> list[str]:
         if serve_arg_value(serve_args, "--api-server-count") is not None:
             return []
-        count = args.api_server_count or default_api_server_count()
+        # the measured count where this process may use API_SERVERS_MIN_CPUS CPUs (one API
+        # server preprocesses on one core); else 1: small flavors run out of memory
+        count = args.api_server_count or \
+            (API_SERVER_COUNT if usable_cpus() >= API_SERVERS_MIN_CPUS else 1)
         return ["--api-server-count", str(count)] if count > 1 else []
 
     def start(self, args, run) -> tuple[Window, WindowController]:

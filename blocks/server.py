@@ -1,9 +1,8 @@
 """The SERVER HELPERS block of the server scripts: the vLLM server's life cycle, the request
 loop, a fixed window.
 
-Edit here, then run `python tools/sync_helpers.py`: it copies the block (from its BEGIN
-line on) into the scripts that carry it. The names imported below come, in a script, from
-its model section (blocks/model.py says how) or from the blocks before this one.
+Edit here, then run `python tools/sync_helpers.py`. In a script, the names imported below come
+from its model section (blocks/model.py) or an earlier block.
 """
 
 import argparse
@@ -32,12 +31,12 @@ from blocks.common import (
 from blocks.common import cut_at_loop, repetition_detection
 
 # ==== BEGIN SERVER HELPERS (edit blocks/server.py, then run tools/sync_helpers.py) ====
-# The vLLM server's life cycle, the request loop and its fixed window (WINDOW; the SATURATE
-# block of a -saturate.py script, after this one, replaces it). The model section provides
-# SERVE_ARGS, SERVE_ENV, DEFAULT_SERVER, spawn_args(), build_request(), image_token_budget();
-# the common block provides the rest.
+# The vLLM server's life cycle, the request loop and its fixed window (WINDOW; a -saturate.py
+# script's SATURATE block replaces it). Model section: SERVE_ARGS .. image_token_budget().
 import asyncio
 import base64
+import contextlib
+import functools
 import shutil
 import socket
 import subprocess
@@ -50,30 +49,27 @@ IMAGE_URL_PLACEHOLDER = "@@PAGE_IMAGE_URL@@"
 RETRY_STATUS = {408, 429, 500, 502, 503, 504}
 
 
+def option_name(flag) -> str:
+    return str(flag).replace("_", "-")  # like vLLM, an option may be spelled with underscores
+
+
 def effective_serve_args(args) -> list[str]:
-    """SERVE_ARGS, then --serve-args; --logits-processors moved last, since it takes a list
-    and would swallow any bare value after it."""
+    """SERVE_ARGS, then --serve-args; --logits-processors last: it takes a list and would
+    swallow any bare value after it."""
     items = flag_items(list(SERVE_ARGS) + shlex.split(args.serve_args or ""))
-    return flag_words(sorted(items, key=lambda item: str(item[0]).replace("_", "-")
-                             == "--logits-processors"))
+    return flag_words(sorted(items, key=lambda item: option_name(item[0]) == "--logits-processors"))
 
 
 def serve_arg_value(argv: list[str], name: str, default=None):
-    """The last value given for a flag (like vLLM, an option may be spelled with underscores)."""
-    values = [v[0] for flag, v, _ in flag_items(argv) if v and str(flag).replace("_", "-") == name]
+    """The last value given for a flag."""
+    values = [v[0] for flag, v, _ in flag_items(argv) if v and option_name(flag) == name]
     return values[-1] if values else default
-
-
-def flag_values(argv: list[str]) -> dict:
-    """--flag value pairs of a command line as a dict (a bare flag is True, a list flag a list)."""
-    return {flag: values[0] if len(values) == 1 else values or True
-            for flag, values, _ in flag_items(argv) if flag}
 
 
 def parse_vllm_size(value) -> int | None:
     """A size as vLLM's command line spells it: 24000, 24k (x1000), 24K (x1024), 25.6k, 1m, 1M,
-    1g, 1G, 1t, 1T (no decimals with K/M/G/T); None for `auto` or -1 (the model's own context,
-    known only from /v1/models once the server is up). ValueError for anything else."""
+    1g, 1G, 1t, 1T (no decimals with K/M/G/T); None for `auto` or -1 (the model's own context).
+    ValueError for anything else."""
     text = str(value).strip()
     if text.lower() == "auto" or text == "-1":
         return None
@@ -91,6 +87,11 @@ def parse_vllm_size(value) -> int | None:
     raise ValueError(f"{text!r} is not a size (write e.g. 32768, 24k, 32K or auto)")
 
 
+def serve_max_model_len(args) -> int | None:
+    """The context of the server this script would start; None: the model's own (`auto`)."""
+    return parse_vllm_size(serve_arg_value(effective_serve_args(args), "--max-model-len", "auto"))
+
+
 def server_url_parts(url: str) -> tuple[str, str, int]:
     """(base, host, port) of --server. The base keeps a path prefix (a reverse proxy's)
     and drops a trailing /v1: endpoints are base + /v1/..., /health, /metrics."""
@@ -101,9 +102,7 @@ def server_url_parts(url: str) -> tuple[str, str, int]:
         raise ValueError(f"--server {url!r} holds a user or password: give the server's API key "
                          f"with --api-key (or VLLM_API_KEY), and --server without it")
     port = parsed.port or (443 if parsed.scheme == "https" else 80)  # ValueError on a bad port
-    path = parsed.path.rstrip("/")
-    if path.endswith("/v1"):
-        path = path[:-3]
+    path = parsed.path.rstrip("/").removesuffix("/v1")
     return f"{parsed.scheme}://{parsed.netloc}{path}", parsed.hostname, port
 
 
@@ -115,19 +114,14 @@ def server_argument_problems(args) -> list[str]:
     except ValueError as exc:
         problems.append(str(exc))
     try:
-        words = shlex.split(args.serve_args)
+        shlex.split(args.serve_args)
     except ValueError as exc:
-        problems.append(f"--serve-args cannot be split as a command line: {exc}")
-        words = []
+        return problems + [f"--serve-args cannot be split as a command line: {exc}"]
     try:
-        parse_vllm_size(serve_arg_value(words, "--max-model-len", "auto"))
+        serve_max_model_len(args)
     except ValueError as exc:
         problems.append(f"--serve-args --max-model-len: {exc}")
     return problems
-
-
-def served_model_name(args) -> str:
-    return serve_arg_value(effective_serve_args(args), "--served-model-name") or args.model
 
 
 def check_context_budget(max_model_len: int, args) -> None:
@@ -145,26 +139,22 @@ def check_context_budget(max_model_len: int, args) -> None:
              f"every request would be refused. {advice}")
 
 
+SECRET_SERVE_OPTIONS = {"--api-key": "VLLM_API_KEY", "--hf-token": "HF_TOKEN"}
+
+
 def serve_secrets(argv: list[str]) -> tuple[list[str], dict]:
     """Serve arguments without their secret options, and the environment that carries them
-    instead (a command line is visible to every user of the machine): vLLM reads VLLM_API_KEY
-    and the Hub client HF_TOKEN."""
-    kept, env = [], {}
-    for flag, values, joined in flag_items(argv):
-        variable = {"--api-key": "VLLM_API_KEY", "--hf-token": "HF_TOKEN"}.get(
-            str(flag).replace("_", "-"))
-        if variable and values:
-            env[variable] = values[0]
-        else:
-            kept.append((flag, values, joined))
-    return flag_words(kept), env
+    instead (a command line is visible to every user of the machine)."""
+    items = flag_items(argv)
+    secret = [item for item in items if option_name(item[0]) in SECRET_SERVE_OPTIONS and item[1]]
+    return (flag_words([item for item in items if item not in secret]),
+            {SECRET_SERVE_OPTIONS[option_name(flag)]: values[0] for flag, values, _ in secret})
 
 
-# Runs `vllm serve` for the driver, as the leader of the server's own process group: when the
-# driver dies without stopping the server (kill -9, a crash, an OOM kill), this notices within
-# half a second (it is re-parented) and stops the whole group, the engine's own child processes
-# included; when `vllm serve` exits, its leftover children go too. It is the server's parent, so
-# it also gives it a parent-death signal (it is single-threaded: prctl applies to it as a whole).
+# Runs `vllm serve` as the leader of its own process group: when the driver dies without
+# stopping it (kill -9, OOM), it is re-parented, notices within half a second and stops the
+# whole group; when `vllm serve` exits, its leftover children go too. As the server's
+# single-threaded parent, it can also give it a parent-death signal.
 SERVER_WATCHDOG = r"""
 import os, signal, subprocess, sys, time
 driver = os.getppid()
@@ -191,72 +181,69 @@ def sweep():
             except (OSError, ValueError, IndexError):
                 pass
 server = subprocess.Popen(sys.argv[1:], stdin=subprocess.DEVNULL, preexec_fn=parent_death_signal)
-while True:
+while server.poll() is None and os.getppid() == driver:
+    time.sleep(0.5)
+if server.poll() is None:  # the driver is gone
+    os.killpg(0, signal.SIGTERM)
     try:
-        code = server.wait(timeout=0.5)
-        break
+        server.wait(timeout=20)
     except subprocess.TimeoutExpired:
         pass
-    if os.getppid() != driver:
-        os.killpg(0, signal.SIGTERM)
-        try:
-            code = server.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            code = -9
-        break
-sweep()
+sweep()  # SIGKILLs a server still running after the 20 s too
+code = server.wait()
 sys.exit(code if code >= 0 else 128 - code)
 """
 
 
+def exception_chain(exc: BaseException | None):
+    while exc is not None:
+        yield exc
+        exc = exc.__cause__ or exc.__context__
+
+
 def unknown_host(exc: BaseException) -> bool:
-    """The host name does not resolve (not a temporary DNS failure): no server will ever
-    start there."""
-    seen = exc
-    while seen is not None:
-        if isinstance(seen, socket.gaierror):
-            return seen.errno in (socket.EAI_NONAME, getattr(socket, "EAI_NODATA", None))
-        seen = seen.__cause__ or seen.__context__
-    return False
+    """The host name does not resolve (not a temporary DNS failure): no server will start there."""
+    unknown = (socket.EAI_NONAME, getattr(socket, "EAI_NODATA", None))
+    return any(isinstance(seen, socket.gaierror) and seen.errno in unknown
+               for seen in exception_chain(exc))
 
 
 def is_tls_error(exc: BaseException) -> bool:
     import ssl
 
-    seen = exc
-    while seen is not None:
-        if isinstance(seen, ssl.SSLError) or "SSL" in str(seen) or "CERTIFICATE" in str(seen):
-            return True
-        seen = seen.__cause__ or seen.__context__
-    return False
+    return any(isinstance(seen, ssl.SSLError) or "SSL" in str(seen) or "CERTIFICATE" in str(seen)
+               for seen in exception_chain(exc))
 
 
 class ServerManager:
     """Reuse a server, wait for one that is booting, or start `vllm serve` and own it."""
 
     def __init__(self, args, argv: list[str], log_dir: Path):
-        self.args, self.argv = args, argv
+        self.args, self.argv, self.log_dir = args, argv, log_dir
         self.base, self.host, self.port = server_url_parts(args.server)
         self.local = self.host in ("127.0.0.1", "localhost", "::1", "0.0.0.0")
         serve_args = effective_serve_args(args)
         self.api_key = args.api_key or os.environ.get("VLLM_API_KEY") or \
             serve_arg_value(serve_args, "--api-key") or None
         self.headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-        self.log_path = log_dir / f"vllm-serve-{self.port}.log"
+        self.model_name = serve_arg_value(serve_args, "--served-model-name") or args.model
         self.process: subprocess.Popen | None = None
+        self.action: str | None = None  # plan()'s decision: "reuse", "wait" or "spawn"
         self.restarts = 0
-        self.model_name = served_model_name(args)
         self.max_model_len: int | None = None
         self.version: str | None = None
         self.revision: str | None = None  # the weights' sha, known only for a server started here
         self.engines = 1  # data-parallel engines of a server started here
         self._lock = asyncio.Lock()
 
+    @property
+    def log_path(self) -> Path:
+        return self.log_dir / f"vllm-serve-{self.port}.log"
+
     # -- probes --
     async def probe(self, client, starting: bool = True) -> str:
-        """"ready", "starting" (a server that answers but is not ready, or no answer in time)
-        or "absent" (nothing listens). Raises RunAborted at once for what will never serve
-        this run: a refused API key, a TLS failure, a port that answers as something else."""
+        """"ready", "starting" (answers but not ready, or no answer in time) or "absent"; RunAborted
+        for what will never serve: a refused key, a TLS failure, another service on the port."""
         response = None
         for attempt in range(2):  # a reset connection is tried once more before judging
             try:
@@ -321,9 +308,6 @@ class ServerManager:
             fail(message)
         raise RunAborted(message, EXIT_REFUSED)  # it changed under a running job
 
-    async def ready(self, client, starting: bool = True) -> bool:
-        return await self.probe(client, starting) == "ready"
-
     def port_in_use(self) -> bool:
         try:
             with socket.create_connection((self.host, self.port), timeout=1):
@@ -346,58 +330,45 @@ class ServerManager:
                     return True
         return False
 
-    def planned_budget(self) -> None:
-        """The context budget of the server this script would start (unknown for `auto`)."""
-        max_len = serve_arg_value(effective_serve_args(self.args), "--max-model-len")
-        size = parse_vllm_size(max_len) if max_len else None
-        if size:
-            check_context_budget(size, self.args)
-
     async def plan(self) -> str:
-        """Before the input is read: "reuse" (a server answers with the model), "wait" (one is
-        starting, or --no-spawn, or a remote URL) or "spawn" (a local port is free, `vllm`
-        exists and the context budget fits). Exits with the reason, and the Jobs command when no
-        server can run here."""
-        timeout = httpx.Timeout(10.0, connect=3.0)
-        async with httpx.AsyncClient(timeout=timeout) as client:
+        """The decision, made before the input is read: "reuse" (a server answers with the
+        model and a context that fits), "wait" (one is starting, or --no-spawn, or a remote URL)
+        or "spawn" (a local port is free, `vllm` exists, the planned context fits). Exits with
+        the reason, and the Jobs command when no server can run here."""
+        async with httpx.AsyncClient(timeout=httpx.Timeout(10.0, connect=3.0)) as client:
             state = await self.probe(client)
         if state == "ready":
+            self.action = "reuse"
             if self.max_model_len:
                 check_context_budget(int(self.max_model_len), self.args)
-            return "reuse"
-        if state == "starting" or not self.local or self.args.no_spawn or self.vllm_booting_here():
+        elif state == "starting" or not self.local or self.args.no_spawn or self.port_in_use() \
+                or self.vllm_booting_here():
+            self.action = "wait"
             what = "is not ready yet" if state == "starting" else \
+                "is starting; waiting for it instead of starting another" \
+                if self.local and not self.args.no_spawn else \
                 "does not answer yet (`vllm serve` opens its port once the model is loaded)"
-            log(f"the server at {self.base} {what}: the run will be waiting for that URL "
-                f"(up to {self.args.server_timeout:.0f} s, --server-timeout)")
-            return "wait"
-        self.planned_budget()
-        if shutil.which("vllm") is None:
-            self.explain_missing_vllm()
-        return "spawn"
-
-    # -- life cycle --
-    async def start(self, client, stats: RunStats) -> None:
-        started = time.monotonic()
-        not_ours = "not started by this run; it will be left running"
-        state = await self.probe(client)
-        if state == "ready":
-            log(f"using the vLLM server already running at {self.base} ({self.model_name}; "
-                f"{not_ours})")
-        elif not self.local or self.args.no_spawn:
-            log(f"waiting for the server at {self.base} (up to {self.args.server_timeout:.0f} s; "
-                f"{not_ours})")
-            await self.wait_ready(client, self.args.server_timeout)
-        elif state == "starting" or self.port_in_use() or self.vllm_booting_here():
-            log(f"a server is starting on port {self.port}; waiting for it instead of starting "
-                f"another ({not_ours})")
-            await self.wait_ready(client, self.args.server_timeout)
+            log(f"the server at {self.base} {what}: the run will be waiting for that URL (up to "
+                f"{self.args.server_timeout:.0f} s, --server-timeout; not started by this run, it "
+                f"will be left running)")
         else:
+            self.action = "spawn"
+            if serve_max_model_len(self.args):
+                check_context_budget(serve_max_model_len(self.args), self.args)
             if shutil.which("vllm") is None:
                 self.explain_missing_vllm()
-            self.planned_budget()
+        return self.action
+
+    async def start(self, client, stats: RunStats) -> None:
+        """Act on plan()'s decision; return once the server is ready."""
+        started = time.monotonic()
+        if self.action == "reuse":
+            log(f"using the vLLM server already running at {self.base} ({self.model_name}; "
+                f"not started by this run; it will be left running)")
+        elif self.action == "spawn":
             self.spawn()
-            await self.wait_ready(client, self.args.server_timeout)
+        await self.wait_ready(client, self.args.server_timeout)
+        if self.process is not None:
             stats.server_startup_s = round(time.monotonic() - started, 2)
         if self.max_model_len:
             check_context_budget(int(self.max_model_len), self.args)
@@ -429,8 +400,8 @@ class ServerManager:
     def serve_command(self) -> list[str]:
         command = ["vllm", "serve", self.args.model, "--host", self.host, "--port", str(self.port)]
         self.revision = resolved_revision(self.args)  # what this server loads, and the record
-        if self.revision or requested_revision(self.args):
-            command += ["--revision", self.revision or requested_revision(self.args)]
+        if revision := self.revision or requested_revision(self.args):
+            command += ["--revision", revision]
         serve_args = effective_serve_args(self.args)
         command += WINDOW.serve_args(self.args, serve_args)
         parallel = data_parallel_args(serve_args)
@@ -463,8 +434,7 @@ class ServerManager:
 
     async def wait_ready(self, client, timeout: float) -> None:
         """Wait for a server that is really starting: the one spawned here, one that answers
-        "not ready yet", or a `vllm serve` booting on the port. A refused key, a TLS failure or
-        another service on the port end the wait at once (RunAborted from probe)."""
+        "not ready yet", or a `vllm serve` booting on the port."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process is not None and self.process.poll() is not None:
@@ -486,61 +456,40 @@ class ServerManager:
         """After a connection error: return once the server answers again, restarting a spawned
         one that died (bounded), or raise RunAborted."""
         async with self._lock:
-            if await self.ready(client, starting=False):
-                return
-            if self.process is not None and self.process.poll() is not None:
-                if self.restarts >= self.args.max_restarts:
-                    raise RunAborted(f"vllm serve died {self.restarts + 1} times; giving up. Last "
-                                     f"lines of {self.log_path}:\n{self.log_tail()}")
-                self.restarts += 1
-                log(f"vllm serve died (exit {self.process.returncode}); restart "
-                    f"{self.restarts}/{self.args.max_restarts}; its pages are sent again")
-                self.stop()
-                self.spawn()
-                await self.wait_ready(client, self.args.server_timeout)
-                return
-            deadline = time.monotonic() + self.args.server_down_timeout
-            log(f"the server at {self.base} is not answering: waiting up to "
-                f"{self.args.server_down_timeout:g} s for it (--server-down-timeout); finished "
-                f"rows are kept")
-            while time.monotonic() < deadline:
-                if await self.ready(client, starting=False):
-                    return
+            deadline = None
+            while await self.probe(client, starting=False) != "ready":
                 if self.process is not None and self.process.poll() is not None:
-                    break
+                    if self.restarts >= self.args.max_restarts:
+                        raise RunAborted(f"vllm serve died {self.restarts + 1} times; giving up. "
+                                         f"Last lines of {self.log_path}:\n{self.log_tail()}")
+                    self.restarts += 1
+                    log(f"vllm serve died (exit {self.process.returncode}); restart "
+                        f"{self.restarts}/{self.args.max_restarts}; its pages are sent again")
+                    self.spawn()
+                    return await self.wait_ready(client, self.args.server_timeout)
+                if deadline is None:
+                    deadline = time.monotonic() + self.args.server_down_timeout
+                    log(f"the server at {self.base} is not answering: waiting up to "
+                        f"{self.args.server_down_timeout:g} s for it (--server-down-timeout); "
+                        f"finished rows are kept")
+                elif time.monotonic() >= deadline:
+                    raise RunAborted(f"the server at {self.base} stopped answering for "
+                                     f"{self.args.server_down_timeout:g} s")
                 await asyncio.sleep(2.0)
-            else:
-                raise RunAborted(f"the server at {self.base} stopped answering for "
-                                 f"{self.args.server_down_timeout:g} s")
-        await self.recover(client)  # the spawned server died while we waited: restart it
 
     def stop(self, force: bool = False) -> None:
         """Stop the server this run started (its whole process group); never another one."""
         if self.process is None or self.process.poll() is not None:
             return
-        try:
-            if not force:
-                log("stopping the vllm serve this run started")
-                os.killpg(self.process.pid, signal.SIGTERM)
-                try:
-                    self.process.wait(timeout=30)
-                    return
-                except subprocess.TimeoutExpired:
-                    pass
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(timeout=10)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            pass
-
-
-def prepare_page_inline(cell) -> PreparedPage | None:
-    """The page, when its bytes are in memory and it goes out as it is: a header read, cheaper
-    on the event loop than a hop to the pool and back (CPU that a server on the same machine
-    can use). None: the page needs the pool."""
-    held = cell.get("bytes") if isinstance(cell, dict) else cell
-    if not isinstance(held, (bytes, bytearray, memoryview)):
-        return None
-    return prepare_page(cell, decode=False)
+        if not force:
+            log("stopping the vllm serve this run started")
+        for sent, wait in ([] if force else [(signal.SIGTERM, 30)]) + [(signal.SIGKILL, 10)]:
+            try:
+                os.killpg(self.process.pid, sent)
+                self.process.wait(timeout=wait)
+                return
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                pass
 
 
 def request_json(model_name: str, args, seed: int | None = None) -> tuple[bytes, bytes]:
@@ -610,18 +559,6 @@ def read_completion(response) -> RowResult:
                          f"{response.text[:300]}", SERVER)
 
 
-def refusal(response, server) -> RunAborted | None:
-    """An answer that refuses the whole run, not this page."""
-    status, text = response.status_code, response.text[:300]
-    if status in (401, 403):
-        return RunAborted(f"the server at {server.base} refuses the API key (HTTP {status}: "
-                          f"{text}). Pass the right --api-key (or VLLM_API_KEY).", EXIT_REFUSED)
-    if status == 404 and "does not exist" in text:
-        return RunAborted(f"the server at {server.base} no longer serves {server.model_name} "
-                          f"(HTTP 404: {text}); it was restarted with another model?", EXIT_REFUSED)
-    return None
-
-
 async def send_page(client, server: "ServerManager", body: bytes, args) -> RowResult:
     """POST one page; retry what may pass next time, record what will not."""
     url = f"{server.base}/v1/chat/completions"
@@ -642,13 +579,18 @@ async def send_page(client, server: "ServerManager", body: bytes, args) -> RowRe
         except httpx.HTTPError as exc:  # an answer httpx cannot read (a gzip body that is not)
             last_error = f"unreadable answer: {type(exc).__name__}: {exc}"
         else:
-            if response.status_code == 200:
+            status, text = response.status_code, response.text[:300]
+            if status == 200:
                 return read_completion(response)
-            refused = refusal(response, server)
-            if refused is not None:
-                raise refused
-            last_error = f"HTTP {response.status_code}: {response.text[:500]}"
-            if response.status_code not in RETRY_STATUS:
+            if status in (401, 403):  # these two refuse the whole run, not this page
+                raise RunAborted(f"the server at {server.base} refuses the API key (HTTP {status}: "
+                                 f"{text}). Pass the right --api-key (or VLLM_API_KEY).", EXIT_REFUSED)
+            if status == 404 and "does not exist" in text:
+                raise RunAborted(f"the server at {server.base} no longer serves {server.model_name} "
+                                 f"(HTTP 404: {text}); it was restarted with another model?",
+                                 EXIT_REFUSED)
+            last_error = f"HTTP {status}: {response.text[:500]}"
+            if status not in RETRY_STATUS:
                 return error_row(last_error, PAGE)  # the request itself (this page) is refused
         attempt += 1
         if attempt <= args.max_retries:
@@ -657,10 +599,9 @@ async def send_page(client, server: "ServerManager", body: bytes, args) -> RowRe
 
 
 class FailureStorm(HeldFailures):
-    """Pages that failed on the server's side (5xx, timeouts) are held until a page is answered
-    after them. Many in a row over a while stop the run, as does its end with no page answered
-    (HeldFailures); their rows stay pending for the rerun. A page's own error (a 400) neither
-    counts nor breaks the streak: the server judged that page, no more."""
+    """Server-side failures (5xx, timeouts) are held until a page is answered after them; many
+    in a row over a while, or none answered at all, stop the run and leave them pending. A
+    page's own error (a 400) neither counts nor breaks the streak."""
 
     def __init__(self, pages: int, seconds: float):
         super().__init__()
@@ -685,47 +626,34 @@ class FailureStorm(HeldFailures):
         return [(index, result), *self.release_held()]
 
 
-class ClientGroup:
-    """httpx clients behind one `post`/`get`, each holding at most POOL_SIZE requests. httpx
-    scans every connection of its pool on each request, and its idle check is quadratic: one
-    pool for 256 pages in flight cost 14-16 ms of driver CPU per page here, against 4-5 ms at
-    32. Small pools keep the cost per page flat however wide the window grows."""
+class ClientGroup(contextlib.AsyncExitStack):
+    """httpx clients behind one `post`/`get`, each holding at most POOL_SIZE requests: httpx
+    scans every connection of its pool on each request (one pool for 256 pages in flight cost
+    14-16 ms of driver CPU per page here, against 4-5 ms at 32)."""
 
     POOL_SIZE = 16
 
     def __init__(self, **client_kwargs):
+        super().__init__()  # closes every client on exit
         self.client_kwargs = client_kwargs
         self.clients: list[httpx.AsyncClient] = []
         self.busy: list[int] = []
 
-    async def __aenter__(self) -> "ClientGroup":
-        return self
-
-    async def __aexit__(self, *exc) -> None:
-        for client in self.clients:
-            await client.aclose()
-
-    def least_busy(self) -> int:
+    async def request(self, method: str, url: str, **kwargs) -> httpx.Response:
         index = min(range(len(self.busy)), key=self.busy.__getitem__, default=-1)
         if index < 0 or self.busy[index] >= self.POOL_SIZE:
             self.clients.append(httpx.AsyncClient(**self.client_kwargs))
+            self.push_async_callback(self.clients[-1].aclose)
             self.busy.append(0)
-            index = len(self.clients) - 1
-        return index
-
-    async def request(self, method: str, url: str, **kwargs) -> httpx.Response:
-        index = self.least_busy()
+            index = len(self.busy) - 1
         self.busy[index] += 1
         try:
             return await self.clients[index].request(method, url, **kwargs)
         finally:
             self.busy[index] -= 1
 
-    async def post(self, url: str, **kwargs) -> httpx.Response:
-        return await self.request("POST", url, **kwargs)
-
-    async def get(self, url: str, **kwargs) -> httpx.Response:
-        return await self.request("GET", url, **kwargs)
+    post = functools.partialmethod(request, "POST")
+    get = functools.partialmethod(request, "GET")
 
 
 class Window:
@@ -733,7 +661,7 @@ class Window:
     Its limit can move (the saturate scripts adapt it)."""
 
     def __init__(self, limit: int):
-        self.limit, self.used = max(1, limit), 0
+        self.limit, self.used, self.preparing = max(1, limit), 0, 0
         self._changed = asyncio.Condition()
 
     async def acquire(self) -> None:
@@ -753,8 +681,7 @@ class Window:
 
 
 class FixedWindow:
-    """The window of a -server.py script: a fixed number of pages in flight. The saturate
-    block of a -saturate.py script sets WINDOW to its adaptive window instead."""
+    """The window of a -server.py script: a fixed number of pages in flight."""
 
     def add_arguments(self, parser: argparse.ArgumentParser, group) -> None:
         group.add_argument("--concurrency", type=int, default=None,
@@ -765,12 +692,10 @@ class FixedWindow:
     def problems(self, args) -> list[str]:
         return []
 
-    def serve_args(self, args, serve_args: list[str]) -> list[str]:
-        """What this window adds to the command of a server started here."""
+    def serve_args(self, args, serve_args: list[str]) -> list[str]:  # for a server started here
         return []
 
-    def start(self, args, run) -> tuple[Window, None]:
-        """The window, and the controller that adapts it during the run (none: it stays)."""
+    def start(self, args, run) -> tuple[Window, None]:  # and the controller adapting it: none
         return Window(args.concurrency or PAGES_PER_ENGINE), None
 
 
@@ -779,14 +704,11 @@ WINDOW = FixedWindow()
 
 async def run_server_pipeline(source: InputSource, pending: list[int], writer: PartWriter,
                               stats: RunStats, args, server: ServerManager, window: Window,
-                              check: DegenerateCheck,
-                              controller=None) -> None:
-    """Start or reuse the server, then keep the window full until every pending row is done.
-    On abort or interrupt, finished rows stay in `writer` for the caller to flush."""
+                              check: DegenerateCheck, controller=None) -> None:
+    """Start or reuse the server, then keep the window full until every pending row is done
+    (on abort or interrupt, finished rows stay in `writer` for the caller to flush)."""
     from tqdm import tqdm
 
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    timeout = httpx.Timeout(args.request_timeout, connect=30.0)
     prep_pool = ThreadPoolExecutor(max_workers=max(2, min(8, os.cpu_count() or 2)),
                                    thread_name_prefix="prepare")
     write_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="write")
@@ -796,7 +718,9 @@ async def run_server_pipeline(source: InputSource, pending: list[int], writer: P
     storm = FailureStorm(args.abort_after_failures, args.abort_after_seconds)
     failure: list[BaseException] = []
     bar = adapting = None
-    async with ClientGroup(limits=limits, timeout=timeout) as client:
+    unlimited = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    async with ClientGroup(limits=unlimited,
+                           timeout=httpx.Timeout(args.request_timeout, connect=30.0)) as client:
         try:
             await server.start(client, stats)
             writer.info_entry["vllm_version"] = server.version
@@ -818,14 +742,14 @@ async def run_server_pipeline(source: InputSource, pending: list[int], writer: P
             async def one(index: int, cell) -> None:
                 latency = digest = None
                 try:
-                    if controller:
-                        controller.preparing += 1
-                    try:
-                        page = prepare_page_inline(cell) or \
+                    window.preparing += 1
+                    held = cell.get("bytes") if isinstance(cell, dict) else cell
+                    try:  # bytes in memory that go out as they are: a header read, no pool hop
+                        inline = isinstance(held, (bytes, bytearray, memoryview))
+                        page = inline and prepare_page(cell, decode=False) or \
                             await loop.run_in_executor(prep_pool, prepare_page, cell)
                     finally:
-                        if controller:
-                            controller.preparing -= 1
+                        window.preparing -= 1
                     digest = page.digest
                     if page.skipped:  # not sent: its text layer is its row
                         result = text_layer_row(page, args)
@@ -834,7 +758,7 @@ async def run_server_pipeline(source: InputSource, pending: list[int], writer: P
                         body = request_body(page, server.model_name, args)
                         del page, cell
                         if controller:
-                            controller.note_body(len(body))
+                            controller.page_bytes.append(len(body))
                         sent = time.monotonic()
                         try:
                             result = await send_until_clean(client, server, body, index, args)
@@ -901,9 +825,9 @@ async def run_server_pipeline(source: InputSource, pending: list[int], writer: P
                 await asyncio.gather(adapting, return_exceptions=True)
                 await controller.sample(client, server)
         finally:
+            if adapting is not None:
+                adapting.cancel()
             if controller is not None:
-                if adapting is not None:
-                    adapting.cancel()
                 controller.close()
             if bar is not None:
                 bar.close()
@@ -982,16 +906,6 @@ def info_entry_for(args, server_args) -> dict:
     }
 
 
-def plan_server(args, argv: list[str]) -> str:
-    """The server check that comes before reading the input or creating a Hub repo: a server
-    that answers (with this model and a context that fits), or a free local port and a `vllm`
-    to start there; else exit at once, with the Jobs command when no server can run here."""
-    try:
-        return asyncio.run(ServerManager(args, argv, Path(".")).plan())
-    except RunAborted as exc:
-        fail(str(exc), exc.code)
-
-
 def run_server_script(doc: str, argv: list[str] | None = None, hub_api=None) -> int:
     """The whole run: arguments, input, engine, output. `main()` calls it with the docstring."""
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -1001,10 +915,16 @@ def run_server_script(doc: str, argv: list[str] | None = None, hub_api=None) -> 
 
 
 def server_run(args, argv: list[str], hub_api) -> int:
-    plan_server(args, argv)  # before the input is read and the repo created
-    run = open_run(args, hub_api, flag_values(effective_serve_args(args)),
-                   info_entry_for(args, effective_serve_args(args)))
-    server = ServerManager(args, argv, run.store.meta / "logs")
+    server = ServerManager(args, argv, Path("."))
+    try:  # before the input is read and the repo created; no server can run: the Jobs command
+        asyncio.run(server.plan())
+    except RunAborted as exc:
+        fail(str(exc), exc.code)
+    serve_args = effective_serve_args(args)
+    settings = {flag: values[0] if len(values) == 1 else values or True  # a bare flag is True
+                for flag, values, _ in flag_items(serve_args) if flag}
+    run = open_run(args, hub_api, settings, info_entry_for(args, serve_args))
+    server.log_dir = run.store.meta / "logs"
     window, controller = WINDOW.start(args, run)
 
     def work() -> None:
