@@ -3270,66 +3270,57 @@ def argument_parser(doc: str, add_shape_arguments) -> argparse.ArgumentParser:
     group.add_argument("--split", default="train", help="split to read (default: train)")
     group.add_argument("--revision", help="Hub INPUT revision (branch, tag or commit)")
     group.add_argument("--image-column", default="image", help="column holding the page image")
-    group.add_argument("--max-samples", type=int, help="only the first N rows (after --shuffle); "
-                       "for PDF input, N documents")
+    group.add_argument("--max-samples", type=int,
+                       help="only the first N rows (after --shuffle); for PDF input, N documents")
     group.add_argument("--shuffle", action="store_true", help="shuffle rows before --max-samples")
     group.add_argument("--seed", type=int, default=42, help="shuffle seed (default: 42)")
     group.add_argument("--num-shards", type=int, default=1,
                        help="split the input into N contiguous ranges (one per Job)")
     group.add_argument("--shard-index", type=int, default=0, help="which range this run does")
     group = parser.add_argument_group(
-        "PDF input", "PDFs are read from a folder (beside images or not), a column of the "
-        "datasets Pdf type, or a column of PDF bytes or paths; each page is one output row, "
-        "with page_number and page_count, rendered at the size the model wants")
+        "PDF input", "PDFs from a folder, a datasets Pdf column, or a column of PDF bytes or "
+        "paths; each page is one row (with page_number, page_count) at the model's size")
     group.add_argument("--pdf-column", help="the column holding PDFs, when not detected")
-    group.add_argument("--pages", help="pages of each PDF to do, 1-based, e.g. 1-5,8,10- "
-                       "(default: all)")
+    group.add_argument("--pages", help="pages of each PDF, 1-based, e.g. 1-5,8,10- (default: all)")
     group.add_argument("--pdf-dpi", type=float, default=PDF_DPI,
                        help=f"the most DPI a page is rendered at, {PDF_MIN_DPI} to {PDF_MAX_DPI} "
-                            f"(default: {PDF_DPI}); the model's own size bound and a "
-                            f"{PDF_MAX_PIXELS / 1e6:g} MP cap come first")
+                            f"(default: {PDF_DPI}), below the model's size bound and "
+                            f"{PDF_MAX_PIXELS / 1e6:g} MP")
     group.add_argument("--per-document", action="store_true",
-                       help="one row per PDF instead of per page: its pages' texts in order, each "
-                            "after a line <!-- page N -->; failed pages named in the error column")
+                       help="one row per PDF: its pages' texts, each after <!-- page N -->")
     group.add_argument("--text-layer", action="store_true",
                        help="add <column>_text_layer: the text embedded in each PDF page")
     group.add_argument("--skip-text-pages", type=int, metavar="N",
-                       help="do not send pages whose text layer has at least N characters "
-                            "(not counting spaces): their row holds the text layer, and "
-                            "<column>_skipped says why (counted as rows_text_layer)")
+                       help="do not send pages whose text layer has N non-space characters: "
+                            "the row holds the text layer, <column>_skipped says why")
     group.add_argument("--pdf-workers", type=int, default=max(1, min(4, os.cpu_count() or 1)),
                        help="processes rendering PDF pages (default: up to 4)")
     group.add_argument("--pdf-page-timeout", type=float, default=120.0,
-                       help="seconds a page may take to render before it becomes an error row "
-                            "(default: 120)")
+                       help="seconds a page may render before it is an error row (default: 120)")
     group = parser.add_argument_group("output")
     group.add_argument("--output-column", default="markdown",
-                       help="column for the text; diagnostics are named after it (default: markdown)")
+                       help="column for the text, and its diagnostics' prefix (default: markdown)")
     group.add_argument("--overwrite", action="store_true",
                        help="replace result columns that the input already has")
     group.add_argument("--restart", action="store_true",
-                       help="delete what OUTPUT holds (rows, card, manifest) and start it over: "
-                            "the way out when a rerun is refused as another run; beside other "
-                            "shards' rows, redo this --shard-index's rows only")
+                       help="delete what OUTPUT holds and start over (this --shard-index's rows "
+                            "only): the way out when a rerun is refused as another run")
     group.add_argument("--retry-errors", action="store_true",
-                       help="redo every error row of OUTPUT (a rerun always redoes the rows the "
-                            "server or the connection failed, never those the page failed)")
+                       help="redo every error row (a rerun always redoes those the server failed)")
     group.add_argument("--private", action="store_true", help="create the Hub repo private")
     group.add_argument("--hf-token", help="Hub token (default: HF_TOKEN or your login)")
     group.add_argument("--work-dir", help="staging folder for Hub output "
                        "(default: ~/.cache/ocr-vllm-scripts/outputs)")
     group.add_argument("--part-rows", type=int, default=250,
-                       help="rows per parquet part (default: 250); every finished row is also "
-                            "journaled under OUTPUT/.ocr/ at once, so a crash loses none")
+                       help="rows per parquet part (default: 250); each row is journaled at once")
     group.add_argument("--part-seconds", type=float, default=300.0,
-                       help="write finished rows into parts (and, for a Hub OUTPUT, commit "
-                            "them) at least this often (default: 300)")
+                       help="write (and commit) finished rows at least this often (default: 300)")
     group.add_argument("--stats-json", help="write the run's stats as JSON to this path")
     group = parser.add_argument_group("model")
     group.add_argument("--model", default=MODEL_ID,
                        help=f"model id or local path (default: {MODEL_ID}); a fine-tune or mirror")
     group.add_argument("--model-revision",
-                       help="commit sha, tag or branch of the model's weights (default: "
+                       help=f"sha, tag or branch of the weights (default: "
                             f"{MODEL_REVISION or 'main'}); the sha it resolves to is recorded")
     group.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS,
                        help=f"generation budget per page (default: {DEFAULT_MAX_TOKENS})")
@@ -3338,11 +3329,8 @@ def argument_parser(doc: str, add_shape_arguments) -> argparse.ArgumentParser:
     group.add_argument("--sanity-pages", type=int, default=8,
                        help="pages the degenerate-output check looks at (default: 8)")
     group.add_argument("--loop-retries", type=int, default=1,
-                       help="send a page whose answer loops (a repetition loop, or cut at "
-                            f"--max-tokens with a repeated tail) again, up to N times, at "
-                            f"temperature {LOOP_TEMPERATURE} with a seed from the row (a rerun "
-                            f"repeats it); the answer that does not loop is kept, else the "
-                            f"shorter. 0 turns it off (default: 1)")
+                       help=f"send a page whose answer loops again, up to N times, at temperature "
+                            f"{LOOP_TEMPERATURE} (seeded by the row); 0: never (default: 1)")
     add_shape_arguments(parser)
     add_model_arguments(parser)
     return parser
