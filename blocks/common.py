@@ -2799,27 +2799,30 @@ def flag_words(items) -> list[str]:
     return words
 
 
+def redact_option(name: str | None, value: str, mask: str | None) -> str:
+    """An option's value with its secrets masked or dropped; --serve-args is a command line."""
+    if name != "--serve-args":
+        return redact_value(value, mask)
+    try:
+        words = shlex.split(value)
+    except ValueError:
+        return redact_text(value)
+    kept = redact_argv(words, mask)
+    return value if kept == words else shlex.join(kept)
+
+
 def redact_argv(argv: list[str], mask: str | None = "***", value_options=None,
                 left_out: list | None = None) -> list[str]:
     """A command line with its secrets masked, or dropped (mask=None; left_out then gets the
-    names of the options that held one): secret options' values, secrets inside any value
-    (--serve-args is itself a command line). For logs, cards and the commands printed."""
+    names of the options that held one). For logs, cards and the commands printed."""
     items = []
     for name, values, joined in flag_items(argv, value_options):
-        if is_secret(name or "", values):
-            redacted = [mask] * len(values) if mask else None
-        else:
-            redacted = [redact_value(v, mask) for v in values]
-            if name == "--serve-args":
-                try:
-                    words = [shlex.split(v) for v in values]
-                    redacted = [v if redact_argv(w, mask) == w else shlex.join(redact_argv(w, mask))
-                                for v, w in zip(values, words)]
-                except ValueError:
-                    pass
+        secret = is_secret(name or "", values)
+        redacted = [mask] * len(values) if secret else [redact_option(name, v, mask)
+                                                        for v in values]
         if name and redacted != values and left_out is not None:
             left_out.append(name)
-        if redacted is not None:
+        if not secret or mask is not None:
             items.append((name, redacted, joined))
     return flag_words(items)
 
@@ -2835,10 +2838,10 @@ def public_argv(argv: list[str], drop, left_out: list | None = None) -> list[str
 def rerun_advice() -> str:
     """How to finish a run that has written rows: the same command, but without --restart,
     which would delete them; the options that held secrets named, not printed."""
-    left_out: list = []
-    kept = public_argv(_RUN_ARGV, {"--restart"}, left_out)
     if "--restart" not in _RUN_ARGV:
         return "rerun the same command"
+    left_out: list = []
+    kept = public_argv(_RUN_ARGV, {"--restart"}, left_out)
     script = f"<the URL of {script_name()}>" if uv_url_copy() else sys.argv[0]
     added = f" (adding back your {', '.join(left_out)}: secrets are never printed)" \
         if left_out else ""
@@ -3309,10 +3312,8 @@ def early_exits_reported(args, body) -> int:
             f"(or choose another OUTPUT), then rerun the same command.")
         code = EXIT_NOT_WRITTEN
     finally:
-        if code is not None:
-            write_stats({**dict.fromkeys(("rows_total", "rows_ok", "rows_failed", "rows_skipped",
-                                          "rows_text_layer", "rows_not_written"), 0),
-                         "exit_code": code}, args)
+        if code is not None:  # the keys of every run's stats, nothing done
+            write_stats({**RunStats(0, 0).as_dict(), "exit_code": code}, args)
     return code
 
 
