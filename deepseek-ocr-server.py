@@ -3195,13 +3195,14 @@ def build_card(source: InputSource, store: OutputStore, args, stats: dict, info_
         f"--shard-index 0 to {args.num_shards - 1} (one Job each)."] * (args.num_shards > 1)
     text = "the PDF's pages as Markdown, each after a line `<!-- page N -->`" \
         if pdf is not None and pdf.per_document else "the page as Markdown"
-    rows = [("page_number", "the page of its PDF, from 1; null for an image or a PDF that "
-             "cannot be opened")] * (pdf is not None and not pdf.per_document) + \
-        [("page_count", "the pages of its PDF")] * (pdf is not None) + \
-        [(f"{column}_text_layer", "the text embedded in the PDF page")] * \
-        ("text_layer" in _TEXT_LAYER_COLUMNS) + \
-        [(f"{column}_skipped", f"why the page was not sent (its text layer has enough text); "
-          f"`{column}` is null then")] * ("skipped" in _TEXT_LAYER_COLUMNS)
+    rows = [(name, meaning) for name, meaning, shown in (
+        ("page_number", "the page of its PDF, from 1; null for an image or a PDF that cannot be "
+         "opened", pdf is not None and not pdf.per_document),
+        ("page_count", "the pages of its PDF", pdf is not None),
+        (f"{column}_text_layer", "the text embedded in the PDF page",
+         "text_layer" in _TEXT_LAYER_COLUMNS),
+        (f"{column}_skipped", f"why the page was not sent (its text layer has enough text); "
+         f"`{column}` is null then", "skipped" in _TEXT_LAYER_COLUMNS)) if shown]
     looping = stats.get("pages_still_looping") or 0
     loop_summary = (f"{stats.get('pages_loop_retried') or 0:,} pages looped and were sent again "
                     f"at temperature {LOOP_TEMPERATURE} with a seed from the row (`--loop-retries "
