@@ -2983,12 +2983,12 @@ def redact_argv(argv: list[str], mask: str | None = "***", value_options=None,
     return flag_words(items)
 
 
-def public_argv(argv: list[str], drop, left_out: list | None = None) -> list[str]:
-    """This script's argv without the options in drop, and its secrets dropped, not masked
-    (a masked value would be used)."""
+def public_items(argv: list[str], drop, left_out: list | None = None) -> list[tuple]:
+    """This script's argv as flag_items, without the options in drop and with its secrets
+    dropped, not masked (a masked value would be used)."""
     known = _VALUE_OPTIONS or None
-    return redact_argv(flag_words(item for item in flag_items(argv, known) if item[0] not in drop),
-                       None, known, left_out)
+    return [item for item in flag_items(redact_argv(argv, None, known, left_out), known)
+            if item[0] not in drop]
 
 
 def rerun_advice() -> str:
@@ -2997,7 +2997,7 @@ def rerun_advice() -> str:
     if "--restart" not in _RUN_ARGV:
         return "rerun the same command"
     left_out: list = []
-    kept = public_argv(_RUN_ARGV, {"--restart"}, left_out)
+    kept = flag_words(public_items(_RUN_ARGV, {"--restart"}, left_out))
     script = f"<the URL of {script_name()}>" if uv_url_copy() else sys.argv[0]
     added = f" (adding back your {', '.join(left_out)}: secrets are never printed)" \
         if left_out else ""
@@ -3009,7 +3009,7 @@ def _jobs_script_args(argv: list[str]) -> tuple[list[str], str | None, str | Non
     """This run's arguments for a Job: options minus NOT_FOR_JOBS and secrets, and a local
     INPUT or OUTPUT replaced by a placeholder (returned too)."""
     positionals, options = [], []
-    for name, values, _ in flag_items(public_argv(argv, NOT_FOR_JOBS), _VALUE_OPTIONS or None):
+    for name, values, _ in public_items(argv, NOT_FOR_JOBS):
         if name is None:
             positionals += values
         elif not (name == "--serve-args" and values == [""]):
@@ -3108,7 +3108,7 @@ def build_card(source: InputSource, store: OutputStore, args, stats: dict, info_
     serve = info_entry.get("serve_args")
     on_jobs = os.environ.get("JOB_ID") or os.environ.get("HF_JOB_ID")
     moving = ", a moving tag: its vLLM version is in the stats" if IMAGE_TAG_MOVING else ""
-    argv = public_argv(argv, {"--restart", "--shard-index"})  # the run, not this shard's rerun
+    argv = flag_words(public_items(argv, {"--restart", "--shard-index"}))  # not this rerun
     notes = jobs_command_notes(argv) + [
         f"The run was split into {args.num_shards} shards: run the command once per shard, adding "
         f"--shard-index 0 to {args.num_shards - 1} (one Job each)."] * (args.num_shards > 1)
