@@ -2632,8 +2632,7 @@ def proc_bytes(path: str, key: str) -> int | None:
 
 
 def peak_rss_bytes() -> int:
-    """This program's peak resident memory: /proc's VmHWM. (ru_maxrss also counts the memory
-    the parent process had when it started this one.)"""
+    """Peak resident memory: /proc's VmHWM (ru_maxrss counts the parent's too, before exec)."""
     return proc_bytes("/proc/self/status", "VmHWM") or \
         resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
@@ -2644,15 +2643,11 @@ class RunStats:
         self.rows_total, self.rows_skipped = rows_total, rows_skipped
         self.rows_ok = self.rows_failed = 0  # rows written, error rows included (the writer's count)
         self.rows_text_layer = 0  # rows written from their PDF text layer, not sent
-        self.errors_seen = 0
-        self.latencies: list[float] = []
-        self.finished_at: list[float] = []
-        self.first_started: float | None = None  # the first page entered the pipeline
-        self.tokens: list[int] = []
-        self.in_flight = self.peak_in_flight = 0
+        self.errors_seen = self.in_flight = self.peak_in_flight = 0
         self.loop_retried = self.still_looping = 0
-        self.server_startup_s = None
-        self.vllm_version = None
+        self.latencies, self.finished_at, self.tokens = [], [], []
+        self.first_started = None  # the first page entered the pipeline
+        self.server_startup_s = self.vllm_version = None
         self.extra: dict = {}
 
     def record(self, result: RowResult, latency: float | None) -> None:
@@ -2681,18 +2676,18 @@ class RunStats:
             if self.finished_at and self.first_started else None
         done = len(self.finished_at)
         steady_rate = steady_tokens = None
-        if done >= 2:  # leave out start-up and tail: the middle 80% of completions (from 10 on)
-            a, b = done // 10, done - done // 10 - 1
+        a, b = done // 10, done - done // 10 - 1  # the middle 80%: no start-up, no tail
+        if done >= 2 and self.finished_at[b] > self.finished_at[a]:
             span = self.finished_at[b] - self.finished_at[a]
-            if span > 0:
-                steady_rate = (b - a) / span
-                steady_tokens = sum(self.tokens[a + 1:b + 1]) / span
+            steady_rate, steady_tokens = (b - a) / span, sum(self.tokens[a + 1:b + 1]) / span
+        ordered = sorted(self.latencies)
+
+        def rounded(value, digits):
+            return round(value, digits) if value else None
 
         def quantile(q):
-            if not self.latencies:
-                return None
-            ordered = sorted(self.latencies)
-            return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 4)
+            return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 4) \
+                if ordered else None
 
         return {
             "rows_total": self.rows_total, "rows_ok": self.rows_ok,
@@ -2700,20 +2695,17 @@ class RunStats:
             "rows_text_layer": self.rows_text_layer,
             "rows_not_written": self.rows_total - self.rows_ok - self.rows_failed
             - self.rows_skipped - self.rows_text_layer,
-            "elapsed_s": round(elapsed, 3),
-            "active_s": round(active, 3) if active else None,
+            "elapsed_s": round(elapsed, 3), "active_s": rounded(active, 3),
             "pages_per_s": round(done / elapsed, 4) if elapsed > 0 else None,
-            "pages_per_s_steady": round(steady_rate, 4) if steady_rate else None,
-            "completion_tokens_per_s": round(steady_tokens, 2) if steady_tokens else None,
+            "pages_per_s_steady": rounded(steady_rate, 4),
+            "completion_tokens_per_s": rounded(steady_tokens, 2),
             "latency_p50_s": quantile(0.5), "latency_p95_s": quantile(0.95),
             # Little's law: how full the driver kept the server, whatever the server's speed
-            "mean_in_flight": round(sum(self.latencies) / active, 2)
-            if self.latencies and active else None,
+            "mean_in_flight": rounded(active and sum(ordered) / active, 2),
             "peak_in_flight": self.peak_in_flight,
             "pages_loop_retried": self.loop_retried, "pages_still_looping": self.still_looping,
             "peak_rss_bytes": peak_rss_bytes(),
-            "server_startup_s": self.server_startup_s,
-            "vllm_version": self.vllm_version,
+            "server_startup_s": self.server_startup_s, "vllm_version": self.vllm_version,
             **self.extra,
         }
 
@@ -2721,22 +2713,20 @@ class RunStats:
 # ---- secrets and the Jobs command ------------------------------------------------------------
 
 def is_secret(name, value=None) -> bool:
-    """Whether what is given under this name (an option, a JSON key at any depth, a URL's query
-    parameter) is a secret; a bare flag (True), an empty or a null value is none."""
+    """Whether a value given under this name (an option, a JSON key, a URL's query) is a
+    secret; a bare flag, an empty or a null value is none."""
     return bool(SECRET_NAME.search(str(name))) and value not in (True, False, "", [], {})
 
 
 def redact_text(text: str) -> str:
-    """Text with its secrets masked: token-like values (hf_..., sk-...), a URL's user information,
-    values named like secrets (NAMED_VALUE). For anything printed or recorded."""
+    """Text with its secrets masked: token-like values, a URL's user, values named like one."""
     text = URL_USERINFO.sub("***@", TOKEN_VALUE.sub("***", text))
     return NAMED_VALUE.sub(lambda m: m[1] + "***" if is_secret(m[3], m[4]) else m[0], text)
 
 
 def redact_value(value, mask: str | None = "***"):
-    """A JSON-like value with its secrets masked at every depth: values under a secret's name,
-    JSON text inside strings, any text by redact_text. mask=None drops the named ones instead:
-    what a run is (its identity) and what a Job is given must not hold them at all."""
+    """A JSON-like value (or JSON text) with its secrets masked at every depth; mask=None drops
+    the named ones: a run's identity and a Job's arguments must not hold them at all."""
     if isinstance(value, dict):
         return {k: mask if is_secret(k, v) else redact_value(v, mask) for k, v in value.items()
                 if mask is not None or not is_secret(k, v)}
@@ -2756,10 +2746,10 @@ def redact_value(value, mask: str | None = "***"):
 
 def flag_items(argv: list[str], value_options=None) -> list[tuple[str | None, list[str], bool]]:
     """A command line as (flag, values, joined) items, the one reading of every command line
-    here (--serve-args, `vllm serve`'s, this script's): `--flag=value` (joined), `--flag value`,
-    `--flag a b` (vLLM's list options), a bare `--flag` or `--no-flag` (no values), and (None,
-    [word], False) for a word that is no flag's value. Given value_options (a parser's), those
-    take one value and every other flag none; else a flag takes the words up to the next flag."""
+    here: `--flag=value` (joined), `--flag a b` (vLLM's list options), a bare flag, and (None,
+    [word], False) for a word no flag takes. Given value_options (a parser's), those take one
+    value and every other flag none, and `--` ends the flags; else a flag takes the words up
+    to the next flag."""
     items, rest = [], []
     if value_options is not None and "--" in argv:
         argv, rest = argv[:argv.index("--")], argv[argv.index("--") + 1:]
@@ -2785,39 +2775,64 @@ def flag_words(items) -> list[str]:
     return words
 
 
-def redact_option(name: str | None, value: str, mask: str | None = "***") -> str:
-    """An option's value with its secrets masked (or dropped: redact_value): --serve-args is
-    itself a command line."""
-    if name == "--serve-args":
-        try:
-            return shlex.join(redact_argv(shlex.split(value), mask))
-        except ValueError:
-            return redact_text(value)
-    return redact_value(value, mask)
+def redact_option(name: str | None, value: str, mask: str | None) -> str:
+    """An option's value with its secrets masked or dropped; --serve-args is a command line."""
+    if name != "--serve-args":
+        return redact_value(value, mask)
+    try:
+        words = shlex.split(value)
+    except ValueError:
+        return redact_text(value)
+    kept = redact_argv(words, mask)
+    return value if kept == words else shlex.join(kept)
 
 
-def redact_argv(argv: list[str], mask: str | None = "***", value_options=None) -> list[str]:
-    """A command line with its secrets masked, or dropped (mask=None): a secret option's
-    value, and the rest by redact_option. For logs, cards and inference_info."""
+def redact_argv(argv: list[str], mask: str | None = "***", value_options=None,
+                left_out: list | None = None) -> list[str]:
+    """A command line with its secrets masked, or dropped (mask=None; left_out then gets the
+    names of the options that held one). For logs, cards and the commands printed."""
     items = []
     for name, values, joined in flag_items(argv, value_options):
-        if is_secret(name or "", values):
-            if mask is None:
-                continue
-            values = [mask] * len(values)
-        items.append((name, [redact_option(name, v, mask) for v in values], joined))
+        secret = is_secret(name or "", values)
+        redacted = [mask] * len(values) if secret else [redact_option(name, v, mask)
+                                                        for v in values]
+        if name and redacted != values and left_out is not None:
+            left_out.append(name)
+        if not secret or mask is not None:
+            items.append((name, redacted, joined))
     return flag_words(items)
 
 
+def public_items(argv: list[str], drop, left_out: list | None = None) -> list[tuple]:
+    """This script's argv as flag_items, without the options in drop and with its secrets
+    dropped, not masked (a masked value would be used)."""
+    known = _VALUE_OPTIONS or None
+    return [item for item in flag_items(redact_argv(argv, None, known, left_out), known)
+            if item[0] not in drop]
+
+
+def rerun_advice() -> str:
+    """How to finish a run that has written rows: the same command, but without --restart,
+    which would delete them; the options that held secrets named, not printed."""
+    if "--restart" not in _RUN_ARGV:
+        return "rerun the same command"
+    left_out: list = []
+    kept = flag_words(public_items(_RUN_ARGV, {"--restart"}, left_out))
+    script = f"<the URL of {script_name()}>" if uv_url_copy() else sys.argv[0]
+    added = f" (adding back your {', '.join(left_out)}: secrets are never printed)" \
+        if left_out else ""
+    return (f"rerun it without --restart (with it, the run starts over): uv run "
+            f"{shlex.join([script, *kept])}{added}")
+
+
 def _jobs_script_args(argv: list[str]) -> tuple[list[str], str | None, str | None]:
-    """This run's arguments as a Job should receive them: INPUT and OUTPUT (a local one replaced
-    by a placeholder, returned too), the options minus NOT_FOR_JOBS, no secret anywhere
-    (they are dropped, not masked: a masked value would be used)."""
-    positionals, options, known = [], [], _VALUE_OPTIONS or None
-    for name, values, _ in flag_items(redact_argv(argv, None, known), known):
+    """This run's arguments for a Job: options minus NOT_FOR_JOBS and secrets, and a local
+    INPUT or OUTPUT replaced by a placeholder (returned too)."""
+    positionals, options = [], []
+    for name, values, _ in public_items(argv, NOT_FOR_JOBS):
         if name is None:
             positionals += values
-        elif name not in NOT_FOR_JOBS and not (name == "--serve-args" and values == [""]):
+        elif not (name == "--serve-args" and values == [""]):
             options += [name, *values]
     local_input = local_output = None
     if positionals and (is_local_target(positionals[0]) or Path(positionals[0]).expanduser().exists()):
@@ -2827,50 +2842,16 @@ def _jobs_script_args(argv: list[str]) -> tuple[list[str], str | None, str | Non
     return positionals + options, local_input, local_output
 
 
-def without_options(argv: list[str], names: set[str]) -> list[str]:
-    """argv without the options named, and their values."""
-    out, i = [], 0
-    while i < len(argv):
-        if argv[i] == "--":
-            return out + argv[i:]
-        name, eq, _ = argv[i].partition("=")
-        step = 2 if name.startswith("--") and not eq and name in _VALUE_OPTIONS else 1
-        if name not in names:
-            out += argv[i:i + step]
-        i += step
-    return out
-
-
-def rerun_advice() -> str:
-    """How to finish a run that has written rows: the same command, but without --restart,
-    which would delete them and start over again. Its secrets are left out, not masked (a
-    masked value would be used), and the options that held them named."""
-    kept = without_options(_RUN_ARGV, {"--restart"})
-    if kept == _RUN_ARGV:
-        return "rerun the same command"
-    script = f"<the URL of {script_name()}>" if uv_url_copy() else sys.argv[0]
-    known = _VALUE_OPTIONS or None
-    left_out = [name for name, values, joined in flag_items(kept, known) if name and
-                redact_argv(flag_words([(name, values, joined)]), None, known)
-                != flag_words([(name, values, joined)])]
-    added = f" (adding back your {', '.join(left_out)}: secrets are never printed)" \
-        if left_out else ""
-    return (f"rerun it without --restart (with it, the run starts over): uv run "
-            f"{shlex.join([script, *redact_argv(kept, None, known)])}{added}")
-
-
 def reproduce_command(argv: list[str]) -> str:
     """The Hugging Face Jobs command for this run, as it should be pasted: image, flavor and
     timeout explicit, the token as a Jobs secret, no local path, no secret."""
-    script = script_name()
-    args = shlex.join(_jobs_script_args(argv)[0])
+    script, args = script_name(), shlex.join(_jobs_script_args(argv)[0])
     # the flavor this Job was given, else the script's; never ACCELERATOR (`cpu` or `gpu` in a Job)
     flavor = os.environ.get("JOB_FLAVOR") or DEFAULT_FLAVOR
     head = f"--flavor {flavor} --timeout {JOB_TIMEOUT} --secrets HF_TOKEN"
     if IMAGE_HAS_UV:
         return f"hf jobs uv run --image {JOB_IMAGE} {head} {script} {args}"
-    # an image without uv: install it first, and fetch the script by its URL (in the Job's
-    # environment, so that the container's shell expands it)
+    # no uv in the image: install it, and fetch the script in the container's shell
     inner = f'pip install -q uv && uv run "$SCRIPT_URL" {args}'
     url = shlex.quote(f"SCRIPT_URL=<raw URL of {script}>")
     return f"hf jobs run {head} --env {url} {JOB_IMAGE} -- bash -lc {shlex.quote(inner)}"
@@ -2904,9 +2885,9 @@ def jobs_command_notes(argv: list[str]) -> list[str]:
 
 
 def part_note(path: Path, column: str) -> dict:
-    """What a part holds besides text: its error rows (row -> kind) and how many rows come
-    from the PDF text layer. On the Hub it is kept beside the parts (.ocr/notes/), so that a
-    rerun on another machine knows which rows to redo, and the card counts every row."""
+    """A part's error rows (row -> kind) and how many rows come from the PDF text layer: kept
+    beside the parts on the Hub, so that a rerun elsewhere knows what to redo and the card
+    counts every row."""
     import pyarrow.parquet as pq
 
     start = ranges_from_names([path.name])[0][0]
@@ -2916,11 +2897,10 @@ def part_note(path: Path, column: str) -> dict:
     table = pq.read_table(str(path), columns=wanted).to_pydict()
     errors = table.get(f"{column}_error") or []
     kinds = table.get(f"{column}_error_kind") or [None] * len(errors)
-    skipped = table.get(f"{column}_skipped") or []
+    texts, skipped = table.get(column) or [], table.get(f"{column}_skipped") or []
     return {"errors": {str(start + i): kind for i, (error, kind) in enumerate(zip(errors, kinds))
                        if error is not None},
-            "text_layer": sum(t is None and s is not None for t, s in zip(table.get(column) or [],
-                                                                           skipped))}
+            "text_layer": sum(t is None and s is not None for t, s in zip(texts, skipped))}
 
 
 def output_counts(store: OutputStore, column: str) -> str:
@@ -2942,46 +2922,34 @@ def output_counts(store: OutputStore, column: str) -> str:
     return f"This output holds {rows:,} rows: {counted}."
 
 
-def pdf_card_rows(source: InputSource, column: str) -> str:
-    rows = []
-    if source.pdf is not None:
-        if not source.pdf.per_document:
-            rows.append("| `page_number` | the page of its PDF, from 1; null for an image or a "
-                        "PDF that cannot be opened |")
-        rows.append("| `page_count` | the pages of its PDF |")
-    if "text_layer" in _TEXT_LAYER_COLUMNS:
-        rows.append(f"| `{column}_text_layer` | the text embedded in the PDF page |")
-    if "skipped" in _TEXT_LAYER_COLUMNS:
-        rows.append(f"| `{column}_skipped` | why the page was not sent (its text layer has "
-                    f"enough text); `{column}` is null then |")
-    return "".join(row + "\n" for row in rows)
-
-
-def loop_summary(stats: dict, args) -> str:
-    retried, looping = stats.get("pages_loop_retried") or 0, stats.get("pages_still_looping") or 0
-    detection = repetition_detection(args)
-    ended = f" vLLM's repetition detection ended loops in the engine (`repetition_detection` " \
-        f"{json.dumps(detection)}){REPETITION_DETECTION_NOTE}." \
-        if detection else ""
-    if not args.loop_retries:
-        return f"Looping pages were not sent again (`--loop-retries 0`); {looping:,} loop.{ended}"
-    return (f"{retried:,} pages looped and were sent again at temperature {LOOP_TEMPERATURE} "
-            f"with a seed from the row (`--loop-retries {args.loop_retries}`); "
-            f"{looping:,} still loop.{ended}")
-
-
 def build_card(source: InputSource, store: OutputStore, args, stats: dict, info_entry: dict,
                argv: list[str]) -> str:
-    column = args.output_column
-    settings = json.dumps(run_settings(args), indent=2, ensure_ascii=False)
+    column, pdf = args.output_column, source.pdf
     serve = info_entry.get("serve_args")
     on_jobs = os.environ.get("JOB_ID") or os.environ.get("HF_JOB_ID")
-    provenance = f"Hugging Face Job {on_jobs}" if on_jobs else "a local run"
     moving = ", a moving tag: its vLLM version is in the stats" if IMAGE_TAG_MOVING else ""
-    argv = without_options(argv, {"--restart", "--shard-index"})  # the run, not this shard's rerun
+    argv = flag_words(public_items(argv, {"--restart", "--shard-index"}))  # not this rerun
     notes = jobs_command_notes(argv) + [
         f"The run was split into {args.num_shards} shards: run the command once per shard, adding "
         f"--shard-index 0 to {args.num_shards - 1} (one Job each)."] * (args.num_shards > 1)
+    text = "the PDF's pages as Markdown, each after a line `<!-- page N -->`" \
+        if pdf is not None and pdf.per_document else "the page as Markdown"
+    rows = [(name, meaning) for name, meaning, shown in (
+        ("page_number", "the page of its PDF, from 1; null for an image or a PDF that cannot be "
+         "opened", pdf is not None and not pdf.per_document),
+        ("page_count", "the pages of its PDF", pdf is not None),
+        (f"{column}_text_layer", "the text embedded in the PDF page",
+         "text_layer" in _TEXT_LAYER_COLUMNS),
+        (f"{column}_skipped", f"why the page was not sent (its text layer has enough text); "
+         f"`{column}` is null then", "skipped" in _TEXT_LAYER_COLUMNS)) if shown]
+    looping = stats.get("pages_still_looping") or 0
+    detection = repetition_detection(args)
+    loop_summary = (f"{stats.get('pages_loop_retried') or 0:,} pages looped and were sent again "
+                    f"at temperature {LOOP_TEMPERATURE} with a seed from the row (`--loop-retries "
+                    f"{args.loop_retries}`); {looping:,} still loop." if args.loop_retries else
+                    f"Looping pages were not sent again (`--loop-retries 0`); {looping:,} loop.") \
+        + (f" vLLM's repetition detection ended loops in the engine (`repetition_detection` "
+           f"{json.dumps(detection)}){REPETITION_DETECTION_NOTE}." if detection else "")
     return f"""---
 tags:
 - ocr
@@ -2993,24 +2961,26 @@ tags:
 
 Each row of the input with its page transcribed into the `{column}` column by
 [{MODEL_ID}](https://huggingface.co/{MODEL_ID}) on vLLM (`{JOB_IMAGE}`{moving}),
-with `{script_name()}` ({SCRIPT_SHAPE} shape), from {provenance}.
+with `{script_name()}` ({SCRIPT_SHAPE} shape), from {
+    f"Hugging Face Job {on_jobs}" if on_jobs else "a local run"}.
 Weights: `{args.model}` at revision `{info_entry.get("model_revision") or "unknown"}`.
 
 | column | meaning |
 | --- | --- |
-| `{column}` | {"the PDF's pages as Markdown, each after a line `<!-- page N -->`" if source.pdf is not None and source.pdf.per_document else "the page as Markdown"}; null when the row failed |
+| `{column}` | {text}; null when the row failed |
 | `{column}_error` | why the row failed; null on success |
 | `{column}_error_kind` | `page` (the page caused it: final) or `server` (a rerun retries it) |
 | `{column}_finish_reason` | `stop`, `length` when the token budget ran out, or `repetition` when the engine's repetition detection cut it (the text then ends with one copy of the repeating unit) |
 | `{column}_prompt_tokens`, `{column}_completion_tokens` | token counts of the request |
 | `{column}_attempts` | generations the text took: above 1 when it looped and was sent again |
-{pdf_card_rows(source, column)}| `inference_info` | JSON list, one entry per model run over this dataset |
+{"".join(f"| `{name}` | {meaning} |{chr(10)}" for name, meaning in rows)}\
+| `inference_info` | JSON list, one entry per model run over this dataset |
 
 {output_counts(store, column)}
 
 ## This run
 
-{loop_summary(stats, args)}
+{loop_summary}
 
 ```json
 {json.dumps(stats, indent=2)}
@@ -3019,7 +2989,7 @@ Weights: `{args.model}` at revision `{info_entry.get("model_revision") or "unkno
 Settings:
 
 ```json
-{settings}
+{json.dumps(run_settings(args), indent=2, ensure_ascii=False)}
 ```
 
 Serve flags: `{shlex.join(redact_argv(serve)) if serve else 'offline engine'}`
@@ -3037,19 +3007,12 @@ Reproduce on Hugging Face Jobs:
 # ---- arguments -------------------------------------------------------------------------------
 
 def argument_parser(doc: str, add_shape_arguments) -> argparse.ArgumentParser:
-    """Every option of a script: input and output, its shape's (server or engine), the model's."""
+    """Every option of a script: input and output, its shape's (server or engine), the model's.
+    No abbreviations: `--hf-tok` must not pass for --hf-token and escape redaction."""
     parser = argparse.ArgumentParser(
-        allow_abbrev=False,
-        description=doc.split("\n\n")[0],
+        allow_abbrev=False, description=doc.split("\n\n")[0],
         epilog=doc.split("\n\n", 1)[1] + "\n" + EXIT_CODES,
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_common_arguments(parser)
-    add_shape_arguments(parser)
-    add_model_arguments(parser)
-    return parser
-
-
-def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("input", help="Hub dataset id, or a local folder of images and/or PDFs, "
                         "a .pdf file, a .parquet file/folder, or a save_to_disk folder")
     parser.add_argument("output", help="Hub dataset id (namespace/name), or a local folder "
@@ -3059,66 +3022,57 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--split", default="train", help="split to read (default: train)")
     group.add_argument("--revision", help="Hub INPUT revision (branch, tag or commit)")
     group.add_argument("--image-column", default="image", help="column holding the page image")
-    group.add_argument("--max-samples", type=int, help="only the first N rows (after --shuffle); "
-                       "for PDF input, N documents")
+    group.add_argument("--max-samples", type=int,
+                       help="only the first N rows (after --shuffle); for PDF input, N documents")
     group.add_argument("--shuffle", action="store_true", help="shuffle rows before --max-samples")
     group.add_argument("--seed", type=int, default=42, help="shuffle seed (default: 42)")
     group.add_argument("--num-shards", type=int, default=1,
                        help="split the input into N contiguous ranges (one per Job)")
     group.add_argument("--shard-index", type=int, default=0, help="which range this run does")
     group = parser.add_argument_group(
-        "PDF input", "PDFs are read from a folder (beside images or not), a column of the "
-        "datasets Pdf type, or a column of PDF bytes or paths; each page is one output row, "
-        "with page_number and page_count, rendered at the size the model wants")
+        "PDF input", "PDFs from a folder, a datasets Pdf column, or a column of PDF bytes or "
+        "paths; each page is one row (with page_number, page_count) at the model's size")
     group.add_argument("--pdf-column", help="the column holding PDFs, when not detected")
-    group.add_argument("--pages", help="pages of each PDF to do, 1-based, e.g. 1-5,8,10- "
-                       "(default: all)")
+    group.add_argument("--pages", help="pages of each PDF, 1-based, e.g. 1-5,8,10- (default: all)")
     group.add_argument("--pdf-dpi", type=float, default=PDF_DPI,
                        help=f"the most DPI a page is rendered at, {PDF_MIN_DPI} to {PDF_MAX_DPI} "
-                            f"(default: {PDF_DPI}); the model's own size bound and a "
-                            f"{PDF_MAX_PIXELS / 1e6:g} MP cap come first")
+                            f"(default: {PDF_DPI}), below the model's size bound and "
+                            f"{PDF_MAX_PIXELS / 1e6:g} MP")
     group.add_argument("--per-document", action="store_true",
-                       help="one row per PDF instead of per page: its pages' texts in order, each "
-                            "after a line <!-- page N -->; failed pages named in the error column")
+                       help="one row per PDF: its pages' texts, each after <!-- page N -->")
     group.add_argument("--text-layer", action="store_true",
                        help="add <column>_text_layer: the text embedded in each PDF page")
     group.add_argument("--skip-text-pages", type=int, metavar="N",
-                       help="do not send pages whose text layer has at least N characters "
-                            "(not counting spaces): their row holds the text layer, and "
-                            "<column>_skipped says why (counted as rows_text_layer)")
+                       help="do not send pages whose text layer has N non-space characters: "
+                            "the row holds the text layer, <column>_skipped says why")
     group.add_argument("--pdf-workers", type=int, default=max(1, min(4, os.cpu_count() or 1)),
                        help="processes rendering PDF pages (default: up to 4)")
     group.add_argument("--pdf-page-timeout", type=float, default=120.0,
-                       help="seconds a page may take to render before it becomes an error row "
-                            "(default: 120)")
+                       help="seconds a page may render before it is an error row (default: 120)")
     group = parser.add_argument_group("output")
     group.add_argument("--output-column", default="markdown",
-                       help="column for the text; diagnostics are named after it (default: markdown)")
+                       help="column for the text, and its diagnostics' prefix (default: markdown)")
     group.add_argument("--overwrite", action="store_true",
                        help="replace result columns that the input already has")
     group.add_argument("--restart", action="store_true",
-                       help="delete what OUTPUT holds (rows, card, manifest) and start it over: "
-                            "the way out when a rerun is refused as another run; beside other "
-                            "shards' rows, redo this --shard-index's rows only")
+                       help="delete what OUTPUT holds and start over (this --shard-index's rows "
+                            "only): the way out when a rerun is refused as another run")
     group.add_argument("--retry-errors", action="store_true",
-                       help="redo every error row of OUTPUT (a rerun always redoes the rows the "
-                            "server or the connection failed, never those the page failed)")
+                       help="redo every error row (a rerun always redoes those the server failed)")
     group.add_argument("--private", action="store_true", help="create the Hub repo private")
     group.add_argument("--hf-token", help="Hub token (default: HF_TOKEN or your login)")
     group.add_argument("--work-dir", help="staging folder for Hub output "
                        "(default: ~/.cache/ocr-vllm-scripts/outputs)")
     group.add_argument("--part-rows", type=int, default=250,
-                       help="rows per parquet part (default: 250); every finished row is also "
-                            "journaled under OUTPUT/.ocr/ at once, so a crash loses none")
+                       help="rows per parquet part (default: 250); each row is journaled at once")
     group.add_argument("--part-seconds", type=float, default=300.0,
-                       help="write finished rows into parts (and, for a Hub OUTPUT, commit "
-                            "them) at least this often (default: 300)")
+                       help="write (and commit) finished rows at least this often (default: 300)")
     group.add_argument("--stats-json", help="write the run's stats as JSON to this path")
     group = parser.add_argument_group("model")
     group.add_argument("--model", default=MODEL_ID,
                        help=f"model id or local path (default: {MODEL_ID}); a fine-tune or mirror")
     group.add_argument("--model-revision",
-                       help="commit sha, tag or branch of the model's weights (default: "
+                       help=f"sha, tag or branch of the weights (default: "
                             f"{MODEL_REVISION or 'main'}); the sha it resolves to is recorded")
     group.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS,
                        help=f"generation budget per page (default: {DEFAULT_MAX_TOKENS})")
@@ -3127,27 +3081,24 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--sanity-pages", type=int, default=8,
                        help="pages the degenerate-output check looks at (default: 8)")
     group.add_argument("--loop-retries", type=int, default=1,
-                       help="send a page whose answer was cut in a loop (at --max-tokens "
-                            f"with a repeated tail, or by --repetition-detection) again, up to N "
-                            f"times, at "
-                            f"temperature {LOOP_TEMPERATURE} with a seed from the row (a rerun "
-                            f"repeats it); the answer that does not loop is kept, else the "
-                            f"one with more text before its loop. 0 turns it off (default: 1)")
+                       help=f"send a page whose answer was cut in a loop (at --max-tokens, or "
+                            f"by --repetition-detection) again, up to N times, at temperature "
+                            f"{LOOP_TEMPERATURE} (seeded by the row); 0: never (default: 1)")
     group.add_argument("--repetition-detection", action=argparse.BooleanOptionalAction,
                        default=REPETITION_DETECTION_ON,
                        help=f"let vLLM end a loop: a page whose last {REPETITION_DETECTION[0]} "
                             f"or fewer tokens repeated {REPETITION_DETECTION[1]} times in a row "
-                            f"stops there (finish_reason repetition) and counts as looping; the "
-                            f"check costs the engine time at every step (README, pages that "
-                            f"loop; default: {'on' if REPETITION_DETECTION_ON else 'off'})")
+                            f"stops there and counts as looping; the check costs the engine time "
+                            f"at every step (default: {'on' if REPETITION_DETECTION_ON else 'off'})")
+    add_shape_arguments(parser)
+    add_model_arguments(parser)
+    return parser
 
 
 def parse_arguments(parser: argparse.ArgumentParser, argv: list[str], engine_problems):
-    """Parse (no abbreviations: `--hf-tok` must not pass for --hf-token and escape redaction),
-    then validate every argument before anything is read, started or created; the server's
-    or the offline engine's own options by engine_problems(args)."""
+    """Parse, then check every argument before anything is read, started or created; the
+    server's or the offline engine's own options by engine_problems(args)."""
     global _VALUE_OPTIONS
-    parser.allow_abbrev = False
     _RUN_ARGV[:] = argv
     _VALUE_OPTIONS = {s for action in parser._actions for s in action.option_strings
                       if action.nargs != 0}
@@ -3158,12 +3109,6 @@ def parse_arguments(parser: argparse.ArgumentParser, argv: list[str], engine_pro
 
     parser.error = error
     args = parser.parse_args(argv)
-    validate_arguments(args, engine_problems(args))
-    return args
-
-
-def validate_arguments(args, engine_problems: list[str]) -> None:
-    """Every argument a user can get wrong, at once and together, before any side effect."""
     problems = []
     at_least = {"num_shards": 1, "part_rows": 1, "max_tokens": 1, "sanity_pages": 1,
                 "max_samples": 0, "shard_index": 0, "concurrency": 1, "max_retries": 0,
@@ -3196,11 +3141,12 @@ def validate_arguments(args, engine_problems: list[str]) -> None:
                         f"{args.num_shards}, got {args.shard_index}")
     if args.stats_json:
         problems += filter(None, [unwritable_file("--stats-json", args.stats_json)])
-    problems += engine_problems
+    problems += engine_problems(args)
     if problems:
         fail("; ".join(problems) + ".")
     resolve_output(args.output)  # exits 2 saying how to write a local path
     check_output_outside_input(args)
+    return args
 
 
 def unwritable_file(option: str, value: str) -> str | None:
@@ -3209,20 +3155,17 @@ def unwritable_file(option: str, value: str) -> str | None:
     path = Path(value).expanduser()
     if path.is_dir():
         return f"{option} {value} is a folder: name a file"
-    folder = path.parent
-    while not folder.exists() and folder != folder.parent:
-        folder = folder.parent
+    folder = next(folder for folder in path.absolute().parents if folder.exists())
     if not folder.is_dir():
         return f"{option} {value}: {folder} is not a folder"
     try:
-        if folder != path.parent:
+        if folder != path.absolute().parent:
             if not os.access(folder, os.W_OK | os.X_OK):
                 raise PermissionError(f"cannot create folders in {folder}")
-        elif path.exists():
-            open(path, "a").close()
         else:
-            open(path, "x").close()
-            path.unlink()
+            existed = path.exists()
+            open(path, "a").close()
+            existed or path.unlink()
     except OSError as exc:
         return f"{option} {value} cannot be written ({exc.strerror or exc})"
     return None
@@ -3245,16 +3188,15 @@ def write_stats(stats: dict, args) -> None:
 
 class Interrupts:
     """SIGINT and SIGTERM (a cancelled Job) stop the run once, as KeyboardInterrupt; until the
-    finished rows are saved, further signals only say so. After that, one more stops the
+    finished rows are saved, further signals only say so; after that, one more stops the
     engine at once."""
 
     def __init__(self):
         self.signum: int | None = None
         self.saved = False
-        self.previous = {}
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                self.previous[sig] = signal.signal(sig, self.on_signal)
+        self.previous = {sig: signal.signal(sig, self.on_signal)
+                         for sig in (signal.SIGINT, signal.SIGTERM)
+                         if threading.current_thread() is threading.main_thread()}
 
     def on_signal(self, signum, frame) -> None:
         if self.signum is not None and not self.saved:
@@ -3262,9 +3204,6 @@ class Interrupts:
             return
         self.signum = signum
         raise KeyboardInterrupt
-
-    def exit_code(self) -> int:
-        return 128 + int(self.signum or signal.SIGINT)
 
     def restore(self) -> None:
         for sig, handler in self.previous.items():
@@ -3346,34 +3285,34 @@ def hub_refusal(exc: BaseException, repo: str) -> str:
 def early_exits_reported(args, body) -> int:
     """body() with the exits that come before any page is sent (a refused rerun, a held lock,
     a Ctrl-C while the input loads) reported in --stats-json too: never an earlier run's file."""
-    def report(code: int) -> None:
-        write_stats({"rows_total": 0, "rows_ok": 0, "rows_failed": 0, "rows_skipped": 0,
-                     "rows_text_layer": 0, "rows_not_written": 0, "exit_code": code}, args)
+    code = None
     try:
         return body()
     except SystemExit as exc:
-        report(exc.code if isinstance(exc.code, int) else EXIT_USAGE)
+        code = exc.code if isinstance(exc.code, int) else EXIT_USAGE
         raise
     except KeyboardInterrupt:
         log("interrupted before any page was sent: nothing to save")
-        report(130)
-        return 130
+        code = 130
     except OSError as exc:  # a full or read-only disk before any page was sent
         log(f"error: cannot write to OUTPUT {args.output}: {exc}. Nothing was sent; free space "
             f"(or choose another OUTPUT), then rerun the same command.")
-        report(EXIT_NOT_WRITTEN)
-        return EXIT_NOT_WRITTEN
+        code = EXIT_NOT_WRITTEN
+    finally:
+        if code is not None:  # the keys of every run's stats, nothing done
+            write_stats({**RunStats(0, 0).as_dict(), "exit_code": code}, args)
+    return code
 
 
 def run_guarded(run: Run, work, stop_engine, argv: list[str]) -> int:
-    """work() under the failure policy: whatever ends it, the finished rows are saved and the
-    exit code tells the truth."""
-    interrupts = Interrupts()
-    code = 0
+    """work() under the failure policy; whatever ends it, the finished rows are saved (signals
+    wait), the engine stopped, then the card, the stats and an exit code that tells the truth."""
+    writer, check, store, stats, args = run.writer, run.check, run.store, run.stats, run.args
+    interrupts, code = Interrupts(), 0
     try:
         for result in run.plan.recovered.values():  # journaled by a killed run: judged first
             if result.error is None and result.skipped is None:
-                run.check.observe(result)
+                check.observe(result)
         if run.plan.send:
             work()
     except RunAborted as exc:
@@ -3381,19 +3320,12 @@ def run_guarded(run: Run, work, stop_engine, argv: list[str]) -> int:
         code = exc.code
     except KeyboardInterrupt:
         log("interrupted: saving the finished rows")
-        code = interrupts.exit_code()
+        code = 128 + int(interrupts.signum or signal.SIGINT)
     except Exception:  # a bug or an unforeseen failure: keep what is finished, then say what
         import traceback
         traceback.print_exc()
         log("error: the run failed; saving the finished rows")
         code = EXIT_NOT_WRITTEN
-    return finish_run(code, run, interrupts, stop_engine, argv)
-
-
-def finish_run(code: int, run: Run, interrupts: Interrupts, stop_engine, argv: list[str]) -> int:
-    """The end of every run, whatever ended it: save the finished rows (signals wait), stop the
-    engine, then the card, the stats and the exit code that tells the truth."""
-    writer, check, store, stats, args = run.writer, run.check, run.store, run.stats, run.args
     try:
         try:
             check.finish()
