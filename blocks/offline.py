@@ -197,9 +197,9 @@ def generate_batch(llm, sampling, items: list, args, streak: EngineStreak) -> li
     return results
 
 
-def prepare_or_error(cell):
+def prepare_or_error(cell, args):
     try:
-        return prepare_page(cell)
+        return prepare_page(cell, args)
     except PageError as exc:
         return error_row(str(exc), PAGE)
     except Exception as exc:  # whatever reading the page raised: this row fails, not the run
@@ -232,7 +232,7 @@ def run_offline(source: InputSource, pending: list[int], writer: PartWriter, sta
     def submit_next():
         batch = []
         for index, cell in cells:
-            batch.append((index, pool.submit(prepare_or_error, cell)))
+            batch.append((index, pool.submit(prepare_or_error, cell, args)))
             if len(batch) == args.batch_size:
                 break
         return batch

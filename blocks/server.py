@@ -533,14 +533,14 @@ class ServerManager:
             pass
 
 
-def prepare_page_inline(cell) -> PreparedPage | None:
+def prepare_page_inline(cell, args) -> PreparedPage | None:
     """The page, when its bytes are in memory and it goes out as it is: a header read, cheaper
     on the event loop than a hop to the pool and back (CPU that a server on the same machine
     can use). None: the page needs the pool."""
     held = cell.get("bytes") if isinstance(cell, dict) else cell
     if not isinstance(held, (bytes, bytearray, memoryview)):
         return None
-    return prepare_page(cell, decode=False)
+    return prepare_page(cell, args, decode=False)
 
 
 def request_json(model_name: str, args, seed: int | None = None) -> tuple[bytes, bytes]:
@@ -821,8 +821,8 @@ async def run_server_pipeline(source: InputSource, pending: list[int], writer: P
                     if controller:
                         controller.preparing += 1
                     try:
-                        page = prepare_page_inline(cell) or \
-                            await loop.run_in_executor(prep_pool, prepare_page, cell)
+                        page = prepare_page_inline(cell, args) or \
+                            await loop.run_in_executor(prep_pool, prepare_page, cell, args)
                     finally:
                         if controller:
                             controller.preparing -= 1
