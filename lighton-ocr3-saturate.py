@@ -270,7 +270,8 @@ def parse_grounding(raw: str, drop: frozenset = frozenset()) -> tuple[str, list[
 def postprocess(text: str, args) -> tuple[str, dict]:
     extras = {"raw": text} if args.keep_raw else {}
     if args.mode == "grounding":
-        markdown, blocks = parse_grounding(text, MARGIN_LABELS if args.drop_margins else frozenset())
+        drop = MARGIN_LABELS if getattr(args, "drop_margins", False) else frozenset()
+        markdown, blocks = parse_grounding(text, drop)
         extras["blocks"] = blocks
         return markdown, extras
     return repair_math_escapes(text).strip(), extras
