@@ -140,7 +140,7 @@ DEFAULT_MAX_TOKENS = MAX_MODEL_LEN - image_token_budget()
 PDF_DPI = 144  # the authors' render DPI (pdf_to_images_high_quality(pdf_path, dpi=144))
 
 
-def target_size(width: int, height: int) -> tuple[int, int]:
+def target_size(width: int, height: int, args=None) -> tuple[int, int]:
     """No client-side resize: the model tiles the page itself."""
     return width, height
 
@@ -890,9 +890,10 @@ def to_rgb(img):
     return img.convert("RGB")
 
 
-def prepare_page(cell, decode: bool = True) -> PreparedPage | None:
-    """The encoded bytes to send for one cell, PageError for anything that is not a page; with
-    decode=False, None instead of any pixel work. A JPEG or PNG that needs no change (RGB,
+def prepare_page(cell, args=None, decode: bool = True) -> PreparedPage | None:
+    """The encoded bytes to send for one cell, at the size the run's arguments ask (None: the
+    defaults), PageError for anything that is not a page; with decode=False, None instead of
+    any pixel work. A JPEG or PNG that needs no change (RGB,
     upright, one frame, within bounds) is sent as it is: no new artifacts, no encoding cost."""
     from PIL import Image, ImageOps
 
@@ -914,7 +915,7 @@ def prepare_page(cell, decode: bool = True) -> PreparedPage | None:
             upright, turned = orientation in (None, 1), orientation in (5, 6, 7, 8)
             if turned:
                 width, height = height, width
-            target = target_size(width, height)
+            target = target_size(width, height, args)
             frames = getattr(img, "n_frames", 1)
             if target == (width, height) and upright and img.mode == "RGB" and frames == 1:
                 if img.format == "JPEG":  # a complete one is not even decoded
@@ -1208,34 +1209,38 @@ def input_rows(source: InputSource, indices: list[int]) -> dict:
     return rows
 
 
-def pdf_render_size(width_pt: float, height_pt: float, dpi: float) -> tuple[float, tuple[int, int]]:
-    """(PDFium's scale, pixel size) of a page in points: at `dpi`, within both pixel bounds."""
+def pdf_render_size(width_pt: float, height_pt: float, dpi: float,
+                    args=None) -> tuple[float, tuple[int, int]]:
+    """(PDFium's scale, pixel size) of a page in points: at `dpi`, within both pixel bounds and
+    the model's size for these arguments (None: the defaults)."""
     if not (width_pt > 0 and height_pt > 0):
         raise PageError(f"the page has no area ({width_pt} x {height_pt} pt)")
     width, height = width_pt * dpi / 72, height_pt * dpi / 72
     shrink = min(1.0, math.sqrt(PDF_MAX_PIXELS / (width * height)),
                  PDF_MAX_SIDE / max(width, height))
-    target = target_size(max(1, round(width * shrink)), max(1, round(height * shrink)))
+    target = target_size(max(1, round(width * shrink)), max(1, round(height * shrink)), args)
     return target[0] / width_pt, target
 
 
-def _render_pdf_page(page, dpi: float, text_layer: bool, skip_chars: int | None) -> PreparedPage:
-    """The page encoded at the model's size, with its text layer; skipped if that has skip_chars."""
+def _render_pdf_page(page, args) -> PreparedPage:
+    """The page encoded at the model's size, with its text layer; skipped if that has
+    --skip-text-pages characters."""
     from PIL import Image
 
+    text_layer, skip_chars = bool(args.text_layer), args.skip_text_pages
     layer = page.get_textpage().get_text_bounded() if text_layer or skip_chars else None
     if layer is not None:
         layer = layer.replace("\r\n", "\n").replace("\r", "\n")  # PDFium ends lines with \r\n
     if skip_chars and sum(not c.isspace() for c in layer) >= skip_chars:
         return PreparedPage(b"", "", 0, 0, False, text_layer=layer, skipped=True)
-    scale, target = pdf_render_size(*page.get_size(), dpi)
+    scale, target = pdf_render_size(*page.get_size(), args.pdf_dpi, args)
     img = to_rgb(page.render(scale=scale, may_draw_forms=True).to_pil())
     if img.size != target:  # a pixel of rounding, or the model's grid
         img = img.resize(target, getattr(Image.Resampling, RESIZE_FILTER.upper()))
     return PreparedPage(*encode_page(img), *target, False, text_layer=layer)
 
 
-def _pdf_worker(conn, driver: int, docs, column: str, *options) -> None:
+def _pdf_worker(conn, driver: int, docs, column: str, args) -> None:
     """A render process: jobs in, page fields or errors out; it dies with the driver."""
     import ctypes
 
@@ -1261,7 +1266,7 @@ def _pdf_worker(conn, driver: int, docs, column: str, *options) -> None:
                 document = pdfium.PdfDocument(pdf_source(docs[doc_row][column])[0])
                 document.init_forms()  # form fields drawn, as a viewer shows them
                 opened = doc_row
-            reply = vars(_render_pdf_page(document[number - 1], *options))
+            reply = vars(_render_pdf_page(document[number - 1], args))
         except Exception as exc:  # the document opened when it was counted
             reply = str(exc) if isinstance(exc, PageError) else \
                 f"cannot render page {number}: {type(exc).__name__}: {exc}"
@@ -1276,7 +1281,7 @@ class PdfRenderer:
         import queue
 
         self.pdf, self.timeout, self.idle = pdf, args.pdf_page_timeout, queue.Queue()
-        self.options = (args.pdf_dpi, bool(args.text_layer), args.skip_text_pages)
+        self.args = args
         for _ in range(max(1, args.pdf_workers)):
             self._start()
 
@@ -1288,7 +1293,7 @@ class PdfRenderer:
             warnings.simplefilter("ignore", DeprecationWarning)  # Python of theirs
             process = multiprocessing.get_context("fork").Process(  # reads the input as is
                 target=_pdf_worker, daemon=True,
-                args=(theirs, os.getpid(), self.pdf.docs, self.pdf.column, *self.options))
+                args=(theirs, os.getpid(), self.pdf.docs, self.pdf.column, self.args))
             process.start()
         theirs.close()
         self.idle.put((process, ours))
@@ -4127,8 +4132,8 @@ async def run_server_pipeline(source: InputSource, pending: list[int], writer: P
                     held = cell.get("bytes") if isinstance(cell, dict) else cell
                     try:  # bytes in memory that go out as they are: a header read, no pool hop
                         inline = isinstance(held, (bytes, bytearray, memoryview))
-                        page = inline and prepare_page(cell, decode=False) or \
-                            await loop.run_in_executor(prep_pool, prepare_page, cell)
+                        page = inline and prepare_page(cell, args, decode=False) or \
+                            await loop.run_in_executor(prep_pool, prepare_page, cell, args)
                     finally:
                         window.preparing -= 1
                     digest = page.digest

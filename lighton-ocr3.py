@@ -54,7 +54,11 @@ Post-processing (the model card, https://huggingface.co/lightonai/LightOnOCR-3-0
     when it holds a LaTeX command, or an operator (^ _ = < > { } +) and no run of words, or a
     lone variable (x, f(x)); never when it begins or ends on a space ("\\$5 and \\$10").
     Header, footer and page-number blocks stay in the Markdown (the authors drop them only for
-    reading text; the blocks column has their labels).
+    reading text; the blocks column has their labels) unless `--drop-margins`.
+
+The authors' olmOCR-Bench settings (84.7): `--mode grounding --drop-margins --max-pixels
+    5000000 --temperature 0.1` (pages at 400 DPI, the PDF default, capped at 5 MP instead of the
+    2048 px edge). README, "Comparing runs, checking accuracy", has the whole command.
 """
 
 import re
@@ -92,17 +96,35 @@ CHAT_TEMPLATE_KWARGS = {"enable_thinking": False}
 
 
 def image_token_budget(args=None) -> int:
-    """A square page at the longest edge is the worst case: (2048/32)^2 = 4096 image tokens."""
-    return (LONGEST_EDGE // PATCH_GRID) ** 2 + PROMPT_TEXT_TOKENS
+    """A square page at the longest edge is the worst case: (2048/32)^2 = 4096 image tokens;
+    with --max-pixels, the cap's area over a 32x32 token (5 MP: 4,882)."""
+    max_pixels = getattr(args, "max_pixels", None)
+    area = max_pixels if max_pixels else LONGEST_EDGE ** 2
+    return area // PATCH_GRID ** 2 + PROMPT_TEXT_TOKENS
 
 
-def target_size(width: int, height: int) -> tuple[int, int]:
-    """Downscale only, longest edge to 2048, both sides on the processor's 32 px grid."""
+def target_size(width: int, height: int, args=None) -> tuple[int, int]:
+    """Downscale only, both sides on the processor's 32 px grid: longest edge to 2048, or with
+    --max-pixels (the authors' benchmark setting) the area to at most that many pixels."""
+    max_pixels = getattr(args, "max_pixels", None)
+    if max_pixels:
+        if width * height <= max_pixels:
+            return width, height
+        scale = math.sqrt(max_pixels / (width * height))
+        return (max(PATCH_GRID, math.floor(width * scale / PATCH_GRID) * PATCH_GRID),
+                max(PATCH_GRID, math.floor(height * scale / PATCH_GRID) * PATCH_GRID))
     if max(width, height) <= LONGEST_EDGE:
         return width, height
     scale = LONGEST_EDGE / max(width, height)
     snap = lambda v: max(PATCH_GRID, min(LONGEST_EDGE, round(v * scale / PATCH_GRID) * PATCH_GRID))  # noqa: E731
     return snap(width), snap(height)
+
+
+def pixel_count(text: str) -> int:
+    """--max-pixels: at least one 32x32 grid cell (argparse names the option if not)."""
+    if int(text) < PATCH_GRID ** 2:
+        raise ValueError(text)
+    return int(text)
 
 
 def add_model_arguments(parser) -> None:
@@ -111,6 +133,13 @@ def add_model_arguments(parser) -> None:
                              "into the <column>_blocks column (default: plain)")
     parser.add_argument("--temperature", type=float, default=TEMPERATURE,
                         help=f"sampling temperature (default: {TEMPERATURE}; the README says 0.1)")
+    parser.add_argument("--max-pixels", type=pixel_count, default=None, metavar="N",
+                        help="downscale pages to at most N pixels instead of a 2048 px longest "
+                             "edge (the authors' olmOCR-Bench setting: 5000000 at --pdf-dpi 400)")
+    parser.add_argument("--drop-margins", action="store_true",
+                        help="grounding mode: leave header, footer and page-number blocks out "
+                             "of the Markdown (the blocks column keeps them), as the authors' "
+                             "olmOCR-Bench runs did")
     parser.add_argument("--keep-raw", action="store_true",
                         help="also keep the raw output (grounding markers and all) in <column>_raw")
 
@@ -183,12 +212,19 @@ def _repair_span(text: str) -> str:
     return "".join(out)
 
 
-def parse_grounding(raw: str) -> tuple[str, list[dict]]:
+# Page margins, the authors' omit_margins set (github.com/lightonai/LightOnOCR, benchmarks/
+# ocr_bench/providers/loocr_grounding.py): footnotes are content and stay.
+MARGIN_LABELS = frozenset({"header", "footer", "page_number", "page_header", "page_footer",
+                           "header_image", "footer_image", "aside_text"})
+
+
+def parse_grounding(raw: str, drop: frozenset = frozenset()) -> tuple[str, list[dict]]:
     """The blocks, and the Markdown without markers. A label ending in `+` continues the
     previous block: it stays a block of its own (label kept, box its own, often in the next
     column), and in the Markdown its text joins the previous block's with a space. A marker
     with a coordinate outside 0-1000 still starts a block, with no box. Text before the first
-    marker is kept. Never raises."""
+    marker is kept. Blocks whose label (less its `+`) is in `drop` stay out of the Markdown
+    only. Never raises."""
     blocks: list[dict] = []
     raw = CUT_MARKER.sub("", raw)  # an answer cut off at max_tokens inside its last marker
     markers = list(BLOCK_MARKER.finditer(raw))
@@ -199,7 +235,7 @@ def parse_grounding(raw: str) -> tuple[str, list[dict]]:
         text = repair_math_escapes(raw[marker.end():end].strip())
         label = marker.group(1).strip()
         blocks.append({"label": label, "box": block_box(marker.groups()[1:], 1000), "text": text})
-        if not text:
+        if not text or label.lower().rstrip("+") in drop:
             continue
         if label.endswith("+") and parts:
             parts[-1] = parts[-1] + " " + text
@@ -211,7 +247,8 @@ def parse_grounding(raw: str) -> tuple[str, list[dict]]:
 def postprocess(text: str, args) -> tuple[str, dict]:
     extras = {"raw": text} if args.keep_raw else {}
     if args.mode == "grounding":
-        markdown, blocks = parse_grounding(text)
+        drop = MARGIN_LABELS if getattr(args, "drop_margins", False) else frozenset()
+        markdown, blocks = parse_grounding(text, drop)
         extras["blocks"] = blocks
         return markdown, extras
     return repair_math_escapes(text).strip(), extras
@@ -223,7 +260,9 @@ EXTRA_COLUMNS = {"blocks": "blocks", "raw": "string"}  # column suffix -> "block
 def inference_settings(args) -> dict:
     return {"mode": args.mode, "prompt": "grounding" if args.mode == "grounding" else None,
             "temperature": args.temperature, "top_p": TOP_P, "max_tokens": args.max_tokens,
-            "longest_edge": LONGEST_EDGE, "image_format": PAGE_FORMAT,
+            "longest_edge": None if args.max_pixels else LONGEST_EDGE,
+            "max_pixels": args.max_pixels, "drop_margins": args.drop_margins,
+            "image_format": PAGE_FORMAT,
             "chat_template_kwargs": CHAT_TEMPLATE_KWARGS}
 # ==== END LIGHTONOCR-3 MODEL ====
 
@@ -885,9 +924,10 @@ def to_rgb(img):
     return img.convert("RGB")
 
 
-def prepare_page(cell, decode: bool = True) -> PreparedPage | None:
-    """The encoded bytes to send for one cell, PageError for anything that is not a page; with
-    decode=False, None instead of any pixel work. A JPEG or PNG that needs no change (RGB,
+def prepare_page(cell, args=None, decode: bool = True) -> PreparedPage | None:
+    """The encoded bytes to send for one cell, at the size the run's arguments ask (None: the
+    defaults), PageError for anything that is not a page; with decode=False, None instead of
+    any pixel work. A JPEG or PNG that needs no change (RGB,
     upright, one frame, within bounds) is sent as it is: no new artifacts, no encoding cost."""
     from PIL import Image, ImageOps
 
@@ -909,7 +949,7 @@ def prepare_page(cell, decode: bool = True) -> PreparedPage | None:
             upright, turned = orientation in (None, 1), orientation in (5, 6, 7, 8)
             if turned:
                 width, height = height, width
-            target = target_size(width, height)
+            target = target_size(width, height, args)
             frames = getattr(img, "n_frames", 1)
             if target == (width, height) and upright and img.mode == "RGB" and frames == 1:
                 if img.format == "JPEG":  # a complete one is not even decoded
@@ -1203,34 +1243,38 @@ def input_rows(source: InputSource, indices: list[int]) -> dict:
     return rows
 
 
-def pdf_render_size(width_pt: float, height_pt: float, dpi: float) -> tuple[float, tuple[int, int]]:
-    """(PDFium's scale, pixel size) of a page in points: at `dpi`, within both pixel bounds."""
+def pdf_render_size(width_pt: float, height_pt: float, dpi: float,
+                    args=None) -> tuple[float, tuple[int, int]]:
+    """(PDFium's scale, pixel size) of a page in points: at `dpi`, within both pixel bounds and
+    the model's size for these arguments (None: the defaults)."""
     if not (width_pt > 0 and height_pt > 0):
         raise PageError(f"the page has no area ({width_pt} x {height_pt} pt)")
     width, height = width_pt * dpi / 72, height_pt * dpi / 72
     shrink = min(1.0, math.sqrt(PDF_MAX_PIXELS / (width * height)),
                  PDF_MAX_SIDE / max(width, height))
-    target = target_size(max(1, round(width * shrink)), max(1, round(height * shrink)))
+    target = target_size(max(1, round(width * shrink)), max(1, round(height * shrink)), args)
     return target[0] / width_pt, target
 
 
-def _render_pdf_page(page, dpi: float, text_layer: bool, skip_chars: int | None) -> PreparedPage:
-    """The page encoded at the model's size, with its text layer; skipped if that has skip_chars."""
+def _render_pdf_page(page, args) -> PreparedPage:
+    """The page encoded at the model's size, with its text layer; skipped if that has
+    --skip-text-pages characters."""
     from PIL import Image
 
+    text_layer, skip_chars = bool(args.text_layer), args.skip_text_pages
     layer = page.get_textpage().get_text_bounded() if text_layer or skip_chars else None
     if layer is not None:
         layer = layer.replace("\r\n", "\n").replace("\r", "\n")  # PDFium ends lines with \r\n
     if skip_chars and sum(not c.isspace() for c in layer) >= skip_chars:
         return PreparedPage(b"", "", 0, 0, False, text_layer=layer, skipped=True)
-    scale, target = pdf_render_size(*page.get_size(), dpi)
+    scale, target = pdf_render_size(*page.get_size(), args.pdf_dpi, args)
     img = to_rgb(page.render(scale=scale, may_draw_forms=True).to_pil())
     if img.size != target:  # a pixel of rounding, or the model's grid
         img = img.resize(target, getattr(Image.Resampling, RESIZE_FILTER.upper()))
     return PreparedPage(*encode_page(img), *target, False, text_layer=layer)
 
 
-def _pdf_worker(conn, driver: int, docs, column: str, *options) -> None:
+def _pdf_worker(conn, driver: int, docs, column: str, args) -> None:
     """A render process: jobs in, page fields or errors out; it dies with the driver."""
     import ctypes
 
@@ -1256,7 +1300,7 @@ def _pdf_worker(conn, driver: int, docs, column: str, *options) -> None:
                 document = pdfium.PdfDocument(pdf_source(docs[doc_row][column])[0])
                 document.init_forms()  # form fields drawn, as a viewer shows them
                 opened = doc_row
-            reply = vars(_render_pdf_page(document[number - 1], *options))
+            reply = vars(_render_pdf_page(document[number - 1], args))
         except Exception as exc:  # the document opened when it was counted
             reply = str(exc) if isinstance(exc, PageError) else \
                 f"cannot render page {number}: {type(exc).__name__}: {exc}"
@@ -1271,7 +1315,7 @@ class PdfRenderer:
         import queue
 
         self.pdf, self.timeout, self.idle = pdf, args.pdf_page_timeout, queue.Queue()
-        self.options = (args.pdf_dpi, bool(args.text_layer), args.skip_text_pages)
+        self.args = args
         for _ in range(max(1, args.pdf_workers)):
             self._start()
 
@@ -1283,7 +1327,7 @@ class PdfRenderer:
             warnings.simplefilter("ignore", DeprecationWarning)  # Python of theirs
             process = multiprocessing.get_context("fork").Process(  # reads the input as is
                 target=_pdf_worker, daemon=True,
-                args=(theirs, os.getpid(), self.pdf.docs, self.pdf.column, *self.options))
+                args=(theirs, os.getpid(), self.pdf.docs, self.pdf.column, self.args))
             process.start()
         theirs.close()
         self.idle.put((process, ours))
@@ -3565,9 +3609,9 @@ def generate_batch(llm, sampling, items: list, args, streak: EngineStreak) -> li
     return results
 
 
-def prepare_or_error(cell):
+def prepare_or_error(cell, args):
     try:
-        return prepare_page(cell)
+        return prepare_page(cell, args)
     except PageError as exc:
         return error_row(str(exc), PAGE)
     except Exception as exc:  # whatever reading the page raised: this row fails, not the run
@@ -3598,7 +3642,7 @@ def run_offline(source: InputSource, pending: list[int], writer: PartWriter, sta
     cells = iter_image_cells(source, pending)
 
     def submit_next():
-        return [(index, pool.submit(prepare_or_error, cell))
+        return [(index, pool.submit(prepare_or_error, cell, args))
                 for index, cell in itertools.islice(cells, args.batch_size)]
 
     digests = {}  # row -> what its page was made from, until the row is written

@@ -6,6 +6,7 @@ line on) into the scripts that carry it. Its functions may call the common block
 (imported below), which the script defines before they run.
 """
 
+import math
 import re
 
 from blocks.grounding import block_box
@@ -28,17 +29,35 @@ CHAT_TEMPLATE_KWARGS = {"enable_thinking": False}
 
 
 def image_token_budget(args=None) -> int:
-    """A square page at the longest edge is the worst case: (2048/32)^2 = 4096 image tokens."""
-    return (LONGEST_EDGE // PATCH_GRID) ** 2 + PROMPT_TEXT_TOKENS
+    """A square page at the longest edge is the worst case: (2048/32)^2 = 4096 image tokens;
+    with --max-pixels, the cap's area over a 32x32 token (5 MP: 4,882)."""
+    max_pixels = getattr(args, "max_pixels", None)
+    area = max_pixels if max_pixels else LONGEST_EDGE ** 2
+    return area // PATCH_GRID ** 2 + PROMPT_TEXT_TOKENS
 
 
-def target_size(width: int, height: int) -> tuple[int, int]:
-    """Downscale only, longest edge to 2048, both sides on the processor's 32 px grid."""
+def target_size(width: int, height: int, args=None) -> tuple[int, int]:
+    """Downscale only, both sides on the processor's 32 px grid: longest edge to 2048, or with
+    --max-pixels (the authors' benchmark setting) the area to at most that many pixels."""
+    max_pixels = getattr(args, "max_pixels", None)
+    if max_pixels:
+        if width * height <= max_pixels:
+            return width, height
+        scale = math.sqrt(max_pixels / (width * height))
+        return (max(PATCH_GRID, math.floor(width * scale / PATCH_GRID) * PATCH_GRID),
+                max(PATCH_GRID, math.floor(height * scale / PATCH_GRID) * PATCH_GRID))
     if max(width, height) <= LONGEST_EDGE:
         return width, height
     scale = LONGEST_EDGE / max(width, height)
     snap = lambda v: max(PATCH_GRID, min(LONGEST_EDGE, round(v * scale / PATCH_GRID) * PATCH_GRID))  # noqa: E731
     return snap(width), snap(height)
+
+
+def pixel_count(text: str) -> int:
+    """--max-pixels: at least one 32x32 grid cell (argparse names the option if not)."""
+    if int(text) < PATCH_GRID ** 2:
+        raise ValueError(text)
+    return int(text)
 
 
 def add_model_arguments(parser) -> None:
@@ -47,6 +66,13 @@ def add_model_arguments(parser) -> None:
                              "into the <column>_blocks column (default: plain)")
     parser.add_argument("--temperature", type=float, default=TEMPERATURE,
                         help=f"sampling temperature (default: {TEMPERATURE}; the README says 0.1)")
+    parser.add_argument("--max-pixels", type=pixel_count, default=None, metavar="N",
+                        help="downscale pages to at most N pixels instead of a 2048 px longest "
+                             "edge (the authors' olmOCR-Bench setting: 5000000 at --pdf-dpi 400)")
+    parser.add_argument("--drop-margins", action="store_true",
+                        help="grounding mode: leave header, footer and page-number blocks out "
+                             "of the Markdown (the blocks column keeps them), as the authors' "
+                             "olmOCR-Bench runs did")
     parser.add_argument("--keep-raw", action="store_true",
                         help="also keep the raw output (grounding markers and all) in <column>_raw")
 
@@ -119,12 +145,19 @@ def _repair_span(text: str) -> str:
     return "".join(out)
 
 
-def parse_grounding(raw: str) -> tuple[str, list[dict]]:
+# Page margins, the authors' omit_margins set (github.com/lightonai/LightOnOCR, benchmarks/
+# ocr_bench/providers/loocr_grounding.py): footnotes are content and stay.
+MARGIN_LABELS = frozenset({"header", "footer", "page_number", "page_header", "page_footer",
+                           "header_image", "footer_image", "aside_text"})
+
+
+def parse_grounding(raw: str, drop: frozenset = frozenset()) -> tuple[str, list[dict]]:
     """The blocks, and the Markdown without markers. A label ending in `+` continues the
     previous block: it stays a block of its own (label kept, box its own, often in the next
     column), and in the Markdown its text joins the previous block's with a space. A marker
     with a coordinate outside 0-1000 still starts a block, with no box. Text before the first
-    marker is kept. Never raises."""
+    marker is kept. Blocks whose label (less its `+`) is in `drop` stay out of the Markdown
+    only. Never raises."""
     blocks: list[dict] = []
     raw = CUT_MARKER.sub("", raw)  # an answer cut off at max_tokens inside its last marker
     markers = list(BLOCK_MARKER.finditer(raw))
@@ -135,7 +168,7 @@ def parse_grounding(raw: str) -> tuple[str, list[dict]]:
         text = repair_math_escapes(raw[marker.end():end].strip())
         label = marker.group(1).strip()
         blocks.append({"label": label, "box": block_box(marker.groups()[1:], 1000), "text": text})
-        if not text:
+        if not text or label.lower().rstrip("+") in drop:
             continue
         if label.endswith("+") and parts:
             parts[-1] = parts[-1] + " " + text
@@ -147,7 +180,8 @@ def parse_grounding(raw: str) -> tuple[str, list[dict]]:
 def postprocess(text: str, args) -> tuple[str, dict]:
     extras = {"raw": text} if args.keep_raw else {}
     if args.mode == "grounding":
-        markdown, blocks = parse_grounding(text)
+        drop = MARGIN_LABELS if getattr(args, "drop_margins", False) else frozenset()
+        markdown, blocks = parse_grounding(text, drop)
         extras["blocks"] = blocks
         return markdown, extras
     return repair_math_escapes(text).strip(), extras
@@ -159,6 +193,8 @@ EXTRA_COLUMNS = {"blocks": "blocks", "raw": "string"}  # column suffix -> "block
 def inference_settings(args) -> dict:
     return {"mode": args.mode, "prompt": "grounding" if args.mode == "grounding" else None,
             "temperature": args.temperature, "top_p": TOP_P, "max_tokens": args.max_tokens,
-            "longest_edge": LONGEST_EDGE, "image_format": PAGE_FORMAT,
+            "longest_edge": None if args.max_pixels else LONGEST_EDGE,
+            "max_pixels": args.max_pixels, "drop_margins": args.drop_margins,
+            "image_format": PAGE_FORMAT,
             "chat_template_kwargs": CHAT_TEMPLATE_KWARGS}
 # ==== END LIGHTONOCR-3 MODEL ====

@@ -29,8 +29,8 @@ DEFAULT_MAX_TOKENS = 4096
 EXTRA_COLUMNS: dict = {}  # column suffix -> "blocks" or "string": model-specific output columns
 
 
-def target_size(width: int, height: int) -> tuple[int, int]:
-    """The size a page is sent at."""
+def target_size(width: int, height: int, args=None) -> tuple[int, int]:
+    """The size a page is sent at, with these arguments (None: the defaults)."""
     raise NotImplementedError
 
 

@@ -184,9 +184,9 @@ def generate_batch(llm, sampling, items: list, args, streak: EngineStreak) -> li
     return results
 
 
-def prepare_or_error(cell):
+def prepare_or_error(cell, args):
     try:
-        return prepare_page(cell)
+        return prepare_page(cell, args)
     except PageError as exc:
         return error_row(str(exc), PAGE)
     except Exception as exc:  # whatever reading the page raised: this row fails, not the run
@@ -217,7 +217,7 @@ def run_offline(source: InputSource, pending: list[int], writer: PartWriter, sta
     cells = iter_image_cells(source, pending)
 
     def submit_next():
-        return [(index, pool.submit(prepare_or_error, cell))
+        return [(index, pool.submit(prepare_or_error, cell, args))
                 for index, cell in itertools.islice(cells, args.batch_size)]
 
     digests = {}  # row -> what its page was made from, until the row is written

@@ -42,7 +42,7 @@ def image_token_budget(args=None) -> int:
     return MAX_PIXELS // (PATCH_GRID * PATCH_GRID) + PROMPT_TEXT_TOKENS
 
 
-def target_size(width: int, height: int) -> tuple[int, int]:
+def target_size(width: int, height: int, args=None) -> tuple[int, int]:
     """The size to send: unchanged unless above MAX_PIXELS, then the processor's own choice.
 
     Qwen-style processors snap both sides to the patch grid and scale the area under

@@ -746,8 +746,8 @@ async def run_server_pipeline(source: InputSource, pending: list[int], writer: P
                     held = cell.get("bytes") if isinstance(cell, dict) else cell
                     try:  # bytes in memory that go out as they are: a header read, no pool hop
                         inline = isinstance(held, (bytes, bytearray, memoryview))
-                        page = inline and prepare_page(cell, decode=False) or \
-                            await loop.run_in_executor(prep_pool, prepare_page, cell)
+                        page = inline and prepare_page(cell, args, decode=False) or \
+                            await loop.run_in_executor(prep_pool, prepare_page, cell, args)
                     finally:
                         window.preparing -= 1
                     digest = page.digest

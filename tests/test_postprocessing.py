@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import types
 
 import pytest
@@ -568,3 +569,84 @@ def test_deepseek_run_keeps_the_year_after_a_span_missing_its_closing_tag(tmp_pa
     assert run.returncode == 0, run.stderr
     markdown = "# Annual Report\n\n2023 was a good year."
     assert load_output(tmp_path / "out")["markdown"] == [markdown, markdown]
+
+
+LIGHTON = "lightonai/LightOnOCR-3-0.8B"
+
+
+def sent_size(markdown: str) -> tuple[int, int]:
+    """The size of the image the stub received: it answers `# Page WxH` (tests/stub_server.py)."""
+    width, height = markdown.split("\n")[0].removeprefix("# Page ").split("x")
+    return int(width), int(height)
+
+
+def test_lighton_max_pixels_caps_the_area_instead_of_the_edge(tmp_path, stub_server):
+    """The authors' olmOCR-Bench pages are capped at 5 MP, not at a 2048 px edge (MODEL-FACTS.md,
+    LightOnOCR-3, "Measured"): a 6 MP image is sent at under 5 MP on the 32 px grid, a 4.3 MP
+    one (over 2048 px wide) as it is, and a Letter PDF page rendered at 400 DPI (15 MP) in the
+    render worker under the same cap. The option recorded in inference_info; temperature sent."""
+    from pages import page_image
+    from pdfs import Page, make_pdf
+
+    stub = stub_server("--model", LIGHTON)
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.png").write_bytes(page_image(1, size=(3000, 2000)))
+    (tmp_path / "in" / "b.png").write_bytes(page_image(2, size=(2400, 1800)))
+    (tmp_path / "pdf").mkdir()
+    (tmp_path / "pdf" / "doc.pdf").write_bytes(make_pdf([Page()]))
+    options = ["--server", stub.url, "--no-sanity-check", "--max-pixels", "5000000",
+               "--temperature", "0.1"]
+    run = run_script("lighton-ocr3-saturate.py", str(tmp_path / "in"), str(tmp_path / "out"),
+                     *options)
+    assert run.returncode == 0, run.stderr
+    ds = load_output(tmp_path / "out")
+    large, small = (sent_size(markdown) for markdown in ds["markdown"])
+    assert large == (2720, 1824)  # 3000x2000 * sqrt(5e6 / 6e6), each side floored to 32 px
+    assert small == (2400, 1800)  # under the cap: as it is (the edge cap made it 2048x1536)
+    settings = json.loads(ds["inference_info"][0])[0]["settings"]
+    assert settings["max_pixels"] == 5000000 and settings["longest_edge"] is None, settings
+    assert {request["temperature"] for request in stub.requests()} == {0.1}
+
+    run = run_script("lighton-ocr3-saturate.py", str(tmp_path / "pdf"), str(tmp_path / "out-pdf"),
+                     *options)
+    assert run.returncode == 0, run.stderr
+    width, height = sent_size(load_output(tmp_path / "out-pdf")["markdown"][0])
+    assert width % 32 == height % 32 == 0 and 0.94 * 5e6 < width * height <= 5e6, (width, height)
+    assert abs(width / height - 612 / 792) < 0.02 and height > 2048
+
+
+# The authors' grounding output as their olmOCR-Bench provider documents it (github.com/lightonai/
+# LightOnOCR, benchmarks/ocr_bench/providers/loocr_grounding.py, docstring): blocks separated by
+# blank lines, each `![<label>](x1,y1,x2,y2) <text content>`, boxes 0-1000, `+` a continuation.
+LIGHTON_MARGINS = (
+    "![header](80,20,920,45) JOURNAL OF EXAMPLES, VOL. 3\n\n"
+    "![title](80,60,920,100) # Results\n\n"
+    "![paragraph](80,110,480,900) The first column ends\n\n"
+    "![paragraph+](520,110,920,600) in the second one.\n\n"
+    "![footnote](520,610,920,650) 1. A footnote is content.\n\n"
+    "![footer](80,955,700,975) Printed in the example press\n\n"
+    "![page_number](900,955,920,975) 17"
+)
+
+
+@pytest.mark.parametrize("drop", [True, False])
+def test_lighton_drop_margins_leaves_margin_blocks_out_of_the_markdown_only(tmp_path, stub_server,
+                                                                            drop):
+    """--drop-margins (the authors' olmOCR-Bench runs, MODEL-FACTS.md, LightOnOCR-3): header,
+    footer and page-number blocks leave the Markdown; the blocks column keeps every block."""
+    (tmp_path / "answer.txt").write_text(LIGHTON_MARGINS, encoding="utf-8")
+    stub = stub_server("--model", LIGHTON, "--answer-file", str(tmp_path / "answer.txt"))
+    write_image_folder(tmp_path / "in", 1, fmt="JPEG")
+    run = run_script("lighton-ocr3-saturate.py", str(tmp_path / "in"), str(tmp_path / "out"),
+                     "--server", stub.url, "--no-sanity-check", "--mode", "grounding",
+                     *(["--drop-margins"] if drop else []))
+    assert run.returncode == 0, run.stderr
+    ds = load_output(tmp_path / "out")
+    body = "# Results\n\nThe first column ends in the second one.\n\n1. A footnote is content."
+    margins = ["JOURNAL OF EXAMPLES, VOL. 3", "Printed in the example press", "17"]
+    assert ds["markdown"][0] == (body if drop else "\n\n".join([margins[0], body, *margins[1:]]))
+    blocks = ds["markdown_blocks"][0]
+    assert [b["label"] for b in blocks] == ["header", "title", "paragraph", "paragraph+",
+                                            "footnote", "footer", "page_number"]
+    assert [blocks[i]["text"] for i in (0, 5, 6)] == margins
+    assert json.loads(ds["inference_info"][0])[0]["settings"]["drop_margins"] is drop
