@@ -3510,7 +3510,7 @@ def check_offline_engine(argv: list[str]) -> None:
 
 def import_vllm(argv: list[str]):
     """vllm, from this environment, else from the machine's own Python, else installed by uv."""
-    # bare CUDA images have no compiler for these JIT paths (MODEL-FACTS); set before import
+    # bare CUDA images have no compiler for these JIT paths; set before import
     os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
     os.environ.setdefault("VLLM_USE_DEEP_GEMM", "0")
     try:
@@ -3703,7 +3703,7 @@ def run_offline(source: InputSource, pending: list[int], writer: PartWriter, sta
 def add_offline_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("engine")
     group.add_argument("--batch-size", type=int, default=16,
-                       help="pages per generate call (default: 16, the seed's setting)")
+                       help="pages per generate call (default: 16)")
     group.add_argument("--llm-kwargs", default="",
                        help="JSON merged over the script's vllm.LLM arguments, e.g. "
                             "'{\"max_model_len\": 16384, \"tensor_parallel_size\": 2}'; "
