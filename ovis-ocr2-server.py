@@ -1902,6 +1902,7 @@ class OutputStore:
     def __init__(self, target: str, args, hub_api=None):
         self.kind, self.target = resolve_output(target)
         self.api, self.column = None, args.output_column
+        self.read_only = args.check_only  # reads OUTPUT as a run would, writes none of it
         if self.kind == "local":
             self.root = Path(self.target)
         else:
@@ -1910,12 +1911,19 @@ class OutputStore:
             self.api = hub_api or HfApi(token=args.hf_token or None)
             base = Path(args.work_dir).expanduser() if args.work_dir else \
                 Path.home() / ".cache" / "ocr-vllm-scripts" / "outputs"
+            if self.read_only:  # the Hub's files are read into a folder that goes at exit
+                import tempfile
+
+                self.scratch = tempfile.TemporaryDirectory(prefix="ocr-check-")
+                base = Path(self.scratch.name)
             self.root = base / self.target.replace("/", "__")
         self.meta = self.root / ".ocr"
         self.made_root = self.kind == "local" and not self.root.exists()
+        local_check = self.read_only and self.kind == "local"
         try:
-            (self.root / "data").mkdir(parents=True, exist_ok=True)
-            self.meta.mkdir(exist_ok=True)
+            if not local_check:
+                (self.root / "data").mkdir(parents=True, exist_ok=True)
+                self.meta.mkdir(exist_ok=True)
         except OSError as exc:
             fail(f"cannot create {self.root}: {exc}")
         shard = f"shard-{args.shard_index}-of-{args.num_shards}"
@@ -1926,7 +1934,8 @@ class OutputStore:
         self.card_on_hub = self.created_manifest = False
         self.sent_parts = 0  # parts given to the Hub by this run (written, or resent)
         self.upload_failures: list[str] = []
-        self.lock = take_lock(self.meta / f"lock-{shard}", self.location())
+        self.lock = None if local_check else take_lock(self.meta / f"lock-{shard}",
+                                                       self.location())
         self.journal = Journal(self.meta / "journal" / shard)
         self.remote_names: set[str] = set()  # data parts on the Hub
         self.known: set[str] = set()  # parts on the Hub that this run saw or wrote
@@ -1937,10 +1946,12 @@ class OutputStore:
         self.last_commit, self.committing = -math.inf, None
         self.queue_lock = threading.Lock()
         if self.api is not None:
-            self.api.create_repo(self.target, repo_type="dataset", private=args.private or None,
-                                 exist_ok=True)
+            if not self.read_only:
+                self.api.create_repo(self.target, repo_type="dataset",
+                                     private=args.private or None, exist_ok=True)
             self.sync_from_hub()
-        for path in (self.root / "data").glob(".part-*.tmp"):  # a write cut short by a kill
+        cut_short = [] if local_check else (self.root / "data").glob(".part-*.tmp")
+        for path in cut_short:  # writes cut short by a kill
             try:
                 os.kill(int(path.name.rsplit(".", 2)[-2]), 0)  # its writer, .part-*.PID.tmp
             except (ValueError, ProcessLookupError):
@@ -1983,7 +1994,12 @@ class OutputStore:
 
     def read_hub(self, others_only: bool = False) -> set[str]:
         """The repo's files; its parts, card and shards' notes (at the end: the others')."""
-        files = set(self.api.list_repo_files(self.target, repo_type="dataset"))
+        try:
+            files = set(self.api.list_repo_files(self.target, repo_type="dataset"))
+        except Exception as exc:  # no repo yet: a run creates it, a check reads it as empty
+            if not self.read_only or type(exc).__name__ != "RepositoryNotFoundError":
+                raise
+            files = set()
         self.remote_names |= {Path(f).name for f in files if f.startswith("data/")}
         self.card_on_hub = "README.md" in files
         for name in sorted(f for f in files if f.startswith(".ocr/notes/")):
@@ -2030,6 +2046,8 @@ class OutputStore:
         """A refused run removes the folder it made, if it holds only its own lock."""
         import shutil
 
+        if self.lock is None:  # a check of a local OUTPUT made nothing
+            return
         files = [p for p in self.root.rglob("*") if not p.is_dir()] if self.made_root else None
         if files == [Path(self.lock.name)]:
             shutil.rmtree(self.root, ignore_errors=True)
@@ -2062,7 +2080,7 @@ class OutputStore:
         """The other shards of OUTPUT that a process writes right now (their locks held)."""
         running = []
         for path in sorted(self.meta.glob("lock-*")):
-            if path.name == Path(self.lock.name).name:
+            if self.lock is not None and path.name == Path(self.lock.name).name:
                 continue
             with open(path, "a+") as other:
                 if not lock_file(other):
@@ -2076,6 +2094,8 @@ class OutputStore:
         shard runs here; given `shard` (beside other shards' rows), only its parts and journal."""
         import shutil
 
+        if self.read_only:
+            return
         mine = {n for n in self.part_names() if shard is None or self.in_shard(n, whole=True)}
         if shard is None and self.other_writers():
             fail(f"--restart removes every shard's rows, and {self.other_writers()[0]} of "
@@ -2108,6 +2128,8 @@ class OutputStore:
 
     def write_manifest(self, manifest: dict, replace: bool = False) -> dict | None:
         """Record the run atomically; unless `replace`, only if OUTPUT has none, else return it."""
+        if self.read_only:
+            return None
         path = self.meta / "manifest.json"
         tmp = path.with_name(f".manifest.{os.getpid()}.tmp")
         try:
@@ -2416,7 +2438,7 @@ MAY_CHANGE = {
     "adapt_interval", "max_inflight_memory", "api_server_count", "batch_size", "stats_json",
     "work_dir", "hf_token", "private", "part_rows", "part_seconds", "retry_errors", "restart",
     "overwrite", "no_sanity_check", "sanity_pages", "serve_args", "llm_kwargs", "pdf_workers",
-    "pdf_page_timeout"}
+    "pdf_page_timeout", "check_only"}
 # engine flags that change speed and memory, never the text (the rest of the engine is identity)
 MAY_CHANGE_ENGINE = {"gpu-memory-utilization", "data-parallel-size", "tensor-parallel-size",
                      "pipeline-parallel-size", "api-server-count", "speculative-config",
@@ -3012,6 +3034,10 @@ def argument_parser(doc: str, add_shape_arguments) -> argparse.ArgumentParser:
     group.add_argument("--part-seconds", type=float, default=300.0,
                        help="write (and commit) finished rows at least this often (default: 300)")
     group.add_argument("--stats-json", help="write the run's stats as JSON to this path")
+    group.add_argument("--check-only", action="store_true",
+                       help="check the run and exit: the arguments, INPUT at its revision, "
+                            "OUTPUT's manifest; nothing written, no engine; the last line is "
+                            "JSON {\"rows\": N, ...}")
     group = parser.add_argument_group("model")
     group.add_argument("--model", default=MODEL_ID,
                        help=f"model id or local path (default: {MODEL_ID}); a fine-tune or mirror")
@@ -3167,9 +3193,8 @@ class Run:
     info_entry: dict
 
 
-def open_run(args, hub_api, engine: dict, info_entry: dict) -> Run:
-    """Everything that may refuse the run, before any engine starts: the output (its lock),
-    the input (at the pinned revision), the manifest, then the rows this run does."""
+def open_output_and_input(args, hub_api) -> tuple[OutputStore, InputSource]:
+    """The output (its lock), then the input (at the revision OUTPUT's run read)."""
     try:
         store = OutputStore(args.output, args, hub_api)
     except Exception as exc:
@@ -3193,6 +3218,13 @@ def open_run(args, hub_api, engine: dict, info_entry: dict) -> Run:
         store.abandon()
         raise
     store.shard_range = (source.lo, source.hi)
+    return store, source
+
+
+def open_run(args, hub_api, engine: dict, info_entry: dict) -> Run:
+    """Everything that may refuse the run, before any engine starts: the output, the input,
+    the manifest, then the rows this run does."""
+    store, source = open_output_and_input(args, hub_api)
     store.drop_stale_staged_parts()
     claim_output(store, run_identity(args, source, engine), args)
     plan = plan_rows(source, store, args)
@@ -3210,6 +3242,20 @@ def open_run(args, hub_api, engine: dict, info_entry: dict) -> Run:
     log(f"{len(plan.pending)} of {stats.rows_total} rows to do{pages} ({stats.rows_skipped} "
         f"already done{recovered}; {len(plan.redo)} error rows redone) -> {store.location()}")
     return Run(args, store, source, plan, stats, writer, check, info_entry)
+
+
+def check_run(args, hub_api, engine: dict) -> int:
+    """--check-only: open_run's checks up to its first write. The last stdout line is JSON: the
+    run's output rows (every shard's; PDF pages) and the Hub input's revision it resolved."""
+    store, source = open_output_and_input(args, hub_api)
+    identity = run_identity(args, source, engine)
+    claim_output(store, identity, args)  # a read-only store: it compares, records nothing
+    n = len(source.dataset)
+    rows = n if source.pdf is None or source.pdf.per_document else source.pdf.first_row(n)
+    revision = identity["input"].get("revision")
+    log(f"check passed: {rows} rows -> {store.location()}; nothing was written")
+    print(json.dumps({"rows": rows, **({"input_revision": revision} if revision else {})}))
+    return 0
 
 
 def hub_refusal(exc: BaseException, repo: str) -> str:
@@ -3243,7 +3289,7 @@ def early_exits_reported(args, body) -> int:
             f"(or choose another OUTPUT), then rerun the same command.")
         code = EXIT_NOT_WRITTEN
     finally:
-        if code is not None:  # the keys of every run's stats, nothing done
+        if code is not None and not args.check_only:  # the keys of every run's stats
             write_stats({**RunStats(0, 0).as_dict(), "exit_code": code}, args)
     return code
 
@@ -4221,14 +4267,18 @@ def run_server_script(doc: str, argv: list[str] | None = None, hub_api=None) -> 
 
 
 def server_run(args, argv: list[str], hub_api) -> int:
+    serve_args = effective_serve_args(args)
+    settings = {flag: values[0] if len(values) == 1 else values or True  # a bare flag is True
+                for flag, values, _ in flag_items(serve_args) if flag}
+    if args.check_only:  # no server planned or started; a Job's own server's context checked
+        if serve_max_model_len(args):
+            check_context_budget(serve_max_model_len(args), args)
+        return check_run(args, hub_api, settings)
     server = ServerManager(args, argv, Path("."))
     try:  # before the input is read and the repo created; no server can run: the Jobs command
         asyncio.run(server.plan())
     except RunAborted as exc:
         fail(str(exc), exc.code)
-    serve_args = effective_serve_args(args)
-    settings = {flag: values[0] if len(values) == 1 else values or True  # a bare flag is True
-                for flag, values, _ in flag_items(serve_args) if flag}
     run = open_run(args, hub_api, settings, info_entry_for(args, serve_args))
     server.log_dir = run.store.meta / "logs"
     window, controller = WINDOW.start(args, run)

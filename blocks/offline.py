@@ -16,7 +16,7 @@ from blocks.model import (
     MAX_MODEL_LEN, sampling_kwargs, SCRIPT_SHAPE, VLLM_REQUIREMENT,
 )
 from blocks.common import (
-    argument_parser, DegenerateCheck, early_exits_reported, error_row, exception_row,
+    argument_parser, check_run, DegenerateCheck, early_exits_reported, error_row, exception_row,
     fail, HeldFailures, InputSource, iter_image_cells, jobs_command_notes,
     kept_attempt, log, loop_seed, LOOP_TEMPERATURE, loops, open_run, PAGE, PageError,
     parse_arguments, PartWriter, postprocessed, prepare_page, PreparedPage, redact_value,
@@ -321,7 +321,8 @@ def run_offline_script(doc: str, argv: list[str] | None = None, hub_api=None) ->
         fail(f"--max-tokens {args.max_tokens} plus up to {budget} prompt tokens is "
              f"{need}, over max_model_len {llm_kwargs.get('max_model_len')}: every page would "
              f"fail. Lower --max-tokens or raise max_model_len through --llm-kwargs.")
-    check_offline_engine(argv)  # no vllm and no GPU: the Jobs command, before any input is read
+    if not args.check_only:  # no vllm and no GPU: the Jobs command, before any input is read
+        check_offline_engine(argv)
     return early_exits_reported(args, lambda: offline_run(args, argv, hub_api, llm_kwargs))
 
 
@@ -342,6 +343,8 @@ def engine_repetition_detection(args, info_entry: dict) -> dict:
 
 
 def offline_run(args, argv: list[str], hub_api, llm_kwargs: dict) -> int:
+    if args.check_only:  # no engine imported
+        return check_run(args, hub_api, llm_kwargs)
     run = open_run(args, hub_api, llm_kwargs, info_entry_for(args, llm_kwargs))
 
     def work() -> None:

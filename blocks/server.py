@@ -21,7 +21,7 @@ from blocks.model import (
     SCRIPT_SHAPE, SERVE_ARGS, SERVE_ENV, spawn_args,
 )
 from blocks.common import (
-    argument_parser, DegenerateCheck, early_exits_reported, error_row, exception_row,
+    argument_parser, check_run, DegenerateCheck, early_exits_reported, error_row, exception_row,
     EXIT_REFUSED, EXIT_USAGE, fail, flag_items, flag_words, HeldFailures, InputSource,
     iter_image_cells, jobs_command_notes, kept_attempt, log, loop_seed, LOOP_TEMPERATURE, loops,
     open_run, PAGE, PageError, parse_arguments, PartWriter, postprocessed, prepare_page,
@@ -917,14 +917,18 @@ def run_server_script(doc: str, argv: list[str] | None = None, hub_api=None) -> 
 
 
 def server_run(args, argv: list[str], hub_api) -> int:
+    serve_args = effective_serve_args(args)
+    settings = {flag: values[0] if len(values) == 1 else values or True  # a bare flag is True
+                for flag, values, _ in flag_items(serve_args) if flag}
+    if args.check_only:  # no server planned or started; a Job's own server's context checked
+        if serve_max_model_len(args):
+            check_context_budget(serve_max_model_len(args), args)
+        return check_run(args, hub_api, settings)
     server = ServerManager(args, argv, Path("."))
     try:  # before the input is read and the repo created; no server can run: the Jobs command
         asyncio.run(server.plan())
     except RunAborted as exc:
         fail(str(exc), exc.code)
-    serve_args = effective_serve_args(args)
-    settings = {flag: values[0] if len(values) == 1 else values or True  # a bare flag is True
-                for flag, values, _ in flag_items(serve_args) if flag}
     run = open_run(args, hub_api, settings, info_entry_for(args, serve_args))
     server.log_dir = run.store.meta / "logs"
     window, controller = WINDOW.start(args, run)

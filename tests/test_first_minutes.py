@@ -566,3 +566,104 @@ def test_the_registrys_hpd_command_runs_as_printed():
     words = shlex.split(entry["run_command"].replace("INPUT OUTPUT", "user/in user/out"))
     args = check_job(dry_run(words), "hpd-parsing-saturate.py")
     assert args == ["user/in", "user/out"]
+
+
+# ---- 7. --check-only (issue 31): the run's checks, nothing written -------------------------
+
+def checked(run: subprocess.CompletedProcess) -> dict:
+    """The check's answer, as ocr-jobs.py reads it: the last stdout line, JSON."""
+    assert run.returncode == 0, run.stderr
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def every_file(folder: Path) -> dict:
+    return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns)
+            for p in folder.rglob("*")}
+
+
+@pytest.mark.parametrize("script", ALL_SCRIPTS)
+def test_check_only_counts_the_rows_and_leaves_a_new_output_absent(tmp_path, script):
+    """No vllm and no server here: the check neither needs nor looks for one."""
+    write_image_folder(tmp_path / "in", 5)
+    out, stats = tmp_path / "out", tmp_path / "stats.json"
+    server = ["--server", nowhere()] if script in SERVER_SCRIPTS else []
+    run = run_script(script, str(tmp_path / "in"), str(out), *server, "--check-only",
+                     "--stats-json", str(stats), env=NO_VLLM, timeout=120)
+    assert checked(run) == {"rows": 5}
+    assert "check passed: 5 rows" in run.stderr and "hf jobs" not in run.stderr
+    assert not out.exists() and not stats.exists()
+    run = run_script(script, str(tmp_path / "in"), str(out), *server, "--check-only",
+                     "--max-samples", "3", env=NO_VLLM, timeout=120)
+    assert checked(run)["rows"] == 3 and not out.exists()
+
+
+def test_check_only_counts_pdf_pages(tmp_path):
+    from pdfs import Page, make_pdf
+
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.pdf").write_bytes(make_pdf([Page(), Page(), Page()]))
+    (tmp_path / "in" / "b.pdf").write_bytes(make_pdf([Page(), Page()]))
+    out = tmp_path / "out"
+
+    def rows(*extra: str) -> int:
+        return checked(run_script(OVIS, str(tmp_path / "in"), str(out), "--server", nowhere(),
+                                  "--check-only", *extra, env=NO_VLLM, timeout=120))["rows"]
+
+    assert rows() == 5  # every page a row
+    assert rows("--max-samples", "1") == 3  # the first document's pages
+    assert rows("--pages", "1-2") == 4
+    assert rows("--per-document") == 2
+    assert not out.exists()
+
+
+def test_check_only_gives_the_rerun_refusal_and_touches_nothing(tmp_path, stub_server):
+    stub = stub_server()
+    write_image_folder(tmp_path / "in", 3)
+    out = tmp_path / "out"
+    first = run_script(OVIS, str(tmp_path / "in"), str(out), "--server", stub.url)
+    assert first.returncode == 0, first.stderr
+    before = every_file(out)
+    other = run_script(OVIS, str(tmp_path / "in"), str(out), "--server", nowhere(),
+                       "--check-only", "--max-tokens", "900", env=NO_VLLM, timeout=120)
+    assert other.returncode == 2 and "Traceback" not in other.stderr
+    assert "holds another run" in other.stderr and "--max-tokens: was" in other.stderr
+    same = run_script(OVIS, str(tmp_path / "in"), str(out), "--server", nowhere(),
+                      "--check-only", env=NO_VLLM, timeout=120)
+    assert checked(same) == {"rows": 3}
+    assert every_file(out) == before and len(stub.requests()) == 3
+
+
+def test_check_only_of_a_hub_output_creates_and_commits_nothing(tmp_path, capsys):
+    import httpx
+    from huggingface_hub.errors import RepositoryNotFoundError
+
+    from conftest import FakeHub
+
+    class Hub(FakeHub):  # as the Hub answers for a repo not created yet
+        def list_repo_files(self, repo_id, **kwargs):
+            if not (self.root / repo_id).exists():
+                url = f"https://huggingface.co/api/datasets/{repo_id}"
+                raise RepositoryNotFoundError(f"404 Client Error: {repo_id} not found",
+                                              response=httpx.Response(
+                                                  404, request=httpx.Request("GET", url)))
+            return super().list_repo_files(repo_id, **kwargs)
+
+    write_image_folder(tmp_path / "in", 4)
+    module, hub = load_script(OVIS), Hub(tmp_path / "hub")
+    work = tmp_path / "work"
+
+    def check(*extra: str) -> int:
+        return module.main([str(tmp_path / "in"), "user/ocr-out", "--server", nowhere(),
+                            "--work-dir", str(work), "--check-only", *extra], hub_api=hub)
+
+    assert check() == 0
+    assert not any(call[0] == "create_repo" for call in hub.calls) and hub.commits == []
+    assert not work.exists() and not (tmp_path / "hub" / "user/ocr-out").exists()
+    # a repo that holds another run: the refusal a Job would give, still nothing written
+    repo = tmp_path / "hub" / "user/ocr-out"
+    (repo / ".ocr").mkdir(parents=True)
+    (repo / ".ocr" / "manifest.json").write_text(json.dumps({"format": 0}))
+    with pytest.raises(SystemExit) as refused:
+        check()
+    assert refused.value.code == 2 and hub.commits == [] and not work.exists()
+    assert "written by an older version of this script" in capsys.readouterr().err

@@ -24,10 +24,9 @@ import pytest
 from conftest import ROOT, TESTS, FakeHub, expected_text, load_output, load_script, \
     write_image_folder, write_parquet_dataset
 
-# The model scripts' --check-only (issue #31 item 1) is added to the helper blocks later: until
-# then the launcher's check is replaced in the tests that need it, and the tests of the check
-# itself are skipped. Set to True once the scripts know the flag.
-CHECK_ONLY_EXISTS = False
+# The model scripts' --check-only (issue #31 item 1): the tests of the check itself run the
+# scripts' own; the others give the launcher their row count (with_rows).
+CHECK_ONLY_EXISTS = True
 needs_check_only = pytest.mark.skipif(not CHECK_ONLY_EXISTS,
                                       reason="the scripts' --check-only is not there yet")
 
@@ -208,9 +207,9 @@ def launcher(monkeypatch, tmp_path):
 
 
 def with_rows(module, monkeypatch, rows: int):
-    """Until the scripts have --check-only: the launcher's check, answered as it will be."""
-    if not CHECK_ONLY_EXISTS:
-        monkeypatch.setattr(module, "run_check", lambda *a: {"rows": rows})
+    """The launcher's check, answered as the script's --check-only answers (its own tests run
+    it: test_the_scripts_check_*); here `uv run` would install the script's engine."""
+    monkeypatch.setattr(module, "run_check", lambda *a: {"rows": rows})
 
 
 @pytest.fixture
