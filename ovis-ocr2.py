@@ -1912,6 +1912,7 @@ class OutputStore:
         except OSError as exc:
             fail(f"cannot create {self.root}: {exc}")
         shard = f"shard-{args.shard_index}-of-{args.num_shards}"
+        self.sharded = args.num_shards > 1
         self.notes_name = f".ocr/notes/{shard}.json"
         self.notes: dict[str, dict] = {}  # part name -> part_note(): every shard's, the latest
         self.hub_notes: dict[str, dict] = {}  # the same, of the parts as they are on the Hub
@@ -2243,10 +2244,12 @@ class OutputStore:
                 self.queued.setdefault(name, local)  # the final commit tries them again
         return False
 
-    def finish(self, card: str | None) -> None:
-        """The card, then (Hub) all queued files in one last commit, or the `hf upload` for them."""
+    def finish(self, card) -> None:
+        """The card (card(): its text), then (Hub) all queued files in one last commit, or the
+        `hf upload` for them. A shard's card is made again while another shard's commit landed
+        between its listing and its own: the last shard to finish counts every part."""
         if card is not None:
-            (self.root / "README.md").write_text(card, encoding="utf-8")
+            (self.root / "README.md").write_text(card(), encoding="utf-8")
         if self.api is None:
             return
         if self.committing is not None:
@@ -2260,6 +2263,16 @@ class OutputStore:
         if (files or self.notes_due) and not self.commit(files):
             with self.queue_lock:
                 self.upload_failures = sorted(self.queued)
+        for _ in range(3 if card is not None and self.sharded and not self.upload_failures else 0):
+            seen = set(self.remote_names)
+            try:
+                if self.read_hub(others_only=True) and self.remote_names == seen:
+                    break
+            except Exception:  # the card stays as it was: it counts what this run saw
+                break
+            (self.root / "README.md").write_text(card(), encoding="utf-8")
+            if not self.commit({"README.md": self.root / "README.md"}):
+                break
         if self.upload_failures:
             notes = self.shard_notes({p.name: part_note(p, self.column)
                                       for p in self.local_parts()})
@@ -3346,7 +3359,7 @@ def run_guarded(run: Run, work, stop_engine, argv: list[str]) -> int:
                 f"this run saw")
     card_missing = store.parts() and not (store.card_on_hub if store.api is not None else
                                           (store.root / "README.md").exists())
-    store.finish(build_card(run.source, store, args, result, run.info_entry, argv)
+    store.finish((lambda: build_card(run.source, store, args, result, run.info_entry, argv))
                  if (wrote or store.sent_parts or card_missing) and not check.tripped else None)
     if store.conflict and not code:
         code = EXIT_USAGE

@@ -817,6 +817,37 @@ def test_the_card_counts_what_other_shards_wrote_during_the_run(tmp_path, stub_s
     assert "holds 12 rows: 12 with text and 0 error rows." in hub_card_counts(tmp_path)
 
 
+class CommitsLateHub(FakeHub):
+    """The other shard's commit lands between this shard's last listing and its own commit:
+    every listing misses it until this shard has committed its card."""
+
+    def __init__(self, root: Path, hide: list[str]):
+        super().__init__(root)
+        self.hide, self.card_sent = hide, False
+
+    def list_repo_files(self, repo_id, repo_type=None, revision=None):
+        files = super().list_repo_files(repo_id, repo_type)
+        return files if self.card_sent else [f for f in files if not any(h in f for h in self.hide)]
+
+    def create_commit(self, repo_id, operations, *args, **kwargs):
+        super().create_commit(repo_id, operations, *args, **kwargs)
+        self.card_sent |= any(op.path_in_repo == "README.md" for op in operations)
+
+
+def test_the_last_shard_to_finish_counts_a_commit_that_landed_while_it_made_its_card(
+        tmp_path, stub_server):
+    """Two shards finishing together: the card of the one that commits last counts every part,
+    also those of a commit that landed after it listed the repo (the launcher checks the card)."""
+    stub = stub_server()
+    write_image_folder(tmp_path / "in", 12)
+    module = load_script(OVIS)
+    shards = ["--num-shards", "2", "--shard-index"]
+    assert hub_run(module, FakeHub(tmp_path / "hub"), tmp_path, stub, "s0", *shards, "0") == 0
+    late = CommitsLateHub(tmp_path / "hub", ["part-000000000", "shard-0-of-2", "README.md"])
+    assert hub_run(module, late, tmp_path, stub, "s1", *shards, "1") == 0
+    assert "holds 12 rows: 12 with text and 0 error rows." in hub_card_counts(tmp_path)
+
+
 class CountingHub(FakeHub):
     """Counts the parts downloaded from it."""
 
