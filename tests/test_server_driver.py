@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -357,7 +358,8 @@ def test_a_server_whose_health_fails_while_pages_hang_stops_the_run_with_rows_pe
     run = run_script(OVIS, *args, timeout=90)
     assert run.returncode == 4, run.stderr
     assert time.monotonic() - started < 40
-    assert "has failed /health (no answer in 1 s) and answered no page for 4 s" in run.stderr
+    assert re.search(r"has failed /health \(no answer in 1 s\) and answered no page for [4-9] s",
+                     run.stderr), run.stderr
     assert "stay pending" in run.stderr
     saved = load_output(tmp_path / "out")
     assert saved.num_rows == 4 and all(e is None for e in saved["markdown_error"])
