@@ -251,7 +251,8 @@ class ServerManager:
     # -- probes --
     async def probe(self, client, starting: bool = True) -> str:
         """"ready", "starting" (answers but not ready, or no answer in time) or "absent"; RunAborted
-        for what will never serve: a refused key, a TLS failure, another service on the port."""
+        for what will never serve: a refused key, a TLS failure, another service on the port, a
+        port silent for SILENT_PORT_S (when `starting`)."""
         response = None
         for attempt in range(2):  # a reset connection is tried once more before judging
             asked = time.monotonic()
@@ -407,7 +408,8 @@ class ServerManager:
         elif state == "starting" or not self.local or self.args.no_spawn or self.port_in_use() \
                 or self.vllm_booting_here():
             self.action = "wait"
-            what = "accepts connections but has not answered yet" if self.silent_since else \
+            what = f"accepts connections but has not answered (refused after " \
+                f"{SILENT_PORT_S:.0f} s of that)" if self.silent_since else \
                 "is not ready yet" if state == "starting" else \
                 "is starting; waiting for it instead of starting another" \
                 if self.local and not self.args.no_spawn else \
