@@ -3821,6 +3821,12 @@ def is_tls_error(exc: BaseException) -> bool:
                for seen in exception_chain(exc))
 
 
+SILENT_PORT_S = 120.0  # a port that accepts connections but sends no HTTP answer this long is
+# refused: `vllm serve` listens only once it can answer (it binds the port, then loads the model)
+HEALTH_EVERY_S = 10.0  # mid-run, /health is asked this often (or 4 times per --server-down-timeout)
+REPORT_EVERY_S = 60.0  # while nothing moves, a line this often: what is waited on, for how long
+
+
 class ServerManager:
     """Reuse a server, wait for one that is booting, or start `vllm serve` and own it."""
 
@@ -3840,6 +3846,8 @@ class ServerManager:
         self.version: str | None = None
         self.revision: str | None = None  # the weights' sha, known only for a server started here
         self.engines = 1  # data-parallel engines of a server started here
+        self.heard_at = time.monotonic()  # it last passed a probe or /health, or answered a page
+        self.silent_since: float | None = None  # connected, and no HTTP answer since
         self._lock = asyncio.Lock()
 
     @property
@@ -3849,13 +3857,25 @@ class ServerManager:
     # -- probes --
     async def probe(self, client, starting: bool = True) -> str:
         """"ready", "starting" (answers but not ready, or no answer in time) or "absent"; RunAborted
-        for what will never serve: a refused key, a TLS failure, another service on the port."""
+        for what will never serve: a refused key, a TLS failure, another service on the port, a
+        port silent for SILENT_PORT_S (when `starting`)."""
         response = None
         for attempt in range(2):  # a reset connection is tried once more before judging
+            asked = time.monotonic()
             try:
                 response = await client.get(f"{self.base}/v1/models", headers=self.headers,
                                             timeout=10)
+                self.silent_since = None
                 break
+            except httpx.ReadTimeout:  # connected, no answer
+                self.silent_since = self.silent_since or asked
+                if starting and time.monotonic() - self.silent_since >= SILENT_PORT_S:
+                    raise RunAborted(
+                        f"port {self.port} accepts connections but has sent no HTTP answer for "
+                        f"{time.monotonic() - self.silent_since:.0f} s: it is not a vLLM server "
+                        f"(`vllm serve` opens its port once it can answer). Stop what holds the "
+                        f"port, or pass --server with another URL.", EXIT_USAGE) from None
+                return "starting"
             except httpx.TimeoutException:
                 return "starting"
             except httpx.HTTPError as exc:
@@ -3896,15 +3916,12 @@ class ServerManager:
                 f"{self.base}/v1/models gave HTTP {status} ({kind}) without a model list. "
                 f"Another service uses the port: stop it, or pass --server with the vLLM "
                 f"server's URL (or a free port for the server this script starts).", code=2)
-        try:
-            health = await client.get(f"{self.base}/health", headers=self.headers, timeout=5)
-        except httpx.HTTPError:
-            return "starting"
-        if health.status_code not in (200, 404):  # 404: an OpenAI-compatible proxy, no /health
+        if await self.health_problem(client, 5):
             return "starting"
         for entry in models:
             if entry.get("id") == self.model_name:
                 self.max_model_len = entry.get("max_model_len") or self.max_model_len
+                self.heard_at = time.monotonic()
                 return "ready"
         names = ", ".join(str(m.get("id", "?")) for m in models)
         message = (f"the server at {self.base} serves {names or 'no model'}, not "
@@ -3913,6 +3930,53 @@ class ServerManager:
         if starting:
             fail(message)
         raise RunAborted(message, EXIT_REFUSED)  # it changed under a running job
+
+    async def health_problem(self, client, timeout: float) -> str | None:
+        """Why /health fails, or None. 404: an OpenAI-compatible proxy without one, passed."""
+        try:
+            response = await client.get(f"{self.base}/health", headers=self.headers,
+                                        timeout=timeout)
+        except httpx.TimeoutException:
+            return f"no answer in {timeout:g} s"
+        except httpx.HTTPError as exc:
+            return f"{type(exc).__name__}: {exc}"
+        return None if response.status_code in (200, 404) else f"HTTP {response.status_code}"
+
+    def waiting_on(self, state: str) -> str:
+        if self.process is not None:
+            return f"vllm serve, started here, is loading (its log: {self.log_path})"
+        if self.silent_since is not None:
+            return "it accepts connections but has sent no HTTP answer"
+        return "it answers, not ready yet" if state == "starting" else "nothing listens yet"
+
+    async def watch(self, client, stats: RunStats, storm: "FailureStorm") -> None:
+        """Judge the server's liveness apart from the pages (/health answers in seconds while a
+        page may take minutes): stop the run once it has neither passed /health nor answered a
+        page for --server-down-timeout. A page generating on a live server is never cut here."""
+        limit = self.args.server_down_timeout
+        every = min(HEALTH_EVERY_S, limit / 4)
+        reported = time.monotonic()
+        while True:
+            await asyncio.sleep(every)
+            if self._lock.locked():  # recover() judges a server that refuses connections
+                continue
+            problem = await self.health_problem(client, every)
+            now = time.monotonic()
+            if problem is None:
+                self.heard_at = now
+            if now - self.heard_at >= limit:
+                storm.stop(f"the server at {self.base} has failed /health ({problem}) and "
+                           f"answered no page for {now - self.heard_at:.0f} s "
+                           f"(--server-down-timeout), with {stats.in_flight} pages in flight")
+            idle = now - max(stats.finished_at[-1:] or [stats.first_started or now])
+            if stats.in_flight and min(idle, now - reported) >= REPORT_EVERY_S:
+                reported = now
+                health = "it passes /health: they are left to generate (up to --request-" \
+                    f"timeout {self.args.request_timeout:g} s)" if problem is None else \
+                    f"its /health fails ({problem}): the run stops after " \
+                    f"{limit:g} s of that (--server-down-timeout)"
+                log(f"waiting on {stats.in_flight} pages at {self.base}, none finished for "
+                    f"{idle:.0f} s; {health}")
 
     def port_in_use(self) -> bool:
         try:
@@ -3950,7 +4014,9 @@ class ServerManager:
         elif state == "starting" or not self.local or self.args.no_spawn or self.port_in_use() \
                 or self.vllm_booting_here():
             self.action = "wait"
-            what = "is not ready yet" if state == "starting" else \
+            what = f"accepts connections but has not answered (refused after " \
+                f"{SILENT_PORT_S:.0f} s of that)" if self.silent_since else \
+                "is not ready yet" if state == "starting" else \
                 "is starting; waiting for it instead of starting another" \
                 if self.local and not self.args.no_spawn else \
                 "does not answer yet (`vllm serve` opens its port once the model is loaded)"
@@ -4041,7 +4107,8 @@ class ServerManager:
     async def wait_ready(self, client, timeout: float) -> None:
         """Wait for a server that is really starting: the one spawned here, one that answers
         "not ready yet", or a `vllm serve` booting on the port."""
-        deadline = time.monotonic() + timeout
+        began = reported = time.monotonic()
+        deadline = began + timeout
         while time.monotonic() < deadline:
             if self.process is not None and self.process.poll() is not None:
                 raise RunAborted(f"vllm serve exited with code {self.process.returncode} before "
@@ -4054,6 +4121,10 @@ class ServerManager:
                 raise RunAborted(f"the server that was starting on port {self.port} is gone "
                                  f"(nothing listens and no `vllm serve` runs for that port); "
                                  f"rerun to start one.")
+            if time.monotonic() - reported >= REPORT_EVERY_S:
+                reported = time.monotonic()
+                log(f"waiting for the server at {self.base} for {reported - began:.0f} s of up to "
+                    f"{timeout:.0f} s (--server-timeout): {self.waiting_on(state)}")
             await asyncio.sleep(1.0)
         tail = f"\nLast lines of {self.log_path}:\n{self.log_tail()}" if self.process else ""
         raise RunAborted(f"the server at {self.base} was not ready after {timeout:.0f} s{tail}")
@@ -4185,6 +4256,7 @@ async def send_page(client, server: "ServerManager", body: bytes, args) -> RowRe
         except httpx.HTTPError as exc:  # an answer httpx cannot read (a gzip body that is not)
             last_error = f"unreadable answer: {type(exc).__name__}: {exc}"
         else:
+            server.heard_at = time.monotonic()
             status, text = response.status_code, response.text[:300]
             if status == 200:
                 return read_completion(response)
@@ -4323,7 +4395,7 @@ async def run_server_pipeline(source: InputSource, pending: list[int], writer: P
     store = writer.store
     storm = FailureStorm(args.abort_after_failures, args.abort_after_seconds)
     failure: list[BaseException] = []
-    bar = adapting = None
+    bar = adapting = watching = None
     unlimited = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     async with ClientGroup(limits=unlimited,
                            timeout=httpx.Timeout(args.request_timeout, connect=30.0)) as client:
@@ -4406,6 +4478,14 @@ async def run_server_pipeline(source: InputSource, pending: list[int], writer: P
                 await flush_if_due()
 
             tasks: set[asyncio.Task] = set()
+
+            def server_down(watch: asyncio.Task) -> None:  # the pages in flight stay pending
+                if not watch.cancelled() and watch.exception():
+                    failure.append(watch.exception())
+                    for task in list(tasks):
+                        task.cancel()
+            watching = asyncio.create_task(server.watch(client, stats, storm))
+            watching.add_done_callback(server_down)
             for index, cell in iter_image_cells(source, pending):
                 await window.acquire()
                 if failure:
@@ -4431,8 +4511,9 @@ async def run_server_pipeline(source: InputSource, pending: list[int], writer: P
                 await asyncio.gather(adapting, return_exceptions=True)
                 await controller.sample(client, server)
         finally:
-            if adapting is not None:
-                adapting.cancel()
+            for task in (adapting, watching):
+                if task is not None:
+                    task.cancel()
             if controller is not None:
                 controller.close()
             if bar is not None:
@@ -4456,8 +4537,9 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
                        help="seconds to wait for a server to be ready (default: 1800: a cold "
                             "start downloads the weights)")
     group.add_argument("--server-down-timeout", type=float, default=300.0,
-                       help="seconds a server may stop answering mid-run before the run ends "
-                            "(finished rows are kept; rerun to resume)")
+                       help="seconds a server may go without answering (its /health, a page) "
+                            "mid-run before the run ends (default: 300; finished rows are kept; "
+                            "rerun to resume)")
     group.add_argument("--max-restarts", type=int, default=3,
                        help="restarts of a spawned server that dies mid-run (default: 3)")
     group.add_argument("--request-timeout", type=float, default=900.0,

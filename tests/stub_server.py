@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import hashlib
 import io
 import json
@@ -100,6 +101,10 @@ class Stub:
             self.requests += 1
             return self.requests
 
+    def wedged(self) -> bool:
+        """--wedge-after: past request N, every request and /health hangs (a stuck engine)."""
+        return bool(self.opts.wedge_after) and self.requests >= self.opts.wedge_after
+
 
 def make_handler(stub: Stub):
     opts = stub.opts
@@ -143,6 +148,8 @@ def make_handler(stub: Stub):
             if path is None:
                 return
             if path == "/health":
+                if stub.wedged():
+                    time.sleep(3600)
                 with stub.lock:
                     stub.first_health = stub.first_health or time.monotonic()
                 if time.monotonic() - stub.first_health < opts.health_delay:
@@ -174,6 +181,8 @@ def make_handler(stub: Stub):
                 return
             if not self.authorized():
                 return
+            if stub.wedged():
+                time.sleep(3600)
             n = stub.count()
             if opts.die_after and n > opts.die_after:
                 os._exit(17)  # a server that dies mid-run, without a goodbye
@@ -294,6 +303,8 @@ def parse(argv=None):
     p.add_argument("--hang-first", type=int, default=0, help="the first N requests hang")
     p.add_argument("--hang-seconds", type=float, default=30.0)
     p.add_argument("--die-after", type=int, default=0, help="exit hard at request N+1")
+    p.add_argument("--wedge-after", type=int, default=0,
+                   help="answer N requests, then hang every request and /health")
     p.add_argument("--health-delay", type=float, default=0.0, help="/health answers 503 for S seconds after the first probe")
     p.add_argument("--start-delay", type=float, default=0.0, help="bind the port after S seconds")
     p.add_argument("--start-when", help="bind the port only once this file exists (a booting server)")
@@ -337,6 +348,8 @@ def parse(argv=None):
                    help="answer every path with an HTML page: another web service on the port")
     p.add_argument("--garbage", action="store_true",
                    help="not HTTP at all: send a banner line and close, like an SSH server")
+    p.add_argument("--silent", action="store_true",
+                   help="accept connections and read them, never answering (a wedged process)")
     p.add_argument("--request-log", help="append each request's fields (no image) as JSON lines")
     opts, _unknown = p.parse_known_args(argv)
     return opts
@@ -353,6 +366,20 @@ def serve_garbage(opts) -> None:
                 connection.sendall(b"SSH-2.0-OpenSSH_9.6\r\n")
 
 
+def serve_silent(opts) -> None:
+    import socket
+
+    with socket.create_server((opts.host, opts.port)) as listener:
+        print(f"stub (silent) listening on {opts.host}:{opts.port}", flush=True)
+        held = []
+        while True:
+            connection, _ = listener.accept()
+            connection.settimeout(1)
+            with contextlib.suppress(OSError):
+                connection.recv(65536)
+            held.append(connection)  # kept open, never answered
+
+
 def serve(opts) -> None:
     if opts.start_delay:
         time.sleep(opts.start_delay)
@@ -367,6 +394,9 @@ def serve(opts) -> None:
         signal.signal(signal.SIGTERM, slow_stop)
     if opts.garbage:
         serve_garbage(opts)
+        return
+    if opts.silent:
+        serve_silent(opts)
         return
     stub = Stub(opts)
     ThreadingHTTPServer.request_queue_size = 1024  # read by listen() in the constructor

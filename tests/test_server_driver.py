@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -318,6 +319,88 @@ def test_a_remote_server_that_stays_down_ends_the_run_with_finished_rows_saved(t
     ds = load_output(tmp_path / "out")
     assert ds["file_name"] == [p.name for p in paths]
     assert all(e is None for e in ds["markdown_error"])
+
+
+def exit_code(module, argv) -> int:
+    try:
+        return module.main(argv)
+    except SystemExit as exc:
+        return exc.code
+
+
+def test_a_port_that_accepts_and_never_answers_is_refused(tmp_path, stub_server, capsys,
+                                                          monkeypatch):
+    """Not taken for a server starting (waited on up to --server-timeout): `vllm serve` listens
+    only once it can answer. SILENT_PORT_S (120 s) shrunk to 3 s here."""
+    stub = stub_server("--silent")
+    write_image_folder(tmp_path / "in", 2)
+    module = load_script(OVIS)
+    monkeypatch.setattr(module, "SILENT_PORT_S", 3.0, raising=False)
+    started = time.monotonic()
+    code = exit_code(module, [str(tmp_path / "in"), str(tmp_path / "out"),
+                              *common(stub, "--server-timeout", "40")])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert f"port {stub.port} accepts connections but has sent no HTTP answer" in err
+    assert time.monotonic() - started < 35  # two probes of 10 s, not --server-timeout
+
+
+def test_a_server_whose_health_fails_while_pages_hang_stops_the_run_with_rows_pending(
+        tmp_path, stub_server):
+    """Pages hang and /health fails: the run stops after --server-down-timeout, not after
+    --request-timeout and its retries; the hung pages stay pending for the rerun."""
+    stub = stub_server("--wedge-after", "4")
+    paths = write_image_folder(tmp_path / "in", 12)
+    args = [str(tmp_path / "in"), str(tmp_path / "out"),
+            *common(stub, "--concurrency", "2", "--part-rows", "100", "--request-timeout", "300",
+                    "--server-down-timeout", "4")]
+    started = time.monotonic()
+    run = run_script(OVIS, *args, timeout=90)
+    assert run.returncode == 4, run.stderr
+    assert time.monotonic() - started < 40
+    assert re.search(r"has failed /health \(no answer in 1 s\) and answered no page for [4-9] s",
+                     run.stderr), run.stderr
+    assert "stay pending" in run.stderr
+    saved = load_output(tmp_path / "out")
+    assert saved.num_rows == 4 and all(e is None for e in saved["markdown_error"])
+    stub.stop()
+    stub_server(port=stub.port)
+    run = run_script(OVIS, *args)
+    assert run.returncode == 0, run.stderr
+    ds = load_output(tmp_path / "out")
+    assert ds["file_name"] == [p.name for p in paths]
+    assert all(e is None for e in ds["markdown_error"])
+
+
+def test_a_slow_page_on_a_live_server_is_left_to_generate_and_the_wait_is_said(
+        tmp_path, stub_server, capsys, monkeypatch):
+    """A page taking three times --server-down-timeout while /health passes is not cut; a
+    line says what is waited on (REPORT_EVERY_S, 60 s, shrunk to 1 s)."""
+    stub = stub_server("--hang-first", "1", "--hang-seconds", "6")
+    paths = write_image_folder(tmp_path / "in", 3)
+    module = load_script(OVIS)
+    monkeypatch.setattr(module, "REPORT_EVERY_S", 1.0, raising=False)
+    code = exit_code(module, [str(tmp_path / "in"), str(tmp_path / "out"),
+                              *common(stub, "--concurrency", "1", "--server-down-timeout", "2")])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert f"waiting on 1 pages at {stub.url}, none finished for" in err
+    assert "it passes /health: they are left to generate" in err
+    ds = load_output(tmp_path / "out")
+    assert ds["markdown"] == [expected_text(p.read_bytes()) for p in paths]
+
+
+def test_the_wait_for_a_server_starting_is_said_as_it_goes(tmp_path, stub_server, capsys,
+                                                           monkeypatch):
+    stub = stub_server("--health-delay", "4")
+    write_image_folder(tmp_path / "in", 2)
+    module = load_script(OVIS)
+    monkeypatch.setattr(module, "REPORT_EVERY_S", 1.0, raising=False)
+    code = exit_code(module, [str(tmp_path / "in"), str(tmp_path / "out"), *common(stub)])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert f"waiting for the server at {stub.url} for" in err
+    assert "(--server-timeout): it answers, not ready yet" in err
 
 
 def test_a_slow_health_endpoint_is_waited_for(tmp_path, stub_server):
