@@ -263,6 +263,7 @@ REPETITION_DETECTION = globals().get("REPETITION_DETECTION", (32, 64))  # --repe
 REPETITION_DETECTION_ON = globals().get("REPETITION_DETECTION_ON", False)  # its default
 REPETITION_DETECTION_NOTE = globals().get("REPETITION_DETECTION_NOTE", "")  # the card's, when on
 import argparse
+import contextlib
 import hashlib
 import io
 import json
@@ -862,6 +863,27 @@ def read_cell_bytes(cell) -> bytes:
     return bytes(cell)
 
 
+WIDE_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I", "F")
+
+
+def wide_to_grey(img):
+    """A 16-bit or float scan as 8-bit grey, rescaled by its real bit depth (a 12-bit scan
+    fills the range), in strips of rows: no float copy of the whole page."""
+    import numpy as np
+    from PIL import Image
+
+    rows = max(1, (1 << 22) // max(1, img.width))
+    boxes = [(0, y, img.width, min(img.height, y + rows)) for y in range(0, img.height, rows)]
+    peak = float(np.nanmax([np.nanmax(np.asarray(img.crop(box))) for box in boxes] or [0]))
+    top = (1.0 if peak <= 1.0 else 65535.0) if img.mode == "F" else \
+        255 if peak <= 255 else 4095 if peak <= 4095 else 65535
+    grey = Image.new("L", img.size)
+    for box in boxes:
+        strip = np.nan_to_num(np.asarray(img.crop(box), dtype=np.float32)) * (255.0 / top)
+        grey.paste(Image.fromarray(np.clip(strip, 0, 255).round().astype(np.uint8)), box[:2])
+    return grey
+
+
 def to_rgb(img):
     """Any PIL mode to RGB: alpha flattened on white, palettes expanded, 16-bit and float scans
     rescaled by their real bit depth (a 16-bit page stays grey)."""
@@ -869,20 +891,36 @@ def to_rgb(img):
 
     if img.mode == "RGB":
         return img
-    if img.mode in ("I;16", "I;16L", "I;16B", "I;16N", "I", "F"):
-        import numpy as np
-
-        arr = np.asarray(img)
-        peak = float(np.nanmax(arr)) if arr.size else 0.0
-        top = (1.0 if peak <= 1.0 else 65535.0) if arr.dtype.kind == "f" else \
-            255 if peak <= 255 else 4095 if peak <= 4095 else 65535
-        scaled = np.clip(np.nan_to_num(arr.astype(np.float32)) * (255.0 / top), 0, 255)
-        return Image.fromarray(scaled.round().astype(np.uint8), mode="L").convert("RGB")
+    if img.mode in WIDE_MODES:
+        img = wide_to_grey(img)
     if img.mode in ("RGBA", "LA", "PA", "RGBa", "La") or \
             img.mode == "P" and "transparency" in img.info:
         background = Image.new("RGBA", img.size, (255, 255, 255, 255))
         return Image.alpha_composite(background, img.convert("RGBA")).convert("RGB")
     return img.convert("RGB")
+
+
+class PixelBudget:
+    """Pixels decoded at once by the preparation threads: a folder of giant scans must not
+    hold one per thread. A page larger than the budget is decoded alone."""
+
+    def __init__(self, pixels: int):
+        self.limit, self.used, self.changed = pixels, 0, threading.Condition()
+
+    @contextlib.contextmanager
+    def __call__(self, pixels: int):
+        with self.changed:
+            self.changed.wait_for(lambda: self.used == 0 or self.used + pixels <= self.limit)
+            self.used += pixels
+        try:
+            yield
+        finally:
+            with self.changed:
+                self.used -= pixels
+                self.changed.notify_all()
+
+
+_DECODING = PixelBudget(200_000_000)  # about 0.4 to 0.8 GB of pixels, whatever the threads
 
 
 def prepare_page(cell, decode: bool = True) -> PreparedPage | None:
@@ -932,13 +970,15 @@ def prepare_page(cell, decode: bool = True) -> PreparedPage | None:
                 draft = target[::-1] if turned else target
                 img.draft(img.mode if img.mode in ("RGB", "L") else None,
                           (2 * draft[0], 2 * draft[1]))
-            img.load()
-            if not upright:
-                img = ImageOps.exif_transpose(img)
-            img = to_rgb(img)
-            if img.size != target:  # the filter the model's own pipeline resamples with
-                img = img.resize(target, getattr(Image.Resampling, RESIZE_FILTER.upper()))
-            data, mime = encode_page(img)
+            with _DECODING(img.width * img.height):
+                img.load()
+                if not upright:
+                    img = ImageOps.exif_transpose(img)
+                if img.mode != "L":  # grey is resized as grey, and widened at the model's size
+                    img = to_rgb(img) if img.mode not in WIDE_MODES else wide_to_grey(img)
+                if img.size != target:  # the filter the model's own pipeline resamples with
+                    img = img.resize(target, getattr(Image.Resampling, RESIZE_FILTER.upper()))
+            data, mime = encode_page(to_rgb(img))
             return PreparedPage(data, mime, target[0], target[1], False, digest=digest)
     except PageError:
         raise
