@@ -525,10 +525,12 @@ def _read_metadata(root: Path, metadata_files: list[Path], relative: list[str]):
             table = read[path.suffix](str(path))
         except Exception as exc:
             fail(f"cannot read the metadata file {shown_path(path)}: {type(exc).__name__}: {exc}")
-        if "file_name" not in table.column_names or "image" in table.column_names:
+        written = [name for name in ("image", "pdf", *PDF_COLUMNS) if name in table.column_names]
+        if "file_name" not in table.column_names or written:
             fail(f"the metadata file {shown_path(path)} needs a file_name column naming each "
-                 f"image relative to its folder, and no image column (columns: "
-                 f"{', '.join(table.column_names)}); fix it, or move it out of INPUT")
+                 f"image relative to its folder, and no column this script writes itself "
+                 f"({', '.join(written or ['image', 'pdf', *PDF_COLUMNS])}; columns: "
+                 f"{', '.join(table.column_names)}); rename them, or move the file out of INPUT")
         base = path.parent.relative_to(root).as_posix()
         keys += [name and os.path.normpath(f"{base}/{name}")
                  for name in pc.cast(table["file_name"], pa.string()).to_pylist()]

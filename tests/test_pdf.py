@@ -520,3 +520,18 @@ def test_deepseek_figure_numbers_restart_on_each_page_of_a_joined_document(tmp_p
     assert row["markdown"] == f"<!-- page 1 -->\n\n{page}\n\n<!-- page 2 -->\n\n{page}"
     assert [b["box"][0] for b in row["markdown_blocks"] if b["label"] == "image"] == \
         [10, 20, 30, 10, 20, 30]
+
+
+@pytest.mark.parametrize("column", ["pdf", "page_number"])
+def test_a_metadata_column_the_script_writes_is_refused_by_name(tmp_path, stub_server, column):
+    """Issue #28: a metadata column `pdf` beside PDFs was a traceback."""
+    stub = stub_server()
+    source = tmp_path / "scans"
+    source.mkdir()
+    (source / "a.pdf").write_bytes(make_pdf([Page(colour=colour_of(0))]))
+    (source / "metadata.csv").write_text(f"file_name,{column},shelf\na.pdf,x,A\n")
+    run = run_script(OVIS, str(source), str(tmp_path / "out"), *common(stub))
+    assert run.returncode == 2, run.stderr
+    assert "metadata.csv" in run.stderr and f"writes itself ({column};" in run.stderr
+    no_traceback(run)
+    assert stub.requests() == [] and not (tmp_path / "out" / "data").exists()
