@@ -1099,15 +1099,19 @@ class PdfPages:
     names: list = field(default_factory=list)  # doc row -> the document's path as its cell says
     digests: dict = field(default_factory=dict)  # doc row -> input_digest(): see digest()
 
-    def fingerprint(self) -> str:
-        """The documents as counted, each file's size and file_tail(): a PDF replaced is another."""
-        digest = hashlib.sha256(self.doc.tobytes() + self.number.tobytes() + self.count.tobytes())
-        for row, path in sorted(self.paths.items()):
+    def fingerprint(self, docs: int | None = None) -> dict:
+        """The documents (the first `docs` of them) as counted, each file's size and file_tail():
+        a PDF replaced is another; a rerun over more documents compares the first ones."""
+        docs = len(self.names) if docs is None else min(docs, len(self.names))
+        end = self.first_row(docs)
+        digest = hashlib.sha256(self.doc[:end].tobytes() + self.number[:end].tobytes() +
+                                self.count[:end].tobytes())
+        for row, path in sorted(item for item in self.paths.items() if item[0] < docs):
             try:
                 digest.update(f"{row} {os.path.getsize(path)}".encode() + file_tail(path))
             except OSError:
                 digest.update(f"{row} missing".encode())
-        return digest.hexdigest()[:20]
+        return {"documents": docs, "digest": digest.hexdigest()[:20]}
 
     def digest(self, doc_row: int) -> str | None:
         """input_digest() of a document; a file's read once per run (a tail misses inner edits)."""
@@ -2661,7 +2665,8 @@ def way_out(store: "OutputStore", args, restart: str) -> str:
         f"--restart redoes its own rows only, as the same run)")
 
 
-def check_same_run(recorded: dict | None, identity: dict, store: "OutputStore", args) -> None:
+def check_same_run(recorded: dict | None, identity: dict, store: "OutputStore", args,
+                   pdf: "PdfPages | None" = None) -> None:
     """Refused, each difference named, unless OUTPUT's manifest `recorded` is of this run: of
     another MANIFEST_FORMAT (None: rows and no manifest, format 0), or another identity."""
     version = (recorded or {}).get("format", 0)
@@ -2675,10 +2680,14 @@ def check_same_run(recorded: dict | None, identity: dict, store: "OutputStore", 
              f"(manifest format {version}; this one writes {MANIFEST_FORMAT}), which it cannot "
              f"finish as the run it recorded: " + way_out(
                  store, args, "pass --restart to redo the run, or write to a new OUTPUT") + ".")
-    problems = identity_differences(recorded.get("identity"), identity)
     before, now = recorded.get("max_samples"), args.max_samples
-    if before != now and not (args.num_shards == 1 and (
-            now is None or (before is not None and now > before))):  # the same order, longer
+    longer = args.num_shards == 1 and (now is None or (before is not None and now > before))
+    was = (recorded.get("identity") or {}).get("pdf")
+    if longer and pdf is not None and isinstance(was, dict) and \
+            isinstance(was.get("documents"), int):  # more documents: the first ones the same
+        identity = {**identity, "pdf": pdf.fingerprint(was["documents"])}
+    problems = identity_differences(recorded.get("identity"), identity)
+    if before != now and not longer:  # the same order, longer
         problems.append(f"--max-samples: was {before}, now {now} (only a larger one, on an "
                         f"unsharded run)")
     if problems:
@@ -2688,7 +2697,8 @@ def check_same_run(recorded: dict | None, identity: dict, store: "OutputStore", 
              f"two runs:\n  " + "\n  ".join(problems) + f"\n{advice[0].upper()}{advice[1:]}.")
 
 
-def claim_output(store: "OutputStore", identity: dict, args) -> None:
+def claim_output(store: "OutputStore", identity: dict, args,
+                 pdf: "PdfPages | None" = None) -> None:
     """The first run of an OUTPUT records what the run is; every later run (another shard, a
     rerun, a shard's --restart beside the other shards' rows) must be the same run."""
     identity = json.loads(json.dumps(identity))  # as it reads back
@@ -2697,7 +2707,7 @@ def claim_output(store: "OutputStore", identity: dict, args) -> None:
     if args.restart and not rows + running:
         store.restart()
     elif store.manifest() is not None or (rows if args.restart else store.parts()):
-        check_same_run(store.manifest(), identity, store, args)
+        check_same_run(store.manifest(), identity, store, args, pdf)
     if rows + running:  # a shard's --restart redoes its rows only, as the same run
         store.restart(f"shard {args.shard_index} of {args.num_shards}")
     existing = store.write_manifest({
@@ -2705,9 +2715,10 @@ def claim_output(store: "OutputStore", identity: dict, args) -> None:
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "run": os.urandom(8).hex()})  # a run restarted in the same second is another
     if existing is not None:  # another run (a shard, a rerun) recorded it: this one must match
-        check_same_run(existing, identity, store, args)
-        if existing.get("max_samples") != args.max_samples:
-            store.write_manifest({**existing, "max_samples": args.max_samples}, replace=True)
+        check_same_run(existing, identity, store, args, pdf)
+        if existing.get("max_samples") != args.max_samples:  # and what the longer run reads
+            store.write_manifest({**existing, "max_samples": args.max_samples,
+                                  "identity": identity}, replace=True)
 
 
 # ---- stats and the card ----------------------------------------------------------------------
@@ -3403,7 +3414,7 @@ def open_run(args, hub_api, engine: dict, info_entry: dict) -> Run:
         raise
     store.shard_range = (source.lo, source.hi)
     store.drop_stale_staged_parts()
-    claim_output(store, run_identity(args, source, engine), args)
+    claim_output(store, run_identity(args, source, engine), args, source.pdf)
     plan = plan_rows(source, store, args)
     store.resend_local_parts()
     if source.pdf is not None and plan.send:
