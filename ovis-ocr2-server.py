@@ -1968,6 +1968,15 @@ def take_lock(path: Path, location: str):
     return handle
 
 
+def foreign_files(files) -> list[str]:
+    """The files of OUTPUT (paths in it) that no run of these scripts wrote: all but
+    .gitattributes, .ocr/, the parts and, beside a run's manifest or parts, its card."""
+    ours = any(f == ".ocr/manifest.json" or f.startswith("data/part-") for f in files)
+    return sorted(f for f in files if not (
+        f == ".gitattributes" or f.startswith(".ocr/") or (f == "README.md" and ours)
+        or (f.startswith("data/") and PART_NAME.match(f[len("data/"):]))))
+
+
 class OutputStore:
     """Parts under data/ of a folder, or of a staging folder sent to a Hub repo in batched commits
     (the Hub takes about 128 an hour per repo); the rest under .ocr/, which `datasets` skips."""
@@ -1977,6 +1986,12 @@ class OutputStore:
         self.api, self.column = None, args.output_column
         if self.kind == "local":
             self.root = Path(self.target)
+            marks = [f for f in ("README.md", ".ocr/manifest.json") if (self.root / f).exists()]
+            if "README.md" in foreign_files(marks + [f"data/{p.name}" for p in self.local_parts()]):
+                beside = shown_path(self.root.parent / (self.root.name + "-ocr"))
+                fail(f"OUTPUT {self.root} holds a README.md that no run of these scripts wrote "
+                     f"(no run's manifest or parts beside it): this run would replace it. Write "
+                     f"to a new folder, e.g. {beside}, or move that README.md away")
         else:
             from huggingface_hub import HfApi
 
@@ -1996,7 +2011,7 @@ class OutputStore:
         self.notes: dict[str, dict] = {}  # part name -> part_note(): every shard's, the latest
         self.hub_notes: dict[str, dict] = {}  # the same, of the parts as they are on the Hub
         self.notes_due = False  # notes rebuilt here, which the Hub has not got yet
-        self.card_on_hub = self.created_manifest = False
+        self.card_on_hub = self.created_manifest = self.card_failed = False
         self.sent_parts = 0  # parts given to the Hub by this run (written, or resent)
         self.upload_failures: list[str] = []
         self.lock = take_lock(self.meta / f"lock-{shard}", self.location())
@@ -2029,10 +2044,7 @@ class OutputStore:
         """The Hub is the truth, the staging folder a cache: its manifest wins, a repo with no run
         means a fresh start, and a repo holding a dataset of its own is refused."""
         files = self.read_hub()
-        ours = any(f == ".ocr/manifest.json" or f.startswith("data/part-") for f in files)
-        other = sorted(f for f in files if not (
-            f == ".gitattributes" or f.startswith(".ocr/") or (f == "README.md" and ours)
-            or (f.startswith("data/") and PART_NAME.match(f[len("data/"):]))))
+        other = foreign_files(files)
         if other:
             fail(f"OUTPUT {self.target} holds a dataset of its own ({', '.join(other[:3])}"
                  f"{', ...' if len(other) > 3 else ''}): this run would replace its card, and "
@@ -2310,9 +2322,16 @@ class OutputStore:
         return False
 
     def finish(self, card: str | None) -> None:
-        """The card, then (Hub) all queued files in one last commit, or the `hf upload` for them."""
+        """The card, then (Hub) all queued files in one last commit, or the `hf upload` for them.
+        A card that cannot be written is said as that: the rows are written, a rerun writes it."""
         if card is not None:
-            (self.root / "README.md").write_text(card, encoding="utf-8")
+            try:
+                (self.root / "README.md").write_text(card, encoding="utf-8")
+            except OSError as exc:
+                card = None
+                self.card_failed = True
+                log(f"error: cannot write the dataset card {self.root / 'README.md'}: {exc}. "
+                    f"Every row is written; to write the card, {rerun_advice()}")
         if self.api is None:
             return
         if self.committing is not None:
@@ -2337,6 +2356,8 @@ class OutputStore:
                 f"{self.root}. To resume and upload them, {rerun_advice()}\nor send them "
                 f"with:\n  hf upload {self.target} {shlex.quote(str(self.root))} . "
                 f"--repo-type dataset --exclude '.ocr/[!mn]*'")
+        if self.card_failed:  # exit 6: the card did not reach the Hub
+            self.upload_failures.append("README.md")
 
     def location(self) -> str:
         return str(self.root) if self.kind == "local" else \
