@@ -187,6 +187,7 @@ REPETITION_DETECTION = globals().get("REPETITION_DETECTION", (32, 64))  # --repe
 REPETITION_DETECTION_ON = globals().get("REPETITION_DETECTION_ON", False)  # its default
 REPETITION_DETECTION_NOTE = globals().get("REPETITION_DETECTION_NOTE", "")  # the card's, when on
 import argparse
+import contextlib
 import hashlib
 import io
 import json
@@ -206,6 +207,9 @@ from pathlib import Path
 
 IMAGE_EXTENSIONS = {".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp", ".webp", ".gif", ".jp2"}
 MAX_DECODE_PIXELS = 250_000_000  # larger than any real scan: above it, a decompression bomb
+# Pillow holds a large image in blocks of 16 MiB, which stay in each thread's malloc arena once
+# freed (8 threads of giant scans: gigabytes); blocks of 64 MiB are mapped, and given back
+os.environ.setdefault("PILLOW_BLOCK_SIZE", "64m")
 PART_NAME = re.compile(r"^part-(\d{9})-(\d{9})\.parquet$")
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
 UPLOAD_ATTEMPTS, UPLOAD_BACKOFF_S, UPLOAD_MAX_WAIT_S = 5, 2.0, 600.0
@@ -440,10 +444,12 @@ def _read_metadata(root: Path, metadata_files: list[Path], relative: list[str]):
             table = read[path.suffix](str(path))
         except Exception as exc:
             fail(f"cannot read the metadata file {shown_path(path)}: {type(exc).__name__}: {exc}")
-        if "file_name" not in table.column_names or "image" in table.column_names:
+        written = [name for name in ("image", "pdf", *PDF_COLUMNS) if name in table.column_names]
+        if "file_name" not in table.column_names or written:
             fail(f"the metadata file {shown_path(path)} needs a file_name column naming each "
-                 f"image relative to its folder, and no image column (columns: "
-                 f"{', '.join(table.column_names)}); fix it, or move it out of INPUT")
+                 f"image relative to its folder, and no column this script writes itself "
+                 f"({', '.join(written or ['image', 'pdf', *PDF_COLUMNS])}; columns: "
+                 f"{', '.join(table.column_names)}); rename them, or move the file out of INPUT")
         base = path.parent.relative_to(root).as_posix()
         keys += [name and os.path.normpath(f"{base}/{name}")
                  for name in pc.cast(table["file_name"], pa.string()).to_pylist()]
@@ -786,6 +792,27 @@ def read_cell_bytes(cell) -> bytes:
     return bytes(cell)
 
 
+WIDE_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I", "F")
+
+
+def wide_to_grey(img):
+    """A 16-bit or float scan as 8-bit grey, rescaled by its real bit depth (a 12-bit scan
+    fills the range), in strips of rows: no float copy of the whole page."""
+    import numpy as np
+    from PIL import Image
+
+    rows = max(1, (1 << 20) // max(1, img.width))
+    boxes = [(0, y, img.width, min(img.height, y + rows)) for y in range(0, img.height, rows)]
+    peak = float(np.nanmax([np.nanmax(np.asarray(img.crop(box))) for box in boxes] or [0]))
+    top = (1.0 if peak <= 1.0 else 65535.0) if img.mode == "F" else \
+        255 if peak <= 255 else 4095 if peak <= 4095 else 65535
+    grey = Image.new("L", img.size)
+    for box in boxes:
+        strip = np.nan_to_num(np.asarray(img.crop(box), dtype=np.float32)) * (255.0 / top)
+        grey.paste(Image.fromarray(np.clip(strip, 0, 255).round().astype(np.uint8)), box[:2])
+    return grey
+
+
 def to_rgb(img):
     """Any PIL mode to RGB: alpha flattened on white, palettes expanded, 16-bit and float scans
     rescaled by their real bit depth (a 16-bit page stays grey)."""
@@ -793,15 +820,8 @@ def to_rgb(img):
 
     if img.mode == "RGB":
         return img
-    if img.mode in ("I;16", "I;16L", "I;16B", "I;16N", "I", "F"):
-        import numpy as np
-
-        arr = np.asarray(img)
-        peak = float(np.nanmax(arr)) if arr.size else 0.0
-        top = (1.0 if peak <= 1.0 else 65535.0) if arr.dtype.kind == "f" else \
-            255 if peak <= 255 else 4095 if peak <= 4095 else 65535
-        scaled = np.clip(np.nan_to_num(arr.astype(np.float32)) * (255.0 / top), 0, 255)
-        return Image.fromarray(scaled.round().astype(np.uint8), mode="L").convert("RGB")
+    if img.mode in WIDE_MODES:
+        img = wide_to_grey(img)
     if img.mode in ("RGBA", "LA", "PA", "RGBa", "La") or \
             img.mode == "P" and "transparency" in img.info:
         background = Image.new("RGBA", img.size, (255, 255, 255, 255))
@@ -809,11 +829,34 @@ def to_rgb(img):
     return img.convert("RGB")
 
 
+class PixelBudget:
+    """Pixels decoded at once by the preparation threads: a folder of giant scans must not
+    hold one per thread. A page larger than the budget is decoded alone."""
+
+    def __init__(self, pixels: int):
+        self.limit, self.used, self.changed = pixels, 0, threading.Condition()
+
+    @contextlib.contextmanager
+    def __call__(self, pixels: int):
+        with self.changed:
+            self.changed.wait_for(lambda: self.used == 0 or self.used + pixels <= self.limit)
+            self.used += pixels
+        try:
+            yield
+        finally:
+            with self.changed:
+                self.used -= pixels
+                self.changed.notify_all()
+
+
+_DECODING = PixelBudget(200_000_000)  # about 0.4 to 0.8 GB of pixels, whatever the threads
+
+
 def prepare_page(cell, args=None, decode: bool = True) -> PreparedPage | None:
     """The encoded bytes to send for one cell, at the size the run's arguments ask (None: the
     defaults), PageError for anything that is not a page; with decode=False, None instead of
-    any pixel work. A JPEG or PNG that needs no change (RGB,
-    upright, one frame, within bounds) is sent as it is: no new artifacts, no encoding cost."""
+    any pixel work. A JPEG or PNG that needs no change (RGB, upright, one frame, within
+    bounds) is sent as it is: no new artifacts, no encoding cost."""
     from PIL import Image, ImageOps
 
     if isinstance(cell, PdfPage):
@@ -857,13 +900,15 @@ def prepare_page(cell, args=None, decode: bool = True) -> PreparedPage | None:
                 draft = target[::-1] if turned else target
                 img.draft(img.mode if img.mode in ("RGB", "L") else None,
                           (2 * draft[0], 2 * draft[1]))
-            img.load()
-            if not upright:
-                img = ImageOps.exif_transpose(img)
-            img = to_rgb(img)
-            if img.size != target:  # the filter the model's own pipeline resamples with
-                img = img.resize(target, getattr(Image.Resampling, RESIZE_FILTER.upper()))
-            data, mime = encode_page(img)
+            with _DECODING(img.width * img.height):
+                img.load()
+                if not upright:
+                    img = ImageOps.exif_transpose(img)
+                if img.mode != "L":  # grey is resized as grey, and widened at the model's size
+                    img = to_rgb(img) if img.mode not in WIDE_MODES else wide_to_grey(img)
+                if img.size != target:  # the filter the model's own pipeline resamples with
+                    img = img.resize(target, getattr(Image.Resampling, RESIZE_FILTER.upper()))
+            data, mime = encode_page(to_rgb(img))
             return PreparedPage(data, mime, target[0], target[1], False, digest=digest)
     except PageError:
         raise
@@ -979,15 +1024,19 @@ class PdfPages:
     names: list = field(default_factory=list)  # doc row -> the document's path as its cell says
     digests: dict = field(default_factory=dict)  # doc row -> input_digest(): see digest()
 
-    def fingerprint(self) -> str:
-        """The documents as counted, each file's size and file_tail(): a PDF replaced is another."""
-        digest = hashlib.sha256(self.doc.tobytes() + self.number.tobytes() + self.count.tobytes())
-        for row, path in sorted(self.paths.items()):
+    def fingerprint(self, docs: int | None = None) -> dict:
+        """The documents (the first `docs` of them) as counted, each file's size and file_tail():
+        a PDF replaced is another; a rerun over more documents compares the first ones."""
+        docs = len(self.names) if docs is None else min(docs, len(self.names))
+        end = self.first_row(docs)
+        digest = hashlib.sha256(self.doc[:end].tobytes() + self.number[:end].tobytes() +
+                                self.count[:end].tobytes())
+        for row, path in sorted(item for item in self.paths.items() if item[0] < docs):
             try:
                 digest.update(f"{row} {os.path.getsize(path)}".encode() + file_tail(path))
             except OSError:
                 digest.update(f"{row} missing".encode())
-        return digest.hexdigest()[:20]
+        return {"documents": docs, "digest": digest.hexdigest()[:20]}
 
     def digest(self, doc_row: int) -> str | None:
         """input_digest() of a document; a file's read once per run (a tail misses inner edits)."""
@@ -1880,6 +1929,15 @@ def take_lock(path: Path, location: str):
     return handle
 
 
+def foreign_files(files) -> list[str]:
+    """The files of OUTPUT (paths in it) that no run of these scripts wrote: all but
+    .gitattributes, .ocr/, the parts and, beside a run's manifest or parts, its card."""
+    ours = any(f == ".ocr/manifest.json" or f.startswith("data/part-") for f in files)
+    return sorted(f for f in files if not (
+        f == ".gitattributes" or f.startswith(".ocr/") or (f == "README.md" and ours)
+        or (f.startswith("data/") and PART_NAME.match(f[len("data/"):]))))
+
+
 class OutputStore:
     """Parts under data/ of a folder, or of a staging folder sent to a Hub repo in batched commits
     (the Hub takes about 128 an hour per repo); the rest under .ocr/, which `datasets` skips."""
@@ -1890,6 +1948,12 @@ class OutputStore:
         self.read_only = args.check_only  # reads OUTPUT as a run would, writes none of it
         if self.kind == "local":
             self.root = Path(self.target)
+            marks = [f for f in ("README.md", ".ocr/manifest.json") if (self.root / f).exists()]
+            if "README.md" in foreign_files(marks + [f"data/{p.name}" for p in self.local_parts()]):
+                beside = shown_path(self.root.parent / (self.root.name + "-ocr"))
+                fail(f"OUTPUT {self.root} holds a README.md that no run of these scripts wrote "
+                     f"(no run's manifest or parts beside it): this run would replace it. Write "
+                     f"to a new folder, e.g. {beside}, or move that README.md away")
         else:
             from huggingface_hub import HfApi
 
@@ -1917,7 +1981,7 @@ class OutputStore:
         self.notes: dict[str, dict] = {}  # part name -> part_note(): every shard's, the latest
         self.hub_notes: dict[str, dict] = {}  # the same, of the parts as they are on the Hub
         self.notes_due = False  # notes rebuilt here, which the Hub has not got yet
-        self.card_on_hub = self.created_manifest = False
+        self.card_on_hub = self.created_manifest = self.card_failed = False
         self.sent_parts = 0  # parts given to the Hub by this run (written, or resent)
         self.upload_failures: list[str] = []
         self.lock = None if local_check else take_lock(self.meta / f"lock-{shard}",
@@ -1953,10 +2017,7 @@ class OutputStore:
         """The Hub is the truth, the staging folder a cache: its manifest wins, a repo with no run
         means a fresh start, and a repo holding a dataset of its own is refused."""
         files = self.read_hub()
-        ours = any(f == ".ocr/manifest.json" or f.startswith("data/part-") for f in files)
-        other = sorted(f for f in files if not (
-            f == ".gitattributes" or f.startswith(".ocr/") or (f == "README.md" and ours)
-            or (f.startswith("data/") and PART_NAME.match(f[len("data/"):]))))
+        other = foreign_files(files)
         if other:
             fail(f"OUTPUT {self.target} holds a dataset of its own ({', '.join(other[:3])}"
                  f"{', ...' if len(other) > 3 else ''}): this run would replace its card, and "
@@ -2247,9 +2308,16 @@ class OutputStore:
     def finish(self, card) -> None:
         """The card (card(): its text), then (Hub) all queued files in one last commit, or the
         `hf upload` for them. A shard's card is made again while another shard's commit landed
-        between its listing and its own: the last shard to finish counts every part."""
+        between its listing and its own: the last shard to finish counts every part. A card
+        that cannot be written is said as that: the rows are written, a rerun writes it."""
         if card is not None:
-            (self.root / "README.md").write_text(card(), encoding="utf-8")
+            try:
+                (self.root / "README.md").write_text(card(), encoding="utf-8")
+            except OSError as exc:
+                card = None
+                self.card_failed = True
+                log(f"error: cannot write the dataset card {self.root / 'README.md'}: {exc}. "
+                    f"Every row is written; to write the card, {rerun_advice()}")
         if self.api is None:
             return
         if self.committing is not None:
@@ -2284,6 +2352,8 @@ class OutputStore:
                 f"{self.root}. To resume and upload them, {rerun_advice()}\nor send them "
                 f"with:\n  hf upload {self.target} {shlex.quote(str(self.root))} . "
                 f"--repo-type dataset --exclude '.ocr/[!mn]*'")
+        if self.card_failed:  # exit 6: the card did not reach the Hub
+            self.upload_failures.append("README.md")
 
     def location(self) -> str:
         return str(self.root) if self.kind == "local" else \
@@ -2533,7 +2603,8 @@ def way_out(store: "OutputStore", args, restart: str) -> str:
         f"--restart redoes its own rows only, as the same run)")
 
 
-def check_same_run(recorded: dict | None, identity: dict, store: "OutputStore", args) -> None:
+def check_same_run(recorded: dict | None, identity: dict, store: "OutputStore", args,
+                   pdf: "PdfPages | None" = None) -> None:
     """Refused, each difference named, unless OUTPUT's manifest `recorded` is of this run: of
     another MANIFEST_FORMAT (None: rows and no manifest, format 0), or another identity."""
     version = (recorded or {}).get("format", 0)
@@ -2547,10 +2618,14 @@ def check_same_run(recorded: dict | None, identity: dict, store: "OutputStore", 
              f"(manifest format {version}; this one writes {MANIFEST_FORMAT}), which it cannot "
              f"finish as the run it recorded: " + way_out(
                  store, args, "pass --restart to redo the run, or write to a new OUTPUT") + ".")
-    problems = identity_differences(recorded.get("identity"), identity)
     before, now = recorded.get("max_samples"), args.max_samples
-    if before != now and not (args.num_shards == 1 and (
-            now is None or (before is not None and now > before))):  # the same order, longer
+    longer = args.num_shards == 1 and (now is None or (before is not None and now > before))
+    was = (recorded.get("identity") or {}).get("pdf")
+    if longer and pdf is not None and isinstance(was, dict) and \
+            isinstance(was.get("documents"), int):  # more documents: the first ones the same
+        identity = {**identity, "pdf": pdf.fingerprint(was["documents"])}
+    problems = identity_differences(recorded.get("identity"), identity)
+    if before != now and not longer:  # the same order, longer
         problems.append(f"--max-samples: was {before}, now {now} (only a larger one, on an "
                         f"unsharded run)")
     if problems:
@@ -2560,7 +2635,8 @@ def check_same_run(recorded: dict | None, identity: dict, store: "OutputStore", 
              f"two runs:\n  " + "\n  ".join(problems) + f"\n{advice[0].upper()}{advice[1:]}.")
 
 
-def claim_output(store: "OutputStore", identity: dict, args) -> None:
+def claim_output(store: "OutputStore", identity: dict, args,
+                 pdf: "PdfPages | None" = None) -> None:
     """The first run of an OUTPUT records what the run is; every later run (another shard, a
     rerun, a shard's --restart beside the other shards' rows) must be the same run."""
     identity = json.loads(json.dumps(identity))  # as it reads back
@@ -2569,7 +2645,7 @@ def claim_output(store: "OutputStore", identity: dict, args) -> None:
     if args.restart and not rows + running:
         store.restart()
     elif store.manifest() is not None or (rows if args.restart else store.parts()):
-        check_same_run(store.manifest(), identity, store, args)
+        check_same_run(store.manifest(), identity, store, args, pdf)
     if rows + running:  # a shard's --restart redoes its rows only, as the same run
         store.restart(f"shard {args.shard_index} of {args.num_shards}")
     existing = store.write_manifest({
@@ -2577,9 +2653,10 @@ def claim_output(store: "OutputStore", identity: dict, args) -> None:
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "run": os.urandom(8).hex()})  # a run restarted in the same second is another
     if existing is not None:  # another run (a shard, a rerun) recorded it: this one must match
-        check_same_run(existing, identity, store, args)
-        if existing.get("max_samples") != args.max_samples:
-            store.write_manifest({**existing, "max_samples": args.max_samples}, replace=True)
+        check_same_run(existing, identity, store, args, pdf)
+        if existing.get("max_samples") != args.max_samples:  # and what the longer run reads
+            store.write_manifest({**existing, "max_samples": args.max_samples,
+                                  "identity": identity}, replace=True)
 
 
 # ---- stats and the card ----------------------------------------------------------------------
@@ -3224,7 +3301,7 @@ def open_run(args, hub_api, engine: dict, info_entry: dict) -> Run:
     the manifest, then the rows this run does."""
     store, source = open_output_and_input(args, hub_api)
     store.drop_stale_staged_parts()
-    claim_output(store, run_identity(args, source, engine), args)
+    claim_output(store, run_identity(args, source, engine), args, source.pdf)
     plan = plan_rows(source, store, args)
     store.resend_local_parts()
     if source.pdf is not None and plan.send:

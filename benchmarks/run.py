@@ -8,6 +8,8 @@ Sections (all by default, in this order; 8 to 11 minutes on 2 cores):
   driver-cost    CPU per page of the driver against a zero-latency stub, on a realistic mix of
                  pages, next to a plain reference driver (benchmarks/reference_driver.py)
   memory         driver peak RSS at 8 and at 256 pages in flight (2048 px PNG pages, slow stub)
+  giant-pages    driver peak RSS on a folder of 12000x12000 16-bit grey PNGs with 2 and 8
+                 preparation threads (with --baseline REF, REF's driver too, at 2 threads)
   startup        seconds from `uv run SCRIPT` to the first request, cold and warm uv cache
   stub-1000      a 1,000-page run of ovis-ocr2-server.py against a stub at 0.5 s per page
   scale-out      two shards as two processes, each with its own engine, into one OUTPUT,
@@ -251,6 +253,57 @@ def bench_memory(work: Path) -> None:
     note("memory", f"2048 px PNG page: {size / 2**20:.2f} MiB encoded", "")
     note("memory", f"peak RSS at {n8} | {n256} in flight", f"{rss8 / 2**20:.0f} | {rss256 / 2**20:.0f} MiB")
     note("memory", "(RSS256 - RSS8) / 248 per page in flight (target <= 10 MiB)", f"{per_page / 2**20:.2f} MiB")
+
+
+# ---- giant 16-bit pages ----------------------------------------------------------------------
+
+GIANT_ARMS = {"now": (2, 8), "before": (2,)}  # preparation threads per arm: the code at
+# --baseline took 2.4 GB per page at once, so it runs with 2 threads only (8 would be ~20 GB)
+
+
+def bench_giant_pages(work: Path) -> None:
+    """Issue #28: a folder of 12000x12000 16-bit grey PNGs (300 KB each on disk), driver peak
+    RSS with N preparation threads (os.cpu_count() set to N in the driver), against a slow stub."""
+    import numpy as np
+    from PIL import Image
+
+    script = "ovis-ocr2-server.py"
+    module = load_script(script)
+    folder = work / "giants"
+    folder.mkdir()
+    page = np.full((12000, 12000), 40000, dtype=np.uint16)
+    page[:3000] = 8000
+    Image.fromarray(page).save(folder / "base.png")
+    del page
+    for i in range(8):
+        os.link(folder / "base.png", folder / f"page_{i}.png")
+    (folder / "base.png").unlink()
+    stub, url, _ = start_stub("--no-decode", "--latency", "2", model=module.MODEL_ID)
+    threads_wrapper = ("import os, runpy, sys; n = int(sys.argv.pop(1)); os.cpu_count = lambda: n; "
+                       "sys.argv.pop(0); runpy.run_path(sys.argv[0], run_name='__main__')")
+    drivers = {"now": ROOT / script}
+    if BASELINE:
+        drivers["before"] = baseline_copy(script, work)
+    figures = {}
+    try:
+        for arm, driver in drivers.items():
+            for threads in GIANT_ARMS[arm]:
+                stats = work / f"giant-{arm}-{threads}.json"
+                wall, _, run = timed_run([sys.executable, "-c", threads_wrapper, str(threads), str(driver),
+                                          str(folder), str(work / f"giant-out-{arm}-{threads}"),
+                                          "--server", url, "--concurrency", "8", "--no-sanity-check",
+                                          "--stats-json", str(stats)])
+                assert run.returncode == 0, run.stderr[-2000:]
+                result = json.loads(stats.read_text())
+                assert result["rows_ok"] == 8, result
+                figures[f"{arm}-{threads}"] = (result["peak_rss_bytes"], wall)
+                note("giant-pages", f"8 pages 12000x12000 16-bit, {threads} prep threads, "
+                     f"{'at ' + BASELINE if arm == 'before' else 'now'}: peak RSS, wall",
+                     f"{result['peak_rss_bytes'] / 2**20:.0f} MiB, {wall:.0f} s"
+                     + (" (target < 1536 MiB)" if threads == 8 else ""))
+    finally:
+        stub.kill()
+    RESULTS["giant_pages"] = {k: {"peak_rss_bytes": rss, "wall_s": wall} for k, (rss, wall) in figures.items()}
 
 
 # ---- the real engine ---------------------------------------------------------------------------
@@ -903,7 +956,8 @@ def bench_repetition(work: Path) -> None:
 
 # In this order: the stub sections, then scale-out (its shards boot while the shared engine
 # does), then the timed real-engine sections with nothing else running.
-SECTIONS = {"driver-cost": bench_driver_cost, "memory": bench_memory, "startup": bench_startup,
+SECTIONS = {"driver-cost": bench_driver_cost, "memory": bench_memory,
+            "giant-pages": bench_giant_pages, "startup": bench_startup,
             "stub-1000": bench_stub_1000, "scale-out": bench_scale_out, "ceiling": bench_ceiling,
             "shapes": bench_shapes, "pdf": bench_pdf, "compare": bench_compare,
             "repetition": bench_repetition}
@@ -923,7 +977,7 @@ def main() -> int:
     parser.add_argument("sections", nargs="*", metavar="SECTION",
                         help=f"some of: {', '.join(SECTIONS)} (default: all)")
     parser.add_argument("--baseline", metavar="GIT_REF",
-                        help="driver-cost and ceiling also measure the scripts at this commit, "
+                        help="driver-cost, giant-pages and ceiling also measure the scripts at this commit, "
                              "alternating with today's in the same rounds")
     parser.add_argument("--rounds", type=int, default=ROUNDS,
                         help=f"alternating rounds per script in `ceiling` (default: {ROUNDS})")

@@ -257,3 +257,37 @@ def test_request_body_splices_the_page_exactly(script):
     assert len(urls) == 1
     header, b64 = urls[0].split(",", 1)
     assert header == "data:image/jpeg;base64" and base64.b64decode(b64) == raw
+
+
+def test_a_giant_sixteen_bit_scan_is_sent_at_the_models_size_in_bounded_memory(
+        tmp_path, stub_server):
+    """Issue #28: a 12000x12000 16-bit grey PNG (300 KB on disk) took 2.4 GB of driver memory
+    in float copies of the page. It is sent at the model's size, its greys kept, and the
+    driver stays under 1 GiB (its decode alone is 288 MB)."""
+    import json
+
+    from conftest import run_script
+
+    page = np.full((12000, 12000), 40000, dtype=np.uint16)  # light grey paper ...
+    page[:3000] = 8000  # ... with a dark quarter
+    folder = tmp_path / "scans"
+    folder.mkdir()
+    Image.fromarray(page).save(folder / "giant.png")
+    del page
+    stub = stub_server()
+    stats = tmp_path / "stats.json"
+    run = run_script("ovis-ocr2-server.py", str(folder), str(tmp_path / "out"), "--server",
+                     stub.url, "--stats-json", str(stats))
+    assert run.returncode == 0, run.stderr
+    import pyarrow.parquet as pq
+
+    text = pq.read_table(next((tmp_path / "out" / "data").glob("*.parquet")))["markdown"][0]
+    width, height = ovis.target_size(12000, 12000)
+    assert f"# Page {width}x{height}\n" in text.as_py()
+    # the stub's colour of the same page drawn small, in 8 bits: a 16-bit page stays grey
+    small = Image.new("L", (1200, 1200), round(40000 * 255 / 65535))
+    small.paste(round(8000 * 255 / 65535), (0, 0, 1200, 300))
+    grey = small.convert("RGB").resize((1, 1)).getpixel((0, 0))
+    colour = text.as_py().split("mean colour ")[1].split(";")[0].split(",")
+    assert all(abs(int(v) - g) <= 2 for v, g in zip(colour, grey)), (colour, grey)
+    assert json.loads(stats.read_text())["peak_rss_bytes"] < 2**30

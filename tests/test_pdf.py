@@ -520,3 +520,44 @@ def test_deepseek_figure_numbers_restart_on_each_page_of_a_joined_document(tmp_p
     assert row["markdown"] == f"<!-- page 1 -->\n\n{page}\n\n<!-- page 2 -->\n\n{page}"
     assert [b["box"][0] for b in row["markdown_blocks"] if b["label"] == "image"] == \
         [10, 20, 30, 10, 20, 30]
+
+
+@pytest.mark.parametrize("column", ["pdf", "page_number"])
+def test_a_metadata_column_the_script_writes_is_refused_by_name(tmp_path, stub_server, column):
+    """Issue #28: a metadata column `pdf` beside PDFs was a traceback."""
+    stub = stub_server()
+    source = tmp_path / "scans"
+    source.mkdir()
+    (source / "a.pdf").write_bytes(make_pdf([Page(colour=colour_of(0))]))
+    (source / "metadata.csv").write_text(f"file_name,{column},shelf\na.pdf,x,A\n")
+    run = run_script(OVIS, str(source), str(tmp_path / "out"), *common(stub))
+    assert run.returncode == 2, run.stderr
+    assert "metadata.csv" in run.stderr and f"writes itself ({column};" in run.stderr
+    no_traceback(run)
+    assert stub.requests() == [] and not (tmp_path / "out" / "data").exists()
+
+
+def test_a_larger_max_samples_over_pdfs_continues_the_run(tmp_path, stub_server):
+    """Issue #28: the PDF fingerprint covered the selected documents only, so a larger
+    --max-samples (which the README allows on an unsharded rerun) was refused."""
+    stub = stub_server()
+    source = tmp_path / "scans"
+    source.mkdir()
+    for d in range(4):
+        (source / f"d{d}.pdf").write_bytes(make_pdf([Page(colour=colour_of(d + i))
+                                                     for i in range(d % 2 + 1)]))
+    out = tmp_path / "out"
+    args = [str(source), str(out), *common(stub)]
+    assert run_script(OVIS, *args, "--max-samples", "2").returncode == 0
+    assert len(stub.requests()) == 3
+    run = run_script(OVIS, *args, "--max-samples", "3")
+    assert run.returncode == 0, run.stderr
+    run = run_script(OVIS, *args)
+    assert run.returncode == 0, run.stderr
+    assert len(stub.requests()) == 6  # each page sent once
+    ds = load_output(out)
+    assert list(zip(ds["file_name"], ds["page_number"])) == [
+        ("d0.pdf", 1), ("d1.pdf", 1), ("d1.pdf", 2), ("d2.pdf", 1), ("d3.pdf", 1), ("d3.pdf", 2)]
+    (source / "d0.pdf").write_bytes(make_pdf([Page(colour=colour_of(0))] * 2))
+    again = run_script(OVIS, *args)
+    assert again.returncode == 2 and "pdf" in again.stderr, again.stderr

@@ -951,3 +951,22 @@ def test_private_on_an_existing_public_repo_says_it_stays_public(tmp_path, stub_
     hub = FakeHub(tmp_path / "hub2")  # a repo this run creates is private: nothing to say
     assert hub_run(module, hub, tmp_path, stub, "stage3", "--private") == 0
     assert "public" not in capsys.readouterr().err and hub.private["user/ocr-out"] is True
+
+
+def test_a_card_that_cannot_be_staged_for_the_hub_exits_6_and_the_rerun_sends_it(
+        tmp_path, stub_server, capsys):
+    """Issue #28: the rows reached the Hub, the card did not: exit 6 (files that did not reach
+    the Hub), said as the card, and the rerun sends it."""
+    stub = stub_server()
+    write_image_folder(tmp_path / "in", 3)
+    module = load_script(OVIS)
+    hub = FakeHub(tmp_path / "hub")
+    stage = tmp_path / "laptop" / "user__ocr-out"
+    stage.mkdir(parents=True)
+    (stage / "README.md").symlink_to("/dev/full")  # the staging disk full at the card
+    assert hub_run(module, hub, tmp_path, stub, "laptop") == 6
+    assert "cannot write the dataset card" in capsys.readouterr().err
+    assert len(load_output(tmp_path / "hub" / "user/ocr-out")) == 3
+    (stage / "README.md").unlink()
+    assert hub_run(module, hub, tmp_path, stub, "laptop") == 0
+    assert (tmp_path / "hub" / "user/ocr-out" / "README.md").exists()

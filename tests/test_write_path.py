@@ -605,3 +605,41 @@ def test_offline_a_clean_up_that_raises_is_that_rows_error(tmp_path, monkeypatch
     errors = [e for e in ds["markdown_error"] if e]
     assert len(errors) == 1 and "post-processing failed: OverflowError" in errors[0]
     assert stats_of(tmp_path / "s.json")["rows_failed"] == 1
+
+
+def test_a_readme_no_run_wrote_is_refused_before_anything_is_written(tmp_path, stub_server):
+    """Issue #28: a local OUTPUT holding someone's README.md had it overwritten without a word."""
+    stub = stub_server()
+    write_image_folder(tmp_path / "in", 2)
+    out = tmp_path / "notes"
+    out.mkdir()
+    (out / "README.md").write_text("# my notes\n")
+    run = run_script(OVIS, str(tmp_path / "in"), str(out), *common(stub))
+    assert run.returncode == 2, run.stderr
+    assert "README.md" in run.stderr and str(tmp_path / "notes-ocr") in run.stderr
+    assert "Traceback" not in run.stderr
+    assert (out / "README.md").read_text() == "# my notes\n"
+    assert sorted(p.name for p in out.iterdir()) == ["README.md"] and stub.requests() == []
+
+
+def test_a_card_that_cannot_be_written_is_said_with_the_real_stats(tmp_path, stub_server):
+    """Issue #28: a card write that failed after every row was written read "cannot write to
+    OUTPUT ... Nothing was sent", with zeros in --stats-json. Every row is written where OUTPUT
+    says, so the exit code is 0 (README: 0 counts rows; the card is said as missing)."""
+    stub = stub_server()
+    write_image_folder(tmp_path / "in", 4)
+    out, stats = tmp_path / "out", tmp_path / "stats.json"
+    args = [str(tmp_path / "in"), str(out), *common(stub, "--stats-json", str(stats))]
+    assert run_script(OVIS, *args, "--max-samples", "2").returncode == 0
+    (out / "README.md").unlink()
+    (out / "README.md").symlink_to("/dev/full")  # a disk full when the card is written
+    run = run_script(OVIS, *args)
+    assert run.returncode == 0, run.stderr
+    assert "cannot write the dataset card" in run.stderr and "Nothing was sent" not in run.stderr
+    assert "Traceback" not in run.stderr
+    result = json.loads(stats.read_text())
+    assert (result["rows_ok"], result["rows_skipped"], result["exit_code"]) == (2, 2, 0)
+    (out / "README.md").unlink()
+    assert len(load_output(out)) == 4
+    assert run_script(OVIS, *args).returncode == 0  # the rerun writes the card
+    assert "ovis" in (out / "README.md").read_text().lower()
