@@ -2639,6 +2639,8 @@ def check_same_run(recorded: dict | None, identity: dict, store: "OutputStore", 
     if longer and pdf is not None and isinstance(was, dict) and \
             isinstance(was.get("documents"), int):  # more documents: the first ones the same
         identity = {**identity, "pdf": pdf.fingerprint(was["documents"])}
+    elif isinstance(was, str) and pdf is not None:  # recorded before the count was: its digest
+        identity = {**identity, "pdf": pdf.fingerprint()["digest"]}
     problems = identity_differences(recorded.get("identity"), identity)
     if before != now and not longer:  # the same order, longer
         problems.append(f"--max-samples: was {before}, now {now} (only a larger one, on an "

@@ -537,6 +537,31 @@ def test_a_metadata_column_the_script_writes_is_refused_by_name(tmp_path, stub_s
     assert stub.requests() == [] and not (tmp_path / "out" / "data").exists()
 
 
+def test_a_pdf_run_recorded_by_the_version_before_the_document_count_resumes(tmp_path,
+                                                                            stub_server):
+    """The PDF fingerprint gained its document count (issue #28): an OUTPUT whose manifest
+    records the earlier form (the digest alone) resumes the same documents, and a replaced
+    PDF is still refused."""
+    stub = stub_server()
+    source = tmp_path / "scans"
+    source.mkdir()
+    for d in range(3):
+        (source / f"d{d}.pdf").write_bytes(make_pdf([Page(colour=colour_of(d))]))
+    out = tmp_path / "out"
+    args = [str(source), str(out), *common(stub)]
+    assert run_script(OVIS, *args).returncode == 0
+    manifest = out / ".ocr" / "manifest.json"
+    recorded = json.loads(manifest.read_text())
+    recorded["identity"]["pdf"] = recorded["identity"]["pdf"]["digest"]  # the earlier form
+    manifest.write_text(json.dumps(recorded))
+    again = run_script(OVIS, *args)
+    assert again.returncode == 0, again.stderr
+    assert len(stub.requests()) == 3  # nothing sent twice
+    (source / "d0.pdf").write_bytes(make_pdf([Page(colour=colour_of(7))] * 2))
+    changed = run_script(OVIS, *args)
+    assert changed.returncode == 2 and "pdf" in changed.stderr, changed.stderr
+
+
 def test_a_larger_max_samples_over_pdfs_continues_the_run(tmp_path, stub_server):
     """Issue #28: the PDF fingerprint covered the selected documents only, so a larger
     --max-samples (which the README allows on an unsharded rerun) was refused."""
