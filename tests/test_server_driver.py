@@ -673,7 +673,8 @@ def test_offline_scripts_load_and_record_the_resolved_revision(monkeypatch):
     monkeypatch.setattr(module, "hub_commit_sha", lambda model, revision, token: SHA)
     args = types.SimpleNamespace(model=module.MODEL_ID, model_revision=None, hf_token=None,
                                  llm_kwargs="", output_column="markdown", mode="plain",
-                                 temperature=0.2, max_tokens=10, loop_retries=1)
+                                 temperature=0.2, max_tokens=10, loop_retries=1,
+                                 max_pixels=None, drop_margins=False)
     kwargs = module.effective_llm_kwargs(args)
     assert kwargs["revision"] == SHA
     assert module.info_entry_for(args, kwargs)["model_revision"] == SHA
