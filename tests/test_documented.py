@@ -1,5 +1,5 @@
-"""What the README promises and no other test covered: a Hub INPUT's --config, --split,
---revision and --hf-token; the layout models' blocks and raw columns after a run; the dataset
+"""What the README and REFERENCE.md promise and no other test covered: a Hub INPUT's --config,
+--split, --revision and --hf-token; the layout models' blocks and raw columns after a run; the dataset
 card; 429 retries; the restart limit; the same stats keys from every script; the offline
 scripts' re-run under the image's Python, and their fallback to uv.
 """
@@ -22,7 +22,7 @@ from conftest import (ALL_SCRIPTS, ROOT, SERVER_SCRIPTS, TESTS, fake_vllm_env, f
 from test_postprocessing import DEEPSEEK_DOCUMENT, HPD_OUTPUT, LIGHTON_GROUNDING
 
 OVIS = "ovis-ocr2-server.py"
-README = (ROOT / "README.md").read_text()
+REFERENCE = (ROOT / "REFERENCE.md").read_text()  # the README's reference page
 
 
 @pytest.fixture
@@ -147,8 +147,8 @@ def test_a_spawned_server_that_keeps_dying_is_restarted_at_most_max_restarts_tim
 
 
 def documented_stats_keys() -> tuple[set, set]:
-    """The keys the README promises from every script, and those saturate scripts add."""
-    section = README.split("## Reading the stats and the card", 1)[1].split("\n## ", 1)[0]
+    """The keys REFERENCE.md promises from every script, and those saturate scripts add."""
+    section = REFERENCE.split("## Reading the stats and the card", 1)[1].split("\n## ", 1)[0]
     common, saturate = section.split("saturate scripts add", 1)
     saturate = saturate.split("write the window", 1)[0]
     names = lambda text: set(re.findall(r"`([a-z0-9_]+)`", text))  # noqa: E731
@@ -232,7 +232,7 @@ def test_an_offline_script_reruns_under_the_images_python(tmp_path):
 def test_readme_gives_the_render_dpi_of_the_scripts_without_a_size_bound():
     """DeepSeek-OCR renders PDFs at its authors' 144 DPI (MODEL-FACTS.md, DeepSeek-OCR, "PDFs":
     DeepSeek-OCR-vllm/run_dpsk_ocr_pdf.py); the README said 200 for it."""
-    rendering = " ".join(README.split("* **Rendering.**", 1)[1].split("\n* ", 1)[0].split())
+    rendering = " ".join(REFERENCE.split("* **Rendering.**", 1)[1].split("\n* ", 1)[0].split())
     deepseek, hpd = (load_script(s).PDF_DPI for s in ("deepseek-ocr-server.py",
                                                        "hpd-parsing-saturate.py"))
     assert f"DeepSeek-OCR renders at its authors' {deepseek} DPI" in rendering and deepseek == 144

@@ -101,6 +101,25 @@ def test_readme_has_exactly_two_setup_commands_and_ci_runs_the_test_one():
     assert test_command in (ROOT / ".ci" / "run").read_text()
 
 
+def test_the_readme_and_its_reference_page_link_only_to_what_exists():
+    """The guide sends readers to REFERENCE.md's sections: every relative link names a file of
+    the repository and, after '#', a heading of that file (GitHub's anchor for it)."""
+    def anchors(path):
+        headings = re.findall(r"^#+ (.*)$", path.read_text(), re.M)
+        return {re.sub(r"[^\w\- ]", "", h.lower()).replace(" ", "-") for h in headings}
+
+    for page in ("README.md", "REFERENCE.md"):
+        text = re.sub(r"```.*?```|`[^`]*`", "", (ROOT / page).read_text(), flags=re.S)
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"[a-z]+://", target):
+                continue
+            name, _, anchor = target.partition("#")
+            path = ROOT / (name or page)
+            assert path.exists(), f"{page} links to {target}"
+            assert not anchor or anchor in anchors(path), f"{page} links to {target}"
+    assert "REFERENCE.md" in (ROOT / "README.md").read_text()
+
+
 def test_unlimited_ocr_endpoint_is_started_with_a_timeout_the_page_explains():
     """Jobs stop a Job after 30 minutes unless given a timeout (MODEL-FACTS, rules): the start
     command carries one, and the page says what it bounds."""

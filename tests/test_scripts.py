@@ -193,7 +193,7 @@ def test_the_unreferenced_names_check_finds_a_dead_helper():
 
 @pytest.mark.parametrize("script", ALL_SCRIPTS)
 def test_the_official_ocr_flags_everywhere_but_hpd(script):
-    """The README: every script uses --no-enable-prefix-caching, --mm-processor-cache-gb 0 and
+    """REFERENCE.md: every script uses --no-enable-prefix-caching, --mm-processor-cache-gb 0 and
     --limit-mm-per-prompt '{"image": 1}' (offline: the vllm.LLM arguments), but HPD-Parsing,
     which keeps its vendor's command: prefix caching on, no multimodal-cache flag."""
     module = load_script(script)
@@ -210,8 +210,8 @@ def test_the_official_ocr_flags_everywhere_but_hpd(script):
         assert module.PREFIX_CACHING is True
         assert "--enable-prefix-caching" in flags and "--no-enable-prefix-caching" not in flags
         assert "--mm-processor-cache-gb" not in flags
-        readme = (ROOT / "README.md").read_text()
-        assert "does not set `--mm-processor-cache-gb`" in readme
+        reference = (ROOT / "REFERENCE.md").read_text()
+        assert "does not set `--mm-processor-cache-gb`" in reference
     elif llm is not None:
         assert module.PREFIX_CACHING is False
         assert llm["enable_prefix_caching"] is False and llm["mm_processor_cache_gb"] == 0
