@@ -274,7 +274,7 @@ LLM_KWARGS = {
 }
 CHAT_KWARGS = {"chat_template_kwargs": CHAT_TEMPLATE_KWARGS}
 # On: at 16 pages a batch vLLM's check costs under 2% of a decode step, and a loop of up to
-# 32 tokens ends after 2,048 of its 12,288 (README, pages that loop); the -saturate script's
+# 32 tokens ends after 2,048 of its 12,288 (REFERENCE.md, pages that loop); the -saturate script's
 # windows of up to 1,024 make the check cost more than it saves
 REPETITION_DETECTION_ON = True
 
