@@ -155,7 +155,7 @@ def add_model_arguments(parser) -> None:
                         help="plain: Markdown; grounding: Markdown plus a box per block, parsed "
                              "into the <column>_blocks column (default: plain)")
     parser.add_argument("--temperature", type=float, default=TEMPERATURE,
-                        help=f"sampling temperature (default: {TEMPERATURE}; the README says 0.1)")
+                        help=f"sampling temperature (default: {TEMPERATURE}; the model card says 0.1)")
     parser.add_argument("--max-pixels", type=pixel_count, default=None, metavar="N",
                         help="downscale pages to at most N pixels instead of a 2048 px longest "
                              "edge (the authors' olmOCR-Bench setting: 5000000 at --pdf-dpi 400)")
