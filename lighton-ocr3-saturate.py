@@ -144,10 +144,20 @@ def target_size(width: int, height: int, args=None) -> tuple[int, int]:
 
 
 def pixel_count(text: str) -> int:
-    """--max-pixels: at least one 32x32 grid cell (argparse names the option if not)."""
-    if int(text) < PATCH_GRID ** 2:
-        raise ValueError(text)
+    """--max-pixels: a whole number of pixels, at least one 32x32 grid cell."""
+    if not text.strip().isdigit() or int(text) < PATCH_GRID ** 2:
+        raise argparse.ArgumentTypeError(f"must be a whole number of pixels, at least "
+                                         f"{PATCH_GRID ** 2} (one {PATCH_GRID} px cell), got "
+                                         f"{text!r}; e.g. 5000000 for 5 MP")
     return int(text)
+
+
+def model_argument_problems(args) -> list[str]:
+    """--drop-margins works on grounding mode's blocks: plain mode has none to drop."""
+    if args.drop_margins and args.mode != "grounding":
+        return ["--drop-margins leaves margin blocks out of grounding mode's Markdown, and "
+                "plain mode has no blocks: add --mode grounding, or leave --drop-margins out"]
+    return []
 
 
 def add_model_arguments(parser) -> None:
@@ -329,6 +339,7 @@ PDF_DPI = globals().get("PDF_DPI", 400)  # a PDF page's render DPI, unless the m
 REPETITION_DETECTION = globals().get("REPETITION_DETECTION", (32, 64))  # --repetition-detection
 REPETITION_DETECTION_ON = globals().get("REPETITION_DETECTION_ON", False)  # its default
 REPETITION_DETECTION_NOTE = globals().get("REPETITION_DETECTION_NOTE", "")  # the card's, when on
+MODEL_ARGUMENT_PROBLEMS = globals().get("model_argument_problems", lambda args: [])  # its options
 import argparse
 import contextlib
 import hashlib
@@ -3331,7 +3342,7 @@ def parse_arguments(parser: argparse.ArgumentParser, argv: list[str], engine_pro
                         f"{args.num_shards}, got {args.shard_index}")
     if args.stats_json:
         problems += filter(None, [unwritable_file("--stats-json", args.stats_json)])
-    problems += engine_problems(args)
+    problems += engine_problems(args) + MODEL_ARGUMENT_PROBLEMS(args)
     if problems:
         fail("; ".join(problems) + ".")
     resolve_output(args.output)  # exits 2 saying how to write a local path
