@@ -1508,8 +1508,8 @@ def loop_seed(index: int, attempt: int) -> int:
 
 
 def kept_attempt(kept: "RowResult", retry: "RowResult") -> "RowResult":
-    """Of a looping answer and its retry: the retry when it does not loop or has more text
-    before its loop. A retry the server failed makes the row that error (a rerun redoes it);
+    """Of a looping answer and its retry: the retry when it has text and does not loop, or has
+    more text before its loop. A retry the server failed makes the row that error (a rerun redoes it);
     one refused as a request (a 400: a seed the server does not take) keeps the first, said once."""
     if retry.error is not None:
         if retry.error_kind == SERVER:
@@ -1521,8 +1521,9 @@ def kept_attempt(kept: "RowResult", retry: "RowResult") -> "RowResult":
                 f"looping answer is kept (pages_still_looping counts them)")
         return kept
     attempts = (kept.attempts or 1) + 1
-    if not loops(retry.text, retry.finish_reason) or \
-            text_before_loop(retry.text) > text_before_loop(kept.text):
+    blank = not (retry.text or "").strip()  # never a page's text traded for nothing
+    if not (blank or loops(retry.text, retry.finish_reason)) or \
+            text_before_loop(retry.text or "") > text_before_loop(kept.text):
         kept = retry
     kept.attempts = attempts
     return kept
