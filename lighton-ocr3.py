@@ -121,10 +121,20 @@ def target_size(width: int, height: int, args=None) -> tuple[int, int]:
 
 
 def pixel_count(text: str) -> int:
-    """--max-pixels: at least one 32x32 grid cell (argparse names the option if not)."""
-    if int(text) < PATCH_GRID ** 2:
-        raise ValueError(text)
+    """--max-pixels: a whole number of pixels, at least one 32x32 grid cell."""
+    if not text.strip().isdigit() or int(text) < PATCH_GRID ** 2:
+        raise argparse.ArgumentTypeError(f"must be a whole number of pixels, at least "
+                                         f"{PATCH_GRID ** 2} (one {PATCH_GRID} px cell), got "
+                                         f"{text!r}; e.g. 5000000 for 5 MP")
     return int(text)
+
+
+def model_argument_problems(args) -> list[str]:
+    """--drop-margins works on grounding mode's blocks: plain mode has none to drop."""
+    if args.drop_margins and args.mode != "grounding":
+        return ["--drop-margins leaves margin blocks out of grounding mode's Markdown, and "
+                "plain mode has no blocks: add --mode grounding, or leave --drop-margins out"]
+    return []
 
 
 def add_model_arguments(parser) -> None:
@@ -301,6 +311,7 @@ PDF_DPI = globals().get("PDF_DPI", 400)  # a PDF page's render DPI, unless the m
 REPETITION_DETECTION = globals().get("REPETITION_DETECTION", (32, 64))  # --repetition-detection
 REPETITION_DETECTION_ON = globals().get("REPETITION_DETECTION_ON", False)  # its default
 REPETITION_DETECTION_NOTE = globals().get("REPETITION_DETECTION_NOTE", "")  # the card's, when on
+MODEL_ARGUMENT_PROBLEMS = globals().get("model_argument_problems", lambda args: [])  # its options
 import argparse
 import contextlib
 import hashlib
@@ -1497,8 +1508,8 @@ def loop_seed(index: int, attempt: int) -> int:
 
 
 def kept_attempt(kept: "RowResult", retry: "RowResult") -> "RowResult":
-    """Of a looping answer and its retry: the retry when it does not loop or has more text
-    before its loop. A retry the server failed makes the row that error (a rerun redoes it);
+    """Of a looping answer and its retry: the retry when it has text and does not loop, or has
+    more text before its loop. A retry the server failed makes the row that error (a rerun redoes it);
     one refused as a request (a 400: a seed the server does not take) keeps the first, said once."""
     if retry.error is not None:
         if retry.error_kind == SERVER:
@@ -1510,8 +1521,9 @@ def kept_attempt(kept: "RowResult", retry: "RowResult") -> "RowResult":
                 f"looping answer is kept (pages_still_looping counts them)")
         return kept
     attempts = (kept.attempts or 1) + 1
-    if not loops(retry.text, retry.finish_reason) or \
-            text_before_loop(retry.text) > text_before_loop(kept.text):
+    blank = not (retry.text or "").strip()  # never a page's text traded for nothing
+    if not (blank or loops(retry.text, retry.finish_reason)) or \
+            text_before_loop(retry.text or "") > text_before_loop(kept.text):
         kept = retry
     kept.attempts = attempts
     return kept
@@ -3303,7 +3315,7 @@ def parse_arguments(parser: argparse.ArgumentParser, argv: list[str], engine_pro
                         f"{args.num_shards}, got {args.shard_index}")
     if args.stats_json:
         problems += filter(None, [unwritable_file("--stats-json", args.stats_json)])
-    problems += engine_problems(args)
+    problems += engine_problems(args) + MODEL_ARGUMENT_PROBLEMS(args)
     if problems:
         fail("; ".join(problems) + ".")
     resolve_output(args.output)  # exits 2 saying how to write a local path

@@ -201,6 +201,7 @@ PDF_DPI = globals().get("PDF_DPI", 400)  # a PDF page's render DPI, unless the m
 REPETITION_DETECTION = globals().get("REPETITION_DETECTION", (32, 64))  # --repetition-detection
 REPETITION_DETECTION_ON = globals().get("REPETITION_DETECTION_ON", False)  # its default
 REPETITION_DETECTION_NOTE = globals().get("REPETITION_DETECTION_NOTE", "")  # the card's, when on
+MODEL_ARGUMENT_PROBLEMS = globals().get("model_argument_problems", lambda args: [])  # its options
 import argparse
 import contextlib
 import hashlib
@@ -1397,8 +1398,8 @@ def loop_seed(index: int, attempt: int) -> int:
 
 
 def kept_attempt(kept: "RowResult", retry: "RowResult") -> "RowResult":
-    """Of a looping answer and its retry: the retry when it does not loop or has more text
-    before its loop. A retry the server failed makes the row that error (a rerun redoes it);
+    """Of a looping answer and its retry: the retry when it has text and does not loop, or has
+    more text before its loop. A retry the server failed makes the row that error (a rerun redoes it);
     one refused as a request (a 400: a seed the server does not take) keeps the first, said once."""
     if retry.error is not None:
         if retry.error_kind == SERVER:
@@ -1410,8 +1411,9 @@ def kept_attempt(kept: "RowResult", retry: "RowResult") -> "RowResult":
                 f"looping answer is kept (pages_still_looping counts them)")
         return kept
     attempts = (kept.attempts or 1) + 1
-    if not loops(retry.text, retry.finish_reason) or \
-            text_before_loop(retry.text) > text_before_loop(kept.text):
+    blank = not (retry.text or "").strip()  # never a page's text traded for nothing
+    if not (blank or loops(retry.text, retry.finish_reason)) or \
+            text_before_loop(retry.text or "") > text_before_loop(kept.text):
         kept = retry
     kept.attempts = attempts
     return kept
@@ -3203,7 +3205,7 @@ def parse_arguments(parser: argparse.ArgumentParser, argv: list[str], engine_pro
                         f"{args.num_shards}, got {args.shard_index}")
     if args.stats_json:
         problems += filter(None, [unwritable_file("--stats-json", args.stats_json)])
-    problems += engine_problems(args)
+    problems += engine_problems(args) + MODEL_ARGUMENT_PROBLEMS(args)
     if problems:
         fail("; ".join(problems) + ".")
     resolve_output(args.output)  # exits 2 saying how to write a local path

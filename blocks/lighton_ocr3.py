@@ -6,6 +6,7 @@ line on) into the scripts that carry it. Its functions may call the common block
 (imported below), which the script defines before they run.
 """
 
+import argparse
 import math
 import re
 
@@ -54,10 +55,20 @@ def target_size(width: int, height: int, args=None) -> tuple[int, int]:
 
 
 def pixel_count(text: str) -> int:
-    """--max-pixels: at least one 32x32 grid cell (argparse names the option if not)."""
-    if int(text) < PATCH_GRID ** 2:
-        raise ValueError(text)
+    """--max-pixels: a whole number of pixels, at least one 32x32 grid cell."""
+    if not text.strip().isdigit() or int(text) < PATCH_GRID ** 2:
+        raise argparse.ArgumentTypeError(f"must be a whole number of pixels, at least "
+                                         f"{PATCH_GRID ** 2} (one {PATCH_GRID} px cell), got "
+                                         f"{text!r}; e.g. 5000000 for 5 MP")
     return int(text)
+
+
+def model_argument_problems(args) -> list[str]:
+    """--drop-margins works on grounding mode's blocks: plain mode has none to drop."""
+    if args.drop_margins and args.mode != "grounding":
+        return ["--drop-margins leaves margin blocks out of grounding mode's Markdown, and "
+                "plain mode has no blocks: add --mode grounding, or leave --drop-margins out"]
+    return []
 
 
 def add_model_arguments(parser) -> None:

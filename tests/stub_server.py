@@ -268,6 +268,8 @@ def make_handler(stub: Stub):
             finish = "stop"
             if opts.loop_below is not None and float(request.get("temperature") or 0) < opts.loop_below:
                 text, finish = loop_text(text, request.get("seed")), opts.loop_finish
+            if opts.blank_seeded and request.get("seed") is not None:
+                text, finish = "", "stop"
             if opts.malformed_every and n % opts.malformed_every == 0:
                 self.reply(200, {"id": f"stub-{n}", "choices": [{"message": text}]})
                 return
@@ -310,6 +312,9 @@ def parse(argv=None):
     p.add_argument("--start-when", help="bind the port only once this file exists (a booting server)")
     p.add_argument("--reject-digest", action="append", default=[],
                    help="answer 400 to pages whose sha1 starts so")
+    p.add_argument("--blank-seeded", action="store_true",
+                   help="answer an empty text (finish_reason stop) to every request that carries "
+                        "a seed (a loop retry the model ended at once)")
     p.add_argument("--fail-seeded", action="store_true",
                    help="answer 500 to every request that carries a seed (a loop retry)")
     p.add_argument("--reject-smaller-than", type=int, default=0,

@@ -338,6 +338,20 @@ def test_a_loop_retry_the_server_fails_is_never_kept_and_the_rerun_redoes_it(tmp
     assert ds["markdown_error"] == [None] * 4 and ds["markdown_attempts"] == [2] * 4
 
 
+def test_a_blank_retry_never_replaces_a_looping_answer_that_has_text(tmp_path, stub_server):
+    """A retry the model ended at once (empty, finish_reason stop) does not loop, so it was kept:
+    a page of text and a looping tail became an empty row, counted as fixed. The looping
+    answer stays (its text up to the loop), counted as still looping."""
+    run, _, paths, stats = loop_run(tmp_path, stub_server, OVIS, ["--loop-below", "0.25",
+                                                                  "--blank-seeded"], pages=3)
+    assert run.returncode == 0, run.stderr[-3000:]
+    ds = load_output(tmp_path / "out")
+    assert ds["markdown_attempts"] == [2] * 3
+    for path, text in zip(paths, ds["markdown"]):
+        assert text.startswith(expected_text(path.read_bytes())) and LOOP_LINE in text, text
+    assert stats["pages_loop_retried"] == 3 and stats["pages_still_looping"] == 3
+
+
 def test_loop_retries_are_bounded(tmp_path, stub_server):
     run = run_script(OVIS, str(tmp_path), str(tmp_path / "out"), "--loop-retries", "1000")
     assert run.returncode == 2 and "--loop-retries must be at most 5" in run.stderr

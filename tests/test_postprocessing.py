@@ -650,3 +650,22 @@ def test_lighton_drop_margins_leaves_margin_blocks_out_of_the_markdown_only(tmp_
                                             "footnote", "footer", "page_number"]
     assert [blocks[i]["text"] for i in (0, 5, 6)] == margins
     assert json.loads(ds["inference_info"][0])[0]["settings"]["drop_margins"] is drop
+
+
+@pytest.mark.parametrize("script", ["lighton-ocr3-saturate.py", "lighton-ocr3.py"])
+def test_lighton_benchmark_options_a_run_cannot_honour_are_refused_before_any_work(tmp_path,
+                                                                                    script):
+    """--drop-margins in plain mode (the default) was accepted and recorded as dropping margins
+    while plain mode has no blocks to drop; --max-pixels under one 32 px cell, or written as
+    5e6, said only "invalid pixel_count value". Both now exit 2 naming the way out, with no
+    OUTPUT made."""
+    write_image_folder(tmp_path / "in", 1)
+    base = [str(tmp_path / "in"), str(tmp_path / "out")]
+    run = run_script(script, *base, "--drop-margins")
+    assert run.returncode == 2, run.stderr
+    assert "--drop-margins" in run.stderr and "add --mode grounding" in run.stderr, run.stderr
+    for value in ("1000", "5e6"):
+        run = run_script(script, *base, "--max-pixels", value)
+        assert run.returncode == 2 and "at least 1024" in run.stderr, run.stderr
+        assert "e.g. 5000000" in run.stderr and "Traceback" not in run.stderr
+    assert not (tmp_path / "out").exists()
