@@ -1019,6 +1019,8 @@ def prepare_page(cell, args=None, decode: bool = True) -> PreparedPage | None:
                 img.load()
                 if not upright:
                     img = ImageOps.exif_transpose(img)
+                if img.size == (height, width) != (width, height):  # a TIFF: Pillow turned it
+                    target = target_size(*img.size, args)  # as it loaded (and, by version, sized)
                 if img.mode != "L":  # grey is resized as grey, and widened at the model's size
                     img = to_rgb(img) if img.mode not in WIDE_MODES else wide_to_grey(img)
                 if img.size != target:  # the filter the model's own pipeline resamples with

@@ -133,18 +133,19 @@ def test_multi_frame_tiff_uses_the_first_page():
     assert out.size == (300, 400) and out.getpixel((5, 5)) == (255, 255, 255)
 
 
+@pytest.mark.parametrize("fmt", ["JPEG", "TIFF"])  # Pillow turns a TIFF itself as it loads it
 @pytest.mark.parametrize("orientation, corner", [
     (3, "bottom-right"),  # rotated 180 degrees
     (6, "top-right"),     # to be turned 90 degrees clockwise to display
     (8, "bottom-left"),   # to be turned 90 degrees counter-clockwise
 ])
-def test_exif_rotated_jpeg_is_turned_upright(orientation, corner):
+def test_exif_rotated_jpeg_is_turned_upright(orientation, corner, fmt):
     """A dark square in the stored image's top-left corner must end where a viewer shows it."""
     img = Image.new("RGB", (400, 200), (255, 255, 255))
     img.paste((0, 0, 0), (0, 0, 50, 50))
     exif = Image.Exif()
     exif[0x0112] = orientation
-    page = ovis.prepare_page(encode(img, "JPEG", exif=exif.tobytes()))
+    page = ovis.prepare_page(encode(img, fmt, exif=exif.tobytes()))
     assert not page.passthrough
     out = decode(page).convert("L")
     width, height = (400, 200) if orientation == 3 else (200, 400)
