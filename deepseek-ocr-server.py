@@ -2032,11 +2032,17 @@ class OutputStore:
         if self.kind == "local":
             self.root = Path(self.target)
             marks = [f for f in ("README.md", ".ocr/manifest.json") if (self.root / f).exists()]
-            if "README.md" in foreign_files(marks + [f"data/{p.name}" for p in self.local_parts()]):
+            data = self.root / "data"  # what `datasets` reads there (not hidden names)
+            held = [p.relative_to(self.root).as_posix() for p in sorted(data.rglob("*"))
+                    if p.is_file() and not any(n.startswith(".") for n in p.relative_to(data).parts)
+                    ] if data.is_dir() else []
+            other = foreign_files(marks + held)
+            if other:
                 beside = shown_path(self.root.parent / (self.root.name + "-ocr"))
-                fail(f"OUTPUT {self.root} holds a README.md that no run of these scripts wrote "
-                     f"(no run's manifest or parts beside it): this run would replace it. Write "
-                     f"to a new folder, e.g. {beside}, or move that README.md away")
+                fail(f"OUTPUT {self.root} holds {', '.join(other[:3])}{', ...' * (len(other) > 3)}"
+                     f", which no run of these scripts wrote: this run would replace a card it "
+                     f"did not write, or `load_dataset` read these files with its rows. Write to "
+                     f"a new folder, e.g. {beside}, or move them away")
         else:
             from huggingface_hub import HfApi
 
