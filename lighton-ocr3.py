@@ -2029,15 +2029,22 @@ def lock_file(handle) -> bool:
     return True
 
 
-def take_lock(path: Path, location: str):
+def take_lock(path: Path, location: str, probe: bool = False):
+    """The shard's lock, held until this process ends; `probe` (--check-only): only whether a
+    run would get it, with nothing written (no lock file where there is none)."""
     import socket
 
+    if probe and not path.exists():
+        return None
     handle = open(path, "a+")
     if not lock_file(handle):
         handle.seek(0)
         holder = handle.read().strip() or "another process"
         fail(f"{holder} is writing this shard of {location} right now. Wait for it to end (or "
              f"stop it), or write to another OUTPUT; shards of one run use --shard-index.")
+    if probe:
+        handle.close()  # which lets the lock go
+        return None
     handle.seek(0)
     handle.truncate()
     handle.write(f"pid {os.getpid()} on {socket.gethostname()}, since "
@@ -2107,8 +2114,7 @@ class OutputStore:
         self.card_on_hub = self.created_manifest = self.card_failed = False
         self.sent_parts = 0  # parts given to the Hub by this run (written, or resent)
         self.upload_failures: list[str] = []
-        self.lock = None if local_check else take_lock(self.meta / f"lock-{shard}",
-                                                       self.location())
+        self.lock = take_lock(self.meta / f"lock-{shard}", self.location(), probe=local_check)
         self.journal = Journal(self.meta / "journal" / shard)
         self.remote_names: set[str] = set()  # data parts on the Hub
         self.known: set[str] = set()  # parts on the Hub that this run saw or wrote
