@@ -20,9 +20,10 @@ Before any Job: the script checks the run itself (`SCRIPT INPUT OUTPUT ... --che
 once here: the arguments, the input's revision and row count, the OUTPUT's manifest; it
 prints, as its last stdout line, JSON `{"rows": N}` (the rows of the whole run, every shard's,
 after --max-samples, PDF pages counted; `input_revision` too if it resolved one); refused
-are a local INPUT or OUTPUT, a script argument naming a local file (a Job cannot read it),
-`--restart`, `--num-shards`/`--shard-index` (the launcher sets them), `--shards` below 1 or
-above the rows, no token, and an account the Jobs API refuses.
+are a local INPUT or OUTPUT, a script argument naming a local file or a local folder as
+--model (a Job cannot read them), `--restart`, `--num-shards`/`--shard-index` (the launcher
+sets them), `--shards` below 1 or above the rows, no token, and an account the Jobs API
+refuses.
 
 Submission: one Job per shard (`HfApi.run_uv_job`, `attempts=1`), with the image, flavor,
 timeout and secrets of the script's `[tool.hf-jobs]` header (`--image`, `--flavor`,
@@ -153,12 +154,17 @@ def refuse_arguments(args, script_args: list[str]) -> None:
             why = "a restart deletes what OUTPUT holds: run the script itself with --restart " \
                   "first" if name == "--restart" else "the launcher sets it: pass --shards N"
             raise UsageError(f"{name} is not passed to the Jobs ({why})")
-    for word in script_args:
+    for i, word in enumerate(script_args):
         value = word.split("=", 1)[1] if word.startswith("--") and "=" in word else word
         if value and Path(value).expanduser().is_file():
             raise UsageError(f"the script argument {word!r} names a local file, which a Job "
                              f"cannot read (the Jobs API would upload it under a new path): "
                              f"push it to the Hub or pass its content instead")
+        if (word.startswith("--model=") or script_args[i - 1:i] == ["--model"]) and \
+                Path(value).expanduser().is_dir():  # a fine-tune on this machine
+            raise UsageError(f"--model {value} names a local folder, which a Job cannot read: "
+                             f"push it to the Hub (hf upload user/name {value}) and pass "
+                             f"--model user/name")
         if value == "/data" or value.startswith("/data/"):
             raise UsageError(f"{word!r}: /data is where the Jobs API mounts the script; use "
                              f"another path")

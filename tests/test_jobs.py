@@ -368,6 +368,8 @@ def test_local_paths_and_no_token_are_refused(launcher, hub, stub_server, monkey
         ([INPUT, str(tmp_path / "out")], "OUTPUT"),
         ([INPUT, "./out"], "OUTPUT './out' is not a Hub dataset id"),
         ([INPUT, OUTPUT, "--prompt-file", str(prompt)], "names a local file"),
+        ([INPUT, OUTPUT, "--model", str(tmp_path)], "names a local folder"),  # a fine-tune here
+        ([INPUT, OUTPUT, f"--model={tmp_path}"], "names a local folder"),
         ([INPUT, OUTPUT, "--work-dir", "/data/x"], "/data is where the Jobs API mounts"),
     ]:
         code = launcher.main([str(ROOT / SCRIPT), *argv, "--shards", "2"], hf_api=jobs)
