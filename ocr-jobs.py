@@ -328,7 +328,9 @@ def check_account(api: Api) -> str:
 def run_check(script: Path, args, script_args: list[str], token: str | None) -> dict:
     """The script's own check of the run (`--check-only`), once, here: what the first Job
     would refuse is refused before any Job. Its last stdout line may be JSON with `rows`."""
-    command = [*CHECK_COMMAND, str(script), args.input, args.output, *script_args, "--check-only"]
+    command = [*CHECK_COMMAND, str(script), args.input, args.output, *script_args,
+               "--num-shards", str(args.shards), "--shard-index", "0", "--check-only"]  # as a
+    # shard: OUTPUT's manifest records the shards, and an unsharded run would be refused there
     env = dict(os.environ)
     if token:
         env["HF_TOKEN"] = token  # through the environment, never the command line

@@ -417,6 +417,12 @@ def test_the_scripts_check_counts_the_rows(launcher, hub, stub_server, monkeypat
     assert launch(launcher, jobs, stub, shards=5) == 2
     assert launch(launcher, jobs, stub, shards=2) == 0
     assert_output_complete(jobs)
+    # the same command again (after Ctrl-C, or to finish a run): the check of OUTPUT's
+    # manifest, which the shards wrote, is the shards' check, not an unsharded run's refusal
+    submitted = len(jobs.submitted)
+    assert launch(launcher, jobs, stub, shards=2) == 0
+    assert len(jobs.submitted) == submitted
+    assert_output_complete(jobs)
 
 
 def test_dry_run_prints_the_submissions_and_the_estimate(launcher, hub, monkeypatch, capsys):
