@@ -654,20 +654,32 @@ def wide_to_grey(img):
     return grey
 
 
+def has_alpha(img) -> bool:
+    return img.mode in ("RGBA", "LA", "PA", "RGBa", "La") or \
+        img.mode == "P" and "transparency" in img.info
+
+
+def flatten_alpha(img):
+    """A page with alpha on white (grey for a grey page), in strips of rows: beside the page,
+    only its result and one strip's copies (a giant scan's RGBA copies took gigabytes)."""
+    from PIL import Image
+
+    flat = Image.new("L" if img.mode in ("LA", "La") else "RGB", img.size, "white")
+    rows = max(1, (1 << 20) // max(1, img.width))
+    for y in range(0, img.height, rows):
+        strip = img.crop((0, y, img.width, min(img.height, y + rows))).convert("RGBA")
+        flat.paste(strip.convert(flat.mode), (0, y), strip.getchannel("A"))
+    return flat
+
+
 def to_rgb(img):
     """Any PIL mode to RGB: alpha flattened on white, palettes expanded, 16-bit and float scans
     rescaled by their real bit depth (a 16-bit page stays grey)."""
-    from PIL import Image
-
-    if img.mode == "RGB":
-        return img
     if img.mode in WIDE_MODES:
         img = wide_to_grey(img)
-    if img.mode in ("RGBA", "LA", "PA", "RGBa", "La") or \
-            img.mode == "P" and "transparency" in img.info:
-        background = Image.new("RGBA", img.size, (255, 255, 255, 255))
-        return Image.alpha_composite(background, img.convert("RGBA")).convert("RGB")
-    return img.convert("RGB")
+    if has_alpha(img):
+        img = flatten_alpha(img)
+    return img if img.mode == "RGB" else img.convert("RGB")
 
 
 class PixelBudget:
@@ -748,7 +760,8 @@ def prepare_page(cell, args=None, decode: bool = True) -> PreparedPage | None:
                 if img.size == (height, width) != (width, height):  # a TIFF: Pillow turned it
                     target = target_size(*img.size, args)  # as it loaded (and, by version, sized)
                 if img.mode != "L":  # grey is resized as grey, and widened at the model's size
-                    img = to_rgb(img) if img.mode not in WIDE_MODES else wide_to_grey(img)
+                    img = wide_to_grey(img) if img.mode in WIDE_MODES else \
+                        flatten_alpha(img) if has_alpha(img) else to_rgb(img)
                 if img.size != target:  # the filter the model's own pipeline resamples with
                     img = img.resize(target, getattr(Image.Resampling, RESIZE_FILTER.upper()))
             data, mime = encode_page(to_rgb(img))
