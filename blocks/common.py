@@ -644,7 +644,9 @@ def wide_to_grey(img):
 
     rows = max(1, (1 << 20) // max(1, img.width))
     boxes = [(0, y, img.width, min(img.height, y + rows)) for y in range(0, img.height, rows)]
-    peak = float(np.nanmax([np.nanmax(np.asarray(img.crop(box))) for box in boxes] or [0]))
+    strips = (np.asarray(img.crop(box)) for box in boxes)
+    peak = max((float(np.max(a[np.isfinite(a)], initial=0)) for a in strips),  # not by an inf
+               default=0.0)
     top = (1.0 if peak <= 1.0 else 65535.0) if img.mode == "F" else \
         255 if peak <= 255 else 4095 if peak <= 4095 else 65535
     grey = Image.new("L", img.size)

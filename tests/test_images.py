@@ -80,6 +80,16 @@ def test_twelve_bit_scan_is_scaled_by_its_depth():
     assert out.max() > 245 and 100 < out.mean() < 155
 
 
+def test_a_float_scan_with_an_infinite_or_missing_pixel_keeps_its_grey_levels():
+    """One inf pixel (a sensor's saturated or a division's by zero) set the scale: the page
+    came out black."""
+    ramp = np.linspace(0, 1, 200 * 300, dtype=np.float32).reshape(300, 200)
+    ramp[0, 0], ramp[0, 1], ramp[0, 2] = np.inf, np.nan, -np.inf
+    page = ovis.prepare_page(encode(Image.fromarray(ramp), "TIFF"))
+    out = np.asarray(decode(page).convert("L"), dtype=float)
+    assert 100 < out.mean() < 155 and out.max() > 245
+
+
 def colour_chart() -> Image.Image:
     """Four flat patches on white: red, green, blue and dark grey, each 100 px square."""
     img = Image.new("RGB", (300, 300), (255, 255, 255))
