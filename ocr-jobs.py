@@ -671,13 +671,19 @@ def watch(api: Api, ctx: dict, shards: list[Shard], poll_s: float) -> None:
 
 
 def price_per_minute(api: Api, flavor: str) -> float | None:
+    """The flavor's price, None when unknown; a flavor the Jobs API does not offer (a typo,
+    which every Job would fail on) is refused."""
     try:
-        for hw in api.call("list_jobs_hardware"):
-            if hw.name == flavor:
-                per = {"minute": 1, "hour": 1 / 60, "second": 60}.get(hw.unit_label, None)
-                return hw.unit_cost_usd * per if per else None
+        hardware = list(api.call("list_jobs_hardware"))
     except Exception:
         return None
+    for hw in hardware:
+        if hw.name == flavor:
+            per = {"minute": 1, "hour": 1 / 60, "second": 60}.get(hw.unit_label, None)
+            return hw.unit_cost_usd * per if per else None
+    if hardware:
+        raise UsageError(f"flavor {flavor!r} is not one the Jobs API offers: pass --flavor with "
+                         f"one of {', '.join(sorted(hw.name for hw in hardware))}")
     return None
 
 

@@ -347,6 +347,7 @@ def test_cancel_cancels_every_job_of_the_run(launcher, hub, stub_server, monkeyp
     ([], 5, None, "--shards 5 is more than the 4 rows"),
     ([], 2, 402, "the Jobs API refuses this account (402"),
     ([], 2, 403, "the Jobs API refuses this account (403"),
+    (["--flavor", "a10g-smal"], 2, None, "flavor 'a10g-smal' is not one the Jobs API offers"),
 ])
 def test_refused_before_any_job(launcher, hub, stub_server, monkeypatch, capsys, extra, shards,
                                 refuse, expected):
