@@ -340,7 +340,7 @@ def run_check(script: Path, args, script_args: list[str], token: str | None) -> 
     except FileNotFoundError:
         raise UsageError(f"cannot run {command[0]!r} to check the run: install uv "
                          f"(https://docs.astral.sh/uv/)") from None
-    if done.returncode == 2 and "unrecognized arguments: --check-only" in done.stderr:
+    if done.returncode == 2 and re.search(r"unrecognized arguments:.* --check-only", done.stderr):
         raise UsageError(f"{script.name} does not know --check-only (a copy older than this "
                          f"launcher): use the collection's current {script.name}")
     if done.returncode != 0:
