@@ -71,6 +71,7 @@ PART_NAME = re.compile(r"^data/part-(\d{9})-(\d{9})\.parquet$")  # the scripts' 
 POLL_S = 30.0  # two calls a poll: 4 a minute, and 2 left for notes, logs and resubmissions
 CALLS_PER_MINUTE = 6
 SCHEDULING_REPORT_S = 600.0
+UNANSWERED_POLLS = 10  # polls in a row the Hub does not answer before the watch gives up
 STARTUP_S = 15 * 60  # what the scripts allow for a Job's start (image pull, model download)
 CHECK_COMMAND = ["uv", "run", "--quiet"]  # how the script's own check is run here
 ENDED = {"COMPLETED", "ERROR", "CANCELED", "DELETED"}
@@ -615,10 +616,21 @@ def watch(api: Api, ctx: dict, shards: list[Shard], poll_s: float) -> None:
     its notes (the error rows a rerun would redo) within CALLS_PER_MINUTE; a failed Job's log
     tail and its resubmission (one each per ended Job) at once."""
     run_id, output = ctx["run_id"], ctx["args"].output
-    last_table = ""
+    last_table, unanswered = "", 0
     while True:
-        jobs = {j.id: j for j in api.jobs("list_jobs", labels={LABEL: run_id})}
-        files = api.call("list_repo_files", output, repo_type="dataset")
+        try:
+            jobs = {j.id: j for j in api.jobs("list_jobs", labels={LABEL: run_id})}
+            files = api.call("list_repo_files", output, repo_type="dataset")
+        except Exception as exc:  # a network blip: the Jobs run on, the next poll asks again
+            unanswered += 1
+            if unanswered > UNANSWERED_POLLS or http_status(exc) in (401, 403):
+                raise
+            log(f"the Hub did not answer this poll ({type(exc).__name__}: "
+                f"{str(exc).splitlines()[0][:160] if str(exc) else ''}): the Jobs run on; "
+                f"asking again in {poll_s:.0f} s")
+            time.sleep(poll_s)
+            continue
+        unanswered = 0
         now = time.time()
         for s in shards:
             s.jobs = [jobs.get(j.id, j) for j in s.jobs]
@@ -820,11 +832,13 @@ def launch(args, script_args: list[str], hf_api) -> int:
             if not s.jobs:
                 s.jobs.append(submit_shard(s.index))
         watch(api, ctx, shards, args.poll_seconds)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, Exception) as exc:
         running = [j.id for s in shards for j in s.jobs[-1:] if stage(j) not in ENDED]
-        log(f"\ninterrupted: the Jobs keep running ({', '.join(running) or 'none'}). Rerun the "
+        why = "interrupted" if isinstance(exc, KeyboardInterrupt) else \
+            f"the Hub stopped answering ({type(exc).__name__}: {str(exc)[:200]})"
+        log(f"\n{why}: the Jobs keep running ({', '.join(running) or 'none'}). Rerun the "
             f"same command to watch them again (run {run_id}), or add --cancel to stop them.")
-        return EXIT_INTERRUPTED
+        return EXIT_INTERRUPTED if isinstance(exc, KeyboardInterrupt) else EXIT_FAILED
     finally:
         lock.handle.close()
     stats = summary(ctx, shards, price, api, started)

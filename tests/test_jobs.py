@@ -310,6 +310,29 @@ def test_ctrl_c_leaves_the_jobs_and_the_same_command_adopts_them(launcher, hub, 
     assert_output_complete(jobs)
 
 
+def test_a_poll_the_hub_does_not_answer_is_asked_again(launcher, hub, stub_server, monkeypatch,
+                                                       capsys):
+    """A network blip while watching (the laptop's Wi-Fi): a traceback, the Jobs left running
+    unnamed. Now said in a line, and the next poll goes on."""
+    import httpx
+
+    jobs, stub = hub(4, hold=1.0), stub_server()
+    with_rows(launcher, monkeypatch, 4)
+    listing, blips = jobs.list_jobs, [2]
+
+    def flaky(**kwargs):
+        if kwargs.get("labels", {}).get("ocr-jobs", "none") != "none" and blips[0]:
+            blips[0] -= 1
+            raise httpx.ConnectError("[Errno -3] Temporary failure in name resolution")
+        return listing(**kwargs)
+    monkeypatch.setattr(jobs, "list_jobs", flaky)
+    assert launch(launcher, jobs, stub, shards=2) == 0
+    err = capsys.readouterr().err
+    assert "the Hub did not answer this poll (ConnectError" in err and "Traceback" not in err
+    assert len(jobs.submitted) == 2
+    assert_output_complete(jobs)
+
+
 def test_a_second_launcher_on_the_same_output_exits_2(launcher, hub, stub_server, monkeypatch,
                                                       capsys):
     jobs, stub = hub(4, hold=3.0), stub_server()
