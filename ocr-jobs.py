@@ -45,8 +45,9 @@ submits only what is missing; `--cancel` cancels every Job of the run. A second 
 same OUTPUT exits 2, naming the first's run id.
 
 Exit status: 0 every shard's rows are written; 1 shards still missing rows after
---max-attempts (named, with what to do); 2 a usage error or a refused run; the script's own
-status when its check refuses the run; 130 interrupted (the Jobs keep running).
+--max-attempts (named, with what to do), or the Hub stopped answering the watch (the Jobs keep
+running); 2 a usage error or a refused run; the script's own status when its check refuses the
+run; 130 interrupted (the Jobs keep running).
 """
 
 import argparse
