@@ -45,8 +45,8 @@ submits only what is missing; `--cancel` cancels every Job of the run. A second 
 same OUTPUT exits 2, naming the first's run id.
 
 Exit status: 0 every shard's rows are written; 1 shards still missing rows after
---max-attempts (named, with what to do), or the Hub stopped answering the watch (the Jobs keep
-running); 2 a usage error or a refused run; the script's own status when its check refuses the
+--max-attempts (named, with what to do), or the watch stopped on the Hub's errors (the Jobs
+keep running); 2 a usage error or a refused run; the script's own status when its check refuses the
 run; 130 interrupted (the Jobs keep running).
 """
 
@@ -833,10 +833,12 @@ def launch(args, script_args: list[str], hf_api) -> int:
             if not s.jobs:
                 s.jobs.append(submit_shard(s.index))
         watch(api, ctx, shards, args.poll_seconds)
+    except UsageError:
+        raise
     except (KeyboardInterrupt, Exception) as exc:
         running = [j.id for s in shards for j in s.jobs[-1:] if stage(j) not in ENDED]
         why = "interrupted" if isinstance(exc, KeyboardInterrupt) else \
-            f"the Hub stopped answering ({type(exc).__name__}: {str(exc)[:200]})"
+            f"the watch stopped ({type(exc).__name__}: {str(exc)[:200]})"
         log(f"\n{why}: the Jobs keep running ({', '.join(running) or 'none'}). Rerun the "
             f"same command to watch them again (run {run_id}), or add --cancel to stop them.")
         return EXIT_INTERRUPTED if isinstance(exc, KeyboardInterrupt) else EXIT_FAILED
