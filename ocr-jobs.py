@@ -20,9 +20,10 @@ Before any Job: the script checks the run itself (`SCRIPT INPUT OUTPUT ... --che
 once here: the arguments, the input's revision and row count, the OUTPUT's manifest; it
 prints, as its last stdout line, JSON `{"rows": N}` (the rows of the whole run, every shard's,
 after --max-samples, PDF pages counted; `input_revision` too if it resolved one); refused
-are a local INPUT or OUTPUT, a script argument naming a local file (a Job cannot read it),
-`--restart`, `--num-shards`/`--shard-index` (the launcher sets them), `--shards` below 1 or
-above the rows, no token, and an account the Jobs API refuses.
+are a local INPUT or OUTPUT, a script argument naming a local file or a local folder as
+--model (a Job cannot read them), `--restart`, `--num-shards`/`--shard-index` (the launcher
+sets them), `--shards` below 1 or above the rows, no token, and an account the Jobs API
+refuses.
 
 Submission: one Job per shard (`HfApi.run_uv_job`, `attempts=1`), with the image, flavor,
 timeout and secrets of the script's `[tool.hf-jobs]` header (`--image`, `--flavor`,
@@ -44,8 +45,9 @@ submits only what is missing; `--cancel` cancels every Job of the run. A second 
 same OUTPUT exits 2, naming the first's run id.
 
 Exit status: 0 every shard's rows are written; 1 shards still missing rows after
---max-attempts (named, with what to do); 2 a usage error or a refused run; the script's own
-status when its check refuses the run; 130 interrupted (the Jobs keep running).
+--max-attempts (named, with what to do), or the watch stopped on the Hub's errors (the Jobs
+keep running); 2 a usage error or a refused run; the script's own status when its check refuses the
+run; 130 interrupted (the Jobs keep running).
 """
 
 import argparse
@@ -70,6 +72,7 @@ PART_NAME = re.compile(r"^data/part-(\d{9})-(\d{9})\.parquet$")  # the scripts' 
 POLL_S = 30.0  # two calls a poll: 4 a minute, and 2 left for notes, logs and resubmissions
 CALLS_PER_MINUTE = 6
 SCHEDULING_REPORT_S = 600.0
+UNANSWERED_POLLS = 10  # polls in a row the Hub does not answer before the watch gives up
 STARTUP_S = 15 * 60  # what the scripts allow for a Job's start (image pull, model download)
 CHECK_COMMAND = ["uv", "run", "--quiet"]  # how the script's own check is run here
 ENDED = {"COMPLETED", "ERROR", "CANCELED", "DELETED"}
@@ -153,12 +156,17 @@ def refuse_arguments(args, script_args: list[str]) -> None:
             why = "a restart deletes what OUTPUT holds: run the script itself with --restart " \
                   "first" if name == "--restart" else "the launcher sets it: pass --shards N"
             raise UsageError(f"{name} is not passed to the Jobs ({why})")
-    for word in script_args:
+    for i, word in enumerate(script_args):
         value = word.split("=", 1)[1] if word.startswith("--") and "=" in word else word
         if value and Path(value).expanduser().is_file():
             raise UsageError(f"the script argument {word!r} names a local file, which a Job "
                              f"cannot read (the Jobs API would upload it under a new path): "
                              f"push it to the Hub or pass its content instead")
+        if (word.startswith("--model=") or script_args[i - 1:i] == ["--model"]) and \
+                Path(value).expanduser().is_dir():  # a fine-tune on this machine
+            raise UsageError(f"--model {value} names a local folder, which a Job cannot read: "
+                             f"push it to the Hub (hf upload user/name {value}) and pass "
+                             f"--model user/name")
         if value == "/data" or value.startswith("/data/"):
             raise UsageError(f"{word!r}: /data is where the Jobs API mounts the script; use "
                              f"another path")
@@ -322,7 +330,9 @@ def check_account(api: Api) -> str:
 def run_check(script: Path, args, script_args: list[str], token: str | None) -> dict:
     """The script's own check of the run (`--check-only`), once, here: what the first Job
     would refuse is refused before any Job. Its last stdout line may be JSON with `rows`."""
-    command = [*CHECK_COMMAND, str(script), args.input, args.output, *script_args, "--check-only"]
+    command = [*CHECK_COMMAND, str(script), args.input, args.output, *script_args,
+               "--num-shards", str(args.shards), "--shard-index", "0", "--check-only"]  # as a
+    # shard: OUTPUT's manifest records the shards, and an unsharded run would be refused there
     env = dict(os.environ)
     if token:
         env["HF_TOKEN"] = token  # through the environment, never the command line
@@ -332,7 +342,7 @@ def run_check(script: Path, args, script_args: list[str], token: str | None) -> 
     except FileNotFoundError:
         raise UsageError(f"cannot run {command[0]!r} to check the run: install uv "
                          f"(https://docs.astral.sh/uv/)") from None
-    if done.returncode == 2 and "unrecognized arguments: --check-only" in done.stderr:
+    if done.returncode == 2 and re.search(r"unrecognized arguments:.* --check-only", done.stderr):
         raise UsageError(f"{script.name} does not know --check-only (a copy older than this "
                          f"launcher): use the collection's current {script.name}")
     if done.returncode != 0:
@@ -607,10 +617,21 @@ def watch(api: Api, ctx: dict, shards: list[Shard], poll_s: float) -> None:
     its notes (the error rows a rerun would redo) within CALLS_PER_MINUTE; a failed Job's log
     tail and its resubmission (one each per ended Job) at once."""
     run_id, output = ctx["run_id"], ctx["args"].output
-    last_table = ""
+    last_table, unanswered = "", 0
     while True:
-        jobs = {j.id: j for j in api.jobs("list_jobs", labels={LABEL: run_id})}
-        files = api.call("list_repo_files", output, repo_type="dataset")
+        try:
+            jobs = {j.id: j for j in api.jobs("list_jobs", labels={LABEL: run_id})}
+            files = api.call("list_repo_files", output, repo_type="dataset")
+        except Exception as exc:  # a network blip: the Jobs run on, the next poll asks again
+            unanswered += 1
+            if unanswered > UNANSWERED_POLLS or http_status(exc) in (401, 403):
+                raise
+            log(f"the Hub did not answer this poll ({type(exc).__name__}: "
+                f"{str(exc).splitlines()[0][:160] if str(exc) else ''}): the Jobs run on; "
+                f"asking again in {poll_s:.0f} s")
+            time.sleep(poll_s)
+            continue
+        unanswered = 0
         now = time.time()
         for s in shards:
             s.jobs = [jobs.get(j.id, j) for j in s.jobs]
@@ -663,13 +684,19 @@ def watch(api: Api, ctx: dict, shards: list[Shard], poll_s: float) -> None:
 
 
 def price_per_minute(api: Api, flavor: str) -> float | None:
+    """The flavor's price, None when unknown; a flavor the Jobs API does not offer (a typo,
+    which every Job would fail on) is refused."""
     try:
-        for hw in api.call("list_jobs_hardware"):
-            if hw.name == flavor:
-                per = {"minute": 1, "hour": 1 / 60, "second": 60}.get(hw.unit_label, None)
-                return hw.unit_cost_usd * per if per else None
+        hardware = list(api.call("list_jobs_hardware"))
     except Exception:
         return None
+    for hw in hardware:
+        if hw.name == flavor:
+            per = {"minute": 1, "hour": 1 / 60, "second": 60}.get(hw.unit_label, None)
+            return hw.unit_cost_usd * per if per else None
+    if hardware:
+        raise UsageError(f"flavor {flavor!r} is not one the Jobs API offers: pass --flavor with "
+                         f"one of {', '.join(sorted(hw.name for hw in hardware))}")
     return None
 
 
@@ -806,11 +833,15 @@ def launch(args, script_args: list[str], hf_api) -> int:
             if not s.jobs:
                 s.jobs.append(submit_shard(s.index))
         watch(api, ctx, shards, args.poll_seconds)
-    except KeyboardInterrupt:
+    except UsageError:
+        raise
+    except (KeyboardInterrupt, Exception) as exc:
         running = [j.id for s in shards for j in s.jobs[-1:] if stage(j) not in ENDED]
-        log(f"\ninterrupted: the Jobs keep running ({', '.join(running) or 'none'}). Rerun the "
+        why = "interrupted" if isinstance(exc, KeyboardInterrupt) else \
+            f"the watch stopped ({type(exc).__name__}: {str(exc)[:200]})"
+        log(f"\n{why}: the Jobs keep running ({', '.join(running) or 'none'}). Rerun the "
             f"same command to watch them again (run {run_id}), or add --cancel to stop them.")
-        return EXIT_INTERRUPTED
+        return EXIT_INTERRUPTED if isinstance(exc, KeyboardInterrupt) else EXIT_FAILED
     finally:
         lock.handle.close()
     stats = summary(ctx, shards, price, api, started)

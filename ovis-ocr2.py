@@ -804,7 +804,9 @@ def wide_to_grey(img):
 
     rows = max(1, (1 << 20) // max(1, img.width))
     boxes = [(0, y, img.width, min(img.height, y + rows)) for y in range(0, img.height, rows)]
-    peak = float(np.nanmax([np.nanmax(np.asarray(img.crop(box))) for box in boxes] or [0]))
+    strips = (np.asarray(img.crop(box)) for box in boxes)
+    peak = max((float(np.max(a[np.isfinite(a)], initial=0)) for a in strips),  # not by an inf
+               default=0.0)
     top = (1.0 if peak <= 1.0 else 65535.0) if img.mode == "F" else \
         255 if peak <= 255 else 4095 if peak <= 4095 else 65535
     grey = Image.new("L", img.size)
@@ -814,20 +816,32 @@ def wide_to_grey(img):
     return grey
 
 
+def has_alpha(img) -> bool:
+    return img.mode in ("RGBA", "LA", "PA", "RGBa", "La") or \
+        img.mode == "P" and "transparency" in img.info
+
+
+def flatten_alpha(img):
+    """A page with alpha on white (grey for a grey page), in strips of rows: beside the page,
+    only its result and one strip's copies (a giant scan's RGBA copies took gigabytes)."""
+    from PIL import Image
+
+    flat = Image.new("L" if img.mode in ("LA", "La") else "RGB", img.size, "white")
+    rows = max(1, (1 << 20) // max(1, img.width))
+    for y in range(0, img.height, rows):
+        strip = img.crop((0, y, img.width, min(img.height, y + rows))).convert("RGBA")
+        flat.paste(strip.convert(flat.mode), (0, y), strip.getchannel("A"))
+    return flat
+
+
 def to_rgb(img):
     """Any PIL mode to RGB: alpha flattened on white, palettes expanded, 16-bit and float scans
     rescaled by their real bit depth (a 16-bit page stays grey)."""
-    from PIL import Image
-
-    if img.mode == "RGB":
-        return img
     if img.mode in WIDE_MODES:
         img = wide_to_grey(img)
-    if img.mode in ("RGBA", "LA", "PA", "RGBa", "La") or \
-            img.mode == "P" and "transparency" in img.info:
-        background = Image.new("RGBA", img.size, (255, 255, 255, 255))
-        return Image.alpha_composite(background, img.convert("RGBA")).convert("RGB")
-    return img.convert("RGB")
+    if has_alpha(img):
+        img = flatten_alpha(img)
+    return img if img.mode == "RGB" else img.convert("RGB")
 
 
 class PixelBudget:
@@ -905,8 +919,11 @@ def prepare_page(cell, args=None, decode: bool = True) -> PreparedPage | None:
                 img.load()
                 if not upright:
                     img = ImageOps.exif_transpose(img)
+                if img.size == (height, width) != (width, height):  # a TIFF: Pillow turned it
+                    target = target_size(*img.size, args)  # as it loaded (and, by version, sized)
                 if img.mode != "L":  # grey is resized as grey, and widened at the model's size
-                    img = to_rgb(img) if img.mode not in WIDE_MODES else wide_to_grey(img)
+                    img = wide_to_grey(img) if img.mode in WIDE_MODES else \
+                        flatten_alpha(img) if has_alpha(img) else to_rgb(img)
                 if img.size != target:  # the filter the model's own pipeline resamples with
                     img = img.resize(target, getattr(Image.Resampling, RESIZE_FILTER.upper()))
             data, mime = encode_page(to_rgb(img))
@@ -1914,15 +1931,22 @@ def lock_file(handle) -> bool:
     return True
 
 
-def take_lock(path: Path, location: str):
+def take_lock(path: Path, location: str, probe: bool = False):
+    """The shard's lock, held until this process ends; `probe` (--check-only): only whether a
+    run would get it, with nothing written (no lock file where there is none)."""
     import socket
 
+    if probe and not path.exists():
+        return None
     handle = open(path, "a+")
     if not lock_file(handle):
         handle.seek(0)
         holder = handle.read().strip() or "another process"
         fail(f"{holder} is writing this shard of {location} right now. Wait for it to end (or "
              f"stop it), or write to another OUTPUT; shards of one run use --shard-index.")
+    if probe:
+        handle.close()  # which lets the lock go
+        return None
     handle.seek(0)
     handle.truncate()
     handle.write(f"pid {os.getpid()} on {socket.gethostname()}, since "
@@ -1951,11 +1975,17 @@ class OutputStore:
         if self.kind == "local":
             self.root = Path(self.target)
             marks = [f for f in ("README.md", ".ocr/manifest.json") if (self.root / f).exists()]
-            if "README.md" in foreign_files(marks + [f"data/{p.name}" for p in self.local_parts()]):
+            data = self.root / "data"  # what `datasets` reads there (not hidden names)
+            held = [p.relative_to(self.root).as_posix() for p in sorted(data.rglob("*"))
+                    if p.is_file() and not any(n.startswith(".") for n in p.relative_to(data).parts)
+                    ] if data.is_dir() else []
+            other = foreign_files(marks + held)
+            if other:
                 beside = shown_path(self.root.parent / (self.root.name + "-ocr"))
-                fail(f"OUTPUT {self.root} holds a README.md that no run of these scripts wrote "
-                     f"(no run's manifest or parts beside it): this run would replace it. Write "
-                     f"to a new folder, e.g. {beside}, or move that README.md away")
+                fail(f"OUTPUT {self.root} holds {', '.join(other[:3])}{', ...' * (len(other) > 3)}"
+                     f", which no run of these scripts wrote: this run would replace a card it "
+                     f"did not write, or `load_dataset` read these files with its rows. Write to "
+                     f"a new folder, e.g. {beside}, or move them away")
         else:
             from huggingface_hub import HfApi
 
@@ -1986,8 +2016,7 @@ class OutputStore:
         self.card_on_hub = self.created_manifest = self.card_failed = False
         self.sent_parts = 0  # parts given to the Hub by this run (written, or resent)
         self.upload_failures: list[str] = []
-        self.lock = None if local_check else take_lock(self.meta / f"lock-{shard}",
-                                                       self.location())
+        self.lock = take_lock(self.meta / f"lock-{shard}", self.location(), probe=local_check)
         self.journal = Journal(self.meta / "journal" / shard)
         self.remote_names: set[str] = set()  # data parts on the Hub
         self.known: set[str] = set()  # parts on the Hub that this run saw or wrote

@@ -633,6 +633,31 @@ def test_check_only_gives_the_rerun_refusal_and_touches_nothing(tmp_path, stub_s
     assert every_file(out) == before and len(stub.requests()) == 3
 
 
+def test_check_only_gives_the_refusal_of_a_shard_that_is_being_written(tmp_path, stub_server):
+    """The run would stop at once (another process holds the shard's lock): so does the check,
+    which passed before. Nothing is written, and the lock's note is left as it is."""
+    import fcntl
+
+    stub = stub_server()
+    write_image_folder(tmp_path / "in", 3)
+    out = tmp_path / "out"
+    assert run_script(OVIS, str(tmp_path / "in"), str(out), "--server", stub.url).returncode == 0
+    lock = out / ".ocr" / "lock-shard-0-of-1"
+    with open(lock, "a+") as held:  # a run writing this shard right now
+        held.write("pid 1 on elsewhere")
+        held.flush()
+        fcntl.lockf(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        before = every_file(out)
+        run = run_script(OVIS, str(tmp_path / "in"), str(out), "--server", nowhere(),
+                         "--check-only", env=NO_VLLM, timeout=120)
+        assert run.returncode == 2, run.stderr
+        assert "is writing this shard" in run.stderr and "Traceback" not in run.stderr
+        assert every_file(out) == before
+    assert checked(run_script(OVIS, str(tmp_path / "in"), str(out), "--server", nowhere(),
+                              "--check-only", env=NO_VLLM, timeout=120)) == {"rows": 3}
+    assert every_file(out) == before
+
+
 def test_check_only_of_a_hub_output_creates_and_commits_nothing(tmp_path, capsys):
     import httpx
     from huggingface_hub.errors import RepositoryNotFoundError

@@ -310,6 +310,29 @@ def test_ctrl_c_leaves_the_jobs_and_the_same_command_adopts_them(launcher, hub, 
     assert_output_complete(jobs)
 
 
+def test_a_poll_the_hub_does_not_answer_is_asked_again(launcher, hub, stub_server, monkeypatch,
+                                                       capsys):
+    """A network blip while watching (the laptop's Wi-Fi): a traceback, the Jobs left running
+    unnamed. Now said in a line, and the next poll goes on."""
+    import httpx
+
+    jobs, stub = hub(4, hold=1.0), stub_server()
+    with_rows(launcher, monkeypatch, 4)
+    listing, blips = jobs.list_jobs, [2]
+
+    def flaky(**kwargs):
+        if kwargs.get("labels", {}).get("ocr-jobs", "none") != "none" and blips[0]:
+            blips[0] -= 1
+            raise httpx.ConnectError("[Errno -3] Temporary failure in name resolution")
+        return listing(**kwargs)
+    monkeypatch.setattr(jobs, "list_jobs", flaky)
+    assert launch(launcher, jobs, stub, shards=2) == 0
+    err = capsys.readouterr().err
+    assert "the Hub did not answer this poll (ConnectError" in err and "Traceback" not in err
+    assert len(jobs.submitted) == 2
+    assert_output_complete(jobs)
+
+
 def test_a_second_launcher_on_the_same_output_exits_2(launcher, hub, stub_server, monkeypatch,
                                                       capsys):
     jobs, stub = hub(4, hold=3.0), stub_server()
@@ -347,6 +370,7 @@ def test_cancel_cancels_every_job_of_the_run(launcher, hub, stub_server, monkeyp
     ([], 5, None, "--shards 5 is more than the 4 rows"),
     ([], 2, 402, "the Jobs API refuses this account (402"),
     ([], 2, 403, "the Jobs API refuses this account (403"),
+    (["--flavor", "a10g-smal"], 2, None, "flavor 'a10g-smal' is not one the Jobs API offers"),
 ])
 def test_refused_before_any_job(launcher, hub, stub_server, monkeypatch, capsys, extra, shards,
                                 refuse, expected):
@@ -368,6 +392,8 @@ def test_local_paths_and_no_token_are_refused(launcher, hub, stub_server, monkey
         ([INPUT, str(tmp_path / "out")], "OUTPUT"),
         ([INPUT, "./out"], "OUTPUT './out' is not a Hub dataset id"),
         ([INPUT, OUTPUT, "--prompt-file", str(prompt)], "names a local file"),
+        ([INPUT, OUTPUT, "--model", str(tmp_path)], "names a local folder"),  # a fine-tune here
+        ([INPUT, OUTPUT, f"--model={tmp_path}"], "names a local folder"),
         ([INPUT, OUTPUT, "--work-dir", "/data/x"], "/data is where the Jobs API mounts"),
     ]:
         code = launcher.main([str(ROOT / SCRIPT), *argv, "--shards", "2"], hf_api=jobs)
@@ -414,6 +440,12 @@ def test_the_scripts_check_counts_the_rows(launcher, hub, stub_server, monkeypat
     monkeypatch.setenv("FAKE_HUB_ROOT", str(jobs.root))
     assert launch(launcher, jobs, stub, shards=5) == 2
     assert launch(launcher, jobs, stub, shards=2) == 0
+    assert_output_complete(jobs)
+    # the same command again (after Ctrl-C, or to finish a run): the check of OUTPUT's
+    # manifest, which the shards wrote, is the shards' check, not an unsharded run's refusal
+    submitted = len(jobs.submitted)
+    assert launch(launcher, jobs, stub, shards=2) == 0
+    assert len(jobs.submitted) == submitted
     assert_output_complete(jobs)
 
 

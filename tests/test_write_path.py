@@ -643,3 +643,22 @@ def test_a_card_that_cannot_be_written_is_said_with_the_real_stats(tmp_path, stu
     assert len(load_output(out)) == 4
     assert run_script(OVIS, *args).returncode == 0  # the rerun writes the card
     assert "ovis" in (out / "README.md").read_text().lower()
+
+
+def test_a_local_dataset_of_its_own_in_output_is_refused_before_anything_is_written(
+        tmp_path, stub_server):
+    """A local OUTPUT holding another dataset's data/train-*.parquet (no card): the run wrote
+    its parts beside them, exit 0, and `load_dataset(OUTPUT)` returned the other dataset's rows
+    (its split-named files win). Refused as a Hub repo holding files of its own is."""
+    import datasets
+    stub = stub_server()
+    write_image_folder(tmp_path / "in", 2)
+    out = tmp_path / "mine"
+    datasets.Dataset.from_dict({"x": [1, 2, 3]}).to_parquet(
+        str(out / "data" / "train-00000-of-00001.parquet"))
+    run = run_script(OVIS, str(tmp_path / "in"), str(out), *common(stub))
+    assert run.returncode == 2, run.stderr
+    assert "data/train-00000-of-00001.parquet" in run.stderr and "Traceback" not in run.stderr
+    assert str(tmp_path / "mine-ocr") in run.stderr
+    assert sorted(p.name for p in (out / "data").iterdir()) == ["train-00000-of-00001.parquet"]
+    assert not (out / "README.md").exists() and stub.requests() == []
