@@ -52,7 +52,6 @@ once, with the page's base64 spliced in (no second copy through a JSON encoder),
 retry policy (connection errors, timeouts, 429 and 5xx retried with backoff; other 4xx not).
 """
 
-import math
 import re
 
 # ============================================================================================

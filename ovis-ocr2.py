@@ -43,7 +43,6 @@ Where the engine arguments come from
     caching, no multimodal processor cache). Thinking off, greedy, max_tokens 16384.
 """
 
-import math
 import re
 
 # ============================================================================================
