@@ -114,6 +114,10 @@ def target_size(width: int, height: int, args=None) -> tuple[int, int]:
     return new_w, new_h
 
 
+def model_argument_problems(args) -> list[str]:
+    return []  # no option of this model's depends on another
+
+
 def add_model_arguments(parser) -> None:
     parser.add_argument(
         "--keep-image-tags", action="store_true",
@@ -189,7 +193,8 @@ def build_request(image_url: str, args) -> dict:
 # ==== BEGIN COMMON HELPERS (edit blocks/common.py, then run tools/sync_helpers.py) ====
 # Input, page images, output parts, dataset card, stats. The model section above provides
 # MODEL_ID, JOB_IMAGE, IMAGE_HAS_UV, DEFAULT_FLAVOR, SCRIPT_SHAPE, PAGE_FORMAT, target_size(),
-# postprocess(), inference_settings(), EXTRA_COLUMNS, DEFAULT_MAX_TOKENS, and may set these:
+# postprocess(), inference_settings(), model_argument_problems(), EXTRA_COLUMNS,
+# DEFAULT_MAX_TOKENS, and may set these:
 MODEL_REVISION = globals().get("MODEL_REVISION")  # a commit sha or tag pins the weights
 RESIZE_FILTER = globals().get("RESIZE_FILTER", "bicubic")  # the model's own resampling filter
 LOOP_TEMPERATURE = globals().get("LOOP_TEMPERATURE", 0.3)  # a looping page's second try
@@ -200,7 +205,6 @@ PDF_DPI = globals().get("PDF_DPI", 400)  # a PDF page's render DPI, unless the m
 REPETITION_DETECTION = globals().get("REPETITION_DETECTION", (32, 64))  # --repetition-detection
 REPETITION_DETECTION_ON = globals().get("REPETITION_DETECTION_ON", False)  # its default
 REPETITION_DETECTION_NOTE = globals().get("REPETITION_DETECTION_NOTE", "")  # the card's, when on
-MODEL_ARGUMENT_PROBLEMS = globals().get("model_argument_problems", lambda args: [])  # its options
 import argparse
 import contextlib
 import hashlib
@@ -3233,7 +3237,7 @@ def parse_arguments(parser: argparse.ArgumentParser, argv: list[str], engine_pro
                         f"{args.num_shards}, got {args.shard_index}")
     if args.stats_json:
         problems += filter(None, [unwritable_file("--stats-json", args.stats_json)])
-    problems += engine_problems(args) + MODEL_ARGUMENT_PROBLEMS(args)
+    problems += engine_problems(args) + model_argument_problems(args)
     if problems:
         fail("; ".join(problems) + ".")
     resolve_output(args.output)  # exits 2 saying how to write a local path

@@ -10,8 +10,7 @@ placeholder of the right type; a script's model section sets the real one.
 Besides these, a block may read an optional model-section name with a default, at the top of
 the block that uses it: `NAME = globals().get("NAME", default)` (MODEL_REVISION, RESIZE_FILTER,
 LOOP_TEMPERATURE, REPETITION_DETECTION, REPETITION_DETECTION_ON, REPETITION_DETECTION_NOTE,
-JOB_TIMEOUT, JOB_PAGES_PER_S, IMAGE_TAG_MOVING, PDF_DPI and model_argument_problems(args),
-the list of what is wrong in the model's own options, in the common block;
+JOB_TIMEOUT, JOB_PAGES_PER_S, IMAGE_TAG_MOVING and PDF_DPI in the common block;
 API_SERVER_COUNT in the saturate block). A model section sets one only where its model differs.
 
 The model section's functions may call the helpers of the blocks its script carries (the
@@ -37,6 +36,11 @@ def target_size(width: int, height: int, args=None) -> tuple[int, int]:
 
 def image_token_budget(args=None) -> int:
     """Worst-case prompt tokens of one page, with these arguments (None: the defaults)."""
+    raise NotImplementedError
+
+
+def model_argument_problems(args) -> list[str]:
+    """What is wrong in the model's own options, refused with the other argument problems."""
     raise NotImplementedError
 
 

@@ -56,6 +56,10 @@ def target_size(width: int, height: int, args=None) -> tuple[int, int]:
     return new_w, new_h
 
 
+def model_argument_problems(args) -> list[str]:
+    return []  # no option of this model's depends on another
+
+
 def add_model_arguments(parser) -> None:
     parser.add_argument(
         "--keep-image-tags", action="store_true",
