@@ -1435,7 +1435,7 @@ class DegenerateCheck:
     def __init__(self, enabled: bool, pages: int, expected: int):
         self.pages = max(self.MIN_EVIDENCE, pages)
         self.seen: list[bool] = []
-        self.fixed_by_retry = 0
+        self.fixed_by_retry = self.cut_at_limit = 0
         self.tripped = False
         self.done = not (enabled and expected > 0)
 
@@ -1451,6 +1451,7 @@ class DegenerateCheck:
         bad = result.finish_reason in CUT or not visible or \
             (len(visible) >= 8 and len(set(visible)) == 1)
         self.fixed_by_retry += retried and not bad
+        self.cut_at_limit += result.finish_reason == "length"
         self.seen.append(retried or bad)
         if len(self.seen) >= self.pages:
             self.finish()
@@ -1464,9 +1465,11 @@ class DegenerateCheck:
             self.tripped = True
             fixed = f" ({self.fixed_by_retry} of them only at the first try: their retry at " \
                 f"temperature {LOOP_TEMPERATURE} came back as text)" if self.fixed_by_retry else ""
+            limit = f" {self.cut_at_limit} of them were cut at --max-tokens: if your pages hold " \
+                f"more text than that, raise it." if self.cut_at_limit else ""
             raise RunAborted(
                 f"the first {len(self.seen)} pages all came back degenerate (empty, one "
-                f"character repeated, or cut in a loop){fixed}. That is what a wrong model / "
+                f"character repeated, or cut short){fixed}.{limit} That is what a wrong model / "
                 f"engine pair looks like: this script was validated with {MODEL_ID} on "
                 f"{JOB_IMAGE}. Check --model and the image; pass "
                 f"--no-sanity-check to write such output anyway.", code=EXIT_DEGENERATE)

@@ -265,7 +265,7 @@ def make_handler(stub: Stub):
             elif opts.answer_file:  # a model's own output shape (grounding markers, blocks)
                 text = open(opts.answer_file, encoding="utf-8").read()
             max_tokens = int(request.get("max_tokens") or 16)
-            finish = "stop"
+            finish = opts.finish_reason
             if opts.loop_below is not None and float(request.get("temperature") or 0) < opts.loop_below:
                 text, finish = loop_text(text, request.get("seed")), opts.loop_finish
             if opts.blank_seeded and request.get("seed") is not None:
@@ -333,6 +333,8 @@ def parse(argv=None):
     p.add_argument("--loop-below", type=float,
                    help="a request at a temperature below this answers a repetition loop cut at "
                         "max_tokens (finish_reason length): 0.25 loops greedy pages only, 9 always")
+    p.add_argument("--finish-reason", default="stop",
+                   help="every answer's finish_reason (length: a page cut at max_tokens)")
     p.add_argument("--loop-finish", default="length", choices=["length", "repetition"],
                    help="the finish_reason of a --loop-below answer (repetition: vLLM's "
                         "repetition_detection cut it)")

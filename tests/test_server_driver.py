@@ -534,6 +534,17 @@ def test_degenerate_output_stops_the_run_and_writes_nothing(tmp_path, stub_serve
     assert load_output(tmp_path / "out").num_rows == 12
 
 
+def test_first_pages_all_cut_at_max_tokens_name_the_limit(tmp_path, stub_server):
+    """A --max-tokens below what the pages hold cuts every answer (finish_reason length): the
+    first-pages check stops the run, and says the limit may be what cut them."""
+    stub = stub_server("--finish-reason", "length")
+    write_image_folder(tmp_path / "in", 6)
+    run = run_script(OVIS, str(tmp_path / "in"), str(tmp_path / "out"),
+                     *common(stub, "--max-tokens", "64", "--loop-retries", "0"))
+    assert run.returncode == 3, run.stderr
+    assert "were cut at --max-tokens" in run.stderr and "raise it" in run.stderr, run.stderr
+
+
 def test_api_key_is_sent_and_never_written(tmp_path, stub_server):
     stub = stub_server("--api-key", "sekrit-token-123")
     write_image_folder(tmp_path / "in", 2)
