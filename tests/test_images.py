@@ -270,14 +270,31 @@ def test_request_body_splices_the_page_exactly(script):
     assert header == "data:image/jpeg;base64" and base64.b64decode(b64) == raw
 
 
+def ocr_the_one_page(folder, tmp_path, stub_server) -> tuple[str, list[str], int]:
+    """A folder of one page through ovis-ocr2-server.py and the stub: the page's text, the mean
+    colour the stub saw (its text says it), the driver's peak RSS."""
+    import json
+
+    import pyarrow.parquet as pq
+    from conftest import run_script
+
+    stub = stub_server()
+    stats = tmp_path / "stats.json"
+    run = run_script("ovis-ocr2-server.py", str(folder), str(tmp_path / "out"), "--server",
+                     stub.url, "--stats-json", str(stats))
+    assert run.returncode == 0, run.stderr
+    text = pq.read_table(next((tmp_path / "out" / "data").glob("*.parquet")))["markdown"][0]
+    text = text.as_py()
+    colour = text.split("mean colour ")[1].split(";")[0].split(",")
+    return text, colour, json.loads(stats.read_text())["peak_rss_bytes"]
+
+
 def test_a_giant_sixteen_bit_scan_is_sent_at_the_models_size_in_bounded_memory(
         tmp_path, stub_server):
     """Issue #28: a 12000x12000 16-bit grey PNG (300 KB on disk) took 2.4 GB of driver memory
     in float copies of the page. It is sent at the model's size, its greys kept, and the
     driver stays under 1 GiB (its decode alone is 288 MB)."""
-    import json
 
-    from conftest import run_script
 
     page = np.full((12000, 12000), 40000, dtype=np.uint16)  # light grey paper ...
     page[:3000] = 8000  # ... with a dark quarter
@@ -285,23 +302,15 @@ def test_a_giant_sixteen_bit_scan_is_sent_at_the_models_size_in_bounded_memory(
     folder.mkdir()
     Image.fromarray(page).save(folder / "giant.png")
     del page
-    stub = stub_server()
-    stats = tmp_path / "stats.json"
-    run = run_script("ovis-ocr2-server.py", str(folder), str(tmp_path / "out"), "--server",
-                     stub.url, "--stats-json", str(stats))
-    assert run.returncode == 0, run.stderr
-    import pyarrow.parquet as pq
-
-    text = pq.read_table(next((tmp_path / "out" / "data").glob("*.parquet")))["markdown"][0]
+    text, colour, peak_rss = ocr_the_one_page(folder, tmp_path, stub_server)
     width, height = ovis.target_size(12000, 12000)
-    assert f"# Page {width}x{height}\n" in text.as_py()
+    assert f"# Page {width}x{height}\n" in text
     # the stub's colour of the same page drawn small, in 8 bits: a 16-bit page stays grey
     small = Image.new("L", (1200, 1200), round(40000 * 255 / 65535))
     small.paste(round(8000 * 255 / 65535), (0, 0, 1200, 300))
     grey = small.convert("RGB").resize((1, 1)).getpixel((0, 0))
-    colour = text.as_py().split("mean colour ")[1].split(";")[0].split(",")
     assert all(abs(int(v) - g) <= 2 for v, g in zip(colour, grey)), (colour, grey)
-    assert json.loads(stats.read_text())["peak_rss_bytes"] < 2**30
+    assert peak_rss < 2**30
 
 
 def sixteen_bit_grey_alpha_png(grey: np.ndarray, alpha: np.ndarray) -> bytes:
@@ -324,9 +333,7 @@ def test_a_giant_scan_with_transparency_is_flattened_in_bounded_memory(tmp_path,
     index) took 1.7 to 2.1 GB of driver memory: four full-page RGBA copies to flatten it. Its
     transparent quarter comes out white, the rest its colour, and the driver stays under
     1.5 GiB (issue #28's bound; an RGBA decode alone is 576 MB)."""
-    import json
 
-    from conftest import run_script
 
     folder = tmp_path / "scans"
     folder.mkdir()
@@ -349,18 +356,10 @@ def test_a_giant_scan_with_transparency_is_flattened_in_bounded_memory(tmp_path,
         page.paste(0, (0, 0, side, 3000))
         page.save(folder / "giant.png", transparency=0)
         del page
-    stub = stub_server()
-    stats = tmp_path / "stats.json"
-    run = run_script("ovis-ocr2-server.py", str(folder), str(tmp_path / "out"), "--server",
-                     stub.url, "--stats-json", str(stats))
-    assert run.returncode == 0, run.stderr
-    import pyarrow.parquet as pq
-
-    text = pq.read_table(next((tmp_path / "out" / "data").glob("*.parquet")))["markdown"][0]
+    text, colour, peak_rss = ocr_the_one_page(folder, tmp_path, stub_server)
     # the stub's colour of the same page drawn small: a quarter white, the rest grey 78
     small = Image.new("RGB", (1200, 1200), (78, 78, 78))
     small.paste((255, 255, 255), (0, 0, 1200, 300))
     grey = small.resize((1, 1)).getpixel((0, 0))
-    colour = text.as_py().split("mean colour ")[1].split(";")[0].split(",")
     assert all(abs(int(v) - g) <= 2 for v, g in zip(colour, grey)), (colour, grey)
-    assert json.loads(stats.read_text())["peak_rss_bytes"] < 1.5 * 2**30
+    assert peak_rss < 1.5 * 2**30

@@ -799,11 +799,13 @@ class ListsLateHub(FakeHub):
         super().__init__(root)
         self.hide, self.listings = hide, 0
 
+    def hiding(self) -> bool:
+        return self.listings == 1
+
     def list_repo_files(self, repo_id, repo_type=None, revision=None):
         self.listings += 1
         files = super().list_repo_files(repo_id, repo_type)
-        return [f for f in files if not any(h in f for h in self.hide)] \
-            if self.listings == 1 else files
+        return [f for f in files if not any(h in f for h in self.hide)] if self.hiding() else files
 
 
 def test_the_card_counts_what_other_shards_wrote_during_the_run(tmp_path, stub_server):
@@ -817,17 +819,14 @@ def test_the_card_counts_what_other_shards_wrote_during_the_run(tmp_path, stub_s
     assert "holds 12 rows: 12 with text and 0 error rows." in hub_card_counts(tmp_path)
 
 
-class CommitsLateHub(FakeHub):
+class CommitsLateHub(ListsLateHub):
     """The other shard's commit lands between this shard's last listing and its own commit:
     every listing misses it until this shard has committed its card."""
 
-    def __init__(self, root: Path, hide: list[str]):
-        super().__init__(root)
-        self.hide, self.card_sent = hide, False
+    card_sent = False
 
-    def list_repo_files(self, repo_id, repo_type=None, revision=None):
-        files = super().list_repo_files(repo_id, repo_type)
-        return files if self.card_sent else [f for f in files if not any(h in f for h in self.hide)]
+    def hiding(self) -> bool:
+        return not self.card_sent
 
     def create_commit(self, repo_id, operations, *args, **kwargs):
         super().create_commit(repo_id, operations, *args, **kwargs)
