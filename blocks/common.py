@@ -790,43 +790,40 @@ PDF_MAX_SIDE = 16384  # pixels: above it, no encoder (JPEG stops at 65,535) or p
 
 
 def find_pdf_column(ds, args) -> str | None:
-    """--pdf-column; else a column of the `datasets.Pdf` type, the folder reader's `pdf`, or an
-    image column whose first cells are PDFs (bytes starting %PDF-, or paths to PDF files)."""
+    """--pdf-column; else the `datasets.Pdf` column, the folder reader's `pdf`, or the image
+    column if its first cells are PDFs (bytes starting %PDF-, or paths to PDF files)."""
     import datasets
 
     typed = [name for name, feature in ds.features.items()
              if isinstance(feature, getattr(datasets, "Pdf", ()))]
-
-    def first_cells(column):
-        return ds.select_columns([column]).select(range(min(16, len(ds))))[column]
-
-    column = args.pdf_column
-    if column:
-        if column not in ds.column_names:
-            fail(f"--pdf-column {column!r} not found. Columns: {', '.join(ds.column_names)}")
-        cells = [] if column in typed else first_cells(column)  # typed: the type says enough
-        if any(cell is not None for cell in cells) and not any(map(looks_like_pdf, cells)):
-            fail(f"--pdf-column {column!r} holds no PDFs in its first rows (PDF bytes start "
-                 f"with %PDF-; paths must lead to PDF files)")
-        return column
-    if len(typed) > 1:
-        fail(f"INPUT has several PDF columns ({', '.join(typed)}); pass --pdf-column NAME")
-    if typed:
-        return typed[0]
     if isinstance(ds.features.get("pdf"), dict) and set(ds.features["pdf"]) == {"bytes", "path"}:
-        return "pdf"  # the folder reader's
-    column = args.image_column  # not image-typed, yet its first cells are PDFs
-    maybe = column in ds.column_names and not isinstance(ds.features[column], datasets.Image)
-    return column if maybe and any(map(looks_like_pdf, first_cells(column))) else None
+        typed.append("pdf")  # the folder reader's
+    named = args.pdf_column
+    if named and named not in ds.column_names:
+        fail(f"--pdf-column {named!r} not found. Columns: {', '.join(ds.column_names)}")
+    if not named and len(typed) > 1:
+        fail(f"INPUT has several PDF columns ({', '.join(typed)}); pass --pdf-column NAME")
+    column = named or (typed[0] if typed else args.image_column)
+    if column in typed:
+        return column  # its type says enough
+    if column not in ds.column_names or not named and isinstance(ds.features[column],
+                                                                 datasets.Image):
+        return None
+    cells = [cell for cell in ds.select_columns([column]).select(range(min(16, len(ds))))[column]
+             if cell is not None]
+    if any(map(looks_like_pdf, cells)) or named and not cells:
+        return column
+    if named:
+        fail(f"--pdf-column {named!r} holds no PDFs in its first rows (PDF bytes start with "
+             f"%PDF-; paths must lead to PDF files)")
+    return None
 
 
 def looks_like_pdf(cell) -> bool:
     data = pdf_source(cell)[0]
-    if isinstance(data, str):
-        if data.lower().endswith(".pdf"):
-            return True
+    if isinstance(data, str) and not data.lower().endswith(".pdf"):
         data = _file_ends(data, 5)
-    return isinstance(data, bytes) and data.startswith(b"%PDF-")
+    return isinstance(data, str) or data.startswith(b"%PDF-")
 
 
 def parse_pages(spec: str | None) -> list[tuple[int, int | None]] | None:
@@ -857,11 +854,6 @@ def canonical_pages(ranges) -> str | None:
     return ",".join(f"{a}" if a == b else f"{a}-{b or ''}" for a, b in merged)
 
 
-def selected_pages(ranges, count: int) -> list[int]:
-    return sorted({n for first, last in ranges or [(1, None)]
-                   for n in range(first, min(count, last or count) + 1)})
-
-
 @dataclass
 class PdfPage:
     """A page to render (its document's row, its number) or why there is none."""
@@ -885,8 +877,8 @@ class PdfPages:
     digests: dict = field(default_factory=dict)  # doc row -> input_digest(): see digest()
 
     def fingerprint(self, docs: int | None = None) -> dict:
-        """The documents (the first `docs` of them) as counted, each file's size and file_tail():
-        a PDF replaced is another; a rerun over more documents compares the first ones."""
+        """The first `docs` documents as counted, each file's size and file_tail(): a PDF
+        replaced is another; a rerun over more documents compares the first ones."""
         docs = len(self.names) if docs is None else min(docs, len(self.names))
         end = self.first_row(docs)
         digest = hashlib.sha256(self.doc[:end].tobytes() + self.number[:end].tobytes() +
@@ -899,14 +891,10 @@ class PdfPages:
         return {"documents": docs, "digest": digest.hexdigest()[:20]}
 
     def digest(self, doc_row: int) -> str | None:
-        """input_digest() of a document; a file's read once per run (a tail misses inner edits)."""
+        """input_digest() of a document; a file's is read once per run (a tail misses edits)."""
         if doc_row not in self.digests and doc_row in self.paths:
-            digest = hashlib.sha256()
             try:
-                with open(self.paths[doc_row], "rb") as handle:
-                    for chunk in iter(lambda: handle.read(1 << 20), b""):
-                        digest.update(chunk)
-                self.digests[doc_row] = digest.hexdigest()[:20]
+                self.digests[doc_row] = input_digest(Path(self.paths[doc_row]).read_bytes())
             except OSError:
                 self.digests[doc_row] = None
         return self.digests.get(doc_row)
@@ -917,11 +905,8 @@ class PdfPages:
     def rows_of(self, doc_row: int) -> range:
         return range(self.first_row(doc_row), self.first_row(doc_row + 1))
 
-    def count_of(self, doc_row: int) -> int:
-        return int(self.count[self.first_row(doc_row)])  # every document has a row
-
     def is_pdf(self, doc_row: int) -> bool:
-        return doc_row in self.errors or self.count_of(doc_row) > 0
+        return doc_row in self.errors or self.count[self.first_row(doc_row)] > 0
 
     def page(self, i: int) -> PdfPage:
         row = int(self.doc[i])
@@ -934,22 +919,8 @@ def pdf_source(cell) -> tuple[bytes | str | None, str | None]:
         (cell, None) if isinstance(cell, (bytes, bytearray, memoryview)) else (None, cell)
     if data is not None:
         return bytes(data), path
-    if isinstance(path, str) and path:
-        return str(_resolve_image_path(path)), path
-    return None, None
-
-
-def pdf_open_error(exc: BaseException, data=None) -> str:
-    """Why PDFium would not open a document: its error code can be stale, so the bytes decide."""
-    text = str(exc)
-    if isinstance(data, bytes) and re.search(rb"/Count\s*0\b", data) and \
-            not re.search(rb"/Count\s*[1-9]", data):  # PDFium refuses an empty page tree
-        return "the PDF has no pages"
-    if "password" in text.lower() and (not isinstance(data, bytes) or b"/Encrypt" in data):
-        return "the PDF is encrypted: a password is needed to open it"
-    if re.search("format|corrupt|password", text, re.I):
-        return f"not a readable PDF (corrupt or truncated): {text}"
-    return f"cannot open the PDF: {type(exc).__name__}: {text}"
+    return (str(_resolve_image_path(path)), path) if isinstance(path, str) and path else \
+        (None, None)
 
 
 def file_tail(path) -> bytes:
@@ -959,15 +930,27 @@ def file_tail(path) -> bytes:
         return handle.read()
 
 
-def _file_ends(path: str, size: int = 1 << 20) -> bytes | None:
-    """A file's first and last MiB (where a PDF keeps its trailer), or None."""
+def _file_ends(path: str, size: int = 1 << 20) -> bytes:
+    """A file's first and last MiB (where a PDF keeps its trailer); b"" if unreadable."""
     try:
         with open(path, "rb") as handle:
             head = handle.read(size)
             handle.seek(max(len(head), os.path.getsize(path) - size))
             return head + handle.read(size)
     except OSError:
-        return None
+        return b""
+
+
+def pdf_open_error(exc: Exception, data: bytes | str) -> str:
+    """Why PDFium would not open a document: its error code can be stale, so the bytes decide."""
+    text, data = str(exc), data if isinstance(data, bytes) else _file_ends(data)
+    if re.search(rb"/Count\s*0\b", data) and not re.search(rb"/Count\s*[1-9]", data):
+        return "the PDF has no pages"  # PDFium refuses an empty page tree
+    if "password" in text.lower() and b"/Encrypt" in data:
+        return "the PDF is encrypted: a password is needed to open it"
+    if re.search("format|corrupt|password", text, re.I):
+        return f"not a readable PDF (corrupt or truncated): {text}"
+    return f"cannot open the PDF: {type(exc).__name__}: {text}"
 
 
 def count_pdf_pages(ds, column: str, args) -> PdfPages:
@@ -976,7 +959,7 @@ def count_pdf_pages(ds, column: str, args) -> PdfPages:
     import pypdfium2 as pdfium
     from tqdm import tqdm
 
-    ranges, pdf, rows = parse_pages(args.pages), PdfPages(ds, column), []
+    ranges, pdf, rows = parse_pages(args.pages) or [(1, None)], PdfPages(ds, column), []
     cells = ds.select_columns([column])
     for row in tqdm(range(len(ds)), desc="counting PDF pages", unit="doc", disable=len(ds) < 50,
                     mininterval=0.5 if sys.stderr.isatty() else 10.0):
@@ -984,8 +967,8 @@ def count_pdf_pages(ds, column: str, args) -> PdfPages:
         pdf.names.append(shown)
         total, error = 0, None
         if isinstance(data, str):
-            pdf.paths[row] = data
-        elif data is not None:  # a file's is read when a page of it is sent (PdfPages.digest)
+            pdf.paths[row] = data  # read for its digest when a page of it is sent
+        elif data is not None:
             pdf.digests[row] = input_digest(data)
         if data is None:
             if column != "pdf" or "image" not in ds.column_names:  # else: an image of the folder
@@ -996,8 +979,9 @@ def count_pdf_pages(ds, column: str, args) -> PdfPages:
             try:
                 total = len(pdfium.PdfDocument(data))
             except Exception as exc:
-                error = pdf_open_error(exc, data if isinstance(data, bytes) else _file_ends(data))
-        pages = selected_pages(ranges, total)
+                error = pdf_open_error(exc, data)
+        pages = [n for n in range(1, total + 1)
+                 if any(first <= n <= (last or n) for first, last in ranges)]
         if data is not None and error is None and not pages:
             error = f"none of --pages {args.pages} is in this {total}-page PDF" if total else \
                 "the PDF has no pages"
@@ -1031,45 +1015,37 @@ def input_rows(source: InputSource, indices: list[int]) -> dict:
     rows = source.dataset.select([int(pdf.doc[i]) for i in indices] if pages else indices).to_dict()
     if pages:
         rows["page_number"] = [int(pdf.number[i]) or None for i in indices]
-        rows["page_count"] = [int(pdf.count[i]) or None for i in indices]
-    elif pdf is not None:
-        rows["page_count"] = [pdf.count_of(i) or None for i in indices]
+    if pdf is not None:
+        rows["page_count"] = [int(pdf.count[i if pages else pdf.first_row(i)]) or None
+                              for i in indices]
     return rows
 
 
-def pdf_render_size(width_pt: float, height_pt: float, dpi: float,
-                    args=None) -> tuple[float, tuple[int, int]]:
-    """(PDFium's scale, pixel size) of a page in points: at `dpi`, within both pixel bounds and
-    the model's size for these arguments (None: the defaults)."""
+def _render_pdf_page(page, args) -> PreparedPage:
+    """The page encoded at the model's size (within PDF_MAX_PIXELS and PDF_MAX_SIDE), with its
+    text layer; skipped if that has --skip-text-pages characters."""
+    from PIL import Image
+
+    skip_chars = args.skip_text_pages
+    layer = page.get_textpage().get_text_bounded().replace("\r\n", "\n").replace("\r", "\n") \
+        if args.text_layer or skip_chars else None  # PDFium ends lines with \r\n
+    if skip_chars and sum(not c.isspace() for c in layer) >= skip_chars:
+        return PreparedPage(b"", "", 0, 0, False, text_layer=layer, skipped=True)
+    width_pt, height_pt = page.get_size()
     if not (width_pt > 0 and height_pt > 0):
         raise PageError(f"the page has no area ({width_pt} x {height_pt} pt)")
-    width, height = width_pt * dpi / 72, height_pt * dpi / 72
+    width, height = width_pt * args.pdf_dpi / 72, height_pt * args.pdf_dpi / 72
     shrink = min(1.0, math.sqrt(PDF_MAX_PIXELS / (width * height)),
                  PDF_MAX_SIDE / max(width, height))
     target = target_size(max(1, round(width * shrink)), max(1, round(height * shrink)), args)
-    return target[0] / width_pt, target
-
-
-def _render_pdf_page(page, args) -> PreparedPage:
-    """The page encoded at the model's size, with its text layer; skipped if that has
-    --skip-text-pages characters."""
-    from PIL import Image
-
-    text_layer, skip_chars = bool(args.text_layer), args.skip_text_pages
-    layer = page.get_textpage().get_text_bounded() if text_layer or skip_chars else None
-    if layer is not None:
-        layer = layer.replace("\r\n", "\n").replace("\r", "\n")  # PDFium ends lines with \r\n
-    if skip_chars and sum(not c.isspace() for c in layer) >= skip_chars:
-        return PreparedPage(b"", "", 0, 0, False, text_layer=layer, skipped=True)
-    scale, target = pdf_render_size(*page.get_size(), args.pdf_dpi, args)
-    img = to_rgb(page.render(scale=scale, may_draw_forms=True).to_pil())
+    img = to_rgb(page.render(scale=target[0] / width_pt, may_draw_forms=True).to_pil())
     if img.size != target:  # a pixel of rounding, or the model's grid
         img = img.resize(target, getattr(Image.Resampling, RESIZE_FILTER.upper()))
     return PreparedPage(*encode_page(img), *target, False, text_layer=layer)
 
 
 def _pdf_worker(conn, driver: int, docs, column: str, args) -> None:
-    """A render process: jobs in, page fields or errors out; it dies with the driver."""
+    """A render process: (row, page) in, page fields or an error out; it dies with the driver."""
     import ctypes
 
     import pypdfium2 as pdfium
@@ -1090,8 +1066,7 @@ def _pdf_worker(conn, driver: int, docs, column: str, args) -> None:
             return
         try:
             if opened != doc_row:  # the last document closes as it is let go
-                opened = None
-                document = pdfium.PdfDocument(pdf_source(docs[doc_row][column])[0])
+                opened, document = None, pdfium.PdfDocument(pdf_source(docs[doc_row][column])[0])
                 document.init_forms()  # form fields drawn, as a viewer shows them
                 opened = doc_row
             reply = vars(_render_pdf_page(document[number - 1], args))
@@ -1108,8 +1083,7 @@ class PdfRenderer:
     def __init__(self, pdf: PdfPages, args):
         import queue
 
-        self.pdf, self.timeout, self.idle = pdf, args.pdf_page_timeout, queue.Queue()
-        self.args = args
+        self.pdf, self.args, self.idle = pdf, args, queue.Queue()
         for _ in range(max(1, args.pdf_workers)):
             self._start()
 
@@ -1130,15 +1104,15 @@ class PdfRenderer:
         if page.error is not None:
             raise PageError(page.error)
         process, pipe = self.idle.get()
-        reply = None  # unless it answers, a worker that hung or died is replaced
+        timeout, reply = self.args.pdf_page_timeout, None  # no reply: the worker is replaced
+        error = f"rendering page {page.number} took more than {timeout:g} s (--pdf-page-timeout)"
         try:
             pipe.send((page.doc_row, page.number))
-            if not pipe.poll(self.timeout):
-                raise PageError(f"rendering page {page.number} took more than "
-                                f"{self.timeout:g} s (--pdf-page-timeout)")
-            reply = pipe.recv()
+            if pipe.poll(timeout):
+                error = f"the PDF renderer crashed on page {page.number}"
+                reply = pipe.recv()
         except (EOFError, OSError):
-            raise PageError(f"the PDF renderer crashed on page {page.number}") from None
+            pass
         finally:
             if reply is None:
                 process.kill()
@@ -1147,8 +1121,8 @@ class PdfRenderer:
                 self._start()
             else:
                 self.idle.put((process, pipe))
-        if isinstance(reply, str):
-            raise PageError(reply)
+        if reply is None or isinstance(reply, str):
+            raise PageError(reply or error)
         return PreparedPage(**{**reply, "digest": self.pdf.digest(page.doc_row)})
 
     def close(self) -> None:
@@ -1164,10 +1138,8 @@ _RENDERER: list = []  # the run's PdfRenderer, started (open_run) before any pag
 def encode_page(img) -> tuple[bytes, str]:
     """PAGE_FORMAT "png": lossless, for models trained on PNG renders; else JPEG quality 95."""
     out = io.BytesIO()
-    if PAGE_FORMAT == "png":
-        img.save(out, format="PNG", compress_level=1)
-    else:
-        img.save(out, format="JPEG", quality=95)
+    img.save(out, **({"format": "PNG", "compress_level": 1} if PAGE_FORMAT == "png" else
+                     {"format": "JPEG", "quality": 95}))
     return out.getvalue(), f"image/{PAGE_FORMAT}"
 
 
@@ -1197,25 +1169,19 @@ def text_before_loop(text: str) -> int:
 
 
 def cut_at_loop(text: str, finish_reason: str | None) -> str:
-    """An answer cut by repetition detection keeps its text up to the repeating tail and one
-    copy of the repeating unit; any other answer stays as it came."""
+    """An answer that repetition detection ended keeps its text up to one copy of the loop."""
     return text[:text_before_loop(text)] if text and finish_reason == "repetition" else text
 
 
 def looks_degenerate(text: str | None) -> bool:
-    """Empty, one character over and over, or mostly a repetition loop."""
+    """Empty, one or two characters over and over, or mostly a repetition loop."""
     if not text or not text.strip():
         return True
     visible = [c for c in text if not c.isspace()]
-    if len(visible) >= 8 and len(set(visible)) <= 2:
-        return True
-    if len(text) >= 40:
-        period, repeats = repeated_tail(text)
-        if repeats >= 5 and period * repeats >= len(text) * 0.5:
-            return True
-    if len(text) >= 200 and len(zlib.compress(text.encode())) < len(text.encode()) * 0.05:
-        return True
-    return False
+    period, repeats = repeated_tail(text) if len(text) >= 40 else (0, 0)
+    return len(visible) >= 8 and len(set(visible)) <= 2 or \
+        repeats >= 5 and period * repeats >= len(text) * 0.5 or \
+        len(text) >= 200 and len(zlib.compress(text.encode())) < len(text.encode()) * 0.05
 
 
 def loops(text: str | None, finish_reason: str | None) -> bool:
@@ -1242,41 +1208,34 @@ def loop_seed(index: int, attempt: int) -> int:
 
 
 def kept_attempt(kept: "RowResult", retry: "RowResult") -> "RowResult":
-    """Of a looping answer and its retry: the retry when it has text and does not loop, or has
-    more text before its loop. A retry the server failed makes the row that error (a rerun redoes it);
-    one refused as a request (a 400: a seed the server does not take) keeps the first, said once."""
+    """Of a looping answer and its retry: the retry if it has text and does not loop, or more
+    text before its loop. A retry the server failed makes the row that error (a rerun redoes
+    it); one refused as a request (a 400: a seed it does not take) keeps the first, said once."""
+    if retry.error is not None and retry.error_kind == SERVER:
+        return error_row(f"the answer looped, and sending it again failed: {retry.error}", SERVER)
     if retry.error is not None:
-        if retry.error_kind == SERVER:
-            return error_row(f"the answer looped, and sending it again failed: {retry.error}",
-                             SERVER)
         if "loop retry refused" not in _WARNED:
             _WARNED.add("loop retry refused")
             log(f"warning: a looping page's retry was refused ({retry.error[:300]}); its "
                 f"looping answer is kept (pages_still_looping counts them)")
         return kept
     attempts = (kept.attempts or 1) + 1
-    blank = not (retry.text or "").strip()  # never a page's text traded for nothing
-    if not (blank or loops(retry.text, retry.finish_reason)) or \
+    if (retry.text or "").strip() and not loops(retry.text, retry.finish_reason) or \
             text_before_loop(retry.text or "") > text_before_loop(kept.text):
-        kept = retry
+        kept = retry  # never a page's text traded for nothing
     kept.attempts = attempts
     return kept
 
 
 class DegenerateCheck:
-    """Stops the run when the first completed pages are all broken answers: a wrong model/image
-    pair looks like normal load from outside (full GPU, no errors). It judges at least
-    MIN_EVIDENCE pages, never a rerun of an output whose earlier runs wrote text. A page sent
-    again counts too: at a higher temperature a broken engine's loop can turn into noise."""
-
-    MIN_EVIDENCE = 3
+    """Stops the run when the first completed pages (at least 3) are all broken: a wrong model /
+    image pair looks like normal load from outside. A page sent again counts (at a higher
+    temperature a broken engine's loop can turn into noise). Off for a rerun of an output whose
+    earlier runs wrote text."""
 
     def __init__(self, enabled: bool, pages: int, expected: int):
-        self.pages = max(self.MIN_EVIDENCE, pages)
-        self.seen: list[bool] = []
-        self.fixed_by_retry = self.cut_at_limit = 0
-        self.tripped = False
-        self.done = not (enabled and expected > 0)
+        self.pages, self.seen = max(3, pages), []  # (retried, broken, cut at --max-tokens)
+        self.done, self.tripped = not (enabled and expected > 0), False
 
     def passed(self) -> bool:
         return self.done and not self.tripped
@@ -1284,14 +1243,10 @@ class DegenerateCheck:
     def observe(self, result: "RowResult") -> None:
         if self.done:
             return
-        retried = (result.attempts or 1) > 1
-        # broken: cut, empty, or one character over and over; not a complete blank form
-        visible = "".join((result.text or "").split())
-        bad = result.finish_reason in CUT or not visible or \
+        visible = "".join((result.text or "").split())  # a complete blank form is not broken
+        broken = result.finish_reason in CUT or not visible or \
             (len(visible) >= 8 and len(set(visible)) == 1)
-        self.fixed_by_retry += retried and not bad
-        self.cut_at_limit += result.finish_reason == "length"
-        self.seen.append(retried or bad)
+        self.seen.append(((result.attempts or 1) > 1, broken, result.finish_reason == "length"))
         if len(self.seen) >= self.pages:
             self.finish()
 
@@ -1300,24 +1255,26 @@ class DegenerateCheck:
         if self.done:
             return
         self.done = True
-        if len(self.seen) >= self.MIN_EVIDENCE and all(self.seen):
-            self.tripped = True
-            fixed = f" ({self.fixed_by_retry} of them only at the first try: their retry at " \
-                f"temperature {LOOP_TEMPERATURE} came back as text)" if self.fixed_by_retry else ""
-            limit = f" {self.cut_at_limit} of them were cut at --max-tokens: if your pages hold " \
-                f"more text than that, raise it." if self.cut_at_limit else ""
-            raise RunAborted(
-                f"the first {len(self.seen)} pages all came back degenerate (empty, one "
-                f"character repeated, or cut short){fixed}.{limit} That is what a wrong model / "
-                f"engine pair looks like: this script was validated with {MODEL_ID} on "
-                f"{JOB_IMAGE}. Check --model and the image; pass "
-                f"--no-sanity-check to write such output anyway.", code=EXIT_DEGENERATE)
+        if len(self.seen) < 3 or not all(retried or broken for retried, broken, _ in self.seen):
+            return
+        self.tripped = True
+        fixed = sum(retried and not broken for retried, broken, _ in self.seen)
+        cut = sum(cut for *_, cut in self.seen)
+        raise RunAborted(
+            f"the first {len(self.seen)} pages all came back degenerate (empty, one character "
+            f"repeated, or cut short)"
+            + (f" ({fixed} of them only at the first try: their retry at temperature "
+               f"{LOOP_TEMPERATURE} came back as text)" if fixed else "")
+            + (f". {cut} of them were cut at --max-tokens: if your pages hold more text than "
+               f"that, raise it" if cut else "")
+            + f". That is what a wrong model / engine pair looks like: this script was validated "
+            f"with {MODEL_ID} on {JOB_IMAGE}. Check --model and the image; pass "
+            f"--no-sanity-check to write such output anyway.", code=EXIT_DEGENERATE)
 
 
 class HeldFailures:
     """Rows that failed on the server's (engine's) side wait in `held` until a page is answered
-    after them (a run stopped meanwhile leaves them pending). A run that ends with no page
-    answered while some failed that way is the server refusing the run (exit 4)."""
+    after them; a run that ends with none answered is the server refusing it (exit 4)."""
 
     WHO = "server"
 
