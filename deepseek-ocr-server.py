@@ -1120,8 +1120,8 @@ class PdfPages:
     digests: dict = field(default_factory=dict)  # doc row -> input_digest(): see digest()
 
     def fingerprint(self, docs: int | None = None) -> dict:
-        """The first `docs` documents as counted, each file's size and file_tail(): a PDF
-        replaced is another; a rerun over more documents compares the first ones."""
+        """The first `docs` documents' pages, each file's size and file_tail(): a PDF replaced
+        is another run; a rerun over more documents compares the first ones."""
         docs = len(self.names) if docs is None else min(docs, len(self.names))
         end = self.first_row(docs)
         digest = hashlib.sha256(self.doc[:end].tobytes() + self.number[:end].tobytes() +
@@ -1136,10 +1136,11 @@ class PdfPages:
     def digest(self, doc_row: int) -> str | None:
         """input_digest() of a document; a file's is read once per run (a tail misses edits)."""
         if doc_row not in self.digests and doc_row in self.paths:
-            try:
-                self.digests[doc_row] = input_digest(Path(self.paths[doc_row]).read_bytes())
-            except OSError:
-                self.digests[doc_row] = None
+            digest, self.digests[doc_row] = hashlib.sha256(), None  # None: unreadable
+            with contextlib.suppress(OSError), open(self.paths[doc_row], "rb") as handle:
+                for chunk in iter(lambda: handle.read(1 << 20), b""):  # a MiB at a time
+                    digest.update(chunk)
+                self.digests[doc_row] = digest.hexdigest()[:20]
         return self.digests.get(doc_row)
 
     def first_row(self, doc_row: int) -> int:
@@ -1265,8 +1266,7 @@ def input_rows(source: InputSource, indices: list[int]) -> dict:
 
 
 def _render_pdf_page(page, args) -> PreparedPage:
-    """The page encoded at the model's size (within PDF_MAX_PIXELS and PDF_MAX_SIDE), with its
-    text layer; skipped if that has --skip-text-pages characters."""
+    """The page encoded at the model's size, with its text layer; skipped if that is enough."""
     from PIL import Image
 
     skip_chars = args.skip_text_pages
@@ -1438,11 +1438,9 @@ def loops(text: str | None, finish_reason: str | None) -> bool:
 
 
 def repetition_detection(args) -> dict | None:
-    """The request's `repetition_detection`, when on: vLLM ends a request whose last P or fewer
-    tokens repeated C times in a row (C above tests/repetitive_pages.py's 60 identical rows)."""
-    if not getattr(args, "repetition_detection", False):
-        return None
-    return {"max_pattern_size": REPETITION_DETECTION[0], "min_count": REPETITION_DETECTION[1]}
+    """The request's `repetition_detection` when on: vLLM ends a loop of P or fewer tokens x C."""
+    return dict(zip(("max_pattern_size", "min_count"), REPETITION_DETECTION)) \
+        if getattr(args, "repetition_detection", False) else None  # a bare namespace: off
 
 
 def loop_seed(index: int, attempt: int) -> int:
@@ -1471,10 +1469,9 @@ def kept_attempt(kept: "RowResult", retry: "RowResult") -> "RowResult":
 
 
 class DegenerateCheck:
-    """Stops the run when the first completed pages (at least 3) are all broken: a wrong model /
-    image pair looks like normal load from outside. A page sent again counts (at a higher
-    temperature a broken engine's loop can turn into noise). Off for a rerun of an output whose
-    earlier runs wrote text."""
+    """Stops the run when the first pages (at least 3) are all broken or sent again (a broken
+    engine's loop retried can turn into noise): a wrong model / image pair looks like normal
+    load from outside. Off for a rerun of an output whose earlier runs wrote text."""
 
     def __init__(self, enabled: bool, pages: int, expected: int):
         self.pages, self.seen = max(3, pages), []  # (retried, broken, cut at --max-tokens)
@@ -1516,8 +1513,7 @@ class DegenerateCheck:
 
 
 class HeldFailures:
-    """Rows that failed on the server's (engine's) side wait in `held` until a page is answered
-    after them; a run that ends with none answered is the server refusing it (exit 4)."""
+    """Server-side failures wait in `held` until a page is answered; none answered: exit 4."""
 
     WHO = "server"
 
@@ -1531,8 +1527,8 @@ class HeldFailures:
         return held
 
     def at_end(self, redone) -> list:
-        """The rows still held, to write as error rows; or the run is refused. Rows `redone`
-        were error rows already: a page the server always fails must not make reruns exit 4."""
+        """The rows held, to write; or the run is refused (not for `redone` rows: error rows
+        already, a page the server always fails must not make every rerun exit 4)."""
         if self.failures and not self.answered and any(i not in redone for i, _ in self.held):
             self.stop(f"no page of this run was answered: {self.failures} failed on the "
                       f"{self.WHO}'s side (last: {self.last})")
