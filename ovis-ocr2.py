@@ -1171,7 +1171,6 @@ def input_features(source: InputSource):
 
 
 def input_rows(source: InputSource, indices: list[int]) -> dict:
-    """The input columns of these output rows."""
     pdf = source.pdf
     pages = pdf is not None and not pdf.per_document
     rows = source.dataset.select([int(pdf.doc[i]) for i in indices] if pages else indices).to_dict()
@@ -1238,8 +1237,8 @@ def _pdf_worker(conn, driver: int, docs, column: str, args) -> None:
 
 
 class PdfRenderer:
-    """Render processes, blocking and thread-safe: a page that outlasts the deadline or crashes
-    PDFium is that page's error, and its worker is replaced."""
+    """Render processes, thread-safe: a page that hangs or crashes one is its error, and a new
+    process takes its place."""
 
     def __init__(self, pdf: PdfPages, args):
         import queue
@@ -1367,9 +1366,8 @@ def loop_seed(index: int, attempt: int) -> int:
 
 
 def kept_attempt(kept: "RowResult", retry: "RowResult") -> "RowResult":
-    """Of a looping answer and its retry: the retry if it has text and does not loop, or more
-    text before its loop. A retry the server failed makes the row that error (a rerun redoes
-    it); one refused as a request (a 400: a seed it does not take) keeps the first, said once."""
+    """The retry if it has text and does not loop, or more text before its loop; a retry the
+    server failed: that error (a rerun redoes it); one refused (a 400): the first, said once."""
     if retry.error is not None and retry.error_kind == SERVER:
         return error_row(f"the answer looped, and sending it again failed: {retry.error}", SERVER)
     if retry.error is not None:
