@@ -448,8 +448,7 @@ def _nothing_to_do(what: str) -> "NoReturn":  # noqa: F821
 
 
 def _by_datasets(what: str, read, *args, way_out: str = "", **kwargs):
-    """What `datasets` reads; where it cannot, its own message in one line (its lists as words:
-    the splits or configs there are), and exit 2."""
+    """What `datasets` reads, else its own message in one line (lists as words) and exit 2."""
     try:
         return read(*args, **kwargs)
     except Exception as exc:  # a typo, a missing split or config, gated, offline, unreadable
@@ -458,27 +457,23 @@ def _by_datasets(what: str, read, *args, way_out: str = "", **kwargs):
         fail(f"cannot read {what}: {type(exc).__name__}: {' '.join(said.split())}{way_out}")
 
 
-def _split_of(splits: dict, what: str, args):
-    if args.split not in splits:
-        fail(f"split {args.split!r} not in {what}; it has: {', '.join(splits) or 'none'}. "
-             f"Pass --split NAME.")
-    return splits[args.split]
-
-
-def _one_split(what: str, args, split: str = "train") -> None:
-    """An INPUT with no configs and one split refuses a --config, or a --split other than that
-    split or the default, rather than ignore it."""
+def _split_of(splits: dict, what: str, args, configs: bool = False):
+    """splits[--split] (the default, train, takes a lone split of any name); a --split or a
+    --config that INPUT cannot honour is refused, never ignored."""
+    lone = len(splits) == 1 and args.split == "train"
     problems = [f"--config {args.config} (it has no configs)"] * \
-        (args.config not in (None, "", "default")) + \
-        [f"--split {args.split} (its one split is {split})"] * (args.split not in ("train", split))
+        (not configs and args.config not in (None, "", "default")) + \
+        [f"--split {args.split} (" + (f"its one split is {next(iter(splits))}" if len(splits) == 1
+                                      else f"it has: {', '.join(splits)}") + ")"] * \
+        (args.split not in splits and not lone)
     if problems:
-        fail(f"INPUT {what} cannot honour {' and '.join(problems)}: leave the flag out, or pass "
-             f"the dataset that has what it names.")
+        fail(f"INPUT {what} cannot honour {' and '.join(problems)}: leave the flag out, or name "
+             f"what it has.")
+    return splits[args.split] if args.split in splits else next(iter(splits.values()))
 
 
 def check_output_outside_input(args) -> None:
-    """Refused before anything is written: a local OUTPUT and INPUT that hold each other (one
-    would be read as the other), a Hub OUTPUT that is the Hub INPUT (its card replaced)."""
+    """Refused up front: a local OUTPUT and INPUT that hold each other, OUTPUT the Hub INPUT."""
     source = Path(args.input).expanduser()
     if not source.exists():
         if args.output.lower() == args.input.lower() and not is_local_target(args.output):
@@ -500,9 +495,8 @@ def check_output_outside_input(args) -> None:
 
 
 def _walk_folder(root: Path, args) -> list[Path]:
-    """Every file under root, in path order: symlinked folders followed, each real folder once
-    (a loop, a second link, OUTPUT: skipped and said); hidden names (.git, macOS ._x) left out,
-    as `datasets` does."""
+    """Every file under root, in path order: symlinked folders followed, each real folder once;
+    hidden names (.git, macOS ._x) left out, as `datasets` does."""
     def unreadable(exc: OSError) -> None:
         fail(f"cannot read the folder {shown_path(exc.filename)} of INPUT: {exc.strerror or exc}")
 
@@ -530,8 +524,7 @@ def _walk_folder(root: Path, args) -> list[Path]:
 
 
 def _read_metadata(root: Path, metadata_files: list[Path], relative: list[str]):
-    """imagefolder's metadata files (`file_name` relative to the file's own folder) as an Arrow
-    table of one row per image: the first metadata row that names it, else empty."""
+    """imagefolder's metadata files (`file_name` relative to their folder) as one row per image."""
     import pyarrow as pa
     import pyarrow.csv as pcsv
     import pyarrow.json as pjson
@@ -572,8 +565,7 @@ def _read_metadata(root: Path, metadata_files: list[Path], relative: list[str]):
 
 
 def _image_folder(root: Path, files: list[Path], metadata_files: list[Path]):
-    """The scripts' own reader of a folder of scans and PDFs: one row per file, `file_name` its
-    path relative to INPUT, plus the columns of any metadata file beside them."""
+    """A folder of scans and PDFs: one row per file, `file_name` relative to INPUT, metadata."""
     import datasets
 
     relative = [p.relative_to(root).as_posix() for p in files]
@@ -607,8 +599,7 @@ def _image_folder(root: Path, files: list[Path], metadata_files: list[Path]):
 
 
 def _table_files(files: list[Path], what: str) -> list[Path]:
-    """The table files that hold rows (datasets fails on a parquet of none); an unreadable one
-    is refused by name; none left: nothing to do."""
+    """The table files that hold rows (datasets fails on a parquet of none)."""
     import pyarrow.parquet as pq
 
     def rows(path: Path) -> int:
@@ -622,8 +613,8 @@ def _table_files(files: list[Path], what: str) -> list[Path]:
 
 
 def _load_local_dataset(path: Path, args):
-    """A local INPUT, read as what it is (a parquet/arrow file, a save_to_disk folder, a folder
-    of table files or of images and PDFs), never two at once; with the files it is read from."""
+    """A local INPUT read as what it is (a table file, a saved dataset, a folder of table files
+    or of images and PDFs), never two at once; with the files it is read from."""
     import datasets
 
     shown = shown_path(path)
@@ -633,18 +624,15 @@ def _load_local_dataset(path: Path, args):
         if path.suffix not in TABLE_EXTENSIONS:
             fail(f"INPUT file {shown} is not a .parquet, .arrow or .pdf file; pass a folder of "
                  f"images or PDFs instead.")
-        _one_split(f"file {shown}", args, args.split)  # a file is any split
+        _split_of({args.split: None}, f"file {shown}", args)  # a file is any split
         _table_files([path], shown)
         return _by_datasets(shown, datasets.load_dataset, path.suffix[1:],
                             data_files=[str(path)], split="train"), [path]
     if (path / "state.json").exists() or (path / "dataset_dict.json").exists():
         loaded = _by_datasets(f"the saved dataset {shown}", datasets.load_from_disk, str(path))
-        if isinstance(loaded, datasets.DatasetDict):
-            loaded, split = _split_of(loaded, shown, args), args.split
-        else:
-            split = str(loaded.split or "train")
-        _one_split(shown, args, split)
-        return loaded, _walk_folder(path, args)
+        splits = loaded if isinstance(loaded, datasets.DatasetDict) else \
+            {str(loaded.split or "train"): loaded}
+        return _split_of(splits, shown, args), _walk_folder(path, args)
     files = _walk_folder(path, args)
     images = [p for p in files if p.suffix.lower() in IMAGE_EXTENSIONS | {".pdf"}]
     metadata = [p for p in files if p.name in METADATA_NAMES]
@@ -655,7 +643,7 @@ def _load_local_dataset(path: Path, args):
              f"the images, move the table files out (a metadata.parquet/jsonl/csv beside them is "
              f"joined by file_name); to OCR the table, pass its file or folder as INPUT.")
     if images:
-        _one_split(f"folder {shown}", args)
+        _split_of({"train": None}, f"folder {shown}", args)
         return _image_folder(path, images, metadata), sorted(images + metadata)
     if not tables and not any(p.suffix in TABLE_EXTENSIONS for p in metadata):
         fail(f"INPUT folder {shown} holds no images, no PDFs, no .parquet or .arrow files and no "
@@ -664,8 +652,8 @@ def _load_local_dataset(path: Path, args):
     # data/train-*.parquet, split-named files, README `configs:`)
     builder = _by_datasets(shown, datasets.load_dataset_builder, str(path), args.config,
                            way_out=". Pass --config NAME to choose a config")
-    chosen = _table_files([Path(f) for f in _split_of(builder.config.data_files or {}, shown,
-                                                       args)], f"{shown} (split {args.split})")
+    split_files = _split_of(builder.config.data_files or {}, shown, args, configs=True)
+    chosen = _table_files([Path(f) for f in split_files], f"{shown} (split {args.split})")
     # the files named: datasets caches a README config by name, a changed folder stale
     return _by_datasets(f"{shown} (split {args.split})", datasets.load_dataset, str(path),
                         args.config, split=args.split,
@@ -673,8 +661,7 @@ def _load_local_dataset(path: Path, args):
 
 
 def _check_image_column(ds, column: str, lo: int, hi: int, base: Path | None) -> None:
-    """One clear refusal up front, from the column's type and its first rows, instead of an
-    error on every row: lists of images, values that are no image, paths that lead nowhere."""
+    """One refusal up front, from the column's type and first rows, not an error on each row."""
     import datasets
 
     feature = ds.features[column]
@@ -741,10 +728,6 @@ def open_input(args) -> InputSource:
     _TEXT_LAYER_COLUMNS[:] = ["text_layer"] * bool(args.text_layer or args.skip_text_pages) + \
         ["skipped"] * bool(args.skip_text_pages)
     if pdf_column is None:
-        unused = [flag for flag, value in (("--pages", args.pages),
-                                           ("--per-document", args.per_document)) if value]
-        if unused:
-            log(f"{' and '.join(unused)} ignored: INPUT holds no PDFs")
         _check_image_column(ds, args.image_column, lo, hi, base)
         return InputSource(ds, args.image_column, description, lo, hi, rows_full, files=files)
     pages = count_pdf_pages(ds, pdf_column, args)
@@ -796,8 +779,7 @@ class PreparedPage:
 
 
 def input_digest(data: bytes) -> str:
-    """What a row was made from (a PDF page: its document), journaled with the row: a rerun
-    reuses a journaled row only for the same bytes."""
+    """What a row was made from (a PDF page: its document): a rerun reuses a row for the same."""
     return hashlib.sha256(data).hexdigest()[:20]
 
 
@@ -839,7 +821,7 @@ def _strips(img) -> list[tuple]:
 
 def wide_to_grey(img):
     """A 16-bit or float scan as 8-bit grey, rescaled by its real bit depth (a 12-bit scan
-    fills the range), strip by strip: no float copy of the whole page."""
+    fills the range), by strips: no float copy of the whole page."""
     import numpy as np
     from PIL import Image
 
@@ -876,34 +858,26 @@ def to_rgb(img):
     return img if img.mode == "RGB" else img.convert("RGB")
 
 
-class PixelBudget:
-    """Pixels decoded at once by the preparation threads: a folder of giant scans must not
-    hold one per thread. A page larger than the budget is decoded alone."""
-
-    def __init__(self, pixels: int):
-        self.limit, self.used, self.changed = pixels, 0, threading.Condition()
-
-    @contextlib.contextmanager
-    def __call__(self, pixels: int):
-        with self.changed:
-            self.changed.wait_for(lambda: self.used == 0 or self.used + pixels <= self.limit)
-            self.used += pixels
-        try:
-            yield
-        finally:
-            with self.changed:
-                self.used -= pixels
-                self.changed.notify_all()
+_DECODING, _DECODED = threading.Condition(), [0]  # pixels the preparation threads hold
 
 
-_DECODING = PixelBudget(200_000_000)  # about 0.4 to 0.8 GB of pixels, whatever the threads
+@contextlib.contextmanager
+def decoding(pixels: int, limit: int = 200_000_000):  # 0.4 to 0.8 GB, whatever the threads
+    """Giant scans are not held one per thread: a page past the limit is decoded alone."""
+    with _DECODING:
+        _DECODING.wait_for(lambda: _DECODED[0] == 0 or _DECODED[0] + pixels <= limit)
+        _DECODED[0] += pixels
+    try:
+        yield
+    finally:
+        with _DECODING:
+            _DECODED[0] -= pixels
+            _DECODING.notify_all()
 
 
 def prepare_page(cell, args=None, decode: bool = True) -> PreparedPage | None:
-    """The encoded bytes to send for one cell, at the size the run's arguments ask (None: the
-    defaults); PageError for anything that is no page; decode=False: None instead of any pixel
-    work. A JPEG or PNG that needs no change (RGB, upright, one frame, within bounds) is sent as
-    it is: no new artifacts, no encoding cost. Pillow refuses a decompression bomb."""
+    """The bytes to send for one cell at the size args ask (PageError: no page; decode=False:
+    None rather than pixel work). A JPEG or PNG that needs no change is sent as it is."""
     from PIL import Image, ImageOps
 
     if isinstance(cell, PdfPage):
@@ -923,28 +897,30 @@ def prepare_page(cell, args=None, decode: bool = True) -> PreparedPage | None:
                 width, height = height, width
             target = target_size(width, height, args)
             frames = getattr(img, "n_frames", 1)
-            if target == (width, height) and upright and img.mode == "RGB" and frames == 1:
-                if img.format == "JPEG":  # a complete one is not even decoded
-                    if not raw.rstrip(b"\0").endswith(b"\xff\xd9"):
-                        if not decode:
-                            return None
-                        img.draft("RGB", (max(1, width // 8), max(1, height // 8)))
-                        img.load()  # trailing bytes or truncated? A 1/8-scale decode reads all
-                    return PreparedPage(raw, "image/jpeg", width, height, True, digest=digest)
-                if img.format == "PNG" and (decode or len(raw) <= 1 << 20):
+            jpeg = img.format == "JPEG"
+            if target == (width, height) and upright and img.mode == "RGB" and frames == 1 and \
+                    img.format in ("JPEG", "PNG"):  # a complete JPEG is not even decoded
+                cheap = raw.rstrip(b"\0").endswith(b"\xff\xd9") if jpeg else len(raw) <= 1 << 20
+                if not (decode or cheap):
+                    return None
+                if not jpeg:
                     Image.open(io.BytesIO(raw)).verify()  # every chunk's checksum: truncation
-                    return PreparedPage(raw, "image/png", width, height, True, digest=digest)
+                elif not cheap:  # trailing bytes or truncated? A 1/8-scale decode reads all
+                    img.draft("RGB", (max(1, width // 8), max(1, height // 8)))
+                    img.load()
+                return PreparedPage(raw, f"image/{img.format.lower()}", width, height, True,
+                                    digest=digest)
             if not decode:
                 return None
             if frames > 1:
                 img.seek(0)
-            if target != (width, height) and img.format == "JPEG":
+            if target != (width, height) and jpeg:
                 # a reduced-scale decode to no less than twice the target: the model's own
                 # filter does the last step, as on the authors' fully decoded page
                 draft = target[::-1] if turned else target
                 img.draft(img.mode if img.mode in ("RGB", "L") else None,
                           (2 * draft[0], 2 * draft[1]))
-            with _DECODING(img.width * img.height):
+            with decoding(img.width * img.height):
                 img.load()
                 if not upright:
                     img = ImageOps.exif_transpose(img)
