@@ -419,10 +419,8 @@ def inference_settings(args) -> dict:
 
 
 # ==== BEGIN COMMON HELPERS (edit blocks/common.py, then run tools/sync_helpers.py) ====
-# Input, page images, output parts, dataset card, stats. The model section above provides
-# MODEL_ID, JOB_IMAGE, IMAGE_HAS_UV, DEFAULT_FLAVOR, SCRIPT_SHAPE, PAGE_FORMAT, target_size(),
-# postprocess(), inference_settings(), model_argument_problems(), EXTRA_COLUMNS,
-# DEFAULT_MAX_TOKENS, and may set these:
+# Input, page images, output parts, dataset card, stats. The model section above provides what
+# blocks/model.py lists, and may set these:
 MODEL_REVISION = globals().get("MODEL_REVISION")  # a commit sha or tag pins the weights
 RESIZE_FILTER = globals().get("RESIZE_FILTER", "bicubic")  # the model's own resampling filter
 LOOP_TEMPERATURE = globals().get("LOOP_TEMPERATURE", 0.3)  # a looping page's second try
@@ -698,12 +696,10 @@ def _read_metadata(root: Path, metadata_files: list[Path], relative: list[str]):
             table = read[path.suffix](str(path))
         except Exception as exc:
             fail(f"cannot read the metadata file {shown_path(path)}: {type(exc).__name__}: {exc}")
-        written = [name for name in ("image", "pdf", *PDF_COLUMNS) if name in table.column_names]
-        if "file_name" not in table.column_names or written:
-            fail(f"the metadata file {shown_path(path)} needs a file_name column naming each "
-                 f"image relative to its folder, and no column this script writes itself "
-                 f"({', '.join(written or ['image', 'pdf', *PDF_COLUMNS])}): rename them, or "
-                 f"move the file out of INPUT")
+        if "file_name" not in table.column_names or {"image", "pdf", *PDF_COLUMNS} & set(
+                table.column_names):
+            fail(f"the metadata file {shown_path(path)} needs a file_name column, and none this "
+                 f"script writes ({', '.join(['image', 'pdf', *PDF_COLUMNS])}): rename, or move it")
         base = path.parent.relative_to(root).as_posix()
         keys += [name and os.path.normpath(f"{base}/{name}")
                  for name in table["file_name"].cast(pa.string()).to_pylist()]
@@ -821,7 +817,7 @@ def _load_local_dataset(path: Path, args):
                         data_files={args.split: [str(f) for f in chosen]}), files
 
 
-def _check_image_column(ds, column: str, lo: int, hi: int, base: Path | None) -> None:
+def _check_image_column(ds, column: str, lo: int, hi: int) -> None:
     """One refusal up front, from the column's type and first rows, not an error on each row."""
     import datasets
 
@@ -837,14 +833,12 @@ def _check_image_column(ds, column: str, lo: int, hi: int, base: Path | None) ->
     if dtype in ("binary", "large_binary") or hi <= lo:
         return
     sample = ds.select_columns([column]).select(range(lo, min(hi, lo + 16)))[column]
-    paths = [c if isinstance(c, str) else c.get("bytes") is None and c.get("path")
-             for c in sample if isinstance(c, (str, dict))]
-    paths = [p for p in paths if p]
+    paths = [p for p in (c if isinstance(c, str) else c.get("bytes") is None and c.get("path")
+                         for c in sample if isinstance(c, (str, dict))) if p]
     if paths and not any(_resolve_image_path(p).is_file() for p in paths):
-        where = f"{Path.cwd()}" + (f" and {base}" if base is not None else "")
         fail(f"image column {column!r} holds paths that lead to no file, e.g. {paths[0]!r} "
-             f"(relative ones looked up in {where}). Write absolute paths, or paths relative "
-             f"to INPUT's folder; or {advice}")
+             f"(relative ones looked up in {' and '.join(map(str, [Path.cwd(), *_PATH_BASE]))}). "
+             f"Write absolute paths, or paths relative to INPUT's folder; or {advice}")
 
 
 def open_input(args) -> InputSource:
@@ -889,7 +883,7 @@ def open_input(args) -> InputSource:
     _TEXT_LAYER_COLUMNS[:] = ["text_layer"] * bool(args.text_layer or args.skip_text_pages) + \
         ["skipped"] * bool(args.skip_text_pages)
     if pdf_column is None:
-        _check_image_column(ds, args.image_column, lo, hi, base)
+        _check_image_column(ds, args.image_column, lo, hi)
         return InputSource(ds, args.image_column, description, lo, hi, rows_full, files=files)
     pages = count_pdf_pages(ds, pdf_column, args)
     pages.per_document = bool(args.per_document)
