@@ -383,24 +383,24 @@ def _by_datasets(what: str, read, *args, way_out: str = "", **kwargs):
     try:
         return read(*args, **kwargs)
     except Exception as exc:  # a typo, a missing split or config, gated, offline, unreadable
-        said = str(exc).split("\nExample")[0]
+        said = str(exc).split("\nExample")[0] + (f" ({exc.__cause__})" if exc.__cause__ else "")
         said = re.sub(r"\[([^\]]*)\]", lambda m: m[1].replace("'", ""), said)
         fail(f"cannot read {what}: {type(exc).__name__}: {' '.join(said.split())}{way_out}")
 
 
 def _split_of(splits: dict, what: str, args, configs: bool = False):
-    """splits[--split] (the default, train, takes a lone split of any name); a --split or a
+    """splits[--split], the default (train) taking a lone split of any name; a --split or a
     --config that INPUT cannot honour is refused, never ignored."""
-    lone = len(splits) == 1 and args.split == "train"
+    lone = next(iter(splits)) if len(splits) == 1 else None
     problems = [f"--config {args.config} (it has no configs)"] * \
-        (not configs and args.config not in (None, "", "default")) + \
-        [f"--split {args.split} (" + (f"its one split is {next(iter(splits))}" if len(splits) == 1
-                                      else f"it has: {', '.join(splits)}") + ")"] * \
-        (args.split not in splits and not lone)
+        (not configs and args.config not in (None, "", "default"))
+    if args.split not in splits and not (lone and args.split == "train"):
+        problems.append(f"--split {args.split} (its one split is {lone})" if lone else
+                        f"--split {args.split} (it has: {', '.join(splits) or 'none'})")
     if problems:
         fail(f"INPUT {what} cannot honour {' and '.join(problems)}: leave the flag out, or name "
              f"what it has.")
-    return splits[args.split] if args.split in splits else next(iter(splits.values()))
+    return splits[args.split if args.split in splits else lone]
 
 
 def check_output_outside_input(args) -> None:
@@ -468,10 +468,11 @@ def _read_metadata(root: Path, metadata_files: list[Path], relative: list[str]):
             table = read[path.suffix](str(path))
         except Exception as exc:
             fail(f"cannot read the metadata file {shown_path(path)}: {type(exc).__name__}: {exc}")
-        if "file_name" not in table.column_names or {"image", "pdf", *PDF_COLUMNS} & set(
-                table.column_names):
+        written = [name for name in ("image", "pdf", *PDF_COLUMNS) if name in table.column_names]
+        if "file_name" not in table.column_names or written:
             fail(f"the metadata file {shown_path(path)} needs a file_name column, and none this "
-                 f"script writes ({', '.join(['image', 'pdf', *PDF_COLUMNS])}): rename, or move it")
+                 f"script writes itself ({', '.join(written or ['image', 'pdf', *PDF_COLUMNS])}; "
+                 f"columns: {', '.join(table.column_names)}): rename, or move it out of INPUT")
         base = path.parent.relative_to(root).as_posix()
         keys += [name and os.path.normpath(f"{base}/{name}")
                  for name in table["file_name"].cast(pa.string()).to_pylist()]
