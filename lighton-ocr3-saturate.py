@@ -326,10 +326,8 @@ def build_request(image_url: str, args) -> dict:
 
 
 # ==== BEGIN COMMON HELPERS (edit blocks/common.py, then run tools/sync_helpers.py) ====
-# Input, page images, output parts, dataset card, stats. The model section above provides
-# MODEL_ID, JOB_IMAGE, IMAGE_HAS_UV, DEFAULT_FLAVOR, SCRIPT_SHAPE, PAGE_FORMAT, target_size(),
-# postprocess(), inference_settings(), model_argument_problems(), EXTRA_COLUMNS,
-# DEFAULT_MAX_TOKENS, and may set these:
+# Input, page images, output parts, dataset card, stats. The model section above provides what
+# blocks/model.py lists, and may set these:
 MODEL_REVISION = globals().get("MODEL_REVISION")  # a commit sha or tag pins the weights
 RESIZE_FILTER = globals().get("RESIZE_FILTER", "bicubic")  # the model's own resampling filter
 LOOP_TEMPERATURE = globals().get("LOOP_TEMPERATURE", 0.3)  # a looping page's second try
@@ -360,7 +358,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 IMAGE_EXTENSIONS = {".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp", ".webp", ".gif", ".jp2"}
-MAX_DECODE_PIXELS = 250_000_000  # larger than any real scan: above it, a decompression bomb
 # Pillow holds a large image in blocks of 16 MiB, which stay in each thread's malloc arena once
 # freed (8 threads of giant scans: gigabytes); blocks of 64 MiB are mapped, and given back
 os.environ.setdefault("PILLOW_BLOCK_SIZE", "64m")
@@ -511,26 +508,46 @@ def shown_path(path) -> str:
     return os.fsencode(path).decode("utf-8", "backslashreplace")
 
 
-def _first_of(names: list) -> str:
-    return f"{names[0]}{', ...' if len(names) > 1 else ''}"
-
-
 def _nothing_to_do(what: str) -> "NoReturn":  # noqa: F821
     log(f"INPUT {what} has no rows: nothing to do (nothing written)")
     raise SystemExit(0)
 
 
+def _by_datasets(what: str, read, *args, way_out: str = "", **kwargs):
+    """What `datasets` reads, else its own message in one line (lists as words) and exit 2."""
+    try:
+        return read(*args, **kwargs)
+    except Exception as exc:  # a typo, a missing split or config, gated, offline, unreadable
+        said = str(exc).split("\nExample")[0] + (f" ({exc.__cause__})" if exc.__cause__ else "")
+        said = re.sub(r"\[([^\]]*)\]", lambda m: m[1].replace("'", ""), said)
+        fail(f"cannot read {what}: {type(exc).__name__}: {' '.join(said.split())}{way_out}")
+
+
+def _split_of(splits: dict, what: str, args, configs: bool = False):
+    """splits[--split], the default (train) taking a lone split of any name; a --split or a
+    --config that INPUT cannot honour is refused, never ignored."""
+    lone = next(iter(splits)) if len(splits) == 1 else None
+    problems = [f"--config {args.config} (it has no configs)"] * \
+        (not configs and args.config not in (None, "", "default"))
+    if args.split not in splits and not (lone and args.split == "train"):
+        problems.append(f"--split {args.split} (its one split is {lone})" if lone else
+                        f"--split {args.split} (it has: {', '.join(splits) or 'none'})")
+    if problems:
+        fail(f"INPUT {what} cannot honour {' and '.join(problems)}: leave the flag out, or name "
+             f"what it has.")
+    return splits[args.split if args.split in splits else lone]
+
+
 def check_output_outside_input(args) -> None:
-    """Refused before anything is written: a local OUTPUT and INPUT that hold each other (one
-    would be read as the other), a Hub OUTPUT that is the Hub INPUT (its card replaced)."""
+    """Refused up front: a local OUTPUT and INPUT that hold each other, OUTPUT the Hub INPUT."""
     source = Path(args.input).expanduser()
-    if not is_local_target(args.output):
-        if not source.exists() and args.output.lower() == args.input.lower():
+    if not source.exists():
+        if args.output.lower() == args.input.lower() and not is_local_target(args.output):
             fail(f"OUTPUT must not be INPUT: {args.output} is the input dataset (its card would "
                  f"be replaced, its data deleted by --restart). Write to another repo, e.g. "
                  f"{args.output}-ocr")
         return
-    if not source.exists():
+    if not is_local_target(args.output):
         return
     source, target = source.resolve(), Path(args.output).expanduser().resolve()
     if target in source.parents:
@@ -544,36 +561,26 @@ def check_output_outside_input(args) -> None:
 
 
 def _walk_folder(root: Path, args) -> list[Path]:
-    """Every file under root, in path order. Symlinked folders are followed, each real folder
-    once (a loop, a second link or a link to OUTPUT is skipped and said); hidden names (.git,
-    macOS ._x) are left out, as `datasets` does."""
+    """Every file under root, in path order: symlinked folders followed, each real folder once;
+    hidden names (.git, macOS ._x) left out, as `datasets` does."""
     def unreadable(exc: OSError) -> None:
         fail(f"cannot read the folder {shown_path(exc.filename)} of INPUT: {exc.strerror or exc}")
 
-    def folder_id(path) -> tuple:
-        try:
-            info = os.stat(path)
-        except OSError as exc:
-            unreadable(exc)
-        return info.st_dev, info.st_ino
-
-    read = "a folder already read ({}; a loop, or a second link to it)"
-    seen = {folder_id(root): read}  # each real folder: why a link to it is skipped
-    output = Path(args.output).expanduser()
-    if is_local_target(args.output) and output.exists():
-        seen[folder_id(output)] = "OUTPUT, whose files are no input"
+    read = "a folder already read: a loop, or a second link"
+    seen = {os.path.realpath(root): read}  # each real folder: why a link to it is skipped
+    if is_local_target(args.output):
+        seen.setdefault(os.path.realpath(Path(args.output).expanduser()), "OUTPUT")
     files, hidden = [], 0
     for folder, dirs, names in os.walk(root, onerror=unreadable, followlinks=True):
         hidden += sum(name.startswith(".") for name in dirs + names)
         kept = []
         for name in sorted(name for name in dirs if not name.startswith(".")):
             path = os.path.join(folder, name)
-            key = folder_id(path)
-            if key in seen:
-                log(f"skipped {shown_path(path)}: a symlink to "
-                    f"{seen[key].format(shown_path(os.path.realpath(path)))}")
+            real = os.path.realpath(path)
+            if real in seen:
+                log(f"skipped {shown_path(path)} ({shown_path(real)}): a symlink to {seen[real]}")
             else:
-                seen[key] = read
+                seen[real] = read
                 kept.append(name)
         dirs[:] = kept
         files += [Path(folder, name) for name in names if not name.startswith(".")]
@@ -583,10 +590,8 @@ def _walk_folder(root: Path, args) -> list[Path]:
 
 
 def _read_metadata(root: Path, metadata_files: list[Path], relative: list[str]):
-    """imagefolder's metadata files (`file_name` relative to the file's own folder), joined to
-    the images by name: an Arrow table, one row per image, from the first row that names it."""
+    """imagefolder's metadata files (`file_name` relative to their folder) as one row per image."""
     import pyarrow as pa
-    import pyarrow.compute as pc
     import pyarrow.csv as pcsv
     import pyarrow.json as pjson
     import pyarrow.parquet as pq
@@ -600,66 +605,57 @@ def _read_metadata(root: Path, metadata_files: list[Path], relative: list[str]):
             fail(f"cannot read the metadata file {shown_path(path)}: {type(exc).__name__}: {exc}")
         written = [name for name in ("image", "pdf", *PDF_COLUMNS) if name in table.column_names]
         if "file_name" not in table.column_names or written:
-            fail(f"the metadata file {shown_path(path)} needs a file_name column naming each "
-                 f"image relative to its folder, and no column this script writes itself "
-                 f"({', '.join(written or ['image', 'pdf', *PDF_COLUMNS])}; columns: "
-                 f"{', '.join(table.column_names)}); rename them, or move the file out of INPUT")
+            fail(f"the metadata file {shown_path(path)} needs a file_name column, and none this "
+                 f"script writes itself ({', '.join(written or ['image', 'pdf', *PDF_COLUMNS])}; "
+                 f"columns: {', '.join(table.column_names)}): rename, or move it out of INPUT")
         base = path.parent.relative_to(root).as_posix()
         keys += [name and os.path.normpath(f"{base}/{name}")
-                 for name in pc.cast(table["file_name"], pa.string()).to_pylist()]
+                 for name in table["file_name"].cast(pa.string()).to_pylist()]
         tables.append(table.drop_columns(["file_name"]))
     try:
         meta = pa.concat_tables(tables, promote_options="permissive")
     except Exception as exc:
-        fail(f"the metadata files of INPUT do not share their columns "
-             f"({', '.join(shown_path(p) for p in metadata_files)}): {exc}")
+        fail(f"the metadata files of INPUT do not share their columns: {exc}")
     row_of: dict = {}
     twice = [key for row, key in enumerate(keys) if key and row_of.setdefault(key, row) != row]
     take = [row_of.get(name) for name in relative]
-    unlisted = [name for name, row in zip(relative, take) if row is None]
-    absent = sorted(set(row_of) - set(relative))
-    if twice:
-        log(f"warning: {len(twice)} metadata row(s) name an image named before "
-            f"({_first_of(twice)}): each image has the first such row's columns")
-    if unlisted:
-        log(f"{len(unlisted)} image(s) not named in the metadata file(s) "
-            f"({shown_path(_first_of(unlisted))}): OCR'd all the same, their metadata empty")
-    if absent:
-        log(f"{len(absent)} metadata row(s) name no image in INPUT ({_first_of(absent)}): left out")
+    for names, what in (
+            (twice, "metadata row(s) name an image named before ({}): the first such row counts"),
+            ([name for name, row in zip(relative, take) if row is None],
+             "image(s) not named in the metadata ({}): OCR'd all the same, their metadata empty"),
+            (sorted(set(row_of) - set(relative)), "metadata row(s) name no image ({}): left out")):
+        if names:
+            log(f"{len(names)} " + what.format(shown_path(names[0]) + ", ..." * (len(names) > 1)))
     return meta.take(pa.array(take, type=pa.int64()))
 
 
-def _image_folder(root: Path, images: list[Path], metadata_files: list[Path]):
-    """The scripts' own reader of a folder of scans: one row per image, `file_name` its path
-    relative to INPUT, plus the columns of any metadata file beside them."""
+def _image_folder(root: Path, files: list[Path], metadata_files: list[Path]):
+    """A folder of scans and PDFs: one row per file, `file_name` relative to INPUT, metadata."""
     import datasets
 
-    relative = [p.relative_to(root).as_posix() for p in images]
-    cells = [{"bytes": None, "path": str(p)} for p in images]
-    odd = [i for i, p in enumerate(images) if shown_path(p) != str(p)]
+    relative = [p.relative_to(root).as_posix() for p in files]
+    cells = [{"bytes": None, "path": str(p)} for p in files]
+    odd = [i for i, p in enumerate(files) if shown_path(p) != str(p)]
     if odd:  # not valid text for Arrow: read now, under a readable name (the real file is read)
-        size = sum(images[i].stat().st_size for i in odd if images[i].exists())
+        size = sum(files[i].stat().st_size for i in odd if files[i].exists())
         if size > ODD_NAMES_MAX_BYTES:
-            fail(f"{len(odd)} image name(s) are not UTF-8 (e.g. {shown_path(images[odd[0]])}) "
+            fail(f"{len(odd)} image name(s) are not UTF-8 (e.g. {shown_path(files[odd[0]])}) "
                  f"and they total {size / 2**30:.1f} GiB, more than is read into memory; "
                  f"rename them to UTF-8 first (e.g. convmv -f latin1 -t utf8 -r --notest DIR)")
         for i in odd:
             try:
-                data = images[i].read_bytes()
+                data = files[i].read_bytes()
             except OSError:  # the row's error says it cannot be read
                 data = None
-            cells[i] = {"bytes": data, "path": shown_path(images[i].name)}
-        log(f"{len(odd)} image name(s) are not UTF-8 (e.g. {shown_path(relative[odd[0]])}); "
-            f"file_name shows their bytes as \\xNN")
-    is_pdf = [p.suffix.lower() == ".pdf" for p in images]
-    columns = {"image": [None if pdf else cell for cell, pdf in zip(cells, is_pdf)],
+            cells[i] = {"bytes": data, "path": shown_path(files[i].name)}
+    pdf = [p.suffix.lower() == ".pdf" for p in files]
+    columns = {"image": [None if is_pdf else cell for cell, is_pdf in zip(cells, pdf)],
                "file_name": [shown_path(name) for name in relative],
-               "pdf": [cell if pdf else None for cell, pdf in zip(cells, is_pdf)]}
+               "pdf": [cell if is_pdf else None for cell, is_pdf in zip(cells, pdf)]}
     features = {"image": datasets.Image(decode=False), "file_name": datasets.Value("string"),
                 "pdf": {"bytes": datasets.Value("binary"), "path": datasets.Value("string")}}
-    for name in ("image", "pdf"):  # a folder of PDFs only has no image column, and vice versa
-        if all(value is None for value in columns[name]):
-            del columns[name], features[name]
+    for name in ["image"] * all(pdf) + ["pdf"] * (not any(pdf)):  # a column of files there are
+        del columns[name], features[name]
     ds = datasets.Dataset.from_dict(columns, features=datasets.Features(features))
     if metadata_files:
         meta = _read_metadata(root, metadata_files, relative)
@@ -668,151 +664,89 @@ def _image_folder(root: Path, images: list[Path], metadata_files: list[Path]):
 
 
 def _table_files(files: list[Path], what: str) -> list[Path]:
-    """The table files that hold rows: an empty or unreadable file is refused by name, a parquet
-    file of no rows left out (datasets fails on one); none: nothing to do."""
+    """The table files that hold rows (datasets fails on a parquet of none)."""
     import pyarrow.parquet as pq
 
-    kept = []
-    for path in files:
-        if path.stat().st_size == 0:
-            fail(f"INPUT file {shown_path(path)} is empty (0 bytes), not a {path.suffix} file: "
+    def rows(path: Path) -> int:
+        try:
+            return pq.ParquetFile(str(path)).metadata.num_rows if path.suffix == ".parquet" else 1
+        except Exception as exc:  # pyarrow says what: 0 bytes, or no parquet at all
+            fail(f"INPUT file {shown_path(path)} is not a readable parquet file ({exc}): "
                  f"remove it, or write it again")
-        try:
-            rows = pq.ParquetFile(str(path)).metadata.num_rows if path.suffix == ".parquet" else 1
-        except Exception as exc:
-            fail(f"INPUT file {shown_path(path)} is not a readable parquet file "
-                 f"({type(exc).__name__}: {exc})")
-        kept += [path] * bool(rows)
-    return kept or _nothing_to_do(what)
 
-
-def _load_table_folder(path: Path, args):
-    """A folder of parquet/arrow files (a Hub snapshot: data/train-*.parquet, split-named
-    files, README `configs:`), read as `datasets.load_dataset(folder)` reads it."""
-    import datasets
-
-    try:
-        builder = datasets.load_dataset_builder(str(path), args.config)
-    except ValueError as exc:  # a config missing or unknown: datasets says which exist
-        try:
-            configs = datasets.get_dataset_config_names(str(path))
-        except Exception:
-            configs = []
-        wanted = f"--config {args.config!r} is not" if args.config else "no --config is"
-        fail(f"{wanted} a config of {shown_path(path)}; it has: {', '.join(configs) or '?'}. "
-             f"Pass --config NAME ({str(exc).splitlines()[0]})")
-    except Exception as exc:
-        fail(f"datasets cannot read the folder {shown_path(path)}: {type(exc).__name__}: {exc}")
-    data_files = builder.config.data_files or {}
-    if args.split not in data_files:
-        fail(f"split {args.split!r} not in {shown_path(path)}"
-             f"{' (config ' + repr(args.config) + ')' if args.config else ''}; it has: "
-             f"{', '.join(data_files) or 'none'}. Pass --split NAME.")
-    files = _table_files([Path(f) for f in data_files[args.split]],
-                         f"{shown_path(path)} (split {args.split})")
-    try:  # the files named: datasets caches a README config by name, a changed folder stale
-        return datasets.load_dataset(str(path), args.config, split=args.split,
-                                     data_files={args.split: [str(f) for f in files]})
-    except Exception as exc:
-        fail(f"datasets cannot read {shown_path(path)} (split {args.split}): "
-             f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-             f"{' (' + str(exc.__cause__) + ')' if exc.__cause__ else ''}")
-
-
-def _one_split(what: str, args, split: str = "train") -> None:
-    """An INPUT with no configs and one split: a --config, or a --split other than that split
-    or the default, is refused rather than ignored."""
-    problems = [f"--config {args.config} (it has no configs)"] * \
-        (args.config not in (None, "", "default")) + \
-        [f"--split {args.split} (its one split is {split})"] * (args.split not in ("train", split))
-    if problems:
-        fail(f"INPUT {what} cannot honour {' and '.join(problems)}: leave the flag out, or pass "
-             f"the dataset that has what it names.")
+    return [path for path in files if rows(path)] or _nothing_to_do(what)
 
 
 def _load_local_dataset(path: Path, args):
-    """A local INPUT, read as what it is (a parquet/arrow file, a save_to_disk folder, a folder
-    of table files or of images and PDFs), never two at once; with the files it is read from."""
+    """A local INPUT read as what it is (a table file, a saved dataset, a folder of table files
+    or of images and PDFs), never two at once; with the files it is read from."""
     import datasets
 
+    shown = shown_path(path)
     if path.is_file() and path.suffix.lower() == ".pdf":
         return _image_folder(path.parent, [path], []), [path]  # one document: a folder of one
     if path.is_file():
         if path.suffix not in TABLE_EXTENSIONS:
-            fail(f"INPUT file {shown_path(path)} is not a .parquet, .arrow or .pdf file; pass a "
-                 f"folder of images or PDFs instead.")
-        _one_split(f"file {shown_path(path)}", args, args.split)  # a file is any split
-        _table_files([path], shown_path(path))
-        try:
-            return datasets.load_dataset(path.suffix[1:], data_files=[str(path)],
-                                         split="train"), [path]
-        except Exception as exc:
-            fail(f"datasets cannot read {shown_path(path)}: {type(exc).__name__}: {exc}")
+            fail(f"INPUT file {shown} is not a .parquet, .arrow or .pdf file; pass a folder of "
+                 f"images or PDFs instead.")
+        _split_of({args.split: None}, f"file {shown}", args)  # a file is any split
+        _table_files([path], shown)
+        return _by_datasets(shown, datasets.load_dataset, path.suffix[1:],
+                            data_files=[str(path)], split="train"), [path]
     if (path / "state.json").exists() or (path / "dataset_dict.json").exists():
-        try:
-            loaded = datasets.load_from_disk(str(path))
-        except Exception as exc:
-            fail(f"cannot load the save_to_disk folder {shown_path(path)}: "
-                 f"{type(exc).__name__}: {exc}")
-        if isinstance(loaded, datasets.DatasetDict):
-            if args.split not in loaded:
-                fail(f"split {args.split!r} not in {shown_path(path)}; it has: "
-                     f"{', '.join(loaded)}. Pass --split NAME.")
-            loaded, split = loaded[args.split], args.split
-        else:
-            split = str(loaded.split or "train")
-        _one_split(shown_path(path), args, split)
-        return loaded, _walk_folder(path, args)
+        loaded = _by_datasets(f"the saved dataset {shown}", datasets.load_from_disk, str(path))
+        splits = loaded if isinstance(loaded, datasets.DatasetDict) else \
+            {str(loaded.split or "train"): loaded}
+        return _split_of(splits, shown, args), _walk_folder(path, args)
     files = _walk_folder(path, args)
     images = [p for p in files if p.suffix.lower() in IMAGE_EXTENSIONS | {".pdf"}]
     metadata = [p for p in files if p.name in METADATA_NAMES]
     tables = [p for p in files if p.suffix in TABLE_EXTENSIONS and p not in metadata]
     if images and tables:
-        shown = ", ".join(shown_path(p.relative_to(path)) for p in tables[:3])
-        fail(f"INPUT {shown_path(path)} holds {len(images)} image(s) and {len(tables)} "
-             f"table file(s) ({shown}{', ...' if len(tables) > 3 else ''}): to OCR the images, "
-             f"move the table files out (a metadata.parquet/jsonl/csv beside them is joined by "
-             f"file_name); to OCR the table, pass its file or folder as INPUT.")
+        fail(f"INPUT {shown} holds {len(images)} image(s) and {len(tables)} table file(s) "
+             f"({shown_path(tables[0].relative_to(path))}{', ...' * (len(tables) > 1)}): to OCR "
+             f"the images, move the table files out (a metadata.parquet/jsonl/csv beside them is "
+             f"joined by file_name); to OCR the table, pass its file or folder as INPUT.")
     if images:
-        ignored = [f"--{k} {v}" for k, v in (("config", args.config), ("split", args.split))
-                   if v and v != ("train" if k == "split" else None)]
-        if ignored:
-            log(f"{' and '.join(ignored)} ignored: INPUT is a folder of images, read whole")
+        _split_of({"train": None}, f"folder {shown}", args)
         return _image_folder(path, images, metadata), sorted(images + metadata)
-    if tables or any(p.suffix in TABLE_EXTENSIONS for p in metadata):
-        return _load_table_folder(path, args), files  # (a README's configs: choose files)
-    fail(f"INPUT folder {shown_path(path)} holds no images, no PDFs, no .parquet or .arrow files "
-         f"and no saved dataset.")
+    if not tables and not any(p.suffix in TABLE_EXTENSIONS for p in metadata):
+        fail(f"INPUT folder {shown} holds no images, no PDFs, no .parquet or .arrow files and no "
+             f"saved dataset.")
+    # a folder of table files, as `datasets.load_dataset(folder)` reads it (a Hub snapshot:
+    # data/train-*.parquet, split-named files, README `configs:`)
+    builder = _by_datasets(shown, datasets.load_dataset_builder, str(path), args.config,
+                           way_out=". Pass --config NAME to choose a config")
+    split_files = _split_of(builder.config.data_files or {}, shown, args, configs=True)
+    chosen = _table_files([Path(f) for f in split_files], f"{shown} (split {args.split})")
+    # the files named: datasets caches a README config by name, a changed folder stale
+    return _by_datasets(f"{shown} (split {args.split})", datasets.load_dataset, str(path),
+                        args.config, split=args.split,
+                        data_files={args.split: [str(f) for f in chosen]}), files
 
 
-def _check_image_column(ds, column: str, lo: int, hi: int, base: Path | None) -> None:
-    """One clear refusal up front, from the column's type and its first rows, instead of an
-    error on every row: lists of images, values that are no image, paths that lead nowhere."""
+def _check_image_column(ds, column: str, lo: int, hi: int) -> None:
+    """One refusal up front, from the column's type and first rows, not an error on each row."""
     import datasets
 
     feature = ds.features[column]
-    advice = (f"pass --image-column NAME of a column of images (columns: "
-              f"{', '.join(ds.column_names)})")
+    advice = f"pass --image-column NAME of images (columns: {', '.join(ds.column_names)})"
     if isinstance(feature, (list, tuple)) or hasattr(feature, "feature"):
-        fail(f"image column {column!r} holds lists ({feature}), and these "
-             f"scripts OCR one image per row: flatten it first (one row per page), or {advice}")
+        fail(f"image column {column!r} holds lists ({feature}), and these scripts OCR one image "
+             f"per row: flatten it first (one row per page), or {advice}")
     dtype = feature.dtype if isinstance(feature, datasets.Value) else None
-    struct = isinstance(feature, dict) and "bytes" in feature
-    if not (isinstance(feature, datasets.Image) or struct or dtype in (
-            "binary", "large_binary", "string", "large_string")):
+    if not (isinstance(feature, datasets.Image) or isinstance(feature, dict) and "bytes" in feature
+            or dtype in ("binary", "large_binary", "string", "large_string")):
         fail(f"image column {column!r} is of type {feature}, not images; {advice}")
     if dtype in ("binary", "large_binary") or hi <= lo:
         return
     sample = ds.select_columns([column]).select(range(lo, min(hi, lo + 16)))[column]
-    paths = [c if isinstance(c, str) else c.get("path") for c in sample
-             if isinstance(c, str) or isinstance(c, dict) and c.get("bytes") is None]
-    paths = [p for p in paths if p]
-    if paths and not any(Path(p).expanduser().is_file() or base is not None and
-                         (base / p).is_file() for p in paths):
-        where = f"{Path.cwd()}" + (f" and {base}" if base is not None else "")
+    paths = [p for p in (c if isinstance(c, str) else c.get("bytes") is None and c.get("path")
+                         for c in sample if isinstance(c, (str, dict))) if p]
+    if paths and not any(_resolve_image_path(p).is_file() for p in paths):
         fail(f"image column {column!r} holds paths that lead to no file, e.g. {paths[0]!r} "
-             f"(relative ones looked up in {where}). Write absolute paths, or paths relative "
-             f"to INPUT's folder; or {advice}")
+             f"(relative ones looked up in {' and '.join(map(str, [Path.cwd(), *_PATH_BASE]))}). "
+             f"Write absolute paths, or paths relative to INPUT's folder; or {advice}")
 
 
 def open_input(args) -> InputSource:
@@ -826,11 +760,9 @@ def open_input(args) -> InputSource:
         description = shown_path(local.resolve())
         base = local.resolve() if local.is_dir() else local.resolve().parent
     elif REPO_ID.match(args.input):
-        try:
-            ds = datasets.load_dataset(args.input, args.config, split=args.split,
-                                       revision=args.revision, token=args.hf_token or None)
-        except Exception as exc:  # a typo, a missing split or config, gated, offline
-            fail(f"cannot load the Hub dataset {args.input}: {type(exc).__name__}: {exc}")
+        ds = _by_datasets(f"the Hub dataset {args.input}", datasets.load_dataset, args.input,
+                          args.config, split=args.split, revision=args.revision,
+                          token=args.hf_token or None)
         description = args.input
     else:
         fail(f"INPUT {args.input!r} is neither an existing path nor a Hub dataset id.")
@@ -844,10 +776,9 @@ def open_input(args) -> InputSource:
     if args.image_column not in ds.column_names and pdf_column is None:
         image_like = [name for name, feature in ds.features.items()
                       if isinstance(feature, datasets.Image)]
-        hint = f"; image-typed: {', '.join(image_like)}" if image_like else ""
-        fail(f"image column {args.image_column!r} not found. Columns: "
-             f"{', '.join(ds.column_names)}{hint}. Pass --image-column NAME, or --pdf-column "
-             f"NAME for a column of PDF bytes or paths.")
+        fail(f"image column {args.image_column!r} not found. Columns: {', '.join(ds.column_names)}"
+             f"{'; image-typed: ' + ', '.join(image_like) if image_like else ''}. Pass "
+             f"--image-column NAME, or --pdf-column NAME for a column of PDF bytes or paths.")
     if isinstance(ds.features.get(args.image_column), datasets.Image):
         ds = ds.cast_column(args.image_column, datasets.Image(decode=False))
     rows_full = len(ds)
@@ -860,20 +791,17 @@ def open_input(args) -> InputSource:
     _TEXT_LAYER_COLUMNS[:] = ["text_layer"] * bool(args.text_layer or args.skip_text_pages) + \
         ["skipped"] * bool(args.skip_text_pages)
     if pdf_column is None:
-        unused = [flag for flag, value in (("--pages", args.pages),
-                                           ("--per-document", args.per_document)) if value]
-        if unused:
-            log(f"{' and '.join(unused)} ignored: INPUT holds no PDFs")
-        _check_image_column(ds, args.image_column, lo, hi, base)
+        _check_image_column(ds, args.image_column, lo, hi)
         return InputSource(ds, args.image_column, description, lo, hi, rows_full, files=files)
     pages = count_pdf_pages(ds, pdf_column, args)
     pages.per_document = bool(args.per_document)
     # the output names each document (a folder's file_name does), never its bytes; the name is
     # added before the PDF column goes (a dataset of no columns has no rows)
-    shown = ds if "file_name" in ds.column_names else ds.add_column(" name", pages.names)
-    shown = shown.remove_columns([pdf_column])
-    if " name" in shown.column_names:
-        shown = shown.rename_column(" name", pdf_column)
+    if "file_name" in ds.column_names:
+        shown = ds.remove_columns([pdf_column])
+    else:
+        shown = ds.add_column(" name", pages.names).remove_columns([pdf_column]) \
+            .rename_column(" name", pdf_column)
     if not pages.per_document:
         lo, hi = pages.first_row(lo), pages.first_row(hi)  # shards split documents
     return InputSource(shown, args.image_column, description, lo, hi, rows_full, pages, files)
@@ -914,8 +842,7 @@ class PreparedPage:
 
 
 def input_digest(data: bytes) -> str:
-    """What a row was made from (a PDF page: its document), journaled with the row: a rerun
-    reuses a journaled row only for the same bytes."""
+    """What a row was made from (a PDF page: its document): a rerun reuses a row for the same."""
     return hashlib.sha256(data).hexdigest()[:20]
 
 
@@ -949,82 +876,71 @@ def read_cell_bytes(cell) -> bytes:
 WIDE_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I", "F")
 
 
+def _strips(img) -> list[tuple]:
+    """Boxes of about a million pixels, whole rows each: a giant page is converted by strips."""
+    rows = max(1, (1 << 20) // max(1, img.width))
+    return [(0, y, img.width, min(img.height, y + rows)) for y in range(0, img.height, rows)]
+
+
 def wide_to_grey(img):
     """A 16-bit or float scan as 8-bit grey, rescaled by its real bit depth (a 12-bit scan
-    fills the range), in strips of rows: no float copy of the whole page."""
+    fills the range), by strips: no float copy of the whole page."""
     import numpy as np
     from PIL import Image
 
-    rows = max(1, (1 << 20) // max(1, img.width))
-    boxes = [(0, y, img.width, min(img.height, y + rows)) for y in range(0, img.height, rows)]
-    strips = (np.asarray(img.crop(box)) for box in boxes)
-    peak = max((float(np.max(a[np.isfinite(a)], initial=0)) for a in strips),  # not by an inf
-               default=0.0)
+    peak = max((float(np.max(a[np.isfinite(a)], initial=0))  # not by an inf
+                for a in (np.asarray(img.crop(box)) for box in _strips(img))), default=0.0)
     top = (1.0 if peak <= 1.0 else 65535.0) if img.mode == "F" else \
         255 if peak <= 255 else 4095 if peak <= 4095 else 65535
     grey = Image.new("L", img.size)
-    for box in boxes:
+    for box in _strips(img):
         strip = np.nan_to_num(np.asarray(img.crop(box), dtype=np.float32)) * (255.0 / top)
         grey.paste(Image.fromarray(np.clip(strip, 0, 255).round().astype(np.uint8)), box[:2])
     return grey
 
 
-def has_alpha(img) -> bool:
-    return img.mode in ("RGBA", "LA", "PA", "RGBa", "La") or \
-        img.mode == "P" and "transparency" in img.info
-
-
-def flatten_alpha(img):
-    """A page with alpha on white (grey for a grey page), in strips of rows: beside the page,
-    only its result and one strip's copies (a giant scan's RGBA copies took gigabytes)."""
+def flatten(img):
+    """Any PIL mode as grey or RGB: 16-bit and float scans as grey, alpha on white (strip by
+    strip: a giant scan's RGBA copies took gigabytes), palettes expanded."""
     from PIL import Image
 
+    if img.mode in WIDE_MODES:
+        return wide_to_grey(img)
+    if not (img.mode in ("RGBA", "LA", "PA", "RGBa", "La") or
+            img.mode == "P" and "transparency" in img.info):
+        return img if img.mode in ("L", "RGB") else img.convert("RGB")
     flat = Image.new("L" if img.mode in ("LA", "La") else "RGB", img.size, "white")
-    rows = max(1, (1 << 20) // max(1, img.width))
-    for y in range(0, img.height, rows):
-        strip = img.crop((0, y, img.width, min(img.height, y + rows))).convert("RGBA")
-        flat.paste(strip.convert(flat.mode), (0, y), strip.getchannel("A"))
+    for box in _strips(img):
+        strip = img.crop(box).convert("RGBA")
+        flat.paste(strip.convert(flat.mode), box[:2], strip.getchannel("A"))
     return flat
 
 
 def to_rgb(img):
-    """Any PIL mode to RGB: alpha flattened on white, palettes expanded, 16-bit and float scans
-    rescaled by their real bit depth (a 16-bit page stays grey)."""
-    if img.mode in WIDE_MODES:
-        img = wide_to_grey(img)
-    if has_alpha(img):
-        img = flatten_alpha(img)
+    img = flatten(img)
     return img if img.mode == "RGB" else img.convert("RGB")
 
 
-class PixelBudget:
-    """Pixels decoded at once by the preparation threads: a folder of giant scans must not
-    hold one per thread. A page larger than the budget is decoded alone."""
-
-    def __init__(self, pixels: int):
-        self.limit, self.used, self.changed = pixels, 0, threading.Condition()
-
-    @contextlib.contextmanager
-    def __call__(self, pixels: int):
-        with self.changed:
-            self.changed.wait_for(lambda: self.used == 0 or self.used + pixels <= self.limit)
-            self.used += pixels
-        try:
-            yield
-        finally:
-            with self.changed:
-                self.used -= pixels
-                self.changed.notify_all()
+_DECODING, _DECODED = threading.Condition(), [0]  # pixels the preparation threads hold
 
 
-_DECODING = PixelBudget(200_000_000)  # about 0.4 to 0.8 GB of pixels, whatever the threads
+@contextlib.contextmanager
+def decoding(pixels: int, limit: int = 200_000_000):  # 0.4 to 0.8 GB, whatever the threads
+    """Giant scans are not held one per thread: a page past the limit is decoded alone."""
+    with _DECODING:
+        _DECODING.wait_for(lambda: _DECODED[0] == 0 or _DECODED[0] + pixels <= limit)
+        _DECODED[0] += pixels
+    try:
+        yield
+    finally:
+        with _DECODING:
+            _DECODED[0] -= pixels
+            _DECODING.notify_all()
 
 
 def prepare_page(cell, args=None, decode: bool = True) -> PreparedPage | None:
-    """The encoded bytes to send for one cell, at the size the run's arguments ask (None: the
-    defaults), PageError for anything that is not a page; with decode=False, None instead of
-    any pixel work. A JPEG or PNG that needs no change (RGB, upright, one frame, within
-    bounds) is sent as it is: no new artifacts, no encoding cost."""
+    """The bytes to send for one cell at the size args ask (PageError: no page; decode=False:
+    None rather than pixel work). A JPEG or PNG that needs no change is sent as it is."""
     from PIL import Image, ImageOps
 
     if isinstance(cell, PdfPage):
@@ -1036,9 +952,6 @@ def prepare_page(cell, args=None, decode: bool = True) -> PreparedPage | None:
             warnings.simplefilter("ignore")
             img = Image.open(io.BytesIO(raw))
             width, height = img.size
-            if width * height > MAX_DECODE_PIXELS:
-                raise PageError(f"image of {width}x{height} pixels exceeds the decode limit of "
-                                f"{MAX_DECODE_PIXELS:,} (decompression bomb?)")
             # PNG keeps EXIF (rare) after the pixels: reading it there would decode the page
             has_exif = img.format != "PNG" or "exif" in img.info
             orientation = img.getexif().get(0x0112, 1) if has_exif else 1
@@ -1047,45 +960,43 @@ def prepare_page(cell, args=None, decode: bool = True) -> PreparedPage | None:
                 width, height = height, width
             target = target_size(width, height, args)
             frames = getattr(img, "n_frames", 1)
-            if target == (width, height) and upright and img.mode == "RGB" and frames == 1:
-                if img.format == "JPEG":  # a complete one is not even decoded
-                    if not raw.rstrip(b"\0").endswith(b"\xff\xd9"):
-                        if not decode:
-                            return None
-                        img.draft("RGB", (max(1, width // 8), max(1, height // 8)))
-                        img.load()  # trailing bytes or truncated? A 1/8-scale decode reads all
-                    return PreparedPage(raw, "image/jpeg", width, height, True, digest=digest)
-                if img.format == "PNG" and (decode or len(raw) <= 1 << 20):
+            jpeg = img.format == "JPEG"
+            if target == (width, height) and upright and img.mode == "RGB" and frames == 1 and \
+                    img.format in ("JPEG", "PNG"):  # a complete JPEG is not even decoded
+                cheap = raw.rstrip(b"\0").endswith(b"\xff\xd9") if jpeg else len(raw) <= 1 << 20
+                if not (decode or cheap):
+                    return None
+                if not jpeg:
                     Image.open(io.BytesIO(raw)).verify()  # every chunk's checksum: truncation
-                    return PreparedPage(raw, "image/png", width, height, True, digest=digest)
+                elif not cheap:  # trailing bytes or truncated? A 1/8-scale decode reads all
+                    img.draft("RGB", (max(1, width // 8), max(1, height // 8)))
+                    img.load()
+                return PreparedPage(raw, f"image/{img.format.lower()}", width, height, True,
+                                    digest=digest)
             if not decode:
                 return None
             if frames > 1:
                 img.seek(0)
-            if target != (width, height) and img.format == "JPEG":
+            if target != (width, height) and jpeg:
                 # a reduced-scale decode to no less than twice the target: the model's own
                 # filter does the last step, as on the authors' fully decoded page
                 draft = target[::-1] if turned else target
                 img.draft(img.mode if img.mode in ("RGB", "L") else None,
                           (2 * draft[0], 2 * draft[1]))
-            with _DECODING(img.width * img.height):
+            with decoding(img.width * img.height):
                 img.load()
                 if not upright:
                     img = ImageOps.exif_transpose(img)
                 if img.size == (height, width) != (width, height):  # a TIFF: Pillow turned it
                     target = target_size(*img.size, args)  # as it loaded (and, by version, sized)
-                if img.mode != "L":  # grey is resized as grey, and widened at the model's size
-                    img = wide_to_grey(img) if img.mode in WIDE_MODES else \
-                        flatten_alpha(img) if has_alpha(img) else to_rgb(img)
+                img = flatten(img)  # grey is resized as grey, and widened at the model's size
                 if img.size != target:  # the filter the model's own pipeline resamples with
                     img = img.resize(target, getattr(Image.Resampling, RESIZE_FILTER.upper()))
             data, mime = encode_page(to_rgb(img))
             return PreparedPage(data, mime, target[0], target[1], False, digest=digest)
     except PageError:
         raise
-    except Image.DecompressionBombError as exc:
-        raise PageError(f"decompression bomb: {exc}") from None
-    except Exception as exc:  # undecodable, truncated, unsupported: one row fails, not the run
+    except Exception as exc:  # undecodable, truncated, a bomb: one row fails, not the run
         reason = re.sub(r" <_io\.BytesIO object at 0x[0-9a-f]+>", "", str(exc))  # no object address
         raise PageError(f"cannot decode image: {type(exc).__name__}: {reason}") from None
 

@@ -230,6 +230,30 @@ def test_a_split_or_config_a_single_split_input_cannot_honour_is_refused(tmp_pat
         assert load_output(tmp_path / f"ok{n}")["seed"] == [0, 1]
 
 
+def test_every_local_input_answers_split_and_config_by_one_rule(tmp_path, stub_server):
+    """A folder of images has one split, train, and no configs: a --split or --config it cannot
+    honour is refused as a file's is (it was ignored, with a note). The default split takes a
+    lone split of another name (a saved DatasetDict of `test` only was refused without --split)."""
+    import datasets
+
+    stub = stub_server()
+    write_image_folder(tmp_path / "scans", 2)
+    for extra, said in [(["--split", "test"], "--split test (its one split is train)"),
+                        (["--config", "x"], "--config x (it has no configs)")]:
+        run = run_script(OVIS, str(tmp_path / "scans"), str(tmp_path / "out"), *common(stub, *extra))
+        assert run.returncode == 2, run.stderr
+        assert "cannot honour " + said in run.stderr
+        no_traceback(run)
+        assert not (tmp_path / "out").exists()
+    assert stub.requests() == []
+    image_table(tmp_path / "one.parquet", [3, 4])
+    table = datasets.load_dataset("parquet", data_files=str(tmp_path / "one.parquet"), split="train")
+    datasets.DatasetDict({"test": table}).save_to_disk(str(tmp_path / "dict"))
+    run = run_script(OVIS, str(tmp_path / "dict"), str(tmp_path / "out"), *common(stub))
+    assert run.returncode == 0, run.stderr
+    assert load_output(tmp_path / "out")["seed"] == [3, 4]
+
+
 CONFIGS_CARD = """---
 configs:
 - config_name: letters
