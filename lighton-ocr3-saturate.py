@@ -3669,6 +3669,7 @@ import contextlib
 import functools
 import shutil
 import socket
+import ssl
 import subprocess
 import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
@@ -3684,8 +3685,7 @@ def option_name(flag) -> str:
 
 
 def effective_serve_args(args) -> list[str]:
-    """SERVE_ARGS, then --serve-args; --logits-processors last: it takes a list and would
-    swallow any bare value after it."""
+    """SERVE_ARGS, then --serve-args; --logits-processors last (it would swallow a bare value)."""
     items = flag_items(list(SERVE_ARGS) + shlex.split(args.serve_args or ""))
     return flag_words(sorted(items, key=lambda item: option_name(item[0]) == "--logits-processors"))
 
@@ -3697,24 +3697,20 @@ def serve_arg_value(argv: list[str], name: str, default=None):
 
 
 def parse_vllm_size(value) -> int | None:
-    """A size as vLLM's command line spells it: 24000, 24k (x1000), 24K (x1024), 25.6k, 1m, 1M,
-    1g, 1G, 1t, 1T (no decimals with K/M/G/T); None for `auto` or -1 (the model's own context).
-    ValueError for anything else."""
+    """A size as vLLM reads it: 24k is 24000, 24K is 24576 (no decimals), auto or -1 is None."""
     text = str(value).strip()
     if text.lower() == "auto" or text == "-1":
         return None
-    match = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgGtT])", text)
-    if match:
-        number, suffix = match.groups()
-        if suffix.islower():
-            return int(float(number) * 10 ** (3 * "kmgt".index(suffix) + 3))
-        if "." in number:
-            raise ValueError(f"{text!r}: no decimals with {suffix} (did you mean "
-                             f"{number}{suffix.lower()}?)")
-        return int(number) * 2 ** (10 * "KMGT".index(suffix) + 10)
-    if re.fullmatch(r"\d+", text):
-        return int(text)
-    raise ValueError(f"{text!r} is not a size (write e.g. 32768, 24k, 32K or auto)")
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([kmgtKMGT]?)", text)
+    if not match:
+        raise ValueError(f"{text!r} is not a size (write e.g. 32768, 24k, 32K or auto)")
+    number, suffix = match.groups()
+    if "." in number and not suffix.islower():
+        raise ValueError(f"{text!r}: no decimals with {suffix or 'a plain number'} (write "
+                         f"{number}k, or a whole number)")
+    scale = 1024 ** ("KMGT".index(suffix) + 1) if suffix.isupper() else \
+        1000 ** ("kmgt".index(suffix) + 1) if suffix else 1
+    return int(float(number) * scale) if "." in number else int(number) * scale
 
 
 def serve_max_model_len(args) -> int | None:
@@ -3723,8 +3719,7 @@ def serve_max_model_len(args) -> int | None:
 
 
 def server_url_parts(url: str) -> tuple[str, str, int]:
-    """(base, host, port) of --server. The base keeps a path prefix (a reverse proxy's)
-    and drops a trailing /v1: endpoints are base + /v1/..., /health, /metrics."""
+    """(base, host, port) of --server; the base keeps a proxy's path prefix, drops a /v1."""
     parsed = urllib.parse.urlparse(url if "//" in url else "http://" + url)
     if parsed.scheme not in ("http", "https") or not parsed.hostname:
         raise ValueError(f"--server {url!r} is not an http(s) URL (write e.g. http://127.0.0.1:8000)")
@@ -3754,37 +3749,33 @@ def server_argument_problems(args) -> list[str]:
     return problems
 
 
-def check_context_budget(max_model_len: int, args) -> None:
-    """Image tokens + max_tokens must fit the context, or the server answers 400 to every page."""
+def check_context_budget(max_model_len, args) -> None:
+    """Image tokens + max_tokens must fit the context (None: unknown), or every page gets a 400."""
     budget = image_token_budget(args)
-    need = budget + args.max_tokens
-    if need > max_model_len:
-        room = max_model_len - budget
-        advice = (f"Lower --max-tokens to at most {room}, or raise --max-model-len to at least "
-                  f"{need}." if room > 0 else
-                  f"The largest page alone needs {budget} prompt tokens: raise "
-                  f"--max-model-len to at least {need}.")
-        fail(f"--max-tokens {args.max_tokens} plus up to {budget} prompt tokens "
-             f"(the largest page) is {need}, over the server's max_model_len {max_model_len}: "
-             f"every request would be refused. {advice}")
+    need, room = budget + args.max_tokens, int(max_model_len or 0) - budget
+    if max_model_len and need > int(max_model_len):
+        advice = f"Lower --max-tokens to at most {room}, or raise" if room > 0 else \
+            f"The largest page alone needs {budget} prompt tokens: raise"
+        fail(f"--max-tokens {args.max_tokens} plus up to {budget} prompt tokens (the largest "
+             f"page) is {need}, over the server's max_model_len {max_model_len}: every request "
+             f"would be refused. {advice} --max-model-len to at least {need}.")
 
 
 SECRET_SERVE_OPTIONS = {"--api-key": "VLLM_API_KEY", "--hf-token": "HF_TOKEN"}
 
 
 def serve_secrets(argv: list[str]) -> tuple[list[str], dict]:
-    """Serve arguments without their secret options, and the environment that carries them
-    instead (a command line is visible to every user of the machine)."""
+    """Serve arguments without their secrets, and the environment that carries them instead (a
+    command line is visible to every user of the machine)."""
     items = flag_items(argv)
     secret = [item for item in items if option_name(item[0]) in SECRET_SERVE_OPTIONS and item[1]]
     return (flag_words([item for item in items if item not in secret]),
             {SECRET_SERVE_OPTIONS[option_name(flag)]: values[0] for flag, values, _ in secret})
 
 
-# Runs `vllm serve` as the leader of its own process group: when the driver dies without
-# stopping it (kill -9, OOM), it is re-parented, notices within half a second and stops the
-# whole group; when `vllm serve` exits, its leftover children go too. As the server's
-# single-threaded parent, it can also give it a parent-death signal.
+# Runs `vllm serve` in its own process group: when the driver dies without stopping it (kill -9,
+# OOM), it notices within half a second and stops the group; when `vllm serve` exits, its
+# leftover children go too. As the server's single-threaded parent, it can set PDEATHSIG.
 SERVER_WATCHDOG = r"""
 import os, signal, subprocess, sys, time
 driver = os.getppid()
@@ -3825,24 +3816,14 @@ sys.exit(code if code >= 0 else 128 - code)
 """
 
 
-def exception_chain(exc: BaseException | None):
-    while exc is not None:
-        yield exc
+UNKNOWN_HOST = (socket.EAI_NONAME, getattr(socket, "EAI_NODATA", None))  # not a DNS hiccup
+
+
+def raised_by(exc: BaseException | None, test) -> bool:
+    """Whether test() holds for the exception or one in its chain of causes."""
+    while exc is not None and not test(exc):
         exc = exc.__cause__ or exc.__context__
-
-
-def unknown_host(exc: BaseException) -> bool:
-    """The host name does not resolve (not a temporary DNS failure): no server will start there."""
-    unknown = (socket.EAI_NONAME, getattr(socket, "EAI_NODATA", None))
-    return any(isinstance(seen, socket.gaierror) and seen.errno in unknown
-               for seen in exception_chain(exc))
-
-
-def is_tls_error(exc: BaseException) -> bool:
-    import ssl
-
-    return any(isinstance(seen, ssl.SSLError) or "SSL" in str(seen) or "CERTIFICATE" in str(seen)
-               for seen in exception_chain(exc))
+    return exc is not None
 
 
 SILENT_PORT_S = 120.0  # a port that accepts connections but sends no HTTP answer this long is
@@ -3865,11 +3846,9 @@ class ServerManager:
         self.model_name = serve_arg_value(serve_args, "--served-model-name") or args.model
         self.process: subprocess.Popen | None = None
         self.action: str | None = None  # plan()'s decision: "reuse", "wait" or "spawn"
-        self.restarts = 0
-        self.max_model_len: int | None = None
-        self.version: str | None = None
+        self.restarts, self.engines = 0, 1  # engines: data-parallel, of a server started here
+        self.max_model_len = self.version = None
         self.revision: str | None = None  # the weights' sha, known only for a server started here
-        self.engines = 1  # data-parallel engines of a server started here
         self.heard_at = time.monotonic()  # it last passed a probe or /health, or answered a page
         self.silent_since: float | None = None  # connected, and no HTTP answer since
         self._lock = asyncio.Lock()
@@ -3878,12 +3857,14 @@ class ServerManager:
     def log_path(self) -> Path:
         return self.log_dir / f"vllm-serve-{self.port}.log"
 
-    # -- probes --
+    def refused(self, what: str) -> RunAborted:
+        return RunAborted(f"port {self.port} answers, but not as {what}: stop what uses the port, "
+                          f"or pass --server with the vLLM server's URL (or a free port for the "
+                          f"server this script starts).", EXIT_USAGE)
+
     async def probe(self, client, starting: bool = True) -> str:
-        """"ready", "starting" (answers but not ready, or no answer in time) or "absent"; RunAborted
-        for what will never serve: a refused key, a TLS failure, another service on the port, a
-        port silent for SILENT_PORT_S (when `starting`)."""
-        response = None
+        """"ready", "starting" (not ready, or no answer in time) or "absent"; RunAborted for what
+        will never serve: a refused key, TLS, another service, a port silent for SILENT_PORT_S."""
         for attempt in range(2):  # a reset connection is tried once more before judging
             asked = time.monotonic()
             try:
@@ -3903,43 +3884,39 @@ class ServerManager:
             except httpx.TimeoutException:
                 return "starting"
             except httpx.HTTPError as exc:
-                if is_tls_error(exc):
+                if raised_by(exc, lambda e: isinstance(e, ssl.SSLError) or "SSL" in str(e)
+                             or "CERTIFICATE" in str(e)):
                     raise RunAborted(f"TLS failed with {self.base}: {exc}. Check the URL's "
                                      f"scheme (http or https) and the server's certificate.",
-                                     code=2) from None
+                                     EXIT_USAGE) from None
                 if isinstance(exc, httpx.ConnectError):
-                    if starting and unknown_host(exc):
+                    if starting and raised_by(exc, lambda e: isinstance(e, socket.gaierror) and
+                                              e.errno in UNKNOWN_HOST):
                         raise RunAborted(f"the host {self.host!r} of --server {self.args.server} "
                                          f"does not resolve ({exc}): check its name (e.g. "
-                                         f"http://127.0.0.1:8000).", code=2) from None
+                                         f"http://127.0.0.1:8000).", EXIT_USAGE) from None
                     return "absent"
                 if attempt:
-                    raise RunAborted(
-                        f"port {self.port} answers, but not as an HTTP server ({type(exc).__name__}: "
-                        f"{exc or 'no response'}): it is not an OpenAI-compatible vLLM server. "
-                        f"If it serves HTTPS, write --server https://...; otherwise stop what "
-                        f"uses the port or pass --server with another one.", code=2) from None
+                    raise self.refused(f"an HTTP server ({type(exc).__name__}: "
+                                       f"{exc or 'no response'}; if it serves HTTPS, write "
+                                       f"--server https://...)") from None
         status = response.status_code
         if status in (401, 403):
             hint = "the key sent is wrong: pass the right one with --api-key or VLLM_API_KEY" \
                 if self.api_key else "it wants one: pass --api-key or set VLLM_API_KEY"
             raise RunAborted(f"the server at {self.base} refuses the API key (HTTP {status} on "
-                             f"/v1/models): {hint}.", code=4)
+                             f"/v1/models): {hint}.", EXIT_REFUSED)
         if status in (500, 502, 503, 504):
             return "starting"  # a proxy whose upstream boots, a server loading its model
         try:
-            payload = response.json()
-        except ValueError:
-            payload = None
-        models = payload.get("data") if isinstance(payload, dict) else None
+            models = response.json()["data"]
+        except (ValueError, KeyError, TypeError):
+            models = None
         if status != 200 or not isinstance(models, list) or \
                 not all(isinstance(m, dict) for m in models):
             kind = response.headers.get("content-type", "?").split(";")[0]
-            raise RunAborted(
-                f"port {self.port} answers, but not as an OpenAI-compatible vLLM server: GET "
-                f"{self.base}/v1/models gave HTTP {status} ({kind}) without a model list. "
-                f"Another service uses the port: stop it, or pass --server with the vLLM "
-                f"server's URL (or a free port for the server this script starts).", code=2)
+            raise self.refused(f"an OpenAI-compatible vLLM server (GET {self.base}/v1/models "
+                               f"gave HTTP {status} ({kind}) without a model list)")
         if await self.health_problem(client, 5):
             return "starting"
         for entry in models:
@@ -3966,17 +3943,9 @@ class ServerManager:
             return f"{type(exc).__name__}: {exc}"
         return None if response.status_code in (200, 404) else f"HTTP {response.status_code}"
 
-    def waiting_on(self, state: str) -> str:
-        if self.process is not None:
-            return f"vllm serve, started here, is loading (its log: {self.log_path})"
-        if self.silent_since is not None:
-            return "it accepts connections but has sent no HTTP answer"
-        return "it answers, not ready yet" if state == "starting" else "nothing listens yet"
-
     async def watch(self, client, stats: RunStats, storm: "FailureStorm") -> None:
-        """Judge the server's liveness apart from the pages (/health answers in seconds while a
-        page may take minutes): stop the run once it has neither passed /health nor answered a
-        page for --server-down-timeout. A page generating on a live server is never cut here."""
+        """Stop the run once the server has neither passed /health nor answered a page for
+        --server-down-timeout; a page generating on a live server is never cut here."""
         limit = self.args.server_down_timeout
         every = min(HEALTH_EVERY_S, limit / 4)
         reported = time.monotonic()
@@ -4003,40 +3972,35 @@ class ServerManager:
                     f"{idle:.0f} s; {health}")
 
     def port_in_use(self) -> bool:
-        try:
-            with socket.create_connection((self.host, self.port), timeout=1):
-                return True
-        except OSError:
-            return False
-
-    def vllm_booting_here(self) -> bool:
-        """A `vllm serve` on this port started a moment ago (not yet listening)."""
-        for proc in Path("/proc").glob("[0-9]*"):
-            try:
-                argv = (proc / "cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            words = [a.decode(errors="replace") for a in argv if a]
-            is_serve = any(w.endswith("vllm") for w in words[:3]) and "serve" in words[:4]
-            is_api = any("vllm.entrypoints.openai.api_server" in w for w in words[:4])
-            if (is_serve or is_api) and str(serve_arg_value(words, "--port", 8000)) == str(self.port):
-                if self.process is None or int(proc.name) != self.process.pid:
-                    return True
+        with contextlib.suppress(OSError), socket.create_connection((self.host, self.port), 1):
+            return True
         return False
 
-    async def plan(self) -> str:
-        """The decision, made before the input is read: "reuse" (a server answers with the
-        model and a context that fits), "wait" (one is starting, or --no-spawn, or a remote URL)
-        or "spawn" (a local port is free, `vllm` exists, the planned context fits). Exits with
-        the reason, and the Jobs command when no server can run here."""
+    def vllm_booting_here(self) -> bool:
+        """A `vllm serve` for this port started a moment ago (not listening yet), not ours."""
+        for proc in Path("/proc").glob("[0-9]*"):
+            try:
+                words = [a.decode(errors="replace")
+                         for a in (proc / "cmdline").read_bytes().split(b"\0") if a]
+            except OSError:
+                continue
+            is_serve = any(w.endswith("vllm") for w in words[:3]) and "serve" in words[:4]
+            is_api = any("vllm.entrypoints.openai.api_server" in w for w in words[:4])
+            if (is_serve or is_api) and str(serve_arg_value(words, "--port", 8000)) == \
+                    str(self.port) and (self.process is None or int(proc.name) != self.process.pid):
+                return True
+        return False
+
+    async def plan(self) -> None:
+        """Before the input is read: "reuse" a ready server with a context that fits, "wait" for
+        one that starts (or --no-spawn, or a remote URL), or "spawn" one here."""
         async with httpx.AsyncClient(timeout=httpx.Timeout(10.0, connect=3.0)) as client:
             state = await self.probe(client)
         if state == "ready":
             self.action = "reuse"
-            if self.max_model_len:
-                check_context_budget(int(self.max_model_len), self.args)
-        elif state == "starting" or not self.local or self.args.no_spawn or self.port_in_use() \
-                or self.vllm_booting_here():
+            check_context_budget(self.max_model_len, self.args)
+        elif state == "starting" or not self.local or self.args.no_spawn or \
+                self.port_in_use() or self.vllm_booting_here():
             self.action = "wait"
             what = f"accepts connections but has not answered (refused after " \
                 f"{SILENT_PORT_S:.0f} s of that)" if self.silent_since else \
@@ -4049,11 +4013,9 @@ class ServerManager:
                 f"will be left running)")
         else:
             self.action = "spawn"
-            if serve_max_model_len(self.args):
-                check_context_budget(serve_max_model_len(self.args), self.args)
+            check_context_budget(serve_max_model_len(self.args), self.args)
             if shutil.which("vllm") is None:
                 self.explain_missing_vllm()
-        return self.action
 
     async def start(self, client, stats: RunStats) -> None:
         """Act on plan()'s decision; return once the server is ready."""
@@ -4066,8 +4028,7 @@ class ServerManager:
         await self.wait_ready(client, self.args.server_timeout)
         if self.process is not None:
             stats.server_startup_s = round(time.monotonic() - started, 2)
-        if self.max_model_len:
-            check_context_budget(int(self.max_model_len), self.args)
+        check_context_budget(self.max_model_len, self.args)
         try:
             response = await client.get(f"{self.base}/version", headers=self.headers, timeout=5)
             self.version = response.json().get("version")
@@ -4099,44 +4060,41 @@ class ServerManager:
         if revision := self.revision or requested_revision(self.args):
             command += ["--revision", revision]
         serve_args = effective_serve_args(self.args)
-        command += WINDOW.serve_args(self.args, serve_args)
-        parallel = data_parallel_args(serve_args)
-        self.engines = int(parallel[1]) if parallel else 1
-        return command + parallel + serve_args  # --logits-processors stays last
+        # one engine per GPU (a multi-GPU flavor is paid for every one), unless told otherwise
+        told = any(serve_arg_value(serve_args, flag) for flag in PARALLEL_FLAGS)
+        self.engines = 1 if told else max(1, visible_gpus())
+        parallel = ["--data-parallel-size", str(self.engines)] if self.engines > 1 else []
+        return command + WINDOW.serve_args(self.args, serve_args) + parallel + serve_args
 
     def spawn(self) -> None:
         """Start `vllm serve` under SERVER_WATCHDOG, in its own process group; the API key and
         the Hub token go through its environment, never its command line."""
         command, secret_env = serve_secrets(self.serve_command() + spawn_args(self.args))
-        env = {**os.environ, **SERVE_ENV, **secret_env}
-        if self.api_key:
-            env["VLLM_API_KEY"] = self.api_key
-        if self.args.hf_token:
-            env["HF_TOKEN"] = self.args.hf_token
+        given = {"VLLM_API_KEY": self.api_key, "HF_TOKEN": self.args.hf_token}
+        env = {**os.environ, **SERVE_ENV, **secret_env, **{k: v for k, v in given.items() if v}}
         log(f"starting: {shlex.join(redact_argv(command))}\n  (server log: {self.log_path})")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log_file = open(self.log_path, "ab")
-        self.process = subprocess.Popen([sys.executable, "-c", SERVER_WATCHDOG, *command],
-                                        stdout=log_file, stderr=subprocess.STDOUT,
-                                        stdin=subprocess.DEVNULL, start_new_session=True, env=env)
-        log_file.close()
+        with open(self.log_path, "ab") as log_file:
+            self.process = subprocess.Popen([sys.executable, "-c", SERVER_WATCHDOG, *command],
+                                            stdout=log_file, stderr=subprocess.STDOUT,
+                                            stdin=subprocess.DEVNULL, start_new_session=True,
+                                            env=env)
 
     def log_tail(self, lines: int = 40) -> str:
         try:
             text = self.log_path.read_text(errors="replace").splitlines()
         except OSError:
             return "(no server log)"
-        return "\n".join("  | " + line for line in text[-lines:])
+        return f"Last lines of {self.log_path}:\n" + "\n".join("  | " + s for s in text[-lines:])
 
     async def wait_ready(self, client, timeout: float) -> None:
-        """Wait for a server that is really starting: the one spawned here, one that answers
-        "not ready yet", or a `vllm serve` booting on the port."""
+        """Wait for a server that is really starting: ours, one that answers "not ready yet",
+        or a `vllm serve` booting on the port."""
         began = reported = time.monotonic()
-        deadline = began + timeout
-        while time.monotonic() < deadline:
+        while time.monotonic() < began + timeout:
             if self.process is not None and self.process.poll() is not None:
                 raise RunAborted(f"vllm serve exited with code {self.process.returncode} before "
-                                 f"it was ready. Last lines of {self.log_path}:\n{self.log_tail()}")
+                                 f"it was ready. {self.log_tail()}")
             state = await self.probe(client)
             if state == "ready":
                 return
@@ -4147,22 +4105,27 @@ class ServerManager:
                                  f"rerun to start one.")
             if time.monotonic() - reported >= REPORT_EVERY_S:
                 reported = time.monotonic()
+                what = f"vllm serve, started here, is loading (its log: {self.log_path})" \
+                    if self.process is not None else \
+                    "it accepts connections but has sent no HTTP answer" if self.silent_since \
+                    else "it answers, not ready yet" if state == "starting" else \
+                    "nothing listens yet"
                 log(f"waiting for the server at {self.base} for {reported - began:.0f} s of up to "
-                    f"{timeout:.0f} s (--server-timeout): {self.waiting_on(state)}")
+                    f"{timeout:.0f} s (--server-timeout): {what}")
             await asyncio.sleep(1.0)
-        tail = f"\nLast lines of {self.log_path}:\n{self.log_tail()}" if self.process else ""
+        tail = f"\n{self.log_tail()}" if self.process else ""
         raise RunAborted(f"the server at {self.base} was not ready after {timeout:.0f} s{tail}")
 
     async def recover(self, client) -> None:
-        """After a connection error: return once the server answers again, restarting a spawned
-        one that died (bounded), or raise RunAborted."""
+        """After a connection error: return once the server answers again, restarting ours if it
+        died (up to --max-restarts), or raise RunAborted."""
         async with self._lock:
             deadline = None
             while await self.probe(client, starting=False) != "ready":
                 if self.process is not None and self.process.poll() is not None:
                     if self.restarts >= self.args.max_restarts:
                         raise RunAborted(f"vllm serve died {self.restarts + 1} times; giving up. "
-                                         f"Last lines of {self.log_path}:\n{self.log_tail()}")
+                                         f"{self.log_tail()}")
                     self.restarts += 1
                     log(f"vllm serve died (exit {self.process.returncode}); restart "
                         f"{self.restarts}/{self.args.max_restarts}; its pages are sent again")
@@ -4212,36 +4175,27 @@ def request_body(page: PreparedPage, model_name: str, args) -> bytes:
                      base64.b64encode(page.data), tail))
 
 
-def loop_retry_body(body: bytes, model_name: str, args, seed: int, previous: int | None) -> bytes:
-    """`body` (sent with seed `previous`) again with the retry's temperature and seed: its image
-    URL is cut out of the bytes, so the page is neither kept decoded nor encoded twice."""
-    head, tail = request_json(model_name, args, previous)
-    new_head, new_tail = request_json(model_name, args, seed)
-    with memoryview(body) as view:
-        return b"".join((new_head, view[len(head):len(body) - len(tail)], new_tail))
-
-
 async def send_until_clean(client, server: "ServerManager", body: bytes, index: int,
                            args) -> RowResult:
-    """send_page(), then up to --loop-retries more while the kept answer loops."""
-    result = await send_page(client, server, body, args)
-    previous = None
+    """send_page(), then up to --loop-retries more while the kept answer loops; a retry's body
+    is the first one's image URL, cut out of its bytes, between the retry's head and tail."""
+    result, seed = await send_page(client, server, body, args), None
     for attempt in range(1, args.loop_retries + 1):
         if result.error is not None or not loops(result.text, result.finish_reason):
             break
-        seed = loop_seed(index, attempt)
-        body, previous = loop_retry_body(body, server.model_name, args, seed, previous), seed
+        (head, tail), seed = request_json(server.model_name, args, seed), loop_seed(index, attempt)
+        new_head, new_tail = request_json(server.model_name, args, seed)
+        with memoryview(body) as view:
+            body = b"".join((new_head, view[len(head):len(body) - len(tail)], new_tail))
         result = kept_attempt(result, await send_page(client, server, body, args))
     return result
 
 
-def count_or_none(value) -> int | None:
-    """A token count as the int32 column holds it, or None."""
-    return value if isinstance(value, int) and 0 <= value < 2 ** 31 else None
-
-
 def read_completion(response) -> RowResult:
     """The row's result from a 200 answer; a malformed one is the server's error."""
+    def count(value) -> int | None:  # a token count as the int32 column holds it
+        return value if isinstance(value, int) and 0 <= value < 2 ** 31 else None
+
     try:
         payload = response.json()
         choice = payload["choices"][0]
@@ -4252,9 +4206,8 @@ def read_completion(response) -> RowResult:
         finish = choice.get("finish_reason")
         finish = finish if isinstance(finish, str) else None
         return RowResult(text=cut_at_loop(text or "", finish), finish_reason=finish,
-                         prompt_tokens=count_or_none(usage.get("prompt_tokens")),
-                         completion_tokens=count_or_none(usage.get("completion_tokens")),
-                         attempts=1)
+                         prompt_tokens=count(usage.get("prompt_tokens")),
+                         completion_tokens=count(usage.get("completion_tokens")), attempts=1)
     except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
         return error_row(f"unreadable response ({type(exc).__name__}: {exc}): "
                          f"{response.text[:300]}", SERVER)
@@ -4302,8 +4255,8 @@ async def send_page(client, server: "ServerManager", body: bytes, args) -> RowRe
 
 class FailureStorm(HeldFailures):
     """Server-side failures (5xx, timeouts) are held until a page is answered after them; many
-    in a row over a while, or none answered at all, stop the run and leave them pending. A
-    page's own error (a 400) neither counts nor breaks the streak."""
+    in a row over a while stop the run and leave them pending. A page's own error (a 400)
+    neither counts nor breaks the streak."""
 
     def __init__(self, pages: int, seconds: float):
         super().__init__()
@@ -4359,8 +4312,8 @@ class ClientGroup(contextlib.AsyncExitStack):
 
 
 class Window:
-    """Pages in flight: acquired before a page is prepared, released when its answer is in.
-    Its limit can move (the saturate scripts adapt it)."""
+    """Pages in flight: acquired before a page is prepared, released when its answer is in;
+    the saturate scripts move its limit."""
 
     def __init__(self, limit: int):
         self.limit, self.used, self.preparing = max(1, limit), 0, 0
@@ -4387,9 +4340,8 @@ class FixedWindow:
 
     def add_arguments(self, parser: argparse.ArgumentParser, group) -> None:
         group.add_argument("--concurrency", type=int, default=None,
-                           help=f"pages in flight at once (default: {PAGES_PER_ENGINE} per engine, "
-                                f"where it was measured: {PAGES_PER_ENGINE} x N when this script "
-                                f"starts vLLM on N GPUs)")
+                           help=f"pages in flight (default: {PAGES_PER_ENGINE} per engine of the "
+                                f"server, the measured setting)")
 
     def problems(self, args) -> list[str]:
         return []
@@ -4416,30 +4368,21 @@ async def run_server_pipeline(source: InputSource, pending: list[int], writer: P
     write_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="write")
     loop = asyncio.get_running_loop()
     write_lock = asyncio.Lock()
-    store = writer.store
     storm = FailureStorm(args.abort_after_failures, args.abort_after_seconds)
     failure: list[BaseException] = []
+    tasks: set[asyncio.Task] = set()
     bar = adapting = watching = None
     unlimited = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     async with ClientGroup(limits=unlimited,
                            timeout=httpx.Timeout(args.request_timeout, connect=30.0)) as client:
         try:
             await server.start(client, stats)
-            writer.info_entry["vllm_version"] = server.version
-            writer.info_entry["model_revision"] = server.revision
+            writer.info_entry.update(vllm_version=server.version, model_revision=server.revision)
             if not args.concurrency and server.engines > 1:  # a window for every engine
                 await window.resize(max(window.limit, PAGES_PER_ENGINE * server.engines))
             adapting = asyncio.create_task(controller.run(client, server)) if controller else None
             bar = tqdm(total=len(pending), unit="page", dynamic_ncols=True, smoothing=0.1,
                        mininterval=0.5 if sys.stderr.isatty() else 10.0)
-
-            async def flush_if_due(final: bool = False) -> None:
-                if store.conflict:
-                    raise RunAborted(store.conflict, EXIT_USAGE)
-                if final or writer.due():
-                    async with write_lock:
-                        await loop.run_in_executor(write_pool, writer.flush, final)
-                store.commit_if_due()
 
             async def one(index: int, cell) -> None:
                 latency = digest = None
@@ -4499,9 +4442,12 @@ async def run_server_pipeline(source: InputSource, pending: list[int], writer: P
                     bar.set_postfix(errors=stats.errors_seen, refresh=False)
                 if controller is not None:
                     controller.on_result(result)
-                await flush_if_due()
-
-            tasks: set[asyncio.Task] = set()
+                if writer.store.conflict:
+                    raise RunAborted(writer.store.conflict, EXIT_USAGE)
+                if writer.due():
+                    async with write_lock:
+                        await loop.run_in_executor(write_pool, writer.flush, False)
+                writer.store.commit_if_due()
 
             def server_down(watch: asyncio.Task) -> None:  # the pages in flight stay pending
                 if not watch.cancelled() and watch.exception():
@@ -4538,8 +4484,6 @@ async def run_server_pipeline(source: InputSource, pending: list[int], writer: P
             for task in (adapting, watching):
                 if task is not None:
                     task.cancel()
-            if controller is not None:
-                controller.close()
             if bar is not None:
                 bar.close()
             prep_pool.shutdown(wait=False, cancel_futures=True)
@@ -4561,9 +4505,8 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
                        help="seconds to wait for a server to be ready (default: 1800: a cold "
                             "start downloads the weights)")
     group.add_argument("--server-down-timeout", type=float, default=300.0,
-                       help="seconds a server may go without answering (its /health, a page) "
-                            "mid-run before the run ends (default: 300; finished rows are kept; "
-                            "rerun to resume)")
+                       help="seconds a server may go without answering (/health, a page) mid-run "
+                            "before the run stops (default: 300; rerun to resume)")
     group.add_argument("--max-restarts", type=int, default=3,
                        help="restarts of a spawned server that dies mid-run (default: 3)")
     group.add_argument("--request-timeout", type=float, default=900.0,
@@ -4598,62 +4541,44 @@ def visible_gpus() -> int:
     return sum(line.startswith("GPU ") for line in listing.splitlines())
 
 
-def data_parallel_args(serve_args: list[str]) -> list[str]:
-    """One engine per GPU (vLLM's data parallelism) on a machine with several, unless the serve
-    arguments already say how to use them: a multi-GPU flavor is paid for every GPU."""
-    given = any(serve_arg_value(serve_args, flag) for flag in PARALLEL_FLAGS)
-    gpus = 0 if given else visible_gpus()
-    return ["--data-parallel-size", str(gpus)] if gpus > 1 else []
-
-
-def info_entry_for(args, server_args) -> dict:
-    return {
-        "model": args.model,
-        "model_revision": None,  # set once the server is known: only one started here tells
-        "script": script_name(),
-        "shape": SCRIPT_SHAPE,
-        "image": JOB_IMAGE,
-        "serve_args": redact_argv(server_args),
-        "column": args.output_column,
-        "settings": run_settings(args),
-        "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
-
-
 def run_server_script(doc: str, argv: list[str] | None = None, hub_api=None) -> int:
-    """The whole run: arguments, input, engine, output. `main()` calls it with the docstring."""
+    """The whole run: arguments, input, server, output. `main()` calls it with the docstring."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    parser = argument_parser(doc, add_server_arguments)
-    args = parse_arguments(parser, argv, server_argument_problems)  # a bad OUTPUT fails here
-    return early_exits_reported(args, lambda: server_run(args, argv, hub_api))
-
-
-def server_run(args, argv: list[str], hub_api) -> int:
+    args = parse_arguments(argument_parser(doc, add_server_arguments), argv,
+                           server_argument_problems)  # a bad OUTPUT fails here
     serve_args = effective_serve_args(args)
     settings = {flag: values[0] if len(values) == 1 else values or True  # a bare flag is True
                 for flag, values, _ in flag_items(serve_args) if flag}
-    if args.check_only:  # no server planned or started; a Job's own server's context checked
-        if serve_max_model_len(args):
+
+    def body() -> int:
+        if args.check_only:  # no server planned or started; a Job's own server's context checked
             check_context_budget(serve_max_model_len(args), args)
-        return check_run(args, hub_api, settings)
-    server = ServerManager(args, argv, Path("."))
-    try:  # before the input is read and the repo created; no server can run: the Jobs command
-        asyncio.run(server.plan())
-    except RunAborted as exc:
-        fail(str(exc), exc.code)
-    run = open_run(args, hub_api, settings, info_entry_for(args, serve_args))
-    server.log_dir = run.store.meta / "logs"
-    window, controller = WINDOW.start(args, run)
+            return check_run(args, hub_api, settings)
+        server = ServerManager(args, argv, Path("."))
+        try:  # before the input is read and the repo created
+            asyncio.run(server.plan())
+        except RunAborted as exc:
+            fail(str(exc), exc.code)
+        run = open_run(args, hub_api, settings, {
+            "model": args.model, "model_revision": None,  # set once the server is known
+            "script": script_name(), "shape": SCRIPT_SHAPE, "image": JOB_IMAGE,
+            "serve_args": redact_argv(serve_args), "column": args.output_column,
+            "settings": run_settings(args),
+            "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+        server.log_dir = run.store.meta / "logs"
+        window, controller = WINDOW.start(args, run)
 
-    def work() -> None:
-        try:
-            asyncio.run(run_server_pipeline(run.source, run.plan.send, run.writer, run.stats,
-                                            args, server, window, run.check, controller))
-        finally:
-            if controller is not None:
-                run.stats.extra.update(controller.summary())
+        def work() -> None:
+            try:
+                asyncio.run(run_server_pipeline(run.source, run.plan.send, run.writer, run.stats,
+                                                args, server, window, run.check, controller))
+            finally:
+                if controller is not None:
+                    run.stats.extra.update(controller.summary())
 
-    return run_guarded(run, work, server.stop, argv)
+        return run_guarded(run, work, server.stop, argv)
+
+    return early_exits_reported(args, body)
 # ==== END SERVER HELPERS ====
 
 
@@ -4668,49 +4593,45 @@ API_SERVER_COUNT = globals().get("API_SERVER_COUNT", 1)  # a model section's mea
 API_SERVERS_MIN_CPUS = 12  # the flavors where more API servers were measured to help had 12+
 
 
-def cgroup_cpu_limit(root: str = "/sys/fs/cgroup") -> float | None:
-    """CPUs a cgroup quota allows (v2 cpu.max, else v1 cfs quota), None without one."""
-    try:
-        relative = Path("/proc/self/cgroup").read_text().split("0::", 1)[1].split("\n", 1)[0]
-    except (OSError, IndexError):
-        relative = "/"
-    for files in ([Path(root + relative, "cpu.max")], [Path(root, "cpu.max")],
-                  [Path(root, "cpu", "cpu.cfs_quota_us"), Path(root, "cpu", "cpu.cfs_period_us")]):
-        try:
-            quota, period = " ".join(f.read_text() for f in files).split()[:2]
-            return None if quota in ("max", "-1") else int(quota) / int(period)
-        except (OSError, ValueError, ZeroDivisionError):
-            continue
-    return None
-
-
 def usable_cpus(cgroup_root: str = "/sys/fs/cgroup") -> int:
-    """CPUs this process may use: its affinity mask, capped by a cgroup quota. os.cpu_count()
-    counts the host's cores, also inside a container allowed only a few of them."""
+    """CPUs this process may use: its affinity mask, capped by a cgroup quota (v2 cpu.max, else
+    v1's cfs quota). os.cpu_count() counts the host's cores, also in a container."""
     try:
         count = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         count = os.cpu_count() or 1
-    limit = cgroup_cpu_limit(cgroup_root)
-    return max(1, count if limit is None else min(count, int(limit)))
+    try:
+        relative = Path("/proc/self/cgroup").read_text().split("0::", 1)[1].split("\n", 1)[0]
+    except (OSError, IndexError):
+        relative = "/"
+    for files in ([Path(cgroup_root + relative, "cpu.max")], [Path(cgroup_root, "cpu.max")],
+                  [Path(cgroup_root, "cpu", name) for name in ("cpu.cfs_quota_us",
+                                                               "cpu.cfs_period_us")]):
+        try:
+            quota, period = " ".join(f.read_text() for f in files).split()[:2]
+            if quota not in ("max", "-1"):
+                count = min(count, int(int(quota) / int(period)))
+            break
+        except (OSError, ValueError, ZeroDivisionError):
+            continue
+    return max(1, count)
+
+
+METRICS = {"vllm:num_requests_running": "running", "vllm:num_requests_waiting": "waiting",
+           "vllm:kv_cache_usage_perc": "kv", "vllm:gpu_cache_usage_perc": "kv",
+           "vllm:prefix_cache_hits_total": "prefix_hits",
+           "vllm:prefix_cache_queries_total": "prefix_queries"}
 
 
 def parse_metrics(text: str) -> dict:
-    """The vLLM gauges the window needs, summed over label sets; missing ones are absent."""
-    wanted = {"vllm:num_requests_running": "running", "vllm:num_requests_waiting": "waiting",
-              "vllm:kv_cache_usage_perc": "kv", "vllm:gpu_cache_usage_perc": "kv",
-              "vllm:prefix_cache_hits_total": "prefix_hits",
-              "vllm:prefix_cache_queries_total": "prefix_queries"}
+    """The vLLM gauges of METRICS, summed over label sets (kv: the fullest); missing ones absent."""
     out: dict = {}
     for line in text.splitlines():  # a comment's or a blank line's name is none of them
-        name = line.split("{", 1)[0].split(" ", 1)[0]
-        if name in wanted:
-            try:
+        if key := METRICS.get(line.split("{", 1)[0].split(" ", 1)[0]):
+            with contextlib.suppress(IndexError, ValueError):
                 value = float(line.rsplit(" ", 1)[1])
-            except (IndexError, ValueError):
-                continue
-            key = wanted[name]
-            out[key] = out.get(key, 0.0) + value if key != "kv" else max(out.get(key, 0.0), value)
+                out[key] = max(out.get(key, 0.0), value) if key == "kv" else \
+                    out.get(key, 0.0) + value
     return out
 
 
@@ -4719,15 +4640,14 @@ class WindowController:
     holds or shrinks when requests wait or the KV cache is near full, within the host-memory
     budget; without the engine's gauges, by throughput alone. Each tick goes to telemetry."""
 
-    def __init__(self, window: Window, stats: RunStats, args, telemetry_path: Path | None,
+    def __init__(self, window: Window, stats: RunStats, args, telemetry_path: Path,
                  adaptive: bool):
         self.window, self.stats, self.args, self.adaptive = window, stats, args, adaptive
         self.budget = int(args.max_inflight_memory * (1 << 20)) if args.max_inflight_memory \
             else (proc_bytes("/proc/meminfo", "MemAvailable") or 8 << 30) // 4
-        self.telemetry = open(telemetry_path, "a") if telemetry_path else None
+        self.telemetry = telemetry_path
         self.page_bytes: deque[int] = deque(maxlen=256)  # request body sizes of recent pages
-        self.tokens = self.pages = 0
-        self.completions_since_change = 0
+        self.tokens = self.pages = self.completions_since_change = 0
         self.best_rate = 0.0
         self.samples: list[str] = []
         self.prefix_hit_rate = None
@@ -4743,8 +4663,7 @@ class WindowController:
         """Pages the budget holds: each in flight keeps its request body, plus a margin."""
         if not self.page_bytes:
             return max(1, self.args.min_window)
-        per_page = statistics.mean(self.page_bytes) * 1.5 + (64 << 10)
-        return max(1, int(self.budget // per_page))
+        return max(1, int(self.budget // (statistics.mean(self.page_bytes) * 1.5 + (64 << 10))))
 
     async def run(self, client, server: ServerManager) -> None:
         while True:
@@ -4752,8 +4671,8 @@ class WindowController:
             await self.sample(client, server)
 
     async def sample(self, client, server: ServerManager) -> None:
-        """Read the gauges, decide, write a telemetry row; also once at the end, so that a run
-        shorter than one interval has its row and the prefix-cache counters are the final ones."""
+        """Read the gauges, decide, write a telemetry row; also once at the end (a short run has
+        its row, the prefix-cache counters are the final ones)."""
         now = time.monotonic()
         dt, self.last_sample = max(1e-3, now - self.last_sample), now
         try:
@@ -4766,15 +4685,14 @@ class WindowController:
         rate, page_rate = self.tokens / dt, self.pages / dt
         self.tokens = self.pages = 0
         await self.tick(metrics, rate)
-        if self.telemetry:
-            self.telemetry.write(json.dumps({
+        with open(self.telemetry, "a") as telemetry:
+            telemetry.write(json.dumps({
                 "t": round(now - self.stats.started, 2), "window": self.window.limit,
                 "in_flight": self.stats.in_flight, "preparing": self.window.preparing,
                 "running": metrics.get("running"), "waiting": metrics.get("waiting"),
                 "kv_cache": metrics.get("kv"), "tokens_per_s": round(rate, 1),
                 "pages_per_s": round(page_rate, 3), "memory_cap": self.memory_cap(),
-                "bound_by": self.samples[-1] if self.samples else None}) + "\n")
-            self.telemetry.flush()
+                "bound_by": self.samples[-1]}) + "\n")
 
     async def tick(self, metrics: dict, rate: float) -> None:
         """One decision. Continuous batching always keeps a few requests waiting for their
@@ -4806,35 +4724,25 @@ class WindowController:
             new = cap  # the host-memory budget comes first
         elif long_queue or (kv or 0) > 0.95:
             new = max(self.args.min_window, int(limit * 0.85))  # over-full: give some back
-        elif some_queue or (kv or 0) > 0.9:
-            new = limit  # the engine has its queue: more pages in flight would only wait
-        elif not full or self.completions_since_change < max(2, limit // 4):
-            new = limit  # never widen a window nothing has come back through
-        elif self.best_rate and rate < self.best_rate * 0.95:
-            new = limit  # delivered tokens/s stopped rising: this is the plateau
-        else:
+        elif full and not some_queue and (kv or 0) <= 0.9 and \
+                self.completions_since_change >= max(2, limit // 4) and \
+                not (self.best_rate and rate < self.best_rate * 0.95):
+            # a full window, no queue, answers back through it, tokens/s still rising: widen
             new = min(cap, self.args.max_window, int(math.ceil(limit * 1.5)))
         self.best_rate = max(self.best_rate, rate)
         if new != limit:
             self.completions_since_change = 0
             await self.window.resize(new)
 
-    def bound_by(self) -> str | None:
-        """The most frequent verdict of the steady state; "window" (full, no queue, still
-        growing) counts as the engine only when nothing else was seen."""
-        steady = [s for s in self.samples if s not in ("start", "tail")]
-        if not steady:
-            return "input" if self.samples else None
-        bounded = [s for s in steady if s != "window"] or ["engine"]
-        return max(set(bounded), key=bounded.count)
-
     def summary(self) -> dict:
-        return {"bound_by": self.bound_by(), "window_final": self.window.limit,
+        """The stats: bound_by is the most frequent verdict of the steady state; "window" (full,
+        no queue, still growing) counts as the engine only when nothing else was seen."""
+        steady = [s for s in self.samples if s not in ("start", "tail")]
+        bounded = [s for s in steady if s != "window"] or ["engine"]
+        bound_by = max(set(bounded), key=bounded.count) if steady else \
+            "input" if self.samples else None
+        return {"bound_by": bound_by, "window_final": self.window.limit,
                 "memory_budget_bytes": self.budget, "prefix_cache_hit_rate": self.prefix_hit_rate}
-
-    def close(self) -> None:
-        if self.telemetry:
-            self.telemetry.close()
 
 
 class AdaptiveWindow(FixedWindow):
@@ -4850,16 +4758,14 @@ class AdaptiveWindow(FixedWindow):
                                 "quarter of the memory available at start)")
         group.add_argument("--min-window", type=int, default=32,
                            help="smallest window, and the one it starts from (default: 32, the "
-                                "server scripts' fixed window; starting lower cost 96-page runs "
-                                "here a fifth of their throughput while the window grew)")
+                                "server scripts' fixed window)")
         group.add_argument("--max-window", type=int, default=1024,
                            help="largest window (default: 1024)")
         group.add_argument("--adapt-interval", type=float, default=2.0,
                            help="seconds between window decisions (default: 2)")
         group.add_argument("--api-server-count", type=int, default=None,
                            help=f"API server processes of a spawned server (default: "
-                                f"{API_SERVER_COUNT} when this process may use "
-                                f"{API_SERVERS_MIN_CPUS} or more CPUs, else 1; see the docstring)")
+                                f"{API_SERVER_COUNT} with {API_SERVERS_MIN_CPUS}+ CPUs, else 1)")
 
     def problems(self, args) -> list[str]:
         if args.min_window and args.max_window and args.min_window > args.max_window:
