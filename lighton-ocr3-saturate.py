@@ -3786,21 +3786,16 @@ def parent_death_signal():
         ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except Exception:
         pass
-def sweep():
-    me, group = os.getpid(), os.getpgrp()
-    try:
-        entries = os.listdir("/proc")
-    except OSError:  # no /proc (not Linux): the group was signalled as a whole already
-        entries = []
-    for entry in entries:
-        if entry.isdigit() and int(entry) != me:
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-                if int(fields[2]) == group:
-                    os.kill(int(entry), signal.SIGKILL)
-            except (OSError, ValueError, IndexError):
-                pass
+def sweep():  # SIGKILL the rest of the group, this process aside (no /proc: not Linux)
+    pids = [int(e) for e in os.listdir("/proc") if e.isdigit()] if os.path.isdir("/proc") else []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                group = int(f.read().rsplit(")", 1)[1].split()[2])
+            if group == os.getpgrp() and pid != os.getpid():
+                os.kill(pid, signal.SIGKILL)
+        except (OSError, ValueError, IndexError):
+            pass
 server = subprocess.Popen(sys.argv[1:], stdin=subprocess.DEVNULL, preexec_fn=parent_death_signal)
 while server.poll() is None and os.getppid() == driver:
     time.sleep(0.5)
@@ -3971,6 +3966,18 @@ class ServerManager:
                 log(f"waiting on {stats.in_flight} pages at {self.base}, none finished for "
                     f"{idle:.0f} s; {health}")
 
+    def waiting_on(self, state: str) -> str:
+        if self.process is not None:
+            return f"vllm serve, started here, is loading (its log: {self.log_path})"
+        if self.silent_since is not None:
+            return f"it accepts connections but has sent no HTTP answer (refused after " \
+                f"{SILENT_PORT_S:.0f} s of that)"
+        if state == "starting":
+            return "it answers, not ready yet"
+        return "it is starting; waiting for it instead of starting another" \
+            if self.local and not self.args.no_spawn else \
+            "it does not answer yet (`vllm serve` opens its port once the model is loaded)"
+
     def port_in_use(self) -> bool:
         with contextlib.suppress(OSError), socket.create_connection((self.host, self.port), 1):
             return True
@@ -4002,15 +4009,9 @@ class ServerManager:
         elif state == "starting" or not self.local or self.args.no_spawn or \
                 self.port_in_use() or self.vllm_booting_here():
             self.action = "wait"
-            what = f"accepts connections but has not answered (refused after " \
-                f"{SILENT_PORT_S:.0f} s of that)" if self.silent_since else \
-                "is not ready yet" if state == "starting" else \
-                "is starting; waiting for it instead of starting another" \
-                if self.local and not self.args.no_spawn else \
-                "does not answer yet (`vllm serve` opens its port once the model is loaded)"
-            log(f"the server at {self.base} {what}: the run will be waiting for that URL (up to "
-                f"{self.args.server_timeout:.0f} s, --server-timeout; not started by this run, it "
-                f"will be left running)")
+            log(f"the server at {self.base}: {self.waiting_on(state)}; the run will be waiting "
+                f"for that URL (up to {self.args.server_timeout:.0f} s, --server-timeout; not "
+                f"started by this run, it will be left running)")
         else:
             self.action = "spawn"
             check_context_budget(serve_max_model_len(self.args), self.args)
@@ -4105,13 +4106,8 @@ class ServerManager:
                                  f"rerun to start one.")
             if time.monotonic() - reported >= REPORT_EVERY_S:
                 reported = time.monotonic()
-                what = f"vllm serve, started here, is loading (its log: {self.log_path})" \
-                    if self.process is not None else \
-                    "it accepts connections but has sent no HTTP answer" if self.silent_since \
-                    else "it answers, not ready yet" if state == "starting" else \
-                    "nothing listens yet"
                 log(f"waiting for the server at {self.base} for {reported - began:.0f} s of up to "
-                    f"{timeout:.0f} s (--server-timeout): {what}")
+                    f"{timeout:.0f} s (--server-timeout): {self.waiting_on(state)}")
             await asyncio.sleep(1.0)
         tail = f"\n{self.log_tail()}" if self.process else ""
         raise RunAborted(f"the server at {self.base} was not ready after {timeout:.0f} s{tail}")
@@ -4175,18 +4171,24 @@ def request_body(page: PreparedPage, model_name: str, args) -> bytes:
                      base64.b64encode(page.data), tail))
 
 
+def loop_retry_body(body: bytes, model_name: str, args, seed: int, previous: int | None) -> bytes:
+    """`body` (sent with seed `previous`) again with the retry's temperature and seed: its image
+    URL is cut out of the bytes, so the page is neither kept decoded nor encoded twice."""
+    head, tail = request_json(model_name, args, previous)
+    new_head, new_tail = request_json(model_name, args, seed)
+    with memoryview(body) as view:
+        return b"".join((new_head, view[len(head):len(body) - len(tail)], new_tail))
+
+
 async def send_until_clean(client, server: "ServerManager", body: bytes, index: int,
                            args) -> RowResult:
-    """send_page(), then up to --loop-retries more while the kept answer loops; a retry's body
-    is the first one's image URL, cut out of its bytes, between the retry's head and tail."""
-    result, seed = await send_page(client, server, body, args), None
+    """send_page(), then up to --loop-retries more while the kept answer loops."""
+    result, previous = await send_page(client, server, body, args), None
     for attempt in range(1, args.loop_retries + 1):
         if result.error is not None or not loops(result.text, result.finish_reason):
             break
-        (head, tail), seed = request_json(server.model_name, args, seed), loop_seed(index, attempt)
-        new_head, new_tail = request_json(server.model_name, args, seed)
-        with memoryview(body) as view:
-            body = b"".join((new_head, view[len(head):len(body) - len(tail)], new_tail))
+        seed = loop_seed(index, attempt)
+        body, previous = loop_retry_body(body, server.model_name, args, seed, previous), seed
         result = kept_attempt(result, await send_page(client, server, body, args))
     return result
 
@@ -4232,6 +4234,8 @@ async def send_page(client, server: "ServerManager", body: bytes, args) -> RowRe
             last_error = f"timed out after {args.request_timeout:g} s"
         except httpx.HTTPError as exc:  # an answer httpx cannot read (a gzip body that is not)
             last_error = f"unreadable answer: {type(exc).__name__}: {exc}"
+        except Exception as exc:  # whatever else the transport raised: the server's side
+            return exception_row(exc, SERVER, "request failed: ")
         else:
             server.heard_at = time.monotonic()
             status, text = response.status_code, response.text[:300]
@@ -4363,131 +4367,123 @@ async def run_server_pipeline(source: InputSource, pending: list[int], writer: P
     (on abort or interrupt, finished rows stay in `writer` for the caller to flush)."""
     from tqdm import tqdm
 
-    prep_pool = ThreadPoolExecutor(max_workers=max(2, min(8, os.cpu_count() or 2)),
-                                   thread_name_prefix="prepare")
-    write_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="write")
     loop = asyncio.get_running_loop()
     write_lock = asyncio.Lock()
     storm = FailureStorm(args.abort_after_failures, args.abort_after_seconds)
     failure: list[BaseException] = []
     tasks: set[asyncio.Task] = set()
-    bar = adapting = watching = None
     unlimited = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     async with ClientGroup(limits=unlimited,
                            timeout=httpx.Timeout(args.request_timeout, connect=30.0)) as client:
-        try:
-            await server.start(client, stats)
-            writer.info_entry.update(vllm_version=server.version, model_revision=server.revision)
-            if not args.concurrency and server.engines > 1:  # a window for every engine
-                await window.resize(max(window.limit, PAGES_PER_ENGINE * server.engines))
-            adapting = asyncio.create_task(controller.run(client, server)) if controller else None
-            bar = tqdm(total=len(pending), unit="page", dynamic_ncols=True, smoothing=0.1,
-                       mininterval=0.5 if sys.stderr.isatty() else 10.0)
+        # what the exit undoes, last first: the tasks, the bar, the pools
+        write_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="write")
+        client.callback(write_pool.shutdown, wait=True)
+        prep_pool = ThreadPoolExecutor(max_workers=max(2, min(8, os.cpu_count() or 2)),
+                                       thread_name_prefix="prepare")
+        client.callback(prep_pool.shutdown, wait=False, cancel_futures=True)
+        await server.start(client, stats)
+        writer.info_entry.update(vllm_version=server.version, model_revision=server.revision)
+        if not args.concurrency and server.engines > 1:  # a window for every engine
+            await window.resize(max(window.limit, PAGES_PER_ENGINE * server.engines))
+        bar = tqdm(total=len(pending), unit="page", dynamic_ncols=True, smoothing=0.1,
+                   mininterval=0.5 if sys.stderr.isatty() else 10.0)
+        client.callback(bar.close)
+        if controller:
+            adapting = asyncio.create_task(controller.run(client, server))
+            client.callback(adapting.cancel)
 
-            async def one(index: int, cell) -> None:
-                latency = digest = None
-                try:
-                    window.preparing += 1
-                    held = cell.get("bytes") if isinstance(cell, dict) else cell
-                    try:  # bytes in memory that go out as they are: a header read, no pool hop
-                        inline = isinstance(held, (bytes, bytearray, memoryview))
-                        page = inline and prepare_page(cell, args, decode=False) or \
-                            await loop.run_in_executor(prep_pool, prepare_page, cell, args)
-                    finally:
-                        window.preparing -= 1
-                    digest = page.digest
-                    if page.skipped:  # not sent: its text layer is its row
-                        result = text_layer_row(page, args)
-                    else:
-                        layer = page.text_layer
-                        body = request_body(page, server.model_name, args)
-                        del page, cell
-                        if controller:
-                            controller.page_bytes.append(len(body))
-                        sent = time.monotonic()
-                        try:
-                            result = await send_until_clean(client, server, body, index, args)
-                        except (RunAborted, PageError):
-                            raise
-                        except Exception as exc:  # whatever the transport raised: the server's side
-                            result = exception_row(exc, SERVER, "request failed: ")
-                        del body
-                        latency = time.monotonic() - sent
-                        result.text_layer = layer
-                except PageError as exc:
-                    result = error_row(str(exc), PAGE)
-                except RunAborted as exc:
-                    failure.append(exc)
-                    return
-                except Exception as exc:  # reading or preparing the page: this row fails, not the run
-                    result = exception_row(exc, PAGE)
+        async def one(index: int, cell) -> None:
+            latency = digest = None
+            try:
+                window.preparing += 1
+                held = cell.get("bytes") if isinstance(cell, dict) else cell
+                try:  # bytes in memory that go out as they are: a header read, no pool hop
+                    inline = isinstance(held, (bytes, bytearray, memoryview))
+                    page = inline and prepare_page(cell, args, decode=False) or \
+                        await loop.run_in_executor(prep_pool, prepare_page, cell, args)
                 finally:
-                    stats.leave()
-                    await window.release()  # the answer is in: the next page may go
-                stats.count_loops(result)
-                result = postprocessed(result, args)
-                result.digest = digest
-                stats.record(result, latency)
-                try:
-                    if result.error is None and result.skipped is None:
-                        check.observe(result)
-                    finished = storm.observe(index, result)
-                except RunAborted as exc:  # nothing written: degenerate, or held by the storm
-                    failure.append(exc)
-                    return
-                for row in finished:
-                    writer.add(*row)
-                bar.update(1)
-                if result.error is not None:
-                    bar.set_postfix(errors=stats.errors_seen, refresh=False)
-                if controller is not None:
-                    controller.on_result(result)
-                if writer.store.conflict:
-                    raise RunAborted(writer.store.conflict, EXIT_USAGE)
-                if writer.due():
-                    async with write_lock:
-                        await loop.run_in_executor(write_pool, writer.flush, False)
-                writer.store.commit_if_due()
+                    window.preparing -= 1
+                digest = page.digest
+                if page.skipped:  # not sent: its text layer is its row
+                    result = text_layer_row(page, args)
+                else:
+                    layer = page.text_layer
+                    body = request_body(page, server.model_name, args)
+                    del page, cell
+                    if controller:
+                        controller.page_bytes.append(len(body))
+                    sent = time.monotonic()
+                    result = await send_until_clean(client, server, body, index, args)
+                    del body
+                    latency = time.monotonic() - sent
+                    result.text_layer = layer
+            except PageError as exc:
+                result = error_row(str(exc), PAGE)
+            except RunAborted as exc:
+                failure.append(exc)
+                return
+            except Exception as exc:  # reading or preparing the page: this row fails, not the run
+                result = exception_row(exc, PAGE)
+            finally:
+                stats.leave()
+                await window.release()  # the answer is in: the next page may go
+            stats.count_loops(result)
+            result = postprocessed(result, args)
+            result.digest = digest
+            stats.record(result, latency)
+            try:
+                if result.error is None and result.skipped is None:
+                    check.observe(result)
+                finished = storm.observe(index, result)
+            except RunAborted as exc:  # nothing written: degenerate, or held by the storm
+                failure.append(exc)
+                return
+            for row in finished:
+                writer.add(*row)
+            bar.update(1)
+            if result.error is not None:
+                bar.set_postfix(errors=stats.errors_seen, refresh=False)
+            if controller is not None:
+                controller.on_result(result)
+            if writer.store.conflict:
+                raise RunAborted(writer.store.conflict, EXIT_USAGE)
+            if writer.due():
+                async with write_lock:
+                    await loop.run_in_executor(write_pool, writer.flush, False)
+            writer.store.commit_if_due()
 
-            def server_down(watch: asyncio.Task) -> None:  # the pages in flight stay pending
-                if not watch.cancelled() and watch.exception():
-                    failure.append(watch.exception())
-                    for task in list(tasks):
-                        task.cancel()
-            watching = asyncio.create_task(server.watch(client, stats, storm))
-            watching.add_done_callback(server_down)
-            for index, cell in iter_image_cells(source, pending):
-                await window.acquire()
-                if failure:
-                    await window.release()
-                    break
-                stats.enter()
-                task = asyncio.create_task(one(index, cell))
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
-            if controller:
-                controller.input_done = True
-            while tasks and not failure:
-                await asyncio.wait(set(tasks), return_when=asyncio.FIRST_COMPLETED)
-            if failure:
+        def server_down(watch: asyncio.Task) -> None:  # the pages in flight stay pending
+            if not watch.cancelled() and watch.exception():
+                failure.append(watch.exception())
                 for task in list(tasks):
                     task.cancel()
-                await asyncio.gather(*tasks, return_exceptions=True)
-                raise failure[0]
-            for row in storm.at_end(writer.redo):
-                writer.add(*row)
-            if adapting is not None:  # one last sample: the final state, the final counters
-                adapting.cancel()
-                await asyncio.gather(adapting, return_exceptions=True)
-                await controller.sample(client, server)
-        finally:
-            for task in (adapting, watching):
-                if task is not None:
-                    task.cancel()
-            if bar is not None:
-                bar.close()
-            prep_pool.shutdown(wait=False, cancel_futures=True)
-            write_pool.shutdown(wait=True)
+        watching = asyncio.create_task(server.watch(client, stats, storm))
+        watching.add_done_callback(server_down)
+        client.callback(watching.cancel)
+        for index, cell in iter_image_cells(source, pending):
+            await window.acquire()
+            if failure:
+                await window.release()
+                break
+            stats.enter()
+            task = asyncio.create_task(one(index, cell))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+        if controller:
+            controller.input_done = True
+        while tasks and not failure:
+            await asyncio.wait(set(tasks), return_when=asyncio.FIRST_COMPLETED)
+        if failure:
+            for task in list(tasks):
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise failure[0]
+        for row in storm.at_end(writer.redo):
+            writer.add(*row)
+        if controller:  # one last sample: the final state, the final counters
+            adapting.cancel()
+            await asyncio.gather(adapting, return_exceptions=True)
+            await controller.sample(client, server)
 
 
 def add_server_arguments(parser: argparse.ArgumentParser) -> None:
@@ -4502,8 +4498,7 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--no-spawn", action="store_true",
                        help="never start a server: wait for --server (up to --server-timeout)")
     group.add_argument("--server-timeout", type=float, default=1800.0,
-                       help="seconds to wait for a server to be ready (default: 1800: a cold "
-                            "start downloads the weights)")
+                       help="seconds to wait for a server to be ready (default: 1800)")
     group.add_argument("--server-down-timeout", type=float, default=300.0,
                        help="seconds a server may go without answering (/health, a page) mid-run "
                             "before the run stops (default: 300; rerun to resume)")
@@ -4521,9 +4516,7 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     WINDOW.add_arguments(parser, group)
 
 
-# the window per engine when --concurrency is not given: the measured setting (on l4x1 the KV
-# cache was under 10% used at 32, so the engine, not memory, bounds it)
-PAGES_PER_ENGINE = 32
+PAGES_PER_ENGINE = 32  # the measured window: on l4x1 the KV cache was under 10% used at 32
 PARALLEL_FLAGS = ("--data-parallel-size", "--tensor-parallel-size", "--pipeline-parallel-size",
                   "-dp", "-tp", "-pp")
 
@@ -4583,9 +4576,8 @@ def run_server_script(doc: str, argv: list[str] | None = None, hub_api=None) -> 
 
 
 # ==== BEGIN SATURATE HELPERS (edit blocks/saturate.py, then run tools/sync_helpers.py) ====
-# The adaptive window of the -saturate.py scripts, read from vLLM's /metrics, and its telemetry;
-# their options; the API servers of a server they start. The model section may set
-# API_SERVER_COUNT; the server block provides the rest.
+# The adaptive window of the -saturate.py scripts (read from vLLM's /metrics), its telemetry and
+# options; the API servers of a server they start. A model section may set API_SERVER_COUNT.
 import statistics
 from collections import deque
 
@@ -4596,17 +4588,13 @@ API_SERVERS_MIN_CPUS = 12  # the flavors where more API servers were measured to
 def usable_cpus(cgroup_root: str = "/sys/fs/cgroup") -> int:
     """CPUs this process may use: its affinity mask, capped by a cgroup quota (v2 cpu.max, else
     v1's cfs quota). os.cpu_count() counts the host's cores, also in a container."""
-    try:
-        count = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        count = os.cpu_count() or 1
-    try:
+    count = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    relative = "/"
+    with contextlib.suppress(OSError, IndexError):
         relative = Path("/proc/self/cgroup").read_text().split("0::", 1)[1].split("\n", 1)[0]
-    except (OSError, IndexError):
-        relative = "/"
     for files in ([Path(cgroup_root + relative, "cpu.max")], [Path(cgroup_root, "cpu.max")],
-                  [Path(cgroup_root, "cpu", name) for name in ("cpu.cfs_quota_us",
-                                                               "cpu.cfs_period_us")]):
+                  [Path(cgroup_root, "cpu", "cpu.cfs_quota_us"),
+                   Path(cgroup_root, "cpu", "cpu.cfs_period_us")]):
         try:
             quota, period = " ".join(f.read_text() for f in files).split()[:2]
             if quota not in ("max", "-1"):
@@ -4614,7 +4602,7 @@ def usable_cpus(cgroup_root: str = "/sys/fs/cgroup") -> int:
             break
         except (OSError, ValueError, ZeroDivisionError):
             continue
-    return max(1, count)
+    return max(1, count or 1)
 
 
 METRICS = {"vllm:num_requests_running": "running", "vllm:num_requests_waiting": "waiting",

@@ -20,9 +20,8 @@ from blocks.common import proc_bytes, RowResult, RunStats
 from blocks.server import FixedWindow, serve_arg_value, ServerManager, Window
 
 # ==== BEGIN SATURATE HELPERS (edit blocks/saturate.py, then run tools/sync_helpers.py) ====
-# The adaptive window of the -saturate.py scripts, read from vLLM's /metrics, and its telemetry;
-# their options; the API servers of a server they start. The model section may set
-# API_SERVER_COUNT; the server block provides the rest.
+# The adaptive window of the -saturate.py scripts (read from vLLM's /metrics), its telemetry and
+# options; the API servers of a server they start. A model section may set API_SERVER_COUNT.
 import statistics
 from collections import deque
 
@@ -33,17 +32,13 @@ API_SERVERS_MIN_CPUS = 12  # the flavors where more API servers were measured to
 def usable_cpus(cgroup_root: str = "/sys/fs/cgroup") -> int:
     """CPUs this process may use: its affinity mask, capped by a cgroup quota (v2 cpu.max, else
     v1's cfs quota). os.cpu_count() counts the host's cores, also in a container."""
-    try:
-        count = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        count = os.cpu_count() or 1
-    try:
+    count = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    relative = "/"
+    with contextlib.suppress(OSError, IndexError):
         relative = Path("/proc/self/cgroup").read_text().split("0::", 1)[1].split("\n", 1)[0]
-    except (OSError, IndexError):
-        relative = "/"
     for files in ([Path(cgroup_root + relative, "cpu.max")], [Path(cgroup_root, "cpu.max")],
-                  [Path(cgroup_root, "cpu", name) for name in ("cpu.cfs_quota_us",
-                                                               "cpu.cfs_period_us")]):
+                  [Path(cgroup_root, "cpu", "cpu.cfs_quota_us"),
+                   Path(cgroup_root, "cpu", "cpu.cfs_period_us")]):
         try:
             quota, period = " ".join(f.read_text() for f in files).split()[:2]
             if quota not in ("max", "-1"):
@@ -51,7 +46,7 @@ def usable_cpus(cgroup_root: str = "/sys/fs/cgroup") -> int:
             break
         except (OSError, ValueError, ZeroDivisionError):
             continue
-    return max(1, count)
+    return max(1, count or 1)
 
 
 METRICS = {"vllm:num_requests_running": "running", "vllm:num_requests_waiting": "waiting",
