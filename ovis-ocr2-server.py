@@ -3555,8 +3555,8 @@ def parse_vllm_size(value) -> int | None:
         raise ValueError(f"{text!r} is not a size (write e.g. 32768, 24k, 32K or auto)")
     number, suffix = match.groups()
     if "." in number and not suffix.islower():
-        raise ValueError(f"{text!r}: no decimals with {suffix or 'a plain number'} (write "
-                         f"{number}k, or a whole number)")
+        raise ValueError(f"{text!r}: no decimals with {suffix} (did you mean {text.lower()}?)"
+                         if suffix else f"{text!r} is not a whole number")
     scale = 1024 ** ("KMGT".index(suffix) + 1) if suffix.isupper() else \
         1000 ** ("kmgt".index(suffix) + 1) if suffix else 1
     return int(float(number) * scale) if "." in number else int(number) * scale
@@ -3614,8 +3614,7 @@ SECRET_SERVE_OPTIONS = {"--api-key": "VLLM_API_KEY", "--hf-token": "HF_TOKEN"}
 
 
 def serve_secrets(argv: list[str]) -> tuple[list[str], dict]:
-    """Serve arguments without their secrets, and the environment that carries them instead (a
-    command line is visible to every user of the machine)."""
+    """Serve arguments without secrets, and the env that carries them (argv is public)."""
     items = flag_items(argv)
     secret = [item for item in items if option_name(item[0]) in SECRET_SERVE_OPTIONS and item[1]]
     return (flag_words([item for item in items if item not in secret]),
@@ -3848,8 +3847,7 @@ class ServerManager:
         return False
 
     async def plan(self) -> None:
-        """Before the input is read: "reuse" a ready server with a context that fits, "wait" for
-        one that starts (or --no-spawn, or a remote URL), or "spawn" one here."""
+        """Before the input is read: "reuse" a ready server, "wait" for one, or "spawn" one."""
         async with httpx.AsyncClient(timeout=httpx.Timeout(10.0, connect=3.0)) as client:
             state = await self.probe(client)
         if state == "ready":
@@ -3917,8 +3915,7 @@ class ServerManager:
         return command + WINDOW.serve_args(self.args, serve_args) + parallel + serve_args
 
     def spawn(self) -> None:
-        """Start `vllm serve` under SERVER_WATCHDOG, in its own process group; the API key and
-        the Hub token go through its environment, never its command line."""
+        """Start `vllm serve` under SERVER_WATCHDOG; secrets go through its env, not its argv."""
         command, secret_env = serve_secrets(self.serve_command() + spawn_args(self.args))
         given = {"VLLM_API_KEY": self.api_key, "HF_TOKEN": self.args.hf_token}
         env = {**os.environ, **SERVE_ENV, **secret_env, **{k: v for k, v in given.items() if v}}
@@ -3938,8 +3935,7 @@ class ServerManager:
         return f"Last lines of {self.log_path}:\n" + "\n".join("  | " + s for s in text[-lines:])
 
     async def wait_ready(self, client, timeout: float) -> None:
-        """Wait for a server that is really starting: ours, one that answers "not ready yet",
-        or a `vllm serve` booting on the port."""
+        """Wait for ours, one that answers "not ready yet", or a `vllm serve` booting here."""
         began = reported = time.monotonic()
         while time.monotonic() < began + timeout:
             if self.process is not None and self.process.poll() is not None:
@@ -3962,8 +3958,7 @@ class ServerManager:
         raise RunAborted(f"the server at {self.base} was not ready after {timeout:.0f} s{tail}")
 
     async def recover(self, client) -> None:
-        """After a connection error: return once the server answers again, restarting ours if it
-        died (up to --max-restarts), or raise RunAborted."""
+        """After a connection error: wait for the server, restart ours if it died, or abort."""
         async with self._lock:
             deadline = None
             while await self.probe(client, starting=False) != "ready":
@@ -4165,8 +4160,7 @@ class ClientGroup(contextlib.AsyncExitStack):
 
 
 class Window:
-    """Pages in flight: acquired before a page is prepared, released when its answer is in;
-    the saturate scripts move its limit."""
+    """Pages in flight: taken before a page is prepared, given back when its answer is in."""
 
     def __init__(self, limit: int):
         self.limit, self.used, self.preparing = max(1, limit), 0, 0
@@ -4212,8 +4206,7 @@ WINDOW = FixedWindow()
 async def run_server_pipeline(source: InputSource, pending: list[int], writer: PartWriter,
                               stats: RunStats, args, server: ServerManager, window: Window,
                               check: DegenerateCheck, controller=None) -> None:
-    """Start or reuse the server, then keep the window full until every pending row is done
-    (on abort or interrupt, finished rows stay in `writer` for the caller to flush)."""
+    """Start or reuse the server, then keep the window full until every pending row is done."""
     from tqdm import tqdm
 
     loop = asyncio.get_running_loop()
@@ -4292,8 +4285,6 @@ async def run_server_pipeline(source: InputSource, pending: list[int], writer: P
             bar.update(1)
             if result.error is not None:
                 bar.set_postfix(errors=stats.errors_seen, refresh=False)
-            if controller is not None:
-                controller.on_result(result)
             if writer.store.conflict:
                 raise RunAborted(writer.store.conflict, EXIT_USAGE)
             if writer.due():
@@ -4338,8 +4329,8 @@ async def run_server_pipeline(source: InputSource, pending: list[int], writer: P
 def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("server")
     group.add_argument("--server", default=DEFAULT_SERVER,
-                       help="vLLM server URL; reused when it answers, else (local URL) "
-                            "`vllm serve` is started on its host and port (default: %(default)s)")
+                       help="vLLM server URL: reused when it answers, else started here if local "
+                            "(default: %(default)s)")
     group.add_argument("--api-key", help="server API key (default: VLLM_API_KEY)")
     group.add_argument("--serve-args", default="",
                        help="extra `vllm serve` arguments, appended after the script's own so "
@@ -4358,8 +4349,8 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--max-retries", type=int, default=4,
                        help="retries of a page after a timeout, 429 or 5xx (default: 4)")
     group.add_argument("--abort-after-failures", type=int, default=20,
-                       help="stop the run when this many pages in a row fail on the server's "
-                            "side (5xx, timeouts) over at least --abort-after-seconds (default: 20)")
+                       help="stop after this many pages in a row fail on the server's side "
+                            "(5xx, timeouts) over --abort-after-seconds (default: 20)")
     group.add_argument("--abort-after-seconds", type=float, default=60.0,
                        help="see --abort-after-failures (default: 60)")
     WINDOW.add_arguments(parser, group)

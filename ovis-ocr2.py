@@ -3579,8 +3579,7 @@ def import_vllm(argv: list[str]):
 
 
 def effective_llm_kwargs(args) -> dict:
-    """LLM_KWARGS, the weights' revision (the sha it resolves to: the record is what ran), then
-    --llm-kwargs over them (null removes a key)."""
+    """LLM_KWARGS, the resolved revision, then --llm-kwargs over them (null removes a key)."""
     revision = resolved_revision(args) or requested_revision(args)
     merged = {**LLM_KWARGS, **({"revision": revision} if revision else {}),
               **json.loads(args.llm_kwargs or "{}")}
@@ -3618,8 +3617,7 @@ class EngineStreak(HeldFailures):
 
 
 def generate_batch(llm, sampling, items: list, args, streak: EngineStreak) -> list[RowResult]:
-    """Results for [(index, page)], `sampling` one SamplingParams per page; a batch that raises
-    is split until the bad row is alone."""
+    """Results for [(index, page)]; a batch that raises is split until the bad row is alone."""
     try:
         urls = [f"data:{page.mime};base64,{base64.b64encode(page.data).decode()}"
                 for _, page in items]
@@ -3656,8 +3654,7 @@ def prepare_or_error(cell, args) -> PreparedPage | RowResult:
 
 
 def run_offline(run, args, argv: list[str], llm_kwargs: dict) -> None:
-    """Start vllm.LLM, then fixed batches; the next batch's pages are prepared while the engine
-    runs this one."""
+    """Start vllm.LLM, then fixed batches, the next one prepared while the engine runs this."""
     from tqdm import tqdm
 
     vllm = import_vllm(argv)

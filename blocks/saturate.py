@@ -16,7 +16,7 @@ from pathlib import Path
 
 import httpx
 
-from blocks.common import proc_bytes, RowResult, RunStats
+from blocks.common import proc_bytes, RunStats
 from blocks.server import FixedWindow, serve_arg_value, ServerManager, Window
 
 # ==== BEGIN SATURATE HELPERS (edit blocks/saturate.py, then run tools/sync_helpers.py) ====
@@ -79,17 +79,12 @@ class WindowController:
             else (proc_bytes("/proc/meminfo", "MemAvailable") or 8 << 30) // 4
         self.telemetry = telemetry_path
         self.page_bytes: deque[int] = deque(maxlen=256)  # request body sizes of recent pages
-        self.tokens = self.pages = self.completions_since_change = 0
+        self.seen = self.resized_at = 0  # pages finished by the last sample, the last resize
         self.best_rate = 0.0
         self.samples: list[str] = []
         self.prefix_hit_rate = None
         self.input_done = False
         self.last_sample = time.monotonic()
-
-    def on_result(self, result: RowResult) -> None:
-        self.tokens += result.completion_tokens or 0
-        self.pages += 1
-        self.completions_since_change += 1
 
     def memory_cap(self) -> int:
         """Pages the budget holds: each in flight keeps its request body, plus a margin."""
@@ -103,8 +98,7 @@ class WindowController:
             await self.sample(client, server)
 
     async def sample(self, client, server: ServerManager) -> None:
-        """Read the gauges, decide, write a telemetry row; also once at the end (a short run has
-        its row, the prefix-cache counters are the final ones)."""
+        """Read the gauges, decide, write a telemetry row (also once at the end)."""
         now = time.monotonic()
         dt, self.last_sample = max(1e-3, now - self.last_sample), now
         try:
@@ -114,8 +108,9 @@ class WindowController:
             metrics = {}
         if metrics.get("prefix_queries"):
             self.prefix_hit_rate = round(metrics.get("prefix_hits", 0.0) / metrics["prefix_queries"], 4)
-        rate, page_rate = self.tokens / dt, self.pages / dt
-        self.tokens = self.pages = 0
+        done = len(self.stats.finished_at)
+        rate, page_rate = sum(self.stats.tokens[self.seen:done]) / dt, (done - self.seen) / dt
+        self.seen = done
         await self.tick(metrics, rate)
         with open(self.telemetry, "a") as telemetry:
             telemetry.write(json.dumps({
@@ -157,13 +152,13 @@ class WindowController:
         elif long_queue or (kv or 0) > 0.95:
             new = max(self.args.min_window, int(limit * 0.85))  # over-full: give some back
         elif full and not some_queue and (kv or 0) <= 0.9 and \
-                self.completions_since_change >= max(2, limit // 4) and \
+                len(self.stats.finished_at) - self.resized_at >= max(2, limit // 4) and \
                 not (self.best_rate and rate < self.best_rate * 0.95):
             # a full window, no queue, answers back through it, tokens/s still rising: widen
             new = min(cap, self.args.max_window, int(math.ceil(limit * 1.5)))
         self.best_rate = max(self.best_rate, rate)
         if new != limit:
-            self.completions_since_change = 0
+            self.resized_at = len(self.stats.finished_at)
             await self.window.resize(new)
 
     def summary(self) -> dict:
@@ -178,8 +173,7 @@ class WindowController:
 
 
 class AdaptiveWindow(FixedWindow):
-    """The window of a -saturate.py script: it starts at --min-window and a WindowController
-    adapts it through the run (--concurrency fixes it)."""
+    """Starts at --min-window, then a WindowController adapts it (--concurrency fixes it)."""
 
     def add_arguments(self, parser: argparse.ArgumentParser, group) -> None:
         group = parser.add_argument_group("saturation (the window adapts to keep the engine busy)")
