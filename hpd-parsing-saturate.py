@@ -3624,6 +3624,7 @@ import contextlib
 import functools
 import shutil
 import socket
+import ssl
 import subprocess
 import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
@@ -3639,8 +3640,7 @@ def option_name(flag) -> str:
 
 
 def effective_serve_args(args) -> list[str]:
-    """SERVE_ARGS, then --serve-args; --logits-processors last: it takes a list and would
-    swallow any bare value after it."""
+    """SERVE_ARGS, then --serve-args; --logits-processors last (it would swallow a bare value)."""
     items = flag_items(list(SERVE_ARGS) + shlex.split(args.serve_args or ""))
     return flag_words(sorted(items, key=lambda item: option_name(item[0]) == "--logits-processors"))
 
@@ -3652,24 +3652,20 @@ def serve_arg_value(argv: list[str], name: str, default=None):
 
 
 def parse_vllm_size(value) -> int | None:
-    """A size as vLLM's command line spells it: 24000, 24k (x1000), 24K (x1024), 25.6k, 1m, 1M,
-    1g, 1G, 1t, 1T (no decimals with K/M/G/T); None for `auto` or -1 (the model's own context).
-    ValueError for anything else."""
+    """A size as vLLM reads it: 24k is 24000, 24K is 24576 (no decimals), auto or -1 is None."""
     text = str(value).strip()
     if text.lower() == "auto" or text == "-1":
         return None
-    match = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgGtT])", text)
-    if match:
-        number, suffix = match.groups()
-        if suffix.islower():
-            return int(float(number) * 10 ** (3 * "kmgt".index(suffix) + 3))
-        if "." in number:
-            raise ValueError(f"{text!r}: no decimals with {suffix} (did you mean "
-                             f"{number}{suffix.lower()}?)")
-        return int(number) * 2 ** (10 * "KMGT".index(suffix) + 10)
-    if re.fullmatch(r"\d+", text):
-        return int(text)
-    raise ValueError(f"{text!r} is not a size (write e.g. 32768, 24k, 32K or auto)")
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([kmgtKMGT]?)", text)
+    if not match:
+        raise ValueError(f"{text!r} is not a size (write e.g. 32768, 24k, 32K or auto)")
+    number, suffix = match.groups()
+    if "." in number and not suffix.islower():
+        raise ValueError(f"{text!r}: no decimals with {suffix} (did you mean {text.lower()}?)"
+                         if suffix else f"{text!r} is not a whole number")
+    scale = 1024 ** ("KMGT".index(suffix) + 1) if suffix.isupper() else \
+        1000 ** ("kmgt".index(suffix) + 1) if suffix else 1
+    return int(float(number) * scale) if "." in number else int(number) * scale
 
 
 def serve_max_model_len(args) -> int | None:
@@ -3678,8 +3674,7 @@ def serve_max_model_len(args) -> int | None:
 
 
 def server_url_parts(url: str) -> tuple[str, str, int]:
-    """(base, host, port) of --server. The base keeps a path prefix (a reverse proxy's)
-    and drops a trailing /v1: endpoints are base + /v1/..., /health, /metrics."""
+    """(base, host, port) of --server; the base keeps a proxy's path prefix, drops a /v1."""
     parsed = urllib.parse.urlparse(url if "//" in url else "http://" + url)
     if parsed.scheme not in ("http", "https") or not parsed.hostname:
         raise ValueError(f"--server {url!r} is not an http(s) URL (write e.g. http://127.0.0.1:8000)")
@@ -3709,37 +3704,32 @@ def server_argument_problems(args) -> list[str]:
     return problems
 
 
-def check_context_budget(max_model_len: int, args) -> None:
-    """Image tokens + max_tokens must fit the context, or the server answers 400 to every page."""
+def check_context_budget(max_model_len, args) -> None:
+    """Image tokens + max_tokens must fit the context (None: unknown), or every page gets a 400."""
     budget = image_token_budget(args)
-    need = budget + args.max_tokens
-    if need > max_model_len:
-        room = max_model_len - budget
-        advice = (f"Lower --max-tokens to at most {room}, or raise --max-model-len to at least "
-                  f"{need}." if room > 0 else
-                  f"The largest page alone needs {budget} prompt tokens: raise "
-                  f"--max-model-len to at least {need}.")
-        fail(f"--max-tokens {args.max_tokens} plus up to {budget} prompt tokens "
-             f"(the largest page) is {need}, over the server's max_model_len {max_model_len}: "
-             f"every request would be refused. {advice}")
+    need, room = budget + args.max_tokens, int(max_model_len or 0) - budget
+    if max_model_len and need > int(max_model_len):
+        advice = f"Lower --max-tokens to at most {room}, or raise" if room > 0 else \
+            f"The largest page alone needs {budget} prompt tokens: raise"
+        fail(f"--max-tokens {args.max_tokens} plus up to {budget} prompt tokens (the largest "
+             f"page) is {need}, over the server's max_model_len {max_model_len}: every request "
+             f"would be refused. {advice} --max-model-len to at least {need}.")
 
 
 SECRET_SERVE_OPTIONS = {"--api-key": "VLLM_API_KEY", "--hf-token": "HF_TOKEN"}
 
 
 def serve_secrets(argv: list[str]) -> tuple[list[str], dict]:
-    """Serve arguments without their secret options, and the environment that carries them
-    instead (a command line is visible to every user of the machine)."""
+    """Serve arguments without secrets, and the env that carries them (argv is public)."""
     items = flag_items(argv)
     secret = [item for item in items if option_name(item[0]) in SECRET_SERVE_OPTIONS and item[1]]
     return (flag_words([item for item in items if item not in secret]),
             {SECRET_SERVE_OPTIONS[option_name(flag)]: values[0] for flag, values, _ in secret})
 
 
-# Runs `vllm serve` as the leader of its own process group: when the driver dies without
-# stopping it (kill -9, OOM), it is re-parented, notices within half a second and stops the
-# whole group; when `vllm serve` exits, its leftover children go too. As the server's
-# single-threaded parent, it can also give it a parent-death signal.
+# Runs `vllm serve` in its own process group: when the driver dies without stopping it (kill -9,
+# OOM), it notices within half a second and stops the group; when `vllm serve` exits, its
+# leftover children go too. As the server's single-threaded parent, it can set PDEATHSIG.
 SERVER_WATCHDOG = r"""
 import os, signal, subprocess, sys, time
 driver = os.getppid()
@@ -3750,21 +3740,16 @@ def parent_death_signal():
         ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except Exception:
         pass
-def sweep():
-    me, group = os.getpid(), os.getpgrp()
-    try:
-        entries = os.listdir("/proc")
-    except OSError:  # no /proc (not Linux): the group was signalled as a whole already
-        entries = []
-    for entry in entries:
-        if entry.isdigit() and int(entry) != me:
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-                if int(fields[2]) == group:
-                    os.kill(int(entry), signal.SIGKILL)
-            except (OSError, ValueError, IndexError):
-                pass
+def sweep():  # SIGKILL the rest of the group, this process aside (no /proc: not Linux)
+    pids = [int(e) for e in os.listdir("/proc") if e.isdigit()] if os.path.isdir("/proc") else []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                group = int(f.read().rsplit(")", 1)[1].split()[2])
+            if group == os.getpgrp() and pid != os.getpid():
+                os.kill(pid, signal.SIGKILL)
+        except (OSError, ValueError, IndexError):
+            pass
 server = subprocess.Popen(sys.argv[1:], stdin=subprocess.DEVNULL, preexec_fn=parent_death_signal)
 while server.poll() is None and os.getppid() == driver:
     time.sleep(0.5)
@@ -3780,24 +3765,14 @@ sys.exit(code if code >= 0 else 128 - code)
 """
 
 
-def exception_chain(exc: BaseException | None):
-    while exc is not None:
-        yield exc
+UNKNOWN_HOST = (socket.EAI_NONAME, getattr(socket, "EAI_NODATA", None))  # not a DNS hiccup
+
+
+def raised_by(exc: BaseException | None, test) -> bool:
+    """Whether test() holds for the exception or one in its chain of causes."""
+    while exc is not None and not test(exc):
         exc = exc.__cause__ or exc.__context__
-
-
-def unknown_host(exc: BaseException) -> bool:
-    """The host name does not resolve (not a temporary DNS failure): no server will start there."""
-    unknown = (socket.EAI_NONAME, getattr(socket, "EAI_NODATA", None))
-    return any(isinstance(seen, socket.gaierror) and seen.errno in unknown
-               for seen in exception_chain(exc))
-
-
-def is_tls_error(exc: BaseException) -> bool:
-    import ssl
-
-    return any(isinstance(seen, ssl.SSLError) or "SSL" in str(seen) or "CERTIFICATE" in str(seen)
-               for seen in exception_chain(exc))
+    return exc is not None
 
 
 SILENT_PORT_S = 120.0  # a port that accepts connections but sends no HTTP answer this long is
@@ -3820,11 +3795,9 @@ class ServerManager:
         self.model_name = serve_arg_value(serve_args, "--served-model-name") or args.model
         self.process: subprocess.Popen | None = None
         self.action: str | None = None  # plan()'s decision: "reuse", "wait" or "spawn"
-        self.restarts = 0
-        self.max_model_len: int | None = None
-        self.version: str | None = None
+        self.restarts, self.engines = 0, 1  # engines: data-parallel, of a server started here
+        self.max_model_len = self.version = None
         self.revision: str | None = None  # the weights' sha, known only for a server started here
-        self.engines = 1  # data-parallel engines of a server started here
         self.heard_at = time.monotonic()  # it last passed a probe or /health, or answered a page
         self.silent_since: float | None = None  # connected, and no HTTP answer since
         self._lock = asyncio.Lock()
@@ -3833,12 +3806,14 @@ class ServerManager:
     def log_path(self) -> Path:
         return self.log_dir / f"vllm-serve-{self.port}.log"
 
-    # -- probes --
+    def refused(self, what: str) -> RunAborted:
+        return RunAborted(f"port {self.port} answers, but not as {what}: stop what uses the port, "
+                          f"or pass --server with the vLLM server's URL (or a free port for the "
+                          f"server this script starts).", EXIT_USAGE)
+
     async def probe(self, client, starting: bool = True) -> str:
-        """"ready", "starting" (answers but not ready, or no answer in time) or "absent"; RunAborted
-        for what will never serve: a refused key, a TLS failure, another service on the port, a
-        port silent for SILENT_PORT_S (when `starting`)."""
-        response = None
+        """"ready", "starting" (not ready, or no answer in time) or "absent"; RunAborted for what
+        will never serve: a refused key, TLS, another service, a port silent for SILENT_PORT_S."""
         for attempt in range(2):  # a reset connection is tried once more before judging
             asked = time.monotonic()
             try:
@@ -3858,43 +3833,39 @@ class ServerManager:
             except httpx.TimeoutException:
                 return "starting"
             except httpx.HTTPError as exc:
-                if is_tls_error(exc):
+                if raised_by(exc, lambda e: isinstance(e, ssl.SSLError) or "SSL" in str(e)
+                             or "CERTIFICATE" in str(e)):
                     raise RunAborted(f"TLS failed with {self.base}: {exc}. Check the URL's "
                                      f"scheme (http or https) and the server's certificate.",
-                                     code=2) from None
+                                     EXIT_USAGE) from None
                 if isinstance(exc, httpx.ConnectError):
-                    if starting and unknown_host(exc):
+                    if starting and raised_by(exc, lambda e: isinstance(e, socket.gaierror) and
+                                              e.errno in UNKNOWN_HOST):
                         raise RunAborted(f"the host {self.host!r} of --server {self.args.server} "
                                          f"does not resolve ({exc}): check its name (e.g. "
-                                         f"http://127.0.0.1:8000).", code=2) from None
+                                         f"http://127.0.0.1:8000).", EXIT_USAGE) from None
                     return "absent"
                 if attempt:
-                    raise RunAborted(
-                        f"port {self.port} answers, but not as an HTTP server ({type(exc).__name__}: "
-                        f"{exc or 'no response'}): it is not an OpenAI-compatible vLLM server. "
-                        f"If it serves HTTPS, write --server https://...; otherwise stop what "
-                        f"uses the port or pass --server with another one.", code=2) from None
+                    raise self.refused(f"an HTTP server ({type(exc).__name__}: "
+                                       f"{exc or 'no response'}; if it serves HTTPS, write "
+                                       f"--server https://...)") from None
         status = response.status_code
         if status in (401, 403):
             hint = "the key sent is wrong: pass the right one with --api-key or VLLM_API_KEY" \
                 if self.api_key else "it wants one: pass --api-key or set VLLM_API_KEY"
             raise RunAborted(f"the server at {self.base} refuses the API key (HTTP {status} on "
-                             f"/v1/models): {hint}.", code=4)
+                             f"/v1/models): {hint}.", EXIT_REFUSED)
         if status in (500, 502, 503, 504):
             return "starting"  # a proxy whose upstream boots, a server loading its model
         try:
-            payload = response.json()
-        except ValueError:
-            payload = None
-        models = payload.get("data") if isinstance(payload, dict) else None
+            models = response.json()["data"]
+        except (ValueError, KeyError, TypeError):
+            models = None
         if status != 200 or not isinstance(models, list) or \
                 not all(isinstance(m, dict) for m in models):
             kind = response.headers.get("content-type", "?").split(";")[0]
-            raise RunAborted(
-                f"port {self.port} answers, but not as an OpenAI-compatible vLLM server: GET "
-                f"{self.base}/v1/models gave HTTP {status} ({kind}) without a model list. "
-                f"Another service uses the port: stop it, or pass --server with the vLLM "
-                f"server's URL (or a free port for the server this script starts).", code=2)
+            raise self.refused(f"an OpenAI-compatible vLLM server (GET {self.base}/v1/models "
+                               f"gave HTTP {status} ({kind}) without a model list)")
         if await self.health_problem(client, 5):
             return "starting"
         for entry in models:
@@ -3921,17 +3892,9 @@ class ServerManager:
             return f"{type(exc).__name__}: {exc}"
         return None if response.status_code in (200, 404) else f"HTTP {response.status_code}"
 
-    def waiting_on(self, state: str) -> str:
-        if self.process is not None:
-            return f"vllm serve, started here, is loading (its log: {self.log_path})"
-        if self.silent_since is not None:
-            return "it accepts connections but has sent no HTTP answer"
-        return "it answers, not ready yet" if state == "starting" else "nothing listens yet"
-
     async def watch(self, client, stats: RunStats, storm: "FailureStorm") -> None:
-        """Judge the server's liveness apart from the pages (/health answers in seconds while a
-        page may take minutes): stop the run once it has neither passed /health nor answered a
-        page for --server-down-timeout. A page generating on a live server is never cut here."""
+        """Stop the run once the server has neither passed /health nor answered a page for
+        --server-down-timeout; a page generating on a live server is never cut here."""
         limit = self.args.server_down_timeout
         every = min(HEALTH_EVERY_S, limit / 4)
         reported = time.monotonic()
@@ -3957,58 +3920,56 @@ class ServerManager:
                 log(f"waiting on {stats.in_flight} pages at {self.base}, none finished for "
                     f"{idle:.0f} s; {health}")
 
-    def port_in_use(self) -> bool:
-        try:
-            with socket.create_connection((self.host, self.port), timeout=1):
-                return True
-        except OSError:
-            return False
+    def waiting_on(self, state: str) -> str:
+        if self.process is not None:
+            return f"vllm serve, started here, is loading (its log: {self.log_path})"
+        if self.silent_since is not None:
+            return f"it accepts connections but has sent no HTTP answer (refused after " \
+                f"{SILENT_PORT_S:.0f} s of that)"
+        if state == "starting":
+            return "it answers, not ready yet"
+        return "it is starting; waiting for it instead of starting another" \
+            if self.local and not self.args.no_spawn else \
+            "it does not answer yet (`vllm serve` opens its port once the model is loaded)"
 
-    def vllm_booting_here(self) -> bool:
-        """A `vllm serve` on this port started a moment ago (not yet listening)."""
-        for proc in Path("/proc").glob("[0-9]*"):
-            try:
-                argv = (proc / "cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            words = [a.decode(errors="replace") for a in argv if a]
-            is_serve = any(w.endswith("vllm") for w in words[:3]) and "serve" in words[:4]
-            is_api = any("vllm.entrypoints.openai.api_server" in w for w in words[:4])
-            if (is_serve or is_api) and str(serve_arg_value(words, "--port", 8000)) == str(self.port):
-                if self.process is None or int(proc.name) != self.process.pid:
-                    return True
+    def port_in_use(self) -> bool:
+        with contextlib.suppress(OSError), socket.create_connection((self.host, self.port), 1):
+            return True
         return False
 
-    async def plan(self) -> str:
-        """The decision, made before the input is read: "reuse" (a server answers with the
-        model and a context that fits), "wait" (one is starting, or --no-spawn, or a remote URL)
-        or "spawn" (a local port is free, `vllm` exists, the planned context fits). Exits with
-        the reason, and the Jobs command when no server can run here."""
+    def vllm_booting_here(self) -> bool:
+        """A `vllm serve` for this port started a moment ago (not listening yet), not ours."""
+        for proc in Path("/proc").glob("[0-9]*"):
+            try:
+                words = [a.decode(errors="replace")
+                         for a in (proc / "cmdline").read_bytes().split(b"\0") if a]
+            except OSError:
+                continue
+            is_serve = any(w.endswith("vllm") for w in words[:3]) and "serve" in words[:4]
+            is_api = any("vllm.entrypoints.openai.api_server" in w for w in words[:4])
+            if (is_serve or is_api) and str(serve_arg_value(words, "--port", 8000)) == \
+                    str(self.port) and (self.process is None or int(proc.name) != self.process.pid):
+                return True
+        return False
+
+    async def plan(self) -> None:
+        """Before the input is read: "reuse" a ready server, "wait" for one, or "spawn" one."""
         async with httpx.AsyncClient(timeout=httpx.Timeout(10.0, connect=3.0)) as client:
             state = await self.probe(client)
         if state == "ready":
             self.action = "reuse"
-            if self.max_model_len:
-                check_context_budget(int(self.max_model_len), self.args)
-        elif state == "starting" or not self.local or self.args.no_spawn or self.port_in_use() \
-                or self.vllm_booting_here():
+            check_context_budget(self.max_model_len, self.args)
+        elif state == "starting" or not self.local or self.args.no_spawn or \
+                self.port_in_use() or self.vllm_booting_here():
             self.action = "wait"
-            what = f"accepts connections but has not answered (refused after " \
-                f"{SILENT_PORT_S:.0f} s of that)" if self.silent_since else \
-                "is not ready yet" if state == "starting" else \
-                "is starting; waiting for it instead of starting another" \
-                if self.local and not self.args.no_spawn else \
-                "does not answer yet (`vllm serve` opens its port once the model is loaded)"
-            log(f"the server at {self.base} {what}: the run will be waiting for that URL (up to "
-                f"{self.args.server_timeout:.0f} s, --server-timeout; not started by this run, it "
-                f"will be left running)")
+            log(f"the server at {self.base}: {self.waiting_on(state)}; the run will be waiting "
+                f"for that URL (up to {self.args.server_timeout:.0f} s, --server-timeout; not "
+                f"started by this run, it will be left running)")
         else:
             self.action = "spawn"
-            if serve_max_model_len(self.args):
-                check_context_budget(serve_max_model_len(self.args), self.args)
+            check_context_budget(serve_max_model_len(self.args), self.args)
             if shutil.which("vllm") is None:
                 self.explain_missing_vllm()
-        return self.action
 
     async def start(self, client, stats: RunStats) -> None:
         """Act on plan()'s decision; return once the server is ready."""
@@ -4021,8 +3982,7 @@ class ServerManager:
         await self.wait_ready(client, self.args.server_timeout)
         if self.process is not None:
             stats.server_startup_s = round(time.monotonic() - started, 2)
-        if self.max_model_len:
-            check_context_budget(int(self.max_model_len), self.args)
+        check_context_budget(self.max_model_len, self.args)
         try:
             response = await client.get(f"{self.base}/version", headers=self.headers, timeout=5)
             self.version = response.json().get("version")
@@ -4054,44 +4014,39 @@ class ServerManager:
         if revision := self.revision or requested_revision(self.args):
             command += ["--revision", revision]
         serve_args = effective_serve_args(self.args)
-        command += WINDOW.serve_args(self.args, serve_args)
-        parallel = data_parallel_args(serve_args)
-        self.engines = int(parallel[1]) if parallel else 1
-        return command + parallel + serve_args  # --logits-processors stays last
+        # one engine per GPU (a multi-GPU flavor is paid for every one), unless told otherwise
+        told = any(serve_arg_value(serve_args, flag) for flag in PARALLEL_FLAGS)
+        self.engines = 1 if told else max(1, visible_gpus())
+        parallel = ["--data-parallel-size", str(self.engines)] if self.engines > 1 else []
+        return command + WINDOW.serve_args(self.args, serve_args) + parallel + serve_args
 
     def spawn(self) -> None:
-        """Start `vllm serve` under SERVER_WATCHDOG, in its own process group; the API key and
-        the Hub token go through its environment, never its command line."""
+        """Start `vllm serve` under SERVER_WATCHDOG; secrets go through its env, not its argv."""
         command, secret_env = serve_secrets(self.serve_command() + spawn_args(self.args))
-        env = {**os.environ, **SERVE_ENV, **secret_env}
-        if self.api_key:
-            env["VLLM_API_KEY"] = self.api_key
-        if self.args.hf_token:
-            env["HF_TOKEN"] = self.args.hf_token
+        given = {"VLLM_API_KEY": self.api_key, "HF_TOKEN": self.args.hf_token}
+        env = {**os.environ, **SERVE_ENV, **secret_env, **{k: v for k, v in given.items() if v}}
         log(f"starting: {shlex.join(redact_argv(command))}\n  (server log: {self.log_path})")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log_file = open(self.log_path, "ab")
-        self.process = subprocess.Popen([sys.executable, "-c", SERVER_WATCHDOG, *command],
-                                        stdout=log_file, stderr=subprocess.STDOUT,
-                                        stdin=subprocess.DEVNULL, start_new_session=True, env=env)
-        log_file.close()
+        with open(self.log_path, "ab") as log_file:
+            self.process = subprocess.Popen([sys.executable, "-c", SERVER_WATCHDOG, *command],
+                                            stdout=log_file, stderr=subprocess.STDOUT,
+                                            stdin=subprocess.DEVNULL, start_new_session=True,
+                                            env=env)
 
     def log_tail(self, lines: int = 40) -> str:
         try:
             text = self.log_path.read_text(errors="replace").splitlines()
         except OSError:
             return "(no server log)"
-        return "\n".join("  | " + line for line in text[-lines:])
+        return f"Last lines of {self.log_path}:\n" + "\n".join("  | " + s for s in text[-lines:])
 
     async def wait_ready(self, client, timeout: float) -> None:
-        """Wait for a server that is really starting: the one spawned here, one that answers
-        "not ready yet", or a `vllm serve` booting on the port."""
+        """Wait for ours, one that answers "not ready yet", or a `vllm serve` booting here."""
         began = reported = time.monotonic()
-        deadline = began + timeout
-        while time.monotonic() < deadline:
+        while time.monotonic() < began + timeout:
             if self.process is not None and self.process.poll() is not None:
                 raise RunAborted(f"vllm serve exited with code {self.process.returncode} before "
-                                 f"it was ready. Last lines of {self.log_path}:\n{self.log_tail()}")
+                                 f"it was ready. {self.log_tail()}")
             state = await self.probe(client)
             if state == "ready":
                 return
@@ -4105,19 +4060,18 @@ class ServerManager:
                 log(f"waiting for the server at {self.base} for {reported - began:.0f} s of up to "
                     f"{timeout:.0f} s (--server-timeout): {self.waiting_on(state)}")
             await asyncio.sleep(1.0)
-        tail = f"\nLast lines of {self.log_path}:\n{self.log_tail()}" if self.process else ""
+        tail = f"\n{self.log_tail()}" if self.process else ""
         raise RunAborted(f"the server at {self.base} was not ready after {timeout:.0f} s{tail}")
 
     async def recover(self, client) -> None:
-        """After a connection error: return once the server answers again, restarting a spawned
-        one that died (bounded), or raise RunAborted."""
+        """After a connection error: wait for the server, restart ours if it died, or abort."""
         async with self._lock:
             deadline = None
             while await self.probe(client, starting=False) != "ready":
                 if self.process is not None and self.process.poll() is not None:
                     if self.restarts >= self.args.max_restarts:
                         raise RunAborted(f"vllm serve died {self.restarts + 1} times; giving up. "
-                                         f"Last lines of {self.log_path}:\n{self.log_tail()}")
+                                         f"{self.log_tail()}")
                     self.restarts += 1
                     log(f"vllm serve died (exit {self.process.returncode}); restart "
                         f"{self.restarts}/{self.args.max_restarts}; its pages are sent again")
@@ -4179,8 +4133,7 @@ def loop_retry_body(body: bytes, model_name: str, args, seed: int, previous: int
 async def send_until_clean(client, server: "ServerManager", body: bytes, index: int,
                            args) -> RowResult:
     """send_page(), then up to --loop-retries more while the kept answer loops."""
-    result = await send_page(client, server, body, args)
-    previous = None
+    result, previous = await send_page(client, server, body, args), None
     for attempt in range(1, args.loop_retries + 1):
         if result.error is not None or not loops(result.text, result.finish_reason):
             break
@@ -4190,13 +4143,11 @@ async def send_until_clean(client, server: "ServerManager", body: bytes, index: 
     return result
 
 
-def count_or_none(value) -> int | None:
-    """A token count as the int32 column holds it, or None."""
-    return value if isinstance(value, int) and 0 <= value < 2 ** 31 else None
-
-
 def read_completion(response) -> RowResult:
     """The row's result from a 200 answer; a malformed one is the server's error."""
+    def count(value) -> int | None:  # a token count as the int32 column holds it
+        return value if isinstance(value, int) and 0 <= value < 2 ** 31 else None
+
     try:
         payload = response.json()
         choice = payload["choices"][0]
@@ -4207,9 +4158,8 @@ def read_completion(response) -> RowResult:
         finish = choice.get("finish_reason")
         finish = finish if isinstance(finish, str) else None
         return RowResult(text=cut_at_loop(text or "", finish), finish_reason=finish,
-                         prompt_tokens=count_or_none(usage.get("prompt_tokens")),
-                         completion_tokens=count_or_none(usage.get("completion_tokens")),
-                         attempts=1)
+                         prompt_tokens=count(usage.get("prompt_tokens")),
+                         completion_tokens=count(usage.get("completion_tokens")), attempts=1)
     except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
         return error_row(f"unreadable response ({type(exc).__name__}: {exc}): "
                          f"{response.text[:300]}", SERVER)
@@ -4234,6 +4184,8 @@ async def send_page(client, server: "ServerManager", body: bytes, args) -> RowRe
             last_error = f"timed out after {args.request_timeout:g} s"
         except httpx.HTTPError as exc:  # an answer httpx cannot read (a gzip body that is not)
             last_error = f"unreadable answer: {type(exc).__name__}: {exc}"
+        except Exception as exc:  # whatever else the transport raised: the server's side
+            return exception_row(exc, SERVER, "request failed: ")
         else:
             server.heard_at = time.monotonic()
             status, text = response.status_code, response.text[:300]
@@ -4257,8 +4209,8 @@ async def send_page(client, server: "ServerManager", body: bytes, args) -> RowRe
 
 class FailureStorm(HeldFailures):
     """Server-side failures (5xx, timeouts) are held until a page is answered after them; many
-    in a row over a while, or none answered at all, stop the run and leave them pending. A
-    page's own error (a 400) neither counts nor breaks the streak."""
+    in a row over a while stop the run and leave them pending. A page's own error (a 400)
+    neither counts nor breaks the streak."""
 
     def __init__(self, pages: int, seconds: float):
         super().__init__()
@@ -4314,8 +4266,7 @@ class ClientGroup(contextlib.AsyncExitStack):
 
 
 class Window:
-    """Pages in flight: acquired before a page is prepared, released when its answer is in.
-    Its limit can move (the saturate scripts adapt it)."""
+    """Pages in flight: taken before a page is prepared, given back when its answer is in."""
 
     def __init__(self, limit: int):
         self.limit, self.used, self.preparing = max(1, limit), 0, 0
@@ -4342,9 +4293,8 @@ class FixedWindow:
 
     def add_arguments(self, parser: argparse.ArgumentParser, group) -> None:
         group.add_argument("--concurrency", type=int, default=None,
-                           help=f"pages in flight at once (default: {PAGES_PER_ENGINE} per engine, "
-                                f"where it was measured: {PAGES_PER_ENGINE} x N when this script "
-                                f"starts vLLM on N GPUs)")
+                           help=f"pages in flight (default: {PAGES_PER_ENGINE} per engine of the "
+                                f"server, the measured setting)")
 
     def problems(self, args) -> list[str]:
         return []
@@ -4362,150 +4312,131 @@ WINDOW = FixedWindow()
 async def run_server_pipeline(source: InputSource, pending: list[int], writer: PartWriter,
                               stats: RunStats, args, server: ServerManager, window: Window,
                               check: DegenerateCheck, controller=None) -> None:
-    """Start or reuse the server, then keep the window full until every pending row is done
-    (on abort or interrupt, finished rows stay in `writer` for the caller to flush)."""
+    """Start or reuse the server, then keep the window full until every pending row is done."""
     from tqdm import tqdm
 
-    prep_pool = ThreadPoolExecutor(max_workers=max(2, min(8, os.cpu_count() or 2)),
-                                   thread_name_prefix="prepare")
-    write_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="write")
     loop = asyncio.get_running_loop()
     write_lock = asyncio.Lock()
-    store = writer.store
     storm = FailureStorm(args.abort_after_failures, args.abort_after_seconds)
     failure: list[BaseException] = []
-    bar = adapting = watching = None
+    tasks: set[asyncio.Task] = set()
     unlimited = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     async with ClientGroup(limits=unlimited,
                            timeout=httpx.Timeout(args.request_timeout, connect=30.0)) as client:
-        try:
-            await server.start(client, stats)
-            writer.info_entry["vllm_version"] = server.version
-            writer.info_entry["model_revision"] = server.revision
-            if not args.concurrency and server.engines > 1:  # a window for every engine
-                await window.resize(max(window.limit, PAGES_PER_ENGINE * server.engines))
-            adapting = asyncio.create_task(controller.run(client, server)) if controller else None
-            bar = tqdm(total=len(pending), unit="page", dynamic_ncols=True, smoothing=0.1,
-                       mininterval=0.5 if sys.stderr.isatty() else 10.0)
+        # what the exit undoes, last first: the tasks, the bar, the pools
+        write_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="write")
+        client.callback(write_pool.shutdown, wait=True)
+        prep_pool = ThreadPoolExecutor(max_workers=max(2, min(8, os.cpu_count() or 2)),
+                                       thread_name_prefix="prepare")
+        client.callback(prep_pool.shutdown, wait=False, cancel_futures=True)
+        await server.start(client, stats)
+        writer.info_entry.update(vllm_version=server.version, model_revision=server.revision)
+        if not args.concurrency and server.engines > 1:  # a window for every engine
+            await window.resize(max(window.limit, PAGES_PER_ENGINE * server.engines))
+        bar = tqdm(total=len(pending), unit="page", dynamic_ncols=True, smoothing=0.1,
+                   mininterval=0.5 if sys.stderr.isatty() else 10.0)
+        client.callback(bar.close)
+        if controller:
+            adapting = asyncio.create_task(controller.run(client, server))
+            client.callback(adapting.cancel)
 
-            async def flush_if_due(final: bool = False) -> None:
-                if store.conflict:
-                    raise RunAborted(store.conflict, EXIT_USAGE)
-                if final or writer.due():
-                    async with write_lock:
-                        await loop.run_in_executor(write_pool, writer.flush, final)
-                store.commit_if_due()
-
-            async def one(index: int, cell) -> None:
-                latency = digest = None
-                try:
-                    window.preparing += 1
-                    held = cell.get("bytes") if isinstance(cell, dict) else cell
-                    try:  # bytes in memory that go out as they are: a header read, no pool hop
-                        inline = isinstance(held, (bytes, bytearray, memoryview))
-                        page = inline and prepare_page(cell, args, decode=False) or \
-                            await loop.run_in_executor(prep_pool, prepare_page, cell, args)
-                    finally:
-                        window.preparing -= 1
-                    digest = page.digest
-                    if page.skipped:  # not sent: its text layer is its row
-                        result = text_layer_row(page, args)
-                    else:
-                        layer = page.text_layer
-                        body = request_body(page, server.model_name, args)
-                        del page, cell
-                        if controller:
-                            controller.page_bytes.append(len(body))
-                        sent = time.monotonic()
-                        try:
-                            result = await send_until_clean(client, server, body, index, args)
-                        except (RunAborted, PageError):
-                            raise
-                        except Exception as exc:  # whatever the transport raised: the server's side
-                            result = exception_row(exc, SERVER, "request failed: ")
-                        del body
-                        latency = time.monotonic() - sent
-                        result.text_layer = layer
-                except PageError as exc:
-                    result = error_row(str(exc), PAGE)
-                except RunAborted as exc:
-                    failure.append(exc)
-                    return
-                except Exception as exc:  # reading or preparing the page: this row fails, not the run
-                    result = exception_row(exc, PAGE)
+        async def one(index: int, cell) -> None:
+            latency = digest = None
+            try:
+                window.preparing += 1
+                held = cell.get("bytes") if isinstance(cell, dict) else cell
+                try:  # bytes in memory that go out as they are: a header read, no pool hop
+                    inline = isinstance(held, (bytes, bytearray, memoryview))
+                    page = inline and prepare_page(cell, args, decode=False) or \
+                        await loop.run_in_executor(prep_pool, prepare_page, cell, args)
                 finally:
-                    stats.leave()
-                    await window.release()  # the answer is in: the next page may go
-                stats.count_loops(result)
-                result = postprocessed(result, args)
-                result.digest = digest
-                stats.record(result, latency)
-                try:
-                    if result.error is None and result.skipped is None:
-                        check.observe(result)
-                    finished = storm.observe(index, result)
-                except RunAborted as exc:  # nothing written: degenerate, or held by the storm
-                    failure.append(exc)
-                    return
-                for row in finished:
-                    writer.add(*row)
-                bar.update(1)
-                if result.error is not None:
-                    bar.set_postfix(errors=stats.errors_seen, refresh=False)
-                if controller is not None:
-                    controller.on_result(result)
-                await flush_if_due()
+                    window.preparing -= 1
+                digest = page.digest
+                if page.skipped:  # not sent: its text layer is its row
+                    result = text_layer_row(page, args)
+                else:
+                    layer = page.text_layer
+                    body = request_body(page, server.model_name, args)
+                    del page, cell
+                    if controller:
+                        controller.page_bytes.append(len(body))
+                    sent = time.monotonic()
+                    result = await send_until_clean(client, server, body, index, args)
+                    del body
+                    latency = time.monotonic() - sent
+                    result.text_layer = layer
+            except PageError as exc:
+                result = error_row(str(exc), PAGE)
+            except RunAborted as exc:
+                failure.append(exc)
+                return
+            except Exception as exc:  # reading or preparing the page: this row fails, not the run
+                result = exception_row(exc, PAGE)
+            finally:
+                stats.leave()
+                await window.release()  # the answer is in: the next page may go
+            stats.count_loops(result)
+            result = postprocessed(result, args)
+            result.digest = digest
+            stats.record(result, latency)
+            try:
+                if result.error is None and result.skipped is None:
+                    check.observe(result)
+                finished = storm.observe(index, result)
+            except RunAborted as exc:  # nothing written: degenerate, or held by the storm
+                failure.append(exc)
+                return
+            for row in finished:
+                writer.add(*row)
+            bar.update(1)
+            if result.error is not None:
+                bar.set_postfix(errors=stats.errors_seen, refresh=False)
+            if writer.store.conflict:
+                raise RunAborted(writer.store.conflict, EXIT_USAGE)
+            if writer.due():
+                async with write_lock:
+                    await loop.run_in_executor(write_pool, writer.flush, False)
+            writer.store.commit_if_due()
 
-            tasks: set[asyncio.Task] = set()
-
-            def server_down(watch: asyncio.Task) -> None:  # the pages in flight stay pending
-                if not watch.cancelled() and watch.exception():
-                    failure.append(watch.exception())
-                    for task in list(tasks):
-                        task.cancel()
-            watching = asyncio.create_task(server.watch(client, stats, storm))
-            watching.add_done_callback(server_down)
-            for index, cell in iter_image_cells(source, pending):
-                await window.acquire()
-                if failure:
-                    await window.release()
-                    break
-                stats.enter()
-                task = asyncio.create_task(one(index, cell))
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
-            if controller:
-                controller.input_done = True
-            while tasks and not failure:
-                await asyncio.wait(set(tasks), return_when=asyncio.FIRST_COMPLETED)
-            if failure:
+        def server_down(watch: asyncio.Task) -> None:  # the pages in flight stay pending
+            if not watch.cancelled() and watch.exception():
+                failure.append(watch.exception())
                 for task in list(tasks):
                     task.cancel()
-                await asyncio.gather(*tasks, return_exceptions=True)
-                raise failure[0]
-            for row in storm.at_end(writer.redo):
-                writer.add(*row)
-            if adapting is not None:  # one last sample: the final state, the final counters
-                adapting.cancel()
-                await asyncio.gather(adapting, return_exceptions=True)
-                await controller.sample(client, server)
-        finally:
-            for task in (adapting, watching):
-                if task is not None:
-                    task.cancel()
-            if controller is not None:
-                controller.close()
-            if bar is not None:
-                bar.close()
-            prep_pool.shutdown(wait=False, cancel_futures=True)
-            write_pool.shutdown(wait=True)
+        watching = asyncio.create_task(server.watch(client, stats, storm))
+        watching.add_done_callback(server_down)
+        client.callback(watching.cancel)
+        for index, cell in iter_image_cells(source, pending):
+            await window.acquire()
+            if failure:
+                await window.release()
+                break
+            stats.enter()
+            task = asyncio.create_task(one(index, cell))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+        if controller:
+            controller.input_done = True
+        while tasks and not failure:
+            await asyncio.wait(set(tasks), return_when=asyncio.FIRST_COMPLETED)
+        if failure:
+            for task in list(tasks):
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise failure[0]
+        for row in storm.at_end(writer.redo):
+            writer.add(*row)
+        if controller:  # one last sample: the final state, the final counters
+            adapting.cancel()
+            await asyncio.gather(adapting, return_exceptions=True)
+            await controller.sample(client, server)
 
 
 def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("server")
     group.add_argument("--server", default=DEFAULT_SERVER,
-                       help="vLLM server URL; reused when it answers, else (local URL) "
-                            "`vllm serve` is started on its host and port (default: %(default)s)")
+                       help="vLLM server URL: reused when it answers, else started here if local "
+                            "(default: %(default)s)")
     group.add_argument("--api-key", help="server API key (default: VLLM_API_KEY)")
     group.add_argument("--serve-args", default="",
                        help="extra `vllm serve` arguments, appended after the script's own so "
@@ -4513,12 +4444,10 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--no-spawn", action="store_true",
                        help="never start a server: wait for --server (up to --server-timeout)")
     group.add_argument("--server-timeout", type=float, default=1800.0,
-                       help="seconds to wait for a server to be ready (default: 1800: a cold "
-                            "start downloads the weights)")
+                       help="seconds to wait for a server to be ready (default: 1800)")
     group.add_argument("--server-down-timeout", type=float, default=300.0,
-                       help="seconds a server may go without answering (its /health, a page) "
-                            "mid-run before the run ends (default: 300; finished rows are kept; "
-                            "rerun to resume)")
+                       help="seconds a server may go without answering (/health, a page) mid-run "
+                            "before the run stops (default: 300; rerun to resume)")
     group.add_argument("--max-restarts", type=int, default=3,
                        help="restarts of a spawned server that dies mid-run (default: 3)")
     group.add_argument("--request-timeout", type=float, default=900.0,
@@ -4526,16 +4455,14 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--max-retries", type=int, default=4,
                        help="retries of a page after a timeout, 429 or 5xx (default: 4)")
     group.add_argument("--abort-after-failures", type=int, default=20,
-                       help="stop the run when this many pages in a row fail on the server's "
-                            "side (5xx, timeouts) over at least --abort-after-seconds (default: 20)")
+                       help="stop after this many pages in a row fail on the server's side "
+                            "(5xx, timeouts) over --abort-after-seconds (default: 20)")
     group.add_argument("--abort-after-seconds", type=float, default=60.0,
                        help="see --abort-after-failures (default: 60)")
     WINDOW.add_arguments(parser, group)
 
 
-# the window per engine when --concurrency is not given: the measured setting (on l4x1 the KV
-# cache was under 10% used at 32, so the engine, not memory, bounds it)
-PAGES_PER_ENGINE = 32
+PAGES_PER_ENGINE = 32  # the measured window: on l4x1 the KV cache was under 10% used at 32
 PARALLEL_FLAGS = ("--data-parallel-size", "--tensor-parallel-size", "--pipeline-parallel-size",
                   "-dp", "-tp", "-pp")
 
@@ -4553,69 +4480,50 @@ def visible_gpus() -> int:
     return sum(line.startswith("GPU ") for line in listing.splitlines())
 
 
-def data_parallel_args(serve_args: list[str]) -> list[str]:
-    """One engine per GPU (vLLM's data parallelism) on a machine with several, unless the serve
-    arguments already say how to use them: a multi-GPU flavor is paid for every GPU."""
-    given = any(serve_arg_value(serve_args, flag) for flag in PARALLEL_FLAGS)
-    gpus = 0 if given else visible_gpus()
-    return ["--data-parallel-size", str(gpus)] if gpus > 1 else []
-
-
-def info_entry_for(args, server_args) -> dict:
-    return {
-        "model": args.model,
-        "model_revision": None,  # set once the server is known: only one started here tells
-        "script": script_name(),
-        "shape": SCRIPT_SHAPE,
-        "image": JOB_IMAGE,
-        "serve_args": redact_argv(server_args),
-        "column": args.output_column,
-        "settings": run_settings(args),
-        "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
-
-
 def run_server_script(doc: str, argv: list[str] | None = None, hub_api=None) -> int:
-    """The whole run: arguments, input, engine, output. `main()` calls it with the docstring."""
+    """The whole run: arguments, input, server, output. `main()` calls it with the docstring."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    parser = argument_parser(doc, add_server_arguments)
-    args = parse_arguments(parser, argv, server_argument_problems)  # a bad OUTPUT fails here
-    return early_exits_reported(args, lambda: server_run(args, argv, hub_api))
-
-
-def server_run(args, argv: list[str], hub_api) -> int:
+    args = parse_arguments(argument_parser(doc, add_server_arguments), argv,
+                           server_argument_problems)  # a bad OUTPUT fails here
     serve_args = effective_serve_args(args)
     settings = {flag: values[0] if len(values) == 1 else values or True  # a bare flag is True
                 for flag, values, _ in flag_items(serve_args) if flag}
-    if args.check_only:  # no server planned or started; a Job's own server's context checked
-        if serve_max_model_len(args):
+
+    def body() -> int:
+        if args.check_only:  # no server planned or started; a Job's own server's context checked
             check_context_budget(serve_max_model_len(args), args)
-        return check_run(args, hub_api, settings)
-    server = ServerManager(args, argv, Path("."))
-    try:  # before the input is read and the repo created; no server can run: the Jobs command
-        asyncio.run(server.plan())
-    except RunAborted as exc:
-        fail(str(exc), exc.code)
-    run = open_run(args, hub_api, settings, info_entry_for(args, serve_args))
-    server.log_dir = run.store.meta / "logs"
-    window, controller = WINDOW.start(args, run)
+            return check_run(args, hub_api, settings)
+        server = ServerManager(args, argv, Path("."))
+        try:  # before the input is read and the repo created
+            asyncio.run(server.plan())
+        except RunAborted as exc:
+            fail(str(exc), exc.code)
+        run = open_run(args, hub_api, settings, {
+            "model": args.model, "model_revision": None,  # set once the server is known
+            "script": script_name(), "shape": SCRIPT_SHAPE, "image": JOB_IMAGE,
+            "serve_args": redact_argv(serve_args), "column": args.output_column,
+            "settings": run_settings(args),
+            "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+        server.log_dir = run.store.meta / "logs"
+        window, controller = WINDOW.start(args, run)
 
-    def work() -> None:
-        try:
-            asyncio.run(run_server_pipeline(run.source, run.plan.send, run.writer, run.stats,
-                                            args, server, window, run.check, controller))
-        finally:
-            if controller is not None:
-                run.stats.extra.update(controller.summary())
+        def work() -> None:
+            try:
+                asyncio.run(run_server_pipeline(run.source, run.plan.send, run.writer, run.stats,
+                                                args, server, window, run.check, controller))
+            finally:
+                if controller is not None:
+                    run.stats.extra.update(controller.summary())
 
-    return run_guarded(run, work, server.stop, argv)
+        return run_guarded(run, work, server.stop, argv)
+
+    return early_exits_reported(args, body)
 # ==== END SERVER HELPERS ====
 
 
 # ==== BEGIN SATURATE HELPERS (edit blocks/saturate.py, then run tools/sync_helpers.py) ====
-# The adaptive window of the -saturate.py scripts, read from vLLM's /metrics, and its telemetry;
-# their options; the API servers of a server they start. The model section may set
-# API_SERVER_COUNT; the server block provides the rest.
+# The adaptive window of the -saturate.py scripts (read from vLLM's /metrics), its telemetry and
+# options; the API servers of a server they start. A model section may set API_SERVER_COUNT.
 import statistics
 from collections import deque
 
@@ -4623,49 +4531,41 @@ API_SERVER_COUNT = globals().get("API_SERVER_COUNT", 1)  # a model section's mea
 API_SERVERS_MIN_CPUS = 12  # the flavors where more API servers were measured to help had 12+
 
 
-def cgroup_cpu_limit(root: str = "/sys/fs/cgroup") -> float | None:
-    """CPUs a cgroup quota allows (v2 cpu.max, else v1 cfs quota), None without one."""
-    try:
+def usable_cpus(cgroup_root: str = "/sys/fs/cgroup") -> int:
+    """CPUs this process may use: its affinity mask, capped by a cgroup quota (v2 cpu.max, else
+    v1's cfs quota). os.cpu_count() counts the host's cores, also in a container."""
+    count = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    relative = "/"
+    with contextlib.suppress(OSError, IndexError):
         relative = Path("/proc/self/cgroup").read_text().split("0::", 1)[1].split("\n", 1)[0]
-    except (OSError, IndexError):
-        relative = "/"
-    for files in ([Path(root + relative, "cpu.max")], [Path(root, "cpu.max")],
-                  [Path(root, "cpu", "cpu.cfs_quota_us"), Path(root, "cpu", "cpu.cfs_period_us")]):
+    for files in ([Path(cgroup_root + relative, "cpu.max")], [Path(cgroup_root, "cpu.max")],
+                  [Path(cgroup_root, "cpu", "cpu.cfs_quota_us"),
+                   Path(cgroup_root, "cpu", "cpu.cfs_period_us")]):
         try:
             quota, period = " ".join(f.read_text() for f in files).split()[:2]
-            return None if quota in ("max", "-1") else int(quota) / int(period)
+            if quota not in ("max", "-1"):
+                count = min(count, int(int(quota) / int(period)))
+            break
         except (OSError, ValueError, ZeroDivisionError):
             continue
-    return None
+    return max(1, count or 1)
 
 
-def usable_cpus(cgroup_root: str = "/sys/fs/cgroup") -> int:
-    """CPUs this process may use: its affinity mask, capped by a cgroup quota. os.cpu_count()
-    counts the host's cores, also inside a container allowed only a few of them."""
-    try:
-        count = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        count = os.cpu_count() or 1
-    limit = cgroup_cpu_limit(cgroup_root)
-    return max(1, count if limit is None else min(count, int(limit)))
+METRICS = {"vllm:num_requests_running": "running", "vllm:num_requests_waiting": "waiting",
+           "vllm:kv_cache_usage_perc": "kv", "vllm:gpu_cache_usage_perc": "kv",
+           "vllm:prefix_cache_hits_total": "prefix_hits",
+           "vllm:prefix_cache_queries_total": "prefix_queries"}
 
 
 def parse_metrics(text: str) -> dict:
-    """The vLLM gauges the window needs, summed over label sets; missing ones are absent."""
-    wanted = {"vllm:num_requests_running": "running", "vllm:num_requests_waiting": "waiting",
-              "vllm:kv_cache_usage_perc": "kv", "vllm:gpu_cache_usage_perc": "kv",
-              "vllm:prefix_cache_hits_total": "prefix_hits",
-              "vllm:prefix_cache_queries_total": "prefix_queries"}
+    """The vLLM gauges of METRICS, summed over label sets (kv: the fullest); missing ones absent."""
     out: dict = {}
     for line in text.splitlines():  # a comment's or a blank line's name is none of them
-        name = line.split("{", 1)[0].split(" ", 1)[0]
-        if name in wanted:
-            try:
+        if key := METRICS.get(line.split("{", 1)[0].split(" ", 1)[0]):
+            with contextlib.suppress(IndexError, ValueError):
                 value = float(line.rsplit(" ", 1)[1])
-            except (IndexError, ValueError):
-                continue
-            key = wanted[name]
-            out[key] = out.get(key, 0.0) + value if key != "kv" else max(out.get(key, 0.0), value)
+                out[key] = max(out.get(key, 0.0), value) if key == "kv" else \
+                    out.get(key, 0.0) + value
     return out
 
 
@@ -4674,32 +4574,25 @@ class WindowController:
     holds or shrinks when requests wait or the KV cache is near full, within the host-memory
     budget; without the engine's gauges, by throughput alone. Each tick goes to telemetry."""
 
-    def __init__(self, window: Window, stats: RunStats, args, telemetry_path: Path | None,
+    def __init__(self, window: Window, stats: RunStats, args, telemetry_path: Path,
                  adaptive: bool):
         self.window, self.stats, self.args, self.adaptive = window, stats, args, adaptive
         self.budget = int(args.max_inflight_memory * (1 << 20)) if args.max_inflight_memory \
             else (proc_bytes("/proc/meminfo", "MemAvailable") or 8 << 30) // 4
-        self.telemetry = open(telemetry_path, "a") if telemetry_path else None
+        self.telemetry = telemetry_path
         self.page_bytes: deque[int] = deque(maxlen=256)  # request body sizes of recent pages
-        self.tokens = self.pages = 0
-        self.completions_since_change = 0
+        self.seen = self.resized_at = 0  # pages finished by the last sample, the last resize
         self.best_rate = 0.0
         self.samples: list[str] = []
         self.prefix_hit_rate = None
         self.input_done = False
         self.last_sample = time.monotonic()
 
-    def on_result(self, result: RowResult) -> None:
-        self.tokens += result.completion_tokens or 0
-        self.pages += 1
-        self.completions_since_change += 1
-
     def memory_cap(self) -> int:
         """Pages the budget holds: each in flight keeps its request body, plus a margin."""
         if not self.page_bytes:
             return max(1, self.args.min_window)
-        per_page = statistics.mean(self.page_bytes) * 1.5 + (64 << 10)
-        return max(1, int(self.budget // per_page))
+        return max(1, int(self.budget // (statistics.mean(self.page_bytes) * 1.5 + (64 << 10))))
 
     async def run(self, client, server: ServerManager) -> None:
         while True:
@@ -4707,8 +4600,7 @@ class WindowController:
             await self.sample(client, server)
 
     async def sample(self, client, server: ServerManager) -> None:
-        """Read the gauges, decide, write a telemetry row; also once at the end, so that a run
-        shorter than one interval has its row and the prefix-cache counters are the final ones."""
+        """Read the gauges, decide, write a telemetry row (also once at the end)."""
         now = time.monotonic()
         dt, self.last_sample = max(1e-3, now - self.last_sample), now
         try:
@@ -4718,18 +4610,18 @@ class WindowController:
             metrics = {}
         if metrics.get("prefix_queries"):
             self.prefix_hit_rate = round(metrics.get("prefix_hits", 0.0) / metrics["prefix_queries"], 4)
-        rate, page_rate = self.tokens / dt, self.pages / dt
-        self.tokens = self.pages = 0
+        done = len(self.stats.finished_at)
+        rate, page_rate = sum(self.stats.tokens[self.seen:done]) / dt, (done - self.seen) / dt
+        self.seen = done
         await self.tick(metrics, rate)
-        if self.telemetry:
-            self.telemetry.write(json.dumps({
+        with open(self.telemetry, "a") as telemetry:
+            telemetry.write(json.dumps({
                 "t": round(now - self.stats.started, 2), "window": self.window.limit,
                 "in_flight": self.stats.in_flight, "preparing": self.window.preparing,
                 "running": metrics.get("running"), "waiting": metrics.get("waiting"),
                 "kv_cache": metrics.get("kv"), "tokens_per_s": round(rate, 1),
                 "pages_per_s": round(page_rate, 3), "memory_cap": self.memory_cap(),
-                "bound_by": self.samples[-1] if self.samples else None}) + "\n")
-            self.telemetry.flush()
+                "bound_by": self.samples[-1]}) + "\n")
 
     async def tick(self, metrics: dict, rate: float) -> None:
         """One decision. Continuous batching always keeps a few requests waiting for their
@@ -4761,40 +4653,29 @@ class WindowController:
             new = cap  # the host-memory budget comes first
         elif long_queue or (kv or 0) > 0.95:
             new = max(self.args.min_window, int(limit * 0.85))  # over-full: give some back
-        elif some_queue or (kv or 0) > 0.9:
-            new = limit  # the engine has its queue: more pages in flight would only wait
-        elif not full or self.completions_since_change < max(2, limit // 4):
-            new = limit  # never widen a window nothing has come back through
-        elif self.best_rate and rate < self.best_rate * 0.95:
-            new = limit  # delivered tokens/s stopped rising: this is the plateau
-        else:
+        elif full and not some_queue and (kv or 0) <= 0.9 and \
+                len(self.stats.finished_at) - self.resized_at >= max(2, limit // 4) and \
+                not (self.best_rate and rate < self.best_rate * 0.95):
+            # a full window, no queue, answers back through it, tokens/s still rising: widen
             new = min(cap, self.args.max_window, int(math.ceil(limit * 1.5)))
         self.best_rate = max(self.best_rate, rate)
         if new != limit:
-            self.completions_since_change = 0
+            self.resized_at = len(self.stats.finished_at)
             await self.window.resize(new)
 
-    def bound_by(self) -> str | None:
-        """The most frequent verdict of the steady state; "window" (full, no queue, still
-        growing) counts as the engine only when nothing else was seen."""
-        steady = [s for s in self.samples if s not in ("start", "tail")]
-        if not steady:
-            return "input" if self.samples else None
-        bounded = [s for s in steady if s != "window"] or ["engine"]
-        return max(set(bounded), key=bounded.count)
-
     def summary(self) -> dict:
-        return {"bound_by": self.bound_by(), "window_final": self.window.limit,
+        """The stats: bound_by is the most frequent verdict of the steady state; "window" (full,
+        no queue, still growing) counts as the engine only when nothing else was seen."""
+        steady = [s for s in self.samples if s not in ("start", "tail")]
+        bounded = [s for s in steady if s != "window"] or ["engine"]
+        bound_by = max(set(bounded), key=bounded.count) if steady else \
+            "input" if self.samples else None
+        return {"bound_by": bound_by, "window_final": self.window.limit,
                 "memory_budget_bytes": self.budget, "prefix_cache_hit_rate": self.prefix_hit_rate}
-
-    def close(self) -> None:
-        if self.telemetry:
-            self.telemetry.close()
 
 
 class AdaptiveWindow(FixedWindow):
-    """The window of a -saturate.py script: it starts at --min-window and a WindowController
-    adapts it through the run (--concurrency fixes it)."""
+    """Starts at --min-window, then a WindowController adapts it (--concurrency fixes it)."""
 
     def add_arguments(self, parser: argparse.ArgumentParser, group) -> None:
         group = parser.add_argument_group("saturation (the window adapts to keep the engine busy)")
@@ -4805,16 +4686,14 @@ class AdaptiveWindow(FixedWindow):
                                 "quarter of the memory available at start)")
         group.add_argument("--min-window", type=int, default=32,
                            help="smallest window, and the one it starts from (default: 32, the "
-                                "server scripts' fixed window; starting lower cost 96-page runs "
-                                "here a fifth of their throughput while the window grew)")
+                                "server scripts' fixed window)")
         group.add_argument("--max-window", type=int, default=1024,
                            help="largest window (default: 1024)")
         group.add_argument("--adapt-interval", type=float, default=2.0,
                            help="seconds between window decisions (default: 2)")
         group.add_argument("--api-server-count", type=int, default=None,
                            help=f"API server processes of a spawned server (default: "
-                                f"{API_SERVER_COUNT} when this process may use "
-                                f"{API_SERVERS_MIN_CPUS} or more CPUs, else 1; see the docstring)")
+                                f"{API_SERVER_COUNT} with {API_SERVERS_MIN_CPUS}+ CPUs, else 1)")
 
     def problems(self, args) -> list[str]:
         if args.min_window and args.max_window and args.min_window > args.max_window:

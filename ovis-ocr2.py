@@ -3429,13 +3429,11 @@ def import_vllm(argv: list[str]):
              f"{JOB_IMAGE} ...) or on a GPU machine with `pip install vllm`.")
     env = {**os.environ, "OCR_SCRIPT_REEXEC": "1"}
     script = str(Path(sys.argv[0]).resolve())
-    python = system_python_with_vllm()
-    if python:
+    if python := system_python_with_vllm():
         env["OCR_SCRIPT_EXTRA_SITE"] = os.pathsep.join(site.getsitepackages())
         log(f"using the vllm installed for {python} (nothing heavy is installed)")
         os.execve(python, [python, script, *argv], env)
-    uv = shutil.which("uv")
-    if uv:
+    if uv := shutil.which("uv"):
         log(f"vllm is not installed here; asking uv for vllm{VLLM_REQUIREMENT} (several GB once)")
         os.execve(uv, [uv, "run", "--with", f"vllm{VLLM_REQUIREMENT}", script, *argv], env)
     fail("vllm is not installed and uv is not on PATH to install it: `pip install vllm`, or run "
@@ -3443,17 +3441,11 @@ def import_vllm(argv: list[str]):
 
 
 def effective_llm_kwargs(args) -> dict:
-    """LLM_KWARGS with --llm-kwargs merged over them (a null value removes a key), and the
-    weights' revision: the sha it resolves to, so the record is what ran."""
-    merged = dict(LLM_KWARGS)
-    if revision := resolved_revision(args) or requested_revision(args):
-        merged["revision"] = revision
-    for key, value in json.loads(args.llm_kwargs or "{}").items():
-        if value is None:
-            merged.pop(key, None)
-        else:
-            merged[key] = value
-    return merged
+    """LLM_KWARGS, the resolved revision, then --llm-kwargs over them (null removes a key)."""
+    revision = resolved_revision(args) or requested_revision(args)
+    merged = {**LLM_KWARGS, **({"revision": revision} if revision else {}),
+              **json.loads(args.llm_kwargs or "{}")}
+    return {key: value for key, value in merged.items() if value is not None}
 
 
 class EngineStreak(HeldFailures):
@@ -3487,8 +3479,7 @@ class EngineStreak(HeldFailures):
 
 
 def generate_batch(llm, sampling, items: list, args, streak: EngineStreak) -> list[RowResult]:
-    """Results for [(index, page)], `sampling` one SamplingParams per page; a batch that raises
-    is split until the bad row is alone."""
+    """Results for [(index, page)]; a batch that raises is split until the bad row is alone."""
     try:
         urls = [f"data:{page.mime};base64,{base64.b64encode(page.data).decode()}"
                 for _, page in items]
@@ -3515,7 +3506,7 @@ def generate_batch(llm, sampling, items: list, args, streak: EngineStreak) -> li
     return results
 
 
-def prepare_or_error(cell, args):
+def prepare_or_error(cell, args) -> PreparedPage | RowResult:
     try:
         return prepare_page(cell, args)
     except PageError as exc:
@@ -3524,28 +3515,33 @@ def prepare_or_error(cell, args):
         return exception_row(exc, PAGE)
 
 
-def retry_loops(llm, sampling, items: list, results: dict, args, streak) -> None:
-    """The batch's looping pages again, one generate call per retry round, each page with its
-    row's seed."""
-    for attempt in range(1, args.loop_retries + 1):
-        looping = [(index, page) for index, page in items if results[index].error is None
-                   and loops(results[index].text, results[index].finish_reason)]
-        if not looping:
-            return
-        seeded = [sampling(loop_seed(index, attempt)) for index, _ in looping]
-        for (index, _), retry in zip(looping, generate_batch(llm, seeded, looping, args, streak)):
-            results[index] = kept_attempt(results[index], retry)
-
-
-def run_offline(source: InputSource, pending: list[int], writer: PartWriter, stats: RunStats,
-                args, check: DegenerateCheck, llm, sampling) -> None:
-    """Fixed batches; the next batch's pages are prepared while the engine runs this one.
-    sampling(seed=None): a SamplingParams; with a seed, a loop retry's."""
+def run_offline(run, args, argv: list[str], llm_kwargs: dict) -> None:
+    """Start vllm.LLM, then fixed batches, the next one prepared while the engine runs this."""
     from tqdm import tqdm
 
+    vllm = import_vllm(argv)
+    run.stats.vllm_version = run.info_entry["vllm_version"] = getattr(vllm, "__version__", None)
+    started = time.monotonic()
+    llm = vllm.LLM(model=args.model, **llm_kwargs)
+    run.stats.server_startup_s = round(time.monotonic() - started, 2)
+    detection = repetition_detection(args) or {}
+    if detection:
+        try:
+            from vllm.sampling_params import RepetitionDetectionParams
+            detection = {"repetition_detection": RepetitionDetectionParams(**detection)}
+        except ImportError:  # a vLLM before 0.17.1 runs without, and the record says so
+            log("warning: this vLLM has no repetition_detection (it came in 0.17.1): "
+                "--repetition-detection is off for this run")
+            run.info_entry["settings"]["repetition_detection"] = detection = None
+
+    def sampling(seed: int | None = None):  # with a seed, a loop retry's
+        retry = {} if seed is None else {"temperature": LOOP_TEMPERATURE, "seed": seed}
+        return vllm.SamplingParams(**{**sampling_kwargs(args), **(detection or {}), **retry})
+
+    stats, writer, pending = run.stats, run.writer, run.plan.send
     pool = ThreadPoolExecutor(max_workers=max(2, min(8, os.cpu_count() or 2)),
                               thread_name_prefix="prepare")
-    cells = iter_image_cells(source, pending)
+    cells = iter_image_cells(run.source, pending)
 
     def submit_next():
         return [(index, pool.submit(prepare_or_error, cell, args))
@@ -3558,7 +3554,7 @@ def run_offline(source: InputSource, pending: list[int], writer: PartWriter, sta
         result = postprocessed(result, args)
         result.digest = digests.pop(index, None)
         if result.error is None and result.skipped is None:
-            check.observe(result)
+            run.check.observe(result)
         writer.add(index, result)
         stats.record(result, latency if result.error is None else None)
 
@@ -3584,13 +3580,20 @@ def run_offline(source: InputSource, pending: list[int], writer: PartWriter, sta
             stats.peak_in_flight = max(stats.peak_in_flight, len(valid))
             stats.first_started = stats.first_started or time.monotonic()
             started = time.monotonic()
-            if valid:
-                answers = generate_batch(llm, [sampling()] * len(valid), valid, args, streak)
-                for (index, page), result in zip(valid, answers):
+            for attempt in range(args.loop_retries + 1 if valid else 0):
+                # the first pass, then the looping pages again, each with its row's seed
+                batch = [(index, page) for index, page in valid if not attempt or (
+                    results[index].error is None and loops(results[index].text,
+                                                           results[index].finish_reason))]
+                if not batch:
+                    break
+                seeded = [sampling(loop_seed(index, attempt)) for index, _ in batch] \
+                    if attempt else [sampling()] * len(batch)
+                for (index, page), result in zip(batch, generate_batch(llm, seeded, batch, args,
+                                                                       streak)):
                     result.text_layer = page.text_layer
-                    results[index] = result
-                retry_loops(llm, sampling, valid, results, args, streak)
-                streak.held += [(i, results.pop(i)) for i, _ in valid if results[i].error]
+                    results[index] = kept_attempt(results[index], result) if attempt else result
+            streak.held += [(i, results.pop(i)) for i, _ in valid if results[i].error]
             latency = time.monotonic() - started
             for index, result in [*results.items(), *streak.release()]:
                 write(index, result, latency)
@@ -3619,25 +3622,18 @@ def add_offline_arguments(parser: argparse.ArgumentParser) -> None:
 def offline_argument_problems(args) -> list[str]:
     """--llm-kwargs, if wrong (parse_arguments reports it with the rest)."""
     try:
-        if args.llm_kwargs and not isinstance(json.loads(args.llm_kwargs), dict):
-            raise ValueError("not a JSON object")
+        given = json.loads(args.llm_kwargs or "{}")
     except ValueError as exc:
-        return [f"--llm-kwargs must be a JSON object ({exc})"]
-    return []
+        given = exc
+    return [] if isinstance(given, dict) else [f"--llm-kwargs must be a JSON object ({given})"]
 
 
 def info_entry_for(args, llm_kwargs) -> dict:
-    return {
-        "model": args.model,
-        "model_revision": resolved_revision(args),
-        "script": script_name(),
-        "shape": SCRIPT_SHAPE,
-        "image": JOB_IMAGE,
-        "llm_kwargs": redact_value(llm_kwargs),
-        "column": args.output_column,
-        "settings": run_settings(args),
-        "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
+    return {"model": args.model, "model_revision": resolved_revision(args),
+            "script": script_name(), "shape": SCRIPT_SHAPE, "image": JOB_IMAGE,
+            "llm_kwargs": redact_value(llm_kwargs), "column": args.output_column,
+            "settings": run_settings(args),
+            "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
 
 def run_offline_script(doc: str, argv: list[str] | None = None, hub_api=None) -> int:
@@ -3654,46 +3650,15 @@ def run_offline_script(doc: str, argv: list[str] | None = None, hub_api=None) ->
              f"fail. Lower --max-tokens or raise max_model_len through --llm-kwargs.")
     if not args.check_only:  # no vllm and no GPU: the Jobs command, before any input is read
         check_offline_engine(argv)
-    return early_exits_reported(args, lambda: offline_run(args, argv, hub_api, llm_kwargs))
 
+    def body() -> int:
+        if args.check_only:  # no engine imported
+            return check_run(args, hub_api, llm_kwargs)
+        run = open_run(args, hub_api, llm_kwargs, info_entry_for(args, llm_kwargs))
+        return run_guarded(run, lambda: run_offline(run, args, argv, llm_kwargs),
+                           lambda force: None, argv)
 
-def engine_repetition_detection(args, info_entry: dict) -> dict:
-    """SamplingParams' repetition_detection when asked for; a vLLM without it (before 0.17.1)
-    runs without, says so once, and inference_info records it off."""
-    wanted = repetition_detection(args)
-    if not wanted:
-        return {}
-    try:
-        from vllm.sampling_params import RepetitionDetectionParams
-    except ImportError:
-        log("warning: this vLLM has no repetition_detection (it came in 0.17.1): "
-            "--repetition-detection is off for this run")
-        info_entry["settings"]["repetition_detection"] = None
-        return {}
-    return {"repetition_detection": RepetitionDetectionParams(**wanted)}
-
-
-def offline_run(args, argv: list[str], hub_api, llm_kwargs: dict) -> int:
-    if args.check_only:  # no engine imported
-        return check_run(args, hub_api, llm_kwargs)
-    run = open_run(args, hub_api, llm_kwargs, info_entry_for(args, llm_kwargs))
-
-    def work() -> None:
-        vllm = import_vllm(argv)
-        run.stats.vllm_version = run.info_entry["vllm_version"] = getattr(vllm, "__version__", None)
-        started = time.monotonic()
-        llm = vllm.LLM(model=args.model, **llm_kwargs)
-        run.stats.server_startup_s = round(time.monotonic() - started, 2)
-        detection = engine_repetition_detection(args, run.info_entry)
-
-        def sampling(seed: int | None = None):
-            retry = {} if seed is None else {"temperature": LOOP_TEMPERATURE, "seed": seed}
-            return vllm.SamplingParams(**{**sampling_kwargs(args), **detection, **retry})
-
-        run_offline(run.source, run.plan.send, run.writer, run.stats, args, run.check, llm,
-                    sampling)
-
-    return run_guarded(run, work, lambda force: None, argv)
+    return early_exits_reported(args, body)
 # ==== END OFFLINE HELPERS ====
 
 

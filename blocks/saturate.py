@@ -7,6 +7,7 @@ from its model section (blocks/model.py) or an earlier block.
 
 import argparse
 import asyncio
+import contextlib
 import json
 import math
 import os
@@ -15,13 +16,12 @@ from pathlib import Path
 
 import httpx
 
-from blocks.common import proc_bytes, RowResult, RunStats
+from blocks.common import proc_bytes, RunStats
 from blocks.server import FixedWindow, serve_arg_value, ServerManager, Window
 
 # ==== BEGIN SATURATE HELPERS (edit blocks/saturate.py, then run tools/sync_helpers.py) ====
-# The adaptive window of the -saturate.py scripts, read from vLLM's /metrics, and its telemetry;
-# their options; the API servers of a server they start. The model section may set
-# API_SERVER_COUNT; the server block provides the rest.
+# The adaptive window of the -saturate.py scripts (read from vLLM's /metrics), its telemetry and
+# options; the API servers of a server they start. A model section may set API_SERVER_COUNT.
 import statistics
 from collections import deque
 
@@ -29,49 +29,41 @@ API_SERVER_COUNT = globals().get("API_SERVER_COUNT", 1)  # a model section's mea
 API_SERVERS_MIN_CPUS = 12  # the flavors where more API servers were measured to help had 12+
 
 
-def cgroup_cpu_limit(root: str = "/sys/fs/cgroup") -> float | None:
-    """CPUs a cgroup quota allows (v2 cpu.max, else v1 cfs quota), None without one."""
-    try:
+def usable_cpus(cgroup_root: str = "/sys/fs/cgroup") -> int:
+    """CPUs this process may use: its affinity mask, capped by a cgroup quota (v2 cpu.max, else
+    v1's cfs quota). os.cpu_count() counts the host's cores, also in a container."""
+    count = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    relative = "/"
+    with contextlib.suppress(OSError, IndexError):
         relative = Path("/proc/self/cgroup").read_text().split("0::", 1)[1].split("\n", 1)[0]
-    except (OSError, IndexError):
-        relative = "/"
-    for files in ([Path(root + relative, "cpu.max")], [Path(root, "cpu.max")],
-                  [Path(root, "cpu", "cpu.cfs_quota_us"), Path(root, "cpu", "cpu.cfs_period_us")]):
+    for files in ([Path(cgroup_root + relative, "cpu.max")], [Path(cgroup_root, "cpu.max")],
+                  [Path(cgroup_root, "cpu", "cpu.cfs_quota_us"),
+                   Path(cgroup_root, "cpu", "cpu.cfs_period_us")]):
         try:
             quota, period = " ".join(f.read_text() for f in files).split()[:2]
-            return None if quota in ("max", "-1") else int(quota) / int(period)
+            if quota not in ("max", "-1"):
+                count = min(count, int(int(quota) / int(period)))
+            break
         except (OSError, ValueError, ZeroDivisionError):
             continue
-    return None
+    return max(1, count or 1)
 
 
-def usable_cpus(cgroup_root: str = "/sys/fs/cgroup") -> int:
-    """CPUs this process may use: its affinity mask, capped by a cgroup quota. os.cpu_count()
-    counts the host's cores, also inside a container allowed only a few of them."""
-    try:
-        count = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        count = os.cpu_count() or 1
-    limit = cgroup_cpu_limit(cgroup_root)
-    return max(1, count if limit is None else min(count, int(limit)))
+METRICS = {"vllm:num_requests_running": "running", "vllm:num_requests_waiting": "waiting",
+           "vllm:kv_cache_usage_perc": "kv", "vllm:gpu_cache_usage_perc": "kv",
+           "vllm:prefix_cache_hits_total": "prefix_hits",
+           "vllm:prefix_cache_queries_total": "prefix_queries"}
 
 
 def parse_metrics(text: str) -> dict:
-    """The vLLM gauges the window needs, summed over label sets; missing ones are absent."""
-    wanted = {"vllm:num_requests_running": "running", "vllm:num_requests_waiting": "waiting",
-              "vllm:kv_cache_usage_perc": "kv", "vllm:gpu_cache_usage_perc": "kv",
-              "vllm:prefix_cache_hits_total": "prefix_hits",
-              "vllm:prefix_cache_queries_total": "prefix_queries"}
+    """The vLLM gauges of METRICS, summed over label sets (kv: the fullest); missing ones absent."""
     out: dict = {}
     for line in text.splitlines():  # a comment's or a blank line's name is none of them
-        name = line.split("{", 1)[0].split(" ", 1)[0]
-        if name in wanted:
-            try:
+        if key := METRICS.get(line.split("{", 1)[0].split(" ", 1)[0]):
+            with contextlib.suppress(IndexError, ValueError):
                 value = float(line.rsplit(" ", 1)[1])
-            except (IndexError, ValueError):
-                continue
-            key = wanted[name]
-            out[key] = out.get(key, 0.0) + value if key != "kv" else max(out.get(key, 0.0), value)
+                out[key] = max(out.get(key, 0.0), value) if key == "kv" else \
+                    out.get(key, 0.0) + value
     return out
 
 
@@ -80,32 +72,25 @@ class WindowController:
     holds or shrinks when requests wait or the KV cache is near full, within the host-memory
     budget; without the engine's gauges, by throughput alone. Each tick goes to telemetry."""
 
-    def __init__(self, window: Window, stats: RunStats, args, telemetry_path: Path | None,
+    def __init__(self, window: Window, stats: RunStats, args, telemetry_path: Path,
                  adaptive: bool):
         self.window, self.stats, self.args, self.adaptive = window, stats, args, adaptive
         self.budget = int(args.max_inflight_memory * (1 << 20)) if args.max_inflight_memory \
             else (proc_bytes("/proc/meminfo", "MemAvailable") or 8 << 30) // 4
-        self.telemetry = open(telemetry_path, "a") if telemetry_path else None
+        self.telemetry = telemetry_path
         self.page_bytes: deque[int] = deque(maxlen=256)  # request body sizes of recent pages
-        self.tokens = self.pages = 0
-        self.completions_since_change = 0
+        self.seen = self.resized_at = 0  # pages finished by the last sample, the last resize
         self.best_rate = 0.0
         self.samples: list[str] = []
         self.prefix_hit_rate = None
         self.input_done = False
         self.last_sample = time.monotonic()
 
-    def on_result(self, result: RowResult) -> None:
-        self.tokens += result.completion_tokens or 0
-        self.pages += 1
-        self.completions_since_change += 1
-
     def memory_cap(self) -> int:
         """Pages the budget holds: each in flight keeps its request body, plus a margin."""
         if not self.page_bytes:
             return max(1, self.args.min_window)
-        per_page = statistics.mean(self.page_bytes) * 1.5 + (64 << 10)
-        return max(1, int(self.budget // per_page))
+        return max(1, int(self.budget // (statistics.mean(self.page_bytes) * 1.5 + (64 << 10))))
 
     async def run(self, client, server: ServerManager) -> None:
         while True:
@@ -113,8 +98,7 @@ class WindowController:
             await self.sample(client, server)
 
     async def sample(self, client, server: ServerManager) -> None:
-        """Read the gauges, decide, write a telemetry row; also once at the end, so that a run
-        shorter than one interval has its row and the prefix-cache counters are the final ones."""
+        """Read the gauges, decide, write a telemetry row (also once at the end)."""
         now = time.monotonic()
         dt, self.last_sample = max(1e-3, now - self.last_sample), now
         try:
@@ -124,18 +108,18 @@ class WindowController:
             metrics = {}
         if metrics.get("prefix_queries"):
             self.prefix_hit_rate = round(metrics.get("prefix_hits", 0.0) / metrics["prefix_queries"], 4)
-        rate, page_rate = self.tokens / dt, self.pages / dt
-        self.tokens = self.pages = 0
+        done = len(self.stats.finished_at)
+        rate, page_rate = sum(self.stats.tokens[self.seen:done]) / dt, (done - self.seen) / dt
+        self.seen = done
         await self.tick(metrics, rate)
-        if self.telemetry:
-            self.telemetry.write(json.dumps({
+        with open(self.telemetry, "a") as telemetry:
+            telemetry.write(json.dumps({
                 "t": round(now - self.stats.started, 2), "window": self.window.limit,
                 "in_flight": self.stats.in_flight, "preparing": self.window.preparing,
                 "running": metrics.get("running"), "waiting": metrics.get("waiting"),
                 "kv_cache": metrics.get("kv"), "tokens_per_s": round(rate, 1),
                 "pages_per_s": round(page_rate, 3), "memory_cap": self.memory_cap(),
-                "bound_by": self.samples[-1] if self.samples else None}) + "\n")
-            self.telemetry.flush()
+                "bound_by": self.samples[-1]}) + "\n")
 
     async def tick(self, metrics: dict, rate: float) -> None:
         """One decision. Continuous batching always keeps a few requests waiting for their
@@ -167,40 +151,29 @@ class WindowController:
             new = cap  # the host-memory budget comes first
         elif long_queue or (kv or 0) > 0.95:
             new = max(self.args.min_window, int(limit * 0.85))  # over-full: give some back
-        elif some_queue or (kv or 0) > 0.9:
-            new = limit  # the engine has its queue: more pages in flight would only wait
-        elif not full or self.completions_since_change < max(2, limit // 4):
-            new = limit  # never widen a window nothing has come back through
-        elif self.best_rate and rate < self.best_rate * 0.95:
-            new = limit  # delivered tokens/s stopped rising: this is the plateau
-        else:
+        elif full and not some_queue and (kv or 0) <= 0.9 and \
+                len(self.stats.finished_at) - self.resized_at >= max(2, limit // 4) and \
+                not (self.best_rate and rate < self.best_rate * 0.95):
+            # a full window, no queue, answers back through it, tokens/s still rising: widen
             new = min(cap, self.args.max_window, int(math.ceil(limit * 1.5)))
         self.best_rate = max(self.best_rate, rate)
         if new != limit:
-            self.completions_since_change = 0
+            self.resized_at = len(self.stats.finished_at)
             await self.window.resize(new)
 
-    def bound_by(self) -> str | None:
-        """The most frequent verdict of the steady state; "window" (full, no queue, still
-        growing) counts as the engine only when nothing else was seen."""
-        steady = [s for s in self.samples if s not in ("start", "tail")]
-        if not steady:
-            return "input" if self.samples else None
-        bounded = [s for s in steady if s != "window"] or ["engine"]
-        return max(set(bounded), key=bounded.count)
-
     def summary(self) -> dict:
-        return {"bound_by": self.bound_by(), "window_final": self.window.limit,
+        """The stats: bound_by is the most frequent verdict of the steady state; "window" (full,
+        no queue, still growing) counts as the engine only when nothing else was seen."""
+        steady = [s for s in self.samples if s not in ("start", "tail")]
+        bounded = [s for s in steady if s != "window"] or ["engine"]
+        bound_by = max(set(bounded), key=bounded.count) if steady else \
+            "input" if self.samples else None
+        return {"bound_by": bound_by, "window_final": self.window.limit,
                 "memory_budget_bytes": self.budget, "prefix_cache_hit_rate": self.prefix_hit_rate}
-
-    def close(self) -> None:
-        if self.telemetry:
-            self.telemetry.close()
 
 
 class AdaptiveWindow(FixedWindow):
-    """The window of a -saturate.py script: it starts at --min-window and a WindowController
-    adapts it through the run (--concurrency fixes it)."""
+    """Starts at --min-window, then a WindowController adapts it (--concurrency fixes it)."""
 
     def add_arguments(self, parser: argparse.ArgumentParser, group) -> None:
         group = parser.add_argument_group("saturation (the window adapts to keep the engine busy)")
@@ -211,16 +184,14 @@ class AdaptiveWindow(FixedWindow):
                                 "quarter of the memory available at start)")
         group.add_argument("--min-window", type=int, default=32,
                            help="smallest window, and the one it starts from (default: 32, the "
-                                "server scripts' fixed window; starting lower cost 96-page runs "
-                                "here a fifth of their throughput while the window grew)")
+                                "server scripts' fixed window)")
         group.add_argument("--max-window", type=int, default=1024,
                            help="largest window (default: 1024)")
         group.add_argument("--adapt-interval", type=float, default=2.0,
                            help="seconds between window decisions (default: 2)")
         group.add_argument("--api-server-count", type=int, default=None,
                            help=f"API server processes of a spawned server (default: "
-                                f"{API_SERVER_COUNT} when this process may use "
-                                f"{API_SERVERS_MIN_CPUS} or more CPUs, else 1; see the docstring)")
+                                f"{API_SERVER_COUNT} with {API_SERVERS_MIN_CPUS}+ CPUs, else 1)")
 
     def problems(self, args) -> list[str]:
         if args.min_window and args.max_window and args.min_window > args.max_window:
