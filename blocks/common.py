@@ -1456,8 +1456,8 @@ def extra_feature(kind: str):
     import datasets
 
     text = datasets.Value("string")
-    return [{"label": text, "box": [datasets.Value("int32")], "text": text}] * (kind == "blocks") \
-        or text
+    return [{"label": text, "box": [datasets.Value("int32")], "text": text}] if kind == "blocks" \
+        else text
 
 
 def result_columns(results: list, column: str) -> dict:
@@ -1549,19 +1549,17 @@ def opens(cell) -> bool:
 
 def replace_rows(path: Path, redone: dict, features, args) -> None:
     """Rewrite a part with redone rows' results, atomically: a row is never in two parts."""
-    import datasets
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     table = pq.read_table(str(path))
     start = ranges_from_names([path.name])[0][0]
-    new = result_columns(list(redone.values()), args.output_column)
-    for name, values in datasets.Features({n: features[n] for n in new}).encode_batch(new).items():
+    for name, values in result_columns(list(redone.values()), args.output_column).items():
         column = table.column(name).to_pylist()
         for row, value in zip(redone, values):
             column[row - start] = value
-        table = table.set_column(table.column_names.index(name), name, pa.array(column))
-    table = table.cast(features.arrow_schema)
+        field = features.arrow_schema.field(name)
+        table = table.set_column(table.column_names.index(name), field, pa.array(column, field.type))
     write_atomically(path, lambda tmp: pq.write_table(table, str(tmp)))
 
 
@@ -2189,10 +2187,9 @@ class OutputStore:
 
 
 class PartWriter:
-    """Finished rows go to the journal at once, and into parquet parts once the degenerate check
-    has passed: a block of --part-rows rows as soon as all its rows are finished, in any order,
-    and so a part whose error rows are all redone; every --part-seconds, at the end or on an
-    abort, the other finished rows too."""
+    """Finished rows go to the journal at once, and to parts once the degenerate check passed: a
+    block of --part-rows rows (or a part with redone rows) once all are finished, and every
+    --part-seconds, at the end or on an abort, the other finished rows too."""
 
     def __init__(self, store: OutputStore, source: InputSource, plan: RowPlan, features,
                  info_entry: dict, check: "DegenerateCheck", args):
@@ -2218,7 +2215,7 @@ class PartWriter:
         return self.redo.get(index) or index // self.args.part_rows
 
     def add(self, index: int, result: RowResult, journaled: bool = False) -> None:
-        pdf = self.source.pdf
+        pdf, pages = self.source.pdf, {}
         if pdf is not None and pdf.per_document:  # a page: its document's row once all are in
             if not journaled:
                 self.store.journal.append(-1 - index, result)
@@ -2229,12 +2226,10 @@ class PartWriter:
                 return
             del self.open_documents[doc]
             result = joined_pages([(int(pdf.number[i]), pages[i]) for i in sorted(pages)])
-            self.store.journal.append(doc, result)
-            if result.error is None:  # else its pages stay: a rerun redoes only the failed ones
-                self.store.journal.written([-1 - i for i in pages])
             index = doc
-        else:
-            self.store.journal.append(index, result)
+        self.store.journal.append(index, result)
+        if pages and result.error is None:  # else they stay: a rerun redoes only the failed ones
+            self.store.journal.written([-1 - i for i in pages])
         with self.lock:
             self.results[index] = result
             group = self._group(index)
@@ -2255,16 +2250,12 @@ class PartWriter:
         with self.lock:
             groups, self.complete = self.complete, set()
             rows = sorted(i for i in self.results if everything or self._group(i) in groups)
-        parts: dict[Path, list[int]] = {}  # a part rewritten with its redone rows
-        for i in rows:
-            if i in self.redo:
-                parts.setdefault(self.redo[i], []).append(i)
-        size, new = self.args.part_rows, [i for i in rows if i not in self.redo]
-        for _, run in groupby(enumerate(new), lambda p: (p[1] - p[0], p[1] // size)):
-            # a new part: consecutive rows of one block
+        # a part each: the one redone rows replace, or a new one of consecutive rows of a block
+        for path, run in groupby(enumerate(rows), lambda p: self.redo.get(p[1]) or (
+                p[1] - p[0], p[1] // self.args.part_rows)):
             run = [i for _, i in run]
-            parts[self.store.root / "data" / part_name(run[0], run[-1] + 1)] = run
-        for path, run in parts.items():
+            if not isinstance(path, Path):
+                path = self.store.root / "data" / part_name(run[0], run[-1] + 1)
             self._store(path, run)
         if everything:
             self.last_flush = time.monotonic()
