@@ -1231,38 +1231,39 @@ def error_row(message: str, kind: str) -> RowResult:
     return RowResult(error=message, error_kind=kind)
 
 
+def exception_row(exc: BaseException, kind: str, what: str = "") -> RowResult:
+    return error_row(f"{what}{type(exc).__name__}: {str(exc)[:500]}", kind)
+
+
 def joined_pages(pages: list[tuple[int, RowResult]]) -> RowResult:
-    """A document's row (--per-document): each page's text after a line naming the page (a page
-    not sent: its text layer; a failed page: nothing), each failed page named in the error."""
+    """A document's row (--per-document): its pages' texts, each after a line naming it."""
     if len(pages) == 1 and not pages[0][0]:
         return pages[0][1]  # an image, or a document whose pages could not be counted
     ok = [(n, r) for n, r in pages if r.error is None]
-    errors = [(n, r) for n, r in pages if r.error is not None]
+    failed = [(n, r) for n, r in pages if r.error is not None]
 
     def marked(values):
         return "\n\n".join(f"<!-- page {n} -->" + (f"\n\n{v}" if v else "")
                            for n, v in values if v is not None) or None
 
-    def total(name: str):
-        return sum(getattr(r, name) or 0 for _, r in ok) or None
-
     texts = [(n, "" if r.error is not None else r.text if r.skipped is None else r.text_layer)
              for n, r in pages]
-    extras = {suffix: [b for _, r in ok for b in r.extras.get(suffix) or []] if kind == "blocks"
-              else marked((n, r.extras.get(suffix)) for n, r in ok)
-              for suffix, kind in EXTRA_COLUMNS.items()}
     reasons = [r.finish_reason for _, r in ok if r.finish_reason]
     skipped = ", ".join(str(n) for n, r in pages if r.skipped)
     digests = {r.digest for _, r in pages}
     return RowResult(
         text=marked(texts) if any(t for _, t in texts) else None,
-        error="; ".join(f"page {n}: {r.error}" for n, r in errors) or None,
-        error_kind=(SERVER if any(r.error_kind == SERVER for _, r in errors) else PAGE)
-        if errors else None,
+        error="; ".join(f"page {n}: {r.error}" for n, r in failed) or None,
+        error_kind=(SERVER if SERVER in {r.error_kind for _, r in failed} else PAGE)
+        if failed else None,
         finish_reason=next((r for r in reasons if r in CUT), next(iter(reasons), None)),
-        prompt_tokens=total("prompt_tokens"), completion_tokens=total("completion_tokens"),
+        prompt_tokens=sum(r.prompt_tokens or 0 for _, r in ok) or None,
+        completion_tokens=sum(r.completion_tokens or 0 for _, r in ok) or None,
         attempts=max((r.attempts for _, r in ok if r.attempts is not None), default=None),
-        extras=extras, text_layer=marked((n, r.text_layer) for n, r in pages),
+        extras={suffix: [b for _, r in ok for b in r.extras.get(suffix) or []]
+                if kind == "blocks" else marked((n, r.extras.get(suffix)) for n, r in ok)
+                for suffix, kind in EXTRA_COLUMNS.items()},
+        text_layer=marked((n, r.text_layer) for n, r in pages),
         skipped=f"pages {skipped} not sent: their text layer (in the text too) was enough"
         if skipped else None,
         digest=digests.pop() if len(digests) == 1 else None)  # the document's, if all pages had it
@@ -1274,20 +1275,14 @@ def text_layer_row(page: PreparedPage, args) -> RowResult:
                      f"has {chars} characters (--skip-text-pages {args.skip_text_pages})")
 
 
-def exception_row(exc: BaseException, kind: str, what: str = "") -> RowResult:
-    """An unforeseen exception on a page's path, named, as that row's error."""
-    return error_row(f"{what}{type(exc).__name__}: {str(exc)[:500]}", kind)
-
-
 def postprocessed(result: RowResult, args) -> RowResult:
     """The model's clean-up applied; an exception in it is this row's error, not the run's."""
-    if result.error is not None or result.skipped is not None:
-        return result
     try:
-        result.text, result.extras = postprocess(result.text, args)
+        if result.error is None and result.skipped is None:
+            result.text, result.extras = postprocess(result.text, args)
+        return result
     except Exception as exc:
         return exception_row(exc, PAGE, "post-processing failed: ")
-    return result
 
 
 def part_name(start: int, stop: int) -> str:
@@ -1308,25 +1303,23 @@ def output_features(source: InputSource, args):
     image = features.get(source.image_column)
     # an Image, or a {bytes, path} struct that was one (pyarrow types `bytes` null when every
     # cell is a path): its files are embedded, so it is an Image again, decoded on load
-    if isinstance(image, datasets.Image) or isinstance(image, dict) and set(image) == {"bytes", "path"}:
+    if isinstance(image, datasets.Image) or isinstance(image, dict) and set(image) == {
+            "bytes", "path"}:
         features[source.image_column] = datasets.Image()
-    kinds = [datasets.Value(kind) for kind in RESULT_FIELDS.values()] + \
-        [extra_feature(kind) for kind in EXTRA_COLUMNS.values()] + \
-        [datasets.Value("string")] * len(_TEXT_LAYER_COLUMNS)
-    features.update(zip(names, kinds))
+    features.update(zip(names, [datasets.Value(kind) for kind in RESULT_FIELDS.values()] +
+                        [extra_feature(kind) for kind in EXTRA_COLUMNS.values()] +
+                        [datasets.Value("string")] * len(_TEXT_LAYER_COLUMNS)))
     features["inference_info"] = datasets.Value("string")
     return features
 
 
 def extra_feature(kind: str):
-    """A model's own column: "blocks" is its layout (label, box as x1 y1 x2 y2, text), one entry
-    per block in reading order; "string" is plain text (e.g. the raw model output)."""
+    """A model's column: "blocks" is its layout, one (label, box x1 y1 x2 y2, text) per block."""
     import datasets
 
-    if kind == "blocks":
-        return [{"label": datasets.Value("string"), "box": [datasets.Value("int32")],
-                 "text": datasets.Value("string")}]
-    return datasets.Value("string")
+    text = datasets.Value("string")
+    return [{"label": text, "box": [datasets.Value("int32")], "text": text}] if kind == "blocks" \
+        else text
 
 
 def result_columns(results: list, column: str) -> dict:
@@ -1334,32 +1327,6 @@ def result_columns(results: list, column: str) -> dict:
         [[r.extras.get(suffix) for r in results] for suffix in EXTRA_COLUMNS] + \
         [[getattr(r, name) for r in results] for name in _TEXT_LAYER_COLUMNS]
     return dict(zip(result_column_names(column), values))
-
-
-def encode_rows(batch: dict, results: list, features, args):
-    """The Arrow table of a batch; a result a column cannot hold becomes its row's error (the
-    other rows are kept), never a part that cannot be written."""
-    import datasets
-    import pyarrow as pa
-
-    def table(rows: dict, results: list):
-        rows = {**rows, **result_columns(results, args.output_column)}
-        encoded = features.encode_batch(rows)
-        for name, cells in rows.items():  # an image's bytes are kept: `datasets` would keep
-            if isinstance(features[name], datasets.Image):  # its path alone if that names a file
-                encoded[name] = [cell if isinstance(cell, dict) and cell.get("bytes") is not None
-                                 else value for cell, value in zip(cells, encoded[name])]
-        return pa.Table.from_pydict(encoded, schema=features.arrow_schema)
-
-    try:
-        return table(batch, results)
-    except Exception:  # find the rows at fault: encode each alone
-        for i, result in enumerate(results):
-            try:
-                table({name: values[i:i + 1] for name, values in batch.items()}, [result])
-            except Exception as exc:
-                results[i] = exception_row(exc, PAGE, "the result cannot be stored: ")
-        return table(batch, results)
 
 
 def write_atomically(path: Path, write) -> None:
@@ -1374,34 +1341,55 @@ def write_atomically(path: Path, write) -> None:
 
 def write_part(path: Path, source: InputSource, indices: list[int], results: list, features,
                info_entry: dict, args) -> None:
-    """Write the given rows (consecutive indices) with their results, atomically. `results`
-    may be edited: a result that cannot be stored becomes its row's error."""
+    """Write these consecutive rows atomically; a result no column holds becomes its error."""
+    import datasets
+    import pyarrow as pa
     import pyarrow.parquet as pq
+
+    def table(rows: dict, results: list):
+        rows = {**rows, **result_columns(results, args.output_column)}
+        encoded = features.encode_batch(rows)
+        for name, cells in rows.items():  # an image's bytes are kept: `datasets` would keep
+            if isinstance(features[name], datasets.Image):  # its path alone if that names a file
+                encoded[name] = [cell if isinstance(cell, dict) and cell.get("bytes") is not None
+                                 else value for cell, value in zip(cells, encoded[name])]
+        return pa.Table.from_pydict(encoded, schema=features.arrow_schema)
 
     def write(tmp: Path):
         with pq.ParquetWriter(str(tmp), features.arrow_schema) as writer:
-            for offset in range(0, len(indices), 32):
-                rows = input_rows(source, indices[offset:offset + 32])
+            for at in range(0, len(indices), 32):  # 32 rows' images in memory at a time
+                rows, part = input_rows(source, indices[at:at + 32]), results[at:at + 32]
                 batch = {k: v for k, v in rows.items() if k in features}
-                cells = batch.get(source.image_column) or []
-                part = results[offset:offset + 32]
-                for i, cell in enumerate(cells):
-                    if isinstance(cell, dict) and cell.get("bytes") is None and cell.get("path"):
-                        try:  # embed an image file that was only a path, found as it was read
-                            file = _resolve_image_path(cell["path"])
-                            cells[i] = {"bytes": file.read_bytes(), "path": file.name}
-                        except OSError:  # the row's error says why; a path to nothing
-                            cells[i] = None  # would make the output fail to iterate
-                    if part[i].error is not None and not opens(cells[i]):
-                        cells[i] = None  # so that load_dataset(OUTPUT) iterates: see opens()
-                        part[i] = error_row(f"{part[i].error} (the image is not carried over: "
-                                            f"it cannot be decoded)", PAGE)
-                old_info = rows.get("inference_info") or [None] * len(part)
-                batch["inference_info"] = [append_info(old, info_entry) for old in old_info]
-                writer.write_table(encode_rows(batch, part, features, args))
-                results[offset:offset + 32] = part
+                old = rows.get("inference_info") or [None] * len(part)
+                batch["inference_info"] = [append_info(info, info_entry) for info in old]
+                for i, cell in enumerate(batch.get(source.image_column) or []):
+                    batch[source.image_column][i], part[i] = carried_image(cell, part[i])
+                try:
+                    writer.write_table(table(batch, part))
+                except Exception:  # find the rows at fault: encode each alone
+                    for i, result in enumerate(part):
+                        try:
+                            table({k: v[i:i + 1] for k, v in batch.items()}, [result])
+                        except Exception as exc:
+                            part[i] = exception_row(exc, PAGE, "the result cannot be stored: ")
+                    writer.write_table(table(batch, part))
+                results[at:at + 32] = part
 
     write_atomically(path, write)
+
+
+def carried_image(cell, result: RowResult):
+    """An image cell as OUTPUT holds it (a path embedded) and its row's result: see opens()."""
+    if isinstance(cell, dict) and cell.get("bytes") is None and cell.get("path"):
+        try:
+            file = _resolve_image_path(cell["path"])
+            cell = {"bytes": file.read_bytes(), "path": file.name}
+        except OSError:  # the row's error says why; a path to nothing would make the output
+            cell = None  # fail to iterate
+    if result.error is None or opens(cell):
+        return cell, result
+    return None, error_row(f"{result.error} (the image is not carried over: it cannot be "
+                           f"decoded)", PAGE)
 
 
 def opens(cell) -> bool:
@@ -1421,24 +1409,19 @@ def opens(cell) -> bool:
         return False
 
 
-def replace_rows(path: Path, start: int, redone: dict, features, args) -> None:
-    """Rewrite a part with the results of some of its rows replaced (a rerun redid error rows),
-    atomically, so that a row is never in two parts."""
-    import datasets
+def replace_rows(path: Path, redone: dict, features, args) -> None:
+    """Rewrite a part with redone rows' results, atomically: a row is never in two parts."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     table = pq.read_table(str(path))
-    rows = range(start, start + table.num_rows)
-    new = result_columns([redone.get(i) or RowResult() for i in rows], args.output_column)
-    columns = {name: [value if i in redone else old for i, value, old in zip(
-        rows, values, table.column(name).to_pylist() if name in table.column_names
-        else [None] * len(rows))] for name, values in new.items()}  # an older part may lack one
-    encoded = datasets.Features({name: features[name] for name in new}).encode_batch(columns)
-    schema = features.arrow_schema
-    table = pa.Table.from_arrays([pa.array(encoded[f.name], type=f.type) if f.name in new
-                                  else table.column(f.name).cast(f.type) for f in schema],
-                                 schema=schema)
+    start = ranges_from_names([path.name])[0][0]
+    for name, values in result_columns(list(redone.values()), args.output_column).items():
+        column = table.column(name).to_pylist()
+        for row, value in zip(redone, values):
+            column[row - start] = value
+        field = features.arrow_schema.field(name)
+        table = table.set_column(table.column_names.index(name), field, pa.array(column, field.type))
     write_atomically(path, lambda tmp: pq.write_table(table, str(tmp)))
 
 
@@ -1452,18 +1435,16 @@ def append_info(old, entry: dict) -> str:
 
 
 class Journal:
-    """Each finished row, one JSON line appended the moment it is accepted (fsynced every few
-    seconds), so `kill -9` loses none. A segment goes once parts hold all its rows; a rerun
-    replays what earlier runs left."""
+    """Finished rows, a JSON line each, appended at once; a segment goes once all are in parts."""
 
-    ROTATE_ROWS, SYNC_SECONDS = 2000, 2.0
+    SEGMENT_BYTES = 8 << 20
 
     def __init__(self, folder: Path):
         self.folder = folder
         self.segments: dict[Path, set[int]] = {}  # each segment's rows not yet in a part
         self.file = self.current = None
-        self.lines, self.synced, self.failed = 0, time.monotonic(), False
-        self.lock = threading.Lock()
+        self.failed = False
+        self.lock = threading.RLock()
 
     def replay(self, wanted) -> dict[int, RowResult]:
         """Rows earlier runs finished, oldest segment first; `wanted(row)` says which to take."""
@@ -1485,15 +1466,11 @@ class Journal:
         line = json.dumps({"row": index, **result.__dict__}) + "\n"  # ASCII: lone surrogates too
         with self.lock:
             try:
-                if self.file is None or self.lines >= self.ROTATE_ROWS:
+                if self.file is None or self.file.tell() >= self.SEGMENT_BYTES:
                     self._rotate()
                 self.file.write(line)
                 self.file.flush()
                 self.segments[self.current].add(index)
-                self.lines += 1
-                if time.monotonic() - self.synced >= self.SYNC_SECONDS:
-                    os.fsync(self.file.fileno())
-                    self.synced = time.monotonic()
             except OSError as exc:  # a full disk: rows stay in memory until their part is written
                 if not self.failed:
                     log(f"warning: cannot write the journal ({exc}); finished rows are kept in "
@@ -1501,40 +1478,33 @@ class Journal:
                 self.failed = True
 
     def _rotate(self) -> None:
-        if self.file is not None:
-            self.file.close()
-            self._drop_empty()
+        self.close()
         self.folder.mkdir(parents=True, exist_ok=True)
         self.current = self.folder / f"{time.time_ns():020d}-{os.getpid()}.jsonl"
         self.file = open(self.current, "a", encoding="utf-8")
         self.segments[self.current] = set()
-        self.lines = 0
-
-    def _drop_empty(self) -> None:
-        for path, rows in list(self.segments.items()):
-            if not rows and path != self.current:  # the open one stays
-                path.unlink(missing_ok=True)
-                del self.segments[path]
 
     def written(self, indices) -> None:
-        """These rows are in parts now."""
+        """These rows are in parts now: a segment that holds no other goes (the open one stays)."""
         with self.lock:
-            for rows in self.segments.values():
+            for path, rows in list(self.segments.items()):
                 rows.difference_update(indices)
-            self._drop_empty()
+                if not rows and path != self.current:
+                    path.unlink(missing_ok=True)
+                    del self.segments[path]
 
     def close(self, discard: bool = False) -> None:
+        """The open segment closed; those whose rows are all in parts (or discarded) go."""
         with self.lock:
+            for rows in self.segments.values() if discard else ():
+                rows.clear()
             if self.file is not None:
                 try:
                     self.file.close()
                 except OSError as exc:  # its last lines' rows are in parts, or not written
                     log(f"warning: cannot write the journal ({exc})")
             self.file = self.current = None
-            if discard:
-                for rows in self.segments.values():
-                    rows.clear()
-            self._drop_empty()
+            self.written(())
 
 
 @dataclass
@@ -1550,8 +1520,7 @@ class RowPlan:
 
 
 def plan_rows(source: InputSource, store: "OutputStore", args) -> RowPlan:
-    """Rows not in any part, plus error rows a rerun redoes: those the server or transport
-    caused, or every error row with --retry-errors; minus what the journal already holds."""
+    """Rows in no part and error rows to redo (SERVER; all: --retry-errors), less the journal's."""
     covered = bytearray(source.hi - source.lo)
     redo: dict[int, Path] = {}
     earlier_ok = 0
@@ -1590,73 +1559,54 @@ def plan_rows(source: InputSource, store: "OutputStore", args) -> RowPlan:
     # an error row a part holds already (or a redo that failed again before a kill): redone
     recovered = {i: r for i, r in store.journal.replay(wanted).items()
                  if not (i in redo and r.error is not None)}
-    now = input_digests(source, {input_row(i) for i in recovered})
-    changed = [i for i, r in recovered.items() if r.digest is None or r.digest != now[input_row(i)]]
-    for i in changed:
-        del recovered[i]
+    now = {}  # input_digest() of each recovered row's input as it is now (a PDF's: its own)
+    for row, cell in iter_image_cells(source, sorted({input_row(i) for i in recovered})):
+        with contextlib.suppress(PageError):  # unreadable: done again
+            now[row] = source.pdf.digest(cell.doc_row) if isinstance(cell, PdfPage) \
+                else input_digest(read_cell_bytes(cell))
+    changed = {i for i, r in recovered.items() if not r.digest or r.digest != now.get(input_row(i))}
+    recovered = {i: r for i, r in recovered.items() if i not in changed}
     if changed:
-        log(f"{len(changed)} row(s) of the journal are done again: their input is not what they "
-            f"were made from (replaced since, even by a file of the same size), or the journal "
-            f"does not say (an error before the page was read, or written by an older version)")
+        log(f"{len(changed)} row(s) of the journal are done again: their input is not the one "
+            f"they were made from (replaced since), or the journal does not say which it was")
     pages = {-1 - i: recovered.pop(i) for i in [i for i in recovered if i < 0]}
     pending = [i for i in range(source.lo, source.hi) if wanted(i) and i not in recovered]
     skipped = source.hi - source.lo - len(pending) - len(recovered)
-    if pdf is None:
-        return RowPlan(pending, recovered, redo, skipped, earlier_ok, pending)
-    pending_docs = set(pending)
-    pages = {i: r for i, r in pages.items() if int(pdf.doc[i]) in pending_docs
+    pages = {i: r for i, r in pages.items() if int(pdf.doc[i]) not in recovered  # still pending
              and (r.error is None or r.error_kind == PAGE and not args.retry_errors)}
-    send = [i for doc in pending for i in pdf.rows_of(doc) if i not in pages]
+    send = [i for doc in pending for i in pdf.rows_of(doc) if i not in pages] if pdf else pending
     return RowPlan(pending, recovered, redo, skipped, earlier_ok, send, pages)
-
-
-def input_digests(source: InputSource, rows) -> dict:
-    """input_digest() of these rows' input as it is now (None: unreadable; a PDF's: its own)."""
-    digests = {}
-    for index, cell in iter_image_cells(source, sorted(rows)):
-        try:
-            digests[index] = source.pdf.digest(cell.doc_row) if isinstance(cell, PdfPage) \
-                else input_digest(read_cell_bytes(cell))
-        except PageError:
-            digests[index] = None
-    return digests
 
 
 def lock_file(handle) -> bool:
     """Lock an open file until this process dies, however: False when another holds it. Not
     flock(): forked children (PDF renderers, vLLM's engine) do not inherit a POSIX lock."""
-    import errno
     import fcntl
 
     try:
         fcntl.lockf(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except (BlockingIOError, PermissionError):  # EAGAIN, EACCES: another process holds it
+        return False
     except OSError as exc:
-        if exc.errno in (errno.EACCES, errno.EAGAIN):
-            return False
         log(f"warning: cannot lock {handle.name} ({exc.strerror or exc}): nothing stops a "
             f"second run from writing to this OUTPUT at the same time")
     return True
 
 
 def take_lock(path: Path, location: str, probe: bool = False):
-    """The shard's lock, held until this process ends; `probe` (--check-only): only whether a
-    run would get it, with nothing written (no lock file where there is none)."""
-    import socket
-
+    """The shard's lock, held until this process ends; `probe`: whether a run would get it."""
     if probe and not path.exists():
         return None
     handle = open(path, "a+")
     if not lock_file(handle):
         handle.seek(0)
-        holder = handle.read().strip() or "another process"
-        fail(f"{holder} is writing this shard of {location} right now. Wait for it to end (or "
-             f"stop it), or write to another OUTPUT; shards of one run use --shard-index.")
+        fail(f"{handle.read().strip() or 'another process'} is writing this shard of {location} "
+             f"right now. Wait for it to end (or stop it), or write to another OUTPUT; shards of "
+             f"one run use --shard-index.")
     if probe:
-        handle.close()  # which lets the lock go
-        return None
-    handle.seek(0)
-    handle.truncate()
-    handle.write(f"pid {os.getpid()} on {socket.gethostname()}, since "
+        return handle.close()  # which lets the lock go
+    handle.truncate(0)  # "a+" writes at the end, which is now the start
+    handle.write(f"pid {os.getpid()} on {os.uname().nodename}, since "
                  f"{time.strftime('%Y-%m-%d %H:%M:%S')}")
     handle.flush()
     return handle
@@ -2099,11 +2049,9 @@ class OutputStore:
 
 
 class PartWriter:
-    """Finished rows go to the journal at once, and into parquet parts once the degenerate check
-    has passed. Parts follow fixed blocks of --part-rows rows: a block is written once its rows
-    are all finished, in whatever order (a slow page holds back only its own block), and so is
-    a part whose error rows are all redone; every --part-seconds, at the end or on an abort,
-    the other finished rows too."""
+    """Finished rows go to the journal at once, and to parts once the degenerate check passed: a
+    block of --part-rows rows (or a part with redone rows) once all are finished, and every
+    --part-seconds, at the end or on an abort, the other finished rows too."""
 
     def __init__(self, store: OutputStore, source: InputSource, plan: RowPlan, features,
                  info_entry: dict, check: "DegenerateCheck", args):
@@ -2129,7 +2077,7 @@ class PartWriter:
         return self.redo.get(index) or index // self.args.part_rows
 
     def add(self, index: int, result: RowResult, journaled: bool = False) -> None:
-        pdf = self.source.pdf
+        pdf, pages = self.source.pdf, {}
         if pdf is not None and pdf.per_document:  # a page: its document's row once all are in
             if not journaled:
                 self.store.journal.append(-1 - index, result)
@@ -2140,12 +2088,10 @@ class PartWriter:
                 return
             del self.open_documents[doc]
             result = joined_pages([(int(pdf.number[i]), pages[i]) for i in sorted(pages)])
-            self.store.journal.append(doc, result)
-            if result.error is None:  # else its pages stay: a rerun redoes only the failed ones
-                self.store.journal.written([-1 - i for i in pages])
             index = doc
-        else:
-            self.store.journal.append(index, result)
+        self.store.journal.append(index, result)
+        if pages and result.error is None:  # else they stay: a rerun redoes only the failed ones
+            self.store.journal.written([-1 - i for i in pages])
         with self.lock:
             self.results[index] = result
             group = self._group(index)
@@ -2159,44 +2105,35 @@ class PartWriter:
             bool(self.complete) or time.monotonic() - self.last_flush >= self.args.part_seconds)
 
     def flush(self, final: bool = False) -> None:
-        """Write the complete groups; every finished row when --part-seconds passed or final.
-        A group that fails is tried again at the next full flush."""
-        size = self.args.part_rows
+        """The complete groups; every finished row when --part-seconds passed, or final."""
+        from itertools import groupby
+
         everything = final or time.monotonic() - self.last_flush >= self.args.part_seconds
         with self.lock:
             groups, self.complete = self.complete, set()
             rows = sorted(i for i in self.results if everything or self._group(i) in groups)
-            redone = {i: self.redo[i] for i in rows if i in self.redo}
-        runs: list[list[int]] = []  # a new part each: consecutive rows of one block
-        by_part: dict[Path, list[int]] = {}  # a part rewritten with its redone rows
-        for index in rows:
-            if index in redone:
-                by_part.setdefault(redone[index], []).append(index)
-            elif runs and index == runs[-1][-1] + 1 and index // size == runs[-1][0] // size:
-                runs[-1].append(index)
-            else:
-                runs.append([index])
-        for run in runs:
-            path = self.store.root / "data" / part_name(run[0], run[-1] + 1)
-            self._store(path, run, lambda results: write_part(
-                path, self.source, run, results, self.features, self.info_entry, self.args))
-        for path, run in by_part.items():
-            start = ranges_from_names([path.name])[0][0]
-            self._store(path, run, lambda results: replace_rows(
-                path, start, dict(zip(run, results)), self.features, self.args))
+        # a part each: the one redone rows replace, or a new one of consecutive rows of a block
+        for path, run in groupby(enumerate(rows), lambda p: self.redo.get(p[1]) or (
+                p[1] - p[0], p[1] // self.args.part_rows)):
+            run = [i for _, i in run]
+            if not isinstance(path, Path):
+                path = self.store.root / "data" / part_name(run[0], run[-1] + 1)
+            self._store(path, run)
         if everything:
             self.last_flush = time.monotonic()
 
-    def _store(self, path: Path, rows: list[int], write) -> None:
-        """write(results) to the part at path, then count the rows and publish the part; on an
-        error (a full disk, a bad input cell) the rows are kept and written again later."""
-        results = [self.results[i] for i in rows]
+    def _store(self, path: Path, rows: list[int]) -> None:
+        """Write (or rewrite) a part and publish it; on an error its rows are kept for later."""
+        results = [self.results[i] for i in rows]  # one no column can hold becomes its error
         try:
-            write(results)  # may turn a result that cannot be stored into its row's error
+            if rows[0] in self.redo:
+                replace_rows(path, dict(zip(rows, results)), self.features, self.args)
+            else:
+                write_part(path, self.source, rows, results, self.features, self.info_entry,
+                           self.args)
         except Exception as exc:
-            message = f"cannot write {path.name}: {type(exc).__name__}: {exc}"
-            log(f"error: {message}; its rows are kept and written again later")
-            self.write_errors.append(message)
+            self.write_errors.append(f"cannot write {path.name}: {type(exc).__name__}: {exc}")
+            log(f"error: {self.write_errors[-1]}; its rows are kept and written again later")
             self.last_flush = time.monotonic()  # wait a while before the next attempt
             return
         with self.lock:
@@ -2214,15 +2151,14 @@ class PartWriter:
 
 
 def iter_image_cells(source: InputSource, indices: list[int], batch: int = 64):
-    """(index, cell) in order, reading only the image column, a batch at a time; a PDF page's
-    cell is a PdfPage, which prepare_page renders."""
-    pdf = source.pdf
-    has_images = source.image_column in source.dataset.column_names
-    column_only = source.dataset.select_columns([source.image_column]) if has_images else None
+    """(index, cell) in order, reading the image column only; a PDF page's cell is a PdfPage."""
+    pdf, column = source.pdf, source.image_column
+    images = source.dataset.select_columns([column]) \
+        if column in source.dataset.column_names else None
     for offset in range(0, len(indices), batch):
         chunk = indices[offset:offset + batch]
         rows = chunk if pdf is None else [int(pdf.doc[i]) for i in chunk]
-        cells = column_only.select(rows)[source.image_column] if has_images else [None] * len(rows)
+        cells = images.select(rows)[column] if images is not None else [None] * len(rows)
         if pdf is not None:
             cells = [pdf.page(i) if pdf.is_pdf(row) else cell
                      for i, row, cell in zip(chunk, rows, cells)]
