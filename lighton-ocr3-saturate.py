@@ -94,9 +94,7 @@ import re
 MODEL_ID = "lightonai/LightOnOCR-3-0.8B"
 IMAGE_TAG = "v0.30.0"  # needs vLLM >= 0.30.0: "vLLM 0.27.1 makes every model loop"
 JOB_IMAGE = f"vllm/vllm-openai:{IMAGE_TAG}"
-IMAGE_HAS_UV = True  # the vLLM images have uv: `hf jobs uv run` works
-DEFAULT_FLAVOR = "a10g-small"
-JOB_TIMEOUT = "4h"  # Jobs stop a job after 30 min unless told: every printed command passes this
+IMAGE_HAS_UV = True  # the vLLM images have uv: ocr-jobs.py submits with run_uv_job
 JOB_PAGES_PER_S = 2.2  # measured saturated on a10g-small: about 29,000 pages in 4 h
 SCRIPT_SHAPE = "saturate"
 API_SERVER_COUNT = 4  # measured here only: see the docstring
@@ -327,14 +325,12 @@ def build_request(image_url: str, args) -> dict:
 
 # ==== BEGIN COMMON HELPERS (edit blocks/common.py, then run tools/sync_helpers.py) ====
 # Input, page images, output parts, dataset card, stats. The model section above provides
-# MODEL_ID, JOB_IMAGE, IMAGE_HAS_UV, DEFAULT_FLAVOR, SCRIPT_SHAPE, PAGE_FORMAT, target_size(),
-# postprocess(), inference_settings(), model_argument_problems(), EXTRA_COLUMNS,
-# DEFAULT_MAX_TOKENS, and may set these:
+# MODEL_ID, JOB_IMAGE, SCRIPT_SHAPE, PAGE_FORMAT, target_size(), postprocess(),
+# inference_settings(), model_argument_problems(), EXTRA_COLUMNS, DEFAULT_MAX_TOKENS, and may
+# set these:
 MODEL_REVISION = globals().get("MODEL_REVISION")  # a commit sha or tag pins the weights
 RESIZE_FILTER = globals().get("RESIZE_FILTER", "bicubic")  # the model's own resampling filter
 LOOP_TEMPERATURE = globals().get("LOOP_TEMPERATURE", 0.3)  # a looping page's second try
-JOB_TIMEOUT = globals().get("JOB_TIMEOUT", "4h")  # Jobs stop after 30 min without one
-JOB_PAGES_PER_S = globals().get("JOB_PAGES_PER_S")  # measured rate on DEFAULT_FLAVOR, if any
 IMAGE_TAG_MOVING = globals().get("IMAGE_TAG_MOVING", False)  # True: JOB_IMAGE is no fixed build
 PDF_DPI = globals().get("PDF_DPI", 400)  # a PDF page's render DPI, unless the model's bound is less
 REPETITION_DETECTION = globals().get("REPETITION_DETECTION", (32, 64))  # --repetition-detection
@@ -379,10 +375,6 @@ SECRET_NAME = re.compile(r"(?:^|[-_.])(?:secret|password|passwd)(?:[-_.]|$)|(?:^
                          r"$|^-*key$", re.I)
 # a word of a command line that is a flag (--x, -x, --x=...), not a value (-1, -, "--x y")
 FLAG = re.compile(r"^--?[A-Za-z][^\s=]*(?:=|$)")
-# options of this script that do not belong in a Jobs command: secrets travel as --secrets
-# HF_TOKEN, a Job starts its own server, and local paths mean nothing inside its container
-NOT_FOR_JOBS = ("--server", "--no-spawn", "--hf-token", "--api-key", "--work-dir", "--stats-json")
-INPUT_PLACEHOLDER, OUTPUT_PLACEHOLDER = "<your-user>/<input-dataset>", "<your-user>/<output-dataset>"
 _VALUE_OPTIONS: set = set()  # the options that take a value, from the parser (parse_arguments)
 _RUN_ARGV: list = []  # this run's arguments (parse_arguments), for the command that resumes it
 
@@ -2901,10 +2893,8 @@ class RunStats:
         self.in_flight -= 1
 
     def as_dict(self) -> dict:
-        elapsed = time.monotonic() - self.started
-        active = self.finished_at[-1] - self.first_started \
-            if self.finished_at and self.first_started else None
-        done = len(self.finished_at)
+        elapsed, done = time.monotonic() - self.started, len(self.finished_at)
+        active = done and self.first_started and self.finished_at[-1] - self.first_started
         steady_rate = steady_tokens = None
         a, b = done // 10, done - done // 10 - 1  # the middle 80%: no start-up, no tail
         if done >= 2 and self.finished_at[b] > self.finished_at[a]:
@@ -3005,31 +2995,28 @@ def flag_words(items) -> list[str]:
     return words
 
 
-def redact_option(name: str | None, value: str, mask: str | None) -> str:
-    """An option's value with its secrets masked or dropped; --serve-args is a command line."""
-    if name != "--serve-args":
-        return redact_value(value, mask)
-    try:
-        words = shlex.split(value)
-    except ValueError:
-        return redact_text(value)
-    kept = redact_argv(words, mask)
-    return value if kept == words else shlex.join(kept)
-
-
 def redact_argv(argv: list[str], mask: str | None = "***", value_options=None,
                 left_out: list | None = None) -> list[str]:
     """A command line with its secrets masked, or dropped (mask=None; left_out then gets the
-    names of the options that held one). For logs, cards and the commands printed."""
+    names of the options that held one). --serve-args is a command line of its own."""
+    def redacted(name: str | None, value: str) -> str:
+        if name != "--serve-args":
+            return redact_value(value, mask)
+        try:
+            words = shlex.split(value)
+        except ValueError:
+            return redact_text(value)
+        kept = redact_argv(words, mask)
+        return value if kept == words else shlex.join(kept)
+
     items = []
     for name, values, joined in flag_items(argv, value_options):
         secret = is_secret(name or "", values)
-        redacted = [mask] * len(values) if secret else [redact_option(name, v, mask)
-                                                        for v in values]
-        if name and redacted != values and left_out is not None:
+        kept = [mask] * len(values) if secret else [redacted(name, v) for v in values]
+        if name and kept != values and left_out is not None:
             left_out.append(name)
         if not secret or mask is not None:
-            items.append((name, redacted, joined))
+            items.append((name, kept, joined))
     return flag_words(items)
 
 
@@ -3055,63 +3042,28 @@ def rerun_advice() -> str:
             f"{shlex.join([script, *kept])}{added}")
 
 
-def _jobs_script_args(argv: list[str]) -> tuple[list[str], str | None, str | None]:
-    """This run's arguments for a Job: options minus NOT_FOR_JOBS and secrets, and a local
-    INPUT or OUTPUT replaced by a placeholder (returned too)."""
-    positionals, options = [], []
-    for name, values, _ in public_items(argv, NOT_FOR_JOBS):
-        if name is None:
-            positionals += values
-        elif not (name == "--serve-args" and values == [""]):
+JOBS_NOTE = ("ocr-jobs.py, the collection's launcher beside this script, runs it on Hugging Face "
+             "Jobs with the script's image, flavor and timeout, the token as a Job secret; INPUT "
+             "and OUTPUT must be Hub datasets. Add --dry-run to see the Jobs, time and cost first.")
+
+
+def jobs_command(argv: list[str]) -> str:
+    """This run as the launcher runs it on Jobs: its public options, but not those of this
+    machine (a server, paths) nor the shard's; a local INPUT or OUTPUT is named, not given."""
+    places, options, shards = [], [], "1"
+    for name, values, _ in public_items(argv, {"--server", "--no-spawn", "--work-dir",
+                                               "--stats-json", "--restart", "--shard-index"}):
+        if name == "--num-shards":
+            shards = values[-1]
+        elif name is None:  # INPUT, OUTPUT
+            hub = REPO_ID.match(values[0]) and not Path(values[0]).expanduser().exists()
+            places.append(values[0] if hub else ("INPUT", "OUTPUT")[len(places) % 2])
+        elif values != [""]:  # an option whose value was all secrets goes with them
             options += [name, *values]
-    local_input = local_output = None
-    if positionals and (is_local_target(positionals[0]) or Path(positionals[0]).expanduser().exists()):
-        local_input, positionals[0] = positionals[0], INPUT_PLACEHOLDER
-    if len(positionals) > 1 and is_local_target(positionals[1]):
-        local_output, positionals[1] = positionals[1], OUTPUT_PLACEHOLDER
-    return positionals + options, local_input, local_output
-
-
-def reproduce_command(argv: list[str]) -> str:
-    """The Hugging Face Jobs command for this run, as it should be pasted: image, flavor and
-    timeout explicit, the token as a Jobs secret, no local path, no secret."""
-    script, args = script_name(), shlex.join(_jobs_script_args(argv)[0])
-    # the flavor this Job was given, else the script's; never ACCELERATOR (`cpu` or `gpu` in a Job)
-    flavor = os.environ.get("JOB_FLAVOR") or DEFAULT_FLAVOR
-    head = f"--flavor {flavor} --timeout {JOB_TIMEOUT} --secrets HF_TOKEN"
-    if IMAGE_HAS_UV:
-        return f"hf jobs uv run --image {JOB_IMAGE} {head} {script} {args}"
-    # no uv in the image: install it, and fetch the script in the container's shell
-    inner = f'pip install -q uv && uv run "$SCRIPT_URL" {args}'
-    url = shlex.quote(f"SCRIPT_URL=<raw URL of {script}>")
-    return f"hf jobs run {head} --env {url} {JOB_IMAGE} -- bash -lc {shlex.quote(inner)}"
-
-
-def jobs_command_notes(argv: list[str]) -> list[str]:
-    """What the printed Jobs command covers, and what to fill in before pasting it."""
-    _, local_input, local_output = _jobs_script_args(argv)
-    hours = float(JOB_TIMEOUT[:-1]) if JOB_TIMEOUT.endswith("h") else float(JOB_TIMEOUT) / 3600
-    if JOB_PAGES_PER_S:
-        pages = int((hours - 0.25) * 3600 * JOB_PAGES_PER_S // 1000 * 1000)
-        cover = (f"--timeout {JOB_TIMEOUT} covers about {pages:,} pages at the measured "
-                 f"{JOB_PAGES_PER_S} pages/s on {DEFAULT_FLAVOR} (15 min of start-up allowed)")
-    else:
-        cover = (f"--timeout {JOB_TIMEOUT}: no throughput was measured for this model on "
-                 f"{DEFAULT_FLAVOR}; time a --max-samples run first")
-    notes = [f"{cover}; a larger input needs a longer --timeout, or --num-shards N with one Job "
-             f"per --shard-index (a stopped Job resumes where it ended when rerun)."]
-    if local_input:
-        notes.append(f"INPUT {local_input} is on this machine, which a Job cannot read: push it "
-                     f"first with `hf upload {INPUT_PLACEHOLDER} {local_input} --repo-type "
-                     f"dataset` and put that dataset id in place of {INPUT_PLACEHOLDER}.")
-    if local_output:
-        notes.append(f"OUTPUT {local_output} is a local folder, and a Job's disk is discarded "
-                     f"when it ends: OUTPUT must be a Hub dataset id; put yours in place of "
-                     f"{OUTPUT_PLACEHOLDER} (add --private to keep it private).")
-    if not IMAGE_HAS_UV:
-        notes.append(f"SCRIPT_URL: replace <raw URL of {script_name()}> with the URL "
-                     f"of this script's raw file (the image has no uv, so the Job fetches it).")
-    return notes
+    if os.environ.get("JOB_FLAVOR"):  # the flavor this Job was given (ACCELERATOR is no flavor)
+        options[:0] = ["--flavor", os.environ["JOB_FLAVOR"]]
+    return shlex.join(["uv", "run", "ocr-jobs.py", script_name(), *places, "--shards", shards,
+                       *options])
 
 
 def part_note(path: Path, column: str) -> dict:
@@ -3158,10 +3110,6 @@ def build_card(source: InputSource, store: OutputStore, args, stats: dict, info_
     serve = info_entry.get("serve_args")
     on_jobs = os.environ.get("JOB_ID") or os.environ.get("HF_JOB_ID")
     moving = ", a moving tag: its vLLM version is in the stats" if IMAGE_TAG_MOVING else ""
-    argv = flag_words(public_items(argv, {"--restart", "--shard-index"}))  # not this rerun
-    notes = jobs_command_notes(argv) + [
-        f"The run was split into {args.num_shards} shards: run the command once per shard, adding "
-        f"--shard-index 0 to {args.num_shards - 1} (one Job each)."] * (args.num_shards > 1)
     text = "the PDF's pages as Markdown, each after a line `<!-- page N -->`" \
         if pdf is not None and pdf.per_document else "the page as Markdown"
     rows = [(name, meaning) for name, meaning, shown in (
@@ -3227,10 +3175,10 @@ Serve flags: `{shlex.join(redact_argv(serve)) if serve else 'offline engine'}`
 Reproduce on Hugging Face Jobs:
 
 ```
-{reproduce_command(argv)}
+{jobs_command(argv)}
 ```
 
-{chr(10).join("* " + note for note in notes)}
+{JOBS_NOTE}
 """
 
 
@@ -4076,20 +4024,17 @@ class ServerManager:
         stats.vllm_version = self.version
 
     def explain_missing_vllm(self) -> "NoReturn":  # noqa: F821
-        notes = "".join(f"\n  * {note}" for note in jobs_command_notes(self.argv))
         if JOB_IMAGE.startswith("vllm/vllm-openai:"):
-            image = "whose vLLM image provides `vllm`"
             local = ("  * install vLLM on a machine with a GPU (`uv pip install vllm` or `pip "
                      "install vllm`), then rerun the same command: the script starts `vllm serve` "
                      "itself;\n")
         else:  # a model that runs only on its vendor's vLLM build, shipped in its image
-            image = "in the image that carries the only vLLM build this model runs on"
             local = (f"  * run this script inside {JOB_IMAGE} on a machine with a GPU (`docker "
                      f"run --gpus all ...`): that image's `vllm` is the vendor's build this model "
                      f"needs, and no other vLLM runs it;\n")
         log(f"error: nothing answers at {self.base} and there is no `vllm` command here to start "
-            f"a server.\n\nRun it on Hugging Face Jobs, {image}:\n  "
-            f"{reproduce_command(self.argv)}{notes}\n\nor locally:\n{local}"
+            f"a server.\n\nRun it on Hugging Face Jobs:\n  {jobs_command(self.argv)}\n"
+            f"{JOBS_NOTE}\n\nor locally:\n{local}"
             f"  * or pass --server URL to use a vLLM server that is already running.")
         raise SystemExit(2)
 
