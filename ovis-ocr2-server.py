@@ -3078,16 +3078,15 @@ def argument_parser(doc: str, add_shape_arguments) -> argparse.ArgumentParser:
     group.add_argument("--pdf-column", help="the column holding PDFs, when not detected")
     group.add_argument("--pages", help="pages of each PDF, 1-based, e.g. 1-5,8,10- (default: all)")
     group.add_argument("--pdf-dpi", type=float, default=PDF_DPI,
-                       help=f"the most DPI a page is rendered at, {PDF_MIN_DPI} to {PDF_MAX_DPI} "
-                            f"(default: {PDF_DPI}), below the model's size bound and "
-                            f"{PDF_MAX_PIXELS / 1e6:g} MP")
+                       help=f"render DPI, {PDF_MIN_DPI} to {PDF_MAX_DPI} (default: {PDF_DPI}); "
+                            f"less where the model's size or {PDF_MAX_PIXELS / 1e6:g} MP bound it")
     group.add_argument("--per-document", action="store_true",
                        help="one row per PDF: its pages' texts, each after <!-- page N -->")
     group.add_argument("--text-layer", action="store_true",
                        help="add <column>_text_layer: the text embedded in each PDF page")
     group.add_argument("--skip-text-pages", type=int, metavar="N",
-                       help="do not send pages whose text layer has N non-space characters: "
-                            "the row holds the text layer, <column>_skipped says why")
+                       help="do not send a page whose text layer has N non-space characters: "
+                            "the row holds that text, <column>_skipped says why")
     group.add_argument("--pdf-workers", type=int, default=max(1, min(4, os.cpu_count() or 1)),
                        help="processes rendering PDF pages (default: up to 4)")
     group.add_argument("--pdf-page-timeout", type=float, default=120.0,
@@ -3098,8 +3097,8 @@ def argument_parser(doc: str, add_shape_arguments) -> argparse.ArgumentParser:
     group.add_argument("--overwrite", action="store_true",
                        help="replace result columns that the input already has")
     group.add_argument("--restart", action="store_true",
-                       help="delete what OUTPUT holds and start over (this --shard-index's rows "
-                            "only): the way out when a rerun is refused as another run")
+                       help="delete this --shard-index's rows in OUTPUT and start over: the way "
+                            "out when a rerun is refused as another run")
     group.add_argument("--retry-errors", action="store_true",
                        help="redo every error row (a rerun always redoes those the server failed)")
     group.add_argument("--private", action="store_true", help="create the Hub repo private")
@@ -3112,9 +3111,8 @@ def argument_parser(doc: str, add_shape_arguments) -> argparse.ArgumentParser:
                        help="write (and commit) finished rows at least this often (default: 300)")
     group.add_argument("--stats-json", help="write the run's stats as JSON to this path")
     group.add_argument("--check-only", action="store_true",
-                       help="check the run and exit: the arguments, INPUT at its revision, "
-                            "OUTPUT's manifest; nothing written, no engine; the last line is "
-                            "JSON {\"rows\": N, ...}")
+                       help="check the arguments, INPUT and OUTPUT's manifest, write nothing, "
+                            "exit; the last line is JSON {\"rows\": N, ...}")
     group = parser.add_argument_group("model")
     group.add_argument("--model", default=MODEL_ID,
                        help=f"model id or local path (default: {MODEL_ID}); a fine-tune or mirror")
@@ -3128,15 +3126,13 @@ def argument_parser(doc: str, add_shape_arguments) -> argparse.ArgumentParser:
     group.add_argument("--sanity-pages", type=int, default=8,
                        help="pages the degenerate-output check looks at (default: 8)")
     group.add_argument("--loop-retries", type=int, default=1,
-                       help=f"send a page whose answer was cut in a loop (at --max-tokens, or "
-                            f"by --repetition-detection) again, up to N times, at temperature "
-                            f"{LOOP_TEMPERATURE} (seeded by the row); 0: never (default: 1)")
+                       help=f"send a page whose answer loops again, up to N times, at temperature "
+                            f"{LOOP_TEMPERATURE} seeded by the row; 0: never (default: 1)")
     group.add_argument("--repetition-detection", action=argparse.BooleanOptionalAction,
                        default=REPETITION_DETECTION_ON,
-                       help=f"let vLLM end a loop: a page whose last {REPETITION_DETECTION[0]} "
-                            f"or fewer tokens repeated {REPETITION_DETECTION[1]} times in a row "
-                            f"stops there and counts as looping; the check costs the engine time "
-                            f"at every step (default: {'on' if REPETITION_DETECTION_ON else 'off'})")
+                       help=f"let vLLM end a loop ({REPETITION_DETECTION[1]} repeats of up to "
+                            f"{REPETITION_DETECTION[0]} tokens); it costs engine time (default: "
+                            f"{'on' if REPETITION_DETECTION_ON else 'off'})")
     add_shape_arguments(parser)
     add_model_arguments(parser)
     return parser
@@ -3177,7 +3173,7 @@ def parse_arguments(parser: argparse.ArgumentParser, argv: list[str], engine_pro
     if args.loop_retries > 5:
         problems.append(f"--loop-retries must be at most 5, got {args.loop_retries} (a page that "
                         f"still loops after that will loop again)")
-    if args.pdf_dpi is not None and not PDF_MIN_DPI <= args.pdf_dpi <= PDF_MAX_DPI:
+    if not PDF_MIN_DPI <= args.pdf_dpi <= PDF_MAX_DPI:
         problems.append(f"--pdf-dpi must be {PDF_MIN_DPI} to {PDF_MAX_DPI}, got {args.pdf_dpi:g}")
     try:  # one spelling per selection, so that "1-" and "1-3,2-" are the same run as none
         args.pages = canonical_pages(parse_pages(args.pages))
@@ -3199,20 +3195,18 @@ def parse_arguments(parser: argparse.ArgumentParser, argv: list[str], engine_pro
 def unwritable_file(option: str, value: str) -> str | None:
     """Why the file an option names could not be written at the end of the run (None: it can),
     found before any work; nothing is left behind, and folders are made only when written."""
-    path = Path(value).expanduser()
+    import tempfile
+
+    path = Path(value).expanduser().absolute()
     if path.is_dir():
         return f"{option} {value} is a folder: name a file"
-    folder = next(folder for folder in path.absolute().parents if folder.exists())
+    folder = next(folder for folder in path.parents if folder.exists())
     if not folder.is_dir():
         return f"{option} {value}: {folder} is not a folder"
     try:
-        if folder != path.absolute().parent:
-            if not os.access(folder, os.W_OK | os.X_OK):
-                raise PermissionError(f"cannot create folders in {folder}")
-        else:
-            existed = path.exists()
-            open(path, "a").close()
-            existed or path.unlink()
+        if path.exists() and not os.access(path, os.W_OK):
+            raise PermissionError(f"{path} is read-only")
+        tempfile.TemporaryFile(dir=folder).close()  # the folder takes a new file (or folder)
     except OSError as exc:
         return f"{option} {value} cannot be written ({exc.strerror or exc})"
     return None
