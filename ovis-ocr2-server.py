@@ -2830,11 +2830,9 @@ def redact_value(value, mask: str | None = "***"):
 
 
 def flag_items(argv: list[str], value_options=None) -> list[tuple[str | None, list[str], bool]]:
-    """A command line as (flag, values, joined) items, the one reading of every command line
-    here: `--flag=value` (joined), `--flag a b` (vLLM's list options), a bare flag, and (None,
-    [word], False) for a word no flag takes. Given value_options (a parser's), those take one
-    value and every other flag none, and `--` ends the flags; else a flag takes the words up
-    to the next flag."""
+    """Every command line here as (flag, values, joined) items: `--flag=value` (joined), `--flag
+    a b` (vLLM's lists), a bare flag, (None, [word], False). Given a parser's value_options,
+    those take one value, other flags none, and `--` ends the flags."""
     items, rest = [], []
     if value_options is not None and "--" in argv:
         argv, rest = argv[:argv.index("--")], argv[argv.index("--") + 1:]
@@ -2932,9 +2930,8 @@ def jobs_command(argv: list[str]) -> str:
 
 
 def part_note(path: Path, column: str) -> dict:
-    """A part's error rows (row -> kind) and how many rows come from the PDF text layer: kept
-    beside the parts on the Hub, so that a rerun elsewhere knows what to redo and the card
-    counts every row."""
+    """A part's error rows (row -> kind) and its rows from the PDF text layer, kept beside the
+    parts on the Hub: a rerun elsewhere knows what to redo, and the card counts every row."""
     import pyarrow.parquet as pq
 
     start = ranges_from_names([path.name])[0][0]
@@ -3229,8 +3226,7 @@ def write_stats(stats: dict, args) -> None:
 
 class Interrupts:
     """SIGINT and SIGTERM (a cancelled Job) stop the run once, as KeyboardInterrupt; until the
-    finished rows are saved, further signals only say so; after that, one more stops the
-    engine at once."""
+    finished rows are saved, further signals only say so; then one more stops the engine."""
 
     def __init__(self):
         self.signum: int | None = None
@@ -3421,10 +3417,10 @@ def run_guarded(run: Run, work, stop_engine, argv: list[str]) -> int:
         log(f"error: {result['rows_not_written']} row(s) were not written"
             + (f" ({writer.write_errors[-1]})" if writer.write_errors else "")
             + f"; to finish them, {rerun_advice()}")
-    wrote = writer.rows_ok + writer.rows_failed
+    wrote = writer.rows_ok + writer.rows_failed or store.sent_parts
     if not wrote and not store.parts() and not list(store.journal.folder.glob("*.jsonl")):
         store.forget_run()  # nothing written: the next run may be another one
-    if store.api is not None and (wrote or store.sent_parts):
+    if store.api is not None and wrote:
         try:
             store.read_hub(others_only=True)  # the card counts what other shards wrote since
         except Exception as exc:
@@ -3433,7 +3429,7 @@ def run_guarded(run: Run, work, stop_engine, argv: list[str]) -> int:
     card_missing = store.parts() and not (store.card_on_hub if store.api is not None else
                                           (store.root / "README.md").exists())
     store.finish((lambda: build_card(run.source, store, args, result, run.info_entry, argv))
-                 if (wrote or store.sent_parts or card_missing) and not check.tripped else None)
+                 if (wrote or card_missing) and not check.tripped else None)
     if store.conflict and not code:
         code = EXIT_USAGE
     if store.upload_failures and not code:
