@@ -94,9 +94,7 @@ import re
 MODEL_ID = "lightonai/LightOnOCR-3-0.8B"
 IMAGE_TAG = "v0.30.0"  # needs vLLM >= 0.30.0: "vLLM 0.27.1 makes every model loop"
 JOB_IMAGE = f"vllm/vllm-openai:{IMAGE_TAG}"
-IMAGE_HAS_UV = True  # the vLLM images have uv: `hf jobs uv run` works
-DEFAULT_FLAVOR = "a10g-small"
-JOB_TIMEOUT = "4h"  # Jobs stop a job after 30 min unless told: every printed command passes this
+IMAGE_HAS_UV = True  # the vLLM images have uv: ocr-jobs.py submits with run_uv_job
 JOB_PAGES_PER_S = 2.2  # measured saturated on a10g-small: about 29,000 pages in 4 h
 SCRIPT_SHAPE = "saturate"
 API_SERVER_COUNT = 4  # measured here only: see the docstring
@@ -331,8 +329,6 @@ def build_request(image_url: str, args) -> dict:
 MODEL_REVISION = globals().get("MODEL_REVISION")  # a commit sha or tag pins the weights
 RESIZE_FILTER = globals().get("RESIZE_FILTER", "bicubic")  # the model's own resampling filter
 LOOP_TEMPERATURE = globals().get("LOOP_TEMPERATURE", 0.3)  # a looping page's second try
-JOB_TIMEOUT = globals().get("JOB_TIMEOUT", "4h")  # Jobs stop after 30 min without one
-JOB_PAGES_PER_S = globals().get("JOB_PAGES_PER_S")  # measured rate on DEFAULT_FLAVOR, if any
 IMAGE_TAG_MOVING = globals().get("IMAGE_TAG_MOVING", False)  # True: JOB_IMAGE is no fixed build
 PDF_DPI = globals().get("PDF_DPI", 400)  # a PDF page's render DPI, unless the model's bound is less
 REPETITION_DETECTION = globals().get("REPETITION_DETECTION", (32, 64))  # --repetition-detection
@@ -376,10 +372,6 @@ SECRET_NAME = re.compile(r"(?:^|[-_.])(?:secret|password|passwd)(?:[-_.]|$)|(?:^
                          r"$|^-*key$", re.I)
 # a word of a command line that is a flag (--x, -x, --x=...), not a value (-1, -, "--x y")
 FLAG = re.compile(r"^--?[A-Za-z][^\s=]*(?:=|$)")
-# options of this script that do not belong in a Jobs command: secrets travel as --secrets
-# HF_TOKEN, a Job starts its own server, and local paths mean nothing inside its container
-NOT_FOR_JOBS = ("--server", "--no-spawn", "--hf-token", "--api-key", "--work-dir", "--stats-json")
-INPUT_PLACEHOLDER, OUTPUT_PLACEHOLDER = "<your-user>/<input-dataset>", "<your-user>/<output-dataset>"
 _VALUE_OPTIONS: set = set()  # the options that take a value, from the parser (parse_arguments)
 _RUN_ARGV: list = []  # this run's arguments (parse_arguments), for the command that resumes it
 
@@ -2699,10 +2691,8 @@ class RunStats:
         self.in_flight -= 1
 
     def as_dict(self) -> dict:
-        elapsed = time.monotonic() - self.started
-        active = self.finished_at[-1] - self.first_started \
-            if self.finished_at and self.first_started else None
-        done = len(self.finished_at)
+        elapsed, done = time.monotonic() - self.started, len(self.finished_at)
+        active = done and self.first_started and self.finished_at[-1] - self.first_started
         steady_rate = steady_tokens = None
         a, b = done // 10, done - done // 10 - 1  # the middle 80%: no start-up, no tail
         if done >= 2 and self.finished_at[b] > self.finished_at[a]:
@@ -2773,11 +2763,9 @@ def redact_value(value, mask: str | None = "***"):
 
 
 def flag_items(argv: list[str], value_options=None) -> list[tuple[str | None, list[str], bool]]:
-    """A command line as (flag, values, joined) items, the one reading of every command line
-    here: `--flag=value` (joined), `--flag a b` (vLLM's list options), a bare flag, and (None,
-    [word], False) for a word no flag takes. Given value_options (a parser's), those take one
-    value and every other flag none, and `--` ends the flags; else a flag takes the words up
-    to the next flag."""
+    """Every command line here as (flag, values, joined) items: `--flag=value` (joined), `--flag
+    a b` (vLLM's lists), a bare flag, (None, [word], False). Given a parser's value_options,
+    those take one value, other flags none, and `--` ends the flags."""
     items, rest = [], []
     if value_options is not None and "--" in argv:
         argv, rest = argv[:argv.index("--")], argv[argv.index("--") + 1:]
@@ -2803,31 +2791,28 @@ def flag_words(items) -> list[str]:
     return words
 
 
-def redact_option(name: str | None, value: str, mask: str | None) -> str:
-    """An option's value with its secrets masked or dropped; --serve-args is a command line."""
-    if name != "--serve-args":
-        return redact_value(value, mask)
-    try:
-        words = shlex.split(value)
-    except ValueError:
-        return redact_text(value)
-    kept = redact_argv(words, mask)
-    return value if kept == words else shlex.join(kept)
-
-
 def redact_argv(argv: list[str], mask: str | None = "***", value_options=None,
                 left_out: list | None = None) -> list[str]:
     """A command line with its secrets masked, or dropped (mask=None; left_out then gets the
-    names of the options that held one). For logs, cards and the commands printed."""
+    names of the options that held one). --serve-args is a command line of its own."""
+    def redacted(name: str | None, value: str) -> str:
+        if name != "--serve-args":
+            return redact_value(value, mask)
+        try:
+            words = shlex.split(value)
+        except ValueError:
+            return redact_text(value)
+        kept = redact_argv(words, mask)
+        return value if kept == words else shlex.join(kept)
+
     items = []
     for name, values, joined in flag_items(argv, value_options):
         secret = is_secret(name or "", values)
-        redacted = [mask] * len(values) if secret else [redact_option(name, v, mask)
-                                                        for v in values]
-        if name and redacted != values and left_out is not None:
+        kept = [mask] * len(values) if secret else [redacted(name, v) for v in values]
+        if name and kept != values and left_out is not None:
             left_out.append(name)
         if not secret or mask is not None:
-            items.append((name, redacted, joined))
+            items.append((name, kept, joined))
     return flag_words(items)
 
 
@@ -2853,69 +2838,33 @@ def rerun_advice() -> str:
             f"{shlex.join([script, *kept])}{added}")
 
 
-def _jobs_script_args(argv: list[str]) -> tuple[list[str], str | None, str | None]:
-    """This run's arguments for a Job: options minus NOT_FOR_JOBS and secrets, and a local
-    INPUT or OUTPUT replaced by a placeholder (returned too)."""
-    positionals, options = [], []
-    for name, values, _ in public_items(argv, NOT_FOR_JOBS):
-        if name is None:
-            positionals += values
-        elif not (name == "--serve-args" and values == [""]):
+JOBS_NOTE = ("ocr-jobs.py, the collection's launcher beside this script, runs it on Hugging Face "
+             "Jobs with the script's image, flavor and timeout, the token as a Job secret; INPUT "
+             "and OUTPUT must be Hub datasets. Add --dry-run to see the Jobs, time and cost first.")
+
+
+def jobs_command(argv: list[str]) -> str:
+    """This run as the launcher runs it on Jobs: its public options, but not those of this
+    machine (a server, paths) nor the shard's; a local INPUT or OUTPUT is named, not given."""
+    places, options, shards = [], [], "1"
+    for name, values, _ in public_items(argv, {"--server", "--no-spawn", "--work-dir",
+                                               "--stats-json", "--restart", "--shard-index"}):
+        if name == "--num-shards":
+            shards = values[-1]
+        elif name is None:  # INPUT, OUTPUT
+            hub = REPO_ID.match(values[0]) and not Path(values[0]).expanduser().exists()
+            places.append(values[0] if hub else ("INPUT", "OUTPUT")[len(places) % 2])
+        elif values != [""]:  # an option whose value was all secrets goes with them
             options += [name, *values]
-    local_input = local_output = None
-    if positionals and (is_local_target(positionals[0]) or Path(positionals[0]).expanduser().exists()):
-        local_input, positionals[0] = positionals[0], INPUT_PLACEHOLDER
-    if len(positionals) > 1 and is_local_target(positionals[1]):
-        local_output, positionals[1] = positionals[1], OUTPUT_PLACEHOLDER
-    return positionals + options, local_input, local_output
-
-
-def reproduce_command(argv: list[str]) -> str:
-    """The Hugging Face Jobs command for this run, as it should be pasted: image, flavor and
-    timeout explicit, the token as a Jobs secret, no local path, no secret."""
-    script, args = script_name(), shlex.join(_jobs_script_args(argv)[0])
-    # the flavor this Job was given, else the script's; never ACCELERATOR (`cpu` or `gpu` in a Job)
-    flavor = os.environ.get("JOB_FLAVOR") or DEFAULT_FLAVOR
-    head = f"--flavor {flavor} --timeout {JOB_TIMEOUT} --secrets HF_TOKEN"
-    if IMAGE_HAS_UV:
-        return f"hf jobs uv run --image {JOB_IMAGE} {head} {script} {args}"
-    # no uv in the image: install it, and fetch the script in the container's shell
-    inner = f'pip install -q uv && uv run "$SCRIPT_URL" {args}'
-    url = shlex.quote(f"SCRIPT_URL=<raw URL of {script}>")
-    return f"hf jobs run {head} --env {url} {JOB_IMAGE} -- bash -lc {shlex.quote(inner)}"
-
-
-def jobs_command_notes(argv: list[str]) -> list[str]:
-    """What the printed Jobs command covers, and what to fill in before pasting it."""
-    _, local_input, local_output = _jobs_script_args(argv)
-    hours = float(JOB_TIMEOUT[:-1]) if JOB_TIMEOUT.endswith("h") else float(JOB_TIMEOUT) / 3600
-    if JOB_PAGES_PER_S:
-        pages = int((hours - 0.25) * 3600 * JOB_PAGES_PER_S // 1000 * 1000)
-        cover = (f"--timeout {JOB_TIMEOUT} covers about {pages:,} pages at the measured "
-                 f"{JOB_PAGES_PER_S} pages/s on {DEFAULT_FLAVOR} (15 min of start-up allowed)")
-    else:
-        cover = (f"--timeout {JOB_TIMEOUT}: no throughput was measured for this model on "
-                 f"{DEFAULT_FLAVOR}; time a --max-samples run first")
-    notes = [f"{cover}; a larger input needs a longer --timeout, or --num-shards N with one Job "
-             f"per --shard-index (a stopped Job resumes where it ended when rerun)."]
-    if local_input:
-        notes.append(f"INPUT {local_input} is on this machine, which a Job cannot read: push it "
-                     f"first with `hf upload {INPUT_PLACEHOLDER} {local_input} --repo-type "
-                     f"dataset` and put that dataset id in place of {INPUT_PLACEHOLDER}.")
-    if local_output:
-        notes.append(f"OUTPUT {local_output} is a local folder, and a Job's disk is discarded "
-                     f"when it ends: OUTPUT must be a Hub dataset id; put yours in place of "
-                     f"{OUTPUT_PLACEHOLDER} (add --private to keep it private).")
-    if not IMAGE_HAS_UV:
-        notes.append(f"SCRIPT_URL: replace <raw URL of {script_name()}> with the URL "
-                     f"of this script's raw file (the image has no uv, so the Job fetches it).")
-    return notes
+    if os.environ.get("JOB_FLAVOR"):  # the flavor this Job was given (ACCELERATOR is no flavor)
+        options[:0] = ["--flavor", os.environ["JOB_FLAVOR"]]
+    return shlex.join(["uv", "run", "ocr-jobs.py", script_name(), *places, "--shards", shards,
+                       *options])
 
 
 def part_note(path: Path, column: str) -> dict:
-    """A part's error rows (row -> kind) and how many rows come from the PDF text layer: kept
-    beside the parts on the Hub, so that a rerun elsewhere knows what to redo and the card
-    counts every row."""
+    """A part's error rows (row -> kind) and its rows from the PDF text layer, kept beside the
+    parts on the Hub: a rerun elsewhere knows what to redo, and the card counts every row."""
     import pyarrow.parquet as pq
 
     start = ranges_from_names([path.name])[0][0]
@@ -2956,10 +2905,6 @@ def build_card(source: InputSource, store: OutputStore, args, stats: dict, info_
     serve = info_entry.get("serve_args")
     on_jobs = os.environ.get("JOB_ID") or os.environ.get("HF_JOB_ID")
     moving = ", a moving tag: its vLLM version is in the stats" if IMAGE_TAG_MOVING else ""
-    argv = flag_words(public_items(argv, {"--restart", "--shard-index"}))  # not this rerun
-    notes = jobs_command_notes(argv) + [
-        f"The run was split into {args.num_shards} shards: run the command once per shard, adding "
-        f"--shard-index 0 to {args.num_shards - 1} (one Job each)."] * (args.num_shards > 1)
     text = "the PDF's pages as Markdown, each after a line `<!-- page N -->`" \
         if pdf is not None and pdf.per_document else "the page as Markdown"
     rows = [(name, meaning) for name, meaning, shown in (
@@ -3025,10 +2970,10 @@ Serve flags: `{shlex.join(redact_argv(serve)) if serve else 'offline engine'}`
 Reproduce on Hugging Face Jobs:
 
 ```
-{reproduce_command(argv)}
+{jobs_command(argv)}
 ```
 
-{chr(10).join("* " + note for note in notes)}
+{JOBS_NOTE}
 """
 
 
@@ -3063,16 +3008,15 @@ def argument_parser(doc: str, add_shape_arguments) -> argparse.ArgumentParser:
     group.add_argument("--pdf-column", help="the column holding PDFs, when not detected")
     group.add_argument("--pages", help="pages of each PDF, 1-based, e.g. 1-5,8,10- (default: all)")
     group.add_argument("--pdf-dpi", type=float, default=PDF_DPI,
-                       help=f"the most DPI a page is rendered at, {PDF_MIN_DPI} to {PDF_MAX_DPI} "
-                            f"(default: {PDF_DPI}), below the model's size bound and "
-                            f"{PDF_MAX_PIXELS / 1e6:g} MP")
+                       help=f"render DPI, {PDF_MIN_DPI} to {PDF_MAX_DPI} (default: {PDF_DPI}); "
+                            f"less where the model's size or {PDF_MAX_PIXELS / 1e6:g} MP bound it")
     group.add_argument("--per-document", action="store_true",
                        help="one row per PDF: its pages' texts, each after <!-- page N -->")
     group.add_argument("--text-layer", action="store_true",
                        help="add <column>_text_layer: the text embedded in each PDF page")
     group.add_argument("--skip-text-pages", type=int, metavar="N",
-                       help="do not send pages whose text layer has N non-space characters: "
-                            "the row holds the text layer, <column>_skipped says why")
+                       help="do not send a page whose text layer has N non-space characters: "
+                            "the row holds that text, <column>_skipped says why")
     group.add_argument("--pdf-workers", type=int, default=max(1, min(4, os.cpu_count() or 1)),
                        help="processes rendering PDF pages (default: up to 4)")
     group.add_argument("--pdf-page-timeout", type=float, default=120.0,
@@ -3083,8 +3027,8 @@ def argument_parser(doc: str, add_shape_arguments) -> argparse.ArgumentParser:
     group.add_argument("--overwrite", action="store_true",
                        help="replace result columns that the input already has")
     group.add_argument("--restart", action="store_true",
-                       help="delete what OUTPUT holds and start over (this --shard-index's rows "
-                            "only): the way out when a rerun is refused as another run")
+                       help="delete this --shard-index's rows in OUTPUT and start over: the way "
+                            "out when a rerun is refused as another run")
     group.add_argument("--retry-errors", action="store_true",
                        help="redo every error row (a rerun always redoes those the server failed)")
     group.add_argument("--private", action="store_true", help="create the Hub repo private")
@@ -3097,9 +3041,8 @@ def argument_parser(doc: str, add_shape_arguments) -> argparse.ArgumentParser:
                        help="write (and commit) finished rows at least this often (default: 300)")
     group.add_argument("--stats-json", help="write the run's stats as JSON to this path")
     group.add_argument("--check-only", action="store_true",
-                       help="check the run and exit: the arguments, INPUT at its revision, "
-                            "OUTPUT's manifest; nothing written, no engine; the last line is "
-                            "JSON {\"rows\": N, ...}")
+                       help="check the arguments, INPUT and OUTPUT's manifest, write nothing, "
+                            "exit; the last line is JSON {\"rows\": N, ...}")
     group = parser.add_argument_group("model")
     group.add_argument("--model", default=MODEL_ID,
                        help=f"model id or local path (default: {MODEL_ID}); a fine-tune or mirror")
@@ -3113,15 +3056,13 @@ def argument_parser(doc: str, add_shape_arguments) -> argparse.ArgumentParser:
     group.add_argument("--sanity-pages", type=int, default=8,
                        help="pages the degenerate-output check looks at (default: 8)")
     group.add_argument("--loop-retries", type=int, default=1,
-                       help=f"send a page whose answer was cut in a loop (at --max-tokens, or "
-                            f"by --repetition-detection) again, up to N times, at temperature "
-                            f"{LOOP_TEMPERATURE} (seeded by the row); 0: never (default: 1)")
+                       help=f"send a page whose answer loops again, up to N times, at temperature "
+                            f"{LOOP_TEMPERATURE} seeded by the row; 0: never (default: 1)")
     group.add_argument("--repetition-detection", action=argparse.BooleanOptionalAction,
                        default=REPETITION_DETECTION_ON,
-                       help=f"let vLLM end a loop: a page whose last {REPETITION_DETECTION[0]} "
-                            f"or fewer tokens repeated {REPETITION_DETECTION[1]} times in a row "
-                            f"stops there and counts as looping; the check costs the engine time "
-                            f"at every step (default: {'on' if REPETITION_DETECTION_ON else 'off'})")
+                       help=f"let vLLM end a loop ({REPETITION_DETECTION[1]} repeats of up to "
+                            f"{REPETITION_DETECTION[0]} tokens); it costs engine time (default: "
+                            f"{'on' if REPETITION_DETECTION_ON else 'off'})")
     add_shape_arguments(parser)
     add_model_arguments(parser)
     return parser
@@ -3162,7 +3103,7 @@ def parse_arguments(parser: argparse.ArgumentParser, argv: list[str], engine_pro
     if args.loop_retries > 5:
         problems.append(f"--loop-retries must be at most 5, got {args.loop_retries} (a page that "
                         f"still loops after that will loop again)")
-    if args.pdf_dpi is not None and not PDF_MIN_DPI <= args.pdf_dpi <= PDF_MAX_DPI:
+    if not PDF_MIN_DPI <= args.pdf_dpi <= PDF_MAX_DPI:
         problems.append(f"--pdf-dpi must be {PDF_MIN_DPI} to {PDF_MAX_DPI}, got {args.pdf_dpi:g}")
     try:  # one spelling per selection, so that "1-" and "1-3,2-" are the same run as none
         args.pages = canonical_pages(parse_pages(args.pages))
@@ -3184,20 +3125,18 @@ def parse_arguments(parser: argparse.ArgumentParser, argv: list[str], engine_pro
 def unwritable_file(option: str, value: str) -> str | None:
     """Why the file an option names could not be written at the end of the run (None: it can),
     found before any work; nothing is left behind, and folders are made only when written."""
-    path = Path(value).expanduser()
+    import tempfile
+
+    path = Path(value).expanduser().absolute()
     if path.is_dir():
         return f"{option} {value} is a folder: name a file"
-    folder = next(folder for folder in path.absolute().parents if folder.exists())
+    folder = next(folder for folder in path.parents if folder.exists())
     if not folder.is_dir():
         return f"{option} {value}: {folder} is not a folder"
     try:
-        if folder != path.absolute().parent:
-            if not os.access(folder, os.W_OK | os.X_OK):
-                raise PermissionError(f"cannot create folders in {folder}")
-        else:
-            existed = path.exists()
-            open(path, "a").close()
-            existed or path.unlink()
+        if path.exists() and not os.access(path, os.W_OK):
+            raise PermissionError(f"{path} is read-only")
+        tempfile.TemporaryFile(dir=folder).close()  # the folder takes a new file (or folder)
     except OSError as exc:
         return f"{option} {value} cannot be written ({exc.strerror or exc})"
     return None
@@ -3220,8 +3159,7 @@ def write_stats(stats: dict, args) -> None:
 
 class Interrupts:
     """SIGINT and SIGTERM (a cancelled Job) stop the run once, as KeyboardInterrupt; until the
-    finished rows are saved, further signals only say so; after that, one more stops the
-    engine at once."""
+    finished rows are saved, further signals only say so; then one more stops the engine."""
 
     def __init__(self):
         self.signum: int | None = None
@@ -3412,10 +3350,10 @@ def run_guarded(run: Run, work, stop_engine, argv: list[str]) -> int:
         log(f"error: {result['rows_not_written']} row(s) were not written"
             + (f" ({writer.write_errors[-1]})" if writer.write_errors else "")
             + f"; to finish them, {rerun_advice()}")
-    wrote = writer.rows_ok + writer.rows_failed
+    wrote = writer.rows_ok + writer.rows_failed or store.sent_parts
     if not wrote and not store.parts() and not list(store.journal.folder.glob("*.jsonl")):
         store.forget_run()  # nothing written: the next run may be another one
-    if store.api is not None and (wrote or store.sent_parts):
+    if store.api is not None and wrote:
         try:
             store.read_hub(others_only=True)  # the card counts what other shards wrote since
         except Exception as exc:
@@ -3424,7 +3362,7 @@ def run_guarded(run: Run, work, stop_engine, argv: list[str]) -> int:
     card_missing = store.parts() and not (store.card_on_hub if store.api is not None else
                                           (store.root / "README.md").exists())
     store.finish((lambda: build_card(run.source, store, args, result, run.info_entry, argv))
-                 if (wrote or store.sent_parts or card_missing) and not check.tripped else None)
+                 if (wrote or card_missing) and not check.tripped else None)
     if store.conflict and not code:
         code = EXIT_USAGE
     if store.upload_failures and not code:
@@ -3834,20 +3772,17 @@ class ServerManager:
         stats.vllm_version = self.version
 
     def explain_missing_vllm(self) -> "NoReturn":  # noqa: F821
-        notes = "".join(f"\n  * {note}" for note in jobs_command_notes(self.argv))
         if JOB_IMAGE.startswith("vllm/vllm-openai:"):
-            image = "whose vLLM image provides `vllm`"
             local = ("  * install vLLM on a machine with a GPU (`uv pip install vllm` or `pip "
                      "install vllm`), then rerun the same command: the script starts `vllm serve` "
                      "itself;\n")
         else:  # a model that runs only on its vendor's vLLM build, shipped in its image
-            image = "in the image that carries the only vLLM build this model runs on"
             local = (f"  * run this script inside {JOB_IMAGE} on a machine with a GPU (`docker "
                      f"run --gpus all ...`): that image's `vllm` is the vendor's build this model "
                      f"needs, and no other vLLM runs it;\n")
         log(f"error: nothing answers at {self.base} and there is no `vllm` command here to start "
-            f"a server.\n\nRun it on Hugging Face Jobs, {image}:\n  "
-            f"{reproduce_command(self.argv)}{notes}\n\nor locally:\n{local}"
+            f"a server.\n\nRun it on Hugging Face Jobs:\n  {jobs_command(self.argv)}\n"
+            f"{JOBS_NOTE}\n\nor locally:\n{local}"
             f"  * or pass --server URL to use a vLLM server that is already running.")
         raise SystemExit(2)
 

@@ -10,8 +10,7 @@ placeholder of the right type; a script's model section sets the real one.
 Besides these, a block may read an optional model-section name with a default, at the top of
 the block that uses it: `NAME = globals().get("NAME", default)` (MODEL_REVISION, RESIZE_FILTER,
 LOOP_TEMPERATURE, REPETITION_DETECTION, REPETITION_DETECTION_ON, REPETITION_DETECTION_NOTE,
-JOB_TIMEOUT, JOB_PAGES_PER_S, IMAGE_TAG_MOVING and PDF_DPI in the common block;
-API_SERVER_COUNT in the saturate block). A model section sets one only where its model differs.
+IMAGE_TAG_MOVING and PDF_DPI in the common block; API_SERVER_COUNT in the saturate block). A model section sets one only where its model differs.
 
 The model section's functions may call the helpers of the blocks its script carries (the
 common block's `repeated_tail`, the grounding block's `block_box`): they run after the blocks
@@ -21,8 +20,6 @@ are defined.
 # Every script (common block)
 MODEL_ID = "org/model"  # the Hub id of the weights
 JOB_IMAGE = "vllm/vllm-openai:tag"  # the image a Job runs in
-IMAGE_HAS_UV = True  # the image has uv: `hf jobs uv run` works
-DEFAULT_FLAVOR = "l4x1"  # the Jobs flavor the printed commands use
 SCRIPT_SHAPE = "server"  # "server", "saturate" or "offline"
 PAGE_FORMAT = "jpeg"  # the format of pages that must be converted or resized
 DEFAULT_MAX_TOKENS = 4096

@@ -17,10 +17,10 @@ from blocks.model import (
 )
 from blocks.common import (
     argument_parser, check_run, early_exits_reported, error_row, exception_row,
-    fail, HeldFailures, iter_image_cells, jobs_command_notes,
+    fail, HeldFailures, iter_image_cells, jobs_command, JOBS_NOTE,
     kept_attempt, log, loop_seed, LOOP_TEMPERATURE, loops, open_run, PAGE, PageError,
     parse_arguments, postprocessed, prepare_page, PreparedPage, redact_value,
-    reproduce_command, requested_revision, resolved_revision, RowResult, run_guarded, run_settings,
+    requested_revision, resolved_revision, RowResult, run_guarded, run_settings,
     script_name, text_layer_row,
 )
 from blocks.common import cut_at_loop, repetition_detection
@@ -74,10 +74,9 @@ def check_offline_engine(argv: list[str]) -> None:
         pass
     if gpu_visible() or os.environ.get("OCR_SCRIPT_REEXEC") or system_python_with_vllm():
         return
-    notes = "".join(f"\n  * {note}" for note in jobs_command_notes(argv))
     log(f"error: no vllm can be imported here and no GPU is visible (no /dev/nvidia*, no "
         f"nvidia-smi), so vllm.LLM cannot run on this machine.\n\nRun it on Hugging Face Jobs, "
-        f"whose vLLM image provides vllm and a GPU:\n  {reproduce_command(argv)}{notes}\n\n"
+        f"whose vLLM image provides vllm and a GPU:\n  {jobs_command(argv)}\n{JOBS_NOTE}\n\n"
         f"or on a machine with a GPU (the script asks uv for vllm there), or where vllm is "
         f"installed (its CPU build runs too).")
     raise SystemExit(2)

@@ -23,9 +23,9 @@ from blocks.model import (
 from blocks.common import (
     argument_parser, check_run, DegenerateCheck, early_exits_reported, error_row, exception_row,
     EXIT_REFUSED, EXIT_USAGE, fail, flag_items, flag_words, HeldFailures, InputSource,
-    iter_image_cells, jobs_command_notes, kept_attempt, log, loop_seed, LOOP_TEMPERATURE, loops,
-    open_run, PAGE, PageError, parse_arguments, PartWriter, postprocessed, prepare_page,
-    PreparedPage, redact_argv, reproduce_command, requested_revision, resolved_revision, RowResult,
+    iter_image_cells, jobs_command, JOBS_NOTE, kept_attempt, log, loop_seed, LOOP_TEMPERATURE,
+    loops, open_run, PAGE, PageError, parse_arguments, PartWriter, postprocessed, prepare_page,
+    PreparedPage, redact_argv, requested_revision, resolved_revision, RowResult,
     run_guarded, run_settings, RunAborted, RunStats, script_name, SERVER, text_layer_row,
 )
 from blocks.common import cut_at_loop, repetition_detection
@@ -406,20 +406,17 @@ class ServerManager:
         stats.vllm_version = self.version
 
     def explain_missing_vllm(self) -> "NoReturn":  # noqa: F821
-        notes = "".join(f"\n  * {note}" for note in jobs_command_notes(self.argv))
         if JOB_IMAGE.startswith("vllm/vllm-openai:"):
-            image = "whose vLLM image provides `vllm`"
             local = ("  * install vLLM on a machine with a GPU (`uv pip install vllm` or `pip "
                      "install vllm`), then rerun the same command: the script starts `vllm serve` "
                      "itself;\n")
         else:  # a model that runs only on its vendor's vLLM build, shipped in its image
-            image = "in the image that carries the only vLLM build this model runs on"
             local = (f"  * run this script inside {JOB_IMAGE} on a machine with a GPU (`docker "
                      f"run --gpus all ...`): that image's `vllm` is the vendor's build this model "
                      f"needs, and no other vLLM runs it;\n")
         log(f"error: nothing answers at {self.base} and there is no `vllm` command here to start "
-            f"a server.\n\nRun it on Hugging Face Jobs, {image}:\n  "
-            f"{reproduce_command(self.argv)}{notes}\n\nor locally:\n{local}"
+            f"a server.\n\nRun it on Hugging Face Jobs:\n  {jobs_command(self.argv)}\n"
+            f"{JOBS_NOTE}\n\nor locally:\n{local}"
             f"  * or pass --server URL to use a vLLM server that is already running.")
         raise SystemExit(2)
 

@@ -115,7 +115,7 @@ def test_blocks_raw_output_and_card_read_back_after_a_layout_run(tmp_path, stub_
     reproduce = card.split("Reproduce on Hugging Face Jobs:", 1)[1]
     assert script in reproduce and "--keep-raw" in reproduce
     command = reproduce.split("```")[1]  # a local path would mean nothing inside a Job
-    assert str(tmp_path) not in command and "<your-user>/<input-dataset>" in command
+    assert str(tmp_path) not in command and command.split()[4:6] == ["INPUT", "OUTPUT"]
     assert all(flag in reproduce for flag in flags)
 
 

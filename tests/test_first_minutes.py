@@ -1,6 +1,6 @@
 """Issue 16: the first minutes with a script. Arguments are checked before anything else, a run
-that cannot start says so at once with a Jobs command that runs as printed (checked through
-`hf jobs ... --dry-run`), the startup probe names what answers on the port, secrets stay out of
+that cannot start says so at once with the launcher's command, which runs as printed (checked
+through `ocr-jobs.py ... --dry-run`), the startup probe names what answers on the port, secrets stay out of
 command lines and records, the spawned server dies with the driver, --server keeps its path."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -61,7 +62,7 @@ def test_a_bad_argument_exits_2_at_once_naming_it(tmp_path, extra, message):
                      env=NO_VLLM, timeout=60)
     assert run.returncode == 2, run.stderr
     assert message in run.stderr and "Traceback" not in run.stderr
-    assert "hf jobs" not in run.stderr  # refused before the server is even looked for
+    assert "ocr-jobs.py" not in run.stderr  # refused before the server is even looked for
     assert time.monotonic() - started < 10
 
 
@@ -142,60 +143,57 @@ def test_without_vllm_a_hub_input_fails_fast_without_touching_the_hub(script):
     elapsed = time.monotonic() - started
     assert run.returncode == 2, run.stderr
     assert "Traceback" not in run.stderr and "ConnectionError" not in run.stderr
-    assert "--timeout 4h" in run.stderr
+    assert f"uv run ocr-jobs.py {script} user/scans OUTPUT --shards 1" in run.stderr
     assert elapsed < 5, elapsed
 
 
-# ---- 2. Jobs commands that run as printed --------------------------------------------------
+# ---- 2. the launcher's command, which runs as printed ---------------------------------------
 
 def printed_command(text: str) -> list[str]:
-    (line,) = [l.strip() for l in text.splitlines() if l.strip().startswith("hf jobs ")]
+    (line,) = [l.strip() for l in text.splitlines() if l.strip().startswith("uv run ocr-jobs.py ")]
     return shlex.split(line)  # what a shell makes of the pasted line
 
 
-def dry_run(words: list[str]) -> dict:
-    """`hf jobs ... --dry-run` of a printed command: the Job configuration it would submit."""
-    assert words[:2] == ["hf", "jobs"]
-    at = 4 if words[2] == "uv" else 3
-    run = subprocess.run([str(HF), *words[1:at], "--dry-run", *words[at:]], cwd=ROOT,
-                         capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1"})
-    assert run.returncode == 0, run.stdout + run.stderr
-    assert "Job not submitted" in run.stdout
-    config, key = {}, None
-    for line in run.stdout.splitlines():
-        match = re.match(r"^  (\S+)?\s+(.*)$", line)
-        if match:
-            key = match.group(1) or key
-            config.setdefault(key, []).append(match.group(2))
-    return {k: "\n".join(v) for k, v in config.items()}
+def launch_dry_run(words: list[str], monkeypatch, capsys) -> tuple[int, str]:
+    """A printed `uv run ocr-jobs.py ...` run as printed, with --dry-run, the launcher in-process
+    (no Hub: the script's own check answered as its --check-only does): its exit code and what
+    it printed."""
+    assert words[:3] == ["uv", "run", "ocr-jobs.py"]
+    monkeypatch.chdir(ROOT)
+    launcher = load_script("ocr-jobs.py")
+    monkeypatch.setattr(launcher, "run_check", lambda *a: {"rows": 3, "input_revision": "0" * 40})
+    capsys.readouterr()
+    code = launcher.main([*words[3:], "--dry-run"], hf_api=types.SimpleNamespace())
+    out = capsys.readouterr()
+    return code, out.out + out.err
 
 
-def check_job(config: dict, script: str, flavor: str | None = None) -> list[str]:
-    """The checks every printed command must pass; returns the script's arguments."""
-    entry, module = REGISTRY[script], load_script(script)
-    assert config["image"] == entry["image"]
-    assert config["flavor"].split()[0] == (flavor or entry["flavor"])
-    assert config["timeout"].split()[0] == entry["timeout"] == module.JOB_TIMEOUT
-    assert config["secrets"].startswith("HF_TOKEN=")
-    if module.IMAGE_HAS_UV:
-        assert config["script"] == script
-        args = shlex.split(config["args"])
-    else:
-        assert config["env"] == f"SCRIPT_URL=<raw URL of {script}>"
-        inner = shlex.split(config["command"])
-        assert inner[:2] == ["bash", "-lc"]
-        assert inner[2].startswith('pip install -q uv && uv run "$SCRIPT_URL" ')
-        args = shlex.split(inner[2].split('"$SCRIPT_URL" ', 1)[1])
-    for word in args:
+def check_job(words: list[str], script: str, monkeypatch, capsys) -> list[str]:
+    """The checks every printed command must pass; returns the script's arguments. A local INPUT
+    or OUTPUT is printed as the word INPUT or OUTPUT, which the launcher refuses with the `hf
+    upload` that pushes a folder; Hub ids in their place, it submits the run."""
+    assert words[3] == script and words[6:8] == ["--shards", "1"]
+    for word in words:
         assert word not in ("--server", "--hf-token", "--api-key", "--work-dir", "--no-spawn")
         assert str(ROOT) not in word and "/tmp" not in word
-    no_secret(*config.values())
-    return args
+    no_secret(*words)
+    if "INPUT" in words[4:6]:
+        code, said = launch_dry_run(words, monkeypatch, capsys)
+        assert code == 2 and "hf upload user/name INPUT --repo-type dataset" in said, said
+    hub = [{"INPUT": "user/scans", "OUTPUT": "user/scans-ocr"}.get(w, w) for w in words]
+    code, said = launch_dry_run(hub, monkeypatch, capsys)
+    assert code == 0 and "nothing was submitted" in said, said
+    entry = REGISTRY[script]
+    how = "run_uv_job" if load_script(script).IMAGE_HAS_UV else "run_job (install uv, fetch"
+    assert f"shard 0: {how}" in said and f"image={entry['image']}" in said
+    assert f"timeout={entry['timeout']}" in said and "secrets=HF_TOKEN (values not shown)" in said
+    assert "pages/s" in said  # the estimate: measured, or said not to be
+    no_secret(said)
+    return words[4:6] + words[8:]
 
 
 @pytest.mark.parametrize("script", ALL_SCRIPTS)
-def test_the_fail_fast_command_runs_as_printed(tmp_path, script):
+def test_the_fail_fast_command_runs_as_printed(tmp_path, script, monkeypatch, capsys):
     module = load_script(script)
     if script in OFFLINE_SCRIPTS and module.gpu_visible():
         pytest.skip("a GPU is visible: the offline script would run")
@@ -208,32 +206,33 @@ def test_the_fail_fast_command_runs_as_printed(tmp_path, script):
                      env={**NO_VLLM, "ACCELERATOR": "gpu"}, timeout=60)
     assert run.returncode == 2, run.stderr
     no_secret(run.stderr)
-    args = check_job(dry_run(printed_command(run.stderr)), script)
-    assert args[:2] == ["<your-user>/<input-dataset>", "<your-user>/<output-dataset>"]
+    args = check_job(printed_command(run.stderr), script, monkeypatch, capsys)
+    assert args[:2] == ["INPUT", "OUTPUT"]
     assert args[2:4] == ["--max-samples", "3"]
     if script in SERVER_SCRIPTS:
         assert args[4:] == ["--serve-args", "--max-num-seqs 8"]
     else:
         assert args[4:] == ["--llm-kwargs", '{"seed": 1}']
-    assert f"hf upload <your-user>/<input-dataset> {tmp_path / 'scans'} --repo-type dataset" \
-        in run.stderr
-    assert "OUTPUT must be a Hub dataset id" in run.stderr
-    assert "pages at the measured" in run.stderr or "no throughput was measured" in run.stderr
+    assert "ocr-jobs.py, the collection's launcher" in run.stderr and "--dry-run" in run.stderr
     if not module.IMAGE_HAS_UV:
         assert module.JOB_IMAGE in run.stderr.split("or locally:")[1]
         assert "install vLLM" not in run.stderr and "pip install vllm" not in run.stderr
 
 
-def test_a_jobs_flavor_is_kept_and_a_hub_input_and_output_too():
+def test_a_jobs_flavor_is_kept_and_a_hub_input_and_output_too(monkeypatch, capsys):
     run = run_script(OVIS, "user/scans", "user/scans-ocr", "--server", nowhere(), "--split", "test",
                      env={**NO_VLLM, "JOB_FLAVOR": "a100-large", "ACCELERATOR": "gpu"}, timeout=60)
     assert run.returncode == 2, run.stderr
-    args = check_job(dry_run(printed_command(run.stderr)), OVIS, flavor="a100-large")
-    assert args == ["user/scans", "user/scans-ocr", "--split", "test"]
+    words = printed_command(run.stderr)
+    assert words[4:] == ["user/scans", "user/scans-ocr", "--shards", "1", "--flavor", "a100-large",
+                         "--split", "test"]
+    code, said = launch_dry_run(words, monkeypatch, capsys)
+    assert code == 0 and "flavor=a100-large" in said and "user/scans user/scans-ocr --split test" \
+        in said, said
     assert "hf upload" not in run.stderr
 
 
-def test_the_cards_reproduce_command_runs_as_printed(tmp_path, stub_server):
+def test_the_cards_reproduce_command_runs_as_printed(tmp_path, stub_server, monkeypatch, capsys):
     stub = stub_server()
     write_image_folder(tmp_path / "in", 2)
     run = run_script(OVIS, str(tmp_path / "in"), str(tmp_path / "out"), "--server", stub.url,
@@ -242,10 +241,9 @@ def test_the_cards_reproduce_command_runs_as_printed(tmp_path, stub_server):
     assert run.returncode == 0, run.stderr
     card = (tmp_path / "out" / "README.md").read_text()
     block = card.split("Reproduce on Hugging Face Jobs:", 1)[1].split("```")[1]
-    args = check_job(dry_run(printed_command(block)), OVIS)
-    assert args == ["<your-user>/<input-dataset>", "<your-user>/<output-dataset>",
-                    "--serve-args", "--max-num-seqs 8"]
-    assert "hf upload <your-user>/<input-dataset>" in card
+    args = check_job(printed_command(block), OVIS, monkeypatch, capsys)
+    assert args == ["INPUT", "OUTPUT", "--serve-args", "--max-num-seqs 8"]
+    assert "ocr-jobs.py, the collection's launcher" in card
     no_secret(card, run.stderr, "".join(load_output(tmp_path / "out")["inference_info"]))
     info = json.loads(load_output(tmp_path / "out")["inference_info"][0])[0]
     assert "--api-key" in info["serve_args"] and "***" in info["serve_args"]
@@ -561,10 +559,53 @@ def test_a_server_behind_a_path_prefix_is_used(tmp_path, stub_server, suffix):
     assert load_output(tmp_path / "out").num_rows == 2 and len(stub.requests()) == 2
 
 
+def dry_run(words: list[str]) -> dict:
+    """`hf jobs ... --dry-run` of a printed command: the Job configuration it would submit."""
+    assert words[:2] == ["hf", "jobs"]
+    at = 4 if words[2] == "uv" else 3
+    run = subprocess.run([str(HF), *words[1:at], "--dry-run", *words[at:]], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1"})
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "Job not submitted" in run.stdout
+    config, key = {}, None
+    for line in run.stdout.splitlines():
+        match = re.match(r"^  (\S+)?\s+(.*)$", line)
+        if match:
+            key = match.group(1) or key
+            config.setdefault(key, []).append(match.group(2))
+    return {k: "\n".join(v) for k, v in config.items()}
+
+
+def check_hf_job(config: dict, script: str) -> list[str]:
+    """The checks the registry's `hf jobs run` command must pass; returns the script's arguments."""
+    entry, module = REGISTRY[script], load_script(script)
+    assert config["image"] == entry["image"]
+    assert config["flavor"].split()[0] == entry["flavor"]
+    assert config["timeout"].split()[0] == entry["timeout"]
+    assert config["secrets"].startswith("HF_TOKEN=")
+    if module.IMAGE_HAS_UV:
+        assert config["script"] == script
+        args = shlex.split(config["args"])
+    else:
+        assert config["env"] == f"SCRIPT_URL=<raw URL of {script}>"
+        inner = shlex.split(config["command"])
+        assert inner[:2] == ["bash", "-lc"]
+        assert inner[2].startswith('pip install -q uv && uv run "$SCRIPT_URL" ')
+        args = shlex.split(inner[2].split('"$SCRIPT_URL" ', 1)[1])
+    for word in args:
+        assert word not in ("--server", "--hf-token", "--api-key", "--work-dir", "--no-spawn")
+        assert str(ROOT) not in word and "/tmp" not in word
+    no_secret(*config.values())
+    return args
+
+
 def test_the_registrys_hpd_command_runs_as_printed():
+    """HPD-Parsing's image has no uv: models.json's `hf jobs run` command, checked through
+    `hf jobs run --dry-run`."""
     entry = REGISTRY["hpd-parsing-saturate.py"]
     words = shlex.split(entry["run_command"].replace("INPUT OUTPUT", "user/in user/out"))
-    args = check_job(dry_run(words), "hpd-parsing-saturate.py")
+    args = check_hf_job(dry_run(words), "hpd-parsing-saturate.py")
     assert args == ["user/in", "user/out"]
 
 
@@ -590,7 +631,7 @@ def test_check_only_counts_the_rows_and_leaves_a_new_output_absent(tmp_path, scr
     run = run_script(script, str(tmp_path / "in"), str(out), *server, "--check-only",
                      "--stats-json", str(stats), env=NO_VLLM, timeout=120)
     assert checked(run) == {"rows": 5}
-    assert "check passed: 5 rows" in run.stderr and "hf jobs" not in run.stderr
+    assert "check passed: 5 rows" in run.stderr and "ocr-jobs.py" not in run.stderr
     assert not out.exists() and not stats.exists()
     run = run_script(script, str(tmp_path / "in"), str(out), *server, "--check-only",
                      "--max-samples", "3", env=NO_VLLM, timeout=120)

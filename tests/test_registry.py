@@ -50,8 +50,6 @@ def test_entry_agrees_with_the_scripts_own_constants(script):
         assert not module.IMAGE_TAG_MOVING
     else:  # a vendor tag that moves must say so (HPD-Parsing's only tag is latest-nvidia-gpu)
         assert module.IMAGE_TAG_MOVING == ("latest" in entry["image"].split(":")[-1])
-    assert entry["flavor"] == module.DEFAULT_FLAVOR
-    assert entry["timeout"] == module.JOB_TIMEOUT
     assert entry["max_model_len"] == module.MAX_MODEL_LEN
     assert entry["max_tokens"] == module.DEFAULT_MAX_TOKENS
     assert entry["prefix_caching"] == module.PREFIX_CACHING
@@ -67,6 +65,7 @@ def test_entry_agrees_with_the_scripts_own_constants(script):
         assert jobs is None, "an image without uv cannot serve `hf jobs uv run`: no table"
         assert entry["image"] in entry["run_command"] and "pip install -q uv" in entry["run_command"]
         assert f"--timeout {entry['timeout']}" in entry["run_command"]
+        assert f"--flavor {entry['flavor']}" in entry["run_command"]
 
 
 @pytest.mark.parametrize("script", [s for s in ALL_SCRIPTS if load_script(s).IMAGE_HAS_UV])
