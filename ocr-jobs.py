@@ -603,6 +603,17 @@ def table(shards: list[Shard], now: float) -> str:
     return "\n".join(lines)
 
 
+def output_files(api: Api, output: str) -> list[str]:
+    """OUTPUT's files; none while no shard has created the repo yet (a Job's start can take
+    15 minutes: the image, the model)."""
+    try:
+        return api.call("list_repo_files", output, repo_type="dataset")
+    except Exception as exc:
+        if type(exc).__name__ == "RepositoryNotFoundError":
+            return []
+        raise
+
+
 def log_tail(api: Api, job) -> str:
     try:
         lines = list(api.jobs("fetch_job_logs", job_id=job.id, tail=20))
@@ -621,7 +632,7 @@ def watch(api: Api, ctx: dict, shards: list[Shard], poll_s: float) -> None:
     while True:
         try:
             jobs = {j.id: j for j in api.jobs("list_jobs", labels={LABEL: run_id})}
-            files = api.call("list_repo_files", output, repo_type="dataset")
+            files = output_files(api, output)
         except Exception as exc:  # a network blip: the Jobs run on, the next poll asks again
             unanswered += 1
             if unanswered > UNANSWERED_POLLS or http_status(exc) in (401, 403):
