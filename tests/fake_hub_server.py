@@ -103,7 +103,6 @@ class Job:
         self.labels = spec.get("labels") or {}
         self.created = time.time() - (STUCK_AGE_S if fault == "stuck" else 0)
         self.submitted = time.monotonic()
-        self.hold = max(server.scheduling_s, server.stuck_s if fault == "stuck" else 0)
         self.started = self.finished = None
         self.process: subprocess.Popen | None = None
         self.cancelled, self.message = False, None
@@ -116,7 +115,9 @@ class Job:
             if self.cancelled:
                 return "CANCELED"
             if self.process is None:
-                if time.monotonic() - self.submitted < self.hold:
+                hold = max(self.server.scheduling_s,
+                           self.server.stuck_s if self.fault == "stuck" else 0)
+                if time.monotonic() - self.submitted < hold:  # a test may hold every Job
                     return "SCHEDULING"
                 self.start()
             code = self.process.poll()

@@ -148,3 +148,87 @@ def test_a_run_over_three_jobs_writes_every_row_once(hub, stub_server, tmp_path)
     figures = json.loads(stats.read_text())
     assert figures["rows_done"] == figures["rows_total"] == 9 and figures["card_rows"] == 9
     assert figures["cost_usd"] is not None
+
+
+def wait_for(condition, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.1)
+
+
+def test_failed_stuck_and_incomplete_shards_are_finished(hub, stub_server):
+    """Shard 0's first Job dies (CUDA out of memory), shard 1's waits for a GPU 11 minutes,
+    shard 2's says COMPLETED and its last part never reached the Hub."""
+    fake, stub = hub(9), stub_server()
+    fake.server.job_faults.update({(0, 1): "fail", (1, 1): "stuck", (2, 1): "incomplete"})
+    code, out, err = fake.run(stub)
+    assert code == 0, err
+    fake.assert_output_complete()
+    assert fake.shard_jobs() == {"0": 2, "1": 1, "2": 2}
+    assert "CUDA out of memory" in err  # the failed Job's log tail, from the Jobs API's logs
+    assert "has been SCHEDULING for 11m" in err and "left queued" in err
+    assert not fake.server.calls("cancel_job")  # reported, not cancelled
+    incomplete = fake.server.jobs[2].id
+    assert f"shard 2: Job {incomplete} ended COMPLETED with 1 rows not written: submitting it " \
+           f"again (attempt 2 of 3)" in err
+    assert err.count("its log ends") == 1  # a Job that says it succeeded has no log to show
+
+
+def test_ctrl_c_leaves_the_jobs_and_the_same_command_adopts_them(hub, stub_server):
+    fake, stub = hub(4), stub_server()
+    fake.server.scheduling_s = 1e9  # the Jobs wait for a GPU until the test lets them run
+    first = fake.launcher(stub, shards=2)
+    wait_for(lambda: len(fake.server.jobs) == 2 and fake.server.calls("tree"))
+    time.sleep(0.5)
+    first.send_signal(2)  # SIGINT: Ctrl-C
+    out, err = first.communicate(timeout=60)
+    assert first.returncode == 130, err
+    ids = [job.id for job in fake.server.jobs]
+    assert f"interrupted: the Jobs keep running ({', '.join(ids)})" in err
+    assert not fake.server.calls("cancel_job")
+    fake.server.scheduling_s = 0.3
+    code, out, err = fake.run(stub, shards=2)  # its claim on OUTPUT went with it: adopted
+    assert code == 0, err
+    assert "adopting run" in err and len(fake.server.jobs) == 2  # nothing submitted again
+    fake.assert_output_complete()
+
+
+def test_a_second_launcher_on_the_same_output_exits_2_from_any_machine(hub, stub_server):
+    """The first launcher's claim is on the Hub, in OUTPUT's .ocr/: a second one exits 2 on
+    the same machine and on another (another HOME, no lock in common)."""
+    fake, stub = hub(4), stub_server()
+    fake.server.scheduling_s = 1e9
+    first = fake.launcher(stub, shards=2)
+    wait_for(lambda: len(fake.server.jobs) == 2)
+    run_id = fake.server.jobs[0].labels["ocr-jobs"]
+    for machine in ("laptop", "another-machine"):
+        code, out, err = fake.run(stub, shards=2, machine=machine)
+        assert code == 2 and f"another launcher is watching {OUTPUT} (run {run_id}" in err, err
+    # another run (other arguments) on the same OUTPUT, from anywhere: refused by its Jobs
+    code, out, err = fake.run(stub, "--max-tokens", "900", shards=2, machine="another-machine")
+    assert code == 2 and f"another launch (run {run_id}) has Jobs writing" in err, err
+    assert len(fake.server.jobs) == 2
+    fake.server.scheduling_s = 0.3
+    out, err = first.communicate(timeout=120)
+    assert first.returncode == 0, err
+    fake.assert_output_complete()
+    # the run is over: its claim went with it, and the same command finds nothing to do
+    code, out, err = fake.run(stub, shards=2, machine="another-machine")
+    assert code == 0, err
+    assert len(fake.server.jobs) == 2
+
+
+@pytest.mark.parametrize("jobs_status, whoami_status, expected", [
+    (402, None, "the Jobs API refuses this account (402"),
+    (403, None, "the Jobs API refuses this account (403"),
+    (None, 401, "the Hub refuses the token"),
+])
+def test_a_refused_account_is_stopped_before_any_job(hub, stub_server, jobs_status,
+                                                     whoami_status, expected):
+    fake = hub(4)
+    fake.server.refuse, fake.server.refuse_whoami = jobs_status, whoami_status
+    code, out, err = fake.run(stub_server(), shards=2)
+    assert code == 2 and expected in err, err
+    assert "Traceback" not in err
+    assert fake.server.jobs == [] and fake.server.repo("dataset", OUTPUT) is None
