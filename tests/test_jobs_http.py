@@ -5,9 +5,8 @@ Job a real process of the model script against the stub server, its input a data
 fake (a parquet pushed into it), the output read back with `datasets.load_dataset(OUTPUT)` by
 another process, as a user reads it.
 
-The faults of a real day, each carried by a test: 429 with Retry-After (test_a_run_...),
-a shard that fails once, one stuck in SCHEDULING, one whose Job succeeds with rows missing
-(test_failed_stuck_and_incomplete_...), Ctrl-C then adopt (test_ctrl_c_...), two launchers on
+The faults of a real day, each carried by a test: 429 with Retry-After, a shard that fails
+once, one stuck in SCHEDULING, one whose Job succeeds with rows missing (test_a_run_...), Ctrl-C then adopt (test_ctrl_c_...), two launchers on
 one output, on one machine and on two (test_a_second_launcher_...), a refused account
 (test_a_refused_account_...)."""
 
@@ -127,29 +126,6 @@ def hub(tmp_path):
         one.server.stop()
 
 
-def test_a_run_over_three_jobs_writes_every_row_once(hub, stub_server, tmp_path):
-    """The whole path over HTTP. The Hub answers 429 with Retry-After to the first two listings
-    of Jobs (huggingface_hub waits and asks again) and to the first submission (the launcher
-    waits as the Hub says, and submits again)."""
-    fake, stub = hub(9), stub_server()
-    fake.server.throttle.update({"list_jobs": 2, "run_job": 1})
-    stats = tmp_path / "stats.json"
-    code, out, err = fake.run(stub, "--stats-json", str(stats))
-    assert code == 0, err
-    fake.assert_output_complete()
-    assert fake.shard_jobs() == {"0": 1, "1": 1, "2": 1}
-    assert err.count("HTTP Error 429 thrown while requesting GET") == 2  # huggingface_hub's wait
-    assert "answered 429 to run_uv_job: waiting 1 s" in err  # the Hub's Retry-After, honoured
-    spec = fake.server.jobs[0].spec
-    assert spec["dockerImage"] == "vllm/vllm-openai:v0.26.0" and spec["flavor"] == "l4x1"
-    assert spec["timeoutSeconds"] == 4 * 3600 and spec["attempts"] == 1
-    assert spec["secrets"] == {"HF_TOKEN": TOKEN} and TOKEN not in json.dumps(spec["command"])
-    assert spec["command"][:3] == ["uv", "run", f"/data/{SCRIPT}"]
-    figures = json.loads(stats.read_text())
-    assert figures["rows_done"] == figures["rows_total"] == 9 and figures["card_rows"] == 9
-    assert figures["cost_usd"] is not None
-
-
 def wait_for(condition, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
@@ -157,15 +133,23 @@ def wait_for(condition, timeout: float = 60.0) -> None:
         time.sleep(0.1)
 
 
-def test_failed_stuck_and_incomplete_shards_are_finished(hub, stub_server):
-    """Shard 0's first Job dies (CUDA out of memory), shard 1's waits for a GPU 11 minutes,
-    shard 2's says COMPLETED and its last part never reached the Hub."""
+def test_a_run_over_three_jobs_finishes_failed_stuck_and_incomplete_shards(hub, stub_server,
+                                                                          tmp_path):
+    """The whole path over HTTP, and the faults of a real day: the Hub answers 429 with
+    Retry-After to the first two listings of Jobs (huggingface_hub waits and asks again) and to
+    the first submission (the launcher waits as the Hub says, and submits again); shard 0's first
+    Job dies (CUDA out of memory), shard 1's waits for a GPU 11 minutes, shard 2's says
+    COMPLETED and its last part never reached the Hub."""
     fake, stub = hub(9), stub_server()
+    fake.server.throttle.update({"list_jobs": 2, "run_job": 1})
     fake.server.job_faults.update({(0, 1): "fail", (1, 1): "stuck", (2, 1): "incomplete"})
-    code, out, err = fake.run(stub)
+    stats = tmp_path / "stats.json"
+    code, out, err = fake.run(stub, "--stats-json", str(stats))
     assert code == 0, err
     fake.assert_output_complete()
     assert fake.shard_jobs() == {"0": 2, "1": 1, "2": 2}
+    assert err.count("HTTP Error 429 thrown while requesting GET") == 2  # huggingface_hub's wait
+    assert "answered 429 to run_uv_job: waiting 1 s" in err  # the Hub's Retry-After, honoured
     assert "CUDA out of memory" in err  # the failed Job's log tail, from the Jobs API's logs
     assert "has been SCHEDULING for 11m" in err and "left queued" in err
     assert not fake.server.calls("cancel_job")  # reported, not cancelled
@@ -173,6 +157,14 @@ def test_failed_stuck_and_incomplete_shards_are_finished(hub, stub_server):
     assert f"shard 2: Job {incomplete} ended COMPLETED with 1 rows not written: submitting it " \
            f"again (attempt 2 of 3)" in err
     assert err.count("its log ends") == 1  # a Job that says it succeeded has no log to show
+    spec = fake.server.jobs[0].spec
+    assert spec["dockerImage"] == "vllm/vllm-openai:v0.26.0" and spec["flavor"] == "l4x1"
+    assert spec["timeoutSeconds"] == 4 * 3600 and spec["attempts"] == 1
+    assert spec["secrets"] == {"HF_TOKEN": TOKEN} and TOKEN not in json.dumps(spec["command"])
+    assert spec["command"][:3] == ["uv", "run", f"/data/{SCRIPT}"]  # the upload, mounted
+    figures = json.loads(stats.read_text())
+    assert figures["rows_done"] == figures["rows_total"] == 9 and figures["card_rows"] == 9
+    assert figures["cost_usd"] is not None and figures["shards_failed"] == []
 
 
 def test_ctrl_c_leaves_the_jobs_and_the_same_command_adopts_them(hub, stub_server):
@@ -213,10 +205,6 @@ def test_a_second_launcher_on_the_same_output_exits_2_from_any_machine(hub, stub
     out, err = first.communicate(timeout=120)
     assert first.returncode == 0, err
     fake.assert_output_complete()
-    # the run is over: its claim went with it, and the same command finds nothing to do
-    code, out, err = fake.run(stub, shards=2, machine="another-machine")
-    assert code == 0, err
-    assert len(fake.server.jobs) == 2
 
 
 @pytest.mark.parametrize("jobs_status, whoami_status, expected", [
@@ -232,3 +220,43 @@ def test_a_refused_account_is_stopped_before_any_job(hub, stub_server, jobs_stat
     assert code == 2 and expected in err, err
     assert "Traceback" not in err
     assert fake.server.jobs == [] and fake.server.repo("dataset", OUTPUT) is None
+
+
+def test_watching_50_shards_sends_two_requests_a_poll(hub, stub_server):
+    """Counted at the Hub: every request the launcher sends while it watches 50 shards (their
+    Jobs waiting for GPUs), from its last submission to Ctrl-C. Each poll is one listing of the
+    run's Jobs and one of OUTPUT's files: at the default poll (30 s), 4 requests a minute."""
+    fake = hub(50)
+    fake.server.scheduling_s = 1e9
+    launcher = fake.launcher(stub_server(), shards=50)
+    wait_for(lambda: len(fake.server.jobs) == 50, timeout=120)
+    submitted = fake.server.calls("run_job")[-1][0]
+    wait_for(lambda: len(fake.server.calls("list_jobs", since=submitted)) >= 10)
+    stop = time.monotonic()
+    launcher.send_signal(2)
+    out, err = launcher.communicate(timeout=60)
+    assert launcher.returncode == 130, err
+    watching = [r for r in fake.server.calls(since=submitted + 1e-6) if r[0] < stop]
+    polls = sum(r[2] == "list_jobs" for r in watching)
+    routes = sorted({r[2] for r in watching})
+    assert routes == ["list_jobs", "tree"] and len(watching) <= 2 * polls + 1, routes
+    per_submission = len([r for r in fake.server.requests if r[0] <= submitted and r[2] in (
+        "create_bucket", "xet_token", "bucket_batch", "run_job", "whoami")]) / 50
+    print(f"\nwatching 50 shards over HTTP: {len(watching)} requests in {polls} polls "
+          f"({len(watching) / polls:.2f} a poll: {2 * len(watching) / polls:.1f} a minute at the "
+          f"default 30 s poll); {per_submission:.2f} requests a submission", file=sys.__stderr__)
+
+
+def test_dry_run_over_http(hub):
+    """HPD-Parsing (no uv in its image, no [tool.hf-jobs] header): its own check runs against
+    the Hub (`uv run SCRIPT ... --check-only`) and counts the rows; nothing is submitted, nothing
+    written. (Every other test runs ovis-ocr2-server.py's check.)"""
+    fake, script = hub(4), "hpd-parsing-saturate.py"
+    code, out, err = fake.run(None, "--dry-run", shards=2, script=script)
+    assert code == 0, err
+    assert out.count(f"shard 1: run") == 1 and "--num-shards 2 --shard-index 1" in out
+    assert "nothing was submitted" in out and TOKEN not in out + err
+    assert fake.server.jobs == [] and fake.server.repo("dataset", OUTPUT) is None
+    assert not fake.server.calls("commit") and not fake.server.calls("whoami")
+    print(f"\n$ ocr-jobs.py {script} {INPUT} {OUTPUT} --shards 2 --dry-run\n{out}",
+          file=sys.__stderr__)
