@@ -171,8 +171,11 @@ def test_ctrl_c_leaves_the_jobs_and_the_same_command_adopts_them(hub, stub_serve
     fake, stub = hub(4), stub_server()
     fake.server.scheduling_s = 1e9  # the Jobs wait for a GPU until the test lets them run
     first = fake.launcher(stub, shards=2)
-    wait_for(lambda: len(fake.server.jobs) == 2 and fake.server.calls("tree"))
-    time.sleep(0.5)
+    wait_for(lambda: len(fake.server.jobs) == 2)
+    submitted = fake.server.calls("run_job")[-1][0]
+    # more than ten polls while no Job has started: the watch goes on (it gave up, taking the
+    # OUTPUT that no shard had created yet for a Hub that did not answer)
+    wait_for(lambda: len(fake.server.calls("list_jobs", since=submitted)) > 12)
     first.send_signal(2)  # SIGINT: Ctrl-C
     out, err = first.communicate(timeout=60)
     assert first.returncode == 130, err
