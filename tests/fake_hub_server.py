@@ -404,7 +404,8 @@ class Handler(BaseHTTPRequestHandler):
              content_type: str = "application/json") -> None:
         self.status = status
         self.send_response(status)
-        headers = {"Content-Type": content_type, "Content-Length": str(len(body)), **(headers or {})}
+        headers = {"Content-Type": content_type, "Content-Length": str(len(body)),
+                   **(headers or {})}
         for key, value in headers.items():
             self.send_header(key, value)
         self.end_headers()

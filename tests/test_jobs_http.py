@@ -5,10 +5,11 @@ Job a real process of the model script against the stub server, its input a data
 fake (a parquet pushed into it), the output read back with `datasets.load_dataset(OUTPUT)` by
 another process, as a user reads it.
 
-The faults of a real day, each carried by a test: 429 with Retry-After, a shard that fails
-once, one stuck in SCHEDULING, one whose Job succeeds with rows missing (test_a_run_...), Ctrl-C then adopt (test_ctrl_c_...), two launchers on
-one output, on one machine and on two (test_a_second_launcher_...), a refused account
-(test_a_refused_account_...)."""
+The faults of a real day: 429 with Retry-After, a shard that fails once, one stuck in
+SCHEDULING, one whose Job succeeds with rows missing (test_a_run_...); two launchers on one
+output, on one machine and on two, then Ctrl-C and adopt (test_a_second_launcher_...); a refused
+account (test_a_refused_account_...). The requests a poll while watching 50 shards are counted
+at the Hub (test_watching_50_...)."""
 
 from __future__ import annotations
 
@@ -93,7 +94,8 @@ class Hub:
     def load_output(self) -> dict:
         """`datasets.load_dataset(OUTPUT)` in a process of its own, as a user calls it."""
         code = ("import datasets, json; ds = datasets.load_dataset(%r, split='train'); "
-                "print(json.dumps({'row_id': list(ds['row_id']), 'markdown': list(ds['markdown'])}))"
+                "print(json.dumps({'row_id': list(ds['row_id']), "
+                "'markdown': list(ds['markdown'])}))"
                 % OUTPUT)
         done = subprocess.run([sys.executable, "-c", code], env=self.env("reader"),
                               capture_output=True, text=True, timeout=120)
@@ -167,15 +169,30 @@ def test_a_run_over_three_jobs_finishes_failed_stuck_and_incomplete_shards(hub, 
     assert figures["cost_usd"] is not None and figures["shards_failed"] == []
 
 
-def test_ctrl_c_leaves_the_jobs_and_the_same_command_adopts_them(hub, stub_server):
+def test_a_second_launcher_exits_2_and_ctrl_c_leaves_the_jobs_to_adopt(hub, stub_server):
+    """While a launcher watches (its Jobs waiting for GPUs longer than ten polls): a second
+    launcher on its OUTPUT exits 2 naming its run, on the same machine and on another (another
+    HOME, no lock in common: the claim is on the Hub, in OUTPUT's .ocr/), and so does another
+    run (other arguments) by its Jobs. Ctrl-C leaves the Jobs running and names them; the same
+    command, from the other machine, adopts them and submits nothing."""
     fake, stub = hub(4), stub_server()
     fake.server.scheduling_s = 1e9  # the Jobs wait for a GPU until the test lets them run
     first = fake.launcher(stub, shards=2)
     wait_for(lambda: len(fake.server.jobs) == 2)
+    run_id = fake.server.jobs[0].labels["ocr-jobs"]
     submitted = fake.server.calls("run_job")[-1][0]
     # more than ten polls while no Job has started: the watch goes on (it gave up, taking the
     # OUTPUT that no shard had created yet for a Hub that did not answer)
     wait_for(lambda: len(fake.server.calls("list_jobs", since=submitted)) > 12)
+    others = [fake.launcher(stub, shards=2, machine="laptop"),
+              fake.launcher(stub, shards=2, machine="another-machine"),
+              fake.launcher(stub, "--max-tokens", "900", shards=2, machine="another-machine")]
+    errs = [other.communicate(timeout=120)[1] for other in others]
+    assert [other.returncode for other in others] == [2, 2, 2], errs
+    for err in errs[:2]:
+        assert f"another launcher is watching {OUTPUT} (run {run_id}" in err, err
+    assert f"another launch (run {run_id}) has Jobs writing" in errs[2], errs[2]
+    assert len(fake.server.jobs) == 2
     first.send_signal(2)  # SIGINT: Ctrl-C
     out, err = first.communicate(timeout=60)
     assert first.returncode == 130, err
@@ -183,30 +200,9 @@ def test_ctrl_c_leaves_the_jobs_and_the_same_command_adopts_them(hub, stub_serve
     assert f"interrupted: the Jobs keep running ({', '.join(ids)})" in err
     assert not fake.server.calls("cancel_job")
     fake.server.scheduling_s = 0.3
-    code, out, err = fake.run(stub, shards=2)  # its claim on OUTPUT went with it: adopted
-    assert code == 0, err
-    assert "adopting run" in err and len(fake.server.jobs) == 2  # nothing submitted again
-    fake.assert_output_complete()
-
-
-def test_a_second_launcher_on_the_same_output_exits_2_from_any_machine(hub, stub_server):
-    """The first launcher's claim is on the Hub, in OUTPUT's .ocr/: a second one exits 2 on
-    the same machine and on another (another HOME, no lock in common)."""
-    fake, stub = hub(4), stub_server()
-    fake.server.scheduling_s = 1e9
-    first = fake.launcher(stub, shards=2)
-    wait_for(lambda: len(fake.server.jobs) == 2)
-    run_id = fake.server.jobs[0].labels["ocr-jobs"]
-    for machine in ("laptop", "another-machine"):
-        code, out, err = fake.run(stub, shards=2, machine=machine)
-        assert code == 2 and f"another launcher is watching {OUTPUT} (run {run_id}" in err, err
-    # another run (other arguments) on the same OUTPUT, from anywhere: refused by its Jobs
-    code, out, err = fake.run(stub, "--max-tokens", "900", shards=2, machine="another-machine")
-    assert code == 2 and f"another launch (run {run_id}) has Jobs writing" in err, err
-    assert len(fake.server.jobs) == 2
-    fake.server.scheduling_s = 0.3
-    out, err = first.communicate(timeout=120)
-    assert first.returncode == 0, err
+    code, out, err = fake.run(stub, shards=2, machine="another-machine")
+    assert code == 0, err  # the first's claim on OUTPUT went with it: adopted at once
+    assert f"adopting run {run_id}" in err and len(fake.server.jobs) == 2  # nothing resubmitted
     fake.assert_output_complete()
 
 
@@ -257,7 +253,7 @@ def test_dry_run_over_http(hub):
     fake, script = hub(4), "hpd-parsing-saturate.py"
     code, out, err = fake.run(None, "--dry-run", shards=2, script=script)
     assert code == 0, err
-    assert out.count(f"shard 1: run") == 1 and "--num-shards 2 --shard-index 1" in out
+    assert out.count("shard 1: run") == 1 and "--num-shards 2 --shard-index 1" in out
     assert "nothing was submitted" in out and TOKEN not in out + err
     assert fake.server.jobs == [] and fake.server.repo("dataset", OUTPUT) is None
     assert not fake.server.calls("commit") and not fake.server.calls("whoami")
