@@ -159,6 +159,8 @@ def test_a_run_over_three_jobs_finishes_failed_stuck_and_incomplete_shards(hub, 
     assert f"shard 2: Job {incomplete} ended COMPLETED with 1 rows not written: submitting it " \
            f"again (attempt 2 of 3)" in err
     assert err.count("its log ends") == 1  # a Job that says it succeeded has no log to show
+    shard_log = fake.server.jobs[1].log.read_text()  # the Hub the rows went to is HF_ENDPOINT's
+    assert f"-> {fake.server.url}/datasets/{OUTPUT} (exit 0)" in shard_log, shard_log
     spec = fake.server.jobs[0].spec
     assert spec["dockerImage"] == "vllm/vllm-openai:v0.26.0" and spec["flavor"] == "l4x1"
     assert spec["timeoutSeconds"] == 4 * 3600 and spec["attempts"] == 1
