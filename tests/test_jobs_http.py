@@ -166,6 +166,13 @@ def test_a_run_over_three_jobs_finishes_failed_stuck_and_incomplete_shards(hub, 
     assert spec["timeoutSeconds"] == 4 * 3600 and spec["attempts"] == 1
     assert spec["secrets"] == {"HF_TOKEN": TOKEN} and TOKEN not in json.dumps(spec["command"])
     assert spec["command"][:3] == ["uv", "run", f"/data/{SCRIPT}"]  # the upload, mounted
+    args = spec["command"][3:]
+    assert args[:2] == [INPUT, OUTPUT]  # every shard reads the input at the revision resolved
+    assert args[args.index("--revision") + 1] == fake.server.repo("dataset", INPUT).sha
+    assert spec["labels"]["name"] == "ocr-ovis-ocr2-server-0-of-3"
+    assert {job.labels["ocr-shard"] for job in fake.server.jobs} == {"0", "1", "2"}
+    assert len({job.labels["ocr-jobs"] for job in fake.server.jobs}) == 1  # one run id
+    assert "9/9 rows" in err
     figures = json.loads(stats.read_text())
     assert figures["rows_done"] == figures["rows_total"] == 9 and figures["card_rows"] == 9
     assert figures["cost_usd"] is not None and figures["shards_failed"] == []
