@@ -255,6 +255,36 @@ def test_a_poll_the_hub_does_not_answer_is_asked_again(launcher, hub, stub_serve
     assert_output_complete(jobs)
 
 
+def test_a_claim_left_on_output_refuses_until_it_expires_or_its_launcher_is_gone(
+        launcher, hub, stub_server, monkeypatch, capsys):
+    """The claim of the launcher watching OUTPUT (.ocr/launcher/watching.json, on the Hub):
+    another machine's refuses the run, naming its run and until when; an expired one, or one
+    left by a launcher killed on this machine (kill -9: its pid is gone), is taken over."""
+    import socket
+
+    jobs, stub = hub(4), stub_server()
+    with_rows(launcher, monkeypatch, 4)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    path = jobs.root / OUTPUT / ".ocr" / "launcher" / "watching.json"
+    path.parent.mkdir(parents=True)
+    claim = {"run": "20260101-000000-abcdef", "host": "another-machine", "pid": dead.pid,
+             "id": "theirs", "since": time.time(), "until": time.time() + 600}
+    path.write_text(json.dumps(claim))
+    assert launch(launcher, jobs, stub, shards=2) == 2
+    err = capsys.readouterr().err
+    assert f"another launcher is watching {OUTPUT} (run 20260101-000000-abcdef, pid " \
+           f"{dead.pid} on another-machine)" in err and f"holds {OUTPUT} until" in err
+    assert jobs.submitted == []
+    path.write_text(json.dumps({**claim, "until": time.time() - 1}))  # expired
+    assert launch(launcher, jobs, stub, shards=2) == 0
+    assert not path.exists()  # this launcher's own claim went when it stopped
+    assert_output_complete(jobs)
+    path.write_text(json.dumps({**claim, "host": socket.gethostname()}))  # killed here
+    assert launch(launcher, jobs, stub, shards=2) == 0
+    assert "adopting run" in capsys.readouterr().err and len(jobs.submitted) == 2
+
+
 def test_cancel_cancels_every_job_of_the_run(launcher, hub, stub_server, monkeypatch, capsys):
     jobs, stub = hub(4, hold=30.0), stub_server()
     with_rows(launcher, monkeypatch, 4)
