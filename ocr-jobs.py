@@ -560,8 +560,7 @@ def ship_script(api: Api, script: Path, output: str) -> str:
     scripts allow there), and the URL names the commit, so every shard runs the same bytes."""
     from huggingface_hub import CommitOperationAdd, constants
 
-    api.call("create_repo", output, repo_type="dataset", exist_ok=True)
-    info = api.call("create_commit", output, repo_type="dataset",
+    info = api.call("create_commit", output, repo_type="dataset",  # (the lease created OUTPUT)
                     operations=[CommitOperationAdd(path_in_repo=f".ocr/launcher/{script.name}",
                                                    path_or_fileobj=str(script))],
                     commit_message=f"ocr-jobs.py: the script the Jobs run ({script.name})")
@@ -902,7 +901,8 @@ def launch(args, script_args: list[str], hf_api) -> int:
 
         ctx["submit"] = submit_shard
         if adopted:
-            for job in sorted(api.jobs("list_jobs", labels={LABEL: run_id}), key=created):
+            for job in sorted((j for j in on_output if job_label(j, LABEL) == run_id),
+                              key=created):
                 index = job_label(job, "ocr-shard")
                 if index is not None and index.isdigit() and int(index) < len(shards):
                     shards[int(index)].jobs.append(job)
