@@ -4,9 +4,10 @@ commit), the Jobs API's (run, list by label, inspect, cancel, logs, hardware) an
 local script of `run_uv_job` is shipped in. Routes, payloads and headers are huggingface_hub's
 (the version tests/requirements.txt installs), read from its source.
 
-A Job runs as a real process of the model script (`python SCRIPT ARGS`, the env it asks for,
-HF_ENDPOINT pointing back here, HOME an empty disk of its own); its stage follows the process:
-SCHEDULING, RUNNING, then COMPLETED or ERROR. Faults a test sets on the server:
+A Job runs as a real process of the model script (`python SCRIPT ARGS`: the script run_uv_job
+uploaded, or the one run_job's command fetches by URL for an image without uv; the env the Job
+asks for, HF_ENDPOINT pointing back here, HOME an empty disk of its own); its stage follows the
+process: SCHEDULING, RUNNING, then COMPLETED or ERROR. Faults a test sets on the server:
 
     server.throttle["list_jobs"] = 2     # the first 2 calls of that route answer 429
     server.job_faults[(1, 1)] = "fail"   # shard 1's first Job dies (CUDA out of memory)
@@ -266,6 +267,8 @@ class FakeHubServer:
         """What the Job's image would run, here: `uv run /data/SCRIPT ARGS` (run_uv_job, the
         script uploaded to the bucket mounted at /data) as `python SCRIPT ARGS`."""
         command = list(job.spec["command"])
+        if command[:2] == ["bash", "-lc"]:
+            return self.install_command(job, command[2])
         if command[:2] != ["uv", "run"]:
             return ["sh", "-c", f"echo 'this fake runs uv run Jobs only: {shlex.join(command)}'"
                                 f" >&2; exit 127"]
@@ -282,6 +285,19 @@ class FakeHubServer:
                 return ["sh", "-c", f"echo '{script}: not the uploaded {name}' >&2; exit 2"]
             script = str(local)
         return [sys.executable, script, *args]
+
+    def install_command(self, job: Job, line: str) -> list[str]:
+        """An image without uv (run_job): `pip install -q uv && python3 -c FETCH && uv run
+        /tmp/SCRIPT ARGS`, here the fetch as written (the script by its URL, with the token),
+        into the Job's own disk, then `python SCRIPT ARGS`; no pip, no uv."""
+        words = shlex.split(line)
+        fetch = words[words.index("-c") + 1]
+        run = next(i for i in range(len(words) - 1) if words[i:i + 2] == ["uv", "run"])
+        script, args = words[run + 2], words[run + 3:]
+        local = str(job.home / Path(script).name)
+        python = shlex.quote(sys.executable)
+        return ["sh", "-c", f"{python} -c {shlex.quote(fetch.replace(script, local))} && "
+                            f"exec {python} {shlex.quote(local)} {shlex.join(args)}"]
 
     def submit_job(self, spec: dict) -> Job:
         with self.lock:

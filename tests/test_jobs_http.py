@@ -268,3 +268,28 @@ def test_dry_run_over_http(hub):
     assert not fake.server.calls("commit") and not fake.server.calls("whoami")
     print(f"\n$ ocr-jobs.py {script} {INPUT} {OUTPUT} --shards 2 --dry-run\n{out}",
           file=sys.__stderr__)
+
+
+def test_hpd_parsing_runs_the_script_shipped_into_output(hub, stub_server, tmp_path):
+    """HPD-Parsing's image has no uv: the launcher ships the script into OUTPUT's .ocr/launcher/
+    and submits run_job with the install command; each Job fetches the script by its URL (the
+    commit it was shipped in) with the token, and runs it."""
+    from test_postprocessing import HPD_OUTPUT
+
+    script = "hpd-parsing-saturate.py"
+    (tmp_path / "answer.txt").write_text(HPD_OUTPUT, encoding="utf-8")
+    fake = hub(4)
+    stub = stub_server("--model", "HPD-Parsing", "--answer-file", str(tmp_path / "answer.txt"))
+    code, out, err = fake.run(stub, "--no-sanity-check", shards=2, script=script)
+    assert code == 0, err
+    ds = fake.load_output()
+    assert ds["row_id"] == [0, 1, 2, 3] and all(ds["markdown"])
+    spec = fake.server.jobs[0].spec
+    assert spec["dockerImage"].endswith("/hpd-parsing-vllm:latest-nvidia-gpu")
+    assert spec["command"][:2] == ["bash", "-lc"] and "pip install -q uv" in spec["command"][2]
+    assert spec["secrets"] == {"HF_TOKEN": TOKEN} and TOKEN not in json.dumps(spec["command"])
+    url = spec["environment"]["SCRIPT_URL"]
+    assert url.startswith(f"{fake.server.url}/datasets/{OUTPUT}/resolve/")
+    commit = url.split("/resolve/")[1].split("/")[0]
+    shipped = fake.server.repo("dataset", OUTPUT).files(commit)[f".ocr/launcher/{script}"]
+    assert shipped == (ROOT / script).read_bytes()
