@@ -193,6 +193,7 @@ class FakeHubServer:
         self.refuse: int | None = None
         self.refuse_whoami: int | None = None
         self.scheduling_s, self.stuck_s = 0.3, 3.0
+        self.rows = 0  # the input's rows: the "incomplete" fault finds a shard's parts by them
         self.lock = threading.RLock()
         self.httpd: ThreadingHTTPServer | None = None
         self.url = ""
@@ -249,8 +250,7 @@ class FakeHubServer:
         n, i = (int(args[args.index(flag) + 1]) for flag in ("--num-shards", "--shard-index"))
         repo = next(r for (k, rid), r in self.repos.items() if k == "dataset" and
                     rid in args and any(p.startswith("data/part-") for p in r.files(None)))
-        rows = self.rows
-        lo, hi = rows * i // n, rows * (i + 1) // n
+        lo, hi = self.rows * i // n, self.rows * (i + 1) // n
         with self.lock:
             files = dict(repo.files(None))
             mine = sorted(p for p in files if p.startswith("data/part-")
@@ -258,8 +258,6 @@ class FakeHubServer:
             del files[mine[-1]]
             repo.commit(files)
             self.mirror(repo)
-
-    rows = 0  # the input's rows (the "incomplete" fault finds the shard's parts by them)
 
     # ------------------------------------------------------------------ jobs
 
