@@ -2347,8 +2347,10 @@ class OutputStore:
             self.upload_failures.append("README.md")
 
     def location(self) -> str:
+        from huggingface_hub import constants  # HF_ENDPOINT's Hub, where the rows go
+
         return str(self.root) if self.kind == "local" else \
-            f"https://huggingface.co/datasets/{self.target}"
+            f"{constants.ENDPOINT}/datasets/{self.target}"
 
 
 class PartWriter:

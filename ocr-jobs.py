@@ -42,7 +42,8 @@ script resumes where it stopped); a Job that stays SCHEDULING for 10 minutes is 
 
 Ctrl-C leaves the Jobs running and prints their ids: the same command again adopts them and
 submits only what is missing; `--cancel` cancels every Job of the run. A second launcher on the
-same OUTPUT exits 2, naming the first's run id.
+same OUTPUT, from this machine or another, exits 2, naming the first's run id: the launcher
+watching OUTPUT holds a claim in its `.ocr/launcher/` on the Hub.
 
 Exit status: 0 every shard's rows are written; 1 shards still missing rows after
 --max-attempts (named, with what to do), or the watch stopped on the Hub's errors (the Jobs
@@ -78,6 +79,8 @@ CHECK_COMMAND = ["uv", "run", "--quiet"]  # how the script's own check is run he
 ENDED = {"COMPLETED", "ERROR", "CANCELED", "DELETED"}
 EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
 LAUNCHER_OPTIONS_NOT_PASSED = ("--restart", "--num-shards", "--shard-index")
+LEASE = ".ocr/launcher/watching.json"  # which launcher watches OUTPUT (LauncherLease)
+LEASE_S = 15 * 60  # a claim not renewed for this long is a launcher that died
 LABEL = "ocr-jobs"  # label keys: ocr-jobs (run id), ocr-output, ocr-shard, ocr-script, ocr-run
 
 
@@ -305,15 +308,18 @@ def hub_token(args) -> str | None:
     return get_token()
 
 
-def check_account(api: Api) -> str:
-    """Who runs the Jobs: a token the Hub refuses, or an account without Jobs, stops here."""
+def check_account(api: Api, output: str) -> list:
+    """Who runs the Jobs: a token the Hub refuses, or an account without Jobs, stops here. The
+    Jobs API is asked for OUTPUT's Jobs (find_run reads them); every later call names the
+    namespace (huggingface_hub asks whoami before each Jobs call that does not)."""
     try:
         user = api.call("whoami")
     except Exception as exc:
         raise UsageError(f"the Hub refuses the token ({type(exc).__name__}: {str(exc)[:200]}): "
                          f"log in again (hf auth login) or pass --hf-token") from None
+    api.namespace = api.namespace or user.get("name")
     try:  # the Jobs API itself: an account without Jobs (no credit, no plan) answers 402/403
-        next(iter(api.jobs("list_jobs", labels={LABEL: "none"})), None)
+        return output_jobs(api, output)
     except Exception as exc:
         status = http_status(exc)
         if status in (401, 402, 403):
@@ -321,7 +327,6 @@ def check_account(api: Api) -> str:
                              f"{str(exc).splitlines()[0][:200]}): Jobs need a payment method or "
                              f"a plan with Jobs (huggingface.co/settings/billing)") from None
         raise
-    return api.namespace or user.get("name")
 
 
 # ---------------------------------------------------------------------------- the check
@@ -435,10 +440,9 @@ def output_jobs(api: Api, output: str) -> list:
     return list(api.jobs("list_jobs", labels={"ocr-output": slug(output)}))
 
 
-def find_run(api: Api, args, fingerprint: str) -> str | None:
-    """The run id of this command's Jobs still on record (to adopt); refuses when another
-    run's Jobs are writing OUTPUT."""
-    jobs = output_jobs(api, args.output)
+def find_run(jobs: list, args, fingerprint: str) -> str | None:
+    """The run id of this command's Jobs still on record among OUTPUT's Jobs (to adopt);
+    refuses when another run's Jobs are writing OUTPUT."""
     others = sorted({job_label(j, LABEL) for j in jobs if stage(j) not in ENDED
                      and job_label(j, "ocr-run") != fingerprint} - {None})
     if others:
@@ -449,28 +453,92 @@ def find_run(api: Api, args, fingerprint: str) -> str | None:
     return job_label(ours[-1], LABEL) if ours else None
 
 
-class LauncherLock:
-    """One launcher per OUTPUT on this machine: an OS lock, released however it ends."""
+class LauncherLease:
+    """One launcher watches an OUTPUT, from whatever machine: a claim in OUTPUT's .ocr/ on the
+    Hub (run id, host, pid, until when), written with the head it read as parent (two launchers
+    at once: one commit is refused, and that launcher reads the other's claim), renewed while it
+    watches, deleted when it stops, Ctrl-C included. A launcher killed without a word holds
+    OUTPUT until its claim expires, or at once on its own machine, where its pid is gone."""
 
-    def __init__(self, output: str, run_id: str):
-        import fcntl
+    def __init__(self, api: Api, output: str, run_id: str, private: bool):
+        import socket
+        import uuid
 
-        folder = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "ocr-jobs"
-        folder.mkdir(parents=True, exist_ok=True)
-        self.path = folder / f"{slug(output)}.lock"
-        self.handle = open(self.path, "a+")
+        self.api, self.output, self.run_id = api, output, run_id
+        self.claim = {"run": run_id, "host": socket.gethostname(), "pid": os.getpid(),
+                      "id": uuid.uuid4().hex, "since": time.time()}
+        self.renewed = 0.0
+        api.call("create_repo", output, repo_type="dataset", exist_ok=True,
+                 private=private or None)  # as the script would: its --private kept
+        for attempt in range(5):
+            head = api.call("repo_info", output, repo_type="dataset").sha
+            holder = self.holder()
+            if holder is not None:
+                until = time.strftime("%H:%M UTC", time.gmtime(holder["until"]))
+                raise UsageError(
+                    f"another launcher is watching {output} (run {holder['run']}, pid "
+                    f"{holder['pid']} on {holder['host']}): wait for it, or stop it (Ctrl-C "
+                    f"leaves its Jobs running) and rerun this command to adopt them; a launcher "
+                    f"that died without a word holds {output} until {until}")
+            try:
+                self.write(parent=head)
+                return
+            except Exception as exc:
+                if http_status(exc) != 412 or attempt == 4:  # 412: the head moved meanwhile
+                    raise
+
+    def holder(self) -> dict | None:
+        """The claim of another launcher that is still watching, if any."""
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as folder:
+            try:  # one call: no claim is a file not found
+                path = self.api.call("hf_hub_download", self.output, LEASE, repo_type="dataset",
+                                     local_dir=folder)
+                claim = json.loads(Path(path).read_text())
+            except Exception:
+                return None
+        if claim.get("id") == self.claim["id"] or claim.get("until", 0) < time.time():
+            return None
+        if claim.get("host") == self.claim["host"]:
+            try:
+                os.kill(int(claim["pid"]), 0)
+            except ProcessLookupError:
+                return None  # killed on this machine: its claim goes with it
+            except (OSError, ValueError, KeyError):
+                pass
+        return claim
+
+    def write(self, parent: str | None = None) -> None:
+        from huggingface_hub import CommitOperationAdd
+
+        claim = {**self.claim, "until": time.time() + LEASE_S}
+        self.api.call("create_commit", self.output, repo_type="dataset", parent_commit=parent,
+                      operations=[CommitOperationAdd(path_in_repo=LEASE, path_or_fileobj=(
+                          json.dumps(claim, indent=1) + "\n").encode())],
+                      commit_message=f"ocr-jobs.py: run {self.run_id} is watched from "
+                                     f"{claim['host']}")
+        self.renewed = time.monotonic()
+
+    def renew(self) -> None:
+        if time.monotonic() - self.renewed > LEASE_S / 3:
+            try:
+                self.write()
+            except Exception as exc:  # the next poll tries again; the claim lasts LEASE_S
+                log(f"could not renew this launcher's claim on {self.output} "
+                    f"({type(exc).__name__}); trying again at the next poll")
+
+    def release(self) -> None:
+        from huggingface_hub import CommitOperationDelete
+
         try:
-            fcntl.flock(self.handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            self.handle.seek(0)
-            first = self.handle.read().strip() or "unknown"
-            raise UsageError(f"another launcher is watching {output} (run {first}, lock "
-                             f"{self.path}): wait for it, or stop it (Ctrl-C leaves its Jobs "
-                             f"running) and rerun this command to adopt them") from None
-        self.handle.seek(0)
-        self.handle.truncate()
-        self.handle.write(run_id)
-        self.handle.flush()
+            self.api.call("create_commit", self.output, repo_type="dataset",
+                          operations=[CommitOperationDelete(path_in_repo=LEASE)],
+                          commit_message=f"ocr-jobs.py: run {self.run_id} is no longer watched")
+        except Exception as exc:
+            log(f"could not remove this launcher's claim on {self.output} ({type(exc).__name__}:"
+                f" {str(exc).splitlines()[0][:120] if str(exc) else ''}); it expires by itself "
+                f"in {LEASE_S // 60:.0f} min, or at once for a launcher on this machine")
 
 
 def submission(spec: JobSpec, script: Path, args, script_args: list[str], revision: str,
@@ -492,8 +560,7 @@ def ship_script(api: Api, script: Path, output: str) -> str:
     scripts allow there), and the URL names the commit, so every shard runs the same bytes."""
     from huggingface_hub import CommitOperationAdd, constants
 
-    api.call("create_repo", output, repo_type="dataset", exist_ok=True)
-    info = api.call("create_commit", output, repo_type="dataset",
+    info = api.call("create_commit", output, repo_type="dataset",  # (the lease created OUTPUT)
                     operations=[CommitOperationAdd(path_in_repo=f".ocr/launcher/{script.name}",
                                                    path_or_fileobj=str(script))],
                     commit_message=f"ocr-jobs.py: the script the Jobs run ({script.name})")
@@ -603,6 +670,17 @@ def table(shards: list[Shard], now: float) -> str:
     return "\n".join(lines)
 
 
+def output_files(api: Api, output: str) -> list[str]:
+    """OUTPUT's files; none while no shard has created the repo yet (a Job's start can take
+    15 minutes: the image, the model)."""
+    try:
+        return api.call("list_repo_files", output, repo_type="dataset")
+    except Exception as exc:
+        if type(exc).__name__ == "RepositoryNotFoundError":
+            return []
+        raise
+
+
 def log_tail(api: Api, job) -> str:
     try:
         lines = list(api.jobs("fetch_job_logs", job_id=job.id, tail=20))
@@ -621,7 +699,7 @@ def watch(api: Api, ctx: dict, shards: list[Shard], poll_s: float) -> None:
     while True:
         try:
             jobs = {j.id: j for j in api.jobs("list_jobs", labels={LABEL: run_id})}
-            files = api.call("list_repo_files", output, repo_type="dataset")
+            files = output_files(api, output)
         except Exception as exc:  # a network blip: the Jobs run on, the next poll asks again
             unanswered += 1
             if unanswered > UNANSWERED_POLLS or http_status(exc) in (401, 403):
@@ -671,6 +749,7 @@ def watch(api: Api, ctx: dict, shards: list[Shard], poll_s: float) -> None:
                 f"{ctx['args'].max_attempts}); the script resumes where it stopped")
             s.jobs.append(ctx["submit"](s.index))  # the work itself: outside the watch's budget
             s.state = "SCHEDULING"
+        ctx["lease"].renew()
         shown = table(shards, now)
         if shown != last_table:
             log(shown)
@@ -779,8 +858,7 @@ def launch(args, script_args: list[str], hf_api) -> int:
     if not token and not args.dry_run:
         raise UsageError("no Hub token: log in (hf auth login), set HF_TOKEN or pass --hf-token; "
                          "the Jobs get it as a secret")
-    if not args.dry_run:
-        check_account(api)
+    on_output = [] if args.dry_run else check_account(api, args.output)
     checked = run_check(script, args, script_args, token)
     rows = checked.get("rows")
     if rows is not None and args.shards > rows:
@@ -802,33 +880,34 @@ def launch(args, script_args: list[str], hf_api) -> int:
             print(line)
         print("dry run: nothing was submitted")
         return 0
-    adopted = find_run(api, args, fingerprint)
-    run_id = adopted or run_id
-    lock = LauncherLock(args.output, run_id)  # held until this function returns
-    script_url = None if spec.has_uv else ship_script(api, script, args.output)
     if rows is None:
         raise UsageError(f"{script.name}'s check did not count the rows (its --check-only "
                          f"prints them): use the collection's current {script.name}")
+    adopted = find_run(on_output, args, fingerprint)
+    run_id = adopted or run_id
     shards = [Shard(i, *shard_bounds(rows, args.shards, i)) for i in range(args.shards)]
+    lease = LauncherLease(api, args.output, run_id, "--private" in script_args)
     ctx = {"args": args, "script": script, "spec": spec, "run_id": run_id,
-           "revision": revision}
-
-    def submit_shard(i: int):
-        sub = submission(spec, script, args, script_args, revision, i, run_id, fingerprint)
-        job = submit(api, spec, script, sub, token, script_url)
-        log(f"shard {i}: Job {job.id} submitted ({sub['name']})")
-        return job
-
-    ctx["submit"] = submit_shard
-    if adopted:
-        for job in sorted(api.jobs("list_jobs", labels={LABEL: run_id}), key=created):
-            index = job_label(job, "ocr-shard")
-            if index is not None and index.isdigit() and int(index) < len(shards):
-                shards[int(index)].jobs.append(job)
-        log(f"adopting run {run_id}: {sum(len(s.jobs) for s in shards)} Jobs on record; "
-            f"submitting only the shards without one")
+           "revision": revision, "lease": lease}
     started = time.monotonic()
     try:
+        script_url = None if spec.has_uv else ship_script(api, script, args.output)
+
+        def submit_shard(i: int):
+            sub = submission(spec, script, args, script_args, revision, i, run_id, fingerprint)
+            job = submit(api, spec, script, sub, token, script_url)
+            log(f"shard {i}: Job {job.id} submitted ({sub['name']})")
+            return job
+
+        ctx["submit"] = submit_shard
+        if adopted:
+            for job in sorted((j for j in on_output if job_label(j, LABEL) == run_id),
+                              key=created):
+                index = job_label(job, "ocr-shard")
+                if index is not None and index.isdigit() and int(index) < len(shards):
+                    shards[int(index)].jobs.append(job)
+            log(f"adopting run {run_id}: {sum(len(s.jobs) for s in shards)} Jobs on record; "
+                f"submitting only the shards without one")
         for s in shards:
             if not s.jobs:
                 s.jobs.append(submit_shard(s.index))
@@ -843,7 +922,7 @@ def launch(args, script_args: list[str], hf_api) -> int:
             f"same command to watch them again (run {run_id}), or add --cancel to stop them.")
         return EXIT_INTERRUPTED if isinstance(exc, KeyboardInterrupt) else EXIT_FAILED
     finally:
-        lock.handle.close()
+        lease.release()
     stats = summary(ctx, shards, price, api, started)
     cost = f"${stats['cost_usd']:.2f} (${stats['cost_per_1000_pages_usd']:.3f} per 1,000 " \
            f"pages)" if stats["cost_usd"] is not None else "unknown (no price for the flavor)"

@@ -1,11 +1,13 @@
-"""ocr-jobs.py, the launcher: a fake of the Jobs API (FakeJobs) runs each shard's Job as a real
-process of the model script (tests/jobs_shard.py) against the stub server, its Hub the FakeHub
-folder of tests/conftest.py that the launcher reads too; the launcher runs in-process, given
-FakeJobs as its HfApi, as the model scripts' Hub tests give them a FakeHub.
+"""ocr-jobs.py, the launcher, in-process: a fake of the Jobs API (FakeJobs) runs each shard's
+Job as a real process of the model script (tests/jobs_shard.py) against the stub server, its Hub
+the FakeHub folder of tests/conftest.py that the launcher reads too; the launcher runs
+in-process, given FakeJobs as its HfApi, as the model scripts' Hub tests give them a FakeHub.
 
-The faults of a real day: a 429 with Retry-After, a shard that fails once, one stuck in
-SCHEDULING, one whose Job succeeds with rows missing, Ctrl-C then adopt, two launchers on one
-output, a refused account."""
+The faults of a real day are run over HTTP, as a user runs the launcher, in
+tests/test_jobs_http.py. Here: what those do not show (attempts spent, a poll the network
+drops, --cancel, the refusals before any Job, the scripts' own check, the dry run's and
+HPD-Parsing's submissions, and the API calls a minute while watching 50 shards on a fake
+clock)"""
 
 from __future__ import annotations
 
@@ -14,7 +16,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 import types
 from pathlib import Path
@@ -46,7 +47,7 @@ class FakeJob:
     def __init__(self, jobs, job_id, command, labels, env, fault, hold):
         self.jobs, self.id, self.labels, self.fault = jobs, job_id, labels, fault
         self.command, self.env, self.hold = command, env, hold
-        self.created_at = utc(SCHEDULING_AGE if fault == "stuck" else 0)
+        self.created_at = utc()
         self.submitted = time.monotonic()
         self.started_at = self.finished_at = None
         self.process, self.cancelled, self.log = None, False, jobs.root / f"{job_id}.log"
@@ -67,8 +68,6 @@ class FakeJob:
             return "RUNNING"
         if self.finished_at is None:
             self.finished_at = utc()
-            if code == 0 and self.fault == "incomplete":
-                self.jobs.lose_last_part(self)
         return "COMPLETED" if code == 0 else "ERROR"
 
     def start(self) -> None:
@@ -81,18 +80,15 @@ class FakeJob:
                                         stderr=open(self.log, "w"))
 
 
-SCHEDULING_AGE = 11 * 60  # a Job submitted 11 minutes ago, still waiting for a GPU
-
-
 class FakeJobs(FakeHub):
     """HfApi as the launcher uses it: the FakeHub's repo calls, and the Jobs API's, each Job a
-    real process of the script. `faults` maps (shard, attempt) to a fault; `refuse` answers
-    the Jobs API with that status; `throttle` answers the first list_jobs with 429."""
+    real process of the script. `faults` maps (shard, attempt) to "fail"; `refuse` answers the
+    Jobs API with that status."""
 
     def __init__(self, root: Path, faults: dict | None = None, refuse: int | None = None,
-                 throttle: bool = False, hold: float = 0.0, spawn: bool = True):
+                 hold: float = 0.0, spawn: bool = True):
         super().__init__(root)
-        self.faults, self.refuse, self.throttle, self.hold = faults or {}, refuse, throttle, hold
+        self.faults, self.refuse, self.hold = faults or {}, refuse, hold
         self.spawn = spawn
         self.jobs: list[FakeJob] = []
         self.api_calls: list[str] = []
@@ -131,9 +127,6 @@ class FakeJobs(FakeHub):
     def list_jobs(self, *, labels=None, status=None, namespace=None, token=None, timeout=None):
         self.api_calls.append("list_jobs")
         self.refused()
-        if self.throttle:
-            self.throttle = False
-            raise self.refusal("429 Too Many Requests (injected)", 429, {"Retry-After": "1"})
         labels = labels or {}
         self.lists += labels.get("ocr-jobs", "none") != "none"  # the watch's polls
         if self.interrupt_after_lists is not None and self.lists > self.interrupt_after_lists:
@@ -158,8 +151,7 @@ class FakeJobs(FakeHub):
         home.mkdir()
         env = {**os.environ, **secrets, "HOME": str(home), "FAKE_HUB_ROOT": str(self.root)}
         command = [sys.executable, str(TESTS / "jobs_shard.py"), script, *script_args]
-        job = FakeJob(self, f"job{len(self.jobs):03d}", command, labels, env, fault,
-                      self.hold if fault != "stuck" else max(self.hold, 2.0))
+        job = FakeJob(self, f"job{len(self.jobs):03d}", command, labels, env, fault, self.hold)
         if not self.spawn:
             job.stage = lambda: "RUNNING"
             job.started_at = utc()
@@ -181,15 +173,6 @@ class FakeJobs(FakeHub):
         self.api_calls.append("fetch_job_logs")
         lines = self.inspect_job(job_id=job_id).log.read_text().splitlines()
         return lines[-tail:] if tail else lines
-
-    def lose_last_part(self, job) -> None:
-        """A Job that says it succeeded, and a part of its rows never reached the Hub."""
-        args, rows = job.command, len(self.paths)
-        n, i = (int(args[args.index(flag) + 1]) for flag in ("--num-shards", "--shard-index"))
-        lo, hi = rows * i // n, rows * (i + 1) // n
-        parts = sorted((self.root / OUTPUT / "data").glob("part-*.parquet"))
-        mine = [p for p in parts if lo <= int(p.name.split("-")[1]) < hi]
-        mine[-1].unlink()
 
     def stop(self) -> None:
         for job in self.jobs:
@@ -241,73 +224,12 @@ def assert_output_complete(jobs) -> None:
     assert ds["markdown"] == [expected_text(p.read_bytes()) for p in jobs.paths]
 
 
-def test_a_run_over_three_jobs_writes_every_row_once(launcher, hub, stub_server, monkeypatch,
-                                                     tmp_path, capsys):
-    jobs, stub = hub(9, throttle=True), stub_server()
-    with_rows(launcher, monkeypatch, 9)
-    stats = tmp_path / "stats.json"
-    assert launch(launcher, jobs, stub, "--stats-json", str(stats)) == 0
-    assert_output_complete(jobs)
-    assert len(jobs.submitted) == 3
-    first = jobs.submitted[0]
-    assert first["image"] == "vllm/vllm-openai:v0.26.0" and first["flavor"] == "l4x1"
-    assert first["timeout"] == "4h" and first["secrets"] == ["HF_TOKEN"]
-    assert first["name"] == "ocr-ovis-ocr2-server-0-of-3"
-    assert {s["labels"]["ocr-shard"] for s in jobs.submitted} == {"0", "1", "2"}
-    assert len({s["labels"]["ocr-jobs"] for s in jobs.submitted}) == 1  # one run id
-    args = first["script_args"]
-    assert args[:2] == [INPUT, OUTPUT] and "--revision" in args
-    assert args[args.index("--revision") + 1] == "0123456789abcdef0123456789abcdef01234567"
-    assert "hf_secretsecretsecret" not in json.dumps(jobs.submitted)
-    figures = json.loads(stats.read_text())
-    assert figures["rows_done"] == figures["rows_total"] == 9 and figures["shards_failed"] == []
-    assert figures["cost_usd"] is not None and figures["cost_per_1000_pages_usd"] is not None
-    assert figures["card_rows"] == 9  # the card counts the whole output
-    err = capsys.readouterr().err
-    assert "answered 429 to list_jobs: waiting 1 s" in err  # the Hub's Retry-After, honoured
-    assert "9/9 rows" in err
-
-
-def test_failed_stuck_and_incomplete_shards_are_finished(launcher, hub, stub_server,
-                                                         monkeypatch, capsys):
-    jobs = hub(9, faults={(0, 1): "fail", (1, 1): "stuck", (2, 1): "incomplete"})
-    stub = stub_server()
-    with_rows(launcher, monkeypatch, 9)
-    assert launch(launcher, jobs, stub) == 0
-    assert_output_complete(jobs)
-    attempts = {}
-    for s in jobs.submitted:
-        attempts[s["labels"]["ocr-shard"]] = attempts.get(s["labels"]["ocr-shard"], 0) + 1
-    assert attempts == {"0": 2, "1": 1, "2": 2}
-    err = capsys.readouterr().err
-    assert "CUDA out of memory" in err  # the failed Job's log tail
-    assert "has been SCHEDULING for 11m" in err and "left queued" in err
-    assert err.count("its log ends") == 1  # a Job that says it succeeded has no log to show
-    assert "shard 2: Job job002 ended COMPLETED with 1 rows not written: submitting it again " \
-           "(attempt 2 of 3)" in err
-
-
 def test_a_shard_that_keeps_failing_is_named(launcher, hub, stub_server, monkeypatch, capsys):
     jobs = hub(4, faults={(1, 1): "fail", (1, 2): "fail"})
     with_rows(launcher, monkeypatch, 4)
     assert launch(launcher, jobs, stub_server(), "--max-attempts", "2", shards=2) == 1
     err = capsys.readouterr().err
     assert "shards 1 still miss rows after 2 attempts" in err
-
-
-def test_ctrl_c_leaves_the_jobs_and_the_same_command_adopts_them(launcher, hub, stub_server,
-                                                                 monkeypatch, capsys):
-    jobs, stub = hub(6, hold=1.5), stub_server()
-    with_rows(launcher, monkeypatch, 6)
-    jobs.interrupt_after_lists = 1
-    assert launch(launcher, jobs, stub, shards=2) == 130
-    err = capsys.readouterr().err
-    assert "the Jobs keep running (job000, job001)" in err
-    assert len(jobs.submitted) == 2
-    assert launch(launcher, jobs, stub, shards=2) == 0
-    assert len(jobs.submitted) == 2  # adopted: nothing submitted again
-    assert "adopting run" in capsys.readouterr().err
-    assert_output_complete(jobs)
 
 
 def test_a_poll_the_hub_does_not_answer_is_asked_again(launcher, hub, stub_server, monkeypatch,
@@ -333,24 +255,34 @@ def test_a_poll_the_hub_does_not_answer_is_asked_again(launcher, hub, stub_serve
     assert_output_complete(jobs)
 
 
-def test_a_second_launcher_on_the_same_output_exits_2(launcher, hub, stub_server, monkeypatch,
-                                                      capsys):
-    jobs, stub = hub(4, hold=3.0), stub_server()
+def test_a_claim_left_on_output_refuses_until_it_expires_or_its_launcher_is_gone(
+        launcher, hub, stub_server, monkeypatch, capsys):
+    """The claim of the launcher watching OUTPUT (.ocr/launcher/watching.json, on the Hub):
+    another machine's refuses the run, naming its run and until when; an expired one, or one
+    left by a launcher killed on this machine (kill -9: its pid is gone), is taken over."""
+    import socket
+
+    jobs, stub = hub(4), stub_server()
     with_rows(launcher, monkeypatch, 4)
-    first = threading.Thread(target=launch, args=(launcher, jobs, stub), kwargs={"shards": 2})
-    first.start()
-    while len(jobs.submitted) < 2:
-        time.sleep(0.05)
-    time.sleep(0.2)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    path = jobs.root / OUTPUT / ".ocr" / "launcher" / "watching.json"
+    path.parent.mkdir(parents=True)
+    claim = {"run": "20260101-000000-abcdef", "host": "another-machine", "pid": dead.pid,
+             "id": "theirs", "since": time.time(), "until": time.time() + 600}
+    path.write_text(json.dumps(claim))
     assert launch(launcher, jobs, stub, shards=2) == 2
-    run_id = jobs.submitted[0]["labels"]["ocr-jobs"]
-    assert f"another launcher is watching {OUTPUT} (run {run_id}" in capsys.readouterr().err
-    assert len(jobs.submitted) == 2
-    # another run (other arguments) on the same OUTPUT, from anywhere: refused by its Jobs
-    assert launch(launcher, jobs, stub, "--max-tokens", "900", shards=2) == 2
-    assert f"another launch (run {run_id}) has Jobs writing" in capsys.readouterr().err
-    first.join(timeout=120)
+    err = capsys.readouterr().err
+    assert f"another launcher is watching {OUTPUT} (run 20260101-000000-abcdef, pid " \
+           f"{dead.pid} on another-machine)" in err and f"holds {OUTPUT} until" in err
+    assert jobs.submitted == []
+    path.write_text(json.dumps({**claim, "until": time.time() - 1}))  # expired
+    assert launch(launcher, jobs, stub, shards=2) == 0
+    assert not path.exists()  # this launcher's own claim went when it stopped
     assert_output_complete(jobs)
+    path.write_text(json.dumps({**claim, "host": socket.gethostname()}))  # killed here
+    assert launch(launcher, jobs, stub, shards=2) == 0
+    assert "adopting run" in capsys.readouterr().err and len(jobs.submitted) == 2
 
 
 def test_cancel_cancels_every_job_of_the_run(launcher, hub, stub_server, monkeypatch, capsys):
