@@ -1037,7 +1037,7 @@ def looks_like_pdf(cell) -> bool:
     data = pdf_source(cell)[0]
     if isinstance(data, str) and not data.lower().endswith(".pdf"):
         data = _file_ends(data, 5)
-    return isinstance(data, str) or data.startswith(b"%PDF-")
+    return isinstance(data, str) or isinstance(data, bytes) and data.startswith(b"%PDF-")
 
 
 def parse_pages(spec: str | None) -> list[tuple[int, int | None]] | None:
