@@ -2125,8 +2125,8 @@ class OutputStore:
             new = shown_path(self.root.parent / (self.root.name + "-ocr")) \
                 if self.api is None else f"{self.target}-ocr"
             fail(f"OUTPUT {self.target} holds a dataset of its own ({', '.join(other[:3])}"
-                 f"{', ...' * (len(other) > 3)}): this run would replace its card, and "
-                 f"load_dataset would still return its rows, none of the OCR. Write to a new "
+                 f"{', ...' * (len(other) > 3)}): this run would replace its card, or "
+                 f"load_dataset return its rows instead of the OCR. Write to a new "
                  f"{'folder' if self.api is None else 'repo'}, e.g. {new}, or move them away")
 
     def download(self, name: str, local_dir: Path) -> Path:
@@ -2345,8 +2345,7 @@ class OutputStore:
 
     def commit_if_due(self) -> None:
         with self.queue_lock:
-            busy = self.committing is not None and self.committing.is_alive()
-            if busy or not self.queued or \
+            if not self.queued or self.committing and self.committing.is_alive() or \
                     time.monotonic() - self.last_commit < self.commit_interval:
                 return
             files, self.queued = self.queued, {}
@@ -2380,6 +2379,7 @@ class OutputStore:
                 self.api.create_commit(self.target, operations=operations, repo_type="dataset",
                                        commit_message=f"Add {len(files)} file(s) (OCR)",
                                        parent_commit=head)
+                (self.meta / "on-hub").touch()  # this staging copy has reached the Hub
                 break
             except Exception as exc:  # network, rate limit, a concurrent commit
                 response = getattr(exc, "response", None)
@@ -2397,7 +2397,6 @@ class OutputStore:
                     return False
                 time.sleep(wait)
         self.last_commit = time.monotonic()
-        (self.meta / "on-hub").touch()  # this staging copy has reached the Hub
         self.hub_notes.update(notes)
         if with_notes:  # newer than a copy staged for `hf upload` (see finish())
             self.notes_due = False
@@ -2694,8 +2693,8 @@ def pinned_input(store: "OutputStore", args):
 
 
 def way_out(store: "OutputStore", args, restart: str) -> str:
-    """A refused rerun's way out: `restart` (advice that holds --restart), unless other shards
-    are in OUTPUT, whose rows no shard's --restart deletes."""
+    """A refused rerun's way out: `restart`, unless other shards' rows (no --restart of one
+    shard deletes them) are in OUTPUT."""
     others = store.other_shards_rows() + store.other_writers() if args.num_shards > 1 else []
     return restart if not others else (
         f"write to a new OUTPUT (other shards' rows are in it: {others[0]}, and a shard's "
