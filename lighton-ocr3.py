@@ -2130,8 +2130,7 @@ class OutputStore:
         shard = f"shard-{args.shard_index}-of-{args.num_shards}"
         self.sharded = args.num_shards > 1
         self.notes_name = f".ocr/notes/{shard}.json"
-        self.notes: dict[str, dict] = {}  # part name -> part_note(): every shard's, the latest
-        self.hub_notes: dict[str, dict] = {}  # the same, of the parts as they are on the Hub
+        self.notes: dict[str, dict] = {}  # part name -> part_note(), of every part on the Hub
         self.notes_due = False  # notes rebuilt here, which the Hub has not got yet
         self.card_on_hub = self.created_manifest = False
         self.sent_parts = 0  # parts given to the Hub by this run (written, or resent)
@@ -2206,13 +2205,12 @@ class OutputStore:
         for name in sorted(f for f in files if f.startswith(".ocr/notes/")):
             if not (others_only and name == self.notes_name):
                 notes = json.loads(self.download(name, self.meta / "hub").read_text())
-                self.hub_notes.update({k: v for k, v in notes.items() if k in self.remote_names})
-        self.notes = {**self.hub_notes, **self.notes}
+                self.notes.update({k: v for k, v in notes.items() if k in self.remote_names})
         return files
 
     def note_rebuilt(self, name: str, note: dict) -> None:
         """A Hub part's note, read from the part: the next commit sends it with the others."""
-        self.hub_notes[name] = self.notes[name] = note
+        self.notes[name] = note
         self.notes_due = True
 
     def in_shard(self, name: str, whole: bool = False) -> bool:
@@ -2223,7 +2221,7 @@ class OutputStore:
 
     def shard_notes(self, parts: dict) -> dict:
         """This shard's notes: of its parts on the Hub, and `parts` (name -> note) over them."""
-        return {k: v for k, v in {**self.hub_notes, **parts}.items() if self.in_shard(k)}
+        return {k: v for k, v in {**self.notes, **parts}.items() if self.in_shard(k)}
 
     def fetch_part(self, name: str) -> Path:
         """A part only the Hub has, staged: to redo its error rows here, or to read its note."""
@@ -2257,7 +2255,6 @@ class OutputStore:
 
         for folder in ("journal", "notes"):  # notes: staged for `hf upload`
             shutil.rmtree(self.meta / folder, ignore_errors=True)
-        self.notes = dict(self.hub_notes)
         for path in self.local_parts() + [self.root / "README.md", self.meta / "on-hub",
                                           self.meta / "manifest.json"]:
             path.unlink(missing_ok=True)
@@ -2313,7 +2310,6 @@ class OutputStore:
         for name in mine:
             (self.root / "data" / name).unlink(missing_ok=True)
             self.notes.pop(name, None)
-            self.hub_notes.pop(name, None)
         self.journal = Journal(self.journal.folder)
 
     def delete_on_hub(self, files: list[str], message: str) -> None:
@@ -2376,9 +2372,7 @@ class OutputStore:
         """A part is written (or rewritten): it goes to the Hub with the next commit."""
         if self.api is None:
             return
-        note = part_note(path, self.column)
         with self.queue_lock:
-            self.notes[path.name] = note
             self.queued[f"data/{path.name}"] = path
             self.sent_parts += 1
         self.commit_if_due()
@@ -2398,11 +2392,13 @@ class OutputStore:
         412: another shard committed first); what fails goes back to the queue."""
         from huggingface_hub import CommitOperationAdd
 
-        parts = {Path(name).name for name in files if name.startswith("data/")}
-        notes = self.shard_notes({p: self.notes[p] for p in parts})
-        with_notes = bool(parts) or self.notes_due  # a copy per commit: no note before its part
-        operations = [CommitOperationAdd(name, str(local)) for name, local in files.items()] + [
-            CommitOperationAdd(self.notes_name, json.dumps(notes).encode())] * with_notes
+        parts = {Path(name).name: part_note(local, self.column)  # as the file is sent
+                 for name, local in files.items() if name.startswith("data/")}
+        notes = self.shard_notes(parts)
+        with_notes = bool(parts) or self.notes_due
+        operations = [CommitOperationAdd(name, str(local)) for name, local in files.items()]
+        if with_notes:  # a copy per commit: a later part's note never goes ahead of its part
+            operations.append(CommitOperationAdd(self.notes_name, json.dumps(notes).encode()))
         for attempt in range(UPLOAD_ATTEMPTS):
             try:  # no lock reaches another container: parts in this shard's rows this run neither
                 # found nor wrote stop it, and a commit landing after the check is refused (412)
@@ -2437,13 +2433,13 @@ class OutputStore:
                     return False
                 time.sleep(wait)
         self.last_commit = time.monotonic()
-        self.hub_notes.update(notes)
+        self.notes.update(notes)
         if with_notes:  # newer than a copy staged for `hf upload` (see finish())
             self.notes_due = False
             (self.root / self.notes_name).unlink(missing_ok=True)
-        self.remote_names |= parts
-        self.known |= parts
-        for name in parts - self.keep_local:  # on the Hub now: the cache can go
+        self.remote_names.update(parts)
+        self.known.update(parts)
+        for name in parts.keys() - self.keep_local:  # on the Hub now: the cache can go
             (self.root / "data" / name).unlink(missing_ok=True)
         return True
 
