@@ -2476,6 +2476,8 @@ class OutputStore:
         `hf upload` for them. A shard's card is made again while another shard's commit landed
         between its listing and its own: the last shard to finish counts every part."""
         card_failed = False
+        if self.committing is not None:  # its parts leave the staging folder as it lands
+            self.committing.join()
         if card is not None:
             try:
                 (self.root / "README.md").write_text(card(), encoding="utf-8")
@@ -2485,8 +2487,6 @@ class OutputStore:
                     f"Every row is written; to write the card, {rerun_advice()}")
         if self.api is None:
             return
-        if self.committing is not None:
-            self.committing.join()
         if self.conflict:
             return log(f"error: {self.conflict}")
         with self.queue_lock:
