@@ -1624,24 +1624,16 @@ class OutputStore:
         self.read_only = args.check_only  # reads OUTPUT as a run would, writes none of it
         if self.kind == "local":
             self.root = Path(self.target)
-            marks = [f for f in ("README.md", ".ocr/manifest.json") if (self.root / f).exists()]
             data = self.root / "data"  # what `datasets` reads there (not hidden names)
-            held = [p.relative_to(self.root).as_posix() for p in sorted(data.rglob("*"))
-                    if p.is_file() and not any(n.startswith(".") for n in p.relative_to(data).parts)
-                    ] if data.is_dir() else []
-            other = foreign_files(marks + held)
-            if other:
-                beside = shown_path(self.root.parent / (self.root.name + "-ocr"))
-                fail(f"OUTPUT {self.root} holds {', '.join(other[:3])}{', ...' * (len(other) > 3)}"
-                     f", which no run of these scripts wrote: this run would replace a card it "
-                     f"did not write, or `load_dataset` read these files with its rows. Write to "
-                     f"a new folder, e.g. {beside}, or move them away")
+            self.refuse_foreign([f for f in ("README.md", ".ocr/manifest.json")
+                                 if (self.root / f).exists()] + [
+                p.relative_to(self.root).as_posix() for p in sorted(data.rglob("*"))
+                if p.is_file() and not any(n.startswith(".") for n in p.relative_to(data).parts)])
         else:
             from huggingface_hub import HfApi
 
             self.api = hub_api or HfApi(token=args.hf_token or None)
-            base = Path(args.work_dir).expanduser() if args.work_dir else \
-                Path.home() / ".cache" / "ocr-vllm-scripts" / "outputs"
+            base = Path(args.work_dir or "~/.cache/ocr-vllm-scripts/outputs").expanduser()
             if self.read_only:  # the Hub's files are read into a folder that goes at exit
                 import tempfile
 
@@ -1660,10 +1652,9 @@ class OutputStore:
         shard = f"shard-{args.shard_index}-of-{args.num_shards}"
         self.sharded = args.num_shards > 1
         self.notes_name = f".ocr/notes/{shard}.json"
-        self.notes: dict[str, dict] = {}  # part name -> part_note(): every shard's, the latest
-        self.hub_notes: dict[str, dict] = {}  # the same, of the parts as they are on the Hub
+        self.notes: dict[str, dict] = {}  # part name -> part_note(), of every part on the Hub
         self.notes_due = False  # notes rebuilt here, which the Hub has not got yet
-        self.card_on_hub = self.created_manifest = self.card_failed = False
+        self.card_on_hub = self.created_manifest = False
         self.sent_parts = 0  # parts given to the Hub by this run (written, or resent)
         self.upload_failures: list[str] = []
         self.lock = take_lock(self.meta / f"lock-{shard}", self.location(), probe=local_check)
@@ -1681,29 +1672,32 @@ class OutputStore:
                 self.api.create_repo(self.target, repo_type="dataset",
                                      private=args.private or None, exist_ok=True)
             self.sync_from_hub()
-        cut_short = [] if local_check else (self.root / "data").glob(".part-*.tmp")
-        for path in cut_short:  # writes cut short by a kill
-            try:
-                os.kill(int(path.name.rsplit(".", 2)[-2]), 0)  # its writer, .part-*.PID.tmp
+        for path in [] if local_check else (self.root / "data").glob(".part-*.tmp"):
+            try:  # a write cut short by a kill, unless its writer (.part-*.PID.tmp) lives
+                os.kill(int(path.name.rsplit(".", 2)[-2]), 0)
             except (ValueError, ProcessLookupError):
                 path.unlink(missing_ok=True)
             except PermissionError:
                 pass  # alive, another user's
+
+    def refuse_foreign(self, files) -> None:
+        """OUTPUT holding files no run wrote: this run would replace its card, or mix rows."""
+        if other := foreign_files(files):
+            new = shown_path(self.root.parent / (self.root.name + "-ocr")) \
+                if self.api is None else f"{self.target}-ocr"
+            fail(f"OUTPUT {self.target} holds a dataset of its own ({', '.join(other[:3])}"
+                 f"{', ...' * (len(other) > 3)}): this run would replace its card, or "
+                 f"load_dataset return its rows instead of the OCR. Write to a new "
+                 f"{'folder' if self.api is None else 'repo'}, e.g. {new}, or move them away")
 
     def download(self, name: str, local_dir: Path) -> Path:
         return Path(self.api.hf_hub_download(self.target, name, repo_type="dataset",
                                              local_dir=local_dir))
 
     def sync_from_hub(self) -> None:
-        """The Hub is the truth, the staging folder a cache: its manifest wins, a repo with no run
-        means a fresh start, and a repo holding a dataset of its own is refused."""
+        """The Hub is the truth, the staging folder a cache: its manifest wins, or a new start."""
         files = self.read_hub()
-        other = foreign_files(files)
-        if other:
-            fail(f"OUTPUT {self.target} holds a dataset of its own ({', '.join(other[:3])}"
-                 f"{', ...' if len(other) > 3 else ''}): this run would replace its card, and "
-                 f"load_dataset({self.target!r}) would still return its rows, none of the OCR. "
-                 f"Write to a new repo, e.g. {self.target}-ocr")
+        self.refuse_foreign(files)
         self.known = set(self.remote_names)
         if ".ocr/manifest.json" in files:
             hub = self.download(".ocr/manifest.json", self.meta / "hub")
@@ -1733,13 +1727,12 @@ class OutputStore:
         for name in sorted(f for f in files if f.startswith(".ocr/notes/")):
             if not (others_only and name == self.notes_name):
                 notes = json.loads(self.download(name, self.meta / "hub").read_text())
-                self.hub_notes.update({k: v for k, v in notes.items() if k in self.remote_names})
-        self.notes = {**self.hub_notes, **self.notes}
+                self.notes.update({k: v for k, v in notes.items() if k in self.remote_names})
         return files
 
     def note_rebuilt(self, name: str, note: dict) -> None:
         """A Hub part's note, read from the part: the next commit sends it with the others."""
-        self.hub_notes[name] = self.notes[name] = note
+        self.notes[name] = note
         self.notes_due = True
 
     def in_shard(self, name: str, whole: bool = False) -> bool:
@@ -1750,7 +1743,7 @@ class OutputStore:
 
     def shard_notes(self, parts: dict) -> dict:
         """This shard's notes: of its parts on the Hub, and `parts` (name -> note) over them."""
-        return {k: v for k, v in {**self.hub_notes, **parts}.items() if self.in_shard(k)}
+        return {k: v for k, v in {**self.notes, **parts}.items() if self.in_shard(k)}
 
     def fetch_part(self, name: str) -> Path:
         """A part only the Hub has, staged: to redo its error rows here, or to read its note."""
@@ -1774,19 +1767,16 @@ class OutputStore:
         """A refused run removes the folder it made, if it holds only its own lock."""
         import shutil
 
-        if self.lock is None:  # a check of a local OUTPUT made nothing
-            return
-        files = [p for p in self.root.rglob("*") if not p.is_dir()] if self.made_root else None
-        if files == [Path(self.lock.name)]:
+        if self.made_root and self.lock is not None and [
+                p for p in self.root.rglob("*") if not p.is_dir()] == [Path(self.lock.name)]:
             shutil.rmtree(self.root, ignore_errors=True)
 
     def clear_local(self) -> None:
         """Journal first, manifest last: a kill half-way leaves no old rows for a new run."""
         import shutil
 
-        shutil.rmtree(self.meta / "journal", ignore_errors=True)
-        shutil.rmtree(self.meta / "notes", ignore_errors=True)  # staged for `hf upload`
-        self.notes = dict(self.hub_notes)
+        for folder in ("journal", "notes"):  # notes: staged for `hf upload`
+            shutil.rmtree(self.meta / folder, ignore_errors=True)
         for path in self.local_parts() + [self.root / "README.md", self.meta / "on-hub",
                                           self.meta / "manifest.json"]:
             path.unlink(missing_ok=True)
@@ -1795,26 +1785,22 @@ class OutputStore:
         path = self.meta / "manifest.json"
         return json.loads(path.read_text()) if path.exists() else None
 
-    def part_names(self) -> list[str]:
-        return [part_name(*r) for r, _ in self.parts()]
-
     def other_shards_rows(self) -> list[str]:
         """OUTPUT's parts outside this shard's rows, and the other shards' journals with rows."""
-        return [n for n in self.part_names() if not self.in_shard(n, whole=True)] + [
-            f".ocr/journal/{path.name}" for path in (self.meta / "journal").glob("*")
-            if path != self.journal.folder and any(path.glob("*.jsonl"))]
+        return [part_name(*r) for r, _ in self.parts() if not self.in_shard(part_name(*r), True)
+                ] + [f".ocr/journal/{path.name}" for path in (self.meta / "journal").glob("*")
+                     if path != self.journal.folder and any(path.glob("*.jsonl"))]
 
     def other_writers(self) -> list[str]:
         """The other shards of OUTPUT that a process writes right now (their locks held)."""
         running = []
         for path in sorted(self.meta.glob("lock-*")):
-            if self.lock is not None and path.name == Path(self.lock.name).name:
-                continue
-            with open(path, "a+") as other:
-                if not lock_file(other):
-                    other.seek(0)
-                    running.append(f"{other.read().strip() or 'a process'} writing "
-                                   f"{path.name[len('lock-'):]}")
+            if self.lock is None or path.name != Path(self.lock.name).name:
+                with open(path, "a+") as other:
+                    if not lock_file(other):
+                        other.seek(0)
+                        running.append(f"{other.read().strip() or 'a process'} writing "
+                                       f"{path.name[len('lock-'):]}")
         return running
 
     def restart(self, shard: str | None = None) -> None:
@@ -1824,7 +1810,8 @@ class OutputStore:
 
         if self.read_only:
             return
-        mine = {n for n in self.part_names() if shard is None or self.in_shard(n, whole=True)}
+        mine = {part_name(*r) for r, _ in self.parts()
+                if shard is None or self.in_shard(part_name(*r), whole=True)}
         if shard is None and self.other_writers():
             fail(f"--restart removes every shard's rows, and {self.other_writers()[0]} of "
                  f"{self.location()}: stop it first")
@@ -1832,11 +1819,11 @@ class OutputStore:
             else f"--restart: removing the {len(mine)} part(s) of {shard} of "
                  f"{self.location()}; the other shards' rows stay")
         if self.api is not None:
-            doomed = [f for f in self.api.list_repo_files(self.target, repo_type="dataset")
-                      if ((f.startswith(("data/", ".ocr/")) or f == "README.md") if not shard
-                          else f == self.notes_name or f[len("data/"):] in mine)]
-            if doomed:
-                self.delete_on_hub(doomed, f"Restart {shard or 'the OCR run'}")
+            files = self.api.list_repo_files(self.target, repo_type="dataset")
+            self.delete_on_hub([f for f in files if (
+                f == self.notes_name or f.removeprefix("data/") in mine if shard
+                else f.startswith(("data/", ".ocr/")) or f == "README.md")],
+                f"Restart {shard or 'the OCR run'}")
             self.remote_names -= mine
             self.known -= mine
         if not shard:
@@ -1845,14 +1832,14 @@ class OutputStore:
         for name in mine:
             (self.root / "data" / name).unlink(missing_ok=True)
             self.notes.pop(name, None)
-            self.hub_notes.pop(name, None)
         self.journal = Journal(self.journal.folder)
 
     def delete_on_hub(self, files: list[str], message: str) -> None:
         from huggingface_hub import CommitOperationDelete
 
-        self.api.create_commit(self.target, repo_type="dataset", commit_message=message,
-                               operations=[CommitOperationDelete(path_in_repo=f) for f in files])
+        if files:
+            self.api.create_commit(self.target, repo_type="dataset", commit_message=message,
+                                   operations=[CommitOperationDelete(f) for f in files])
 
     def write_manifest(self, manifest: dict, replace: bool = False) -> dict | None:
         """Record the run atomically; unless `replace`, only if OUTPUT has none, else return it."""
@@ -1881,46 +1868,40 @@ class OutputStore:
         if self.created_manifest:
             (self.meta / "manifest.json").unlink(missing_ok=True)
             if self.api is not None:
+                with self.queue_lock:
+                    self.queued.pop(".ocr/manifest.json", None)
                 try:
                     self.delete_on_hub([".ocr/manifest.json"],
                                        "Remove the manifest of a run that wrote nothing")
                 except Exception:
                     pass  # a later run compares against it: --restart clears it
-                with self.queue_lock:
-                    self.queued.pop(".ocr/manifest.json", None)
-
-    def own_staged_parts(self) -> list[Path]:
-        """This shard's staged parts (the shards on one machine share the staging folder)."""
-        return [path for path in self.local_parts() if self.in_shard(path.name)]
 
     def drop_stale_staged_parts(self) -> None:
         """The Hub's parts win over their staged copies, and what they cover is never resent."""
-        for path in self.own_staged_parts() if self.api is not None else []:
-            start, stop = ranges_from_names([path.name])[0]
-            if any(a < stop and start < b for a, b in ranges_from_names(self.remote_names)):
+        for path in self.local_parts() if self.api is not None else []:
+            (start, stop), = ranges_from_names([path.name])
+            if self.in_shard(path.name) and any(
+                    a < stop and start < b for a, b in ranges_from_names(self.remote_names)):
                 path.unlink(missing_ok=True)
 
     def resend_local_parts(self) -> None:
         """Parts a killed or offline run of this shard left on disk but never uploaded."""
-        for path in self.own_staged_parts():
-            if path.name not in self.remote_names:
+        for path in self.local_parts():
+            if self.in_shard(path.name) and path.name not in self.remote_names:
                 self.publish(path)
 
     def publish(self, path: Path) -> None:
         """A part is written (or rewritten): it goes to the Hub with the next commit."""
         if self.api is None:
             return
-        note = part_note(path, self.column)
         with self.queue_lock:
-            self.notes[path.name] = note
             self.queued[f"data/{path.name}"] = path
             self.sent_parts += 1
         self.commit_if_due()
 
     def commit_if_due(self) -> None:
         with self.queue_lock:
-            busy = self.committing is not None and self.committing.is_alive()
-            if busy or not self.queued or \
+            if not self.queued or self.committing and self.committing.is_alive() or \
                     time.monotonic() - self.last_commit < self.commit_interval:
                 return
             files, self.queued = self.queued, {}
@@ -1933,14 +1914,13 @@ class OutputStore:
         412: another shard committed first); what fails goes back to the queue."""
         from huggingface_hub import CommitOperationAdd
 
-        operations = [CommitOperationAdd(path_in_repo=name, path_or_fileobj=str(local))
-                      for name, local in files.items()]
-        parts = {Path(name).name for name in files if name.startswith("data/")}
-        notes = self.shard_notes({p: self.notes[p] for p in parts})
+        parts = {Path(name).name: part_note(local, self.column)  # as the file is sent
+                 for name, local in files.items() if name.startswith("data/")}
+        notes = self.shard_notes(parts)
         with_notes = bool(parts) or self.notes_due
+        operations = [CommitOperationAdd(name, str(local)) for name, local in files.items()]
         if with_notes:  # a copy per commit: a later part's note never goes ahead of its part
-            operations.append(CommitOperationAdd(path_in_repo=self.notes_name,
-                                                 path_or_fileobj=json.dumps(notes).encode()))
+            operations.append(CommitOperationAdd(self.notes_name, json.dumps(notes).encode()))
         for attempt in range(UPLOAD_ATTEMPTS):
             try:  # no lock reaches another container: parts in this shard's rows this run neither
                 # found nor wrote stop it, and a commit landing after the check is refused (412)
@@ -1957,17 +1937,8 @@ class OutputStore:
                 self.api.create_commit(self.target, operations=operations, repo_type="dataset",
                                        commit_message=f"Add {len(files)} file(s) (OCR)",
                                        parent_commit=head)
-                self.last_commit = time.monotonic()
                 (self.meta / "on-hub").touch()  # this staging copy has reached the Hub
-                self.hub_notes.update(notes)
-                if with_notes:  # newer than a copy staged for `hf upload` (see finish())
-                    self.notes_due = False
-                    (self.root / self.notes_name).unlink(missing_ok=True)
-                self.remote_names |= parts
-                self.known |= parts
-                for name in parts - self.keep_local:  # on the Hub now: the cache can go
-                    (self.root / "data" / name).unlink(missing_ok=True)
-                return True
+                break
             except Exception as exc:  # network, rate limit, a concurrent commit
                 response = getattr(exc, "response", None)
                 wait = min(60.0, UPLOAD_BACKOFF_S * 2 ** attempt) * random.uniform(0.5, 1.0)
@@ -1979,30 +1950,37 @@ class OutputStore:
                     "giving up on it for now" if last else
                     f"retrying in {wait:.0f} s ({attempt + 1}/{UPLOAD_ATTEMPTS})"))
                 if last:
-                    break
+                    with self.queue_lock:  # the final commit tries them again
+                        self.queued = {**files, **self.queued}
+                    return False
                 time.sleep(wait)
-        with self.queue_lock:
-            for name, local in files.items():
-                self.queued.setdefault(name, local)  # the final commit tries them again
-        return False
+        self.last_commit = time.monotonic()
+        self.notes.update(notes)
+        if with_notes:  # newer than a copy staged for `hf upload` (see finish())
+            self.notes_due = False
+            (self.root / self.notes_name).unlink(missing_ok=True)
+        self.remote_names.update(parts)
+        self.known.update(parts)
+        for name in parts.keys() - self.keep_local:  # on the Hub now: the cache can go
+            (self.root / "data" / name).unlink(missing_ok=True)
+        return True
 
     def finish(self, card) -> None:
         """The card (card(): its text), then (Hub) all queued files in one last commit, or the
         `hf upload` for them. A shard's card is made again while another shard's commit landed
-        between its listing and its own: the last shard to finish counts every part. A card
-        that cannot be written is said as that: the rows are written, a rerun writes it."""
+        between its listing and its own: the last shard to finish counts every part."""
+        card_failed = False
+        if self.committing is not None:  # its parts leave the staging folder as it lands
+            self.committing.join()
         if card is not None:
             try:
                 (self.root / "README.md").write_text(card(), encoding="utf-8")
-            except OSError as exc:
-                card = None
-                self.card_failed = True
+            except OSError as exc:  # the rows are written: said as that, a rerun writes it
+                card, card_failed = None, True
                 log(f"error: cannot write the dataset card {self.root / 'README.md'}: {exc}. "
                     f"Every row is written; to write the card, {rerun_advice()}")
         if self.api is None:
             return
-        if self.committing is not None:
-            self.committing.join()
         if self.conflict:
             return log(f"error: {self.conflict}")
         with self.queue_lock:
@@ -2033,8 +2011,7 @@ class OutputStore:
                 f"{self.root}. To resume and upload them, {rerun_advice()}\nor send them "
                 f"with:\n  hf upload {self.target} {shlex.quote(str(self.root))} . "
                 f"--repo-type dataset --exclude '.ocr/[!mn]*'")
-        if self.card_failed:  # exit 6: the card did not reach the Hub
-            self.upload_failures.append("README.md")
+        self.upload_failures += ["README.md"] * card_failed  # exit 6: the card is not on the Hub
 
     def location(self) -> str:
         from huggingface_hub import constants  # HF_ENDPOINT's Hub, where the rows go
@@ -2175,13 +2152,12 @@ MAY_CHANGE = {
     "adapt_interval", "max_inflight_memory", "api_server_count", "batch_size", "stats_json",
     "work_dir", "hf_token", "private", "part_rows", "part_seconds", "retry_errors", "restart",
     "overwrite", "no_sanity_check", "sanity_pages", "serve_args", "llm_kwargs", "pdf_workers",
-    "pdf_page_timeout", "check_only"}
+    "pdf_page_timeout", "check_only", "loop_retries"}  # loop_retries: in the settings
 # engine flags that change speed and memory, never the text (the rest of the engine is identity)
 MAY_CHANGE_ENGINE = {"gpu-memory-utilization", "data-parallel-size", "tensor-parallel-size",
                      "pipeline-parallel-size", "api-server-count", "speculative-config",
                      "max-num-seqs", "max-num-batched-tokens", "host", "port", "enforce-eager",
                      "swap-space", "kv-cache-memory"}
-
 
 
 def input_identity(args, files: list | None) -> dict:
@@ -2222,10 +2198,8 @@ def run_settings(args) -> dict:
 
 
 def run_identity(args, source: InputSource, engine: dict) -> dict:
-    options = {k: v for k, v in sorted(vars(args).items()) if k not in MAY_CHANGE}
-    options.pop("loop_retries", None)  # in the settings
-    if not args.shuffle:
-        options.pop("seed", None)
+    options = {k: v for k, v in sorted(vars(args).items()) if k not in MAY_CHANGE
+               and (k != "seed" or args.shuffle)}
     flags = {k.lstrip("-").replace("_", "-"): v for k, v in engine.items()}
     pdf = {"pdf": source.pdf.fingerprint()} if source.pdf is not None else {}
     return redact_value({  # a secret is no part of what the run is: a new token, the same run
@@ -2235,21 +2209,22 @@ def run_identity(args, source: InputSource, engine: dict) -> dict:
 
 
 def identity_differences(old, new, where: str = "") -> list[str]:
-    if where == "input.list" and isinstance(old, list) and isinstance(new, list) and old != new:
+    """Each difference between two identities, named (an option by its flag)."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        if where == "input" and "list" in old and "list" in new:  # the lists say it better
+            old, new = ({k: v for k, v in d.items() if k != "digest"} for d in (old, new))
+        return [line for key in sorted(set(old) | set(new), key=str)
+                for line in identity_differences(old.get(key), new.get(key), (
+                    f"--{key.replace('_', '-')}" if where == "options" else f"{where}.{key}"
+                    ).lstrip("."))]
+    if old == new:
+        return []
+    if where == "input.list" and isinstance(old, list) and isinstance(new, list):
         gone, added = sorted(set(old) - set(new)), sorted(set(new) - set(old))
         return [f"input files: {len(gone)} gone or changed ({', '.join(gone[:3])}"
-                f"{', ...' if len(gone) > 3 else ''}), {len(added)} new or changed "
-                f"({', '.join(added[:3])}{', ...' if len(added) > 3 else ''})"]
-    if isinstance(old, dict) and isinstance(new, dict):
-        if where == "input" and "list" in old and "list" in new:
-            old, new = ({k: v for k, v in d.items() if k != "digest"} for d in (old, new))
-        out = []
-        for key in sorted(set(old) | set(new), key=str):
-            label = f"--{key.replace('_', '-')}" if where == "options" else \
-                f"{where}.{key}" if where else key
-            out += identity_differences(old.get(key), new.get(key), label)
-        return out
-    return [] if old == new else [f"{where}: was {json.dumps(old)}, now {json.dumps(new)}"]
+                f"{', ...' * (len(gone) > 3)}), {len(added)} new or changed "
+                f"({', '.join(added[:3])}{', ...' * (len(added) > 3)})"]
+    return [f"{where}: was {json.dumps(old)}, now {json.dumps(new)}"]
 
 
 def pinned_input(store: "OutputStore", args):
@@ -2264,8 +2239,8 @@ def pinned_input(store: "OutputStore", args):
 
 
 def way_out(store: "OutputStore", args, restart: str) -> str:
-    """A refused rerun's way out: `restart` (advice that holds --restart), unless other shards
-    are in OUTPUT, whose rows no shard's --restart deletes."""
+    """A refused rerun's way out: `restart`, unless other shards' rows (no --restart of one
+    shard deletes them) are in OUTPUT."""
     others = store.other_shards_rows() + store.other_writers() if args.num_shards > 1 else []
     return restart if not others else (
         f"write to a new OUTPUT (other shards' rows are in it: {others[0]}, and a shard's "
@@ -2278,15 +2253,13 @@ def check_same_run(recorded: dict | None, identity: dict, store: "OutputStore", 
     another MANIFEST_FORMAT (None: rows and no manifest, format 0), or another identity."""
     version = (recorded or {}).get("format", 0)
     version = version if isinstance(version, int) else 0
-    if version > MANIFEST_FORMAT:
-        fail(f"OUTPUT {store.location()} was written by a newer version of this script "
-             f"(manifest format {version}; this one knows {MANIFEST_FORMAT}): update the script "
-             f"(fetch it again from its URL) and rerun.")
-    if version < MANIFEST_FORMAT:
-        fail(f"OUTPUT {store.location()} was written by an older version of this script "
-             f"(manifest format {version}; this one writes {MANIFEST_FORMAT}), which it cannot "
-             f"finish as the run it recorded: " + way_out(
-                 store, args, "pass --restart to redo the run, or write to a new OUTPUT") + ".")
+    if version != MANIFEST_FORMAT:
+        newer = version > MANIFEST_FORMAT
+        fail(f"OUTPUT {store.location()} was written by {'a newer' if newer else 'an older'} "
+             f"version of this script (manifest format {version}; this one writes "
+             f"{MANIFEST_FORMAT}): " + ("update the script (fetch it again from its URL) and "
+             "rerun." if newer else "it cannot finish the run recorded there: " + way_out(
+                 store, args, "pass --restart to redo the run, or write to a new OUTPUT") + "."))
     before, now = recorded.get("max_samples"), args.max_samples
     longer = args.num_shards == 1 and (now is None or (before is not None and now > before))
     was = (recorded.get("identity") or {}).get("pdf")
