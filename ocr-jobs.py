@@ -81,6 +81,7 @@ EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
 LAUNCHER_OPTIONS_NOT_PASSED = ("--restart", "--num-shards", "--shard-index")
 LEASE = ".ocr/launcher/watching.json"  # which launcher watches OUTPUT (LauncherLease)
 LEASE_S = 15 * 60  # a claim not renewed for this long is a launcher that died
+RELEASE_WAIT_S = 30.0  # how long a stopping launcher waits for its claim to be deleted
 LABEL = "ocr-jobs"  # label keys: ocr-jobs (run id), ocr-output, ocr-shard, ocr-script, ocr-run
 
 
@@ -529,16 +530,35 @@ class LauncherLease:
                     f"({type(exc).__name__}); trying again at the next poll")
 
     def release(self) -> None:
+        """Delete the claim, waiting at most RELEASE_WAIT_S: a Ctrl-C must not hang on a slow
+        Hub (a second Ctrl-C, or the wait running out, leaves the claim to expire)."""
+        import threading
+
         from huggingface_hub import CommitOperationDelete
 
+        failure: list = []
+
+        def delete() -> None:
+            try:
+                self.api.call("create_commit", self.output, repo_type="dataset",
+                              operations=[CommitOperationDelete(path_in_repo=LEASE)],
+                              commit_message=f"ocr-jobs.py: run {self.run_id} is no longer watched")
+            except Exception as exc:
+                first = str(exc).splitlines()[0][:120] if str(exc) else ""
+                failure.append(f"{type(exc).__name__}: {first}")
+
+        worker = threading.Thread(target=delete, daemon=True)
+        worker.start()
         try:
-            self.api.call("create_commit", self.output, repo_type="dataset",
-                          operations=[CommitOperationDelete(path_in_repo=LEASE)],
-                          commit_message=f"ocr-jobs.py: run {self.run_id} is no longer watched")
-        except Exception as exc:
-            log(f"could not remove this launcher's claim on {self.output} ({type(exc).__name__}:"
-                f" {str(exc).splitlines()[0][:120] if str(exc) else ''}); it expires by itself "
-                f"in {LEASE_S // 60:.0f} min, or at once for a launcher on this machine")
+            worker.join(RELEASE_WAIT_S)
+        except KeyboardInterrupt:
+            failure.append("interrupted")
+        if worker.is_alive() and not failure:
+            failure.append(f"no answer in {RELEASE_WAIT_S:.0f} s")
+        if failure:
+            log(f"could not remove this launcher's claim on {self.output} ({failure[0]}); it "
+                f"expires by itself in {LEASE_S // 60:.0f} min, or at once for a launcher on "
+                f"this machine")
 
 
 def submission(spec: JobSpec, script: Path, args, script_args: list[str], revision: str,

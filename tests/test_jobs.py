@@ -16,6 +16,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 import types
 from pathlib import Path
@@ -283,6 +284,33 @@ def test_a_claim_left_on_output_refuses_until_it_expires_or_its_launcher_is_gone
     path.write_text(json.dumps({**claim, "host": socket.gethostname()}))  # killed here
     assert launch(launcher, jobs, stub, shards=2) == 0
     assert "adopting run" in capsys.readouterr().err and len(jobs.submitted) == 2
+
+
+def test_ctrl_c_on_a_hub_that_hangs_ends_the_launcher_and_says_the_claim_expires(
+        launcher, hub, stub_server, monkeypatch, capsys):
+    """Ctrl-C while the Hub stops answering: the launcher deletes its claim in the background,
+    waits RELEASE_WAIT_S at most, and ends, saying the claim expires by itself (it hung on the
+    deletion before, with no way out but a second Ctrl-C and a traceback)."""
+    jobs, stub = hub(4, hold=30.0), stub_server()
+    with_rows(launcher, monkeypatch, 4)
+    jobs.interrupt_after_lists = 1
+    monkeypatch.setattr(launcher, "RELEASE_WAIT_S", 1.0)
+    commit, hang = jobs.create_commit, threading.Event()
+
+    def hangs_on_the_claims_deletion(repo_id, operations, **kwargs):
+        if any(not hasattr(op, "path_or_fileobj") and op.path_in_repo.endswith("watching.json")
+               for op in operations):
+            hang.wait(60)
+        return commit(repo_id, operations, **kwargs)
+    monkeypatch.setattr(jobs, "create_commit", hangs_on_the_claims_deletion)
+    started = time.monotonic()
+    assert launch(launcher, jobs, stub, shards=2) == 130
+    took = time.monotonic() - started
+    hang.set()
+    err = capsys.readouterr().err
+    assert f"could not remove this launcher's claim on {OUTPUT} (no answer in 1 s)" in err
+    assert "expires by itself in 15 min" in err and "Traceback" not in err
+    assert took < 30, took
 
 
 def test_cancel_cancels_every_job_of_the_run(launcher, hub, stub_server, monkeypatch, capsys):
