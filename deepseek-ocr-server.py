@@ -1277,7 +1277,7 @@ class PdfRenderer:
             process.kill()
 
 
-_RENDERER: list = []  # the run's PdfRenderer, started (open_run) before any page is prepared
+_RENDERER: list = []  # the run's PdfRenderer, started (run_script) before any page is prepared
 
 
 def encode_page(img) -> tuple[bytes, str]:
@@ -3187,16 +3187,16 @@ def run_script(args, hub_api, engine: dict, info_entry: dict, ready, work, stop)
         ready(args.check_only)
         store, source = open_output_and_input(args, hub_api)
         identity = run_identity(args, source, engine)
+        if not args.check_only:  # a read-only store: claim_output compares, records nothing
+            store.drop_stale_staged_parts()
+        claim_output(store, identity, args, source.pdf)
         if args.check_only:  # the last stdout line is JSON: every shard's rows (PDF pages)
-            claim_output(store, identity, args)  # a read-only store: it compares, records nothing
             n = len(source.dataset)
             rows = n if source.pdf is None or source.pdf.per_document else source.pdf.first_row(n)
             revision = identity["input"].get("revision")
             log(f"check passed: {rows} rows -> {store.location()}; nothing was written")
             print(json.dumps({"rows": rows, **({"input_revision": revision} if revision else {})}))
             return 0
-        store.drop_stale_staged_parts()
-        claim_output(store, identity, args, source.pdf)
         plan = plan_rows(source, store, args)
         store.resend_local_parts()
         if source.pdf is not None and plan.send:
