@@ -2522,6 +2522,19 @@ def hub_dataset_sha(args) -> str | None:
         return None
 
 
+def check_context_budget(max_model_len, args, option: str = "--max-model-len") -> None:
+    """Image tokens + max_tokens must fit the context (None: unknown), or every page is refused;
+    option: what raises max_model_len (a server's flag, or offline its --llm-kwargs key)."""
+    budget = image_token_budget(args)
+    need, room = budget + args.max_tokens, int(max_model_len or 0) - budget
+    if max_model_len and need > int(max_model_len):
+        advice = f"Lower --max-tokens to at most {room}, or raise" if room > 0 else \
+            f"The largest page alone needs {budget} prompt tokens: raise"
+        fail(f"--max-tokens {args.max_tokens} plus up to {budget} prompt tokens (the largest "
+             f"page) is {need}, over max_model_len {max_model_len}: every request would be "
+             f"refused. {advice} {option} to at least {need}.")
+
+
 def inference_info_entry(args, model_revision: str | None, **engine) -> dict:
     """This run's inference_info entry; engine: the shape's serve_args or llm_kwargs, redacted."""
     return {"model": args.model, "model_revision": model_revision, "script": script_name(),
@@ -3487,18 +3500,6 @@ def server_argument_problems(args) -> list[str]:
     except ValueError as exc:
         problems.append(f"--serve-args --max-model-len: {exc}")
     return problems
-
-
-def check_context_budget(max_model_len, args) -> None:
-    """Image tokens + max_tokens must fit the context (None: unknown), or every page gets a 400."""
-    budget = image_token_budget(args)
-    need, room = budget + args.max_tokens, int(max_model_len or 0) - budget
-    if max_model_len and need > int(max_model_len):
-        advice = f"Lower --max-tokens to at most {room}, or raise" if room > 0 else \
-            f"The largest page alone needs {budget} prompt tokens: raise"
-        fail(f"--max-tokens {args.max_tokens} plus up to {budget} prompt tokens (the largest "
-             f"page) is {need}, over the server's max_model_len {max_model_len}: every request "
-             f"would be refused. {advice} --max-model-len to at least {need}.")
 
 
 SECRET_SERVE_OPTIONS = {"--api-key": "VLLM_API_KEY", "--hf-token": "HF_TOKEN"}

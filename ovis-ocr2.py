@@ -2372,6 +2372,19 @@ def hub_dataset_sha(args) -> str | None:
         return None
 
 
+def check_context_budget(max_model_len, args, option: str = "--max-model-len") -> None:
+    """Image tokens + max_tokens must fit the context (None: unknown), or every page is refused;
+    option: what raises max_model_len (a server's flag, or offline its --llm-kwargs key)."""
+    budget = image_token_budget(args)
+    need, room = budget + args.max_tokens, int(max_model_len or 0) - budget
+    if max_model_len and need > int(max_model_len):
+        advice = f"Lower --max-tokens to at most {room}, or raise" if room > 0 else \
+            f"The largest page alone needs {budget} prompt tokens: raise"
+        fail(f"--max-tokens {args.max_tokens} plus up to {budget} prompt tokens (the largest "
+             f"page) is {need}, over max_model_len {max_model_len}: every request would be "
+             f"refused. {advice} {option} to at least {need}.")
+
+
 def inference_info_entry(args, model_revision: str | None, **engine) -> dict:
     """This run's inference_info entry; engine: the shape's serve_args or llm_kwargs, redacted."""
     return {"model": args.model, "model_revision": model_revision, "script": script_name(),
@@ -3511,12 +3524,8 @@ def run_offline_script(doc: str, argv: list[str] | None = None, hub_api=None) ->
     llm_kwargs = effective_llm_kwargs(args)
 
     def ready(check_only: bool) -> None:  # no vllm and no GPU: the Jobs command, input unread
-        budget = image_token_budget(args)
-        need = budget + args.max_tokens
-        if need > int(llm_kwargs.get("max_model_len") or MAX_MODEL_LEN):
-            fail(f"--max-tokens {args.max_tokens} plus up to {budget} prompt tokens is "
-                 f"{need}, over max_model_len {llm_kwargs.get('max_model_len')}: every page "
-                 f"would fail. Lower --max-tokens or raise max_model_len through --llm-kwargs.")
+        check_context_budget(llm_kwargs.get("max_model_len") or MAX_MODEL_LEN, args,
+                             "max_model_len in --llm-kwargs")
         if not check_only:  # no engine imported
             check_offline_engine()
 

@@ -9,8 +9,9 @@ its model section (blocks/model.py says how) or from the blocks before this one.
 import re
 
 from blocks.model import (
-    add_model_arguments, DEFAULT_MAX_TOKENS, EXTRA_COLUMNS, inference_settings, JOB_IMAGE,
-    model_argument_problems, MODEL_ID, PAGE_FORMAT, postprocess, SCRIPT_SHAPE, target_size,
+    add_model_arguments, DEFAULT_MAX_TOKENS, EXTRA_COLUMNS, image_token_budget,
+    inference_settings, JOB_IMAGE, model_argument_problems, MODEL_ID, PAGE_FORMAT, postprocess,
+    SCRIPT_SHAPE, target_size,
 )
 
 # ==== BEGIN COMMON HELPERS (edit blocks/common.py, then run tools/sync_helpers.py) ====
@@ -2210,6 +2211,19 @@ def hub_dataset_sha(args) -> str | None:
             args.input, revision=args.revision, timeout=10).sha
     except Exception:  # offline, or a private dataset without a token: datasets will say so
         return None
+
+
+def check_context_budget(max_model_len, args, option: str = "--max-model-len") -> None:
+    """Image tokens + max_tokens must fit the context (None: unknown), or every page is refused;
+    option: what raises max_model_len (a server's flag, or offline its --llm-kwargs key)."""
+    budget = image_token_budget(args)
+    need, room = budget + args.max_tokens, int(max_model_len or 0) - budget
+    if max_model_len and need > int(max_model_len):
+        advice = f"Lower --max-tokens to at most {room}, or raise" if room > 0 else \
+            f"The largest page alone needs {budget} prompt tokens: raise"
+        fail(f"--max-tokens {args.max_tokens} plus up to {budget} prompt tokens (the largest "
+             f"page) is {need}, over max_model_len {max_model_len}: every request would be "
+             f"refused. {advice} {option} to at least {need}.")
 
 
 def inference_info_entry(args, model_revision: str | None, **engine) -> dict:

@@ -12,11 +12,11 @@ import time
 from pathlib import Path
 
 from blocks.model import (
-    build_messages, CHAT_KWARGS, image_token_budget, JOB_IMAGE, LLM_KWARGS,
+    build_messages, CHAT_KWARGS, JOB_IMAGE, LLM_KWARGS,
     MAX_MODEL_LEN, sampling_kwargs, VLLM_REQUIREMENT,
 )
 from blocks.common import (
-    _RUN_ARGV, error_row, exception_row, fail, HeldFailures, inference_info_entry,
+    _RUN_ARGV, check_context_budget, error_row, exception_row, fail, HeldFailures, inference_info_entry,
     iter_image_cells, jobs_command, JOBS_NOTE, kept_attempt, log, loop_seed, LOOP_TEMPERATURE,
     loops, PAGE, PageError, parse_arguments, postprocessed, prepare_page, PreparedPage,
     redact_value, requested_revision, resolved_revision, RowResult, run_script, text_layer_row,
@@ -300,12 +300,8 @@ def run_offline_script(doc: str, argv: list[str] | None = None, hub_api=None) ->
     llm_kwargs = effective_llm_kwargs(args)
 
     def ready(check_only: bool) -> None:  # no vllm and no GPU: the Jobs command, input unread
-        budget = image_token_budget(args)
-        need = budget + args.max_tokens
-        if need > int(llm_kwargs.get("max_model_len") or MAX_MODEL_LEN):
-            fail(f"--max-tokens {args.max_tokens} plus up to {budget} prompt tokens is "
-                 f"{need}, over max_model_len {llm_kwargs.get('max_model_len')}: every page "
-                 f"would fail. Lower --max-tokens or raise max_model_len through --llm-kwargs.")
+        check_context_budget(llm_kwargs.get("max_model_len") or MAX_MODEL_LEN, args,
+                             "max_model_len in --llm-kwargs")
         if not check_only:  # no engine imported
             check_offline_engine()
 

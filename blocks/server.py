@@ -17,16 +17,16 @@ import time
 from pathlib import Path
 
 from blocks.model import (
-    build_request, DEFAULT_SERVER, image_token_budget, JOB_IMAGE,
+    build_request, DEFAULT_SERVER, JOB_IMAGE,
     SERVE_ARGS, SERVE_ENV, spawn_args,
 )
 from blocks.common import (
-    DegenerateCheck, error_row, exception_row, EXIT_REFUSED, EXIT_USAGE, fail, flag_items,
-    flag_words, HeldFailures, inference_info_entry, InputSource, iter_image_cells, jobs_command,
-    JOBS_NOTE, kept_attempt, log, loop_seed, LOOP_TEMPERATURE, loops, PAGE, PageError,
-    parse_arguments, PartWriter, postprocessed, prepare_page, PreparedPage, redact_argv,
-    requested_revision, resolved_revision, RowResult, run_script, RunAborted, RunStats, SERVER,
-    text_layer_row,
+    check_context_budget, DegenerateCheck, error_row, exception_row, EXIT_REFUSED, EXIT_USAGE,
+    fail, flag_items, flag_words, HeldFailures, inference_info_entry, InputSource,
+    iter_image_cells, jobs_command, JOBS_NOTE, kept_attempt, log, loop_seed, LOOP_TEMPERATURE,
+    loops, PAGE, PageError, parse_arguments, PartWriter, postprocessed, prepare_page,
+    PreparedPage, redact_argv, requested_revision, resolved_revision, RowResult, run_script,
+    RunAborted, RunStats, SERVER, text_layer_row,
 )
 from blocks.common import cut_at_loop, repetition_detection
 
@@ -117,18 +117,6 @@ def server_argument_problems(args) -> list[str]:
     except ValueError as exc:
         problems.append(f"--serve-args --max-model-len: {exc}")
     return problems
-
-
-def check_context_budget(max_model_len, args) -> None:
-    """Image tokens + max_tokens must fit the context (None: unknown), or every page gets a 400."""
-    budget = image_token_budget(args)
-    need, room = budget + args.max_tokens, int(max_model_len or 0) - budget
-    if max_model_len and need > int(max_model_len):
-        advice = f"Lower --max-tokens to at most {room}, or raise" if room > 0 else \
-            f"The largest page alone needs {budget} prompt tokens: raise"
-        fail(f"--max-tokens {args.max_tokens} plus up to {budget} prompt tokens (the largest "
-             f"page) is {need}, over the server's max_model_len {max_model_len}: every request "
-             f"would be refused. {advice} --max-model-len to at least {need}.")
 
 
 SECRET_SERVE_OPTIONS = {"--api-key": "VLLM_API_KEY", "--hf-token": "HF_TOKEN"}
