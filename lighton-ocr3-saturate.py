@@ -2539,8 +2539,7 @@ def inference_info_entry(args, model_revision: str | None, **engine) -> dict:
     """This run's inference_info entry; engine: the shape's serve_args or llm_kwargs, redacted."""
     return {"model": args.model, "model_revision": model_revision, "script": script_name(),
             "shape": SCRIPT_SHAPE, "image": JOB_IMAGE, **engine,
-            "column": args.output_column, "settings": run_settings(args),
-            "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+            "column": args.output_column, "settings": run_settings(args)}  # run_script stamps it
 
 
 def run_settings(args) -> dict:
@@ -3257,7 +3256,8 @@ def hub_refusal(exc: BaseException, repo: str) -> str:
             f"same command once the Hub answers.")
 
 
-def run_script(args, hub_api, engine: dict, info_entry: dict, ready, work, stop) -> int:
+def run_script(args, hub_api, engine: dict, info_entry: dict, ready, work,
+               stop=lambda force: None) -> int:
     """The run of either shape. ready(check_only) checks the engine before the input is read;
     the output, the input, the manifest may refuse the run before any engine starts; then
     work(run) sends the pages under run_guarded, stop(force) ends the engine. The exits before
@@ -3286,6 +3286,7 @@ def run_script(args, hub_api, engine: dict, info_entry: dict, ready, work, stop)
         stats.extra["rows_recovered"] = len(plan.recovered)
         check = DegenerateCheck(not args.no_sanity_check and not plan.earlier_ok,
                                 args.sanity_pages, len(plan.send))
+        info_entry["timestamp"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         writer = PartWriter(store, source, plan, output_features(source, args), info_entry,
                             check, args)
         recovered = f", {len(plan.recovered)} recovered from the journal" if plan.recovered \

@@ -308,5 +308,5 @@ def run_offline_script(doc: str, argv: list[str] | None = None, hub_api=None) ->
     info_entry = inference_info_entry(args, resolved_revision(args),
                                       llm_kwargs=redact_value(llm_kwargs))
     return run_script(args, hub_api, llm_kwargs, info_entry, ready,
-                      lambda run: run_offline(run, args, _RUN_ARGV, llm_kwargs), lambda force: None)
+                      lambda run: run_offline(run, args, _RUN_ARGV, llm_kwargs))
 # ==== END OFFLINE HELPERS ====
