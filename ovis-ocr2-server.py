@@ -3123,11 +3123,9 @@ def hub_refusal(exc: BaseException, repo: str) -> str:
 
 def run_script(args, hub_api, engine: dict, info_entry: dict, ready, work,
                stop=lambda force: None) -> int:
-    """The run of either shape. ready(check_only) checks the engine before the input is read;
-    the output, the input, the manifest may refuse the run before any engine starts; then
-    work(run) sends the pages under run_guarded, stop(force) ends the engine. The exits before
-    any page is sent (a refused rerun, a held lock, a Ctrl-C while the input loads) are
-    reported in --stats-json too: never an earlier run's file."""
+    """Either shape's run: ready(check_only), the output, input and manifest (--check-only stops
+    there), then work(run) under run_guarded. An exit before any page is sent (a refused rerun,
+    a held lock, Ctrl-C) is in --stats-json too: never an earlier run's file."""
     code = None
     try:
         ready(args.check_only)
