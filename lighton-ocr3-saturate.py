@@ -1345,7 +1345,7 @@ class PdfRenderer:
             process.kill()
 
 
-_RENDERER: list = []  # the run's PdfRenderer, started (open_run) before any page is prepared
+_RENDERER: list = []  # the run's PdfRenderer, started (run_script) before any page is prepared
 
 
 def encode_page(img) -> tuple[bytes, str]:
@@ -2500,6 +2500,26 @@ def hub_dataset_sha(args) -> str | None:
         return None
 
 
+def check_context_budget(max_model_len, args, option: str = "--max-model-len") -> None:
+    """Image tokens + max_tokens must fit the context (None: unknown), or every page is refused;
+    option: what raises max_model_len (a server's flag, or offline its --llm-kwargs key)."""
+    budget = image_token_budget(args)
+    need, room = budget + args.max_tokens, int(max_model_len or 0) - budget
+    if max_model_len and need > int(max_model_len):
+        advice = f"Lower --max-tokens to at most {room}, or raise" if room > 0 else \
+            f"The largest page alone needs {budget} prompt tokens: raise"
+        fail(f"--max-tokens {args.max_tokens} plus up to {budget} prompt tokens (the largest "
+             f"page) is {need}, over max_model_len {max_model_len}: every request would be "
+             f"refused. {advice} {option} to at least {need}.")
+
+
+def inference_info_entry(args, model_revision: str | None, **engine) -> dict:
+    """This run's inference_info entry; engine: the shape's serve_args or llm_kwargs, redacted."""
+    return {"model": args.model, "model_revision": model_revision, "script": script_name(),
+            "shape": SCRIPT_SHAPE, "image": JOB_IMAGE, **engine,
+            "column": args.output_column, "settings": run_settings(args)}  # run_script stamps it
+
+
 def run_settings(args) -> dict:
     """The model's settings and the loop retry's: what the card, inference_info and manifest say."""
     return {**inference_settings(args), "loop_retries": args.loop_retries,
@@ -2818,12 +2838,12 @@ JOBS_NOTE = ("ocr-jobs.py, the collection's launcher beside this script, runs it
              "and OUTPUT must be Hub datasets. Add --dry-run to see the Jobs, time and cost first.")
 
 
-def jobs_command(argv: list[str]) -> str:
-    """This run as the launcher runs it on Jobs: its public options, but not those of this
-    machine (a server, paths) nor the shard's; a local INPUT or OUTPUT is named, not given."""
+def jobs_command(argv: list[str] | None = None) -> str:
+    """This run (argv: the run's) as the launcher runs it on Jobs: its public options, but not
+    those of this machine (a server, paths) nor the shard's; a local INPUT or OUTPUT is named."""
     places, options, shards = [], [], "1"
-    for name, values, _ in public_items(argv, {"--server", "--no-spawn", "--work-dir",
-                                               "--stats-json", "--restart", "--shard-index"}):
+    for name, values, _ in public_items(_RUN_ARGV if argv is None else argv, {
+            "--server", "--no-spawn", "--work-dir", "--stats-json", "--restart", "--shard-index"}):
         if name == "--num-shards":
             shards = values[-1]
         elif name is None:  # INPUT, OUTPUT
@@ -2874,8 +2894,8 @@ def output_counts(store: OutputStore, column: str) -> str:
     return f"This output holds {rows:,} rows: {counted}."
 
 
-def build_card(source: InputSource, store: OutputStore, args, stats: dict, info_entry: dict,
-               argv: list[str]) -> str:
+def build_card(source: InputSource, store: OutputStore, args, stats: dict,
+               info_entry: dict) -> str:
     column, pdf = args.output_column, source.pdf
     serve = info_entry.get("serve_args")
     on_jobs = os.environ.get("JOB_ID") or os.environ.get("HF_JOB_ID")
@@ -2945,7 +2965,7 @@ Serve flags: `{shlex.join(redact_argv(serve)) if serve else 'offline engine'}`
 Reproduce on Hugging Face Jobs:
 
 ```
-{jobs_command(argv)}
+{jobs_command()}
 ```
 
 {JOBS_NOTE}
@@ -3043,11 +3063,12 @@ def argument_parser(doc: str, add_shape_arguments) -> argparse.ArgumentParser:
     return parser
 
 
-def parse_arguments(parser: argparse.ArgumentParser, argv: list[str], engine_problems):
-    """Parse, then check every argument before anything is read, started or created; the
-    server's or the offline engine's own options by engine_problems(args)."""
+def parse_arguments(doc: str, argv: list[str] | None, add_shape_arguments, shape_problems):
+    """The run's argv (default: the command line's) parsed, then every argument checked before
+    anything is read, started or created; the shape's own options by shape_problems(args)."""
     global _VALUE_OPTIONS
-    _RUN_ARGV[:] = argv
+    parser = argument_parser(doc, add_shape_arguments)
+    _RUN_ARGV[:] = argv = sys.argv[1:] if argv is None else list(argv)
     _VALUE_OPTIONS = {s for action in parser._actions for s in action.option_strings
                       if action.nargs != 0}
 
@@ -3089,7 +3110,7 @@ def parse_arguments(parser: argparse.ArgumentParser, argv: list[str], engine_pro
                         f"{args.num_shards}, got {args.shard_index}")
     if args.stats_json:
         problems += filter(None, [unwritable_file("--stats-json", args.stats_json)])
-    problems += engine_problems(args) + model_argument_problems(args)
+    problems += shape_problems(args) + model_argument_problems(args)
     if problems:
         fail("; ".join(problems) + ".")
     resolve_output(args.output)  # exits 2 saying how to write a local path
@@ -3196,43 +3217,6 @@ def open_output_and_input(args, hub_api) -> tuple[OutputStore, InputSource]:
     return store, source
 
 
-def open_run(args, hub_api, engine: dict, info_entry: dict) -> Run:
-    """Everything that may refuse the run, before any engine starts: the output, the input,
-    the manifest, then the rows this run does."""
-    store, source = open_output_and_input(args, hub_api)
-    store.drop_stale_staged_parts()
-    claim_output(store, run_identity(args, source, engine), args, source.pdf)
-    plan = plan_rows(source, store, args)
-    store.resend_local_parts()
-    if source.pdf is not None and plan.send:
-        _RENDERER[:] = [PdfRenderer(source.pdf, args)]  # forked before the driver's threads
-    stats = RunStats(rows_total=source.hi - source.lo, rows_skipped=plan.skipped)
-    stats.extra["rows_recovered"] = len(plan.recovered)
-    check = DegenerateCheck(not args.no_sanity_check and not plan.earlier_ok, args.sanity_pages,
-                            len(plan.send))
-    writer = PartWriter(store, source, plan, output_features(source, args), info_entry, check,
-                        args)
-    recovered = f", {len(plan.recovered)} recovered from the journal" if plan.recovered else ""
-    pages = f" ({len(plan.send)} pages to send)" if plan.send != plan.pending else ""
-    log(f"{len(plan.pending)} of {stats.rows_total} rows to do{pages} ({stats.rows_skipped} "
-        f"already done{recovered}; {len(plan.redo)} error rows redone) -> {store.location()}")
-    return Run(args, store, source, plan, stats, writer, check, info_entry)
-
-
-def check_run(args, hub_api, engine: dict) -> int:
-    """--check-only: open_run's checks up to its first write. The last stdout line is JSON: the
-    run's output rows (every shard's; PDF pages) and the Hub input's revision it resolved."""
-    store, source = open_output_and_input(args, hub_api)
-    identity = run_identity(args, source, engine)
-    claim_output(store, identity, args)  # a read-only store: it compares, records nothing
-    n = len(source.dataset)
-    rows = n if source.pdf is None or source.pdf.per_document else source.pdf.first_row(n)
-    revision = identity["input"].get("revision")
-    log(f"check passed: {rows} rows -> {store.location()}; nothing was written")
-    print(json.dumps({"rows": rows, **({"input_revision": revision} if revision else {})}))
-    return 0
-
-
 def hub_refusal(exc: BaseException, repo: str) -> str:
     """What a Hub error at the start of a run means, and what to check."""
     status = getattr(getattr(exc, "response", None), "status_code", None)
@@ -3247,12 +3231,44 @@ def hub_refusal(exc: BaseException, repo: str) -> str:
             f"same command once the Hub answers.")
 
 
-def early_exits_reported(args, body) -> int:
-    """body() with the exits that come before any page is sent (a refused rerun, a held lock,
-    a Ctrl-C while the input loads) reported in --stats-json too: never an earlier run's file."""
+def run_script(args, hub_api, engine: dict, info_entry: dict, ready, work,
+               stop=lambda force: None) -> int:
+    """Either shape's run: ready(check_only), the output, input and manifest (--check-only stops
+    there), then work(run) under run_guarded. An exit before any page is sent (a refused rerun,
+    a held lock, Ctrl-C) is in --stats-json too: never an earlier run's file."""
     code = None
     try:
-        return body()
+        ready(args.check_only)
+        store, source = open_output_and_input(args, hub_api)
+        identity = run_identity(args, source, engine)
+        if not args.check_only:  # a read-only store: claim_output compares, records nothing
+            store.drop_stale_staged_parts()
+        claim_output(store, identity, args, source.pdf)
+        if args.check_only:  # the last stdout line is JSON: every shard's rows (PDF pages)
+            n = len(source.dataset)
+            rows = n if source.pdf is None or source.pdf.per_document else source.pdf.first_row(n)
+            revision = identity["input"].get("revision")
+            log(f"check passed: {rows} rows -> {store.location()}; nothing was written")
+            print(json.dumps({"rows": rows, **({"input_revision": revision} if revision else {})}))
+            return 0
+        plan = plan_rows(source, store, args)
+        store.resend_local_parts()
+        if source.pdf is not None and plan.send:
+            _RENDERER[:] = [PdfRenderer(source.pdf, args)]  # forked before the driver's threads
+        stats = RunStats(rows_total=source.hi - source.lo, rows_skipped=plan.skipped)
+        stats.extra["rows_recovered"] = len(plan.recovered)
+        check = DegenerateCheck(not args.no_sanity_check and not plan.earlier_ok,
+                                args.sanity_pages, len(plan.send))
+        info_entry["timestamp"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        writer = PartWriter(store, source, plan, output_features(source, args), info_entry,
+                            check, args)
+        recovered = f", {len(plan.recovered)} recovered from the journal" if plan.recovered \
+            else ""
+        pages = f" ({len(plan.send)} pages to send)" if plan.send != plan.pending else ""
+        log(f"{len(plan.pending)} of {stats.rows_total} rows to do{pages} ({stats.rows_skipped} "
+            f"already done{recovered}; {len(plan.redo)} error rows redone) -> {store.location()}")
+        return run_guarded(Run(args, store, source, plan, stats, writer, check, info_entry),
+                           work, stop)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else EXIT_USAGE
         raise
@@ -3269,8 +3285,8 @@ def early_exits_reported(args, body) -> int:
     return code
 
 
-def run_guarded(run: Run, work, stop_engine, argv: list[str]) -> int:
-    """work() under the failure policy; whatever ends it, the finished rows are saved (signals
+def run_guarded(run: Run, work, stop_engine) -> int:
+    """work(run) under the failure policy; whatever ends it, the finished rows are saved (signals
     wait), the engine stopped, then the card, the stats and an exit code that tells the truth."""
     writer, check, store, stats, args = run.writer, run.check, run.store, run.stats, run.args
     interrupts, code = Interrupts(), 0
@@ -3279,7 +3295,7 @@ def run_guarded(run: Run, work, stop_engine, argv: list[str]) -> int:
             if result.error is None and result.skipped is None:
                 check.observe(result)
         if run.plan.send:
-            work()
+            work(run)
     except RunAborted as exc:
         log(f"error: {exc}")
         code = exc.code
@@ -3336,7 +3352,7 @@ def run_guarded(run: Run, work, stop_engine, argv: list[str]) -> int:
                 f"this run saw")
     card_missing = store.parts() and not (store.card_on_hub if store.api is not None else
                                           (store.root / "README.md").exists())
-    store.finish((lambda: build_card(run.source, store, args, result, run.info_entry, argv))
+    store.finish((lambda: build_card(run.source, store, args, result, run.info_entry))
                  if (wrote or card_missing) and not check.tripped else None)
     if store.conflict and not code:
         code = EXIT_USAGE
@@ -3460,18 +3476,6 @@ def server_argument_problems(args) -> list[str]:
     return problems
 
 
-def check_context_budget(max_model_len, args) -> None:
-    """Image tokens + max_tokens must fit the context (None: unknown), or every page gets a 400."""
-    budget = image_token_budget(args)
-    need, room = budget + args.max_tokens, int(max_model_len or 0) - budget
-    if max_model_len and need > int(max_model_len):
-        advice = f"Lower --max-tokens to at most {room}, or raise" if room > 0 else \
-            f"The largest page alone needs {budget} prompt tokens: raise"
-        fail(f"--max-tokens {args.max_tokens} plus up to {budget} prompt tokens (the largest "
-             f"page) is {need}, over the server's max_model_len {max_model_len}: every request "
-             f"would be refused. {advice} --max-model-len to at least {need}.")
-
-
 SECRET_SERVE_OPTIONS = {"--api-key": "VLLM_API_KEY", "--hf-token": "HF_TOKEN"}
 
 
@@ -3540,8 +3544,8 @@ REPORT_EVERY_S = 60.0  # while nothing moves, a line this often: what is waited 
 class ServerManager:
     """Reuse a server, wait for one that is booting, or start `vllm serve` and own it."""
 
-    def __init__(self, args, argv: list[str], log_dir: Path):
-        self.args, self.argv, self.log_dir = args, argv, log_dir
+    def __init__(self, args, log_dir: Path):
+        self.args, self.log_dir = args, log_dir
         self.base, self.host, self.port = server_url_parts(args.server)
         self.local = self.host in ("127.0.0.1", "localhost", "::1", "0.0.0.0")
         serve_args = effective_serve_args(args)
@@ -3756,7 +3760,7 @@ class ServerManager:
                      f"run --gpus all ...`): that image's `vllm` is the vendor's build this model "
                      f"needs, and no other vLLM runs it;\n")
         log(f"error: nothing answers at {self.base} and there is no `vllm` command here to start "
-            f"a server.\n\nRun it on Hugging Face Jobs:\n  {jobs_command(self.argv)}\n"
+            f"a server.\n\nRun it on Hugging Face Jobs:\n  {jobs_command()}\n"
             f"{JOBS_NOTE}\n\nor locally:\n{local}"
             f"  * or pass --server URL to use a vLLM server that is already running.")
         raise SystemExit(2)
@@ -4235,42 +4239,32 @@ def visible_gpus() -> int:
 
 def run_server_script(doc: str, argv: list[str] | None = None, hub_api=None) -> int:
     """The whole run: arguments, input, server, output. `main()` calls it with the docstring."""
-    argv = sys.argv[1:] if argv is None else list(argv)
-    args = parse_arguments(argument_parser(doc, add_server_arguments), argv,
-                           server_argument_problems)  # a bad OUTPUT fails here
+    args = parse_arguments(doc, argv, add_server_arguments, server_argument_problems)
     serve_args = effective_serve_args(args)
     settings = {flag: values[0] if len(values) == 1 else values or True  # a bare flag is True
                 for flag, values, _ in flag_items(serve_args) if flag}
+    server = ServerManager(args, Path("."))
 
-    def body() -> int:
-        if args.check_only:  # no server planned or started; a Job's own server's context checked
-            check_context_budget(serve_max_model_len(args), args)
-            return check_run(args, hub_api, settings)
-        server = ServerManager(args, argv, Path("."))
-        try:  # before the input is read and the repo created
+    def ready(check_only: bool) -> None:  # before the input is read and the repo created
+        if check_only:  # no server planned or started; a Job's own server's context checked
+            return check_context_budget(serve_max_model_len(args), args)
+        try:
             asyncio.run(server.plan())
         except RunAborted as exc:
             fail(str(exc), exc.code)
-        run = open_run(args, hub_api, settings, {
-            "model": args.model, "model_revision": None,  # set once the server is known
-            "script": script_name(), "shape": SCRIPT_SHAPE, "image": JOB_IMAGE,
-            "serve_args": redact_argv(serve_args), "column": args.output_column,
-            "settings": run_settings(args),
-            "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+
+    def work(run) -> None:
         server.log_dir = run.store.meta / "logs"
         window, controller = WINDOW.start(args, run)
+        try:
+            asyncio.run(run_server_pipeline(run.source, run.plan.send, run.writer, run.stats,
+                                            args, server, window, run.check, controller))
+        finally:
+            if controller is not None:
+                run.stats.extra.update(controller.summary())
 
-        def work() -> None:
-            try:
-                asyncio.run(run_server_pipeline(run.source, run.plan.send, run.writer, run.stats,
-                                                args, server, window, run.check, controller))
-            finally:
-                if controller is not None:
-                    run.stats.extra.update(controller.summary())
-
-        return run_guarded(run, work, server.stop, argv)
-
-    return early_exits_reported(args, body)
+    info_entry = inference_info_entry(args, None, serve_args=redact_argv(serve_args))
+    return run_script(args, hub_api, settings, info_entry, ready, work, server.stop)
 # ==== END SERVER HELPERS ====
 
 

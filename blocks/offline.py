@@ -12,16 +12,14 @@ import time
 from pathlib import Path
 
 from blocks.model import (
-    build_messages, CHAT_KWARGS, image_token_budget, JOB_IMAGE, LLM_KWARGS,
-    MAX_MODEL_LEN, sampling_kwargs, SCRIPT_SHAPE, VLLM_REQUIREMENT,
+    build_messages, CHAT_KWARGS, JOB_IMAGE, LLM_KWARGS,
+    MAX_MODEL_LEN, sampling_kwargs, VLLM_REQUIREMENT,
 )
 from blocks.common import (
-    argument_parser, check_run, early_exits_reported, error_row, exception_row,
-    fail, HeldFailures, iter_image_cells, jobs_command, JOBS_NOTE,
-    kept_attempt, log, loop_seed, LOOP_TEMPERATURE, loops, open_run, PAGE, PageError,
-    parse_arguments, postprocessed, prepare_page, PreparedPage, redact_value,
-    requested_revision, resolved_revision, RowResult, run_guarded, run_settings,
-    script_name, text_layer_row,
+    _RUN_ARGV, check_context_budget, error_row, exception_row, fail, HeldFailures, inference_info_entry,
+    iter_image_cells, jobs_command, JOBS_NOTE, kept_attempt, log, loop_seed, LOOP_TEMPERATURE,
+    loops, PAGE, PageError, parse_arguments, postprocessed, prepare_page, PreparedPage,
+    redact_value, requested_revision, resolved_revision, RowResult, run_script, text_layer_row,
 )
 from blocks.common import cut_at_loop, repetition_detection
 
@@ -61,7 +59,7 @@ def gpu_visible() -> bool:
     return any(Path(d).exists() for d in devices) or shutil.which("nvidia-smi") is not None
 
 
-def check_offline_engine(argv: list[str]) -> None:
+def check_offline_engine() -> None:
     """Before the input is read and the repo created: this machine can run vllm.LLM (an
     importable vllm, CPU build included, or the machine's Python with vllm; else a GPU for the
     vllm uv would install), or exit at once with the Jobs command."""
@@ -76,7 +74,7 @@ def check_offline_engine(argv: list[str]) -> None:
         return
     log(f"error: no vllm can be imported here and no GPU is visible (no /dev/nvidia*, no "
         f"nvidia-smi), so vllm.LLM cannot run on this machine.\n\nRun it on Hugging Face Jobs, "
-        f"whose vLLM image provides vllm and a GPU:\n  {jobs_command(argv)}\n{JOBS_NOTE}\n\n"
+        f"whose vLLM image provides vllm and a GPU:\n  {jobs_command()}\n{JOBS_NOTE}\n\n"
         f"or on a machine with a GPU (the script asks uv for vllm there), or where vllm is "
         f"installed (its CPU build runs too).")
     raise SystemExit(2)
@@ -296,35 +294,19 @@ def offline_argument_problems(args) -> list[str]:
     return [] if isinstance(given, dict) else [f"--llm-kwargs must be a JSON object ({given})"]
 
 
-def info_entry_for(args, llm_kwargs) -> dict:
-    return {"model": args.model, "model_revision": resolved_revision(args),
-            "script": script_name(), "shape": SCRIPT_SHAPE, "image": JOB_IMAGE,
-            "llm_kwargs": redact_value(llm_kwargs), "column": args.output_column,
-            "settings": run_settings(args),
-            "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-
-
 def run_offline_script(doc: str, argv: list[str] | None = None, hub_api=None) -> int:
     """The whole run: arguments, input, engine, output. `main()` calls it with the docstring."""
-    argv = sys.argv[1:] if argv is None else list(argv)
-    parser = argument_parser(doc, add_offline_arguments)
-    args = parse_arguments(parser, argv, offline_argument_problems)  # a bad OUTPUT fails here
+    args = parse_arguments(doc, argv, add_offline_arguments, offline_argument_problems)
     llm_kwargs = effective_llm_kwargs(args)
-    budget = image_token_budget(args)
-    need = budget + args.max_tokens
-    if need > int(llm_kwargs.get("max_model_len") or MAX_MODEL_LEN):
-        fail(f"--max-tokens {args.max_tokens} plus up to {budget} prompt tokens is "
-             f"{need}, over max_model_len {llm_kwargs.get('max_model_len')}: every page would "
-             f"fail. Lower --max-tokens or raise max_model_len through --llm-kwargs.")
-    if not args.check_only:  # no vllm and no GPU: the Jobs command, before any input is read
-        check_offline_engine(argv)
 
-    def body() -> int:
-        if args.check_only:  # no engine imported
-            return check_run(args, hub_api, llm_kwargs)
-        run = open_run(args, hub_api, llm_kwargs, info_entry_for(args, llm_kwargs))
-        return run_guarded(run, lambda: run_offline(run, args, argv, llm_kwargs),
-                           lambda force: None, argv)
+    def ready(check_only: bool) -> None:  # no vllm and no GPU: the Jobs command, input unread
+        check_context_budget(llm_kwargs.get("max_model_len") or MAX_MODEL_LEN, args,
+                             "max_model_len in --llm-kwargs")
+        if not check_only:  # no engine imported
+            check_offline_engine()
 
-    return early_exits_reported(args, body)
+    info_entry = inference_info_entry(args, resolved_revision(args),
+                                      llm_kwargs=redact_value(llm_kwargs))
+    return run_script(args, hub_api, llm_kwargs, info_entry, ready,
+                      lambda run: run_offline(run, args, _RUN_ARGV, llm_kwargs))
 # ==== END OFFLINE HELPERS ====

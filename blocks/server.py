@@ -17,16 +17,16 @@ import time
 from pathlib import Path
 
 from blocks.model import (
-    build_request, DEFAULT_SERVER, image_token_budget, JOB_IMAGE,
-    SCRIPT_SHAPE, SERVE_ARGS, SERVE_ENV, spawn_args,
+    build_request, DEFAULT_SERVER, JOB_IMAGE,
+    SERVE_ARGS, SERVE_ENV, spawn_args,
 )
 from blocks.common import (
-    argument_parser, check_run, DegenerateCheck, early_exits_reported, error_row, exception_row,
-    EXIT_REFUSED, EXIT_USAGE, fail, flag_items, flag_words, HeldFailures, InputSource,
+    check_context_budget, DegenerateCheck, error_row, exception_row, EXIT_REFUSED, EXIT_USAGE,
+    fail, flag_items, flag_words, HeldFailures, inference_info_entry, InputSource,
     iter_image_cells, jobs_command, JOBS_NOTE, kept_attempt, log, loop_seed, LOOP_TEMPERATURE,
-    loops, open_run, PAGE, PageError, parse_arguments, PartWriter, postprocessed, prepare_page,
-    PreparedPage, redact_argv, requested_revision, resolved_revision, RowResult,
-    run_guarded, run_settings, RunAborted, RunStats, script_name, SERVER, text_layer_row,
+    loops, PAGE, PageError, parse_arguments, PartWriter, postprocessed, prepare_page,
+    PreparedPage, redact_argv, requested_revision, resolved_revision, RowResult, run_script,
+    RunAborted, RunStats, SERVER, text_layer_row,
 )
 from blocks.common import cut_at_loop, repetition_detection
 
@@ -119,18 +119,6 @@ def server_argument_problems(args) -> list[str]:
     return problems
 
 
-def check_context_budget(max_model_len, args) -> None:
-    """Image tokens + max_tokens must fit the context (None: unknown), or every page gets a 400."""
-    budget = image_token_budget(args)
-    need, room = budget + args.max_tokens, int(max_model_len or 0) - budget
-    if max_model_len and need > int(max_model_len):
-        advice = f"Lower --max-tokens to at most {room}, or raise" if room > 0 else \
-            f"The largest page alone needs {budget} prompt tokens: raise"
-        fail(f"--max-tokens {args.max_tokens} plus up to {budget} prompt tokens (the largest "
-             f"page) is {need}, over the server's max_model_len {max_model_len}: every request "
-             f"would be refused. {advice} --max-model-len to at least {need}.")
-
-
 SECRET_SERVE_OPTIONS = {"--api-key": "VLLM_API_KEY", "--hf-token": "HF_TOKEN"}
 
 
@@ -199,8 +187,8 @@ REPORT_EVERY_S = 60.0  # while nothing moves, a line this often: what is waited 
 class ServerManager:
     """Reuse a server, wait for one that is booting, or start `vllm serve` and own it."""
 
-    def __init__(self, args, argv: list[str], log_dir: Path):
-        self.args, self.argv, self.log_dir = args, argv, log_dir
+    def __init__(self, args, log_dir: Path):
+        self.args, self.log_dir = args, log_dir
         self.base, self.host, self.port = server_url_parts(args.server)
         self.local = self.host in ("127.0.0.1", "localhost", "::1", "0.0.0.0")
         serve_args = effective_serve_args(args)
@@ -415,7 +403,7 @@ class ServerManager:
                      f"run --gpus all ...`): that image's `vllm` is the vendor's build this model "
                      f"needs, and no other vLLM runs it;\n")
         log(f"error: nothing answers at {self.base} and there is no `vllm` command here to start "
-            f"a server.\n\nRun it on Hugging Face Jobs:\n  {jobs_command(self.argv)}\n"
+            f"a server.\n\nRun it on Hugging Face Jobs:\n  {jobs_command()}\n"
             f"{JOBS_NOTE}\n\nor locally:\n{local}"
             f"  * or pass --server URL to use a vLLM server that is already running.")
         raise SystemExit(2)
@@ -894,40 +882,30 @@ def visible_gpus() -> int:
 
 def run_server_script(doc: str, argv: list[str] | None = None, hub_api=None) -> int:
     """The whole run: arguments, input, server, output. `main()` calls it with the docstring."""
-    argv = sys.argv[1:] if argv is None else list(argv)
-    args = parse_arguments(argument_parser(doc, add_server_arguments), argv,
-                           server_argument_problems)  # a bad OUTPUT fails here
+    args = parse_arguments(doc, argv, add_server_arguments, server_argument_problems)
     serve_args = effective_serve_args(args)
     settings = {flag: values[0] if len(values) == 1 else values or True  # a bare flag is True
                 for flag, values, _ in flag_items(serve_args) if flag}
+    server = ServerManager(args, Path("."))
 
-    def body() -> int:
-        if args.check_only:  # no server planned or started; a Job's own server's context checked
-            check_context_budget(serve_max_model_len(args), args)
-            return check_run(args, hub_api, settings)
-        server = ServerManager(args, argv, Path("."))
-        try:  # before the input is read and the repo created
+    def ready(check_only: bool) -> None:  # before the input is read and the repo created
+        if check_only:  # no server planned or started; a Job's own server's context checked
+            return check_context_budget(serve_max_model_len(args), args)
+        try:
             asyncio.run(server.plan())
         except RunAborted as exc:
             fail(str(exc), exc.code)
-        run = open_run(args, hub_api, settings, {
-            "model": args.model, "model_revision": None,  # set once the server is known
-            "script": script_name(), "shape": SCRIPT_SHAPE, "image": JOB_IMAGE,
-            "serve_args": redact_argv(serve_args), "column": args.output_column,
-            "settings": run_settings(args),
-            "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+
+    def work(run) -> None:
         server.log_dir = run.store.meta / "logs"
         window, controller = WINDOW.start(args, run)
+        try:
+            asyncio.run(run_server_pipeline(run.source, run.plan.send, run.writer, run.stats,
+                                            args, server, window, run.check, controller))
+        finally:
+            if controller is not None:
+                run.stats.extra.update(controller.summary())
 
-        def work() -> None:
-            try:
-                asyncio.run(run_server_pipeline(run.source, run.plan.send, run.writer, run.stats,
-                                                args, server, window, run.check, controller))
-            finally:
-                if controller is not None:
-                    run.stats.extra.update(controller.summary())
-
-        return run_guarded(run, work, server.stop, argv)
-
-    return early_exits_reported(args, body)
+    info_entry = inference_info_entry(args, None, serve_args=redact_argv(serve_args))
+    return run_script(args, hub_api, settings, info_entry, ready, work, server.stop)
 # ==== END SERVER HELPERS ====

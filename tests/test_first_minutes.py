@@ -125,6 +125,19 @@ def test_the_budget_of_a_server_to_spawn_is_checked_before_anything(max_len, fit
         assert "raise --max-model-len to at least 24740" in run.stderr
 
 
+@pytest.mark.parametrize("script", OFFLINE_SCRIPTS)
+def test_an_offline_budget_over_the_context_says_by_how_much(script):
+    """The offline shape's budget check is the server's: it says by how much, and what to raise
+    to which size (it said "Lower --max-tokens or raise max_model_len", without numbers)."""
+    module = load_script(script)
+    run = run_script(script, "user/scans", "user/out", "--max-tokens", "1000000", env=NO_VLLM,
+                     timeout=60)
+    assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
+    assert f"over max_model_len {module.MAX_MODEL_LEN}: every request would be refused" \
+        in run.stderr, run.stderr
+    assert "raise max_model_len in --llm-kwargs to at least " in run.stderr
+
+
 def test_a_server_context_below_the_largest_page_never_suggests_a_negative_budget(
         tmp_path, stub_server):
     stub = stub_server("--max-model-len", "8000")

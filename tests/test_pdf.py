@@ -562,6 +562,21 @@ def test_a_pdf_run_recorded_by_the_version_before_the_document_count_resumes(tmp
     assert changed.returncode == 2 and "pdf" in changed.stderr, changed.stderr
 
 
+def test_check_only_accepts_the_larger_max_samples_the_run_accepts(tmp_path, stub_server):
+    """--check-only answers as the run does: it compared a PDF run's fingerprint without the
+    earlier document count, so it refused a larger --max-samples that the run continues."""
+    stub = stub_server()
+    source = tmp_path / "scans"
+    source.mkdir()
+    for d in range(3):
+        (source / f"d{d}.pdf").write_bytes(make_pdf([Page(colour=colour_of(d))]))
+    args = [str(source), str(tmp_path / "out"), *common(stub)]
+    assert run_script(OVIS, *args, "--max-samples", "2").returncode == 0
+    check = run_script(OVIS, *args, "--max-samples", "3", "--check-only")
+    assert check.returncode == 0 and json.loads(check.stdout.splitlines()[-1]) == {"rows": 3}, \
+        check.stderr
+
+
 def test_a_larger_max_samples_over_pdfs_continues_the_run(tmp_path, stub_server):
     """Issue #28: the PDF fingerprint covered the selected documents only, so a larger
     --max-samples (which the README allows on an unsharded rerun) was refused."""

@@ -508,7 +508,7 @@ def test_api_server_count_only_where_it_was_measured(script, cpus, monkeypatch):
     monkeypatch.setattr(module, "usable_cpus", lambda *a: cpus, raising=False)  # saturate only
     monkeypatch.setattr(module, "resolved_revision", lambda args: None)
     args = module.argument_parser(module.__doc__, module.add_server_arguments).parse_args(["in", "./out"])
-    command = module.ServerManager(args, [], Path("/tmp")).serve_command()
+    command = module.ServerManager(args, Path("/tmp")).serve_command()
     count = command[command.index("--api-server-count") + 1] if "--api-server-count" in command else None
     assert count == ("4" if script == SATURATE and cpus >= 12 else None)
 
@@ -559,7 +559,7 @@ def test_a_spawned_server_gets_one_engine_per_visible_gpu_unless_told_otherwise(
     monkeypatch.setattr(module, "resolved_revision", lambda args: None)
     args = module.argument_parser(module.__doc__, module.add_server_arguments).parse_args(
         ["in", "./out", f"--serve-args={serve_args}"])
-    command = module.ServerManager(args, [], tmp_path).serve_command()
+    command = module.ServerManager(args, tmp_path).serve_command()
     given = command[command.index("--data-parallel-size"):][:2] \
         if "--data-parallel-size" in command[:command.index("--port") + 4] else []
     assert given == expected, command

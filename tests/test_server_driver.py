@@ -689,4 +689,5 @@ def test_offline_scripts_load_and_record_the_resolved_revision(monkeypatch):
                                  max_pixels=None, drop_margins=False)
     kwargs = module.effective_llm_kwargs(args)
     assert kwargs["revision"] == SHA
-    assert module.info_entry_for(args, kwargs)["model_revision"] == SHA
+    assert module.inference_info_entry(args, module.resolved_revision(args),
+                                       llm_kwargs=kwargs)["model_revision"] == SHA
