@@ -9,8 +9,9 @@ its model section (blocks/model.py says how) or from the blocks before this one.
 import re
 
 from blocks.model import (
-    add_model_arguments, DEFAULT_MAX_TOKENS, EXTRA_COLUMNS, inference_settings, JOB_IMAGE,
-    model_argument_problems, MODEL_ID, PAGE_FORMAT, postprocess, SCRIPT_SHAPE, target_size,
+    add_model_arguments, DEFAULT_MAX_TOKENS, EXTRA_COLUMNS, image_token_budget, inference_settings,
+    JOB_IMAGE, model_argument_problems, MODEL_ID, PAGE_FORMAT, postprocess, SCRIPT_SHAPE,
+    target_size,
 )
 
 # ==== BEGIN COMMON HELPERS (edit blocks/common.py, then run tools/sync_helpers.py) ====
@@ -1103,6 +1104,19 @@ def repetition_detection(args) -> dict | None:
         if getattr(args, "repetition_detection", False) else None  # a bare namespace: off
 
 
+def check_context_budget(max_model_len, args, context: str = "the server's max_model_len",
+                         knob: str = "--max-model-len") -> None:
+    """Image tokens + max_tokens must fit the context (None: unknown), or every page fails."""
+    budget = image_token_budget(args)
+    need, room = budget + args.max_tokens, int(max_model_len or 0) - budget
+    if max_model_len and need > int(max_model_len):
+        advice = f"Lower --max-tokens to at most {room}, or raise" if room > 0 else \
+            f"The largest page alone needs {budget} prompt tokens: raise"
+        fail(f"--max-tokens {args.max_tokens} plus up to {budget} prompt tokens (the largest "
+             f"page) is {need}, over {context} {max_model_len}: every request would be "
+             f"refused. {advice} {knob} to at least {need}.")
+
+
 def loop_seed(index: int, attempt: int) -> int:
     """The seed of a row's retry: the same row and attempt, the same seed, so a rerun repeats it."""
     return zlib.crc32(f"{index}:{attempt}".encode()) & 0x7FFFFFFF
@@ -1171,34 +1185,6 @@ class DegenerateCheck:
             f"--no-sanity-check to write such output anyway.", code=EXIT_DEGENERATE)
 
 
-class HeldFailures:
-    """Server-side failures wait in `held` until a page is answered; none answered: exit 4."""
-
-    WHO = "server"
-
-    def __init__(self):
-        self.held: list = []  # (row, result), in the order they failed
-        self.failures = self.answered = 0
-        self.last = ""
-
-    def release_held(self) -> list:
-        held, self.held = self.held, []
-        return held
-
-    def at_end(self, redone) -> list:
-        """The rows held, to write; or the run is refused (not for `redone` rows: error rows
-        already, a page the server always fails must not make every rerun exit 4)."""
-        if self.failures and not self.answered and any(i not in redone for i, _ in self.held):
-            self.stop(f"no page of this run was answered: {self.failures} failed on the "
-                      f"{self.WHO}'s side (last: {self.last})")
-        return self.release_held()
-
-    def stop(self, what: str) -> "NoReturn":  # noqa: F821
-        raise RunAborted(f"{what}. Their rows are not written: they stay pending; once the "
-                         f"{self.WHO} works (its log says why it fails), {rerun_advice()} to "
-                         f"send them again. Rows finished before are saved.", EXIT_REFUSED)
-
-
 # ---- results, parts and the output store -----------------------------------------------------
 
 PAGE, SERVER = "page", "server"  # an error row's kind: the page caused it (final), or the server
@@ -1262,12 +1248,6 @@ def joined_pages(pages: list[tuple[int, RowResult]]) -> RowResult:
         digest=digests.pop() if len(digests) == 1 else None)  # the document's, if all pages had it
 
 
-def text_layer_row(page: PreparedPage, args) -> RowResult:
-    chars = sum(not c.isspace() for c in page.text_layer)
-    return RowResult(text_layer=page.text_layer, attempts=0, skipped=f"not sent: its text layer "
-                     f"has {chars} characters (--skip-text-pages {args.skip_text_pages})")
-
-
 def postprocessed(result: RowResult, args) -> RowResult:
     """The model's clean-up applied; an exception in it is this row's error, not the run's."""
     try:
@@ -1276,6 +1256,86 @@ def postprocessed(result: RowResult, args) -> RowResult:
         return result
     except Exception as exc:
         return exception_row(exc, PAGE, "post-processing failed: ")
+
+
+def read_page(cell, args, decode: bool = True) -> PreparedPage | RowResult | None:
+    """prepare_page(), or the row of a page not sent: its error (the row fails, not the run), or
+    its text layer, when that has enough text (--skip-text-pages)."""
+    try:
+        page = prepare_page(cell, args, decode)
+    except PageError as exc:
+        return error_row(str(exc), PAGE)
+    except Exception as exc:  # whatever reading the page raised
+        return exception_row(exc, PAGE)
+    if page is None or not page.skipped:
+        return page
+    chars = sum(not c.isspace() for c in page.text_layer)
+    return RowResult(text_layer=page.text_layer, attempts=0, digest=page.digest, skipped=f"not "
+                     f"sent: its text layer has {chars} characters (--skip-text-pages "
+                     f"{args.skip_text_pages})")
+
+
+class HeldFailures:
+    """Rows that failed on the server's (engine's) side wait until a page is answered after
+    them. `pages` of them in a row over `seconds` (offline: of one exception), or a run with
+    none answered, stop the run (exit 4) and leave them pending for the rerun. A page's own
+    error (a 400, vLLM's ValueError) neither counts nor breaks the streak."""
+
+    def __init__(self, who: str, pages: int, seconds: float, streak: str):
+        self.who, self.pages, self.seconds, self.streak = who, pages, seconds, streak
+        self.held: list = []  # (row, result), in the order they failed
+        self.failures = self.answered = self.count = 0
+        self.kind = self.last = ""
+        self.since: float | None = None
+
+    def failed(self, index: int, result: RowResult, kind: str) -> None:
+        self.held.append((index, result))
+        self.count = self.count + 1 if kind == self.kind else 1
+        self.kind, self.last, self.failures = kind, result.error[:300], self.failures + 1
+        self.since = self.since or time.monotonic()
+        took = time.monotonic() - self.since
+        if self.count >= self.pages and took >= self.seconds:
+            self.stop(f"the last {self.count} pages {self.streak.format(took)} "
+                      f"(last: {self.last})")
+
+    def release(self) -> list:
+        """A page was answered: the rows held, to write."""
+        self.count, self.kind, self.since, self.answered = 0, "", None, self.answered + 1
+        held, self.held = self.held, []
+        return held
+
+    def at_end(self, writer: "PartWriter") -> None:
+        """Write the rows held; or refuse the run (not for rows redone: error rows already, a
+        page the server always fails must not make every rerun exit 4)."""
+        if self.failures and not self.answered and any(i not in writer.redo for i, _ in self.held):
+            self.stop(f"no page of this run was answered: {self.failures} failed on the "
+                      f"{self.who}'s side (last: {self.last})")
+        for row in self.held:
+            writer.add(*row)
+
+    def stop(self, what: str) -> "NoReturn":  # noqa: F821
+        raise RunAborted(f"{what}. Their rows are not written: they stay pending; once the "
+                         f"{self.who} works (its log says why it fails), {rerun_advice()} to "
+                         f"send them again. Rows finished before are saved.", EXIT_REFUSED)
+
+
+def finish_row(writer: "PartWriter", stats: "RunStats", held: HeldFailures, index: int,
+               result: RowResult, latency: float | None = None, failed: str | None = None):
+    """A page's answer, after its loop retries, to its row: counted, cleaned up, judged by the
+    degenerate check, then written; or held, when it failed on the server's side (`failed`:
+    offline, the engine's exception that counts in the streak)."""
+    stats.count_loops(result)
+    digest, result = result.digest, postprocessed(result, writer.args)
+    result.digest = digest
+    stats.record(result, latency)
+    if failed or result.error_kind == SERVER:
+        return held.failed(index, result, failed or SERVER)
+    rows = [(index, result)]
+    if result.error is None and result.skipped is None:
+        writer.check.observe(result)
+        rows += held.release()
+    for row in rows:
+        writer.add(*row)
 
 
 def part_name(start: int, stop: int) -> str:
