@@ -443,7 +443,7 @@ import threading
 import time
 import warnings
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 IMAGE_EXTENSIONS = {".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp", ".webp", ".gif", ".jp2"}
@@ -1650,24 +1650,13 @@ def joined_pages(pages: list[tuple[int, RowResult]]) -> RowResult:
         digest=digests.pop() if len(digests) == 1 else None)  # the document's, if all pages had it
 
 
-def postprocessed(result: RowResult, args) -> RowResult:
-    """The model's clean-up applied; an exception in it is this row's error, not the run's."""
-    try:
-        if result.error is None and result.skipped is None:
-            result.text, result.extras = postprocess(result.text, args)
-        return result
-    except Exception as exc:
-        return exception_row(exc, PAGE, "post-processing failed: ")
-
-
 def read_page(cell, args, decode: bool = True) -> PreparedPage | RowResult | None:
-    """prepare_page(), or the row of a page not sent: its error (the row fails, not the run), or
-    its text layer, when that has enough text (--skip-text-pages)."""
+    """prepare_page(), or the row of a page not sent: its error, or its text layer."""
     try:
         page = prepare_page(cell, args, decode)
     except PageError as exc:
         return error_row(str(exc), PAGE)
-    except Exception as exc:  # whatever reading the page raised
+    except Exception as exc:  # whatever reading the page raised: the row fails, not the run
         return exception_row(exc, PAGE)
     if page is None or not page.skipped:
         return page
@@ -1678,17 +1667,14 @@ def read_page(cell, args, decode: bool = True) -> PreparedPage | RowResult | Non
 
 
 class HeldFailures:
-    """Rows that failed on the server's (engine's) side wait until a page is answered after
-    them. `pages` of them in a row over `seconds` (offline: of one exception), or a run with
-    none answered, stop the run (exit 4) and leave them pending for the rerun. A page's own
-    error (a 400, vLLM's ValueError) neither counts nor breaks the streak."""
+    """Rows failed on the server's (engine's) side, held until a page is answered after them;
+    `pages` in a row over `seconds` (offline: of one exception), or none answered, stop the run."""
 
     def __init__(self, who: str, pages: int, seconds: float, streak: str):
         self.who, self.pages, self.seconds, self.streak = who, pages, seconds, streak
         self.held: list = []  # (row, result), in the order they failed
         self.failures = self.answered = self.count = 0
-        self.kind = self.last = ""
-        self.since: float | None = None
+        self.kind, self.last, self.since = "", "", None
 
     def failed(self, index: int, result: RowResult, kind: str) -> None:
         self.held.append((index, result))
@@ -1700,8 +1686,7 @@ class HeldFailures:
             self.stop(f"the last {self.count} pages {self.streak.format(took)} "
                       f"(last: {self.last})")
 
-    def release(self) -> list:
-        """A page was answered: the rows held, to write."""
+    def release(self) -> list:  # a page was answered: the rows held, to write
         self.count, self.kind, self.since, self.answered = 0, "", None, self.answered + 1
         held, self.held = self.held, []
         return held
@@ -1722,14 +1707,21 @@ class HeldFailures:
 
 
 def finish_row(writer: "PartWriter", stats: "RunStats", held: HeldFailures, index: int,
-               result: RowResult, latency: float | None = None, failed: str | None = None):
-    """A page's answer, after its loop retries, to its row: counted, cleaned up, judged by the
-    degenerate check, then written; or held, when it failed on the server's side (`failed`:
-    offline, the engine's exception that counts in the streak)."""
-    stats.count_loops(result)
-    digest, result = result.digest, postprocessed(result, writer.args)
-    result.digest = digest
-    stats.record(result, latency)
+               result: RowResult, latency: float | None = None, failed: str | None = None) -> None:
+    """A page's answer after its loop retries: counted, cleaned up, judged, then written, or held
+    (it failed on the server's side; `failed`: offline, the engine's exception it counts as)."""
+    stats.loop_retried += (result.attempts or 1) > 1
+    stats.still_looping += loops(result.text, result.finish_reason)  # an error row: no text
+    if result.error is None and result.skipped is None:
+        try:  # the model's clean-up: what it raises is this row's error, not the run's
+            result.text, result.extras = postprocess(result.text, writer.args)
+        except Exception as exc:
+            result = replace(exception_row(exc, PAGE, "post-processing failed: "),
+                             digest=result.digest)
+    stats.errors_seen += result.error is not None
+    stats.latencies += [] if latency is None else [latency]
+    stats.finished_at.append(time.monotonic())
+    stats.tokens.append(result.completion_tokens or 0)
     if failed or result.error_kind == SERVER:
         return held.failed(index, result, failed or SERVER)
     rows = [(index, result)]
@@ -2821,18 +2813,6 @@ class RunStats:
         self.first_started = None  # the first page entered the pipeline
         self.server_startup_s = self.vllm_version = None
         self.extra: dict = {}
-
-    def record(self, result: RowResult, latency: float | None) -> None:
-        self.errors_seen += result.error is not None
-        if latency is not None:
-            self.latencies.append(latency)
-        self.finished_at.append(time.monotonic())
-        self.tokens.append(result.completion_tokens or 0)
-
-    def count_loops(self, result: RowResult) -> None:
-        """A page's raw answer, after its loop retries."""
-        self.loop_retried += (result.attempts or 1) > 1
-        self.still_looping += result.error is None and loops(result.text, result.finish_reason)
 
     def enter(self) -> None:
         self.first_started = self.first_started or time.monotonic()
@@ -4053,7 +4033,7 @@ async def send_until_clean(client, server: "ServerManager", body: bytes, index: 
     """send_page(), then up to --loop-retries more while the kept answer loops."""
     result, previous = await send_page(client, server, body, args), None
     for attempt in range(1, args.loop_retries + 1):
-        if result.error is not None or not loops(result.text, result.finish_reason):
+        if not loops(result.text, result.finish_reason):  # an error row has no text
             break
         seed = loop_seed(index, attempt)
         body, previous = loop_retry_body(body, server.model_name, args, seed, previous), seed

@@ -200,7 +200,7 @@ import threading
 import time
 import warnings
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 IMAGE_EXTENSIONS = {".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp", ".webp", ".gif", ".jp2"}
@@ -1407,24 +1407,13 @@ def joined_pages(pages: list[tuple[int, RowResult]]) -> RowResult:
         digest=digests.pop() if len(digests) == 1 else None)  # the document's, if all pages had it
 
 
-def postprocessed(result: RowResult, args) -> RowResult:
-    """The model's clean-up applied; an exception in it is this row's error, not the run's."""
-    try:
-        if result.error is None and result.skipped is None:
-            result.text, result.extras = postprocess(result.text, args)
-        return result
-    except Exception as exc:
-        return exception_row(exc, PAGE, "post-processing failed: ")
-
-
 def read_page(cell, args, decode: bool = True) -> PreparedPage | RowResult | None:
-    """prepare_page(), or the row of a page not sent: its error (the row fails, not the run), or
-    its text layer, when that has enough text (--skip-text-pages)."""
+    """prepare_page(), or the row of a page not sent: its error, or its text layer."""
     try:
         page = prepare_page(cell, args, decode)
     except PageError as exc:
         return error_row(str(exc), PAGE)
-    except Exception as exc:  # whatever reading the page raised
+    except Exception as exc:  # whatever reading the page raised: the row fails, not the run
         return exception_row(exc, PAGE)
     if page is None or not page.skipped:
         return page
@@ -1435,17 +1424,14 @@ def read_page(cell, args, decode: bool = True) -> PreparedPage | RowResult | Non
 
 
 class HeldFailures:
-    """Rows that failed on the server's (engine's) side wait until a page is answered after
-    them. `pages` of them in a row over `seconds` (offline: of one exception), or a run with
-    none answered, stop the run (exit 4) and leave them pending for the rerun. A page's own
-    error (a 400, vLLM's ValueError) neither counts nor breaks the streak."""
+    """Rows failed on the server's (engine's) side, held until a page is answered after them;
+    `pages` in a row over `seconds` (offline: of one exception), or none answered, stop the run."""
 
     def __init__(self, who: str, pages: int, seconds: float, streak: str):
         self.who, self.pages, self.seconds, self.streak = who, pages, seconds, streak
         self.held: list = []  # (row, result), in the order they failed
         self.failures = self.answered = self.count = 0
-        self.kind = self.last = ""
-        self.since: float | None = None
+        self.kind, self.last, self.since = "", "", None
 
     def failed(self, index: int, result: RowResult, kind: str) -> None:
         self.held.append((index, result))
@@ -1457,8 +1443,7 @@ class HeldFailures:
             self.stop(f"the last {self.count} pages {self.streak.format(took)} "
                       f"(last: {self.last})")
 
-    def release(self) -> list:
-        """A page was answered: the rows held, to write."""
+    def release(self) -> list:  # a page was answered: the rows held, to write
         self.count, self.kind, self.since, self.answered = 0, "", None, self.answered + 1
         held, self.held = self.held, []
         return held
@@ -1479,14 +1464,21 @@ class HeldFailures:
 
 
 def finish_row(writer: "PartWriter", stats: "RunStats", held: HeldFailures, index: int,
-               result: RowResult, latency: float | None = None, failed: str | None = None):
-    """A page's answer, after its loop retries, to its row: counted, cleaned up, judged by the
-    degenerate check, then written; or held, when it failed on the server's side (`failed`:
-    offline, the engine's exception that counts in the streak)."""
-    stats.count_loops(result)
-    digest, result = result.digest, postprocessed(result, writer.args)
-    result.digest = digest
-    stats.record(result, latency)
+               result: RowResult, latency: float | None = None, failed: str | None = None) -> None:
+    """A page's answer after its loop retries: counted, cleaned up, judged, then written, or held
+    (it failed on the server's side; `failed`: offline, the engine's exception it counts as)."""
+    stats.loop_retried += (result.attempts or 1) > 1
+    stats.still_looping += loops(result.text, result.finish_reason)  # an error row: no text
+    if result.error is None and result.skipped is None:
+        try:  # the model's clean-up: what it raises is this row's error, not the run's
+            result.text, result.extras = postprocess(result.text, writer.args)
+        except Exception as exc:
+            result = replace(exception_row(exc, PAGE, "post-processing failed: "),
+                             digest=result.digest)
+    stats.errors_seen += result.error is not None
+    stats.latencies += [] if latency is None else [latency]
+    stats.finished_at.append(time.monotonic())
+    stats.tokens.append(result.completion_tokens or 0)
     if failed or result.error_kind == SERVER:
         return held.failed(index, result, failed or SERVER)
     rows = [(index, result)]
@@ -2579,18 +2571,6 @@ class RunStats:
         self.server_startup_s = self.vllm_version = None
         self.extra: dict = {}
 
-    def record(self, result: RowResult, latency: float | None) -> None:
-        self.errors_seen += result.error is not None
-        if latency is not None:
-            self.latencies.append(latency)
-        self.finished_at.append(time.monotonic())
-        self.tokens.append(result.completion_tokens or 0)
-
-    def count_loops(self, result: RowResult) -> None:
-        """A page's raw answer, after its loop retries."""
-        self.loop_retried += (result.attempts or 1) > 1
-        self.still_looping += result.error is None and loops(result.text, result.finish_reason)
-
     def enter(self) -> None:
         self.first_started = self.first_started or time.monotonic()
         self.in_flight += 1
@@ -3381,16 +3361,15 @@ def effective_llm_kwargs(args) -> dict:
 
 
 def generate_batch(llm, sampling, items: list, args, held: HeldFailures) -> list[tuple]:
-    """(result, the exception's name if it counts in the streak) for [(index, page)]; a batch
-    that raises is split until the bad row is alone. An engine gone (EngineDeadError, out of
-    memory) stops the run; a ValueError is that page's own input refused, like a server's 400."""
+    """[(result, the exception's name when it counts in the streak)]; a batch that raises is split
+    until the bad row is alone. A ValueError is that page's input refused, like a server's 400."""
     try:
         urls = [f"data:{page.mime};base64,{base64.b64encode(page.data).decode()}"
                 for _, page in items]
         outputs = llm.chat([build_messages(url, args) for url in urls], sampling, use_tqdm=False,
                            **CHAT_KWARGS)
     except Exception as exc:
-        if "EngineDead" in type(exc).__name__ or "out of memory" in str(exc).lower():
+        if "EngineDead" in type(exc).__name__ or "out of memory" in str(exc).lower():  # no engine
             held.stop(f"the vLLM engine is gone ({type(exc).__name__}: {str(exc)[:300]})")
         if len(items) == 1:
             counts = None if isinstance(exc, ValueError) else type(exc).__name__
@@ -3462,9 +3441,8 @@ def run_offline(run, args, argv: list[str], llm_kwargs: dict) -> None:
             started = time.monotonic()
             for attempt in range(args.loop_retries + 1 if valid else 0):
                 # the first pass, then the looping pages again, each with its row's seed
-                batch = [(index, page) for index, page in valid if not attempt or (
-                    results[index].error is None and loops(results[index].text,
-                                                           results[index].finish_reason))]
+                batch = [(index, page) for index, page in valid if not attempt or
+                         loops(results[index].text, results[index].finish_reason)]
                 if not batch:
                     break
                 seeded = [sampling(loop_seed(index, attempt)) for index, _ in batch] \

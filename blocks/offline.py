@@ -116,16 +116,15 @@ def effective_llm_kwargs(args) -> dict:
 
 
 def generate_batch(llm, sampling, items: list, args, held: HeldFailures) -> list[tuple]:
-    """(result, the exception's name if it counts in the streak) for [(index, page)]; a batch
-    that raises is split until the bad row is alone. An engine gone (EngineDeadError, out of
-    memory) stops the run; a ValueError is that page's own input refused, like a server's 400."""
+    """[(result, the exception's name when it counts in the streak)]; a batch that raises is split
+    until the bad row is alone. A ValueError is that page's input refused, like a server's 400."""
     try:
         urls = [f"data:{page.mime};base64,{base64.b64encode(page.data).decode()}"
                 for _, page in items]
         outputs = llm.chat([build_messages(url, args) for url in urls], sampling, use_tqdm=False,
                            **CHAT_KWARGS)
     except Exception as exc:
-        if "EngineDead" in type(exc).__name__ or "out of memory" in str(exc).lower():
+        if "EngineDead" in type(exc).__name__ or "out of memory" in str(exc).lower():  # no engine
             held.stop(f"the vLLM engine is gone ({type(exc).__name__}: {str(exc)[:300]})")
         if len(items) == 1:
             counts = None if isinstance(exc, ValueError) else type(exc).__name__
@@ -197,9 +196,8 @@ def run_offline(run, args, argv: list[str], llm_kwargs: dict) -> None:
             started = time.monotonic()
             for attempt in range(args.loop_retries + 1 if valid else 0):
                 # the first pass, then the looping pages again, each with its row's seed
-                batch = [(index, page) for index, page in valid if not attempt or (
-                    results[index].error is None and loops(results[index].text,
-                                                           results[index].finish_reason))]
+                batch = [(index, page) for index, page in valid if not attempt or
+                         loops(results[index].text, results[index].finish_reason)]
                 if not batch:
                     break
                 seeded = [sampling(loop_seed(index, attempt)) for index, _ in batch] \

@@ -535,7 +535,7 @@ async def send_until_clean(client, server: "ServerManager", body: bytes, index: 
     """send_page(), then up to --loop-retries more while the kept answer loops."""
     result, previous = await send_page(client, server, body, args), None
     for attempt in range(1, args.loop_retries + 1):
-        if result.error is not None or not loops(result.text, result.finish_reason):
+        if not loops(result.text, result.finish_reason):  # an error row has no text
             break
         seed = loop_seed(index, attempt)
         body, previous = loop_retry_body(body, server.model_name, args, seed, previous), seed
