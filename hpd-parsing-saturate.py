@@ -443,7 +443,7 @@ import threading
 import time
 import warnings
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 IMAGE_EXTENSIONS = {".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp", ".webp", ".gif", ".jp2"}
@@ -1574,34 +1574,6 @@ class DegenerateCheck:
             f"--no-sanity-check to write such output anyway.", code=EXIT_DEGENERATE)
 
 
-class HeldFailures:
-    """Server-side failures wait in `held` until a page is answered; none answered: exit 4."""
-
-    WHO = "server"
-
-    def __init__(self):
-        self.held: list = []  # (row, result), in the order they failed
-        self.failures = self.answered = 0
-        self.last = ""
-
-    def release_held(self) -> list:
-        held, self.held = self.held, []
-        return held
-
-    def at_end(self, redone) -> list:
-        """The rows held, to write; or the run is refused (not for `redone` rows: error rows
-        already, a page the server always fails must not make every rerun exit 4)."""
-        if self.failures and not self.answered and any(i not in redone for i, _ in self.held):
-            self.stop(f"no page of this run was answered: {self.failures} failed on the "
-                      f"{self.WHO}'s side (last: {self.last})")
-        return self.release_held()
-
-    def stop(self, what: str) -> "NoReturn":  # noqa: F821
-        raise RunAborted(f"{what}. Their rows are not written: they stay pending; once the "
-                         f"{self.WHO} works (its log says why it fails), {rerun_advice()} to "
-                         f"send them again. Rows finished before are saved.", EXIT_REFUSED)
-
-
 # ---- results, parts and the output store -----------------------------------------------------
 
 PAGE, SERVER = "page", "server"  # an error row's kind: the page caused it (final), or the server
@@ -1665,20 +1637,86 @@ def joined_pages(pages: list[tuple[int, RowResult]]) -> RowResult:
         digest=digests.pop() if len(digests) == 1 else None)  # the document's, if all pages had it
 
 
-def text_layer_row(page: PreparedPage, args) -> RowResult:
-    chars = sum(not c.isspace() for c in page.text_layer)
-    return RowResult(text_layer=page.text_layer, attempts=0, skipped=f"not sent: its text layer "
-                     f"has {chars} characters (--skip-text-pages {args.skip_text_pages})")
-
-
-def postprocessed(result: RowResult, args) -> RowResult:
-    """The model's clean-up applied; an exception in it is this row's error, not the run's."""
+def read_page(cell, args, decode: bool = True) -> PreparedPage | RowResult | None:
+    """prepare_page(), or the row of a page not sent: its error, or its text layer."""
     try:
-        if result.error is None and result.skipped is None:
-            result.text, result.extras = postprocess(result.text, args)
-        return result
-    except Exception as exc:
-        return exception_row(exc, PAGE, "post-processing failed: ")
+        page = prepare_page(cell, args, decode)
+    except PageError as exc:
+        return error_row(str(exc), PAGE)
+    except Exception as exc:  # whatever reading the page raised: the row fails, not the run
+        return exception_row(exc, PAGE)
+    if page is None or not page.skipped:
+        return page
+    chars = sum(not c.isspace() for c in page.text_layer)
+    return RowResult(text_layer=page.text_layer, attempts=0, digest=page.digest, skipped=f"not "
+                     f"sent: its text layer has {chars} characters (--skip-text-pages "
+                     f"{args.skip_text_pages})")
+
+
+class HeldFailures:
+    """Rows failed on the server's (engine's) side, held until a page is answered after them;
+    `pages` in a row over `seconds` (offline: of one exception), or none answered, stop the run."""
+
+    def __init__(self, who: str, pages: int, seconds: float, streak: str):
+        self.who, self.pages, self.seconds, self.streak = who, pages, seconds, streak
+        self.held: list = []  # (row, result), in the order they failed
+        self.failures = self.answered = self.count = 0
+        self.kind, self.last, self.since = "", "", None
+
+    def failed(self, index: int, result: RowResult, kind: str) -> None:
+        self.held.append((index, result))
+        self.count = self.count + 1 if kind == self.kind else 1
+        self.kind, self.last, self.failures = kind, result.error[:300], self.failures + 1
+        self.since = self.since or time.monotonic()
+        took = time.monotonic() - self.since
+        if self.count >= self.pages and took >= self.seconds:
+            self.stop(f"the last {self.count} pages {self.streak.format(took)} "
+                      f"(last: {self.last})")
+
+    def release(self) -> list:  # a page was answered: the rows held, to write
+        self.count, self.kind, self.since, self.answered = 0, "", None, self.answered + 1
+        held, self.held = self.held, []
+        return held
+
+    def at_end(self, writer: "PartWriter") -> None:
+        """Write the rows held; or refuse the run (not for rows redone: error rows already, a
+        page the server always fails must not make every rerun exit 4)."""
+        if self.failures and not self.answered and any(i not in writer.redo for i, _ in self.held):
+            self.stop(f"no page of this run was answered: {self.failures} failed on the "
+                      f"{self.who}'s side (last: {self.last})")
+        for row in self.held:
+            writer.add(*row)
+
+    def stop(self, what: str) -> "NoReturn":  # noqa: F821
+        raise RunAborted(f"{what}. Their rows are not written: they stay pending; once the "
+                         f"{self.who} works (its log says why it fails), {rerun_advice()} to "
+                         f"send them again. Rows finished before are saved.", EXIT_REFUSED)
+
+
+def finish_row(writer: "PartWriter", stats: "RunStats", held: HeldFailures, index: int,
+               result: RowResult, latency: float | None = None, failed: str | None = None) -> None:
+    """A page's answer after its loop retries: counted, cleaned up, judged, then written, or held
+    (it failed on the server's side; `failed`: offline, the engine's exception it counts as)."""
+    stats.loop_retried += (result.attempts or 1) > 1
+    stats.still_looping += loops(result.text, result.finish_reason)  # an error row: no text
+    if result.error is None and result.skipped is None:
+        try:  # the model's clean-up: what it raises is this row's error, not the run's
+            result.text, result.extras = postprocess(result.text, writer.args)
+        except Exception as exc:
+            result = replace(exception_row(exc, PAGE, "post-processing failed: "),
+                             digest=result.digest)
+    stats.errors_seen += result.error is not None
+    stats.latencies += [] if latency is None else [latency]
+    stats.finished_at.append(time.monotonic())
+    stats.tokens.append(result.completion_tokens or 0)
+    if failed or result.error_kind == SERVER:
+        return held.failed(index, result, failed or SERVER)
+    rows = [(index, result)]
+    if result.error is None and result.skipped is None:
+        writer.check.observe(result)
+        rows += held.release()
+    for row in rows:
+        writer.add(*row)
 
 
 def part_name(start: int, stop: int) -> str:
@@ -2758,18 +2796,6 @@ class RunStats:
         self.server_startup_s = self.vllm_version = None
         self.extra: dict = {}
 
-    def record(self, result: RowResult, latency: float | None) -> None:
-        self.errors_seen += result.error is not None
-        if latency is not None:
-            self.latencies.append(latency)
-        self.finished_at.append(time.monotonic())
-        self.tokens.append(result.completion_tokens or 0)
-
-    def count_loops(self, result: RowResult) -> None:
-        """A page's raw answer, after its loop retries."""
-        self.loop_retried += (result.attempts or 1) > 1
-        self.still_looping += result.error is None and loops(result.text, result.finish_reason)
-
     def enter(self) -> None:
         self.first_started = self.first_started or time.monotonic()
         self.in_flight += 1
@@ -3482,7 +3508,7 @@ def block_box(values, top: int) -> list[int] | None:
 
 # ==== BEGIN SERVER HELPERS (edit blocks/server.py, then run tools/sync_helpers.py) ====
 # The vLLM server's life cycle, the request loop and its fixed window (WINDOW; a -saturate.py
-# script's SATURATE block replaces it). Model section: SERVE_ARGS .. image_token_budget().
+# script's SATURATE block replaces it). Model section: SERVE_ARGS .. spawn_args().
 import asyncio
 import base64
 import contextlib
@@ -3745,7 +3771,7 @@ class ServerManager:
             return f"{type(exc).__name__}: {exc}"
         return None if response.status_code in (200, 404) else f"HTTP {response.status_code}"
 
-    async def watch(self, client, stats: RunStats, storm: "FailureStorm") -> None:
+    async def watch(self, client, stats: RunStats, storm: HeldFailures) -> None:
         """Stop the run once the server has neither passed /health nor answered a page for
         --server-down-timeout; a page generating on a live server is never cut here."""
         limit = self.args.server_down_timeout
@@ -3985,7 +4011,7 @@ async def send_until_clean(client, server: "ServerManager", body: bytes, index: 
     """send_page(), then up to --loop-retries more while the kept answer loops."""
     result, previous = await send_page(client, server, body, args), None
     for attempt in range(1, args.loop_retries + 1):
-        if result.error is not None or not loops(result.text, result.finish_reason):
+        if not loops(result.text, result.finish_reason):  # an error row has no text
             break
         seed = loop_seed(index, attempt)
         body, previous = loop_retry_body(body, server.model_name, args, seed, previous), seed
@@ -4055,34 +4081,6 @@ async def send_page(client, server: "ServerManager", body: bytes, args) -> RowRe
         if attempt <= args.max_retries:
             await asyncio.sleep(min(30.0, 2 ** attempt) * random.uniform(0.5, 1.0))
     return error_row(f"gave up after {args.max_retries + 1} attempts: {last_error}", SERVER)
-
-
-class FailureStorm(HeldFailures):
-    """Server-side failures (5xx, timeouts) are held until a page is answered after them; many
-    in a row over a while stop the run and leave them pending. A page's own error (a 400)
-    neither counts nor breaks the streak."""
-
-    def __init__(self, pages: int, seconds: float):
-        super().__init__()
-        self.pages, self.seconds = pages, seconds
-        self.count, self.since = 0, None
-
-    def observe(self, index: int, result: RowResult) -> list:
-        """The rows to write now: this one, and those held before, once a page is answered."""
-        if result.error_kind == SERVER:
-            self.held.append((index, result))
-            self.failures, self.count = self.failures + 1, self.count + 1
-            self.last = result.error[:300]
-            self.since = self.since or time.monotonic()
-            if self.count >= self.pages and time.monotonic() - self.since >= self.seconds:
-                self.stop(f"the last {self.count} pages all failed on the server's side over "
-                          f"{time.monotonic() - self.since:.0f} s (last: {self.last})")
-            return []
-        if result.error is not None or result.skipped is not None:
-            return [(index, result)]
-        self.answered += 1
-        self.count, self.since = 0, None
-        return [(index, result), *self.release_held()]
 
 
 class ClientGroup(contextlib.AsyncExitStack):
@@ -4161,13 +4159,14 @@ WINDOW = FixedWindow()
 
 async def run_server_pipeline(source: InputSource, pending: list[int], writer: PartWriter,
                               stats: RunStats, args, server: ServerManager, window: Window,
-                              check: DegenerateCheck, controller=None) -> None:
+                              controller=None) -> None:
     """Start or reuse the server, then keep the window full until every pending row is done."""
     from tqdm import tqdm
 
     loop = asyncio.get_running_loop()
     write_lock = asyncio.Lock()
-    storm = FailureStorm(args.abort_after_failures, args.abort_after_seconds)
+    storm = HeldFailures(SERVER, args.abort_after_failures, args.abort_after_seconds,
+                         "all failed on the server's side over {:.0f} s")
     failure: list[BaseException] = []
     tasks: set[asyncio.Task] = set()
     unlimited = httpx.Limits(max_connections=None, max_keepalive_connections=None)
@@ -4191,21 +4190,20 @@ async def run_server_pipeline(source: InputSource, pending: list[int], writer: P
             client.callback(adapting.cancel)
 
         async def one(index: int, cell) -> None:
-            latency = digest = None
+            latency = None
             try:
                 window.preparing += 1
                 held = cell.get("bytes") if isinstance(cell, dict) else cell
                 try:  # bytes in memory that go out as they are: a header read, no pool hop
                     inline = isinstance(held, (bytes, bytearray, memoryview))
-                    page = inline and prepare_page(cell, args, decode=False) or \
-                        await loop.run_in_executor(prep_pool, prepare_page, cell, args)
+                    page = inline and read_page(cell, args, decode=False) or \
+                        await loop.run_in_executor(prep_pool, read_page, cell, args)
                 finally:
                     window.preparing -= 1
-                digest = page.digest
-                if page.skipped:  # not sent: its text layer is its row
-                    result = text_layer_row(page, args)
+                if isinstance(page, RowResult):  # not sent: its error, or its text layer
+                    result = page
                 else:
-                    layer = page.text_layer
+                    layer, digest = page.text_layer, page.digest
                     body = request_body(page, server.model_name, args)
                     del page, cell
                     if controller:
@@ -4214,30 +4212,20 @@ async def run_server_pipeline(source: InputSource, pending: list[int], writer: P
                     result = await send_until_clean(client, server, body, index, args)
                     del body
                     latency = time.monotonic() - sent
-                    result.text_layer = layer
-            except PageError as exc:
-                result = error_row(str(exc), PAGE)
+                    result.text_layer, result.digest = layer, digest
             except RunAborted as exc:
                 failure.append(exc)
                 return
-            except Exception as exc:  # reading or preparing the page: this row fails, not the run
+            except Exception as exc:  # preparing or sending the page: this row fails, not the run
                 result = exception_row(exc, PAGE)
             finally:
                 stats.leave()
                 await window.release()  # the answer is in: the next page may go
-            stats.count_loops(result)
-            result = postprocessed(result, args)
-            result.digest = digest
-            stats.record(result, latency)
             try:
-                if result.error is None and result.skipped is None:
-                    check.observe(result)
-                finished = storm.observe(index, result)
+                finish_row(writer, stats, storm, index, result, latency)
             except RunAborted as exc:  # nothing written: degenerate, or held by the storm
                 failure.append(exc)
                 return
-            for row in finished:
-                writer.add(*row)
             bar.update(1)
             if result.error is not None:
                 bar.set_postfix(errors=stats.errors_seen, refresh=False)
@@ -4274,8 +4262,7 @@ async def run_server_pipeline(source: InputSource, pending: list[int], writer: P
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             raise failure[0]
-        for row in storm.at_end(writer.redo):
-            writer.add(*row)
+        storm.at_end(writer)
         if controller:  # one last sample: the final state, the final counters
             adapting.cancel()
             await asyncio.gather(adapting, return_exceptions=True)
@@ -4351,7 +4338,7 @@ def run_server_script(doc: str, argv: list[str] | None = None, hub_api=None) -> 
         window, controller = WINDOW.start(args, run)
         try:
             asyncio.run(run_server_pipeline(run.source, run.plan.send, run.writer, run.stats,
-                                            args, server, window, run.check, controller))
+                                            args, server, window, controller))
         finally:
             if controller is not None:
                 run.stats.extra.update(controller.summary())

@@ -200,7 +200,7 @@ import threading
 import time
 import warnings
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 IMAGE_EXTENSIONS = {".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp", ".webp", ".gif", ".jp2"}
@@ -1331,34 +1331,6 @@ class DegenerateCheck:
             f"--no-sanity-check to write such output anyway.", code=EXIT_DEGENERATE)
 
 
-class HeldFailures:
-    """Server-side failures wait in `held` until a page is answered; none answered: exit 4."""
-
-    WHO = "server"
-
-    def __init__(self):
-        self.held: list = []  # (row, result), in the order they failed
-        self.failures = self.answered = 0
-        self.last = ""
-
-    def release_held(self) -> list:
-        held, self.held = self.held, []
-        return held
-
-    def at_end(self, redone) -> list:
-        """The rows held, to write; or the run is refused (not for `redone` rows: error rows
-        already, a page the server always fails must not make every rerun exit 4)."""
-        if self.failures and not self.answered and any(i not in redone for i, _ in self.held):
-            self.stop(f"no page of this run was answered: {self.failures} failed on the "
-                      f"{self.WHO}'s side (last: {self.last})")
-        return self.release_held()
-
-    def stop(self, what: str) -> "NoReturn":  # noqa: F821
-        raise RunAborted(f"{what}. Their rows are not written: they stay pending; once the "
-                         f"{self.WHO} works (its log says why it fails), {rerun_advice()} to "
-                         f"send them again. Rows finished before are saved.", EXIT_REFUSED)
-
-
 # ---- results, parts and the output store -----------------------------------------------------
 
 PAGE, SERVER = "page", "server"  # an error row's kind: the page caused it (final), or the server
@@ -1422,20 +1394,86 @@ def joined_pages(pages: list[tuple[int, RowResult]]) -> RowResult:
         digest=digests.pop() if len(digests) == 1 else None)  # the document's, if all pages had it
 
 
-def text_layer_row(page: PreparedPage, args) -> RowResult:
-    chars = sum(not c.isspace() for c in page.text_layer)
-    return RowResult(text_layer=page.text_layer, attempts=0, skipped=f"not sent: its text layer "
-                     f"has {chars} characters (--skip-text-pages {args.skip_text_pages})")
-
-
-def postprocessed(result: RowResult, args) -> RowResult:
-    """The model's clean-up applied; an exception in it is this row's error, not the run's."""
+def read_page(cell, args, decode: bool = True) -> PreparedPage | RowResult | None:
+    """prepare_page(), or the row of a page not sent: its error, or its text layer."""
     try:
-        if result.error is None and result.skipped is None:
-            result.text, result.extras = postprocess(result.text, args)
-        return result
-    except Exception as exc:
-        return exception_row(exc, PAGE, "post-processing failed: ")
+        page = prepare_page(cell, args, decode)
+    except PageError as exc:
+        return error_row(str(exc), PAGE)
+    except Exception as exc:  # whatever reading the page raised: the row fails, not the run
+        return exception_row(exc, PAGE)
+    if page is None or not page.skipped:
+        return page
+    chars = sum(not c.isspace() for c in page.text_layer)
+    return RowResult(text_layer=page.text_layer, attempts=0, digest=page.digest, skipped=f"not "
+                     f"sent: its text layer has {chars} characters (--skip-text-pages "
+                     f"{args.skip_text_pages})")
+
+
+class HeldFailures:
+    """Rows failed on the server's (engine's) side, held until a page is answered after them;
+    `pages` in a row over `seconds` (offline: of one exception), or none answered, stop the run."""
+
+    def __init__(self, who: str, pages: int, seconds: float, streak: str):
+        self.who, self.pages, self.seconds, self.streak = who, pages, seconds, streak
+        self.held: list = []  # (row, result), in the order they failed
+        self.failures = self.answered = self.count = 0
+        self.kind, self.last, self.since = "", "", None
+
+    def failed(self, index: int, result: RowResult, kind: str) -> None:
+        self.held.append((index, result))
+        self.count = self.count + 1 if kind == self.kind else 1
+        self.kind, self.last, self.failures = kind, result.error[:300], self.failures + 1
+        self.since = self.since or time.monotonic()
+        took = time.monotonic() - self.since
+        if self.count >= self.pages and took >= self.seconds:
+            self.stop(f"the last {self.count} pages {self.streak.format(took)} "
+                      f"(last: {self.last})")
+
+    def release(self) -> list:  # a page was answered: the rows held, to write
+        self.count, self.kind, self.since, self.answered = 0, "", None, self.answered + 1
+        held, self.held = self.held, []
+        return held
+
+    def at_end(self, writer: "PartWriter") -> None:
+        """Write the rows held; or refuse the run (not for rows redone: error rows already, a
+        page the server always fails must not make every rerun exit 4)."""
+        if self.failures and not self.answered and any(i not in writer.redo for i, _ in self.held):
+            self.stop(f"no page of this run was answered: {self.failures} failed on the "
+                      f"{self.who}'s side (last: {self.last})")
+        for row in self.held:
+            writer.add(*row)
+
+    def stop(self, what: str) -> "NoReturn":  # noqa: F821
+        raise RunAborted(f"{what}. Their rows are not written: they stay pending; once the "
+                         f"{self.who} works (its log says why it fails), {rerun_advice()} to "
+                         f"send them again. Rows finished before are saved.", EXIT_REFUSED)
+
+
+def finish_row(writer: "PartWriter", stats: "RunStats", held: HeldFailures, index: int,
+               result: RowResult, latency: float | None = None, failed: str | None = None) -> None:
+    """A page's answer after its loop retries: counted, cleaned up, judged, then written, or held
+    (it failed on the server's side; `failed`: offline, the engine's exception it counts as)."""
+    stats.loop_retried += (result.attempts or 1) > 1
+    stats.still_looping += loops(result.text, result.finish_reason)  # an error row: no text
+    if result.error is None and result.skipped is None:
+        try:  # the model's clean-up: what it raises is this row's error, not the run's
+            result.text, result.extras = postprocess(result.text, writer.args)
+        except Exception as exc:
+            result = replace(exception_row(exc, PAGE, "post-processing failed: "),
+                             digest=result.digest)
+    stats.errors_seen += result.error is not None
+    stats.latencies += [] if latency is None else [latency]
+    stats.finished_at.append(time.monotonic())
+    stats.tokens.append(result.completion_tokens or 0)
+    if failed or result.error_kind == SERVER:
+        return held.failed(index, result, failed or SERVER)
+    rows = [(index, result)]
+    if result.error is None and result.skipped is None:
+        writer.check.observe(result)
+        rows += held.release()
+    for row in rows:
+        writer.add(*row)
 
 
 def part_name(start: int, stop: int) -> str:
@@ -2515,18 +2553,6 @@ class RunStats:
         self.server_startup_s = self.vllm_version = None
         self.extra: dict = {}
 
-    def record(self, result: RowResult, latency: float | None) -> None:
-        self.errors_seen += result.error is not None
-        if latency is not None:
-            self.latencies.append(latency)
-        self.finished_at.append(time.monotonic())
-        self.tokens.append(result.completion_tokens or 0)
-
-    def count_loops(self, result: RowResult) -> None:
-        """A page's raw answer, after its loop retries."""
-        self.loop_retried += (result.attempts or 1) > 1
-        self.still_looping += result.error is None and loops(result.text, result.finish_reason)
-
     def enter(self) -> None:
         self.first_started = self.first_started or time.monotonic()
         self.in_flight += 1
@@ -3312,71 +3338,35 @@ def effective_llm_kwargs(args) -> dict:
     return {key: value for key, value in merged.items() if value is not None}
 
 
-class EngineStreak(HeldFailures):
-    """Stops the run (exit 4) on STREAK pages failing alone in a row with the same exception,
-    a dead engine (EngineDeadError, out of memory), or none answered (HeldFailures). A
-    ValueError is that page's own input refused: its error, like a server's 400."""
-
-    STREAK = 16
-    WHO = "engine"
-
-    def __init__(self):
-        super().__init__()
-        self.count, self.kind = 0, ""
-
-    def failed(self, exc: Exception, alone: bool) -> None:
-        kind, last = type(exc).__name__, f"{type(exc).__name__}: {str(exc)[:300]}"
-        if "EngineDead" in kind or "out of memory" in str(exc).lower():
-            self.stop(f"the vLLM engine is gone ({last})")
-        if alone and not isinstance(exc, ValueError):
-            self.count, self.kind = (self.count + 1 if kind == self.kind else 1), kind
-            self.failures, self.last = self.failures + 1, last
-            if self.count >= self.STREAK:
-                self.stop(f"the last {self.count} pages failed one by one, none answered "
-                          f"between (last: {self.last})")
-
-    def ok(self, pages: int) -> None:
-        self.count, self.kind, self.answered = 0, "", self.answered + pages
-
-    def release(self) -> list:  # the held rows, once a page was answered after them
-        return [] if self.count else self.release_held()
-
-
-def generate_batch(llm, sampling, items: list, args, streak: EngineStreak) -> list[RowResult]:
-    """Results for [(index, page)]; a batch that raises is split until the bad row is alone."""
+def generate_batch(llm, sampling, items: list, args, held: HeldFailures) -> list[tuple]:
+    """[(result, the exception's name when it counts in the streak)]; a batch that raises is split
+    until the bad row is alone. A ValueError is that page's input refused, like a server's 400."""
     try:
         urls = [f"data:{page.mime};base64,{base64.b64encode(page.data).decode()}"
                 for _, page in items]
         outputs = llm.chat([build_messages(url, args) for url in urls], sampling, use_tqdm=False,
                            **CHAT_KWARGS)
     except Exception as exc:
-        streak.failed(exc, alone=len(items) == 1)
+        if "EngineDead" in type(exc).__name__ or "out of memory" in str(exc).lower():  # no engine
+            held.stop(f"the vLLM engine is gone ({type(exc).__name__}: {str(exc)[:300]})")
         if len(items) == 1:
-            return [exception_row(exc, PAGE, "generation failed: ")]
+            counts = None if isinstance(exc, ValueError) else type(exc).__name__
+            return [(exception_row(exc, PAGE, "generation failed: "), counts)]
         half = len(items) // 2
-        return generate_batch(llm, sampling[:half], items[:half], args, streak) + \
-            generate_batch(llm, sampling[half:], items[half:], args, streak)
-    streak.ok(len(items))
+        return generate_batch(llm, sampling[:half], items[:half], args, held) + \
+            generate_batch(llm, sampling[half:], items[half:], args, held)
     results = []
     for output in outputs:
         try:
             completion = output.outputs[0]
-            results.append(RowResult(text=cut_at_loop(completion.text, completion.finish_reason),
-                                     finish_reason=completion.finish_reason,
-                                     prompt_tokens=len(output.prompt_token_ids or []),
-                                     completion_tokens=len(completion.token_ids), attempts=1))
+            results.append((RowResult(text=cut_at_loop(completion.text, completion.finish_reason),
+                                      finish_reason=completion.finish_reason,
+                                      prompt_tokens=len(output.prompt_token_ids or []),
+                                      completion_tokens=len(completion.token_ids), attempts=1),
+                            None))
         except Exception as exc:  # an output without a completion: this row's error
-            results.append(exception_row(exc, PAGE, "unreadable output: "))
+            results.append((exception_row(exc, PAGE, "unreadable output: "), None))
     return results
-
-
-def prepare_or_error(cell, args) -> PreparedPage | RowResult:
-    try:
-        return prepare_page(cell, args)
-    except PageError as exc:
-        return error_row(str(exc), PAGE)
-    except Exception as exc:  # whatever reading the page raised: this row fails, not the run
-        return exception_row(exc, PAGE)
 
 
 def run_offline(run, args, argv: list[str], llm_kwargs: dict) -> None:
@@ -3408,21 +3398,11 @@ def run_offline(run, args, argv: list[str], llm_kwargs: dict) -> None:
     cells = iter_image_cells(run.source, pending)
 
     def submit_next():
-        return [(index, pool.submit(prepare_or_error, cell, args))
+        return [(index, pool.submit(read_page, cell, args))
                 for index, cell in itertools.islice(cells, args.batch_size)]
 
-    digests = {}  # row -> what its page was made from, until the row is written
-
-    def write(index: int, result: RowResult, latency: float | None = None) -> None:
-        stats.count_loops(result)
-        result = postprocessed(result, args)
-        result.digest = digests.pop(index, None)
-        if result.error is None and result.skipped is None:
-            run.check.observe(result)
-        writer.add(index, result)
-        stats.record(result, latency if result.error is None else None)
-
-    streak = EngineStreak()
+    # 16 pages in a row failing alone with one exception, none answered between, stop the run
+    held = HeldFailures("engine", 16, 0.0, "failed one by one, none answered between")
     bar = tqdm(total=len(pending), unit="page", dynamic_ncols=True,
                mininterval=0.5 if sys.stderr.isatty() else 10.0)
     try:
@@ -3430,43 +3410,37 @@ def run_offline(run, args, argv: list[str], llm_kwargs: dict) -> None:
         while upcoming:
             prepared = [(index, future.result()) for index, future in upcoming]
             upcoming = submit_next()
-            results: dict[int, RowResult] = {}  # a page that failed to prepare is its error row
-            valid = []
-            for index, page in prepared:
-                if isinstance(page, PreparedPage):
-                    digests[index] = page.digest
-                    if not page.skipped:
-                        valid.append((index, page))
-                        continue
-                    page = text_layer_row(page, args)
-                results[index] = page
+            results = dict(prepared)  # a page not sent: its row (its error, its text layer)
+            valid = [(index, page) for index, page in prepared if isinstance(page, PreparedPage)]
+            counted = {}  # row -> its exception, when its failure counts in the streak
             stats.in_flight = len(valid)
             stats.peak_in_flight = max(stats.peak_in_flight, len(valid))
             stats.first_started = stats.first_started or time.monotonic()
             started = time.monotonic()
             for attempt in range(args.loop_retries + 1 if valid else 0):
                 # the first pass, then the looping pages again, each with its row's seed
-                batch = [(index, page) for index, page in valid if not attempt or (
-                    results[index].error is None and loops(results[index].text,
-                                                           results[index].finish_reason))]
+                batch = [(index, page) for index, page in valid if not attempt or
+                         loops(results[index].text, results[index].finish_reason)]
                 if not batch:
                     break
                 seeded = [sampling(loop_seed(index, attempt)) for index, _ in batch] \
                     if attempt else [sampling()] * len(batch)
-                for (index, page), result in zip(batch, generate_batch(llm, seeded, batch, args,
-                                                                       streak)):
-                    result.text_layer = page.text_layer
-                    results[index] = kept_attempt(results[index], result) if attempt else result
-            streak.held += [(i, results.pop(i)) for i, _ in valid if results[i].error]
+                for (index, page), (result, counts) in zip(
+                        batch, generate_batch(llm, seeded, batch, args, held)):
+                    result.text_layer, result.digest = page.text_layer, page.digest
+                    if attempt:
+                        results[index] = kept_attempt(results[index], result)
+                    else:
+                        results[index], counted[index] = result, counts
             latency = time.monotonic() - started
-            for index, result in [*results.items(), *streak.release()]:
-                write(index, result, latency)
+            for index, page in prepared:
+                finish_row(writer, stats, held, index, results[index],
+                           latency if isinstance(page, PreparedPage) else None, counted.get(index))
             bar.update(len(prepared))
             bar.set_postfix(errors=stats.errors_seen, refresh=False)
             if writer.due():
                 writer.flush()
-        for index, result in streak.at_end(writer.redo):
-            write(index, result)
+        held.at_end(writer)
         bar.set_postfix(errors=stats.errors_seen)
     finally:
         bar.close()

@@ -41,7 +41,7 @@ import threading
 import time
 import warnings
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 IMAGE_EXTENSIONS = {".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp", ".webp", ".gif", ".jp2"}
@@ -1172,34 +1172,6 @@ class DegenerateCheck:
             f"--no-sanity-check to write such output anyway.", code=EXIT_DEGENERATE)
 
 
-class HeldFailures:
-    """Server-side failures wait in `held` until a page is answered; none answered: exit 4."""
-
-    WHO = "server"
-
-    def __init__(self):
-        self.held: list = []  # (row, result), in the order they failed
-        self.failures = self.answered = 0
-        self.last = ""
-
-    def release_held(self) -> list:
-        held, self.held = self.held, []
-        return held
-
-    def at_end(self, redone) -> list:
-        """The rows held, to write; or the run is refused (not for `redone` rows: error rows
-        already, a page the server always fails must not make every rerun exit 4)."""
-        if self.failures and not self.answered and any(i not in redone for i, _ in self.held):
-            self.stop(f"no page of this run was answered: {self.failures} failed on the "
-                      f"{self.WHO}'s side (last: {self.last})")
-        return self.release_held()
-
-    def stop(self, what: str) -> "NoReturn":  # noqa: F821
-        raise RunAborted(f"{what}. Their rows are not written: they stay pending; once the "
-                         f"{self.WHO} works (its log says why it fails), {rerun_advice()} to "
-                         f"send them again. Rows finished before are saved.", EXIT_REFUSED)
-
-
 # ---- results, parts and the output store -----------------------------------------------------
 
 PAGE, SERVER = "page", "server"  # an error row's kind: the page caused it (final), or the server
@@ -1263,20 +1235,86 @@ def joined_pages(pages: list[tuple[int, RowResult]]) -> RowResult:
         digest=digests.pop() if len(digests) == 1 else None)  # the document's, if all pages had it
 
 
-def text_layer_row(page: PreparedPage, args) -> RowResult:
-    chars = sum(not c.isspace() for c in page.text_layer)
-    return RowResult(text_layer=page.text_layer, attempts=0, skipped=f"not sent: its text layer "
-                     f"has {chars} characters (--skip-text-pages {args.skip_text_pages})")
-
-
-def postprocessed(result: RowResult, args) -> RowResult:
-    """The model's clean-up applied; an exception in it is this row's error, not the run's."""
+def read_page(cell, args, decode: bool = True) -> PreparedPage | RowResult | None:
+    """prepare_page(), or the row of a page not sent: its error, or its text layer."""
     try:
-        if result.error is None and result.skipped is None:
-            result.text, result.extras = postprocess(result.text, args)
-        return result
-    except Exception as exc:
-        return exception_row(exc, PAGE, "post-processing failed: ")
+        page = prepare_page(cell, args, decode)
+    except PageError as exc:
+        return error_row(str(exc), PAGE)
+    except Exception as exc:  # whatever reading the page raised: the row fails, not the run
+        return exception_row(exc, PAGE)
+    if page is None or not page.skipped:
+        return page
+    chars = sum(not c.isspace() for c in page.text_layer)
+    return RowResult(text_layer=page.text_layer, attempts=0, digest=page.digest, skipped=f"not "
+                     f"sent: its text layer has {chars} characters (--skip-text-pages "
+                     f"{args.skip_text_pages})")
+
+
+class HeldFailures:
+    """Rows failed on the server's (engine's) side, held until a page is answered after them;
+    `pages` in a row over `seconds` (offline: of one exception), or none answered, stop the run."""
+
+    def __init__(self, who: str, pages: int, seconds: float, streak: str):
+        self.who, self.pages, self.seconds, self.streak = who, pages, seconds, streak
+        self.held: list = []  # (row, result), in the order they failed
+        self.failures = self.answered = self.count = 0
+        self.kind, self.last, self.since = "", "", None
+
+    def failed(self, index: int, result: RowResult, kind: str) -> None:
+        self.held.append((index, result))
+        self.count = self.count + 1 if kind == self.kind else 1
+        self.kind, self.last, self.failures = kind, result.error[:300], self.failures + 1
+        self.since = self.since or time.monotonic()
+        took = time.monotonic() - self.since
+        if self.count >= self.pages and took >= self.seconds:
+            self.stop(f"the last {self.count} pages {self.streak.format(took)} "
+                      f"(last: {self.last})")
+
+    def release(self) -> list:  # a page was answered: the rows held, to write
+        self.count, self.kind, self.since, self.answered = 0, "", None, self.answered + 1
+        held, self.held = self.held, []
+        return held
+
+    def at_end(self, writer: "PartWriter") -> None:
+        """Write the rows held; or refuse the run (not for rows redone: error rows already, a
+        page the server always fails must not make every rerun exit 4)."""
+        if self.failures and not self.answered and any(i not in writer.redo for i, _ in self.held):
+            self.stop(f"no page of this run was answered: {self.failures} failed on the "
+                      f"{self.who}'s side (last: {self.last})")
+        for row in self.held:
+            writer.add(*row)
+
+    def stop(self, what: str) -> "NoReturn":  # noqa: F821
+        raise RunAborted(f"{what}. Their rows are not written: they stay pending; once the "
+                         f"{self.who} works (its log says why it fails), {rerun_advice()} to "
+                         f"send them again. Rows finished before are saved.", EXIT_REFUSED)
+
+
+def finish_row(writer: "PartWriter", stats: "RunStats", held: HeldFailures, index: int,
+               result: RowResult, latency: float | None = None, failed: str | None = None) -> None:
+    """A page's answer after its loop retries: counted, cleaned up, judged, then written, or held
+    (it failed on the server's side; `failed`: offline, the engine's exception it counts as)."""
+    stats.loop_retried += (result.attempts or 1) > 1
+    stats.still_looping += loops(result.text, result.finish_reason)  # an error row: no text
+    if result.error is None and result.skipped is None:
+        try:  # the model's clean-up: what it raises is this row's error, not the run's
+            result.text, result.extras = postprocess(result.text, writer.args)
+        except Exception as exc:
+            result = replace(exception_row(exc, PAGE, "post-processing failed: "),
+                             digest=result.digest)
+    stats.errors_seen += result.error is not None
+    stats.latencies += [] if latency is None else [latency]
+    stats.finished_at.append(time.monotonic())
+    stats.tokens.append(result.completion_tokens or 0)
+    if failed or result.error_kind == SERVER:
+        return held.failed(index, result, failed or SERVER)
+    rows = [(index, result)]
+    if result.error is None and result.skipped is None:
+        writer.check.observe(result)
+        rows += held.release()
+    for row in rows:
+        writer.add(*row)
 
 
 def part_name(start: int, stop: int) -> str:
@@ -2355,18 +2393,6 @@ class RunStats:
         self.first_started = None  # the first page entered the pipeline
         self.server_startup_s = self.vllm_version = None
         self.extra: dict = {}
-
-    def record(self, result: RowResult, latency: float | None) -> None:
-        self.errors_seen += result.error is not None
-        if latency is not None:
-            self.latencies.append(latency)
-        self.finished_at.append(time.monotonic())
-        self.tokens.append(result.completion_tokens or 0)
-
-    def count_loops(self, result: RowResult) -> None:
-        """A page's raw answer, after its loop retries."""
-        self.loop_retried += (result.attempts or 1) > 1
-        self.still_looping += result.error is None and loops(result.text, result.finish_reason)
 
     def enter(self) -> None:
         self.first_started = self.first_started or time.monotonic()

@@ -16,10 +16,10 @@ from blocks.model import (
     MAX_MODEL_LEN, sampling_kwargs, VLLM_REQUIREMENT,
 )
 from blocks.common import (
-    _RUN_ARGV, check_context_budget, error_row, exception_row, fail, HeldFailures, inference_info_entry,
+    check_context_budget, exception_row, fail, finish_row, HeldFailures, inference_info_entry,
     iter_image_cells, jobs_command, JOBS_NOTE, kept_attempt, log, loop_seed, LOOP_TEMPERATURE,
-    loops, PAGE, PageError, parse_arguments, postprocessed, prepare_page, PreparedPage,
-    redact_value, requested_revision, resolved_revision, RowResult, run_script, text_layer_row,
+    loops, PAGE, parse_arguments, PreparedPage, read_page, redact_value, requested_revision,
+    resolved_revision, RowResult, _RUN_ARGV, run_script,
 )
 from blocks.common import cut_at_loop, repetition_detection
 
@@ -114,71 +114,35 @@ def effective_llm_kwargs(args) -> dict:
     return {key: value for key, value in merged.items() if value is not None}
 
 
-class EngineStreak(HeldFailures):
-    """Stops the run (exit 4) on STREAK pages failing alone in a row with the same exception,
-    a dead engine (EngineDeadError, out of memory), or none answered (HeldFailures). A
-    ValueError is that page's own input refused: its error, like a server's 400."""
-
-    STREAK = 16
-    WHO = "engine"
-
-    def __init__(self):
-        super().__init__()
-        self.count, self.kind = 0, ""
-
-    def failed(self, exc: Exception, alone: bool) -> None:
-        kind, last = type(exc).__name__, f"{type(exc).__name__}: {str(exc)[:300]}"
-        if "EngineDead" in kind or "out of memory" in str(exc).lower():
-            self.stop(f"the vLLM engine is gone ({last})")
-        if alone and not isinstance(exc, ValueError):
-            self.count, self.kind = (self.count + 1 if kind == self.kind else 1), kind
-            self.failures, self.last = self.failures + 1, last
-            if self.count >= self.STREAK:
-                self.stop(f"the last {self.count} pages failed one by one, none answered "
-                          f"between (last: {self.last})")
-
-    def ok(self, pages: int) -> None:
-        self.count, self.kind, self.answered = 0, "", self.answered + pages
-
-    def release(self) -> list:  # the held rows, once a page was answered after them
-        return [] if self.count else self.release_held()
-
-
-def generate_batch(llm, sampling, items: list, args, streak: EngineStreak) -> list[RowResult]:
-    """Results for [(index, page)]; a batch that raises is split until the bad row is alone."""
+def generate_batch(llm, sampling, items: list, args, held: HeldFailures) -> list[tuple]:
+    """[(result, the exception's name when it counts in the streak)]; a batch that raises is split
+    until the bad row is alone. A ValueError is that page's input refused, like a server's 400."""
     try:
         urls = [f"data:{page.mime};base64,{base64.b64encode(page.data).decode()}"
                 for _, page in items]
         outputs = llm.chat([build_messages(url, args) for url in urls], sampling, use_tqdm=False,
                            **CHAT_KWARGS)
     except Exception as exc:
-        streak.failed(exc, alone=len(items) == 1)
+        if "EngineDead" in type(exc).__name__ or "out of memory" in str(exc).lower():  # no engine
+            held.stop(f"the vLLM engine is gone ({type(exc).__name__}: {str(exc)[:300]})")
         if len(items) == 1:
-            return [exception_row(exc, PAGE, "generation failed: ")]
+            counts = None if isinstance(exc, ValueError) else type(exc).__name__
+            return [(exception_row(exc, PAGE, "generation failed: "), counts)]
         half = len(items) // 2
-        return generate_batch(llm, sampling[:half], items[:half], args, streak) + \
-            generate_batch(llm, sampling[half:], items[half:], args, streak)
-    streak.ok(len(items))
+        return generate_batch(llm, sampling[:half], items[:half], args, held) + \
+            generate_batch(llm, sampling[half:], items[half:], args, held)
     results = []
     for output in outputs:
         try:
             completion = output.outputs[0]
-            results.append(RowResult(text=cut_at_loop(completion.text, completion.finish_reason),
-                                     finish_reason=completion.finish_reason,
-                                     prompt_tokens=len(output.prompt_token_ids or []),
-                                     completion_tokens=len(completion.token_ids), attempts=1))
+            results.append((RowResult(text=cut_at_loop(completion.text, completion.finish_reason),
+                                      finish_reason=completion.finish_reason,
+                                      prompt_tokens=len(output.prompt_token_ids or []),
+                                      completion_tokens=len(completion.token_ids), attempts=1),
+                            None))
         except Exception as exc:  # an output without a completion: this row's error
-            results.append(exception_row(exc, PAGE, "unreadable output: "))
+            results.append((exception_row(exc, PAGE, "unreadable output: "), None))
     return results
-
-
-def prepare_or_error(cell, args) -> PreparedPage | RowResult:
-    try:
-        return prepare_page(cell, args)
-    except PageError as exc:
-        return error_row(str(exc), PAGE)
-    except Exception as exc:  # whatever reading the page raised: this row fails, not the run
-        return exception_row(exc, PAGE)
 
 
 def run_offline(run, args, argv: list[str], llm_kwargs: dict) -> None:
@@ -210,21 +174,11 @@ def run_offline(run, args, argv: list[str], llm_kwargs: dict) -> None:
     cells = iter_image_cells(run.source, pending)
 
     def submit_next():
-        return [(index, pool.submit(prepare_or_error, cell, args))
+        return [(index, pool.submit(read_page, cell, args))
                 for index, cell in itertools.islice(cells, args.batch_size)]
 
-    digests = {}  # row -> what its page was made from, until the row is written
-
-    def write(index: int, result: RowResult, latency: float | None = None) -> None:
-        stats.count_loops(result)
-        result = postprocessed(result, args)
-        result.digest = digests.pop(index, None)
-        if result.error is None and result.skipped is None:
-            run.check.observe(result)
-        writer.add(index, result)
-        stats.record(result, latency if result.error is None else None)
-
-    streak = EngineStreak()
+    # 16 pages in a row failing alone with one exception, none answered between, stop the run
+    held = HeldFailures("engine", 16, 0.0, "failed one by one, none answered between")
     bar = tqdm(total=len(pending), unit="page", dynamic_ncols=True,
                mininterval=0.5 if sys.stderr.isatty() else 10.0)
     try:
@@ -232,43 +186,37 @@ def run_offline(run, args, argv: list[str], llm_kwargs: dict) -> None:
         while upcoming:
             prepared = [(index, future.result()) for index, future in upcoming]
             upcoming = submit_next()
-            results: dict[int, RowResult] = {}  # a page that failed to prepare is its error row
-            valid = []
-            for index, page in prepared:
-                if isinstance(page, PreparedPage):
-                    digests[index] = page.digest
-                    if not page.skipped:
-                        valid.append((index, page))
-                        continue
-                    page = text_layer_row(page, args)
-                results[index] = page
+            results = dict(prepared)  # a page not sent: its row (its error, its text layer)
+            valid = [(index, page) for index, page in prepared if isinstance(page, PreparedPage)]
+            counted = {}  # row -> its exception, when its failure counts in the streak
             stats.in_flight = len(valid)
             stats.peak_in_flight = max(stats.peak_in_flight, len(valid))
             stats.first_started = stats.first_started or time.monotonic()
             started = time.monotonic()
             for attempt in range(args.loop_retries + 1 if valid else 0):
                 # the first pass, then the looping pages again, each with its row's seed
-                batch = [(index, page) for index, page in valid if not attempt or (
-                    results[index].error is None and loops(results[index].text,
-                                                           results[index].finish_reason))]
+                batch = [(index, page) for index, page in valid if not attempt or
+                         loops(results[index].text, results[index].finish_reason)]
                 if not batch:
                     break
                 seeded = [sampling(loop_seed(index, attempt)) for index, _ in batch] \
                     if attempt else [sampling()] * len(batch)
-                for (index, page), result in zip(batch, generate_batch(llm, seeded, batch, args,
-                                                                       streak)):
-                    result.text_layer = page.text_layer
-                    results[index] = kept_attempt(results[index], result) if attempt else result
-            streak.held += [(i, results.pop(i)) for i, _ in valid if results[i].error]
+                for (index, page), (result, counts) in zip(
+                        batch, generate_batch(llm, seeded, batch, args, held)):
+                    result.text_layer, result.digest = page.text_layer, page.digest
+                    if attempt:
+                        results[index] = kept_attempt(results[index], result)
+                    else:
+                        results[index], counted[index] = result, counts
             latency = time.monotonic() - started
-            for index, result in [*results.items(), *streak.release()]:
-                write(index, result, latency)
+            for index, page in prepared:
+                finish_row(writer, stats, held, index, results[index],
+                           latency if isinstance(page, PreparedPage) else None, counted.get(index))
             bar.update(len(prepared))
             bar.set_postfix(errors=stats.errors_seen, refresh=False)
             if writer.due():
                 writer.flush()
-        for index, result in streak.at_end(writer.redo):
-            write(index, result)
+        held.at_end(writer)
         bar.set_postfix(errors=stats.errors_seen)
     finally:
         bar.close()

@@ -21,18 +21,17 @@ from blocks.model import (
     SERVE_ARGS, SERVE_ENV, spawn_args,
 )
 from blocks.common import (
-    check_context_budget, DegenerateCheck, error_row, exception_row, EXIT_REFUSED, EXIT_USAGE,
-    fail, flag_items, flag_words, HeldFailures, inference_info_entry, InputSource,
-    iter_image_cells, jobs_command, JOBS_NOTE, kept_attempt, log, loop_seed, LOOP_TEMPERATURE,
-    loops, PAGE, PageError, parse_arguments, PartWriter, postprocessed, prepare_page,
-    PreparedPage, redact_argv, requested_revision, resolved_revision, RowResult, run_script,
-    RunAborted, RunStats, SERVER, text_layer_row,
+    check_context_budget, error_row, exception_row, EXIT_REFUSED, EXIT_USAGE, fail, finish_row,
+    flag_items, flag_words, HeldFailures, inference_info_entry, InputSource, iter_image_cells,
+    jobs_command, JOBS_NOTE, kept_attempt, log, loop_seed, LOOP_TEMPERATURE, loops, PAGE,
+    parse_arguments, PartWriter, PreparedPage, read_page, redact_argv, requested_revision,
+    resolved_revision, RowResult, run_script, RunAborted, RunStats, SERVER,
 )
 from blocks.common import cut_at_loop, repetition_detection
 
 # ==== BEGIN SERVER HELPERS (edit blocks/server.py, then run tools/sync_helpers.py) ====
 # The vLLM server's life cycle, the request loop and its fixed window (WINDOW; a -saturate.py
-# script's SATURATE block replaces it). Model section: SERVE_ARGS .. image_token_budget().
+# script's SATURATE block replaces it). Model section: SERVE_ARGS .. spawn_args().
 import asyncio
 import base64
 import contextlib
@@ -295,7 +294,7 @@ class ServerManager:
             return f"{type(exc).__name__}: {exc}"
         return None if response.status_code in (200, 404) else f"HTTP {response.status_code}"
 
-    async def watch(self, client, stats: RunStats, storm: "FailureStorm") -> None:
+    async def watch(self, client, stats: RunStats, storm: HeldFailures) -> None:
         """Stop the run once the server has neither passed /health nor answered a page for
         --server-down-timeout; a page generating on a live server is never cut here."""
         limit = self.args.server_down_timeout
@@ -535,7 +534,7 @@ async def send_until_clean(client, server: "ServerManager", body: bytes, index: 
     """send_page(), then up to --loop-retries more while the kept answer loops."""
     result, previous = await send_page(client, server, body, args), None
     for attempt in range(1, args.loop_retries + 1):
-        if result.error is not None or not loops(result.text, result.finish_reason):
+        if not loops(result.text, result.finish_reason):  # an error row has no text
             break
         seed = loop_seed(index, attempt)
         body, previous = loop_retry_body(body, server.model_name, args, seed, previous), seed
@@ -605,34 +604,6 @@ async def send_page(client, server: "ServerManager", body: bytes, args) -> RowRe
         if attempt <= args.max_retries:
             await asyncio.sleep(min(30.0, 2 ** attempt) * random.uniform(0.5, 1.0))
     return error_row(f"gave up after {args.max_retries + 1} attempts: {last_error}", SERVER)
-
-
-class FailureStorm(HeldFailures):
-    """Server-side failures (5xx, timeouts) are held until a page is answered after them; many
-    in a row over a while stop the run and leave them pending. A page's own error (a 400)
-    neither counts nor breaks the streak."""
-
-    def __init__(self, pages: int, seconds: float):
-        super().__init__()
-        self.pages, self.seconds = pages, seconds
-        self.count, self.since = 0, None
-
-    def observe(self, index: int, result: RowResult) -> list:
-        """The rows to write now: this one, and those held before, once a page is answered."""
-        if result.error_kind == SERVER:
-            self.held.append((index, result))
-            self.failures, self.count = self.failures + 1, self.count + 1
-            self.last = result.error[:300]
-            self.since = self.since or time.monotonic()
-            if self.count >= self.pages and time.monotonic() - self.since >= self.seconds:
-                self.stop(f"the last {self.count} pages all failed on the server's side over "
-                          f"{time.monotonic() - self.since:.0f} s (last: {self.last})")
-            return []
-        if result.error is not None or result.skipped is not None:
-            return [(index, result)]
-        self.answered += 1
-        self.count, self.since = 0, None
-        return [(index, result), *self.release_held()]
 
 
 class ClientGroup(contextlib.AsyncExitStack):
@@ -711,13 +682,14 @@ WINDOW = FixedWindow()
 
 async def run_server_pipeline(source: InputSource, pending: list[int], writer: PartWriter,
                               stats: RunStats, args, server: ServerManager, window: Window,
-                              check: DegenerateCheck, controller=None) -> None:
+                              controller=None) -> None:
     """Start or reuse the server, then keep the window full until every pending row is done."""
     from tqdm import tqdm
 
     loop = asyncio.get_running_loop()
     write_lock = asyncio.Lock()
-    storm = FailureStorm(args.abort_after_failures, args.abort_after_seconds)
+    storm = HeldFailures(SERVER, args.abort_after_failures, args.abort_after_seconds,
+                         "all failed on the server's side over {:.0f} s")
     failure: list[BaseException] = []
     tasks: set[asyncio.Task] = set()
     unlimited = httpx.Limits(max_connections=None, max_keepalive_connections=None)
@@ -741,21 +713,20 @@ async def run_server_pipeline(source: InputSource, pending: list[int], writer: P
             client.callback(adapting.cancel)
 
         async def one(index: int, cell) -> None:
-            latency = digest = None
+            latency = None
             try:
                 window.preparing += 1
                 held = cell.get("bytes") if isinstance(cell, dict) else cell
                 try:  # bytes in memory that go out as they are: a header read, no pool hop
                     inline = isinstance(held, (bytes, bytearray, memoryview))
-                    page = inline and prepare_page(cell, args, decode=False) or \
-                        await loop.run_in_executor(prep_pool, prepare_page, cell, args)
+                    page = inline and read_page(cell, args, decode=False) or \
+                        await loop.run_in_executor(prep_pool, read_page, cell, args)
                 finally:
                     window.preparing -= 1
-                digest = page.digest
-                if page.skipped:  # not sent: its text layer is its row
-                    result = text_layer_row(page, args)
+                if isinstance(page, RowResult):  # not sent: its error, or its text layer
+                    result = page
                 else:
-                    layer = page.text_layer
+                    layer, digest = page.text_layer, page.digest
                     body = request_body(page, server.model_name, args)
                     del page, cell
                     if controller:
@@ -764,30 +735,20 @@ async def run_server_pipeline(source: InputSource, pending: list[int], writer: P
                     result = await send_until_clean(client, server, body, index, args)
                     del body
                     latency = time.monotonic() - sent
-                    result.text_layer = layer
-            except PageError as exc:
-                result = error_row(str(exc), PAGE)
+                    result.text_layer, result.digest = layer, digest
             except RunAborted as exc:
                 failure.append(exc)
                 return
-            except Exception as exc:  # reading or preparing the page: this row fails, not the run
+            except Exception as exc:  # preparing or sending the page: this row fails, not the run
                 result = exception_row(exc, PAGE)
             finally:
                 stats.leave()
                 await window.release()  # the answer is in: the next page may go
-            stats.count_loops(result)
-            result = postprocessed(result, args)
-            result.digest = digest
-            stats.record(result, latency)
             try:
-                if result.error is None and result.skipped is None:
-                    check.observe(result)
-                finished = storm.observe(index, result)
+                finish_row(writer, stats, storm, index, result, latency)
             except RunAborted as exc:  # nothing written: degenerate, or held by the storm
                 failure.append(exc)
                 return
-            for row in finished:
-                writer.add(*row)
             bar.update(1)
             if result.error is not None:
                 bar.set_postfix(errors=stats.errors_seen, refresh=False)
@@ -824,8 +785,7 @@ async def run_server_pipeline(source: InputSource, pending: list[int], writer: P
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             raise failure[0]
-        for row in storm.at_end(writer.redo):
-            writer.add(*row)
+        storm.at_end(writer)
         if controller:  # one last sample: the final state, the final counters
             adapting.cancel()
             await asyncio.gather(adapting, return_exceptions=True)
@@ -901,7 +861,7 @@ def run_server_script(doc: str, argv: list[str] | None = None, hub_api=None) -> 
         window, controller = WINDOW.start(args, run)
         try:
             asyncio.run(run_server_pipeline(run.source, run.plan.send, run.writer, run.stats,
-                                            args, server, window, run.check, controller))
+                                            args, server, window, controller))
         finally:
             if controller is not None:
                 run.stats.extra.update(controller.summary())

@@ -9,7 +9,6 @@ import json
 import os
 import re
 import shlex
-import signal
 import subprocess
 import sys
 import time
@@ -136,6 +135,20 @@ def test_an_offline_budget_over_the_context_says_by_how_much(script):
     assert f"over max_model_len {module.MAX_MODEL_LEN}: every request would be refused" \
         in run.stderr, run.stderr
     assert "raise max_model_len in --llm-kwargs to at least " in run.stderr
+
+
+@pytest.mark.parametrize("given, said", [
+    ([], "over max_model_len 32768: every request would be refused. Lower --max-tokens to at most"),
+    (["--llm-kwargs", '{"max_model_len": 20000}'],
+     "raise max_model_len in --llm-kwargs to at least 24740")])
+def test_an_offline_budget_over_the_engines_context_is_refused_with_its_figures(given, said):
+    """The same check as a server's, with the context the engine gets (the script's own when
+    --llm-kwargs sets none), before vllm is looked for."""
+    tokens = ["--max-tokens", "40000"] if not given else []
+    run = run_script("ovis-ocr2.py", "user/scans", "user/out", *tokens, *given, env=NO_VLLM,
+                     timeout=60)
+    assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
+    assert said in run.stderr and "no vllm can be imported" not in run.stderr
 
 
 def test_a_server_context_below_the_largest_page_never_suggests_a_negative_budget(

@@ -570,6 +570,25 @@ def test_offline_an_engine_gone_stops_at_once_and_keeps_the_finished_rows(tmp_pa
     assert chat_calls(tmp_path)[2:] == [4, 4]  # the rerun sent only the 8 pending pages
 
 
+def test_offline_a_page_vllm_refuses_is_written_while_the_engine_failures_stay_pending(tmp_path):
+    """As a server's 400 among its 5xx: the refused page's row is final, the pages the engine
+    failed are held, and a run with none answered leaves them pending (exit 4)."""
+    paths = write_image_folder(tmp_path / "in", 3)
+    args = [str(tmp_path / "in"), str(tmp_path / "out"), "--batch-size", "4", "--no-sanity-check"]
+    run = run_script("ovis-ocr2.py", *args, "--stats-json", str(tmp_path / "s.json"),
+                     env={**offline_env(tmp_path), "FAKE_VLLM_RAISE": CUDA_FAULT,
+                          "FAKE_VLLM_REFUSE_ON": page_digest(paths[0])})
+    assert run.returncode == 4, run.stderr[-3000:]
+    assert "no page of this run was answered: 2 failed on the engine's side" in run.stderr
+    stats = stats_of(tmp_path / "s.json")
+    assert (stats["rows_failed"], stats["rows_not_written"]) == (1, 2)
+    run = run_script("ovis-ocr2.py", *args, env=offline_env(tmp_path))
+    assert run.returncode == 0, run.stderr[-3000:]
+    ds = load_output(tmp_path / "out")
+    assert ds["markdown_error"][0] == "generation failed: ValueError: input refused"
+    assert ds["markdown_error"][1:] == [None, None] and all(ds["markdown"][1:])
+
+
 @pytest.mark.parametrize("bad", [3, 11])  # the last of a batch; the last of the run
 def test_offline_one_bad_page_among_good_ones_is_its_rows_final_error(tmp_path, bad):
     paths = write_image_folder(tmp_path / "in", 12)

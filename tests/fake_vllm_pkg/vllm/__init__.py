@@ -8,7 +8,8 @@ Faults, by environment variable: FAKE_VLLM_FAIL_ON=TEXT makes `chat` raise Value
 call holding a page whose answer contains TEXT (every answer has "Page"; a page's own answer
 has the sha1 of its bytes, first 12 hex digits); FAKE_VLLM_RAISE="NAME[: MESSAGE]" raises a
 RuntimeError subclass of that name instead ("EngineDeadError", "OutOfMemoryError: CUDA out
-of memory"), on every call when FAKE_VLLM_FAIL_ON is unset. FAKE_VLLM_LOOP_BELOW=T answers in
+of memory"), on every call when FAKE_VLLM_FAIL_ON is unset; FAKE_VLLM_REFUSE_ON=TEXT raises
+ValueError for such a page whatever else is asked. FAKE_VLLM_LOOP_BELOW=T answers in
 a repetition loop below temperature T (finish_reason FAKE_VLLM_LOOP_FINISH, default
 length); FAKE_VLLM_BATCH_SECONDS sleeps that long per call;
 FAKE_VLLM_ENGINE_LINGERS=S forks an engine process that outlives the driver by S seconds.
@@ -72,8 +73,8 @@ class LLM:
             raw = base64.b64decode(re.match(r"data:image/[a-z]+;base64,(.*)$", url, re.S).group(1))
             text, error = page_text(raw, decode=True)
             raise_as = os.environ.get("FAKE_VLLM_RAISE")  # "EngineDeadError", "Name: message"
-            if error:
-                raise ValueError(error)
+            if error or os.environ.get("FAKE_VLLM_REFUSE_ON", "\0") in text:
+                raise ValueError(error or "input refused")
             if (fail_on and fail_on in text) or (raise_as and not fail_on):
                 name, _, message = (raise_as or "").partition(": ")
                 raise (type(name, (RuntimeError,), {}) if name else ValueError)(
