@@ -19,7 +19,8 @@ Every option the launcher does not know is the script's, passed to every shard a
 Before any Job: the script checks the run itself (`SCRIPT INPUT OUTPUT ... --check-only`, run
 once here: the arguments, the input's revision and row count, the OUTPUT's manifest; it
 prints, as its last stdout line, JSON `{"rows": N}` (the rows of the whole run, every shard's,
-after --max-samples, PDF pages counted; `input_revision` too if it resolved one); refused
+after --max-samples, PDF pages counted; `input_revision` too if it resolved one, and
+`secret_options`, the options holding a secret, which a Job's command would show); refused
 are a local INPUT or OUTPUT, a script argument naming a local file or a local folder as
 --model (a Job cannot read them), `--restart`, `--num-shards`/`--shard-index` (the launcher
 sets them), `--shards` below 1 or above the rows, no token, and an account the Jobs API
@@ -944,6 +945,13 @@ def launch(args, script_args: list[str], hf_api) -> int:
                          "the Jobs get it as a secret")
     on_output = [] if args.dry_run else check_account(api, args.output)
     checked = run_check(script, args, script_args, token)
+    secret = list(dict.fromkeys(checked.get("secret_options") or []))  # the script's judgement
+    if secret:
+        raise UsageError(
+            f"{', '.join(secret)} {'holds a secret' if len(secret) == 1 else 'hold secrets'}, "
+            f"which a Job's command would show to whoever can see your Jobs: leave "
+            f"{'it' if len(secret) == 1 else 'them'} out (a Job gets your Hub token as the secret "
+            f"HF_TOKEN, and starts its own vLLM server)")
     rows = checked.get("rows")
     if rows is not None and args.shards > rows:
         raise UsageError(f"--shards {args.shards} is more than the {rows} rows: pass --shards "

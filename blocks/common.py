@@ -2912,7 +2912,8 @@ def open_run(args, hub_api, engine: dict, info_entry: dict) -> Run:
 
 def check_run(args, hub_api, engine: dict) -> int:
     """--check-only: open_run's checks up to its first write. The last stdout line is JSON: the
-    run's output rows (every shard's; PDF pages) and the Hub input's revision it resolved."""
+    run's output rows (every shard's; PDF pages), the Hub input's revision it resolved and the
+    options that hold a secret."""
     store, source = open_output_and_input(args, hub_api)
     identity = run_identity(args, source, engine)
     claim_output(store, identity, args)  # a read-only store: it compares, records nothing
@@ -2920,7 +2921,10 @@ def check_run(args, hub_api, engine: dict) -> int:
     rows = n if source.pdf is None or source.pdf.per_document else source.pdf.first_row(n)
     revision = identity["input"].get("revision")
     log(f"check passed: {rows} rows -> {store.location()}; nothing was written")
-    print(json.dumps({"rows": rows, **({"input_revision": revision} if revision else {})}))
+    secret: list = []  # the options holding a secret (the launcher keeps them out of a Job)
+    public_items(_RUN_ARGV, set(), secret)
+    print(json.dumps({"rows": rows, **({"input_revision": revision} if revision else {}),
+                      **({"secret_options": secret} if secret else {})}))
     return 0
 
 

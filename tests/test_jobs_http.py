@@ -349,3 +349,18 @@ def test_a_hub_that_refuses_the_claim_is_one_line_and_no_job(hub, stub_server):
     code, out, err = fake.run(stub_server(), shards=2)
     assert code == 1 and f"could not claim {OUTPUT} on the Hub" in err, err
     assert "Traceback" not in err and fake.server.jobs == []
+
+
+@pytest.mark.parametrize("dry_run", [True, False])
+def test_a_secret_in_the_script_arguments_is_refused_never_printed(hub, dry_run):
+    """A secret among the script's arguments (an API key, a token in --serve-args) would sit in
+    every Job's command, which whoever sees the Jobs reads, and the dry run printed it: the
+    script's own check names the options holding one, and the launcher refuses them."""
+    fake, key = hub(4), "sk-abcdefghijklmnop"
+    code, out, err = fake.run(None, "--serve-args", f"--max-num-seqs 8 --api-key {key}",
+                              "--api-key", "plainvalue123", *(["--dry-run"] if dry_run else []),
+                              shards=2)
+    assert code == 2 and "--serve-args, --api-key hold secrets" in err, err
+    for secret in (key, "plainvalue123", TOKEN):
+        assert secret not in out + err
+    assert fake.server.jobs == [] and "Traceback" not in err
