@@ -925,6 +925,12 @@ def main(argv: list[str] | None = None, hf_api=None) -> int:
     except UsageError as exc:
         log(f"{PROG}: {exc}")
         return exc.code
+    except KeyboardInterrupt:  # before the Jobs (the check, the claim) or after the watch
+        after = getattr(args, "submitting", False)
+        log(f"\n{PROG}: interrupted: " + ("the Jobs named above keep running; rerun the same "
+                                          "command to watch them" if after else
+                                          "no Job was submitted"))
+        return EXIT_INTERRUPTED
 
 
 def launch(args, script_args: list[str], hf_api) -> int:
@@ -983,6 +989,7 @@ def launch(args, script_args: list[str], hf_api) -> int:
     ctx = {"args": args, "script": script, "spec": spec, "run_id": run_id,
            "revision": revision, "lease": lease}
     started = time.monotonic()
+    args.submitting = True  # from here, Ctrl-C leaves Jobs running
     try:
         script_url = None if spec.has_uv else ship_script(api, script, args.output)
 

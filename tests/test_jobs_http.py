@@ -364,3 +364,16 @@ def test_a_secret_in_the_script_arguments_is_refused_never_printed(hub, dry_run)
     for secret in (key, "plainvalue123", TOKEN):
         assert secret not in out + err
     assert fake.server.jobs == [] and "Traceback" not in err
+
+
+def test_ctrl_c_while_the_run_is_checked_is_one_line(hub, stub_server):
+    """Ctrl-C while the script checks the run (its `uv run ... --check-only`, seconds to
+    minutes): a line saying nothing was submitted, exit 130, no traceback, no claim left."""
+    fake = hub(4)
+    launcher = fake.launcher(stub_server(), shards=2)
+    assert "checking the run" in launcher.stderr.readline()
+    time.sleep(0.5)
+    launcher.send_signal(2)
+    out, err = launcher.communicate(timeout=60)
+    assert launcher.returncode == 130 and "interrupted: no Job was submitted" in err, err
+    assert "Traceback" not in err and fake.server.jobs == []
