@@ -42,9 +42,10 @@ whose Job ended with rows missing is submitted again, at most --max-attempts tim
 script resumes where it stopped); a Job that stays SCHEDULING for 10 minutes is reported.
 
 Ctrl-C leaves the Jobs running and prints their ids: the same command again adopts them and
-submits only what is missing; `--cancel` cancels every Job of the run. A second launcher on the
-same OUTPUT, from this machine or another, exits 2, naming the first's run id: the launcher
-watching OUTPUT holds a claim in its `.ocr/launcher/` on the Hub.
+submits only what is missing; `--cancel` cancels every Job of the run, and a launcher watching
+it stops rather than submitting them again. A second launcher on the same OUTPUT, from this
+machine or another, exits 2, naming the first's run id: the launcher watching OUTPUT holds a
+claim in its `.ocr/launcher/` on the Hub (and stops if another launcher took it over).
 
 Exit status: 0 every shard's rows are written; 1 shards still missing rows after
 --max-attempts (named, with what to do), or the watch stopped on the Hub's errors (the Jobs
