@@ -292,10 +292,11 @@ os.environ.setdefault("PILLOW_BLOCK_SIZE", "64m")
 PART_NAME = re.compile(r"^part-(\d{9})-(\d{9})\.parquet$")
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
 UPLOAD_ATTEMPTS, UPLOAD_BACKOFF_S, UPLOAD_MAX_WAIT_S = 5, 2.0, 600.0
-# values that look like credentials (Hub tokens, OpenAI-style keys), wherever they appear; a
-# URL's user information; a value given under a name in text (masked when named like a secret):
+# values that look like credentials (Hub tokens, OpenAI-style keys), wherever they appear, but
+# not a name (vLLM's "hf_overrides": a key, a keyword, a path); a URL's user information; a
+# value given under a name in text (masked when named like a secret):
 # name=value (a URL's query, a flag, a variable) or 'name': 'value' (JSON, a Python dict)
-TOKEN_VALUE = re.compile(r"\b(?:hf_|api_org_|sk-)[A-Za-z0-9_-]{8,}")
+TOKEN_VALUE = re.compile(r"\b(?:hf_|api_org_|sk-)[A-Za-z0-9_-]{8,}(?![\w-]|['\"]\s*:|\s*=|/)")
 URL_USERINFO = re.compile(r"(?<=://)[^/\s@?#]+@")
 NAMED_VALUE = re.compile(r"""((?<![\w.-])(['"])?([\w.-]+)(?(2)\2\s*:\s*|=)['"]?)([^\s&#'",}]+)""")
 # names whose value is a secret: options (--hf-token, --a.b.secret-key), JSON keys, URL queries
@@ -3207,7 +3208,10 @@ def run_script(args, hub_api, engine: dict, info_entry: dict, ready, work,
             rows = n if source.pdf is None or source.pdf.per_document else source.pdf.first_row(n)
             revision = identity["input"].get("revision")
             log(f"check passed: {rows} rows -> {store.location()}; nothing was written")
-            print(json.dumps({"rows": rows, **({"input_revision": revision} if revision else {})}))
+            secret: list = []  # the options holding a secret (the launcher keeps them out of Jobs)
+            public_items(_RUN_ARGV, set(), secret)
+            print(json.dumps({"rows": rows, **({"input_revision": revision} if revision else {}),
+                              **({"secret_options": secret} if secret else {})}))
             return 0
         plan = plan_rows(source, store, args)
         store.resend_local_parts()

@@ -19,7 +19,8 @@ Every option the launcher does not know is the script's, passed to every shard a
 Before any Job: the script checks the run itself (`SCRIPT INPUT OUTPUT ... --check-only`, run
 once here: the arguments, the input's revision and row count, the OUTPUT's manifest; it
 prints, as its last stdout line, JSON `{"rows": N}` (the rows of the whole run, every shard's,
-after --max-samples, PDF pages counted; `input_revision` too if it resolved one); refused
+after --max-samples, PDF pages counted; `input_revision` too if it resolved one, and
+`secret_options`, the options holding a secret, which a Job's command would show); refused
 are a local INPUT or OUTPUT, a script argument naming a local file or a local folder as
 --model (a Job cannot read them), `--restart`, `--num-shards`/`--shard-index` (the launcher
 sets them), `--shards` below 1 or above the rows, no token, and an account the Jobs API
@@ -41,13 +42,15 @@ whose Job ended with rows missing is submitted again, at most --max-attempts tim
 script resumes where it stopped); a Job that stays SCHEDULING for 10 minutes is reported.
 
 Ctrl-C leaves the Jobs running and prints their ids: the same command again adopts them and
-submits only what is missing; `--cancel` cancels every Job of the run. A second launcher on the
-same OUTPUT, from this machine or another, exits 2, naming the first's run id: the launcher
-watching OUTPUT holds a claim in its `.ocr/launcher/` on the Hub.
+submits only what is missing; `--cancel` cancels every Job of the run, and a launcher watching
+it stops rather than submitting them again. A second launcher on the same OUTPUT, from this
+machine or another, exits 2, naming the first's run id: the launcher watching OUTPUT holds a
+claim in its `.ocr/launcher/` on the Hub (and stops if another launcher took it over).
 
 Exit status: 0 every shard's rows are written; 1 shards still missing rows after
 --max-attempts (named, with what to do), or the watch stopped on the Hub's errors (the Jobs
-keep running); 2 a usage error or a refused run; the script's own status when its check refuses the
+keep running), or --cancel stopped the run; 2 a usage error or a refused run, or another
+launcher took OUTPUT over; the script's own status when its check refuses the
 run; 130 interrupted (the Jobs keep running).
 """
 
@@ -454,52 +457,90 @@ def find_run(jobs: list, args, fingerprint: str) -> str | None:
     return job_label(ours[-1], LABEL) if ours else None
 
 
+class ClaimLost(Exception):
+    """OUTPUT's claim is another's now: --cancel's, or a launcher's that took OUTPUT over."""
+
+    def __init__(self, claim: dict):
+        super().__init__(f"run {claim.get('run')}")
+        self.claim = claim
+
+
 class LauncherLease:
     """One launcher watches an OUTPUT, from whatever machine: a claim in OUTPUT's .ocr/ on the
     Hub (run id, host, pid, until when), written with the head it read as parent (two launchers
     at once: one commit is refused, and that launcher reads the other's claim), renewed while it
     watches, deleted when it stops, Ctrl-C included. A launcher killed without a word holds
-    OUTPUT until its claim expires, or at once on its own machine, where its pid is gone."""
+    OUTPUT until its claim expires, or at once on its own machine, where its pid is gone.
+    Before it renews its claim or submits a Job again, a launcher reads the claim: another's
+    (--cancel's, or a launcher's that took OUTPUT over) stops it (ClaimLost)."""
 
-    def __init__(self, api: Api, output: str, run_id: str, private: bool):
+    def __init__(self, api: Api, output: str, run_id: str, fingerprint: str):
         import socket
         import uuid
 
         self.api, self.output, self.run_id = api, output, run_id
-        self.claim = {"run": run_id, "host": socket.gethostname(), "pid": os.getpid(),
-                      "id": uuid.uuid4().hex, "since": time.time()}
-        self.renewed = 0.0
-        api.call("create_repo", output, repo_type="dataset", exist_ok=True,
-                 private=private or None)  # as the script would: its --private kept
-        for attempt in range(5):
-            head = api.call("repo_info", output, repo_type="dataset").sha
-            holder = self.holder()
-            if holder is not None:
-                until = time.strftime("%H:%M UTC", time.gmtime(holder["until"]))
-                raise UsageError(
-                    f"another launcher is watching {output} (run {holder['run']}, pid "
-                    f"{holder['pid']} on {holder['host']}): wait for it, or stop it (Ctrl-C "
-                    f"leaves its Jobs running) and rerun this command to adopt them; a launcher "
-                    f"that died without a word holds {output} until {until}")
-            try:
-                self.write(parent=head)
-                return
-            except Exception as exc:
-                if http_status(exc) != 412 or attempt == 4:  # 412: the head moved meanwhile
-                    raise
+        self.claim = {"run": run_id, "fingerprint": fingerprint, "host": socket.gethostname(),
+                      "pid": os.getpid(), "id": uuid.uuid4().hex, "since": time.time()}
+        self.renewed, self.held = 0.0, False
 
-    def holder(self) -> dict | None:
-        """The claim of another launcher that is still watching, if any."""
+    def take(self, private: bool) -> None:
+        """Claim OUTPUT (creating it, as the script would: its --private kept), or refuse."""
+        try:
+            self.api.call("create_repo", self.output, repo_type="dataset", exist_ok=True,
+                          private=private or None)
+            for attempt in range(5):
+                head = self.api.call("repo_info", self.output, repo_type="dataset").sha
+                holder = self.holder()
+                if holder is not None:
+                    until = time.strftime("%H:%M UTC", time.gmtime(holder["until"]))
+                    raise UsageError(
+                        f"another launcher is watching {self.output} (run {holder['run']}, pid "
+                        f"{holder['pid']} on {holder['host']}): wait for it, or stop it (Ctrl-C "
+                        f"leaves its Jobs running) and rerun this command to adopt them; a "
+                        f"launcher that died without a word holds {self.output} until {until}")
+                try:
+                    return self.write(parent=head)
+                except Exception as exc:
+                    if http_status(exc) != 412 or attempt == 4:  # 412: the head moved
+                        raise
+        except UsageError:
+            raise
+        except Exception as exc:
+            status = http_status(exc)
+            why = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+            if status in (401, 403, 404):
+                raise UsageError(f"cannot write {self.output} ({why}): pass an OUTPUT in your "
+                                 f"namespace or an organisation you can write to") from None
+            raise UsageError(f"could not claim {self.output} on the Hub ({why}): nothing was "
+                             f"submitted; rerun the same command", EXIT_FAILED) from None
+
+    def read(self) -> dict | None:
+        """The claim on the Hub, None when there is none (one call: no claim is a 404)."""
         import tempfile
 
         with tempfile.TemporaryDirectory() as folder:
-            try:  # one call: no claim is a file not found
+            try:
                 path = self.api.call("hf_hub_download", self.output, LEASE, repo_type="dataset",
                                      local_dir=folder)
-                claim = json.loads(Path(path).read_text())
-            except Exception:
+            except Exception as exc:
+                name = type(exc).__name__  # LocalEntryNotFoundError: the Hub did not answer
+                if isinstance(exc, FileNotFoundError) or http_status(exc) == 404 or \
+                        name.endswith("NotFoundError") and not name.startswith("Local"):
+                    return None
+                raise
+            try:
+                return json.loads(Path(path).read_text())
+            except ValueError:
                 return None
-        if claim.get("id") == self.claim["id"] or claim.get("until", 0) < time.time():
+
+    def holder(self) -> dict | None:
+        """The claim of another launcher that is still watching, if any (not --cancel's)."""
+        try:
+            claim = self.read()
+        except Exception:
+            return None
+        if claim is None or claim.get("id") == self.claim["id"] or claim.get("cancelled") or \
+                claim.get("until", 0) < time.time():
             return None
         if claim.get("host") == self.claim["host"]:
             try:
@@ -510,6 +551,27 @@ class LauncherLease:
                 pass
         return claim
 
+    def hold(self) -> None:
+        """Still this launcher's claim, or ClaimLost; a claim deleted by hand is written again."""
+        claim = self.read()
+        if claim is not None and claim.get("id") != self.claim["id"]:
+            self.held = False
+            raise ClaimLost(claim)
+        if claim is None:
+            self.write()
+
+    def may_submit(self) -> bool:
+        """hold(), before a Job is submitted again; a Hub that does not answer: not this poll."""
+        try:
+            self.hold()
+            return True
+        except ClaimLost:
+            raise
+        except Exception as exc:
+            log(f"could not read this launcher's claim on {self.output} ({type(exc).__name__}): "
+                f"no Job is submitted again before the next poll")
+            return False
+
     def write(self, parent: str | None = None) -> None:
         from huggingface_hub import CommitOperationAdd
 
@@ -519,19 +581,22 @@ class LauncherLease:
                           json.dumps(claim, indent=1) + "\n").encode())],
                       commit_message=f"ocr-jobs.py: run {self.run_id} is watched from "
                                      f"{claim['host']}")
-        self.renewed = time.monotonic()
+        self.renewed, self.held = time.monotonic(), True
 
     def renew(self) -> None:
         if time.monotonic() - self.renewed > LEASE_S / 3:
             try:
+                self.hold()
                 self.write()
+            except ClaimLost:
+                raise
             except Exception as exc:  # the next poll tries again; the claim lasts LEASE_S
                 log(f"could not renew this launcher's claim on {self.output} "
                     f"({type(exc).__name__}); trying again at the next poll")
 
     def release(self) -> None:
-        """Delete the claim, waiting at most RELEASE_WAIT_S: a Ctrl-C must not hang on a slow
-        Hub (a second Ctrl-C, or the wait running out, leaves the claim to expire)."""
+        """Delete the claim if it is still this launcher's, waiting at most RELEASE_WAIT_S: a
+        Ctrl-C must not hang on a slow Hub (then the claim is left to expire)."""
         import threading
 
         from huggingface_hub import CommitOperationDelete
@@ -540,6 +605,8 @@ class LauncherLease:
 
         def delete() -> None:
             try:
+                if not self.held or (self.read() or {}).get("id") != self.claim["id"]:
+                    return
                 self.api.call("create_commit", self.output, repo_type="dataset",
                               operations=[CommitOperationDelete(path_in_repo=LEASE)],
                               commit_message=f"ocr-jobs.py: run {self.run_id} is no longer watched")
@@ -559,6 +626,19 @@ class LauncherLease:
             log(f"could not remove this launcher's claim on {self.output} ({failure[0]}); it "
                 f"expires by itself in {LEASE_S // 60:.0f} min, or at once for a launcher on "
                 f"this machine")
+
+    def cancelled(self) -> None:
+        """--cancel: the claim of a launcher watching this run (same fingerprint) becomes
+        --cancel's, so that launcher stops instead of submitting the cancelled shards again."""
+        try:
+            claim = self.read()
+            if claim is not None and claim.get("fingerprint") == self.claim["fingerprint"] \
+                    and not claim.get("cancelled"):
+                self.claim.update(run=claim.get("run"), cancelled=True)
+                self.write()
+        except Exception as exc:
+            log(f"could not tell a launcher watching {self.output} that its run is cancelled "
+                f"({type(exc).__name__}): stop it (Ctrl-C) or it submits the shards again")
 
 
 def submission(spec: JobSpec, script: Path, args, script_args: list[str], revision: str,
@@ -746,6 +826,7 @@ def watch(api: Api, ctx: dict, shards: list[Shard], poll_s: float) -> None:
                     f"{fmt_s(now - created(job))} (no {ctx['spec'].flavor} free?); it is left "
                     f"queued: --cancel and a smaller --shards, or another --flavor, if it stays")
         window = 2 * poll_s  # two polls: 60 s at the default, whatever the poll in tests
+        claim_held = None
         for s in (s for s in shards if s.latest is not None and s.state in ENDED):
             job = s.latest
             if s.done_rows >= s.rows:  # every row is on the Hub (error rows included)
@@ -763,6 +844,10 @@ def watch(api: Api, ctx: dict, shards: list[Shard], poll_s: float) -> None:
                     f"rows not written; its log ends:\n{log_tail(api, job)}")
             if len(s.jobs) >= ctx["args"].max_attempts:
                 s.state = "FAILED"
+                continue
+            if claim_held is None:  # a cancelled run's Jobs end too: not submitted again
+                claim_held = ctx["lease"].may_submit()
+            if not claim_held:
                 continue
             log(f"shard {s.index}: Job {job.id} ended {s.state} with {s.rows - s.done_rows} "
                 f"rows not written: submitting it again (attempt {len(s.jobs) + 1} of "
@@ -860,6 +945,12 @@ def main(argv: list[str] | None = None, hf_api=None) -> int:
     except UsageError as exc:
         log(f"{PROG}: {exc}")
         return exc.code
+    except KeyboardInterrupt:  # before the Jobs (the check, the claim) or after the watch
+        after = getattr(args, "submitting", False)
+        log(f"\n{PROG}: interrupted: " + ("the Jobs named above keep running; rerun the same "
+                                          "command to watch them" if after else
+                                          "no Job was submitted"))
+        return EXIT_INTERRUPTED
 
 
 def launch(args, script_args: list[str], hf_api) -> int:
@@ -880,6 +971,13 @@ def launch(args, script_args: list[str], hf_api) -> int:
                          "the Jobs get it as a secret")
     on_output = [] if args.dry_run else check_account(api, args.output)
     checked = run_check(script, args, script_args, token)
+    secret = list(dict.fromkeys(checked.get("secret_options") or []))  # the script's judgement
+    if secret:
+        raise UsageError(
+            f"{', '.join(secret)} {'holds a secret' if len(secret) == 1 else 'hold secrets'}, "
+            f"which a Job's command would show to whoever can see your Jobs: leave "
+            f"{'it' if len(secret) == 1 else 'them'} out (a Job gets your Hub token as the secret "
+            f"HF_TOKEN, and starts its own vLLM server)")
     rows = checked.get("rows")
     if rows is not None and args.shards > rows:
         raise UsageError(f"--shards {args.shards} is more than the {rows} rows: pass --shards "
@@ -906,10 +1004,12 @@ def launch(args, script_args: list[str], hf_api) -> int:
     adopted = find_run(on_output, args, fingerprint)
     run_id = adopted or run_id
     shards = [Shard(i, *shard_bounds(rows, args.shards, i)) for i in range(args.shards)]
-    lease = LauncherLease(api, args.output, run_id, "--private" in script_args)
+    lease = LauncherLease(api, args.output, run_id, fingerprint)
+    lease.take("--private" in script_args)
     ctx = {"args": args, "script": script, "spec": spec, "run_id": run_id,
            "revision": revision, "lease": lease}
     started = time.monotonic()
+    args.submitting = True  # from here, Ctrl-C leaves Jobs running
     try:
         script_url = None if spec.has_uv else ship_script(api, script, args.output)
 
@@ -934,6 +1034,16 @@ def launch(args, script_args: list[str], hf_api) -> int:
         watch(api, ctx, shards, args.poll_seconds)
     except UsageError:
         raise
+    except ClaimLost as lost:
+        claim = lost.claim
+        if claim.get("cancelled"):
+            log(f"run {claim.get('run')} was cancelled (--cancel, on {claim.get('host')}): this "
+                f"launcher stops; no Job is submitted again")
+            return EXIT_FAILED
+        log(f"another launcher watches {args.output} now (run {claim.get('run')}, pid "
+            f"{claim.get('pid')} on {claim.get('host')}): this one stops, and leaves its Jobs "
+            f"to it")
+        return EXIT_USAGE
     except (KeyboardInterrupt, Exception) as exc:
         running = [j.id for s in shards for j in s.jobs[-1:] if stage(j) not in ENDED]
         why = "interrupted" if isinstance(exc, KeyboardInterrupt) else \
@@ -970,6 +1080,8 @@ def launch(args, script_args: list[str], hf_api) -> int:
 def cancel(api: Api, args, fingerprint: str) -> int:
     jobs = [j for j in output_jobs(api, args.output) if job_label(j, "ocr-run") == fingerprint]
     live = [j for j in jobs if stage(j) not in ENDED]
+    if live:  # first: a launcher watching the run would submit the cancelled shards again
+        LauncherLease(api, args.output, job_label(live[0], LABEL), fingerprint).cancelled()
     for job in live:
         api.jobs("cancel_job", job_id=job.id)
         log(f"cancelled Job {job.id} (shard {job_label(job, 'ocr-shard')})")

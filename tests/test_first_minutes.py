@@ -245,6 +245,20 @@ def test_the_fail_fast_command_runs_as_printed(tmp_path, script, monkeypatch, ca
         assert "install vLLM" not in run.stderr and "pip install vllm" not in run.stderr
 
 
+@pytest.mark.parametrize("script", OFFLINE_SCRIPTS)
+def test_a_json_key_that_starts_like_a_token_is_printed_as_given(script, monkeypatch, capsys):
+    """vLLM's `hf_overrides` (an LLM argument) starts as a Hub token does: the printed command
+    keeps it (it printed `"***": ...`, which the Job's LLM() refuses)."""
+    if load_script(script).gpu_visible():
+        pytest.skip("a GPU is visible: the offline script would run")
+    kwargs = json.dumps({"hf_overrides": {"architectures": ["Ovis2_5"]}, "seed": 1})
+    run = run_script(script, "user/scans", "user/scans-ocr", "--llm-kwargs", kwargs,
+                     env={**NO_VLLM, "ACCELERATOR": "gpu"}, timeout=60)
+    assert run.returncode == 2, run.stderr
+    args = check_job(printed_command(run.stderr), script, monkeypatch, capsys)
+    assert args == ["user/scans", "user/scans-ocr", "--llm-kwargs", kwargs]
+
+
 def test_a_jobs_flavor_is_kept_and_a_hub_input_and_output_too(monkeypatch, capsys):
     run = run_script(OVIS, "user/scans", "user/scans-ocr", "--server", nowhere(), "--split", "test",
                      env={**NO_VLLM, "JOB_FLAVOR": "a100-large", "ACCELERATOR": "gpu"}, timeout=60)

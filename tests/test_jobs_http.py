@@ -293,3 +293,87 @@ def test_hpd_parsing_runs_the_script_shipped_into_output(hub, stub_server, tmp_p
     commit = url.split("/resolve/")[1].split("/")[0]
     shipped = fake.server.repo("dataset", OUTPUT).files(commit)[f".ocr/launcher/{script}"]
     assert shipped == (ROOT / script).read_bytes()
+
+
+def test_cancel_stops_the_launcher_watching_the_run(hub, stub_server):
+    """--cancel from another terminal while a launcher watches the run: the Jobs end CANCELED
+    with their rows missing, and the watching launcher stops instead of submitting them all
+    again (it would run, and bill, what was just cancelled)."""
+    fake, stub = hub(4), stub_server()
+    fake.server.scheduling_s = 1e9
+    first = fake.launcher(stub, shards=2)
+    wait_for(lambda: len(fake.server.jobs) == 2)
+    code, out, err = fake.run(stub, "--cancel", shards=2, machine="another-machine")
+    assert code == 0 and "2 Jobs cancelled" in err, err
+    try:
+        out, err = first.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        first.send_signal(2)
+        out, err = first.communicate(timeout=30)
+    assert len(fake.server.jobs) == 2, err  # nothing submitted again
+    assert first.returncode == 1 and "was cancelled (--cancel, on" in err, err
+    assert "Traceback" not in err
+
+
+def test_a_launcher_whose_claim_another_took_stops_and_leaves_it(hub, stub_server):
+    """The claim on OUTPUT became another launcher's while this one watched (its own deleted by
+    hand, or expired while the laptop slept, and another launcher started): before it submits
+    a failed shard again, it reads the claim, stops, and leaves the other's claim in place."""
+    fake, stub = hub(4), stub_server()
+    fake.server.scheduling_s = 1e9
+    fake.server.job_faults[(0, 1)] = "fail"
+    first = fake.launcher(stub, shards=2)
+    wait_for(lambda: len(fake.server.jobs) == 2)
+    other = {"run": "20260101-000000-abcdef", "fingerprint": "0" * 12, "host": "elsewhere",
+             "pid": 1, "id": "other", "since": time.time(), "until": time.time() + 900}
+    claim = (json.dumps(other) + "\n").encode()
+    fake.server.push_files("dataset", OUTPUT, {".ocr/launcher/watching.json": claim})
+    fake.server.scheduling_s = 0.3  # shard 0's Job starts, and dies
+    try:
+        out, err = first.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        first.send_signal(2)
+        out, err = first.communicate(timeout=30)
+    assert fake.shard_jobs() == {"0": 1, "1": 1}, err  # shard 0 not submitted again
+    assert first.returncode == 2 and "another launcher watches user/scans-ocr now (run " \
+        "20260101-000000-abcdef" in err, err
+    files = fake.server.repo("dataset", OUTPUT).files(None)
+    assert files[".ocr/launcher/watching.json"] == claim  # the other's claim, left in place
+
+
+def test_a_hub_that_refuses_the_claim_is_one_line_and_no_job(hub, stub_server):
+    """The Hub answers 429 to every commit while the launcher claims OUTPUT: a clear line,
+    nothing submitted, no traceback."""
+    fake = hub(4)
+    fake.server.throttle["commit"] = 100
+    code, out, err = fake.run(stub_server(), shards=2)
+    assert code == 1 and f"could not claim {OUTPUT} on the Hub" in err, err
+    assert "Traceback" not in err and fake.server.jobs == []
+
+
+@pytest.mark.parametrize("dry_run", [True, False])
+def test_a_secret_in_the_script_arguments_is_refused_never_printed(hub, dry_run):
+    """A secret among the script's arguments (an API key, a token in --serve-args) would sit in
+    every Job's command, which whoever sees the Jobs reads, and the dry run printed it: the
+    script's own check names the options holding one, and the launcher refuses them."""
+    fake, key = hub(4), "sk-abcdefghijklmnop"
+    code, out, err = fake.run(None, "--serve-args", f"--max-num-seqs 8 --api-key {key}",
+                              "--api-key", "plainvalue123", *(["--dry-run"] if dry_run else []),
+                              shards=2)
+    assert code == 2 and "--serve-args, --api-key hold secrets" in err, err
+    for secret in (key, "plainvalue123", TOKEN):
+        assert secret not in out + err
+    assert fake.server.jobs == [] and "Traceback" not in err
+
+
+def test_ctrl_c_while_the_run_is_checked_is_one_line(hub, stub_server):
+    """Ctrl-C while the script checks the run (its `uv run ... --check-only`, seconds to
+    minutes): a line saying nothing was submitted, exit 130, no traceback, no claim left."""
+    fake = hub(4)
+    launcher = fake.launcher(stub_server(), shards=2)
+    assert "checking the run" in launcher.stderr.readline()
+    time.sleep(0.5)
+    launcher.send_signal(2)
+    out, err = launcher.communicate(timeout=60)
+    assert launcher.returncode == 130 and "interrupted: no Job was submitted" in err, err
+    assert "Traceback" not in err and fake.server.jobs == []
