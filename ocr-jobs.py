@@ -51,7 +51,7 @@ Exit status: 0 every shard's rows are written; 1 shards still missing rows after
 --max-attempts (named, with what to do), or the watch stopped on the Hub's errors (the Jobs
 keep running), or --cancel stopped the run; 2 a usage error or a refused run, or another
 launcher took OUTPUT over; the script's own status when its check refuses the
-run; 130 interrupted (the Jobs keep running).
+run; 130 interrupted, 143 stopped by SIGTERM (the Jobs keep running; the claim on OUTPUT goes).
 """
 
 import argparse
@@ -80,7 +80,7 @@ UNANSWERED_POLLS = 10  # polls in a row the Hub does not answer before the watch
 STARTUP_S = 15 * 60  # what the scripts allow for a Job's start (image pull, model download)
 CHECK_COMMAND = ["uv", "run", "--quiet"]  # how the script's own check is run here
 ENDED = {"COMPLETED", "ERROR", "CANCELED", "DELETED"}
-EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
+EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED, EXIT_TERMINATED = 1, 2, 130, 143
 LAUNCHER_OPTIONS_NOT_PASSED = ("--restart", "--num-shards", "--shard-index")
 LEASE = ".ocr/launcher/watching.json"  # which launcher watches OUTPUT (LauncherLease)
 LEASE_S = 15 * 60  # a claim not renewed for this long is a launcher that died
@@ -938,19 +938,36 @@ def summary(ctx: dict, shards: list[Shard], price: float | None, api: Api,
     }
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (`kill`, `timeout`), stopped as Ctrl-C is: the Jobs left running, the claim
+    deleted (Python's default would skip the deletion: OUTPUT held until the claim expires)."""
+
+
+def stopped(exc: KeyboardInterrupt) -> int:
+    return EXIT_TERMINATED if isinstance(exc, Terminated) else EXIT_INTERRUPTED
+
+
+def on_sigterm(signum, frame) -> None:
+    raise Terminated()
+
+
 def main(argv: list[str] | None = None, hf_api=None) -> int:
+    import signal
+
     args, script_args = parse_args(sys.argv[1:] if argv is None else argv)
+    if argv is None:  # run as a command (the tests call main() in-process too)
+        signal.signal(signal.SIGTERM, on_sigterm)
     try:
         return launch(args, script_args, hf_api)
     except UsageError as exc:
         log(f"{PROG}: {exc}")
         return exc.code
-    except KeyboardInterrupt:  # before the Jobs (the check, the claim) or after the watch
+    except KeyboardInterrupt as exc:  # before the Jobs (the check, the claim) or after the watch
         after = getattr(args, "submitting", False)
         log(f"\n{PROG}: interrupted: " + ("the Jobs named above keep running; rerun the same "
                                           "command to watch them" if after else
                                           "no Job was submitted"))
-        return EXIT_INTERRUPTED
+        return stopped(exc)
 
 
 def launch(args, script_args: list[str], hf_api) -> int:
@@ -1050,7 +1067,7 @@ def launch(args, script_args: list[str], hf_api) -> int:
             f"the watch stopped ({type(exc).__name__}: {str(exc)[:200]})"
         log(f"\n{why}: the Jobs keep running ({', '.join(running) or 'none'}). Rerun the "
             f"same command to watch them again (run {run_id}), or add --cancel to stop them.")
-        return EXIT_INTERRUPTED if isinstance(exc, KeyboardInterrupt) else EXIT_FAILED
+        return stopped(exc) if isinstance(exc, KeyboardInterrupt) else EXIT_FAILED
     finally:
         lease.release()
     stats = summary(ctx, shards, price, api, started)

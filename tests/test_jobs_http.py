@@ -377,3 +377,26 @@ def test_ctrl_c_while_the_run_is_checked_is_one_line(hub, stub_server):
     out, err = launcher.communicate(timeout=60)
     assert launcher.returncode == 130 and "interrupted: no Job was submitted" in err, err
     assert "Traceback" not in err and fake.server.jobs == []
+
+
+def test_a_launcher_stopped_by_sigterm_leaves_the_jobs_and_no_claim(hub, stub_server):
+    """SIGTERM (`kill`, `timeout`) while watching: stopped as Ctrl-C is, exit 143, the Jobs left
+    running and named, its claim deleted: a launcher on another machine adopts the run at once
+    (Python's default ended it without deleting the claim: OUTPUT held for 15 minutes)."""
+    fake, stub = hub(4), stub_server()
+    fake.server.scheduling_s = 1e9
+    first = fake.launcher(stub, shards=2)
+    wait_for(lambda: len(fake.server.jobs) == 2)
+    submitted = fake.server.calls("run_job")[-1][0]
+    wait_for(lambda: len(fake.server.calls("list_jobs", since=submitted)) >= 2)
+    first.send_signal(15)
+    out, err = first.communicate(timeout=60)
+    assert first.returncode == 143, err
+    assert "interrupted: the Jobs keep running" in err and "Traceback" not in err
+    assert not fake.server.calls("cancel_job")
+    run_id = fake.server.jobs[0].labels["ocr-jobs"]
+    fake.server.scheduling_s = 0.3
+    code, out, err = fake.run(stub, shards=2, machine="another-machine")
+    assert code == 0, err
+    assert f"adopting run {run_id}" in err and len(fake.server.jobs) == 2
+    fake.assert_output_complete()
