@@ -571,22 +571,19 @@ def _read_metadata(root: Path, metadata_files: list[Path], relative: list[str]):
     """imagefolder's metadata files (`file_name` relative to their folder) as one row per image:
     the first row naming an image counts; an image named in none has empty metadata."""
     import pyarrow as pa
-    import pyarrow.csv as pcsv
-    import pyarrow.json as pjson
-    import pyarrow.parquet as pq
+    import pyarrow.dataset as pads
 
-    read = {".parquet": pq.read_table, ".csv": pcsv.read_csv, ".jsonl": pjson.read_json}
     tables, keys = [], []
     for path in metadata_files:
         try:
-            table = read[path.suffix](str(path))
+            table = pads.dataset(str(path), format=path.suffix[1:].replace("jsonl", "json"))
+            table = table.to_table()
         except Exception as exc:
             fail(f"cannot read the metadata file {path}: {type(exc).__name__}: {exc}")
-        written = [name for name in ("image", "pdf", *PDF_COLUMNS) if name in table.column_names]
-        if "file_name" not in table.column_names or written:
-            fail(f"the metadata file {path} needs a file_name column, and none this script "
-                 f"writes itself ({', '.join(written or ['image', 'pdf', *PDF_COLUMNS])}; "
-                 f"columns: {', '.join(table.column_names)}): rename, or move it out of INPUT")
+        if "file_name" not in table.column_names or {"image", "pdf", *PDF_COLUMNS} & set(
+                table.column_names):
+            fail(f"the metadata file {path} needs a file_name column, and none of image, pdf, "
+                 f"{', '.join(PDF_COLUMNS)} (this script writes those): rename, or move it out")
         base = path.parent.relative_to(root).as_posix()
         keys += [name and os.path.normpath(f"{base}/{name}")
                  for name in table["file_name"].cast(pa.string()).to_pylist()]
@@ -641,9 +638,9 @@ def _load_local_dataset(path: Path, args):
     or of images and PDFs), never two at once; with the files it is read from."""
     import datasets
 
-    if path.is_file() and path.suffix.lower() == ".pdf":
-        return _image_folder(path.parent, [path], []), [path]  # one document: a folder of one
     if path.is_file():
+        if path.suffix.lower() == ".pdf":
+            return _image_folder(path.parent, [path], []), [path]  # a folder of one document
         if path.suffix not in TABLE_EXTENSIONS:
             fail(f"INPUT file {path} is not a .parquet, .arrow or .pdf file; pass a folder of "
                  f"images or PDFs instead.")
@@ -661,10 +658,9 @@ def _load_local_dataset(path: Path, args):
     metadata = [p for p in files if p.name in METADATA_NAMES]
     tables = [p for p in files if p.suffix in TABLE_EXTENSIONS and p not in metadata]
     if images and tables:
-        fail(f"INPUT {path} holds {len(images)} image(s) and {len(tables)} table file(s) "
-             f"({tables[0].relative_to(path)}{', ...' * (len(tables) > 1)}): to OCR the images, "
-             f"move the table files out (a metadata.parquet/jsonl/csv beside them is joined by "
-             f"file_name); to OCR the table, pass its file or folder as INPUT.")
+        fail(f"INPUT {path} holds {len(images)} image(s) and table files ({tables[0]}, ...): to "
+             f"OCR the images, move the tables out (but for a metadata.parquet/jsonl/csv); to "
+             f"OCR a table, pass its file or folder as INPUT.")
     if images:
         _split_of({"train": None}, f"folder {path}", args)
         return _image_folder(path, images, metadata), sorted(images + metadata)
@@ -711,12 +707,12 @@ def open_input(args) -> InputSource:
     """Open INPUT without decoding a single image: Arrow memory-maps it, rows are read lazily."""
     import datasets
 
-    local = Path(args.input).expanduser()
-    base = files = None
+    local, files = Path(args.input).expanduser(), None
+    _PATH_BASE[:] = []  # INPUT's folder, before a PDF column is looked for
     if local.exists():  # (OutputStore made sure that OUTPUT is not inside it)
         ds, files = _load_local_dataset(local, args)
         description = shown_path(local.resolve())
-        base = local.resolve() if local.is_dir() else local.resolve().parent
+        _PATH_BASE.append(local.resolve() if local.is_dir() else local.resolve().parent)
     elif REPO_ID.match(args.input):
         ds = _by_datasets(f"the Hub dataset {args.input}", datasets.load_dataset, args.input,
                           args.config, split=args.split, revision=args.revision,
@@ -726,17 +722,13 @@ def open_input(args) -> InputSource:
         fail(f"INPUT {args.input!r} is neither an existing path nor a Hub dataset id.")
     if len(ds) == 0:
         _nothing_to_do(description)
-    _PATH_BASE[:] = [base] if base is not None else []  # before a PDF column is looked for
     pdf_column = find_pdf_column(ds, args)
     if pdf_column is not None and isinstance(ds.features[pdf_column],
                                              getattr(datasets, "Pdf", ())):
         ds = ds.cast_column(pdf_column, datasets.Pdf(decode=False))  # the bytes, opened here
     if args.image_column not in ds.column_names and pdf_column is None:
-        image_like = [name for name, feature in ds.features.items()
-                      if isinstance(feature, datasets.Image)]
-        fail(f"image column {args.image_column!r} not found. Columns: {', '.join(ds.column_names)}"
-             f"{'; image-typed: ' + ', '.join(image_like) if image_like else ''}. Pass "
-             f"--image-column NAME, or --pdf-column NAME for a column of PDF bytes or paths.")
+        fail(f"image column {args.image_column!r} not found (columns: {', '.join(ds.column_names)})"
+             f": pass --image-column NAME, or --pdf-column NAME for a column of PDF bytes or paths")
     if isinstance(ds.features.get(args.image_column), datasets.Image):
         ds = ds.cast_column(args.image_column, datasets.Image(decode=False))
     rows_full = len(ds)
