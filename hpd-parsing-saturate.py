@@ -727,8 +727,8 @@ def _table_files(files: list[Path], what: str) -> list[Path]:
 
 
 def _load_local_dataset(path: Path, args):
-    """A local INPUT read as what it is (a table file, a saved dataset, a folder of table files
-    or of images and PDFs), never two at once; with the files it is read from."""
+    """A local INPUT as what it is (a table, a saved dataset, a folder of tables or of scans),
+    never two at once; with the files it is read from."""
     import datasets
 
     if path.is_file():
@@ -760,8 +760,7 @@ def _load_local_dataset(path: Path, args):
     if not tables and not any(p.suffix in TABLE_EXTENSIONS for p in metadata):
         fail(f"INPUT folder {path} holds no images, no PDFs, no .parquet or .arrow files and no "
              f"saved dataset.")
-    # a folder of table files, as `datasets.load_dataset(folder)` reads it (a Hub snapshot:
-    # data/train-*.parquet, split-named files, README `configs:`)
+    # a folder of tables as `datasets.load_dataset(folder)` reads it (a Hub snapshot, configs)
     what = f"{path} (split {args.split})"
     builder = _by_datasets(str(path), datasets.load_dataset_builder, str(path), args.config,
                            way_out=". Pass --config NAME to choose a config")
