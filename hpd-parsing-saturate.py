@@ -673,10 +673,11 @@ def _read_metadata(root: Path, metadata_files: list[Path], relative: list[str]):
             table = table.to_table()
         except Exception as exc:
             fail(f"cannot read the metadata file {path}: {type(exc).__name__}: {exc}")
-        if "file_name" not in table.column_names or {"image", "pdf", *PDF_COLUMNS} & set(
-                table.column_names):
-            fail(f"the metadata file {path} needs a file_name column, and none of image, pdf, "
-                 f"{', '.join(PDF_COLUMNS)} (this script writes those): rename, or move it out")
+        written = [name for name in ("image", "pdf", *PDF_COLUMNS) if name in table.column_names]
+        if "file_name" not in table.column_names or written:
+            fail(f"the metadata file {path} needs a file_name column, and none this script "
+                 f"writes itself ({', '.join(written or ['image', 'pdf', *PDF_COLUMNS])}; "
+                 f"columns: {', '.join(table.column_names)}): rename, or move it out of INPUT")
         base = path.parent.relative_to(root).as_posix()
         keys += [name and os.path.normpath(f"{base}/{name}")
                  for name in table["file_name"].cast(pa.string()).to_pylist()]
