@@ -296,8 +296,7 @@ def sampling_kwargs(args) -> dict:
 
 
 # ==== BEGIN COMMON HELPERS (edit blocks/common.py, then run tools/sync_helpers.py) ====
-# Input, page images, output parts, dataset card, stats. The model section above provides what
-# blocks/model.py lists, and may set these:
+# The model section above provides what blocks/model.py lists, and may set these:
 MODEL_REVISION = globals().get("MODEL_REVISION")  # a commit sha or tag pins the weights
 RESIZE_FILTER = globals().get("RESIZE_FILTER", "bicubic")  # the model's own resampling filter
 LOOP_TEMPERATURE = globals().get("LOOP_TEMPERATURE", 0.3)  # a looping page's second try
@@ -326,16 +325,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 IMAGE_EXTENSIONS = {".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp", ".webp", ".gif", ".jp2"}
-# Pillow holds a large image in blocks of 16 MiB, which stay in each thread's malloc arena once
-# freed (8 threads of giant scans: gigabytes); blocks of 64 MiB are mapped, and given back
+# Pillow's 16 MiB blocks stay in each thread's malloc arena once freed; 64 MiB ones are given back
 os.environ.setdefault("PILLOW_BLOCK_SIZE", "64m")
 PART_NAME = re.compile(r"^part-(\d{9})-(\d{9})\.parquet$")
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
 UPLOAD_ATTEMPTS, UPLOAD_BACKOFF_S, UPLOAD_MAX_WAIT_S = 5, 2.0, 600.0
-# values that look like credentials (Hub tokens, OpenAI-style keys), wherever they appear, but
-# not a name (vLLM's "hf_overrides": a key, a keyword, a path); a URL's user information; a
-# value given under a name in text (masked when named like a secret):
-# name=value (a URL's query, a flag, a variable) or 'name': 'value' (JSON, a Python dict)
+# credential-like values (Hub tokens, OpenAI-style keys) but not a name (vLLM's "hf_overrides");
+# a URL's user information; a value under a name: name=value, or 'name': 'value' (JSON, a dict)
 TOKEN_VALUE = re.compile(r"\b(?:hf_|api_org_|sk-)[A-Za-z0-9_-]{8,}(?![\w-]|['\"]\s*:|\s*=|/)")
 URL_USERINFO = re.compile(r"(?<=://)[^/\s@?#]+@")
 NAMED_VALUE = re.compile(r"""((?<![\w.-])(['"])?([\w.-]+)(?(2)\2\s*:\s*|=)['"]?)([^\s&#'",}]+)""")
@@ -386,8 +382,8 @@ class RunAborted(Exception):
 # ---- where the data comes from and goes to ------------------------------------------------
 
 def uv_url_copy() -> bool:
-    """Whether this is the temporary copy `uv run URL` runs: <stem> and six random letters and
-    digits, one a capital or a digit (no name of this collection ends so), in the temp folder."""
+    """Whether this is the temp copy `uv run URL` runs: <stem> and six random letters and
+    digits, one a capital or a digit (no name of this collection ends so)."""
     import tempfile
 
     path = Path(sys.argv[0])
@@ -430,20 +426,17 @@ _RESOLVED_REVISIONS: dict = {}
 
 
 def resolved_revision(args) -> str | None:
-    """The commit sha of the weights this run loads, asked once: None for a local folder or
-    when the Hub cannot be asked (no network); a pinned full sha stands for itself."""
+    """The commit sha of the weights this run loads, asked once: a pinned full sha stands for
+    itself; None for a local folder, or when the Hub cannot be asked (no network)."""
     requested = requested_revision(args)
     key = (args.model, requested)
     if key not in _RESOLVED_REVISIONS:
-        sha = None
-        if not Path(args.model).expanduser().exists():
+        sha = requested if requested and re.fullmatch(r"[0-9a-f]{40}", requested) else None
+        if not sha and not Path(args.model).expanduser().exists():
             try:
                 sha = hub_commit_sha(args.model, requested, getattr(args, "hf_token", None) or None)
             except Exception as exc:  # offline, gated, a typo: the run decides, not this record
-                log(f"could not resolve the revision of {args.model} ({type(exc).__name__}); "
-                    f"inference_info records none")
-            if not sha and requested and re.fullmatch(r"[0-9a-f]{40}", requested):
-                sha = requested
+                log(f"could not resolve the revision of {args.model} ({type(exc).__name__})")
         _RESOLVED_REVISIONS[key] = sha
     return _RESOLVED_REVISIONS[key]
 
@@ -462,7 +455,6 @@ class InputSource:
 
 TABLE_EXTENSIONS = {".parquet", ".arrow"}  # a folder of these is read by `datasets` itself
 METADATA_NAMES = ("metadata.csv", "metadata.jsonl", "metadata.parquet")  # as imagefolder's
-ODD_NAMES_MAX_BYTES = 1 << 30  # images whose names are not UTF-8 are held in memory: a bound
 _PATH_BASE: list = []  # INPUT's folder, where relative path strings in the image column point
 _TEXT_LAYER_COLUMNS: list = []  # "text_layer", "skipped": the PDF text columns this run writes
 _WARNED: set = set()  # warnings said once per run
@@ -509,69 +501,61 @@ def check_output_outside_input(args) -> None:
     if not source.exists():
         if args.output.lower() == args.input.lower() and not is_local_target(args.output):
             fail(f"OUTPUT must not be INPUT: {args.output} is the input dataset (its card would "
-                 f"be replaced, its data deleted by --restart). Write to another repo, e.g. "
-                 f"{args.output}-ocr")
+                 f"be replaced, its data deleted by --restart). Write to e.g. {args.output}-ocr")
         return
     if not is_local_target(args.output):
         return
     source, target = source.resolve(), Path(args.output).expanduser().resolve()
     if target in source.parents:
-        fail(f"INPUT must not be inside OUTPUT {shown_path(target)}: load_dataset(OUTPUT) would "
-             f"read INPUT's files as output rows. Write it to another folder, e.g. "
-             f"{shown_path(target.parent / (target.name + '-ocr'))}")
+        fail(f"INPUT must not be inside OUTPUT {target}: load_dataset(OUTPUT) would read INPUT's "
+             f"files as output rows. Write to another folder, e.g. {target}-ocr")
     if source.is_dir() and (target == source or source in target.parents):
-        fail(f"OUTPUT must not be INPUT or inside INPUT {shown_path(source)}: a rerun would read "
-             f"its own files as input. Write it beside INPUT, e.g. "
-             f"{shown_path(source.parent / (source.name + '-ocr'))}")
+        fail(f"OUTPUT must not be INPUT or inside INPUT {source}: a rerun would read its own "
+             f"files as input. Write it beside INPUT, e.g. {source}-ocr")
 
 
 def _walk_folder(root: Path, args) -> list[Path]:
     """Every file under root, in path order: symlinked folders followed, each real folder once;
     hidden names (.git, macOS ._x) left out, as `datasets` does."""
     def unreadable(exc: OSError) -> None:
-        fail(f"cannot read the folder {shown_path(exc.filename)} of INPUT: {exc.strerror or exc}")
+        fail(f"cannot read the folder {exc.filename} of INPUT: {exc.strerror or exc}")
 
     read = "a folder already read: a loop, or a second link"
     seen = {os.path.realpath(root): read}  # each real folder: why a link to it is skipped
     if is_local_target(args.output):
         seen.setdefault(os.path.realpath(Path(args.output).expanduser()), "OUTPUT")
-    files, hidden = [], 0
+    files = []
     for folder, dirs, names in os.walk(root, onerror=unreadable, followlinks=True):
-        hidden += sum(name.startswith(".") for name in dirs + names)
         kept = []
         for name in sorted(name for name in dirs if not name.startswith(".")):
-            path = os.path.join(folder, name)
-            real = os.path.realpath(path)
+            real = os.path.realpath(os.path.join(folder, name))
             if real in seen:
-                log(f"skipped {shown_path(path)} ({shown_path(real)}): a symlink to {seen[real]}")
+                log(f"skipped {os.path.join(folder, name)} ({real}): a symlink to {seen[real]}")
             else:
                 seen[real] = read
                 kept.append(name)
         dirs[:] = kept
         files += [Path(folder, name) for name in names if not name.startswith(".")]
-    if hidden:
-        log(f"left out {hidden} hidden file(s) or folder(s) of INPUT (names starting with '.')")
     return sorted(files)
 
 
 def _read_metadata(root: Path, metadata_files: list[Path], relative: list[str]):
-    """imagefolder's metadata files (`file_name` relative to their folder) as one row per image."""
+    """imagefolder's metadata files (`file_name` relative to their folder) as one row per image:
+    the first row naming an image counts; an image named in none has empty metadata."""
     import pyarrow as pa
-    import pyarrow.csv as pcsv
-    import pyarrow.json as pjson
-    import pyarrow.parquet as pq
+    import pyarrow.dataset as pads
 
-    read = {".parquet": pq.read_table, ".csv": pcsv.read_csv, ".jsonl": pjson.read_json}
     tables, keys = [], []
     for path in metadata_files:
         try:
-            table = read[path.suffix](str(path))
+            table = pads.dataset(str(path), format=path.suffix[1:].replace("jsonl", "json"))
+            table = table.to_table()
         except Exception as exc:
-            fail(f"cannot read the metadata file {shown_path(path)}: {type(exc).__name__}: {exc}")
+            fail(f"cannot read the metadata file {path}: {type(exc).__name__}: {exc}")
         written = [name for name in ("image", "pdf", *PDF_COLUMNS) if name in table.column_names]
         if "file_name" not in table.column_names or written:
-            fail(f"the metadata file {shown_path(path)} needs a file_name column, and none this "
-                 f"script writes itself ({', '.join(written or ['image', 'pdf', *PDF_COLUMNS])}; "
+            fail(f"the metadata file {path} needs a file_name column, and none this script "
+                 f"writes itself ({', '.join(written or ['image', 'pdf', *PDF_COLUMNS])}; "
                  f"columns: {', '.join(table.column_names)}): rename, or move it out of INPUT")
         base = path.parent.relative_to(root).as_posix()
         keys += [name and os.path.normpath(f"{base}/{name}")
@@ -581,41 +565,21 @@ def _read_metadata(root: Path, metadata_files: list[Path], relative: list[str]):
         meta = pa.concat_tables(tables, promote_options="permissive")
     except Exception as exc:
         fail(f"the metadata files of INPUT do not share their columns: {exc}")
-    row_of: dict = {}
-    twice = [key for row, key in enumerate(keys) if key and row_of.setdefault(key, row) != row]
-    take = [row_of.get(name) for name in relative]
-    for names, what in (
-            (twice, "metadata row(s) name an image named before ({}): the first such row counts"),
-            ([name for name, row in zip(relative, take) if row is None],
-             "image(s) not named in the metadata ({}): OCR'd all the same, their metadata empty"),
-            (sorted(set(row_of) - set(relative)), "metadata row(s) name no image ({}): left out")):
-        if names:
-            log(f"{len(names)} " + what.format(shown_path(names[0]) + ", ..." * (len(names) > 1)))
-    return meta.take(pa.array(take, type=pa.int64()))
+    row_of = {key: row for row, key in reversed(list(enumerate(keys)))}  # the first one wins
+    return meta.take(pa.array([row_of.get(name) for name in relative], type=pa.int64()))
 
 
 def _image_folder(root: Path, files: list[Path], metadata_files: list[Path]):
     """A folder of scans and PDFs: one row per file, `file_name` relative to INPUT, metadata."""
     import datasets
 
-    relative = [p.relative_to(root).as_posix() for p in files]
-    cells = [{"bytes": None, "path": str(p)} for p in files]
-    odd = [i for i, p in enumerate(files) if shown_path(p) != str(p)]
-    if odd:  # not valid text for Arrow: read now, under a readable name (the real file is read)
-        size = sum(files[i].stat().st_size for i in odd if files[i].exists())
-        if size > ODD_NAMES_MAX_BYTES:
-            fail(f"{len(odd)} image name(s) are not UTF-8 (e.g. {shown_path(files[odd[0]])}) "
-                 f"and they total {size / 2**30:.1f} GiB, more than is read into memory; "
-                 f"rename them to UTF-8 first (e.g. convmv -f latin1 -t utf8 -r --notest DIR)")
-        for i in odd:
-            try:
-                data = files[i].read_bytes()
-            except OSError:  # the row's error says it cannot be read
-                data = None
-            cells[i] = {"bytes": data, "path": shown_path(files[i].name)}
+    if odd := [p for p in files if shown_path(p) != str(p)]:  # no valid text for Arrow
+        fail(f"{len(odd)} file name(s) of INPUT are not UTF-8, e.g. {shown_path(odd[0])}: rename "
+             f"them first (e.g. convmv -f latin1 -t utf8 -r --notest DIR)")
     pdf = [p.suffix.lower() == ".pdf" for p in files]
+    cells = [{"bytes": None, "path": str(p)} for p in files]
     columns = {"image": [None if is_pdf else cell for cell, is_pdf in zip(cells, pdf)],
-               "file_name": [shown_path(name) for name in relative],
+               "file_name": [p.relative_to(root).as_posix() for p in files],
                "pdf": [cell if is_pdf else None for cell, is_pdf in zip(cells, pdf)]}
     features = {"image": datasets.Image(decode=False), "file_name": datasets.Value("string"),
                 "pdf": {"bytes": datasets.Value("binary"), "path": datasets.Value("string")}}
@@ -623,7 +587,7 @@ def _image_folder(root: Path, files: list[Path], metadata_files: list[Path]):
         del columns[name], features[name]
     ds = datasets.Dataset.from_dict(columns, features=datasets.Features(features))
     if metadata_files:
-        meta = _read_metadata(root, metadata_files, relative)
+        meta = _read_metadata(root, metadata_files, columns["file_name"])
         ds = datasets.concatenate_datasets([ds, datasets.Dataset(meta)], axis=1)
     return ds
 
@@ -636,57 +600,54 @@ def _table_files(files: list[Path], what: str) -> list[Path]:
         try:
             return pq.ParquetFile(str(path)).metadata.num_rows if path.suffix == ".parquet" else 1
         except Exception as exc:  # pyarrow says what: 0 bytes, or no parquet at all
-            fail(f"INPUT file {shown_path(path)} is not a readable parquet file ({exc}): "
-                 f"remove it, or write it again")
+            fail(f"INPUT file {path} is not a readable parquet file ({exc}): remove it, or write "
+                 f"it again")
 
     return [path for path in files if rows(path)] or _nothing_to_do(what)
 
 
 def _load_local_dataset(path: Path, args):
-    """A local INPUT read as what it is (a table file, a saved dataset, a folder of table files
-    or of images and PDFs), never two at once; with the files it is read from."""
+    """A local INPUT as what it is (a table, a saved dataset, a folder of tables or of scans),
+    never two at once; with the files it is read from."""
     import datasets
 
-    shown = shown_path(path)
-    if path.is_file() and path.suffix.lower() == ".pdf":
-        return _image_folder(path.parent, [path], []), [path]  # one document: a folder of one
     if path.is_file():
+        if path.suffix.lower() == ".pdf":
+            return _image_folder(path.parent, [path], []), [path]  # a folder of one document
         if path.suffix not in TABLE_EXTENSIONS:
-            fail(f"INPUT file {shown} is not a .parquet, .arrow or .pdf file; pass a folder of "
+            fail(f"INPUT file {path} is not a .parquet, .arrow or .pdf file; pass a folder of "
                  f"images or PDFs instead.")
-        _split_of({args.split: None}, f"file {shown}", args)  # a file is any split
-        _table_files([path], shown)
-        return _by_datasets(shown, datasets.load_dataset, path.suffix[1:],
+        _split_of({args.split: None}, f"file {path}", args)  # a file is any split
+        _table_files([path], str(path))
+        return _by_datasets(str(path), datasets.load_dataset, path.suffix[1:],
                             data_files=[str(path)], split="train"), [path]
+    files = _walk_folder(path, args)
     if (path / "state.json").exists() or (path / "dataset_dict.json").exists():
-        loaded = _by_datasets(f"the saved dataset {shown}", datasets.load_from_disk, str(path))
+        loaded = _by_datasets(f"the saved dataset {path}", datasets.load_from_disk, str(path))
         splits = loaded if isinstance(loaded, datasets.DatasetDict) else \
             {str(loaded.split or "train"): loaded}
-        return _split_of(splits, shown, args), _walk_folder(path, args)
-    files = _walk_folder(path, args)
+        return _split_of(splits, str(path), args), files
     images = [p for p in files if p.suffix.lower() in IMAGE_EXTENSIONS | {".pdf"}]
     metadata = [p for p in files if p.name in METADATA_NAMES]
     tables = [p for p in files if p.suffix in TABLE_EXTENSIONS and p not in metadata]
     if images and tables:
-        fail(f"INPUT {shown} holds {len(images)} image(s) and {len(tables)} table file(s) "
-             f"({shown_path(tables[0].relative_to(path))}{', ...' * (len(tables) > 1)}): to OCR "
-             f"the images, move the table files out (a metadata.parquet/jsonl/csv beside them is "
-             f"joined by file_name); to OCR the table, pass its file or folder as INPUT.")
+        fail(f"INPUT {path} holds {len(images)} image(s) and table files ({tables[0]}, ...): to "
+             f"OCR the images, move the tables out (but for a metadata.parquet/jsonl/csv); to "
+             f"OCR a table, pass its file or folder as INPUT.")
     if images:
-        _split_of({"train": None}, f"folder {shown}", args)
+        _split_of({"train": None}, f"folder {path}", args)
         return _image_folder(path, images, metadata), sorted(images + metadata)
     if not tables and not any(p.suffix in TABLE_EXTENSIONS for p in metadata):
-        fail(f"INPUT folder {shown} holds no images, no PDFs, no .parquet or .arrow files and no "
+        fail(f"INPUT folder {path} holds no images, no PDFs, no .parquet or .arrow files and no "
              f"saved dataset.")
-    # a folder of table files, as `datasets.load_dataset(folder)` reads it (a Hub snapshot:
-    # data/train-*.parquet, split-named files, README `configs:`)
-    builder = _by_datasets(shown, datasets.load_dataset_builder, str(path), args.config,
+    # a folder of tables as `datasets.load_dataset(folder)` reads it (a Hub snapshot, configs)
+    what = f"{path} (split {args.split})"
+    builder = _by_datasets(str(path), datasets.load_dataset_builder, str(path), args.config,
                            way_out=". Pass --config NAME to choose a config")
-    split_files = _split_of(builder.config.data_files or {}, shown, args, configs=True)
-    chosen = _table_files([Path(f) for f in split_files], f"{shown} (split {args.split})")
+    split_files = _split_of(builder.config.data_files or {}, str(path), args, configs=True)
+    chosen = _table_files([Path(f) for f in split_files], what)
     # the files named: datasets caches a README config by name, a changed folder stale
-    return _by_datasets(f"{shown} (split {args.split})", datasets.load_dataset, str(path),
-                        args.config, split=args.split,
+    return _by_datasets(what, datasets.load_dataset, str(path), args.config, split=args.split,
                         data_files={args.split: [str(f) for f in chosen]}), files
 
 
@@ -718,12 +679,12 @@ def open_input(args) -> InputSource:
     """Open INPUT without decoding a single image: Arrow memory-maps it, rows are read lazily."""
     import datasets
 
-    local = Path(args.input).expanduser()
-    base = files = None
+    local, files = Path(args.input).expanduser(), None
+    _PATH_BASE[:] = []  # INPUT's folder, before a PDF column is looked for
     if local.exists():  # (OutputStore made sure that OUTPUT is not inside it)
         ds, files = _load_local_dataset(local, args)
         description = shown_path(local.resolve())
-        base = local.resolve() if local.is_dir() else local.resolve().parent
+        _PATH_BASE.append(local.resolve() if local.is_dir() else local.resolve().parent)
     elif REPO_ID.match(args.input):
         ds = _by_datasets(f"the Hub dataset {args.input}", datasets.load_dataset, args.input,
                           args.config, split=args.split, revision=args.revision,
@@ -733,17 +694,13 @@ def open_input(args) -> InputSource:
         fail(f"INPUT {args.input!r} is neither an existing path nor a Hub dataset id.")
     if len(ds) == 0:
         _nothing_to_do(description)
-    _PATH_BASE[:] = [base] if base is not None else []  # before a PDF column is looked for
     pdf_column = find_pdf_column(ds, args)
     if pdf_column is not None and isinstance(ds.features[pdf_column],
                                              getattr(datasets, "Pdf", ())):
         ds = ds.cast_column(pdf_column, datasets.Pdf(decode=False))  # the bytes, opened here
     if args.image_column not in ds.column_names and pdf_column is None:
-        image_like = [name for name, feature in ds.features.items()
-                      if isinstance(feature, datasets.Image)]
-        fail(f"image column {args.image_column!r} not found. Columns: {', '.join(ds.column_names)}"
-             f"{'; image-typed: ' + ', '.join(image_like) if image_like else ''}. Pass "
-             f"--image-column NAME, or --pdf-column NAME for a column of PDF bytes or paths.")
+        fail(f"image column {args.image_column!r} not found (columns: {', '.join(ds.column_names)})"
+             f": pass --image-column NAME, or --pdf-column NAME for a column of PDF bytes or paths")
     if isinstance(ds.features.get(args.image_column), datasets.Image):
         ds = ds.cast_column(args.image_column, datasets.Image(decode=False))
     rows_full = len(ds)
