@@ -569,11 +569,11 @@ def wide_to_grey(img):
 
     peak = max((float(np.max(a[np.isfinite(a)], initial=0))  # not by an inf
                 for a in (np.asarray(img.crop(box)) for box in _strips(img))), default=0.0)
-    top = (1.0 if peak <= 1.0 else 65535.0) if img.mode == "F" else \
-        255 if peak <= 255 else 4095 if peak <= 4095 else 65535
+    top = next((top for top in (1.0, 255, 4095) if peak <= top), 65535)  # the bit depth
     grey = Image.new("L", img.size)
     for box in _strips(img):
-        strip = np.nan_to_num(np.asarray(img.crop(box), dtype=np.float32)) * (255.0 / top)
+        strip = np.asarray(img.crop(box), dtype=np.float32)
+        strip = np.nan_to_num(strip, posinf=top, neginf=0) * (255.0 / top)
         grey.paste(Image.fromarray(np.clip(strip, 0, 255).round().astype(np.uint8)), box[:2])
     return grey
 
@@ -595,12 +595,8 @@ def flatten(img):
     return flat
 
 
-def to_rgb(img):
-    img = flatten(img)
-    return img if img.mode == "RGB" else img.convert("RGB")
-
-
 _GIANT_DECODE, _NO_LOCK = threading.Lock(), contextlib.nullcontext()  # giant scans: one at a time
+warnings.filterwarnings("ignore", module="PIL")  # its size and EXIF notes: the page is read anyway
 
 
 def prepare_page(cell, args=None, decode: bool = True) -> PreparedPage | None:
@@ -612,46 +608,43 @@ def prepare_page(cell, args=None, decode: bool = True) -> PreparedPage | None:
         return _RENDERER[0].render(cell)
     raw = read_cell_bytes(cell)
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            img = Image.open(io.BytesIO(raw))
-            # PNG keeps EXIF (rare) after the pixels: reading it there would decode the page
-            exif = img.format != "PNG" or "exif" in img.info
-            orientation = img.getexif().get(0x0112, 1) if exif else 1
-            upright, turned = orientation in (None, 1), orientation in (5, 6, 7, 8)
-            width, height = img.size[::-1] if turned else img.size
-            target, jpeg = target_size(width, height, args), img.format == "JPEG"
-            if target == (width, height) and upright and img.mode == "RGB" and \
-                    getattr(img, "n_frames", 1) == 1 and img.format in ("JPEG", "PNG"):
-                # a complete JPEG is not even decoded
-                cheap = raw.rstrip(b"\0").endswith(b"\xff\xd9") if jpeg else len(raw) <= 1 << 20
-                if not (decode or cheap):
-                    return None
-                if not jpeg:
-                    img.verify()  # every chunk's checksum: truncation
-                elif not cheap:  # trailing bytes or truncated? A 1/8-scale decode reads all
-                    img.draft("RGB", (max(1, width // 8), max(1, height // 8)))
-                    img.load()
-                return PreparedPage(raw, f"image/{img.format.lower()}", width, height, True,
-                                    digest=input_digest(raw))
-            if not decode:
+        img = Image.open(io.BytesIO(raw))
+        # PNG keeps EXIF (rare) after the pixels: reading it there would decode the page
+        exif = img.format != "PNG" or "exif" in img.info
+        orientation = img.getexif().get(0x0112, 1) if exif else 1
+        upright, turned = orientation in (None, 1), orientation in (5, 6, 7, 8)
+        width, height = img.size[::-1] if turned else img.size
+        target, jpeg = target_size(width, height, args), img.format == "JPEG"
+        if target == (width, height) and upright and img.mode == "RGB" and \
+                getattr(img, "n_frames", 1) == 1 and img.format in ("JPEG", "PNG"):
+            # a complete JPEG is not even decoded
+            cheap = raw.rstrip(b"\0").endswith(b"\xff\xd9") if jpeg else len(raw) <= 1 << 20
+            if not (decode or cheap):
                 return None
-            if target != (width, height) and jpeg:
-                # a reduced-scale decode to no less than twice the target: the model's own
-                # filter does the last step, as on the authors' fully decoded page
-                img.draft(img.mode if img.mode in ("RGB", "L") else None,
-                          tuple(2 * side for side in (target[::-1] if turned else target)))
-            with _GIANT_DECODE if img.width * img.height > 25_000_000 else _NO_LOCK:
+            if not jpeg:
+                img.verify()  # every chunk's checksum: truncation
+            elif not cheap:  # trailing bytes or truncated? A 1/8-scale decode reads all
+                img.draft("RGB", (max(1, width // 8), max(1, height // 8)))
                 img.load()
-                if not upright:
-                    img = ImageOps.exif_transpose(img)
-                if img.size == (height, width) != (width, height):  # a TIFF: Pillow turned it
-                    target = target_size(*img.size, args)  # as it loaded (and, by version, sized)
-                img = flatten(img)  # grey is resized as grey, and widened at the model's size
-                if img.size != target:  # the filter the model's own pipeline resamples with
-                    img = img.resize(target, getattr(Image.Resampling, RESIZE_FILTER.upper()))
-            return PreparedPage(*encode_page(to_rgb(img)), *target, False,
+            return PreparedPage(raw, f"image/{img.format.lower()}", width, height, True,
                                 digest=input_digest(raw))
+        if not decode:
+            return None
+        if target != (width, height) and jpeg:
+            # a reduced-scale decode to no less than twice the target: the model's own
+            # filter does the last step, as on the authors' fully decoded page
+            img.draft(img.mode if img.mode in ("RGB", "L") else None,
+                      tuple(2 * side for side in (target[::-1] if turned else target)))
+        with _GIANT_DECODE if img.width * img.height > 25_000_000 else _NO_LOCK:
+            img.load()
+            if not upright:
+                img = ImageOps.exif_transpose(img)
+            if img.size == (height, width) != (width, height):  # a TIFF: Pillow turned it
+                target = target_size(*img.size, args)  # as it loaded (and, by version, sized)
+            img = flatten(img)  # grey is resized as grey, and widened at the model's size
+            if img.size != target:  # the filter the model's own pipeline resamples with
+                img = img.resize(target, getattr(Image.Resampling, RESIZE_FILTER.upper()))
+        return PreparedPage(*encode_page(img), *target, False, digest=input_digest(raw))
     except Exception as exc:  # undecodable, truncated, a bomb: one row fails, not the run
         reason = re.sub(r" <_io\.BytesIO object at 0x[0-9a-f]+>", "", str(exc))  # no address
         raise PageError(f"cannot decode image: {type(exc).__name__}: {reason}") from None
@@ -683,8 +676,7 @@ def find_pdf_column(ds, args) -> str | None:
     column = named or (typed[0] if typed else args.image_column)
     if column in typed:
         return column  # its type says enough
-    if column not in ds.column_names or not named and isinstance(ds.features[column],
-                                                                 datasets.Image):
+    if column not in ds.features or not named and isinstance(ds.features[column], datasets.Image):
         return None
     cells = ds.select_columns([column]).select(range(min(16, len(ds))))[column]
     if any(map(looks_like_pdf, cells)) or named and all(cell is None for cell in cells):
@@ -704,12 +696,10 @@ def looks_like_pdf(cell) -> bool:
     return isinstance(data, bytes) and data.startswith(b"%PDF-")
 
 
-def parse_pages(spec: str | None) -> list[tuple[int, int | None]] | None:
-    """--pages "1-5,8,10-" as 1-based inclusive ranges (None: to the end); None: every page."""
-    if not spec:
-        return None
+def parse_pages(spec: str | None) -> list[tuple[int, int | None]]:
+    """--pages "1-5,8,10-" as 1-based inclusive ranges (None: to the end); []: every page."""
     ranges = []
-    for item in spec.replace(" ", "").split(","):
+    for item in spec.replace(" ", "").split(",") if spec else []:
         match = re.fullmatch(r"(\d+)(-(\d*))?", item)
         first = int(match[1]) if match else 0
         last = first if not match or not match[2] else int(match[3]) if match[3] else None
@@ -717,19 +707,6 @@ def parse_pages(spec: str | None) -> list[tuple[int, int | None]] | None:
             raise ValueError(f"--pages {spec!r}: {item!r} is not N, A-B or A- (1-based)")
         ranges.append((first, last))
     return ranges
-
-
-def canonical_pages(ranges) -> str | None:
-    """The ranges sorted and merged, as --pages is written down: None for every page."""
-    merged: list[list] = []
-    for first, last in sorted(ranges or [], key=lambda r: r[0]):
-        if merged and (merged[-1][1] is None or first <= merged[-1][1] + 1):
-            merged[-1][1] = None if None in (merged[-1][1], last) else max(merged[-1][1], last)
-        else:
-            merged.append([first, last])
-    if merged in ([], [[1, None]]):
-        return None
-    return ",".join(f"{a}" if a == b else f"{a}-{b or ''}" for a, b in merged)
 
 
 @dataclass
@@ -886,7 +863,7 @@ def _render_pdf_page(page, args) -> PreparedPage:
     shrink = min(1.0, math.sqrt(PDF_MAX_PIXELS / (width * height)),
                  PDF_MAX_SIDE / max(width, height))
     target = target_size(max(1, round(width * shrink)), max(1, round(height * shrink)), args)
-    img = to_rgb(page.render(scale=target[0] / width_pt, may_draw_forms=True).to_pil())
+    img = page.render(scale=target[0] / width_pt, may_draw_forms=True).to_pil()
     if img.size != target:  # a pixel of rounding, or the model's grid
         img = img.resize(target, getattr(Image.Resampling, RESIZE_FILTER.upper()))
     return PreparedPage(*encode_page(img), *target, False, text_layer=layer)
@@ -923,8 +900,7 @@ def _pdf_worker(conn, driver: int, docs, column: str, args) -> None:
 
 
 class PdfRenderer:
-    """Render processes, thread-safe: a page that hangs or crashes one is its error, and a new
-    process takes its place."""
+    """Render processes, thread-safe: a page that hangs or crashes one is its error row."""
 
     def __init__(self, pdf: PdfPages, args):
         import queue
@@ -937,12 +913,10 @@ class PdfRenderer:
         import multiprocessing
 
         ours, theirs = multiprocessing.Pipe()
-        with warnings.catch_warnings():  # fork beside the driver's threads: the child runs no
-            warnings.simplefilter("ignore", DeprecationWarning)  # Python of theirs
-            process = multiprocessing.get_context("fork").Process(  # reads the input as is
-                target=_pdf_worker, daemon=True,
-                args=(theirs, os.getpid(), self.pdf.docs, self.pdf.column, self.args))
-            process.start()
+        process = multiprocessing.get_context("fork").Process(  # reads the input as is
+            target=_pdf_worker, daemon=True,
+            args=(theirs, os.getpid(), self.pdf.docs, self.pdf.column, self.args))
+        process.start()  # fork beside the driver's threads: the child runs none of their code
         theirs.close()
         self.idle.put((process, ours))
 
@@ -977,7 +951,7 @@ _RENDERER: list = []  # the run's PdfRenderer, started (run_script) before any p
 
 def encode_page(img) -> tuple[bytes, str]:
     """PAGE_FORMAT "png": lossless, for models trained on PNG renders; else JPEG quality 95."""
-    out = io.BytesIO()
+    out, img = io.BytesIO(), img if img.mode == "RGB" else img.convert("RGB")
     img.save(out, **({"format": "PNG", "compress_level": 1} if PAGE_FORMAT == "png" else
                      {"format": "JPEG", "quality": 95}))
     return out.getvalue(), f"image/{PAGE_FORMAT}"
@@ -2754,8 +2728,8 @@ def parse_arguments(doc: str, argv: list[str] | None, add_shape_arguments, shape
                         f"still loops after that will loop again)")
     if not PDF_MIN_DPI <= args.pdf_dpi <= PDF_MAX_DPI:
         problems.append(f"--pdf-dpi must be {PDF_MIN_DPI} to {PDF_MAX_DPI}, got {args.pdf_dpi:g}")
-    try:  # one spelling per selection, so that "1-" and "1-3,2-" are the same run as none
-        args.pages = canonical_pages(parse_pages(args.pages))
+    try:
+        parse_pages(args.pages)
     except ValueError as exc:
         problems.append(str(exc))
     if args.num_shards >= 1 and not 0 <= args.shard_index < args.num_shards:
