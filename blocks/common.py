@@ -631,8 +631,7 @@ def prepare_page(cell, args=None, decode: bool = True) -> PreparedPage | None:
         if not decode:
             return None
         if target != (width, height) and jpeg:
-            # a reduced-scale decode to no less than twice the target: the model's own
-            # filter does the last step, as on the authors' fully decoded page
+            # decoded at twice the target at least: the model's filter does the last step
             img.draft(img.mode if img.mode in ("RGB", "L") else None,
                       tuple(2 * side for side in (target[::-1] if turned else target)))
         with _GIANT_DECODE if img.width * img.height > 25_000_000 else _NO_LOCK:
@@ -798,26 +797,23 @@ def count_pdf_pages(ds, column: str, args) -> PdfPages:
                     mininterval=0.5 if sys.stderr.isatty() else 10.0):
         data, shown = pdf_source(cells[row][column])
         pdf.names.append(shown)
-        total, error = 0, None
+        total = 0
         if isinstance(data, str):
             pdf.paths[row] = data  # read for its digest when a page of it is sent
         elif data is not None:
             pdf.digests[row] = input_digest(data)
-        if data is None:
-            if column != "pdf" or "image" not in ds.column_names:  # else: an image of the folder
-                error = "missing PDF (empty cell)"
-        else:
-            try:  # PDFium names the cause: a password, a format error (corrupt, truncated)
+        if data is None and (column != "pdf" or "image" not in ds.column_names):
+            pdf.errors[row] = "missing PDF (empty cell)"  # else: an image of the folder
+        elif data is not None:
+            try:
                 total = len(pdfium.PdfDocument(data))
-            except Exception as exc:
-                error = f"cannot open the PDF: {type(exc).__name__}: {exc}"
+            except Exception as exc:  # PDFium names the cause: a password, a format error
+                pdf.errors[row] = f"cannot open the PDF: {type(exc).__name__}: {exc}"
         pages = [n for n in range(1, total + 1)
                  if any(first <= n <= (last or n) for first, last in ranges)]
-        if data is not None and error is None and not pages:
-            error = f"none of --pages {args.pages} is in this {total}-page PDF" if total else \
-                "the PDF has no pages"
-        if error is not None:
-            pdf.errors[row] = error
+        if data is not None and row not in pdf.errors and not pages:
+            pdf.errors[row] = f"none of --pages {args.pages} is in this {total}-page PDF" \
+                if total else "the PDF has no pages"
         rows += [(row, page, total) for page in pages or [0]]
     pdf.doc, pdf.number, pdf.count = (np.array(values, dtype) for values, dtype in
                                       zip(zip(*rows), (np.int64, np.int32, np.int32)))
