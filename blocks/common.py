@@ -490,10 +490,8 @@ def input_digest(data: bytes) -> str:
 def _resolve_image_path(value: str) -> Path:
     """A path string of the image column: as written, else relative to INPUT's folder."""
     path = Path(value).expanduser()
-    if _PATH_BASE and not path.is_absolute() and not path.exists() and \
-            (_PATH_BASE[0] / path).exists():
-        return _PATH_BASE[0] / path
-    return path
+    based = _PATH_BASE[0] / path if _PATH_BASE else path  # an absolute path stays itself
+    return based if not path.exists() and based.exists() else path
 
 
 def read_cell_bytes(cell) -> bytes:
@@ -509,12 +507,9 @@ def read_cell_bytes(cell) -> bytes:
         raise PageError("missing image (empty cell)")
     if not isinstance(cell, (bytes, bytearray, memoryview)):
         raise PageError(f"unsupported image cell of type {type(cell).__name__}")
-    if len(cell) == 0:
+    if not cell:
         raise PageError("empty image bytes")
     return bytes(cell)
-
-
-WIDE_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I", "F")
 
 
 def _strips(img) -> list[tuple]:
@@ -531,11 +526,11 @@ def wide_to_grey(img):
 
     peak = max((float(np.max(a[np.isfinite(a)], initial=0))  # not by an inf
                 for a in (np.asarray(img.crop(box)) for box in _strips(img))), default=0.0)
-    top = (1.0 if peak <= 1.0 else 65535.0) if img.mode == "F" else \
-        255 if peak <= 255 else 4095 if peak <= 4095 else 65535
+    top = next((top for top in (1.0, 255, 4095) if peak <= top), 65535)  # the bit depth
     grey = Image.new("L", img.size)
     for box in _strips(img):
-        strip = np.nan_to_num(np.asarray(img.crop(box), dtype=np.float32)) * (255.0 / top)
+        strip = np.asarray(img.crop(box), dtype=np.float32)
+        strip = np.nan_to_num(strip, posinf=top, neginf=0) * (255.0 / top)
         grey.paste(Image.fromarray(np.clip(strip, 0, 255).round().astype(np.uint8)), box[:2])
     return grey
 
@@ -545,7 +540,7 @@ def flatten(img):
     strip: a giant scan's RGBA copies took gigabytes), palettes expanded."""
     from PIL import Image
 
-    if img.mode in WIDE_MODES:
+    if img.mode in ("I;16", "I;16L", "I;16B", "I;16N", "I", "F"):
         return wide_to_grey(img)
     if not (img.mode in ("RGBA", "LA", "PA", "RGBa", "La") or
             img.mode == "P" and "transparency" in img.info):
@@ -557,26 +552,8 @@ def flatten(img):
     return flat
 
 
-def to_rgb(img):
-    img = flatten(img)
-    return img if img.mode == "RGB" else img.convert("RGB")
-
-
-_DECODING, _DECODED = threading.Condition(), [0]  # pixels the preparation threads hold
-
-
-@contextlib.contextmanager
-def decoding(pixels: int, limit: int = 200_000_000):  # 0.4 to 0.8 GB, whatever the threads
-    """Giant scans are not held one per thread: a page past the limit is decoded alone."""
-    with _DECODING:
-        _DECODING.wait_for(lambda: _DECODED[0] == 0 or _DECODED[0] + pixels <= limit)
-        _DECODED[0] += pixels
-    try:
-        yield
-    finally:
-        with _DECODING:
-            _DECODED[0] -= pixels
-            _DECODING.notify_all()
+_GIANT_DECODE, _NO_LOCK = threading.Lock(), contextlib.nullcontext()  # giant scans: one at a time
+warnings.filterwarnings("ignore", module="PIL")  # its size and EXIF notes: the page is read anyway
 
 
 def prepare_page(cell, args=None, decode: bool = True) -> PreparedPage | None:
@@ -587,58 +564,45 @@ def prepare_page(cell, args=None, decode: bool = True) -> PreparedPage | None:
     if isinstance(cell, PdfPage):
         return _RENDERER[0].render(cell)
     raw = read_cell_bytes(cell)
-    digest = input_digest(raw)
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            img = Image.open(io.BytesIO(raw))
-            width, height = img.size
-            # PNG keeps EXIF (rare) after the pixels: reading it there would decode the page
-            has_exif = img.format != "PNG" or "exif" in img.info
-            orientation = img.getexif().get(0x0112, 1) if has_exif else 1
-            upright, turned = orientation in (None, 1), orientation in (5, 6, 7, 8)
-            if turned:
-                width, height = height, width
-            target = target_size(width, height, args)
-            frames = getattr(img, "n_frames", 1)
-            jpeg = img.format == "JPEG"
-            if target == (width, height) and upright and img.mode == "RGB" and frames == 1 and \
-                    img.format in ("JPEG", "PNG"):  # a complete JPEG is not even decoded
-                cheap = raw.rstrip(b"\0").endswith(b"\xff\xd9") if jpeg else len(raw) <= 1 << 20
-                if not (decode or cheap):
-                    return None
-                if not jpeg:
-                    Image.open(io.BytesIO(raw)).verify()  # every chunk's checksum: truncation
-                elif not cheap:  # trailing bytes or truncated? A 1/8-scale decode reads all
-                    img.draft("RGB", (max(1, width // 8), max(1, height // 8)))
-                    img.load()
-                return PreparedPage(raw, f"image/{img.format.lower()}", width, height, True,
-                                    digest=digest)
-            if not decode:
+        img = Image.open(io.BytesIO(raw))
+        # PNG keeps EXIF (rare) after the pixels: reading it there would decode the page
+        exif = img.format != "PNG" or "exif" in img.info
+        orientation = img.getexif().get(0x0112, 1) if exif else 1
+        upright, turned = orientation in (None, 1), orientation in (5, 6, 7, 8)
+        width, height = img.size[::-1] if turned else img.size
+        target, jpeg = target_size(width, height, args), img.format == "JPEG"
+        if target == (width, height) and upright and img.mode == "RGB" and \
+                getattr(img, "n_frames", 1) == 1 and img.format in ("JPEG", "PNG"):
+            # a complete JPEG is not even decoded
+            cheap = raw.rstrip(b"\0").endswith(b"\xff\xd9") if jpeg else len(raw) <= 1 << 20
+            if not (decode or cheap):
                 return None
-            if frames > 1:
-                img.seek(0)
-            if target != (width, height) and jpeg:
-                # a reduced-scale decode to no less than twice the target: the model's own
-                # filter does the last step, as on the authors' fully decoded page
-                draft = target[::-1] if turned else target
-                img.draft(img.mode if img.mode in ("RGB", "L") else None,
-                          (2 * draft[0], 2 * draft[1]))
-            with decoding(img.width * img.height):
+            if not jpeg:
+                img.verify()  # every chunk's checksum: truncation
+            elif not cheap:  # trailing bytes or truncated? A 1/8-scale decode reads all
+                img.draft("RGB", (max(1, width // 8), max(1, height // 8)))
                 img.load()
-                if not upright:
-                    img = ImageOps.exif_transpose(img)
-                if img.size == (height, width) != (width, height):  # a TIFF: Pillow turned it
-                    target = target_size(*img.size, args)  # as it loaded (and, by version, sized)
-                img = flatten(img)  # grey is resized as grey, and widened at the model's size
-                if img.size != target:  # the filter the model's own pipeline resamples with
-                    img = img.resize(target, getattr(Image.Resampling, RESIZE_FILTER.upper()))
-            data, mime = encode_page(to_rgb(img))
-            return PreparedPage(data, mime, target[0], target[1], False, digest=digest)
-    except PageError:
-        raise
+            return PreparedPage(raw, f"image/{img.format.lower()}", width, height, True,
+                                digest=input_digest(raw))
+        if not decode:
+            return None
+        if target != (width, height) and jpeg:
+            # decoded at twice the target at least: the model's filter does the last step
+            img.draft(img.mode if img.mode in ("RGB", "L") else None,
+                      tuple(2 * side for side in (target[::-1] if turned else target)))
+        with _GIANT_DECODE if img.width * img.height > 25_000_000 else _NO_LOCK:
+            img.load()
+            if not upright:
+                img = ImageOps.exif_transpose(img)
+            if img.size == (height, width) != (width, height):  # a TIFF: Pillow turned it
+                target = target_size(*img.size, args)  # as it loaded (and, by version, sized)
+            img = flatten(img)  # grey is resized as grey, and widened at the model's size
+            if img.size != target:  # the filter the model's own pipeline resamples with
+                img = img.resize(target, getattr(Image.Resampling, RESIZE_FILTER.upper()))
+        return PreparedPage(*encode_page(img), *target, False, digest=input_digest(raw))
     except Exception as exc:  # undecodable, truncated, a bomb: one row fails, not the run
-        reason = re.sub(r" <_io\.BytesIO object at 0x[0-9a-f]+>", "", str(exc))  # no object address
+        reason = re.sub(r" <_io\.BytesIO object at 0x[0-9a-f]+>", "", str(exc))  # no address
         raise PageError(f"cannot decode image: {type(exc).__name__}: {reason}") from None
 
 
@@ -658,9 +622,8 @@ def find_pdf_column(ds, args) -> str | None:
     import datasets
 
     typed = [name for name, feature in ds.features.items()
-             if isinstance(feature, getattr(datasets, "Pdf", ()))]
-    if isinstance(ds.features.get("pdf"), dict) and set(ds.features["pdf"]) == {"bytes", "path"}:
-        typed.append("pdf")  # the folder reader's
+             if isinstance(feature, getattr(datasets, "Pdf", ())) or  # or the folder reader's:
+             name == "pdf" and isinstance(feature, dict) and set(feature) == {"bytes", "path"}]
     named = args.pdf_column
     if named and named not in ds.column_names:
         fail(f"--pdf-column {named!r} not found. Columns: {', '.join(ds.column_names)}")
@@ -669,12 +632,10 @@ def find_pdf_column(ds, args) -> str | None:
     column = named or (typed[0] if typed else args.image_column)
     if column in typed:
         return column  # its type says enough
-    if column not in ds.column_names or not named and isinstance(ds.features[column],
-                                                                 datasets.Image):
+    if column not in ds.features or not named and isinstance(ds.features[column], datasets.Image):
         return None
-    cells = [cell for cell in ds.select_columns([column]).select(range(min(16, len(ds))))[column]
-             if cell is not None]
-    if any(map(looks_like_pdf, cells)) or named and not cells:
+    cells = ds.select_columns([column]).select(range(min(16, len(ds))))[column]
+    if any(map(looks_like_pdf, cells)) or named and all(cell is None for cell in cells):
         return column
     if named:
         fail(f"--pdf-column {named!r} holds no PDFs in its first rows (PDF bytes start with "
@@ -684,17 +645,17 @@ def find_pdf_column(ds, args) -> str | None:
 
 def looks_like_pdf(cell) -> bool:
     data = pdf_source(cell)[0]
-    if isinstance(data, str) and not data.lower().endswith(".pdf"):
-        data = _file_ends(data, 5)
-    return isinstance(data, str) or isinstance(data, bytes) and data.startswith(b"%PDF-")
+    if isinstance(data, str):
+        with contextlib.suppress(OSError), open(data, "rb") as handle:
+            return data.lower().endswith(".pdf") or handle.read(5) == b"%PDF-"
+        return data.lower().endswith(".pdf")
+    return isinstance(data, bytes) and data.startswith(b"%PDF-")
 
 
-def parse_pages(spec: str | None) -> list[tuple[int, int | None]] | None:
-    """--pages "1-5,8,10-" as 1-based inclusive ranges (None: to the end); None: every page."""
-    if not spec:
-        return None
+def parse_pages(spec: str | None) -> list[tuple[int, int | None]]:
+    """--pages "1-5,8,10-" as 1-based inclusive ranges (None: to the end); []: every page."""
     ranges = []
-    for item in spec.replace(" ", "").split(","):
+    for item in spec.replace(" ", "").split(",") if spec else []:
         match = re.fullmatch(r"(\d+)(-(\d*))?", item)
         first = int(match[1]) if match else 0
         last = first if not match or not match[2] else int(match[3]) if match[3] else None
@@ -702,19 +663,6 @@ def parse_pages(spec: str | None) -> list[tuple[int, int | None]] | None:
             raise ValueError(f"--pages {spec!r}: {item!r} is not N, A-B or A- (1-based)")
         ranges.append((first, last))
     return ranges
-
-
-def canonical_pages(ranges) -> str | None:
-    """The ranges sorted and merged, as --pages is written down: None for every page."""
-    merged: list[list] = []
-    for first, last in sorted(ranges or [], key=lambda r: r[0]):
-        if merged and (merged[-1][1] is None or first <= merged[-1][1] + 1):
-            merged[-1][1] = None if None in (merged[-1][1], last) else max(merged[-1][1], last)
-        else:
-            merged.append([first, last])
-    if merged in ([], [[1, None]]):
-        return None
-    return ",".join(f"{a}" if a == b else f"{a}-{b or ''}" for a, b in merged)
 
 
 @dataclass
@@ -794,29 +742,6 @@ def file_tail(path) -> bytes:
         return handle.read()
 
 
-def _file_ends(path: str, size: int = 1 << 20) -> bytes:
-    """A file's first and last MiB (where a PDF keeps its trailer); b"" if unreadable."""
-    try:
-        with open(path, "rb") as handle:
-            head = handle.read(size)
-            handle.seek(max(len(head), os.path.getsize(path) - size))
-            return head + handle.read(size)
-    except OSError:
-        return b""
-
-
-def pdf_open_error(exc: Exception, data: bytes | str) -> str:
-    """Why PDFium would not open a document: its error code can be stale, so the bytes decide."""
-    text, data = str(exc), data if isinstance(data, bytes) else _file_ends(data)
-    if re.search(rb"/Count\s*0\b", data) and not re.search(rb"/Count\s*[1-9]", data):
-        return "the PDF has no pages"  # PDFium refuses an empty page tree
-    if "password" in text.lower() and b"/Encrypt" in data:
-        return "the PDF is encrypted: a password is needed to open it"
-    if re.search("format|corrupt|password", text, re.I):
-        return f"not a readable PDF (corrupt or truncated): {text}"
-    return f"cannot open the PDF: {type(exc).__name__}: {text}"
-
-
 def count_pdf_pages(ds, column: str, args) -> PdfPages:
     """Every document's page count, unrendered: the output's row numbers, so every shard counts."""
     import numpy as np
@@ -829,33 +754,24 @@ def count_pdf_pages(ds, column: str, args) -> PdfPages:
                     mininterval=0.5 if sys.stderr.isatty() else 10.0):
         data, shown = pdf_source(cells[row][column])
         pdf.names.append(shown)
-        total, error = 0, None
+        total = 0
         if isinstance(data, str):
             pdf.paths[row] = data  # read for its digest when a page of it is sent
         elif data is not None:
             pdf.digests[row] = input_digest(data)
-        if data is None:
-            if column != "pdf" or "image" not in ds.column_names:  # else: an image of the folder
-                error = "missing PDF (empty cell)"
-        elif isinstance(data, str) and not os.path.isfile(data):
-            error = f"cannot read the PDF file {shown}: no such file"
-        else:
+        if data is None and (column != "pdf" or "image" not in ds.column_names):
+            pdf.errors[row] = "missing PDF (empty cell)"  # else: an image of the folder
+        elif data is not None:
             try:
                 total = len(pdfium.PdfDocument(data))
-            except Exception as exc:
-                error = pdf_open_error(exc, data)
+            except Exception as exc:  # PDFium names the cause: a password, a format error
+                pdf.errors[row] = f"cannot open the PDF: {type(exc).__name__}: {exc}"
         pages = [n for n in range(1, total + 1)
                  if any(first <= n <= (last or n) for first, last in ranges)]
-        if data is not None and error is None and not pages:
-            error = f"none of --pages {args.pages} is in this {total}-page PDF" if total else \
-                "the PDF has no pages"
-        if error is not None:
-            pdf.errors[row] = error
+        if data is not None and row not in pdf.errors and not pages:
+            pdf.errors[row] = f"none of --pages {args.pages} is in this {total}-page PDF" \
+                if total else "the PDF has no pages"
         rows += [(row, page, total) for page in pages or [0]]
-    if pdf.errors:
-        first = min(pdf.errors)
-        log(f"{len(pdf.errors)} PDF(s) cannot be rendered (e.g. row {first}: "
-            f"{pdf.errors[first]}): each becomes an error row")
     pdf.doc, pdf.number, pdf.count = (np.array(values, dtype) for values, dtype in
                                       zip(zip(*rows), (np.int64, np.int32, np.int32)))
     return pdf
@@ -900,7 +816,7 @@ def _render_pdf_page(page, args) -> PreparedPage:
     shrink = min(1.0, math.sqrt(PDF_MAX_PIXELS / (width * height)),
                  PDF_MAX_SIDE / max(width, height))
     target = target_size(max(1, round(width * shrink)), max(1, round(height * shrink)), args)
-    img = to_rgb(page.render(scale=target[0] / width_pt, may_draw_forms=True).to_pil())
+    img = page.render(scale=target[0] / width_pt, may_draw_forms=True).to_pil()
     if img.size != target:  # a pixel of rounding, or the model's grid
         img = img.resize(target, getattr(Image.Resampling, RESIZE_FILTER.upper()))
     return PreparedPage(*encode_page(img), *target, False, text_layer=layer)
@@ -913,10 +829,8 @@ def _pdf_worker(conn, driver: int, docs, column: str, args) -> None:
     import pypdfium2 as pdfium
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
-    try:
-        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG (Linux)
-    except Exception:  # elsewhere: the parent's pid is watched below
-        pass
+    with contextlib.suppress(Exception):  # Linux; elsewhere the parent's pid is watched below
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     opened = None  # the row of the document kept open
     while True:
         try:
@@ -939,8 +853,7 @@ def _pdf_worker(conn, driver: int, docs, column: str, args) -> None:
 
 
 class PdfRenderer:
-    """Render processes, thread-safe: a page that hangs or crashes one is its error, and a new
-    process takes its place."""
+    """Render processes, thread-safe: a page that hangs or crashes one is its error row."""
 
     def __init__(self, pdf: PdfPages, args):
         import queue
@@ -953,12 +866,10 @@ class PdfRenderer:
         import multiprocessing
 
         ours, theirs = multiprocessing.Pipe()
-        with warnings.catch_warnings():  # fork beside the driver's threads: the child runs no
-            warnings.simplefilter("ignore", DeprecationWarning)  # Python of theirs
-            process = multiprocessing.get_context("fork").Process(  # reads the input as is
-                target=_pdf_worker, daemon=True,
-                args=(theirs, os.getpid(), self.pdf.docs, self.pdf.column, self.args))
-            process.start()
+        process = multiprocessing.get_context("fork").Process(  # reads the input as is
+            target=_pdf_worker, daemon=True,
+            args=(theirs, os.getpid(), self.pdf.docs, self.pdf.column, self.args))
+        process.start()  # fork beside the driver's threads: the child runs none of their code
         theirs.close()
         self.idle.put((process, ours))
 
@@ -966,32 +877,26 @@ class PdfRenderer:
         if page.error is not None:
             raise PageError(page.error)
         process, pipe = self.idle.get()
-        timeout, reply = self.args.pdf_page_timeout, None  # no reply: the worker is replaced
+        timeout, reply = self.args.pdf_page_timeout, None
         error = f"rendering page {page.number} took more than {timeout:g} s (--pdf-page-timeout)"
-        try:
+        with contextlib.suppress(EOFError, OSError):
             pipe.send((page.doc_row, page.number))
             if pipe.poll(timeout):
                 error = f"the PDF renderer crashed on page {page.number}"
                 reply = pipe.recv()
-        except (EOFError, OSError):
-            pass
-        finally:
-            if reply is None:
-                process.kill()
-                process.join(timeout=5)
-                pipe.close()
-                self._start()
-            else:
-                self.idle.put((process, pipe))
-        if reply is None or isinstance(reply, str):
-            raise PageError(reply or error)
+        if reply is None:  # hung or crashed: a new worker takes its place (start reaps this one)
+            process.kill()
+            pipe.close()
+            self._start()
+            raise PageError(error)
+        self.idle.put((process, pipe))
+        if isinstance(reply, str):
+            raise PageError(reply)
         return PreparedPage(**{**reply, "digest": self.pdf.digest(page.doc_row)})
 
     def close(self) -> None:
         while not self.idle.empty():
-            process, pipe = self.idle.get()
-            pipe.close()
-            process.kill()
+            self.idle.get()[0].kill()
 
 
 _RENDERER: list = []  # the run's PdfRenderer, started (run_script) before any page is prepared
@@ -999,7 +904,7 @@ _RENDERER: list = []  # the run's PdfRenderer, started (run_script) before any p
 
 def encode_page(img) -> tuple[bytes, str]:
     """PAGE_FORMAT "png": lossless, for models trained on PNG renders; else JPEG quality 95."""
-    out = io.BytesIO()
+    out, img = io.BytesIO(), img if img.mode == "RGB" else img.convert("RGB")
     img.save(out, **({"format": "PNG", "compress_level": 1} if PAGE_FORMAT == "png" else
                      {"format": "JPEG", "quality": 95}))
     return out.getvalue(), f"image/{PAGE_FORMAT}"
@@ -2776,8 +2681,8 @@ def parse_arguments(doc: str, argv: list[str] | None, add_shape_arguments, shape
                         f"still loops after that will loop again)")
     if not PDF_MIN_DPI <= args.pdf_dpi <= PDF_MAX_DPI:
         problems.append(f"--pdf-dpi must be {PDF_MIN_DPI} to {PDF_MAX_DPI}, got {args.pdf_dpi:g}")
-    try:  # one spelling per selection, so that "1-" and "1-3,2-" are the same run as none
-        args.pages = canonical_pages(parse_pages(args.pages))
+    try:
+        parse_pages(args.pages)
     except ValueError as exc:
         problems.append(str(exc))
     if args.num_shards >= 1 and not 0 <= args.shard_index < args.num_shards:

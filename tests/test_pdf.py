@@ -143,8 +143,8 @@ def test_bad_documents_become_error_rows_naming_the_reason(tmp_path, stub_server
         by_file.setdefault(row["file_name"], []).append(row)
     assert [r["page_number"] for r in by_file["1-good.pdf"]] == [1, 2, 3]
     assert all(r["markdown"] for r in by_file["1-good.pdf"] + by_file["6-good.pdf"])
-    for name, reason in [("2-encrypted.pdf", "encrypted"), ("3-truncated.pdf", "corrupt or truncated"),
-                         ("4-empty.pdf", "no pages"), ("5-not-a-pdf.pdf", "not a readable PDF")]:
+    for name, reason in [("2-encrypted.pdf", "password"), ("3-truncated.pdf", "format"),
+                         ("4-empty.pdf", "format"), ("5-not-a-pdf.pdf", "format")]:
         (row,) = by_file[name]  # one row: its pages cannot be counted
         assert reason in row["markdown_error"] and row["markdown_error_kind"] == "page", row
         assert row["markdown"] is None and row["page_number"] is None
@@ -355,7 +355,7 @@ def test_per_document_joins_pages_in_order_and_resumes_inside_a_document(tmp_pat
     assert b_text.startswith("<!-- page 1 -->") and b_text.endswith("<!-- page 2 -->")  # kept,
     # and the failed page's line without text
     assert b_error.startswith("page 2: ") and ds["markdown_error_kind"][1] == "page"
-    assert "encrypted" in ds["markdown_error"][2] and ds["markdown"][2] is None
+    assert "password" in ds["markdown_error"][2] and ds["markdown"][2] is None
     assert answered(ds["markdown"][3])[0] == (640, 820)  # an image row is as before
     stats = stats_of(tmp_path / "s.json")
     assert stats["rows_total"] == 4 and stats["rows_ok"] == 2 and stats["rows_failed"] == 2
