@@ -1411,7 +1411,7 @@ class HeldFailures:
         self.who, self.pages, self.seconds, self.streak = who, pages, seconds, streak
         self.held: list = []  # (row, result), in the order they failed
         self.failures = self.answered = self.count = 0
-        self.kind, self.last, self.since = "", "", None
+        self.kind, self.last, self.since = "", "", None  # the streak's: of one kind, since when
 
     def failed(self, index: int, result: RowResult, kind: str) -> None:
         self.held.append((index, result))
@@ -1461,11 +1461,10 @@ def finish_row(writer: "PartWriter", stats: "RunStats", held: HeldFailures, inde
     stats.tokens.append(result.completion_tokens or 0)
     if failed or result.error_kind == SERVER:
         return held.failed(index, result, failed or SERVER)
-    rows = [(index, result)]
-    if result.error is None and result.skipped is None:
+    answered = result.error is None and result.skipped is None
+    if answered:
         writer.check.observe(result)
-        rows += held.release()
-    for row in rows:
+    for row in [(index, result)] + (held.release() if answered else []):
         writer.add(*row)
 
 
@@ -1626,15 +1625,16 @@ class Journal:
         rows: dict[int, RowResult] = {}
         for path in sorted(self.folder.glob("*.jsonl")):
             self.segments[path] = set()
-            for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-                try:
-                    entry = json.loads(line)
-                    index, result = entry.pop("row"), RowResult(**entry)
-                except (ValueError, TypeError, KeyError, AttributeError):
-                    continue  # the line a kill cut short
-                if wanted(index):
-                    rows[index] = result
-                    self.segments[path].add(index)
+            with open(path, encoding="utf-8", errors="replace") as lines:  # a run's: any size
+                for line in lines:
+                    try:
+                        entry = json.loads(line)
+                        index, result = entry.pop("row"), RowResult(**entry)
+                    except (ValueError, TypeError, KeyError, AttributeError):
+                        continue  # the line a kill cut short
+                    if wanted(index):
+                        rows[index] = result
+                        self.segments[path].add(index)
         return rows
 
     def append(self, index: int, result: RowResult) -> None:
@@ -1694,19 +1694,16 @@ class RowPlan:
 
 def plan_rows(source: InputSource, store: "OutputStore", args) -> RowPlan:
     """Rows in no part and error rows to redo (SERVER; all: --retry-errors), less the journal's."""
-    covered = bytearray(source.hi - source.lo)
-    redo: dict[int, Path] = {}
-    earlier_ok = 0
+    covered, redo, earlier_ok = bytearray(source.hi - source.lo), {}, 0
     for (start, stop), path in store.parts():
         lo, hi = max(start, source.lo), min(stop, source.hi)
         for i in range(lo, hi):
             covered[i - source.lo] = 1
         name, fetched = part_name(start, stop), None
-        if path is None and name not in store.notes and lo < hi:  # only on the Hub, without
-            # its note (sent by `hf upload`, or by an older version): read from the part itself
-            path = fetched = store.fetch_part(name)
-            store.note_rebuilt(name, part_note(path, args.output_column))
         note = part_note(path, args.output_column) if path else store.notes.get(name)
+        if note is None and lo < hi:  # on the Hub without its note (`hf upload`): read the part
+            path = fetched = store.fetch_part(name)
+            store.note_rebuilt(name, note := part_note(path, args.output_column))
         if note is None:  # another shard's part: its own rerun reads it
             earlier_ok += stop - start
             continue
@@ -1738,8 +1735,8 @@ def plan_rows(source: InputSource, store: "OutputStore", args) -> RowPlan:
             now[row] = source.pdf.digest(cell.doc_row) if isinstance(cell, PdfPage) \
                 else input_digest(read_cell_bytes(cell))
     changed = {i for i, r in recovered.items() if not r.digest or r.digest != now.get(input_row(i))}
-    recovered = {i: r for i, r in recovered.items() if i not in changed}
     if changed:
+        recovered = {i: r for i, r in recovered.items() if i not in changed}
         log(f"{len(changed)} row(s) of the journal are done again: their input is not the one "
             f"they were made from (replaced since), or the journal does not say which it was")
     pages = {-1 - i: recovered.pop(i) for i in [i for i in recovered if i < 0]}
