@@ -1632,14 +1632,14 @@ class Journal:
 
     def __init__(self, folder: Path):
         self.folder, self.file, self.current, self.failed = folder, None, None, False
-        self.segments: dict[Path, set[int]] = {}  # each file's rows not yet in a part
+        self.unwritten: dict[Path, set[int]] = {}  # each file's rows not yet in a part
         self.lock = threading.RLock()
 
     def replay(self, wanted) -> dict[int, RowResult]:
         """Rows earlier runs finished, oldest file first; `wanted(row)` says which to take."""
         rows: dict[int, RowResult] = {}
         for path in sorted(self.folder.glob("*.jsonl")):
-            self.segments[path] = set()
+            self.unwritten[path] = set()
             with open(path, encoding="utf-8", errors="replace") as lines:  # a run's: any size
                 for line in lines:
                     try:
@@ -1649,7 +1649,7 @@ class Journal:
                         continue  # the line a kill cut short
                     if wanted(index):
                         rows[index] = result
-                        self.segments[path].add(index)
+                        self.unwritten[path].add(index)
         return rows
 
     def append(self, index: int, result: RowResult) -> None:
@@ -1660,7 +1660,7 @@ class Journal:
                     self._open()
                 self.file.write(line)
                 self.file.flush()
-                self.segments[self.current].add(index)
+                self.unwritten[self.current].add(index)
             except OSError as exc:  # a full disk: rows stay in memory until their part is written
                 if not self.failed:
                     log(f"warning: cannot write the journal ({exc}); finished rows are kept in "
@@ -1671,21 +1671,21 @@ class Journal:
         self.folder.mkdir(parents=True, exist_ok=True)
         self.current = self.folder / f"{time.time_ns():020d}-{os.getpid()}.jsonl"
         self.file = open(self.current, "a", encoding="utf-8")
-        self.segments[self.current] = set()
+        self.unwritten[self.current] = set()
 
     def written(self, indices) -> None:
         """These rows are in parts now: a file that holds no other goes (the open one stays)."""
         with self.lock:
-            for path, rows in list(self.segments.items()):
+            for path, rows in list(self.unwritten.items()):
                 rows.difference_update(indices)
                 if not rows and path != self.current:
                     path.unlink(missing_ok=True)
-                    del self.segments[path]
+                    del self.unwritten[path]
 
     def close(self, discard: bool = False) -> None:
         """The open file closed; those whose rows are all in parts (or discarded) go."""
         with self.lock:
-            for rows in self.segments.values() if discard else ():
+            for rows in self.unwritten.values() if discard else ():
                 rows.clear()
             try:
                 self.file and self.file.close()
