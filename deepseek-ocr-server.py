@@ -425,7 +425,6 @@ METADATA_NAMES = ("metadata.csv", "metadata.jsonl", "metadata.parquet")  # as im
 ODD_NAMES_MAX_BYTES = 1 << 30  # images whose names are not UTF-8 are held in memory: a bound
 _PATH_BASE: list = []  # INPUT's folder, where relative path strings in the image column point
 _TEXT_LAYER_COLUMNS: list = []  # "text_layer", "skipped": the PDF text columns this run writes
-_WARNED: set = set()  # warnings said once per run
 
 
 def shown_path(path) -> str:
