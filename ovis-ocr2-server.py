@@ -350,7 +350,6 @@ TABLE_EXTENSIONS = {".parquet", ".arrow"}  # a folder of these is read by `datas
 METADATA_NAMES = ("metadata.csv", "metadata.jsonl", "metadata.parquet")  # as imagefolder's
 _PATH_BASE: list = []  # INPUT's folder, where relative path strings in the image column point
 _TEXT_LAYER_COLUMNS: list = []  # "text_layer", "skipped": the PDF text columns this run writes
-_WARNED: set = set()  # warnings said once per run
 
 
 def shown_path(path) -> str:
@@ -1148,15 +1147,10 @@ def loop_seed(index: int, attempt: int) -> int:
 
 def kept_attempt(kept: "RowResult", retry: "RowResult") -> "RowResult":
     """The retry if it has text and does not loop, or more text before its loop; a retry the
-    server failed: that error (a rerun redoes it); one refused (a 400): the first, said once."""
-    if retry.error is not None and retry.error_kind == SERVER:
-        return error_row(f"the answer looped, and sending it again failed: {retry.error}", SERVER)
+    server failed: that error (a rerun redoes it); one refused (a 400): the first."""
     if retry.error is not None:
-        if "loop retry refused" not in _WARNED:
-            _WARNED.add("loop retry refused")
-            log(f"warning: a looping page's retry was refused ({retry.error[:300]}); its "
-                f"looping answer is kept (pages_still_looping counts them)")
-        return kept
+        return kept if retry.error_kind != SERVER else error_row(
+            f"the answer looped, and sending it again failed: {retry.error}", SERVER)
     attempts = (kept.attempts or 1) + 1
     if (retry.text or "").strip() and not loops(retry.text, retry.finish_reason) or \
             text_before_loop(retry.text or "") > text_before_loop(kept.text):
@@ -1178,23 +1172,20 @@ class DegenerateCheck:
         return self.done and not self.tripped
 
     def observe(self, result: "RowResult") -> None:
-        if self.done:
-            return
-        visible = "".join((result.text or "").split())  # a complete blank form is not broken
-        broken = result.finish_reason in CUT or not visible or \
-            (len(visible) >= 8 and len(set(visible)) == 1)
-        self.seen.append(((result.attempts or 1) > 1, broken, result.finish_reason == "length"))
-        if len(self.seen) >= self.pages:
-            self.finish()
+        if not self.done:
+            visible = "".join((result.text or "").split())  # a complete blank form is not broken
+            broken = result.finish_reason in CUT or not visible or \
+                (len(visible) >= 8 and len(set(visible)) == 1)
+            self.seen.append(((result.attempts or 1) > 1, broken, result.finish_reason == "length"))
+            if len(self.seen) >= self.pages:
+                self.finish()
 
     def finish(self) -> None:
         """Decide on what was seen (fewer pages than asked when the run is short)."""
-        if self.done:
+        if self.done or len(self.seen) < 3 or not all(r or b for r, b, _ in self.seen):
+            self.done = True
             return
-        self.done = True
-        if len(self.seen) < 3 or not all(retried or broken for retried, broken, _ in self.seen):
-            return
-        self.tripped = True
+        self.done = self.tripped = True
         fixed = sum(retried and not broken for retried, broken, _ in self.seen)
         cut = sum(cut for *_, cut in self.seen)
         raise RunAborted(
@@ -1296,7 +1287,7 @@ class HeldFailures:
         self.who, self.pages, self.seconds, self.streak = who, pages, seconds, streak
         self.held: list = []  # (row, result), in the order they failed
         self.failures = self.answered = self.count = 0
-        self.kind, self.last, self.since = "", "", None
+        self.kind, self.last, self.since = "", "", None  # the streak's: of one kind, since when
 
     def failed(self, index: int, result: RowResult, kind: str) -> None:
         self.held.append((index, result))
@@ -1346,11 +1337,10 @@ def finish_row(writer: "PartWriter", stats: "RunStats", held: HeldFailures, inde
     stats.tokens.append(result.completion_tokens or 0)
     if failed or result.error_kind == SERVER:
         return held.failed(index, result, failed or SERVER)
-    rows = [(index, result)]
-    if result.error is None and result.skipped is None:
+    answered = result.error is None and result.skipped is None
+    if answered:
         writer.check.observe(result)
-        rows += held.release()
-    for row in rows:
+    for row in [(index, result)] + (held.release() if answered else []):
         writer.add(*row)
 
 
@@ -1369,9 +1359,8 @@ def output_features(source: InputSource, args):
     names = result_column_names(args.output_column)
     features = datasets.Features({k: v for k, v in input_features(source).items()
                                   if k not in names and k != "inference_info"})
-    image = features.get(source.image_column)
-    # an Image, or a {bytes, path} struct that was one (pyarrow types `bytes` null when every
-    # cell is a path): its files are embedded, so it is an Image again, decoded on load
+    image = features.get(source.image_column)  # a {bytes, path} struct was an Image (pyarrow
+    # types `bytes` null when every cell is a path): its files are embedded, an Image again
     if isinstance(image, datasets.Image) or isinstance(image, dict) and set(image) == {
             "bytes", "path"}:
         features[source.image_column] = datasets.Image()
@@ -1398,11 +1387,15 @@ def result_columns(results: list, column: str) -> dict:
     return dict(zip(result_column_names(column), values))
 
 
-def write_atomically(path: Path, write) -> None:
-    """write(tmp), then tmp renamed to path: a kill leaves the old file or the new, whole."""
+def write_parquet(path: Path, schema, tables) -> None:
+    """The tables written to a temporary file renamed to path: a kill leaves the old or the new."""
+    import pyarrow.parquet as pq
+
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        write(tmp)
+        with pq.ParquetWriter(str(tmp), schema) as writer:
+            for table in tables:
+                writer.write_table(table)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
@@ -1413,7 +1406,6 @@ def write_part(path: Path, source: InputSource, indices: list[int], results: lis
     """Write these consecutive rows atomically; a result no column holds becomes its error."""
     import datasets
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
     def table(rows: dict, results: list):
         rows = {**rows, **result_columns(results, args.output_column)}
@@ -1424,58 +1416,50 @@ def write_part(path: Path, source: InputSource, indices: list[int], results: lis
                                  else value for cell, value in zip(cells, encoded[name])]
         return pa.Table.from_pydict(encoded, schema=features.arrow_schema)
 
-    def write(tmp: Path):
-        with pq.ParquetWriter(str(tmp), features.arrow_schema) as writer:
-            for at in range(0, len(indices), 32):  # 32 rows' images in memory at a time
-                rows, part = input_rows(source, indices[at:at + 32]), results[at:at + 32]
-                batch = {k: v for k, v in rows.items() if k in features}
-                old = rows.get("inference_info") or [None] * len(part)
-                batch["inference_info"] = [append_info(info, info_entry) for info in old]
-                for i, cell in enumerate(batch.get(source.image_column) or []):
-                    batch[source.image_column][i], part[i] = carried_image(cell, part[i])
-                try:
-                    writer.write_table(table(batch, part))
-                except Exception:  # find the rows at fault: encode each alone
-                    for i, result in enumerate(part):
-                        try:
-                            table({k: v[i:i + 1] for k, v in batch.items()}, [result])
-                        except Exception as exc:
-                            part[i] = exception_row(exc, PAGE, "the result cannot be stored: ")
-                    writer.write_table(table(batch, part))
-                results[at:at + 32] = part
+    def tables():
+        for at in range(0, len(indices), 32):  # 32 rows' images in memory at a time
+            rows, part = input_rows(source, indices[at:at + 32]), results[at:at + 32]
+            batch = {k: v for k, v in rows.items() if k in features}
+            batch["inference_info"] = [append_info(info, info_entry) for info in
+                                       rows.get("inference_info") or [None] * len(part)]
+            for i, cell in enumerate(batch.get(source.image_column) or []):
+                batch[source.image_column][i], part[i] = carried_image(cell, part[i])
+            try:
+                done = table(batch, part)
+            except Exception:  # find the rows at fault: encode each alone
+                for i, result in enumerate(part):
+                    try:
+                        table({k: v[i:i + 1] for k, v in batch.items()}, [result])
+                    except Exception as exc:
+                        part[i] = exception_row(exc, PAGE, "the result cannot be stored: ")
+                done = table(batch, part)
+            results[at:at + 32] = part
+            yield done
 
-    write_atomically(path, write)
+    write_parquet(path, features.arrow_schema, tables())
 
 
 def carried_image(cell, result: RowResult):
-    """An image cell as OUTPUT holds it (a path embedded) and its row's result: see opens()."""
+    """An image cell as OUTPUT holds it (its file embedded) and its row's result: a failed row's
+    image that PIL cannot open is left out, as it would break every read of the output."""
+    from PIL import Image
+
     if isinstance(cell, dict) and cell.get("bytes") is None and cell.get("path"):
         try:
             file = _resolve_image_path(cell["path"])
             cell = {"bytes": file.read_bytes(), "path": file.name}
-        except OSError:  # the row's error says why; a path to nothing would make the output
-            cell = None  # fail to iterate
-    if result.error is None or opens(cell):
+        except OSError:  # the row's error says why; a path to nothing would break reads too
+            return None, result
+    if result.error is None or not isinstance(cell, dict) or cell.get("bytes") is None:
         return cell, result
-    return None, error_row(f"{result.error} (the image is not carried over: it cannot be "
-                           f"decoded)", PAGE)
-
-
-def opens(cell) -> bool:
-    """Whether `datasets` can decode this image cell by default (PIL, within its size limit): a
-    cell it cannot open would break `load_dataset(OUTPUT)` on every read of its row."""
-    from PIL import Image
-
-    data = cell.get("bytes") if isinstance(cell, dict) else None
-    if data is None:
-        return True  # no bytes (a path or nothing): datasets does not decode what is not there
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            Image.open(io.BytesIO(data)).load()
-        return True
+            Image.open(io.BytesIO(cell["bytes"])).load()
+        return cell, result
     except Exception:
-        return False
+        return None, error_row(f"{result.error} (the image is not carried over: it cannot be "
+                               f"decoded)", PAGE)
 
 
 def replace_rows(path: Path, redone: dict, features, args) -> None:
@@ -1491,7 +1475,7 @@ def replace_rows(path: Path, redone: dict, features, args) -> None:
             column[row - start] = value
         field = features.arrow_schema.field(name)
         table = table.set_column(table.column_names.index(name), field, pa.array(column, field.type))
-    write_atomically(path, lambda tmp: pq.write_table(table, str(tmp)))
+    write_parquet(path, table.schema, [table])
 
 
 def append_info(old, entry: dict) -> str:
@@ -1504,74 +1488,70 @@ def append_info(old, entry: dict) -> str:
 
 
 class Journal:
-    """Finished rows, a JSON line each, appended at once; a segment goes once all are in parts."""
-
-    SEGMENT_BYTES = 8 << 20
+    """Finished rows, a JSON line each, appended at once to one file per run: a file goes once
+    all its rows are in parts."""
 
     def __init__(self, folder: Path):
-        self.folder = folder
-        self.segments: dict[Path, set[int]] = {}  # each segment's rows not yet in a part
-        self.file = self.current = None
-        self.failed = False
+        self.folder, self.file, self.current, self.failed = folder, None, None, False
+        self.unwritten: dict[Path, set[int]] = {}  # each file's rows not yet in a part
         self.lock = threading.RLock()
 
     def replay(self, wanted) -> dict[int, RowResult]:
-        """Rows earlier runs finished, oldest segment first; `wanted(row)` says which to take."""
+        """Rows earlier runs finished, oldest file first; `wanted(row)` says which to take."""
         rows: dict[int, RowResult] = {}
         for path in sorted(self.folder.glob("*.jsonl")):
-            self.segments[path] = set()
-            for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-                try:
-                    entry = json.loads(line)
-                    index, result = entry.pop("row"), RowResult(**entry)
-                except (ValueError, TypeError, KeyError, AttributeError):
-                    continue  # the line a kill cut short
-                if wanted(index):
-                    rows[index] = result
-                    self.segments[path].add(index)
+            self.unwritten[path] = set()
+            with open(path, encoding="utf-8", errors="replace") as lines:  # a run's: any size
+                for line in lines:
+                    try:
+                        entry = json.loads(line)
+                        index, result = entry.pop("row"), RowResult(**entry)
+                    except (ValueError, TypeError, KeyError, AttributeError):
+                        continue  # the line a kill cut short
+                    if wanted(index):
+                        rows[index] = result
+                        self.unwritten[path].add(index)
         return rows
 
     def append(self, index: int, result: RowResult) -> None:
         line = json.dumps({"row": index, **result.__dict__}) + "\n"  # ASCII: lone surrogates too
         with self.lock:
             try:
-                if self.file is None or self.file.tell() >= self.SEGMENT_BYTES:
-                    self._rotate()
+                if self.file is None:
+                    self._open()
                 self.file.write(line)
                 self.file.flush()
-                self.segments[self.current].add(index)
+                self.unwritten[self.current].add(index)
             except OSError as exc:  # a full disk: rows stay in memory until their part is written
                 if not self.failed:
                     log(f"warning: cannot write the journal ({exc}); finished rows are kept in "
                         f"memory until their part is written")
                 self.failed = True
 
-    def _rotate(self) -> None:
-        self.close()
+    def _open(self) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
         self.current = self.folder / f"{time.time_ns():020d}-{os.getpid()}.jsonl"
         self.file = open(self.current, "a", encoding="utf-8")
-        self.segments[self.current] = set()
+        self.unwritten[self.current] = set()
 
     def written(self, indices) -> None:
-        """These rows are in parts now: a segment that holds no other goes (the open one stays)."""
+        """These rows are in parts now: a file that holds no other goes (the open one stays)."""
         with self.lock:
-            for path, rows in list(self.segments.items()):
+            for path, rows in list(self.unwritten.items()):
                 rows.difference_update(indices)
                 if not rows and path != self.current:
                     path.unlink(missing_ok=True)
-                    del self.segments[path]
+                    del self.unwritten[path]
 
     def close(self, discard: bool = False) -> None:
-        """The open segment closed; those whose rows are all in parts (or discarded) go."""
+        """The open file closed; those whose rows are all in parts (or discarded) go."""
         with self.lock:
-            for rows in self.segments.values() if discard else ():
+            for rows in self.unwritten.values() if discard else ():
                 rows.clear()
-            if self.file is not None:
-                try:
-                    self.file.close()
-                except OSError as exc:  # its last lines' rows are in parts, or not written
-                    log(f"warning: cannot write the journal ({exc})")
+            try:
+                self.file and self.file.close()
+            except OSError as exc:  # its last lines' rows are in parts, or not written
+                log(f"warning: cannot write the journal ({exc})")
             self.file = self.current = None
             self.written(())
 
@@ -1590,19 +1570,16 @@ class RowPlan:
 
 def plan_rows(source: InputSource, store: "OutputStore", args) -> RowPlan:
     """Rows in no part and error rows to redo (SERVER; all: --retry-errors), less the journal's."""
-    covered = bytearray(source.hi - source.lo)
-    redo: dict[int, Path] = {}
-    earlier_ok = 0
+    covered, redo, earlier_ok = bytearray(source.hi - source.lo), {}, 0
     for (start, stop), path in store.parts():
         lo, hi = max(start, source.lo), min(stop, source.hi)
         for i in range(lo, hi):
             covered[i - source.lo] = 1
         name, fetched = part_name(start, stop), None
-        if path is None and name not in store.notes and lo < hi:  # only on the Hub, without
-            # its note (sent by `hf upload`, or by an older version): read from the part itself
-            path = fetched = store.fetch_part(name)
-            store.note_rebuilt(name, part_note(path, args.output_column))
         note = part_note(path, args.output_column) if path else store.notes.get(name)
+        if note is None and lo < hi:  # on the Hub without its note (`hf upload`): read the part
+            path = fetched = store.fetch_part(name)
+            store.note_rebuilt(name, note := part_note(path, args.output_column))
         if note is None:  # another shard's part: its own rerun reads it
             earlier_ok += stop - start
             continue
@@ -1634,8 +1611,8 @@ def plan_rows(source: InputSource, store: "OutputStore", args) -> RowPlan:
             now[row] = source.pdf.digest(cell.doc_row) if isinstance(cell, PdfPage) \
                 else input_digest(read_cell_bytes(cell))
     changed = {i for i, r in recovered.items() if not r.digest or r.digest != now.get(input_row(i))}
-    recovered = {i: r for i, r in recovered.items() if i not in changed}
     if changed:
+        recovered = {i: r for i, r in recovered.items() if i not in changed}
         log(f"{len(changed)} row(s) of the journal are done again: their input is not the one "
             f"they were made from (replaced since), or the journal does not say which it was")
     pages = {-1 - i: recovered.pop(i) for i in [i for i in recovered if i < 0]}
@@ -2111,10 +2088,8 @@ class PartWriter:
         for group in map(self._group, plan.pending):
             self.left[group] = self.left.get(group, 0) + 1
         self.complete = set(map(self._group, self.results)) - set(self.left)
-        self.lock = threading.Lock()
-        self.last_flush = time.monotonic()
-        self.rows_ok = self.rows_failed = 0
-        self.rows_text_layer = 0  # of rows_ok: pages not sent, their text layer was enough
+        self.lock, self.last_flush = threading.Lock(), time.monotonic()
+        self.rows_ok = self.rows_failed = self.rows_text_layer = 0  # text layer: of rows_ok
         self.write_errors: list[str] = []
         self.open_documents: dict[int, dict] = {}  # --per-document: doc -> its pages finished
         for index, result in plan.pages.items():
@@ -2153,49 +2128,44 @@ class PartWriter:
             bool(self.complete) or time.monotonic() - self.last_flush >= self.args.part_seconds)
 
     def flush(self, final: bool = False) -> None:
-        """The complete groups; every finished row when --part-seconds passed, or final."""
+        """The complete groups, each as a part (a new one of consecutive rows of a block, or the
+        one redone rows replace); every finished row when --part-seconds passed, or final. A
+        part that cannot be written keeps its rows for later."""
         from itertools import groupby
 
         everything = final or time.monotonic() - self.last_flush >= self.args.part_seconds
         with self.lock:
             groups, self.complete = self.complete, set()
             rows = sorted(i for i in self.results if everything or self._group(i) in groups)
-        # a part each: the one redone rows replace, or a new one of consecutive rows of a block
         for path, run in groupby(enumerate(rows), lambda p: self.redo.get(p[1]) or (
                 p[1] - p[0], p[1] // self.args.part_rows)):
             run = [i for _, i in run]
-            if not isinstance(path, Path):
-                path = self.store.root / "data" / part_name(run[0], run[-1] + 1)
-            self._store(path, run)
+            results = [self.results[i] for i in run]  # one no column can hold becomes its error
+            try:
+                if isinstance(path, Path):
+                    replace_rows(path, dict(zip(run, results)), self.features, self.args)
+                else:
+                    path = self.store.root / "data" / part_name(run[0], run[-1] + 1)
+                    write_part(path, self.source, run, results, self.features,
+                               self.info_entry, self.args)
+            except Exception as exc:
+                self.write_errors.append(f"cannot write {path.name}: {type(exc).__name__}: {exc}")
+                log(f"error: {self.write_errors[-1]}; its rows are kept and written again later")
+                everything = True  # wait a while before the next attempt
+                continue
+            with self.lock:
+                for index in run:
+                    self.results.pop(index, None)
+                    self.redo.pop(index, None)
+            self.rows_ok += sum(r.error is None for r in results)
+            self.rows_failed += sum(r.error is not None for r in results)
+            self.rows_text_layer += sum(r.skipped is not None and r.attempts == 0 for r in results)
+            self.store.journal.written(run)
+            if any(r.error_kind == SERVER for r in results):
+                self.store.keep_local.add(path.name)  # a rerun here redoes them
+            self.store.publish(path)
         if everything:
             self.last_flush = time.monotonic()
-
-    def _store(self, path: Path, rows: list[int]) -> None:
-        """Write (or rewrite) a part and publish it; on an error its rows are kept for later."""
-        results = [self.results[i] for i in rows]  # one no column can hold becomes its error
-        try:
-            if rows[0] in self.redo:
-                replace_rows(path, dict(zip(rows, results)), self.features, self.args)
-            else:
-                write_part(path, self.source, rows, results, self.features, self.info_entry,
-                           self.args)
-        except Exception as exc:
-            self.write_errors.append(f"cannot write {path.name}: {type(exc).__name__}: {exc}")
-            log(f"error: {self.write_errors[-1]}; its rows are kept and written again later")
-            self.last_flush = time.monotonic()  # wait a while before the next attempt
-            return
-        with self.lock:
-            for index in rows:
-                self.results.pop(index, None)
-                self.redo.pop(index, None)
-        ok = sum(r.error is None for r in results)
-        self.rows_ok += ok
-        self.rows_failed += len(results) - ok
-        self.rows_text_layer += sum(r.skipped is not None and r.attempts == 0 for r in results)
-        self.store.journal.written(rows)
-        if any(r.error_kind == SERVER for r in results):
-            self.store.keep_local.add(path.name)  # a rerun here redoes them
-        self.store.publish(path)
 
 
 def iter_image_cells(source: InputSource, indices: list[int], batch: int = 64):

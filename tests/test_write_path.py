@@ -366,7 +366,7 @@ def test_a_journal_that_cannot_be_closed_is_a_warning_not_a_crash(tmp_path, stub
     stub = stub_server()
     paths = write_image_folder(tmp_path / "in", 4)
     module = load_script(OVIS)
-    rotate = module.Journal._rotate
+    rotate = module.Journal._open
 
     class FullOnClose:
         def __init__(self, file):
@@ -383,7 +383,7 @@ def test_a_journal_that_cannot_be_closed_is_a_warning_not_a_crash(tmp_path, stub
         rotate(self)
         self.file = FullOnClose(self.file)
 
-    monkeypatch.setattr(module.Journal, "_rotate", rotate_then_fill)
+    monkeypatch.setattr(module.Journal, "_open", rotate_then_fill)
     argv = [str(tmp_path / "in"), str(tmp_path / "out"), *common(stub),
             "--stats-json", str(tmp_path / "s.json")]
     assert module.main(argv) == 0  # every row is in its part
