@@ -2146,8 +2146,7 @@ class OutputStore:
         shutil.rmtree(self.journal.folder, ignore_errors=True)
         for name in mine:
             (self.root / "data" / name).unlink(missing_ok=True)
-            self.notes.pop(name, None)
-        self.journal = Journal(self.journal.folder)
+            self.notes.pop(name, None)  # (the journal opens its file at its first row)
 
     def delete_on_hub(self, files: list[str], message: str) -> None:
         from huggingface_hub import CommitOperationDelete
@@ -2185,11 +2184,8 @@ class OutputStore:
             if self.api is not None:
                 with self.queue_lock:
                     self.queued.pop(".ocr/manifest.json", None)
-                try:
-                    self.delete_on_hub([".ocr/manifest.json"],
-                                       "Remove the manifest of a run that wrote nothing")
-                except Exception:
-                    pass  # a later run compares against it: --restart clears it
+                with contextlib.suppress(Exception):  # left: a later run's --restart clears it
+                    self.delete_on_hub([".ocr/manifest.json"], "Remove an empty run's manifest")
 
     def drop_stale_staged_parts(self) -> None:
         """The Hub's parts win over their staged copies, and what they cover is never resent."""
@@ -2270,7 +2266,7 @@ class OutputStore:
                 time.sleep(wait)
         self.last_commit = time.monotonic()
         self.notes.update(notes)
-        self.notes_due &= not with_notes
+        self.notes_due = False  # sent with this commit, if it was due
         self.remote_names.update(parts)
         for name in parts.keys() - self.keep_local:  # on the Hub now: the cache can go
             (self.root / "data" / name).unlink(missing_ok=True)
