@@ -1912,8 +1912,8 @@ class OutputStore:
             self.committing.start()
 
     def commit(self, files: dict) -> bool:
-        """One commit of files and this shard's notes, retried (honouring Retry-After on 429 and
-        412: another shard committed first); what fails goes back to the queue."""
+        """One commit of files and this shard's notes, retried (honouring Retry-After); what
+        fails goes back to the queue."""
         from huggingface_hub import CommitOperationAdd
 
         parts = {Path(name).name: part_note(local, self.column)  # as the file is sent
@@ -1941,11 +1941,10 @@ class OutputStore:
                                        parent_commit=head)
                 break
             except Exception as exc:  # network, rate limit, a concurrent commit
-                response = getattr(exc, "response", None)
-                wait = min(60.0, UPLOAD_BACKOFF_S * 2 ** attempt) * random.uniform(0.5, 1.0)
-                after = str((getattr(response, "headers", None) or {}).get("Retry-After"))
-                if getattr(response, "status_code", None) in (412, 429) and after.isdigit():
-                    wait = float(after)
+                after = str(getattr(getattr(exc, "response", None), "headers", {}).get(
+                    "Retry-After"))  # the Hub's, on 429 (rate limit) or 412 (a commit went first)
+                wait = float(after) if after.isdigit() else \
+                    UPLOAD_BACKOFF_S * 2 ** attempt * random.uniform(0.5, 1.0)
                 last = attempt + 1 == UPLOAD_ATTEMPTS or wait > UPLOAD_MAX_WAIT_S
                 log(f"commit of {len(files)} file(s) failed ({type(exc).__name__}: {exc}); " + (
                     "giving up on it for now" if last else
