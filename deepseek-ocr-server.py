@@ -1691,19 +1691,20 @@ def plan_rows(source: InputSource, store: "OutputStore", args) -> RowPlan:
     return RowPlan(pending, recovered, redo, skipped, earlier_ok, send, pages)
 
 
-def lock_file(handle) -> bool:
-    """Lock an open file until this process dies, however: False when another holds it. Not
-    flock(): forked children (PDF renderers, vLLM's engine) do not inherit a POSIX lock."""
+def lock_holder(handle) -> str | None:
+    """Lock an open file until this process dies, however; else who holds it. Not flock():
+    forked children (PDF renderers, vLLM's engine) do not inherit a POSIX lock."""
     import fcntl
 
     try:
         fcntl.lockf(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except (BlockingIOError, PermissionError):  # EAGAIN, EACCES: another process holds it
-        return False
-    except OSError as exc:
+        handle.seek(0)
+        return handle.read().strip() or "another process"
+    except OSError as exc:  # ENOLCK, EOPNOTSUPP: some network and FUSE mounts
         log(f"warning: cannot lock {handle.name} ({exc.strerror or exc}): nothing stops a "
             f"second run from writing to this OUTPUT at the same time")
-    return True
+    return None
 
 
 def take_lock(path: Path, location: str, probe: bool = False):
@@ -1711,27 +1712,15 @@ def take_lock(path: Path, location: str, probe: bool = False):
     if probe and not path.exists():
         return None
     handle = open(path, "a+")
-    if not lock_file(handle):
-        handle.seek(0)
-        fail(f"{handle.read().strip() or 'another process'} is writing this shard of {location} "
-             f"right now. Wait for it to end (or stop it), or write to another OUTPUT; shards of "
-             f"one run use --shard-index.")
+    if holder := lock_holder(handle):
+        fail(f"{holder} is writing this shard of {location} right now. Wait for it to end (or "
+             f"stop it), or write to another OUTPUT; shards of one run use --shard-index.")
     if probe:
         return handle.close()  # which lets the lock go
     handle.truncate(0)  # "a+" writes at the end, which is now the start
-    handle.write(f"pid {os.getpid()} on {os.uname().nodename}, since "
-                 f"{time.strftime('%Y-%m-%d %H:%M:%S')}")
-    handle.flush()
+    print(f"pid {os.getpid()} on {os.uname().nodename}, since "
+          f"{time.strftime('%Y-%m-%d %H:%M:%S')}", file=handle, flush=True)
     return handle
-
-
-def foreign_files(files) -> list[str]:
-    """The files of OUTPUT (paths in it) that no run of these scripts wrote: all but
-    .gitattributes, .ocr/, the parts and, beside a run's manifest or parts, its card."""
-    ours = any(f == ".ocr/manifest.json" or f.startswith("data/part-") for f in files)
-    return sorted(f for f in files if not (
-        f == ".gitattributes" or f.startswith(".ocr/") or (f == "README.md" and ours)
-        or (f.startswith("data/") and PART_NAME.match(f[len("data/"):]))))
 
 
 class OutputStore:
@@ -1740,8 +1729,7 @@ class OutputStore:
 
     def __init__(self, target: str, args, hub_api=None):
         self.kind, self.target = resolve_output(target)
-        self.api, self.column = None, args.output_column
-        self.read_only = args.check_only  # reads OUTPUT as a run would, writes none of it
+        self.api, self.column, self.read_only = None, args.output_column, args.check_only
         if self.kind == "local":
             self.root = Path(self.target)
             data = self.root / "data"  # what `datasets` reads there (not hidden names)
@@ -1762,15 +1750,11 @@ class OutputStore:
             self.root = base / self.target.replace("/", "__")
         self.meta = self.root / ".ocr"
         self.made_root = self.kind == "local" and not self.root.exists()
-        local_check = self.read_only and self.kind == "local"
-        try:
-            if not local_check:
-                (self.root / "data").mkdir(parents=True, exist_ok=True)
-                self.meta.mkdir(exist_ok=True)
-        except OSError as exc:
-            fail(f"cannot create {self.root}: {exc}")
+        local_check = self.read_only and self.kind == "local"  # reads OUTPUT, writes none of it
+        if not local_check:
+            (self.root / "data").mkdir(parents=True, exist_ok=True)
+            self.meta.mkdir(exist_ok=True)
         shard = f"shard-{args.shard_index}-of-{args.num_shards}"
-        self.sharded = args.num_shards > 1
         self.notes_name = f".ocr/notes/{shard}.json"
         self.notes: dict[str, dict] = {}  # part name -> part_note(), of every part on the Hub
         self.notes_due = False  # notes rebuilt here, which the Hub has not got yet
@@ -1780,7 +1764,6 @@ class OutputStore:
         self.lock = take_lock(self.meta / f"lock-{shard}", self.location(), probe=local_check)
         self.journal = Journal(self.meta / "journal" / shard)
         self.remote_names: set[str] = set()  # data parts on the Hub
-        self.known: set[str] = set()  # parts on the Hub that this run saw or wrote
         self.keep_local: set[str] = set()  # staged parts with rows a rerun redoes: kept here
         self.shard_range, self.conflict = (0, 0), None
         self.queued: dict[str, Path] = {}  # path in repo -> local file, for the next commit
@@ -1792,17 +1775,14 @@ class OutputStore:
                 self.api.create_repo(self.target, repo_type="dataset",
                                      private=args.private or None, exist_ok=True)
             self.sync_from_hub()
-        for path in [] if local_check else (self.root / "data").glob(".part-*.tmp"):
-            try:  # a write cut short by a kill, unless its writer (.part-*.PID.tmp) lives
-                os.kill(int(path.name.rsplit(".", 2)[-2]), 0)
-            except (ValueError, ProcessLookupError):
-                path.unlink(missing_ok=True)
-            except PermissionError:
-                pass  # alive, another user's
 
     def refuse_foreign(self, files) -> None:
-        """OUTPUT holding files no run wrote: this run would replace its card, or mix rows."""
-        if other := foreign_files(files):
+        """OUTPUT holding files (paths in it) no run wrote, all but .gitattributes, .ocr/, the parts
+        and, beside a run's manifest or parts, its card: its card would go, or its rows mix."""
+        ours = any(f == ".ocr/manifest.json" or f.startswith("data/part-") for f in files)
+        if other := sorted(f for f in files if not (
+                f == ".gitattributes" or f.startswith(".ocr/") or (f == "README.md" and ours)
+                or (f.startswith("data/") and PART_NAME.match(f[len("data/"):])))):
             new = shown_path(self.root.parent / (self.root.name + "-ocr")) \
                 if self.api is None else f"{self.target}-ocr"
             fail(f"OUTPUT {self.target} holds a dataset of its own ({', '.join(other[:3])}"
@@ -1818,31 +1798,27 @@ class OutputStore:
         """The Hub is the truth, the staging folder a cache: its manifest wins, or a new start."""
         files = self.read_hub()
         self.refuse_foreign(files)
-        self.known = set(self.remote_names)
         if ".ocr/manifest.json" in files:
             hub = self.download(".ocr/manifest.json", self.meta / "hub")
             mine, theirs = self.manifest(), json.loads(hub.read_text())
-            if mine and any(mine.get(k) != theirs.get(k) for k in ("identity", "created", "run")):
+            if mine and mine.get("run") != theirs.get("run"):
                 log(f"{self.target} holds another run than this staging copy's (restarted "
                     f"elsewhere?): clearing {self.root}, the Hub's run goes on")
                 self.clear_local()
             (self.meta / "manifest.json").write_bytes(hub.read_bytes())
-        elif not self.remote_names and (self.meta / "on-hub").exists():
-            log(f"{self.target} no longer holds the run this staging copy sent there (the repo "
-                f"was deleted?): starting afresh, clearing {self.root}")
-            self.clear_local()  # (staged parts never sent anywhere are sent later instead)
         elif (self.meta / "manifest.json").exists():  # its upload failed
             self.queued[".ocr/manifest.json"] = self.meta / "manifest.json"
 
     def read_hub(self, others_only: bool = False) -> set[str]:
-        """The repo's files; its parts, card and shards' notes (at the end: the others')."""
+        """The repo's files; its parts, card and shards' notes (at the end: the other shards')."""
         try:
             files = set(self.api.list_repo_files(self.target, repo_type="dataset"))
         except Exception as exc:  # no repo yet: a run creates it, a check reads it as empty
             if not self.read_only or type(exc).__name__ != "RepositoryNotFoundError":
                 raise
             files = set()
-        self.remote_names |= {Path(f).name for f in files if f.startswith("data/")}
+        self.remote_names |= {Path(f).name for f in files if f.startswith("data/") and not (
+            others_only and self.in_shard(f))}  # one in this shard's rows: a conflict, see commit
         self.card_on_hub = "README.md" in files
         for name in sorted(f for f in files if f.startswith(".ocr/notes/")):
             if not (others_only and name == self.notes_name):
@@ -1860,10 +1836,6 @@ class OutputStore:
         lo, hi = self.shard_range
         return any(lo <= a < b <= hi if whole else a < hi and lo < b
                    for a, b in ranges_from_names([name]))
-
-    def shard_notes(self, parts: dict) -> dict:
-        """This shard's notes: of its parts on the Hub, and `parts` (name -> note) over them."""
-        return {k: v for k, v in {**self.notes, **parts}.items() if self.in_shard(k)}
 
     def fetch_part(self, name: str) -> Path:
         """A part only the Hub has, staged: to redo its error rows here, or to read its note."""
@@ -1895,10 +1867,8 @@ class OutputStore:
         """Journal first, manifest last: a kill half-way leaves no old rows for a new run."""
         import shutil
 
-        for folder in ("journal", "notes"):  # notes: staged for `hf upload`
-            shutil.rmtree(self.meta / folder, ignore_errors=True)
-        for path in self.local_parts() + [self.root / "README.md", self.meta / "on-hub",
-                                          self.meta / "manifest.json"]:
+        shutil.rmtree(self.meta / "journal", ignore_errors=True)
+        for path in self.local_parts() + [self.root / "README.md", self.meta / "manifest.json"]:
             path.unlink(missing_ok=True)
 
     def manifest(self) -> dict | None:
@@ -1917,10 +1887,8 @@ class OutputStore:
         for path in sorted(self.meta.glob("lock-*")):
             if self.lock is None or path.name != Path(self.lock.name).name:
                 with open(path, "a+") as other:
-                    if not lock_file(other):
-                        other.seek(0)
-                        running.append(f"{other.read().strip() or 'a process'} writing "
-                                       f"{path.name[len('lock-'):]}")
+                    if holder := lock_holder(other):
+                        running.append(f"{holder} writing {path.name[len('lock-'):]}")
         return running
 
     def restart(self, shard: str | None = None) -> None:
@@ -1940,19 +1908,16 @@ class OutputStore:
                  f"{self.location()}; the other shards' rows stay")
         if self.api is not None:
             files = self.api.list_repo_files(self.target, repo_type="dataset")
-            self.delete_on_hub([f for f in files if (
-                f == self.notes_name or f.removeprefix("data/") in mine if shard
-                else f.startswith(("data/", ".ocr/")) or f == "README.md")],
-                f"Restart {shard or 'the OCR run'}")
+            gone = [f for f in files if f == self.notes_name or f.removeprefix("data/") in mine] \
+                if shard else [f for f in files if f != ".gitattributes"]  # all refuse_foreign let
+            self.delete_on_hub(gone, f"Restart {shard or 'the OCR run'}")
             self.remote_names -= mine
-            self.known -= mine
         if not shard:
             self.clear_local()
         shutil.rmtree(self.journal.folder, ignore_errors=True)
         for name in mine:
             (self.root / "data" / name).unlink(missing_ok=True)
-            self.notes.pop(name, None)
-        self.journal = Journal(self.journal.folder)
+            self.notes.pop(name, None)  # (the journal opens its file at its first row)
 
     def delete_on_hub(self, files: list[str], message: str) -> None:
         from huggingface_hub import CommitOperationDelete
@@ -1990,11 +1955,8 @@ class OutputStore:
             if self.api is not None:
                 with self.queue_lock:
                     self.queued.pop(".ocr/manifest.json", None)
-                try:
-                    self.delete_on_hub([".ocr/manifest.json"],
-                                       "Remove the manifest of a run that wrote nothing")
-                except Exception:
-                    pass  # a later run compares against it: --restart clears it
+                with contextlib.suppress(Exception):  # left: a later run's --restart clears it
+                    self.delete_on_hub([".ocr/manifest.json"], "Remove an empty run's manifest")
 
     def drop_stale_staged_parts(self) -> None:
         """The Hub's parts win over their staged copies, and what they cover is never resent."""
@@ -2030,13 +1992,13 @@ class OutputStore:
             self.committing.start()
 
     def commit(self, files: dict) -> bool:
-        """One commit of files and this shard's notes, retried (honouring Retry-After on 429 and
-        412: another shard committed first); what fails goes back to the queue."""
+        """One commit of files and this shard's notes, retried (honouring Retry-After); what
+        fails goes back to the queue."""
         from huggingface_hub import CommitOperationAdd
 
         parts = {Path(name).name: part_note(local, self.column)  # as the file is sent
                  for name, local in files.items() if name.startswith("data/")}
-        notes = self.shard_notes(parts)
+        notes = {k: v for k, v in {**self.notes, **parts}.items() if self.in_shard(k)}
         with_notes = bool(parts) or self.notes_due
         operations = [CommitOperationAdd(name, str(local)) for name, local in files.items()]
         if with_notes:  # a copy per commit: a later part's note never goes ahead of its part
@@ -2047,7 +2009,7 @@ class OutputStore:
                 head = self.api.repo_info(self.target, repo_type="dataset").sha
                 foreign = sorted(Path(f).name for f in self.api.list_repo_files(
                     self.target, repo_type="dataset", revision=head) if f.startswith("data/")
-                    and Path(f).name not in self.known and self.in_shard(f))
+                    and Path(f).name not in self.remote_names and self.in_shard(f))
                 if foreign:
                     lo, hi = self.shard_range
                     self.conflict = (f"another run is writing rows {lo}-{hi} of {self.target} at "
@@ -2057,14 +2019,12 @@ class OutputStore:
                 self.api.create_commit(self.target, operations=operations, repo_type="dataset",
                                        commit_message=f"Add {len(files)} file(s) (OCR)",
                                        parent_commit=head)
-                (self.meta / "on-hub").touch()  # this staging copy has reached the Hub
                 break
             except Exception as exc:  # network, rate limit, a concurrent commit
-                response = getattr(exc, "response", None)
-                wait = min(60.0, UPLOAD_BACKOFF_S * 2 ** attempt) * random.uniform(0.5, 1.0)
-                after = str((getattr(response, "headers", None) or {}).get("Retry-After"))
-                if getattr(response, "status_code", None) in (412, 429) and after.isdigit():
-                    wait = float(after)
+                after = str(getattr(getattr(exc, "response", None), "headers", {}).get(
+                    "Retry-After"))  # the Hub's, on 429 (rate limit) or 412 (a commit went first)
+                wait = float(after) if after.isdigit() else \
+                    UPLOAD_BACKOFF_S * 2 ** attempt * random.uniform(0.5, 1.0)
                 last = attempt + 1 == UPLOAD_ATTEMPTS or wait > UPLOAD_MAX_WAIT_S
                 log(f"commit of {len(files)} file(s) failed ({type(exc).__name__}: {exc}); " + (
                     "giving up on it for now" if last else
@@ -2076,19 +2036,15 @@ class OutputStore:
                 time.sleep(wait)
         self.last_commit = time.monotonic()
         self.notes.update(notes)
-        if with_notes:  # newer than a copy staged for `hf upload` (see finish())
-            self.notes_due = False
-            (self.root / self.notes_name).unlink(missing_ok=True)
+        self.notes_due = False  # sent with this commit, if it was due
         self.remote_names.update(parts)
-        self.known.update(parts)
         for name in parts.keys() - self.keep_local:  # on the Hub now: the cache can go
             (self.root / "data" / name).unlink(missing_ok=True)
         return True
 
     def finish(self, card) -> None:
-        """The card (card(): its text), then (Hub) all queued files in one last commit, or the
-        `hf upload` for them. A shard's card is made again while another shard's commit landed
-        between its listing and its own: the last shard to finish counts every part."""
+        """The card (card(): its text), then (Hub) all queued files in one last commit. A card
+        counts the parts this shard saw: another shard's commit landing after it may be missed."""
         card_failed = False
         if self.committing is not None:  # its parts leave the staging folder as it lands
             self.committing.join()
@@ -2108,29 +2064,9 @@ class OutputStore:
         if card is not None:
             files["README.md"] = self.root / "README.md"
         if (files or self.notes_due) and not self.commit(files):
-            with self.queue_lock:
-                self.upload_failures = sorted(self.queued)
-        for _ in range(3 if card is not None and self.sharded and not self.upload_failures else 0):
-            seen = set(self.remote_names)
-            try:
-                if self.read_hub(others_only=True) and self.remote_names == seen:
-                    break
-            except Exception:  # the card stays as it was: it counts what this run saw
-                break
-            (self.root / "README.md").write_text(card(), encoding="utf-8")
-            if not self.commit({"README.md": self.root / "README.md"}):
-                break
-        if self.upload_failures:
-            notes = self.shard_notes({p.name: part_note(p, self.column)
-                                      for p in self.local_parts()})
-            (self.root / self.notes_name).parent.mkdir(exist_ok=True)
-            (self.root / self.notes_name).write_text(json.dumps(notes))
-            # one --exclude (a list is written differently by each version of `hf`): everything
-            # under .ocr/ but the manifest and the notes is this machine's own bookkeeping
+            self.upload_failures = sorted(self.queued)
             log(f"{len(self.upload_failures)} file(s) did not reach the Hub; they are safe in "
-                f"{self.root}. To resume and upload them, {rerun_advice()}\nor send them "
-                f"with:\n  hf upload {self.target} {shlex.quote(str(self.root))} . "
-                f"--repo-type dataset --exclude '.ocr/[!mn]*'")
+                f"{self.root}. To upload them, {rerun_advice()}")
         self.upload_failures += ["README.md"] * card_failed  # exit 6: the card is not on the Hub
 
     def location(self) -> str:

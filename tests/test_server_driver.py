@@ -590,7 +590,7 @@ def test_a_failed_upload_leaves_parts_on_disk_and_says_how_to_send_them(tmp_path
     argv = [str(tmp_path / "in"), "user/ocr-out", "--work-dir", str(stage), *common(stub)]
     assert module.main(argv, hub_api=hub) == 6  # written locally, not on the Hub
     err = capsys.readouterr().err
-    assert "hf upload user/ocr-out" in err
+    assert "did not reach the Hub; they are safe in" in err and "rerun the same command" in err
     local_parts = list((stage / "user__ocr-out" / "data").glob("part-*.parquet"))
     assert local_parts
     # the rerun, with the Hub back, uploads what was left behind and redoes nothing
