@@ -2432,9 +2432,8 @@ def identity_differences(old, new, where: str = "") -> list[str]:
     if old == new:
         return []
     if isinstance(old, dict) and isinstance(new, dict):
-        if where == "input" and "list" in old and "list" in new:  # the lists say it better
-            old, new = ({k: v for k, v in d.items() if k != "digest"} for d in (old, new))
         return [line for key in sorted(set(old) | set(new), key=str)
+                if key != "digest" or "list" not in old or "list" not in new  # the lists say more
                 for line in identity_differences(old.get(key), new.get(key), (
                     f"--{key.replace('_', '-')}" if where == "options" else f"{where}.{key}"
                     ).lstrip("."))]
