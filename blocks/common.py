@@ -2185,19 +2185,16 @@ MANIFEST_FORMAT = 1
 
 # Options that may change between the runs of one OUTPUT: which shard runs, how fast and how
 # hard it tries. A closed list: every other option, and any added later, is the run's identity.
-MAY_CHANGE = {
-    "input", "output", "revision", "shard_index", "max_samples", "concurrency", "request_timeout",
-    "max_retries", "server", "api_key", "no_spawn", "server_timeout", "server_down_timeout",
-    "max_restarts", "abort_after_failures", "abort_after_seconds", "min_window", "max_window",
-    "adapt_interval", "max_inflight_memory", "api_server_count", "batch_size", "stats_json",
-    "work_dir", "hf_token", "private", "part_rows", "part_seconds", "retry_errors", "restart",
-    "overwrite", "no_sanity_check", "sanity_pages", "serve_args", "llm_kwargs", "pdf_workers",
-    "pdf_page_timeout", "check_only", "loop_retries"}  # loop_retries: in the settings
+MAY_CHANGE = set("""input output revision shard_index max_samples concurrency request_timeout
+    max_retries server api_key no_spawn server_timeout server_down_timeout max_restarts
+    abort_after_failures abort_after_seconds min_window max_window adapt_interval
+    max_inflight_memory api_server_count batch_size stats_json work_dir hf_token private part_rows
+    part_seconds retry_errors restart overwrite no_sanity_check sanity_pages serve_args llm_kwargs
+    pdf_workers pdf_page_timeout check_only loop_retries""".split())  # loop_retries: in settings
 # engine flags that change speed and memory, never the text (the rest of the engine is identity)
-MAY_CHANGE_ENGINE = {"gpu-memory-utilization", "data-parallel-size", "tensor-parallel-size",
-                     "pipeline-parallel-size", "api-server-count", "speculative-config",
-                     "max-num-seqs", "max-num-batched-tokens", "host", "port", "enforce-eager",
-                     "swap-space", "kv-cache-memory"}
+MAY_CHANGE_ENGINE = set("""gpu-memory-utilization data-parallel-size tensor-parallel-size
+    pipeline-parallel-size api-server-count speculative-config max-num-seqs max-num-batched-tokens
+    host port enforce-eager swap-space kv-cache-memory""".split())
 
 
 def input_identity(args, files: list | None) -> dict:
@@ -2279,10 +2276,9 @@ def identity_differences(old, new, where: str = "") -> list[str]:
                     f"--{key.replace('_', '-')}" if where == "options" else f"{where}.{key}"
                     ).lstrip("."))]
     if where == "input.list" and isinstance(old, list) and isinstance(new, list):
-        gone, added = sorted(set(old) - set(new)), sorted(set(new) - set(old))
-        some = [", ".join(names[:3]) + ", ..." * (len(names) > 3) for names in (gone, added)]
-        return [f"input files: {len(gone)} gone or changed ({some[0]}), {len(added)} new or "
-                f"changed ({some[1]})"]
+        changed = sorted(set(old) ^ set(new))  # a file renamed or changed: twice
+        return [f"input files gone, new or changed: {', '.join(changed[:4])}"
+                f"{f', ... ({len(changed)} in all)' * (len(changed) > 4)}"]
     return [f"{where}: was {json.dumps(old)}, now {json.dumps(new)}"]
 
 
@@ -2488,10 +2484,8 @@ def flag_items(argv: list[str], value_options=None) -> list[tuple[str | None, li
 
 def flag_words(items) -> list[str]:
     """flag_items' items back as a command line."""
-    words = []
-    for name, values, joined in items:
-        words += [f"{name}={values[0]}"] if joined else [name, *values] if name else values
-    return words
+    return [word for name, values, joined in items for word in (
+        [f"{name}={values[0]}"] if joined else [name, *values] if name else values)]
 
 
 def redact_argv(argv: list[str], mask: str | None = "***", value_options=None,
