@@ -2234,19 +2234,16 @@ MANIFEST_FORMAT = 1
 
 # Options that may change between the runs of one OUTPUT: which shard runs, how fast and how
 # hard it tries. A closed list: every other option, and any added later, is the run's identity.
-MAY_CHANGE = {
-    "input", "output", "revision", "shard_index", "max_samples", "concurrency", "request_timeout",
-    "max_retries", "server", "api_key", "no_spawn", "server_timeout", "server_down_timeout",
-    "max_restarts", "abort_after_failures", "abort_after_seconds", "min_window", "max_window",
-    "adapt_interval", "max_inflight_memory", "api_server_count", "batch_size", "stats_json",
-    "work_dir", "hf_token", "private", "part_rows", "part_seconds", "retry_errors", "restart",
-    "overwrite", "no_sanity_check", "sanity_pages", "serve_args", "llm_kwargs", "pdf_workers",
-    "pdf_page_timeout", "check_only", "loop_retries"}  # loop_retries: in the settings
+MAY_CHANGE = set("""input output revision shard_index max_samples concurrency request_timeout
+    max_retries server api_key no_spawn server_timeout server_down_timeout max_restarts
+    abort_after_failures abort_after_seconds min_window max_window adapt_interval
+    max_inflight_memory api_server_count batch_size stats_json work_dir hf_token private part_rows
+    part_seconds retry_errors restart overwrite no_sanity_check sanity_pages serve_args llm_kwargs
+    pdf_workers pdf_page_timeout check_only loop_retries""".split())  # loop_retries: in settings
 # engine flags that change speed and memory, never the text (the rest of the engine is identity)
-MAY_CHANGE_ENGINE = {"gpu-memory-utilization", "data-parallel-size", "tensor-parallel-size",
-                     "pipeline-parallel-size", "api-server-count", "speculative-config",
-                     "max-num-seqs", "max-num-batched-tokens", "host", "port", "enforce-eager",
-                     "swap-space", "kv-cache-memory"}
+MAY_CHANGE_ENGINE = set("""gpu-memory-utilization data-parallel-size tensor-parallel-size
+    pipeline-parallel-size api-server-count speculative-config max-num-seqs max-num-batched-tokens
+    host port enforce-eager swap-space kv-cache-memory""".split())
 
 
 def input_identity(args, files: list | None) -> dict:
@@ -2256,7 +2253,7 @@ def input_identity(args, files: list | None) -> dict:
         return {"hub": args.input, "revision": hub_dataset_sha(args) or args.revision}
     local, entries = Path(args.input).expanduser(), []
     for path in files:
-        entry = f"{path.relative_to(local) if path != local else path.name}"
+        entry = str(path.relative_to(local) if path != local else path.name)
         try:
             entry += f" {path.stat().st_size} B"
             if path.suffix.lower() not in IMAGE_EXTENSIONS:
@@ -2319,20 +2316,18 @@ def run_identity(args, source: InputSource, engine: dict) -> dict:
 
 def identity_differences(old, new, where: str = "") -> list[str]:
     """Each difference between two identities, named (an option by its flag)."""
+    if old == new:
+        return []
     if isinstance(old, dict) and isinstance(new, dict):
-        if where == "input" and "list" in old and "list" in new:  # the lists say it better
-            old, new = ({k: v for k, v in d.items() if k != "digest"} for d in (old, new))
         return [line for key in sorted(set(old) | set(new), key=str)
+                if key != "digest" or "list" not in old or "list" not in new  # the lists say more
                 for line in identity_differences(old.get(key), new.get(key), (
                     f"--{key.replace('_', '-')}" if where == "options" else f"{where}.{key}"
                     ).lstrip("."))]
-    if old == new:
-        return []
     if where == "input.list" and isinstance(old, list) and isinstance(new, list):
-        gone, added = sorted(set(old) - set(new)), sorted(set(new) - set(old))
-        return [f"input files: {len(gone)} gone or changed ({', '.join(gone[:3])}"
-                f"{', ...' * (len(gone) > 3)}), {len(added)} new or changed "
-                f"({', '.join(added[:3])}{', ...' * (len(added) > 3)})"]
+        changed = sorted(set(old) ^ set(new))  # a file renamed or changed: twice
+        return [f"input files gone, new or changed: {', '.join(changed[:4])}"
+                f"{f', ... ({len(changed)} in all)' * (len(changed) > 4)}"]
     return [f"{where}: was {json.dumps(old)}, now {json.dumps(new)}"]
 
 
@@ -2340,10 +2335,8 @@ def pinned_input(store: "OutputStore", args):
     """A rerun without --revision reads the Hub input at the revision the first run read (so
     does a shard's --restart beside the other shards' rows; a whole run's reads the latest)."""
     if args.revision is None and not (args.restart and args.num_shards == 1):
-        try:
+        with contextlib.suppress(ValueError, KeyError, TypeError, AttributeError):
             args.revision = store.manifest()["identity"]["input"].get("revision")
-        except (ValueError, KeyError, TypeError, AttributeError):
-            pass
     return args
 
 
@@ -2372,11 +2365,11 @@ def check_same_run(recorded: dict | None, identity: dict, store: "OutputStore", 
     before, now = recorded.get("max_samples"), args.max_samples
     longer = args.num_shards == 1 and (now is None or (before is not None and now > before))
     was = (recorded.get("identity") or {}).get("pdf")
-    if longer and pdf is not None and isinstance(was, dict) and \
+    if pdf is not None and isinstance(was, str):  # recorded before the count was: its digest
+        identity = {**identity, "pdf": pdf.fingerprint()["digest"]}
+    elif pdf is not None and longer and isinstance(was, dict) and \
             isinstance(was.get("documents"), int):  # more documents: the first ones the same
         identity = {**identity, "pdf": pdf.fingerprint(was["documents"])}
-    elif isinstance(was, str) and pdf is not None:  # recorded before the count was: its digest
-        identity = {**identity, "pdf": pdf.fingerprint()["digest"]}
     problems = identity_differences(recorded.get("identity"), identity)
     if before != now and not longer:  # the same order, longer
         problems.append(f"--max-samples: was {before}, now {now} (only a larger one, on an "
@@ -2417,12 +2410,9 @@ def claim_output(store: "OutputStore", identity: dict, args,
 def proc_bytes(path: str, key: str) -> int | None:
     """A "key: N kB" line of a /proc file (Linux), in bytes; None without it."""
     try:
-        for line in Path(path).read_text().splitlines():
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
+        return int(re.search(rf"^{key}:\s*(\d+)", Path(path).read_text(), re.M)[1]) * 1024
+    except (OSError, TypeError):
+        return None
 
 
 def peak_rss_bytes() -> int:
@@ -2433,14 +2423,13 @@ def peak_rss_bytes() -> int:
 
 class RunStats:
     def __init__(self, rows_total: int, rows_skipped: int):
-        self.started = time.monotonic()
+        self.started, self.first_started = time.monotonic(), None  # first: a page went in
         self.rows_total, self.rows_skipped = rows_total, rows_skipped
         self.rows_ok = self.rows_failed = 0  # rows written, error rows included (the writer's count)
         self.rows_text_layer = 0  # rows written from their PDF text layer, not sent
         self.errors_seen = self.in_flight = self.peak_in_flight = 0
         self.loop_retried = self.still_looping = 0
         self.latencies, self.finished_at, self.tokens = [], [], []
-        self.first_started = None  # the first page entered the pipeline
         self.server_startup_s = self.vllm_version = None
         self.extra: dict = {}
 
@@ -2453,16 +2442,13 @@ class RunStats:
         self.in_flight -= 1
 
     def as_dict(self) -> dict:
-        elapsed, done = time.monotonic() - self.started, len(self.finished_at)
+        elapsed, done, ordered = time.monotonic() - self.started, len(self.finished_at), \
+            sorted(self.latencies)
         active = done and self.first_started and self.finished_at[-1] - self.first_started
-        steady_rate = steady_tokens = None
         a, b = done // 10, done - done // 10 - 1  # the middle 80%: no start-up, no tail
-        if done >= 2 and self.finished_at[b] > self.finished_at[a]:
-            span = self.finished_at[b] - self.finished_at[a]
-            steady_rate, steady_tokens = (b - a) / span, sum(self.tokens[a + 1:b + 1]) / span
-        ordered = sorted(self.latencies)
+        span = done >= 2 and self.finished_at[b] - self.finished_at[a]
 
-        def rounded(value, digits):
+        def rounded(value, digits=4):
             return round(value, digits) if value else None
 
         def quantile(q):
@@ -2477,8 +2463,8 @@ class RunStats:
             - self.rows_skipped - self.rows_text_layer,
             "elapsed_s": round(elapsed, 3), "active_s": rounded(active, 3),
             "pages_per_s": round(done / elapsed, 4) if elapsed > 0 else None,
-            "pages_per_s_steady": rounded(steady_rate, 4),
-            "completion_tokens_per_s": rounded(steady_tokens, 2),
+            "pages_per_s_steady": rounded(span and (b - a) / span),
+            "completion_tokens_per_s": rounded(span and sum(self.tokens[a + 1:b + 1]) / span, 2),
             "latency_p50_s": quantile(0.5), "latency_p95_s": quantile(0.95),
             # Little's law: how full the driver kept the server, whatever the server's speed
             "mean_in_flight": rounded(active and sum(ordered) / active, 2),
@@ -2547,10 +2533,8 @@ def flag_items(argv: list[str], value_options=None) -> list[tuple[str | None, li
 
 def flag_words(items) -> list[str]:
     """flag_items' items back as a command line."""
-    words = []
-    for name, values, joined in items:
-        words += [f"{name}={values[0]}"] if joined else [name, *values] if name else values
-    return words
+    return [word for name, values, joined in items for word in (
+        [f"{name}={values[0]}"] if joined else [name, *values] if name else values)]
 
 
 def redact_argv(argv: list[str], mask: str | None = "***", value_options=None,
@@ -2587,17 +2571,9 @@ def public_items(argv: list[str], drop, left_out: list | None = None) -> list[tu
 
 
 def rerun_advice() -> str:
-    """How to finish a run that has written rows: the same command, but without --restart,
-    which would delete them; the options that held secrets named, not printed."""
-    if "--restart" not in _RUN_ARGV:
-        return "rerun the same command"
-    left_out: list = []
-    kept = flag_words(public_items(_RUN_ARGV, {"--restart"}, left_out))
-    script = f"<the URL of {script_name()}>" if uv_url_copy() else sys.argv[0]
-    added = f" (adding back your {', '.join(left_out)}: secrets are never printed)" \
-        if left_out else ""
-    return (f"rerun it without --restart (with it, the run starts over): uv run "
-            f"{shlex.join([script, *kept])}{added}")
+    """How to finish a run that has written rows: the same command, but not --restart."""
+    return "rerun the same command" + (" without --restart (with it, the run starts over)"
+                                       if "--restart" in _RUN_ARGV else "")
 
 
 JOBS_NOTE = ("ocr-jobs.py, the collection's launcher beside this script, runs it on Hugging Face "
@@ -2644,21 +2620,18 @@ def part_note(path: Path, column: str) -> dict:
 
 def output_counts(store: OutputStore, column: str) -> str:
     """The whole output's rows, counted from its parts (every shard, every earlier run)."""
-    rows = failed = text_layer = elsewhere = 0
+    rows = failed = text_layer = unknown = 0
     for (start, stop), path in store.parts():
         rows += stop - start
         try:
             note = part_note(path, column) if path else store.notes[part_name(start, stop)]
-            failed += len(note["errors"])
-            text_layer += note["text_layer"]
+            failed, text_layer = failed + len(note["errors"]), text_layer + note["text_layer"]
         except Exception:  # only on the Hub, without a note (an older run), or another layout
-            elsewhere += stop - start
-    texts = rows - failed - text_layer - elsewhere
-    counted = f"{texts:,} with text" + (f", {text_layer:,} from their PDF text layer (not sent)"
-                                        if text_layer else "") + f" and {failed:,} error rows"
-    if elsewhere:
-        counted += f" among the {rows - elsewhere:,} counted ({elsewhere:,} on the Hub were not)"
-    return f"This output holds {rows:,} rows: {counted}."
+            unknown += stop - start
+    layer = f", {text_layer:,} from their PDF text layer (not sent)" if text_layer else ""
+    return (f"This output holds {rows:,} rows: {rows - failed - text_layer - unknown:,} with "
+            f"text{layer} and {failed:,} error rows"
+            + (f" ({unknown:,} on the Hub were not counted)." if unknown else "."))
 
 
 def build_card(source: InputSource, store: OutputStore, args, stats: dict,
