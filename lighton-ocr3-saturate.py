@@ -3090,6 +3090,14 @@ def argument_parser(doc: str, add_shape_arguments) -> argparse.ArgumentParser:
     return parser
 
 
+AT_LEAST = {"num_shards": 1, "part_rows": 1, "max_tokens": 1, "sanity_pages": 1, "max_samples": 0,
+            "shard_index": 0, "concurrency": 1, "max_retries": 0, "max_restarts": 0,
+            "min_window": 1, "max_window": 1, "api_server_count": 1, "batch_size": 1,
+            "skip_text_pages": 1, "pdf_workers": 1, "loop_retries": 0}
+ABOVE_0 = ("part_seconds", "server_timeout", "server_down_timeout", "request_timeout",
+           "adapt_interval", "max_inflight_memory", "pdf_page_timeout")
+
+
 def parse_arguments(doc: str, argv: list[str] | None, add_shape_arguments, shape_problems):
     """The run's argv (default: the command line's) parsed, then every argument checked before
     anything is read, started or created; the shape's own options by shape_problems(args)."""
@@ -3105,20 +3113,11 @@ def parse_arguments(doc: str, argv: list[str] | None, add_shape_arguments, shape
 
     parser.error = error
     args = parser.parse_args(argv)
-    problems = []
-    at_least = {"num_shards": 1, "part_rows": 1, "max_tokens": 1, "sanity_pages": 1,
-                "max_samples": 0, "shard_index": 0, "concurrency": 1, "max_retries": 0,
-                "max_restarts": 0, "min_window": 1, "max_window": 1, "api_server_count": 1,
-                "batch_size": 1, "skip_text_pages": 1, "pdf_workers": 1, "loop_retries": 0}
-    for name, low in at_least.items():
-        value = getattr(args, name, None)
-        if value is not None and value < low:
-            problems.append(f"--{name.replace('_', '-')} must be at least {low}, got {value}")
-    for name in ("part_seconds", "server_timeout", "server_down_timeout", "request_timeout",
-                 "adapt_interval", "max_inflight_memory", "pdf_page_timeout"):
-        value = getattr(args, name, None)
-        if value is not None and not value > 0:
-            problems.append(f"--{name.replace('_', '-')} must be above 0, got {value}")
+    given = {name: value for name, value in vars(args).items() if value is not None}
+    problems = [f"--{name.replace('_', '-')} must be at least {low}, got {given[name]}"
+                for name, low in AT_LEAST.items() if name in given and given[name] < low]
+    problems += [f"--{name.replace('_', '-')} must be above 0, got {given[name]}"
+                 for name in ABOVE_0 if name in given and not given[name] > 0]
     if args.shuffle and args.seed < 0:
         problems.append(f"--seed must be at least 0 to --shuffle, got {args.seed}")
     if not args.output_column.strip():
@@ -3181,22 +3180,25 @@ def write_stats(stats: dict, args) -> None:
 # ---- one run, whatever ends it ---------------------------------------------------------------
 
 class Interrupts:
-    """SIGINT and SIGTERM (a cancelled Job) stop the run once, as KeyboardInterrupt; until the
-    finished rows are saved, further signals only say so; then one more stops the engine."""
+    """SIGINT and SIGTERM (a cancelled Job) stop the run as KeyboardInterrupt, but never while
+    the finished rows are saved: a signal then waits for them (the run stops once they are)."""
 
     def __init__(self):
         self.signum: int | None = None
-        self.saved = False
+        self.saving = False
         self.previous = {sig: signal.signal(sig, self.on_signal)
                          for sig in (signal.SIGINT, signal.SIGTERM)
                          if threading.current_thread() is threading.main_thread()}
 
     def on_signal(self, signum, frame) -> None:
-        if self.signum is not None and not self.saved:
-            log("saving the finished rows first; the run stops once they are on disk")
-            return
-        self.signum = signum
+        if self.saving:
+            self.signum = self.signum or signum
+            return log("saving the finished rows first; the run stops once they are on disk")
+        self.signum, self.saving = signum, True  # the rows are saved before another one counts
         raise KeyboardInterrupt
+
+    def exit_code(self) -> int:
+        return 128 + int(self.signum or signal.SIGINT)
 
     def restore(self) -> None:
         for sig, handler in self.previous.items():
@@ -3261,8 +3263,8 @@ def hub_refusal(exc: BaseException, repo: str) -> str:
 def run_script(args, hub_api, engine: dict, info_entry: dict, ready, work,
                stop=lambda force: None) -> int:
     """Either shape's run: ready(check_only), the output, input and manifest (--check-only stops
-    there), then work(run) under run_guarded. An exit before any page is sent (a refused rerun,
-    a held lock, Ctrl-C) is in --stats-json too: never an earlier run's file."""
+    there), then work(run) under run_guarded. An exit before run_guarded (a refused rerun, a held
+    lock, Ctrl-C) is in --stats-json too: never an earlier run's file."""
     code = None
     try:
         ready(args.check_only)
@@ -3297,8 +3299,6 @@ def run_script(args, hub_api, engine: dict, info_entry: dict, ready, work,
         pages = f" ({len(plan.send)} pages to send)" if plan.send != plan.pending else ""
         log(f"{len(plan.pending)} of {stats.rows_total} rows to do{pages} ({stats.rows_skipped} "
             f"already done{recovered}; {len(plan.redo)} error rows redone) -> {store.location()}")
-        return run_guarded(Run(args, store, source, plan, stats, writer, check, info_entry),
-                           work, stop)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else EXIT_USAGE
         raise
@@ -3312,7 +3312,10 @@ def run_script(args, hub_api, engine: dict, info_entry: dict, ready, work,
     finally:
         if code is not None and not args.check_only:  # the keys of every run's stats
             write_stats({**RunStats(0, 0).as_dict(), "exit_code": code}, args)
-    return code
+    if code is not None:
+        return code
+    return run_guarded(Run(args, store, source, plan, stats, writer, check, info_entry), work,
+                       stop)
 
 
 def run_guarded(run: Run, work, stop_engine) -> int:
@@ -3331,36 +3334,37 @@ def run_guarded(run: Run, work, stop_engine) -> int:
         code = exc.code
     except KeyboardInterrupt:
         log("interrupted: saving the finished rows")
-        code = 128 + int(interrupts.signum or signal.SIGINT)
+        code = interrupts.exit_code()
     except Exception:  # a bug or an unforeseen failure: keep what is finished, then say what
         import traceback
         traceback.print_exc()
         log("error: the run failed; saving the finished rows")
         code = EXIT_NOT_WRITTEN
+    interrupts.saving = True
     try:
-        try:
-            check.finish()
-        except RunAborted as exc:
-            log(f"error: {exc}")
-            code = code or exc.code
-        if check.tripped:
-            store.journal.close(discard=True)
-            log("the pages finished so far are all degenerate: nothing is written")
-        else:
-            writer.flush(final=True)
-            store.journal.close()
-            if code:
-                pages = sum(map(len, writer.open_documents.values()))
-                pages = f" (and {pages} pages of unfinished documents)" if pages else ""
-                log(f"saved: {writer.rows_ok + writer.rows_failed} finished rows{pages} are in "
-                    f"{store.location()}; to resume, {rerun_advice()}")
-    finally:
-        interrupts.saved = True
+        check.finish()
+    except RunAborted as exc:
+        log(f"error: {exc}")
+        code = code or exc.code
+    if check.tripped:
+        store.journal.close(discard=True)
+        log("the pages finished so far are all degenerate: nothing is written")
+    else:
+        writer.flush(final=True)
+        store.journal.close()
+    if interrupts.signum and not code:  # a signal while the rows were saved
+        code = interrupts.exit_code()
+    if code and not check.tripped:
+        pages = sum(map(len, writer.open_documents.values()))
+        pages = f" (and {pages} pages of unfinished documents)" if pages else ""
+        log(f"saved: {writer.rows_ok + writer.rows_failed} finished rows{pages} are in "
+            f"{store.location()}; to resume, {rerun_advice()}")
+    interrupts.saving = False  # saved: a signal now stops the engine at once, or the last commit
     try:
         stop_engine(False)
     except KeyboardInterrupt:
         stop_engine(True)
-    interrupts.saved = False  # the card and the last commit wait for no signal either
+        interrupts.saving = False
     while _RENDERER:
         _RENDERER.pop().close()
     stats.rows_ok, stats.rows_failed = writer.rows_ok - writer.rows_text_layer, writer.rows_failed
@@ -3372,18 +3376,25 @@ def run_guarded(run: Run, work, stop_engine) -> int:
             + (f" ({writer.write_errors[-1]})" if writer.write_errors else "")
             + f"; to finish them, {rerun_advice()}")
     wrote = writer.rows_ok + writer.rows_failed or store.sent_parts
-    if not wrote and not store.parts() and not list(store.journal.folder.glob("*.jsonl")):
-        store.forget_run()  # nothing written: the next run may be another one
-    if store.api is not None and wrote:
-        try:
-            store.read_hub(others_only=True)  # the card counts what other shards wrote since
-        except Exception as exc:
-            log(f"warning: cannot list {store.target} for the card ({exc}); it counts what "
-                f"this run saw")
-    card_missing = store.parts() and not (store.card_on_hub if store.api is not None else
-                                          (store.root / "README.md").exists())
-    store.finish((lambda: build_card(run.source, store, args, result, run.info_entry))
-                 if (wrote or card_missing) and not check.tripped else None)
+    try:
+        if not wrote and not store.parts() and not list(store.journal.folder.glob("*.jsonl")):
+            store.forget_run()  # nothing written: the next run may be another one
+        if store.api is not None and wrote:
+            try:
+                store.read_hub(others_only=True)  # the card counts what other shards wrote since
+            except Exception as exc:
+                log(f"warning: cannot list {store.target} for the card ({exc}); it counts what "
+                    f"this run saw")
+        card_missing = store.parts() and not (store.card_on_hub if store.api is not None else
+                                              (store.root / "README.md").exists())
+        store.finish((lambda: build_card(run.source, store, args, result, run.info_entry))
+                     if (wrote or card_missing) and not check.tripped else None)
+    except (KeyboardInterrupt, OSError) as exc:  # the rows are saved: the rerun ends the output
+        stopped = isinstance(exc, KeyboardInterrupt)
+        code = code or (interrupts.exit_code() if stopped else
+                        EXIT_NOT_UPLOADED if store.api is not None else EXIT_NOT_WRITTEN)
+        log(f"{'interrupted' if stopped else f'error: {exc}'} before the card and the last "
+            f"commit; the finished rows are in {store.root}: to finish, {rerun_advice()}")
     if store.conflict and not code:
         code = EXIT_USAGE
     if store.upload_failures and not code:
