@@ -2882,12 +2882,10 @@ def argument_parser(doc: str, add_shape_arguments) -> argparse.ArgumentParser:
     group.add_argument("--split", default="train", help="split to read (default: train)")
     group.add_argument("--revision", help="Hub INPUT revision (branch, tag or commit)")
     group.add_argument("--image-column", default="image", help="column holding the page image")
-    group.add_argument("--max-samples", type=int,
-                       help="only the first N rows (after --shuffle); for PDF input, N documents")
+    group.add_argument("--max-samples", type=int, help="the first N rows (PDFs: N documents)")
     group.add_argument("--shuffle", action="store_true", help="shuffle rows before --max-samples")
     group.add_argument("--seed", type=int, default=42, help="shuffle seed (default: 42)")
-    group.add_argument("--num-shards", type=int, default=1,
-                       help="split the input into N contiguous ranges (one per Job)")
+    group.add_argument("--num-shards", type=int, default=1, help="N contiguous ranges, one a Job")
     group.add_argument("--shard-index", type=int, default=0, help="which range this run does")
     group = parser.add_argument_group(
         "PDF input", "PDFs from a folder, a datasets Pdf column, or a column of PDF bytes or "
@@ -2902,8 +2900,7 @@ def argument_parser(doc: str, add_shape_arguments) -> argparse.ArgumentParser:
     group.add_argument("--text-layer", action="store_true",
                        help="add <column>_text_layer: the text embedded in each PDF page")
     group.add_argument("--skip-text-pages", type=int, metavar="N",
-                       help="do not send a page whose text layer has N non-space characters: "
-                            "the row holds that text, <column>_skipped says why")
+                       help="keep the text layer of a page with N non-space characters, unsent")
     group.add_argument("--pdf-workers", type=int, default=max(1, min(4, os.cpu_count() or 1)),
                        help="processes rendering PDF pages (default: up to 4)")
     group.add_argument("--pdf-page-timeout", type=float, default=120.0,
@@ -2914,8 +2911,7 @@ def argument_parser(doc: str, add_shape_arguments) -> argparse.ArgumentParser:
     group.add_argument("--overwrite", action="store_true",
                        help="replace result columns that the input already has")
     group.add_argument("--restart", action="store_true",
-                       help="delete this --shard-index's rows in OUTPUT and start over: the way "
-                            "out when a rerun is refused as another run")
+                       help="delete this shard's rows in OUTPUT and start over (a refused rerun)")
     group.add_argument("--retry-errors", action="store_true",
                        help="redo every error row (a rerun always redoes those the server failed)")
     group.add_argument("--private", action="store_true", help="create the Hub repo private")
@@ -2927,15 +2923,13 @@ def argument_parser(doc: str, add_shape_arguments) -> argparse.ArgumentParser:
     group.add_argument("--part-seconds", type=float, default=300.0,
                        help="write (and commit) finished rows at least this often (default: 300)")
     group.add_argument("--stats-json", help="write the run's stats as JSON to this path")
-    group.add_argument("--check-only", action="store_true",
-                       help="check the arguments, INPUT and OUTPUT's manifest, write nothing, "
-                            "exit; the last line is JSON {\"rows\": N, ...}")
+    group.add_argument("--check-only", action="store_true", help="check the arguments, INPUT "
+                       "and OUTPUT, write nothing; the last line is JSON {\"rows\": N, ...}")
     group = parser.add_argument_group("model")
     group.add_argument("--model", default=MODEL_ID,
                        help=f"model id or local path (default: {MODEL_ID}); a fine-tune or mirror")
-    group.add_argument("--model-revision",
-                       help=f"sha, tag or branch of the weights (default: "
-                            f"{MODEL_REVISION or 'main'}); the sha it resolves to is recorded")
+    group.add_argument("--model-revision", help=f"sha, tag or branch of the weights (default: "
+                       f"{MODEL_REVISION or 'main'}); the sha it resolves to is recorded")
     group.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS,
                        help=f"generation budget per page (default: {DEFAULT_MAX_TOKENS})")
     group.add_argument("--no-sanity-check", action="store_true",
@@ -2943,13 +2937,12 @@ def argument_parser(doc: str, add_shape_arguments) -> argparse.ArgumentParser:
     group.add_argument("--sanity-pages", type=int, default=8,
                        help="pages the degenerate-output check looks at (default: 8)")
     group.add_argument("--loop-retries", type=int, default=1,
-                       help=f"send a page whose answer loops again, up to N times, at temperature "
+                       help=f"send a looping page again, up to N times, at temperature "
                             f"{LOOP_TEMPERATURE} seeded by the row; 0: never (default: 1)")
     group.add_argument("--repetition-detection", action=argparse.BooleanOptionalAction,
                        default=REPETITION_DETECTION_ON,
                        help=f"let vLLM end a loop ({REPETITION_DETECTION[1]} repeats of up to "
-                            f"{REPETITION_DETECTION[0]} tokens); it costs engine time (default: "
-                            f"{'on' if REPETITION_DETECTION_ON else 'off'})")
+                            f"{REPETITION_DETECTION[0]} tokens); it costs engine time")
     add_shape_arguments(parser)
     add_model_arguments(parser)
     return parser
@@ -2999,34 +2992,12 @@ def parse_arguments(doc: str, argv: list[str] | None, add_shape_arguments, shape
     if args.num_shards >= 1 and not 0 <= args.shard_index < args.num_shards:
         problems.append(f"--shard-index must be in [0, {args.num_shards}) for --num-shards "
                         f"{args.num_shards}, got {args.shard_index}")
-    if args.stats_json:
-        problems += filter(None, [unwritable_file("--stats-json", args.stats_json)])
     problems += shape_problems(args) + model_argument_problems(args)
     if problems:
         fail("; ".join(problems) + ".")
     resolve_output(args.output)  # exits 2 saying how to write a local path
     check_output_outside_input(args)
     return args
-
-
-def unwritable_file(option: str, value: str) -> str | None:
-    """Why the file an option names could not be written at the end of the run (None: it can),
-    found before any work; nothing is left behind, and folders are made only when written."""
-    import tempfile
-
-    path = Path(value).expanduser().absolute()
-    if path.is_dir():
-        return f"{option} {value} is a folder: name a file"
-    folder = next(folder for folder in path.parents if folder.exists())
-    if not folder.is_dir():
-        return f"{option} {value}: {folder} is not a folder"
-    try:
-        if path.exists() and not os.access(path, os.W_OK):
-            raise PermissionError(f"{path} is read-only")
-        tempfile.TemporaryFile(dir=folder).close()  # the folder takes a new file (or folder)
-    except OSError as exc:
-        return f"{option} {value} cannot be written ({exc.strerror or exc})"
-    return None
 
 
 def write_stats(stats: dict, args) -> None:
@@ -3092,15 +3063,19 @@ def open_output_and_input(args, hub_api) -> tuple[OutputStore, InputSource]:
             and not hasattr(exc, "response")  # HfHubHTTPError is an OSError too
         if local_disk or resolve_output(args.output)[0] != "hub":
             raise
-        fail(hub_refusal(exc, args.output), EXIT_NOT_WRITTEN)
+        said = ": ".join([type(exc).__name__, *str(exc).strip().splitlines()[:1]])
+        if getattr(getattr(exc, "response", None), "status_code", None) in (401, 403, 404):
+            fail(f"the Hub refused OUTPUT {args.output} ({said}). Nothing was sent. Check the "
+                 f"token: it needs write access (HF_TOKEN or --hf-token; `hf auth whoami` names "
+                 f"its user), and that you may write to {args.output.split('/')[0]}.",
+                 EXIT_NOT_WRITTEN)
+        fail(f"the Hub failed while opening OUTPUT {args.output} ({said}). Nothing was sent; "
+             f"rerun the same command once the Hub answers.", EXIT_NOT_WRITTEN)
     if args.private and store.api is not None:  # create_repo(exist_ok=True) leaves it as it is
-        try:
-            public = store.api.repo_info(store.target, repo_type="dataset").private is False
-        except Exception:
-            public = False  # only a warning: never a reason to stop
-        if public:
-            log(f"warning: {store.target} exists and is public: --private applies only to a repo "
-                f"it creates, so this one stays public (make it private in its settings)")
+        with contextlib.suppress(Exception):  # only a warning: never a reason to stop
+            if store.api.repo_info(store.target, repo_type="dataset").private is False:
+                log(f"warning: {store.target} exists and is public: --private applies only to a "
+                    f"repo it creates, so this one stays public (make it private in its settings)")
     try:
         source = open_input(pinned_input(store, args))
         check_output_columns(source, args)
@@ -3109,20 +3084,6 @@ def open_output_and_input(args, hub_api) -> tuple[OutputStore, InputSource]:
         raise
     store.shard_range = (source.lo, source.hi)
     return store, source
-
-
-def hub_refusal(exc: BaseException, repo: str) -> str:
-    """What a Hub error at the start of a run means, and what to check."""
-    status = getattr(getattr(exc, "response", None), "status_code", None)
-    said = (str(exc).strip().splitlines() or [""])[0]
-    said = f"{type(exc).__name__}: {said}" if said else type(exc).__name__
-    if status in (401, 403, 404):
-        return (f"the Hub refused OUTPUT {repo} ({said}). Nothing was sent. Check the token: it "
-                f"needs write access (HF_TOKEN or --hf-token; `hf auth whoami` names its user), "
-                f"and the repo name: {repo.split('/')[0]} must be your user or an organisation "
-                f"you can write to.")
-    return (f"the Hub failed while opening OUTPUT {repo} ({said}). Nothing was sent; rerun the "
-            f"same command once the Hub answers.")
 
 
 def run_script(args, hub_api, engine: dict, info_entry: dict, ready, work,
@@ -3159,9 +3120,8 @@ def run_script(args, hub_api, engine: dict, info_entry: dict, ready, work,
         info_entry["timestamp"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         writer = PartWriter(store, source, plan, output_features(source, args), info_entry,
                             check, args)
-        recovered = f", {len(plan.recovered)} recovered from the journal" if plan.recovered \
-            else ""
-        pages = f" ({len(plan.send)} pages to send)" if plan.send != plan.pending else ""
+        recovered = f", {len(plan.recovered)} recovered from the journal" * bool(plan.recovered)
+        pages = f" ({len(plan.send)} pages to send)" * (plan.send != plan.pending)
         log(f"{len(plan.pending)} of {stats.rows_total} rows to do{pages} ({stats.rows_skipped} "
             f"already done{recovered}; {len(plan.redo)} error rows redone) -> {store.location()}")
     except SystemExit as exc:
@@ -3177,10 +3137,8 @@ def run_script(args, hub_api, engine: dict, info_entry: dict, ready, work,
     finally:
         if code is not None and not args.check_only:  # the keys of every run's stats
             write_stats({**RunStats(0, 0).as_dict(), "exit_code": code}, args)
-    if code is not None:
-        return code
-    return run_guarded(Run(args, store, source, plan, stats, writer, check, info_entry), work,
-                       stop)
+    return code if code is not None else \
+        run_guarded(Run(args, store, source, plan, stats, writer, check, info_entry), work, stop)
 
 
 def run_guarded(run: Run, work, stop_engine) -> int:
@@ -3221,8 +3179,8 @@ def run_guarded(run: Run, work, stop_engine) -> int:
         code = interrupts.exit_code()
     if code and not check.tripped:
         pages = sum(map(len, writer.open_documents.values()))
-        pages = f" (and {pages} pages of unfinished documents)" if pages else ""
-        log(f"saved: {writer.rows_ok + writer.rows_failed} finished rows{pages} are in "
+        log(f"saved: {writer.rows_ok + writer.rows_failed} finished rows"
+            f"{f' (and {pages} pages of unfinished documents)' * bool(pages)} are in "
             f"{store.location()}; to resume, {rerun_advice()}")
     interrupts.saving = False  # saved: a signal now stops the engine at once, or the last commit
     try:
@@ -3254,20 +3212,18 @@ def run_guarded(run: Run, work, stop_engine) -> int:
                                               (store.root / "README.md").exists())
         store.finish((lambda: build_card(run.source, store, args, result, run.info_entry))
                      if (wrote or card_missing) and not check.tripped else None)
-    except (KeyboardInterrupt, OSError) as exc:  # the rows are saved: the rerun ends the output
+    except (KeyboardInterrupt, OSError) as exc:  # the rows are saved: a rerun ends the output
         stopped = isinstance(exc, KeyboardInterrupt)
         code = code or (interrupts.exit_code() if stopped else
                         EXIT_NOT_UPLOADED if store.api is not None else EXIT_NOT_WRITTEN)
         log(f"{'interrupted' if stopped else f'error: {exc}'} before the card and the last "
             f"commit; the finished rows are in {store.root}: to finish, {rerun_advice()}")
-    if store.conflict and not code:
-        code = EXIT_USAGE
-    if store.upload_failures and not code:
-        code = EXIT_NOT_UPLOADED
+    if not code:
+        code = EXIT_USAGE if store.conflict else EXIT_NOT_UPLOADED if store.upload_failures else 0
     result["exit_code"] = code
     write_stats(result, args)
     text_layer = f"{result['rows_text_layer']} from their text layer, " \
-        if result["rows_text_layer"] else ""
+        * bool(result["rows_text_layer"])
     log(f"done: {result['rows_ok']} ok, {result['rows_failed']} failed, {text_layer}"
         f"{result['rows_skipped']} skipped, {result['rows_not_written']} not written in "
         f"{result['elapsed_s']:.1f} s ({result['pages_per_s'] or 0:.2f} pages/s) -> "
