@@ -3108,8 +3108,7 @@ def parse_arguments(doc: str, argv: list[str] | None, add_shape_arguments, shape
 
 
 def write_stats(stats: dict, args) -> None:
-    """--stats-json; a file that cannot be written is a warning (the stats go to the log
-    instead), never a change of the run's exit code."""
+    """--stats-json; a file that cannot be written is a warning with the stats in the log."""
     if args.stats_json:
         path = Path(args.stats_json).expanduser()
         try:
@@ -3140,25 +3139,12 @@ class Interrupts:
         self.signum, self.saving = signum, True  # the rows are saved before another one counts
         raise KeyboardInterrupt
 
-    def exit_code(self) -> int:
+    def exit_code(self) -> int:  # 130 for SIGINT, 143 for SIGTERM
         return 128 + int(self.signum or signal.SIGINT)
 
     def restore(self) -> None:
         for sig, handler in self.previous.items():
             signal.signal(sig, handler)
-
-
-@dataclass
-class Run:
-    """One run, from its checked input to its output."""
-    args: object
-    store: OutputStore
-    source: InputSource
-    plan: RowPlan
-    stats: RunStats
-    writer: PartWriter
-    check: DegenerateCheck
-    info_entry: dict
 
 
 def open_output_and_input(args, hub_api) -> tuple[OutputStore, InputSource]:
@@ -3244,11 +3230,16 @@ def run_script(args, hub_api, engine: dict, info_entry: dict, ready, work,
     finally:
         if code is not None and not args.check_only:  # the keys of every run's stats
             write_stats({**RunStats(0, 0).as_dict(), "exit_code": code}, args)
-    return code if code is not None else \
-        run_guarded(Run(args, store, source, plan, stats, writer, check, info_entry), work, stop)
+    if code is not None:
+        return code
+    from types import SimpleNamespace  # the run, as work(run) reads it
+
+    return run_guarded(SimpleNamespace(args=args, store=store, source=source, plan=plan,
+                                       stats=stats, writer=writer, check=check,
+                                       info_entry=info_entry), work, stop)
 
 
-def run_guarded(run: Run, work, stop_engine) -> int:
+def run_guarded(run, work, stop_engine) -> int:
     """work(run) under the failure policy; whatever ends it, the finished rows are saved (signals
     wait), the engine stopped, then the card, the stats and an exit code that tells the truth."""
     writer, check, store, stats, args = run.writer, run.check, run.store, run.stats, run.args
@@ -3412,12 +3403,10 @@ def ensure_vllm(argv: list[str]) -> None:
         log(f"using the vllm installed for {python} (nothing heavy is installed)")
         os.execve(python, [python, script, *argv], env)
     if not gpu_visible():
-        log(f"error: no vllm can be imported here and no GPU is visible (no /dev/nvidia*, no "
-            f"nvidia-smi), so vllm.LLM cannot run on this machine.\n\nRun it on Hugging Face "
-            f"Jobs, whose vLLM image provides vllm and a GPU:\n  {jobs_command()}\n{JOBS_NOTE}"
-            f"\n\nor on a machine with a GPU (the script asks uv for vllm there), or where vllm is "
-            f"installed (its CPU build runs too).")
-        raise SystemExit(2)
+        fail(f"no vllm can be imported here and no GPU is visible (no /dev/nvidia*, no "
+             f"nvidia-smi), so vllm.LLM cannot run on this machine.\n\nRun it on Hugging Face "
+             f"Jobs, whose vLLM image provides vllm and a GPU:\n  {jobs_command()}\n{JOBS_NOTE}"
+             f"\n\nor on a machine with a GPU, or where vllm is installed (a CPU build too).")
     if uv := shutil.which("uv"):
         log(f"vllm is not installed here; asking uv for vllm{VLLM_REQUIREMENT} (several GB once)")
         os.execve(uv, [uv, "run", "--with", f"vllm{VLLM_REQUIREMENT}", script, *argv], env)
@@ -3547,10 +3536,8 @@ def add_offline_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("engine")
     group.add_argument("--batch-size", type=int, default=16,
                        help="pages per generate call (default: 16)")
-    group.add_argument("--llm-kwargs", default="",
-                       help="JSON merged over the script's vllm.LLM arguments, e.g. "
-                            "'{\"max_model_len\": 16384, \"tensor_parallel_size\": 2}'; "
-                            "null removes one")
+    group.add_argument("--llm-kwargs", default="", help="JSON over the script's vllm.LLM "
+                       "arguments, e.g. '{\"max_model_len\": 16384}'; null removes one")
 
 
 def offline_argument_problems(args) -> list[str]:

@@ -3001,8 +3001,7 @@ def parse_arguments(doc: str, argv: list[str] | None, add_shape_arguments, shape
 
 
 def write_stats(stats: dict, args) -> None:
-    """--stats-json; a file that cannot be written is a warning (the stats go to the log
-    instead), never a change of the run's exit code."""
+    """--stats-json; a file that cannot be written is a warning with the stats in the log."""
     if args.stats_json:
         path = Path(args.stats_json).expanduser()
         try:
@@ -3033,25 +3032,12 @@ class Interrupts:
         self.signum, self.saving = signum, True  # the rows are saved before another one counts
         raise KeyboardInterrupt
 
-    def exit_code(self) -> int:
+    def exit_code(self) -> int:  # 130 for SIGINT, 143 for SIGTERM
         return 128 + int(self.signum or signal.SIGINT)
 
     def restore(self) -> None:
         for sig, handler in self.previous.items():
             signal.signal(sig, handler)
-
-
-@dataclass
-class Run:
-    """One run, from its checked input to its output."""
-    args: object
-    store: OutputStore
-    source: InputSource
-    plan: RowPlan
-    stats: RunStats
-    writer: PartWriter
-    check: DegenerateCheck
-    info_entry: dict
 
 
 def open_output_and_input(args, hub_api) -> tuple[OutputStore, InputSource]:
@@ -3137,11 +3123,16 @@ def run_script(args, hub_api, engine: dict, info_entry: dict, ready, work,
     finally:
         if code is not None and not args.check_only:  # the keys of every run's stats
             write_stats({**RunStats(0, 0).as_dict(), "exit_code": code}, args)
-    return code if code is not None else \
-        run_guarded(Run(args, store, source, plan, stats, writer, check, info_entry), work, stop)
+    if code is not None:
+        return code
+    from types import SimpleNamespace  # the run, as work(run) reads it
+
+    return run_guarded(SimpleNamespace(args=args, store=store, source=source, plan=plan,
+                                       stats=stats, writer=writer, check=check,
+                                       info_entry=info_entry), work, stop)
 
 
-def run_guarded(run: Run, work, stop_engine) -> int:
+def run_guarded(run, work, stop_engine) -> int:
     """work(run) under the failure policy; whatever ends it, the finished rows are saved (signals
     wait), the engine stopped, then the card, the stats and an exit code that tells the truth."""
     writer, check, store, stats, args = run.writer, run.check, run.store, run.stats, run.args

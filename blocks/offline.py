@@ -79,12 +79,10 @@ def ensure_vllm(argv: list[str]) -> None:
         log(f"using the vllm installed for {python} (nothing heavy is installed)")
         os.execve(python, [python, script, *argv], env)
     if not gpu_visible():
-        log(f"error: no vllm can be imported here and no GPU is visible (no /dev/nvidia*, no "
-            f"nvidia-smi), so vllm.LLM cannot run on this machine.\n\nRun it on Hugging Face "
-            f"Jobs, whose vLLM image provides vllm and a GPU:\n  {jobs_command()}\n{JOBS_NOTE}"
-            f"\n\nor on a machine with a GPU (the script asks uv for vllm there), or where vllm is "
-            f"installed (its CPU build runs too).")
-        raise SystemExit(2)
+        fail(f"no vllm can be imported here and no GPU is visible (no /dev/nvidia*, no "
+             f"nvidia-smi), so vllm.LLM cannot run on this machine.\n\nRun it on Hugging Face "
+             f"Jobs, whose vLLM image provides vllm and a GPU:\n  {jobs_command()}\n{JOBS_NOTE}"
+             f"\n\nor on a machine with a GPU, or where vllm is installed (a CPU build too).")
     if uv := shutil.which("uv"):
         log(f"vllm is not installed here; asking uv for vllm{VLLM_REQUIREMENT} (several GB once)")
         os.execve(uv, [uv, "run", "--with", f"vllm{VLLM_REQUIREMENT}", script, *argv], env)
@@ -214,10 +212,8 @@ def add_offline_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("engine")
     group.add_argument("--batch-size", type=int, default=16,
                        help="pages per generate call (default: 16)")
-    group.add_argument("--llm-kwargs", default="",
-                       help="JSON merged over the script's vllm.LLM arguments, e.g. "
-                            "'{\"max_model_len\": 16384, \"tensor_parallel_size\": 2}'; "
-                            "null removes one")
+    group.add_argument("--llm-kwargs", default="", help="JSON over the script's vllm.LLM "
+                       "arguments, e.g. '{\"max_model_len\": 16384}'; null removes one")
 
 
 def offline_argument_problems(args) -> list[str]:
