@@ -3373,8 +3373,8 @@ def run_offline(run, args, llm_kwargs: dict) -> None:
                          loops(results[index].text, results[index].finish_reason)]
                 if not batch:
                     break
-                seeded = [sampling(loop_seed(index, attempt) if attempt else None)
-                          for index, _ in batch]
+                seeded = [sampling(loop_seed(index, attempt)) for index, _ in batch] \
+                    if attempt else [sampling(None)] * len(batch)  # one for the greedy pass
                 for (index, page), (result, counts) in zip(
                         batch, generate_batch(llm, seeded, batch, args, held)):
                     result.text_layer, result.digest = page.text_layer, page.digest
