@@ -3334,8 +3334,8 @@ def run_script(args, hub_api, engine: dict, info_entry: dict, ready, work,
         info_entry["timestamp"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         writer = PartWriter(store, source, plan, output_features(source, args), info_entry,
                             check, args)
-        recovered = f", {len(plan.recovered)} recovered from the journal" * bool(plan.recovered)
-        pages = f" ({len(plan.send)} pages to send)" * (plan.send != plan.pending)
+        recovered = f", {len(plan.recovered)} recovered from the journal" if plan.recovered else ""
+        pages = f" ({len(plan.send)} pages to send)" if plan.send != plan.pending else ""
         log(f"{len(plan.pending)} of {stats.rows_total} rows to do{pages} ({stats.rows_skipped} "
             f"already done{recovered}; {len(plan.redo)} error rows redone) -> {store.location()}")
     except SystemExit as exc:
@@ -3382,7 +3382,7 @@ def run_guarded(run, work, stop_engine) -> int:
         traceback.print_exc()
         log("error: the run failed; saving the finished rows")
         code = EXIT_NOT_WRITTEN
-    interrupts.saving = True
+    interrupts.saving = True  # from here a signal waits for the finished rows to be saved
     try:
         check.finish()
     except RunAborted as exc:
@@ -3398,8 +3398,8 @@ def run_guarded(run, work, stop_engine) -> int:
         code = interrupts.exit_code()
     if code and not check.tripped:
         pages = sum(map(len, writer.open_documents.values()))
-        log(f"saved: {writer.rows_ok + writer.rows_failed} finished rows"
-            f"{f' (and {pages} pages of unfinished documents)' * bool(pages)} are in "
+        pages = f" (and {pages} pages of unfinished documents)" if pages else ""
+        log(f"saved: {writer.rows_ok + writer.rows_failed} finished rows{pages} are in "
             f"{store.location()}; to resume, {rerun_advice()}")
     interrupts.saving = False  # saved: a signal now stops the engine at once, or the last commit
     try:
@@ -3442,7 +3442,7 @@ def run_guarded(run, work, stop_engine) -> int:
     result["exit_code"] = code
     write_stats(result, args)
     text_layer = f"{result['rows_text_layer']} from their text layer, " \
-        * bool(result["rows_text_layer"])
+        if result["rows_text_layer"] else ""
     log(f"done: {result['rows_ok']} ok, {result['rows_failed']} failed, {text_layer}"
         f"{result['rows_skipped']} skipped, {result['rows_not_written']} not written in "
         f"{result['elapsed_s']:.1f} s ({result['pages_per_s'] or 0:.2f} pages/s) -> "
