@@ -2449,12 +2449,10 @@ def argument_parser(doc: str, add_shape_arguments) -> argparse.ArgumentParser:
     group.add_argument("--split", default="train", help="split to read (default: train)")
     group.add_argument("--revision", help="Hub INPUT revision (branch, tag or commit)")
     group.add_argument("--image-column", default="image", help="column holding the page image")
-    group.add_argument("--max-samples", type=int,
-                       help="only the first N rows (after --shuffle); for PDF input, N documents")
+    group.add_argument("--max-samples", type=int, help="the first N rows (PDFs: N documents)")
     group.add_argument("--shuffle", action="store_true", help="shuffle rows before --max-samples")
     group.add_argument("--seed", type=int, default=42, help="shuffle seed (default: 42)")
-    group.add_argument("--num-shards", type=int, default=1,
-                       help="split the input into N contiguous ranges (one per Job)")
+    group.add_argument("--num-shards", type=int, default=1, help="N contiguous ranges, one a Job")
     group.add_argument("--shard-index", type=int, default=0, help="which range this run does")
     group = parser.add_argument_group(
         "PDF input", "PDFs from a folder, a datasets Pdf column, or a column of PDF bytes or "
@@ -2469,8 +2467,7 @@ def argument_parser(doc: str, add_shape_arguments) -> argparse.ArgumentParser:
     group.add_argument("--text-layer", action="store_true",
                        help="add <column>_text_layer: the text embedded in each PDF page")
     group.add_argument("--skip-text-pages", type=int, metavar="N",
-                       help="do not send a page whose text layer has N non-space characters: "
-                            "the row holds that text, <column>_skipped says why")
+                       help="keep the text layer of a page with N non-space characters, unsent")
     group.add_argument("--pdf-workers", type=int, default=max(1, min(4, os.cpu_count() or 1)),
                        help="processes rendering PDF pages (default: up to 4)")
     group.add_argument("--pdf-page-timeout", type=float, default=120.0,
@@ -2481,8 +2478,7 @@ def argument_parser(doc: str, add_shape_arguments) -> argparse.ArgumentParser:
     group.add_argument("--overwrite", action="store_true",
                        help="replace result columns that the input already has")
     group.add_argument("--restart", action="store_true",
-                       help="delete this --shard-index's rows in OUTPUT and start over: the way "
-                            "out when a rerun is refused as another run")
+                       help="delete this shard's rows in OUTPUT and start over (a refused rerun)")
     group.add_argument("--retry-errors", action="store_true",
                        help="redo every error row (a rerun always redoes those the server failed)")
     group.add_argument("--private", action="store_true", help="create the Hub repo private")
@@ -2494,15 +2490,13 @@ def argument_parser(doc: str, add_shape_arguments) -> argparse.ArgumentParser:
     group.add_argument("--part-seconds", type=float, default=300.0,
                        help="write (and commit) finished rows at least this often (default: 300)")
     group.add_argument("--stats-json", help="write the run's stats as JSON to this path")
-    group.add_argument("--check-only", action="store_true",
-                       help="check the arguments, INPUT and OUTPUT's manifest, write nothing, "
-                            "exit; the last line is JSON {\"rows\": N, ...}")
+    group.add_argument("--check-only", action="store_true", help="check the arguments, INPUT "
+                       "and OUTPUT, write nothing; the last line is JSON {\"rows\": N, ...}")
     group = parser.add_argument_group("model")
     group.add_argument("--model", default=MODEL_ID,
                        help=f"model id or local path (default: {MODEL_ID}); a fine-tune or mirror")
-    group.add_argument("--model-revision",
-                       help=f"sha, tag or branch of the weights (default: "
-                            f"{MODEL_REVISION or 'main'}); the sha it resolves to is recorded")
+    group.add_argument("--model-revision", help=f"sha, tag or branch of the weights (default: "
+                       f"{MODEL_REVISION or 'main'}); the sha it resolves to is recorded")
     group.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS,
                        help=f"generation budget per page (default: {DEFAULT_MAX_TOKENS})")
     group.add_argument("--no-sanity-check", action="store_true",
@@ -2510,16 +2504,23 @@ def argument_parser(doc: str, add_shape_arguments) -> argparse.ArgumentParser:
     group.add_argument("--sanity-pages", type=int, default=8,
                        help="pages the degenerate-output check looks at (default: 8)")
     group.add_argument("--loop-retries", type=int, default=1,
-                       help=f"send a page whose answer loops again, up to N times, at temperature "
+                       help=f"send a looping page again, up to N times, at temperature "
                             f"{LOOP_TEMPERATURE} seeded by the row; 0: never (default: 1)")
     group.add_argument("--repetition-detection", action=argparse.BooleanOptionalAction,
                        default=REPETITION_DETECTION_ON,
                        help=f"let vLLM end a loop ({REPETITION_DETECTION[1]} repeats of up to "
-                            f"{REPETITION_DETECTION[0]} tokens); it costs engine time (default: "
-                            f"{'on' if REPETITION_DETECTION_ON else 'off'})")
+                            f"{REPETITION_DETECTION[0]} tokens); it costs engine time")
     add_shape_arguments(parser)
     add_model_arguments(parser)
     return parser
+
+
+AT_LEAST = {"num_shards": 1, "part_rows": 1, "max_tokens": 1, "sanity_pages": 1, "max_samples": 0,
+            "shard_index": 0, "concurrency": 1, "max_retries": 0, "max_restarts": 0,
+            "min_window": 1, "max_window": 1, "api_server_count": 1, "batch_size": 1,
+            "skip_text_pages": 1, "pdf_workers": 1, "loop_retries": 0}
+ABOVE_0 = ("part_seconds", "server_timeout", "server_down_timeout", "request_timeout",
+           "adapt_interval", "max_inflight_memory", "pdf_page_timeout")
 
 
 def parse_arguments(doc: str, argv: list[str] | None, add_shape_arguments, shape_problems):
@@ -2537,20 +2538,11 @@ def parse_arguments(doc: str, argv: list[str] | None, add_shape_arguments, shape
 
     parser.error = error
     args = parser.parse_args(argv)
-    problems = []
-    at_least = {"num_shards": 1, "part_rows": 1, "max_tokens": 1, "sanity_pages": 1,
-                "max_samples": 0, "shard_index": 0, "concurrency": 1, "max_retries": 0,
-                "max_restarts": 0, "min_window": 1, "max_window": 1, "api_server_count": 1,
-                "batch_size": 1, "skip_text_pages": 1, "pdf_workers": 1, "loop_retries": 0}
-    for name, low in at_least.items():
-        value = getattr(args, name, None)
-        if value is not None and value < low:
-            problems.append(f"--{name.replace('_', '-')} must be at least {low}, got {value}")
-    for name in ("part_seconds", "server_timeout", "server_down_timeout", "request_timeout",
-                 "adapt_interval", "max_inflight_memory", "pdf_page_timeout"):
-        value = getattr(args, name, None)
-        if value is not None and not value > 0:
-            problems.append(f"--{name.replace('_', '-')} must be above 0, got {value}")
+    given = {name: value for name, value in vars(args).items() if value is not None}
+    problems = [f"--{name.replace('_', '-')} must be at least {low}, got {given[name]}"
+                for name, low in AT_LEAST.items() if name in given and given[name] < low]
+    problems += [f"--{name.replace('_', '-')} must be above 0, got {given[name]}"
+                 for name in ABOVE_0 if name in given and not given[name] > 0]
     if args.shuffle and args.seed < 0:
         problems.append(f"--seed must be at least 0 to --shuffle, got {args.seed}")
     if not args.output_column.strip():
@@ -2567,8 +2559,6 @@ def parse_arguments(doc: str, argv: list[str] | None, add_shape_arguments, shape
     if args.num_shards >= 1 and not 0 <= args.shard_index < args.num_shards:
         problems.append(f"--shard-index must be in [0, {args.num_shards}) for --num-shards "
                         f"{args.num_shards}, got {args.shard_index}")
-    if args.stats_json:
-        problems += filter(None, [unwritable_file("--stats-json", args.stats_json)])
     problems += shape_problems(args) + model_argument_problems(args)
     if problems:
         fail("; ".join(problems) + ".")
@@ -2577,29 +2567,8 @@ def parse_arguments(doc: str, argv: list[str] | None, add_shape_arguments, shape
     return args
 
 
-def unwritable_file(option: str, value: str) -> str | None:
-    """Why the file an option names could not be written at the end of the run (None: it can),
-    found before any work; nothing is left behind, and folders are made only when written."""
-    import tempfile
-
-    path = Path(value).expanduser().absolute()
-    if path.is_dir():
-        return f"{option} {value} is a folder: name a file"
-    folder = next(folder for folder in path.parents if folder.exists())
-    if not folder.is_dir():
-        return f"{option} {value}: {folder} is not a folder"
-    try:
-        if path.exists() and not os.access(path, os.W_OK):
-            raise PermissionError(f"{path} is read-only")
-        tempfile.TemporaryFile(dir=folder).close()  # the folder takes a new file (or folder)
-    except OSError as exc:
-        return f"{option} {value} cannot be written ({exc.strerror or exc})"
-    return None
-
-
 def write_stats(stats: dict, args) -> None:
-    """--stats-json; a file that cannot be written is a warning (the stats go to the log
-    instead), never a change of the run's exit code."""
+    """--stats-json; a file that cannot be written is a warning with the stats in the log."""
     if args.stats_json:
         path = Path(args.stats_json).expanduser()
         try:
@@ -2613,39 +2582,29 @@ def write_stats(stats: dict, args) -> None:
 # ---- one run, whatever ends it ---------------------------------------------------------------
 
 class Interrupts:
-    """SIGINT and SIGTERM (a cancelled Job) stop the run once, as KeyboardInterrupt; until the
-    finished rows are saved, further signals only say so; then one more stops the engine."""
+    """SIGINT and SIGTERM (a cancelled Job) stop the run as KeyboardInterrupt, but never while
+    the finished rows are saved: a signal then waits for them (the run stops once they are)."""
 
     def __init__(self):
         self.signum: int | None = None
-        self.saved = False
+        self.saving = False
         self.previous = {sig: signal.signal(sig, self.on_signal)
                          for sig in (signal.SIGINT, signal.SIGTERM)
                          if threading.current_thread() is threading.main_thread()}
 
     def on_signal(self, signum, frame) -> None:
-        if self.signum is not None and not self.saved:
-            log("saving the finished rows first; the run stops once they are on disk")
-            return
-        self.signum = signum
+        if self.saving:
+            self.signum = self.signum or signum
+            return log("saving the finished rows first; the run stops once they are on disk")
+        self.signum, self.saving = signum, True  # the rows are saved before another one counts
         raise KeyboardInterrupt
+
+    def exit_code(self) -> int:  # 130 for SIGINT, 143 for SIGTERM
+        return 128 + int(self.signum or signal.SIGINT)
 
     def restore(self) -> None:
         for sig, handler in self.previous.items():
             signal.signal(sig, handler)
-
-
-@dataclass
-class Run:
-    """One run, from its checked input to its output."""
-    args: object
-    store: OutputStore
-    source: InputSource
-    plan: RowPlan
-    stats: RunStats
-    writer: PartWriter
-    check: DegenerateCheck
-    info_entry: dict
 
 
 def open_output_and_input(args, hub_api) -> tuple[OutputStore, InputSource]:
@@ -2657,15 +2616,19 @@ def open_output_and_input(args, hub_api) -> tuple[OutputStore, InputSource]:
             and not hasattr(exc, "response")  # HfHubHTTPError is an OSError too
         if local_disk or resolve_output(args.output)[0] != "hub":
             raise
-        fail(hub_refusal(exc, args.output), EXIT_NOT_WRITTEN)
+        said = ": ".join([type(exc).__name__, *str(exc).strip().splitlines()[:1]])
+        if getattr(getattr(exc, "response", None), "status_code", None) in (401, 403, 404):
+            fail(f"the Hub refused OUTPUT {args.output} ({said}). Nothing was sent. Check the "
+                 f"token: it needs write access (HF_TOKEN or --hf-token; `hf auth whoami` names "
+                 f"its user), and that you may write to {args.output.split('/')[0]}.",
+                 EXIT_NOT_WRITTEN)
+        fail(f"the Hub failed while opening OUTPUT {args.output} ({said}). Nothing was sent; "
+             f"rerun the same command once the Hub answers.", EXIT_NOT_WRITTEN)
     if args.private and store.api is not None:  # create_repo(exist_ok=True) leaves it as it is
-        try:
-            public = store.api.repo_info(store.target, repo_type="dataset").private is False
-        except Exception:
-            public = False  # only a warning: never a reason to stop
-        if public:
-            log(f"warning: {store.target} exists and is public: --private applies only to a repo "
-                f"it creates, so this one stays public (make it private in its settings)")
+        with contextlib.suppress(Exception):  # only a warning: never a reason to stop
+            if store.api.repo_info(store.target, repo_type="dataset").private is False:
+                log(f"warning: {store.target} exists and is public: --private applies only to a "
+                    f"repo it creates, so this one stays public (make it private in its settings)")
     try:
         source = open_input(pinned_input(store, args))
         check_output_columns(source, args)
@@ -2676,25 +2639,11 @@ def open_output_and_input(args, hub_api) -> tuple[OutputStore, InputSource]:
     return store, source
 
 
-def hub_refusal(exc: BaseException, repo: str) -> str:
-    """What a Hub error at the start of a run means, and what to check."""
-    status = getattr(getattr(exc, "response", None), "status_code", None)
-    said = (str(exc).strip().splitlines() or [""])[0]
-    said = f"{type(exc).__name__}: {said}" if said else type(exc).__name__
-    if status in (401, 403, 404):
-        return (f"the Hub refused OUTPUT {repo} ({said}). Nothing was sent. Check the token: it "
-                f"needs write access (HF_TOKEN or --hf-token; `hf auth whoami` names its user), "
-                f"and the repo name: {repo.split('/')[0]} must be your user or an organisation "
-                f"you can write to.")
-    return (f"the Hub failed while opening OUTPUT {repo} ({said}). Nothing was sent; rerun the "
-            f"same command once the Hub answers.")
-
-
 def run_script(args, hub_api, engine: dict, info_entry: dict, ready, work,
                stop=lambda force: None) -> int:
     """Either shape's run: ready(check_only), the output, input and manifest (--check-only stops
-    there), then work(run) under run_guarded. An exit before any page is sent (a refused rerun,
-    a held lock, Ctrl-C) is in --stats-json too: never an earlier run's file."""
+    there), then work(run) under run_guarded. An exit before run_guarded (a refused rerun, a held
+    lock, Ctrl-C) is in --stats-json too: never an earlier run's file."""
     code = None
     try:
         ready(args.check_only)
@@ -2724,13 +2673,10 @@ def run_script(args, hub_api, engine: dict, info_entry: dict, ready, work,
         info_entry["timestamp"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         writer = PartWriter(store, source, plan, output_features(source, args), info_entry,
                             check, args)
-        recovered = f", {len(plan.recovered)} recovered from the journal" if plan.recovered \
-            else ""
+        recovered = f", {len(plan.recovered)} recovered from the journal" if plan.recovered else ""
         pages = f" ({len(plan.send)} pages to send)" if plan.send != plan.pending else ""
         log(f"{len(plan.pending)} of {stats.rows_total} rows to do{pages} ({stats.rows_skipped} "
             f"already done{recovered}; {len(plan.redo)} error rows redone) -> {store.location()}")
-        return run_guarded(Run(args, store, source, plan, stats, writer, check, info_entry),
-                           work, stop)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else EXIT_USAGE
         raise
@@ -2744,10 +2690,16 @@ def run_script(args, hub_api, engine: dict, info_entry: dict, ready, work,
     finally:
         if code is not None and not args.check_only:  # the keys of every run's stats
             write_stats({**RunStats(0, 0).as_dict(), "exit_code": code}, args)
-    return code
+    if code is not None:
+        return code
+    from types import SimpleNamespace  # the run, as work(run) reads it
+
+    return run_guarded(SimpleNamespace(args=args, store=store, source=source, plan=plan,
+                                       stats=stats, writer=writer, check=check,
+                                       info_entry=info_entry), work, stop)
 
 
-def run_guarded(run: Run, work, stop_engine) -> int:
+def run_guarded(run, work, stop_engine) -> int:
     """work(run) under the failure policy; whatever ends it, the finished rows are saved (signals
     wait), the engine stopped, then the card, the stats and an exit code that tells the truth."""
     writer, check, store, stats, args = run.writer, run.check, run.store, run.stats, run.args
@@ -2763,36 +2715,37 @@ def run_guarded(run: Run, work, stop_engine) -> int:
         code = exc.code
     except KeyboardInterrupt:
         log("interrupted: saving the finished rows")
-        code = 128 + int(interrupts.signum or signal.SIGINT)
+        code = interrupts.exit_code()
     except Exception:  # a bug or an unforeseen failure: keep what is finished, then say what
         import traceback
         traceback.print_exc()
         log("error: the run failed; saving the finished rows")
         code = EXIT_NOT_WRITTEN
+    interrupts.saving = True  # from here a signal waits for the finished rows to be saved
     try:
-        try:
-            check.finish()
-        except RunAborted as exc:
-            log(f"error: {exc}")
-            code = code or exc.code
-        if check.tripped:
-            store.journal.close(discard=True)
-            log("the pages finished so far are all degenerate: nothing is written")
-        else:
-            writer.flush(final=True)
-            store.journal.close()
-            if code:
-                pages = sum(map(len, writer.open_documents.values()))
-                pages = f" (and {pages} pages of unfinished documents)" if pages else ""
-                log(f"saved: {writer.rows_ok + writer.rows_failed} finished rows{pages} are in "
-                    f"{store.location()}; to resume, {rerun_advice()}")
-    finally:
-        interrupts.saved = True
+        check.finish()
+    except RunAborted as exc:
+        log(f"error: {exc}")
+        code = code or exc.code
+    if check.tripped:
+        store.journal.close(discard=True)
+        log("the pages finished so far are all degenerate: nothing is written")
+    else:
+        writer.flush(final=True)
+        store.journal.close()
+    if interrupts.signum and not code:  # a signal while the rows were saved
+        code = interrupts.exit_code()
+    if code and not check.tripped:
+        pages = sum(map(len, writer.open_documents.values()))
+        pages = f" (and {pages} pages of unfinished documents)" if pages else ""
+        log(f"saved: {writer.rows_ok + writer.rows_failed} finished rows{pages} are in "
+            f"{store.location()}; to resume, {rerun_advice()}")
+    interrupts.saving = False  # saved: a signal now stops the engine at once, or the last commit
     try:
         stop_engine(False)
     except KeyboardInterrupt:
         stop_engine(True)
-    interrupts.saved = False  # the card and the last commit wait for no signal either
+        interrupts.saving = False
     while _RENDERER:
         _RENDERER.pop().close()
     stats.rows_ok, stats.rows_failed = writer.rows_ok - writer.rows_text_layer, writer.rows_failed
@@ -2804,22 +2757,27 @@ def run_guarded(run: Run, work, stop_engine) -> int:
             + (f" ({writer.write_errors[-1]})" if writer.write_errors else "")
             + f"; to finish them, {rerun_advice()}")
     wrote = writer.rows_ok + writer.rows_failed or store.sent_parts
-    if not wrote and not store.parts() and not list(store.journal.folder.glob("*.jsonl")):
-        store.forget_run()  # nothing written: the next run may be another one
-    if store.api is not None and wrote:
-        try:
-            store.read_hub(others_only=True)  # the card counts what other shards wrote since
-        except Exception as exc:
-            log(f"warning: cannot list {store.target} for the card ({exc}); it counts what "
-                f"this run saw")
-    card_missing = store.parts() and not (store.card_on_hub if store.api is not None else
-                                          (store.root / "README.md").exists())
-    store.finish((lambda: build_card(run.source, store, args, result, run.info_entry))
-                 if (wrote or card_missing) and not check.tripped else None)
-    if store.conflict and not code:
-        code = EXIT_USAGE
-    if store.upload_failures and not code:
-        code = EXIT_NOT_UPLOADED
+    try:
+        if not wrote and not store.parts() and not list(store.journal.folder.glob("*.jsonl")):
+            store.forget_run()  # nothing written: the next run may be another one
+        if store.api is not None and wrote:
+            try:
+                store.read_hub(others_only=True)  # the card counts what other shards wrote since
+            except Exception as exc:
+                log(f"warning: cannot list {store.target} for the card ({exc}); it counts what "
+                    f"this run saw")
+        card_missing = store.parts() and not (store.card_on_hub if store.api is not None else
+                                              (store.root / "README.md").exists())
+        store.finish((lambda: build_card(run.source, store, args, result, run.info_entry))
+                     if (wrote or card_missing) and not check.tripped else None)
+    except (KeyboardInterrupt, OSError) as exc:  # the rows are saved: a rerun ends the output
+        stopped = isinstance(exc, KeyboardInterrupt)
+        code = code or (interrupts.exit_code() if stopped else
+                        EXIT_NOT_UPLOADED if store.api is not None else EXIT_NOT_WRITTEN)
+        log(f"{'interrupted' if stopped else f'error: {exc}'} before the card and the last "
+            f"commit; the finished rows are in {store.root}: to finish, {rerun_advice()}")
+    if not code:
+        code = EXIT_USAGE if store.conflict else EXIT_NOT_UPLOADED if store.upload_failures else 0
     result["exit_code"] = code
     write_stats(result, args)
     text_layer = f"{result['rows_text_layer']} from their text layer, " \

@@ -45,8 +45,8 @@ def system_python_with_vllm() -> str | None:
     probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"
     for python in ("/usr/bin/python3", "/usr/local/bin/python3", "/opt/conda/bin/python3"):
         try:
-            if Path(python).exists() and subprocess.run(
-                    [python, "-c", probe], capture_output=True, timeout=60).returncode == 0:
+            if not subprocess.run([python, "-c", probe], capture_output=True,
+                                  timeout=60).returncode:
                 return python
         except (OSError, subprocess.TimeoutExpired):
             pass
@@ -59,10 +59,10 @@ def gpu_visible() -> bool:
     return any(Path(d).exists() for d in devices) or shutil.which("nvidia-smi") is not None
 
 
-def check_offline_engine() -> None:
-    """Before the input is read and the repo created: this machine can run vllm.LLM (an
-    importable vllm, CPU build included, or the machine's Python with vllm; else a GPU for the
-    vllm uv would install), or exit at once with the Jobs command."""
+def ensure_vllm(argv: list[str]) -> None:
+    """Before the input is read and the repo created: vllm importable here (a CPU build too),
+    else this script again under the machine's Python that has it, else under uv with vllm where
+    a GPU is visible; else exit 2 with the Jobs command."""
     import importlib.util
 
     try:
@@ -70,35 +70,19 @@ def check_offline_engine() -> None:
             return
     except (ImportError, ValueError):
         pass
-    if gpu_visible() or os.environ.get("OCR_SCRIPT_REEXEC") or system_python_with_vllm():
-        return
-    log(f"error: no vllm can be imported here and no GPU is visible (no /dev/nvidia*, no "
-        f"nvidia-smi), so vllm.LLM cannot run on this machine.\n\nRun it on Hugging Face Jobs, "
-        f"whose vLLM image provides vllm and a GPU:\n  {jobs_command()}\n{JOBS_NOTE}\n\n"
-        f"or on a machine with a GPU (the script asks uv for vllm there), or where vllm is "
-        f"installed (its CPU build runs too).")
-    raise SystemExit(2)
-
-
-def import_vllm(argv: list[str]):
-    """vllm, from this environment, else from the machine's own Python, else installed by uv."""
-    # bare CUDA images have no compiler for these JIT paths; set before import
-    os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
-    os.environ.setdefault("VLLM_USE_DEEP_GEMM", "0")
-    try:
-        import vllm
-        return vllm
-    except ImportError:
-        pass
     if os.environ.get("OCR_SCRIPT_REEXEC"):
         fail(f"vllm cannot be imported. Run this script in the vLLM image (hf jobs uv run --image "
              f"{JOB_IMAGE} ...) or on a GPU machine with `pip install vllm`.")
-    env = {**os.environ, "OCR_SCRIPT_REEXEC": "1"}
-    script = str(Path(sys.argv[0]).resolve())
+    env, script = {**os.environ, "OCR_SCRIPT_REEXEC": "1"}, str(Path(sys.argv[0]).resolve())
     if python := system_python_with_vllm():
         env["OCR_SCRIPT_EXTRA_SITE"] = os.pathsep.join(site.getsitepackages())
         log(f"using the vllm installed for {python} (nothing heavy is installed)")
         os.execve(python, [python, script, *argv], env)
+    if not gpu_visible():
+        fail(f"no vllm can be imported here and no GPU is visible (no /dev/nvidia*, no "
+             f"nvidia-smi), so vllm.LLM cannot run on this machine.\n\nRun it on Hugging Face "
+             f"Jobs, whose vLLM image provides vllm and a GPU:\n  {jobs_command()}\n{JOBS_NOTE}"
+             f"\n\nor on a machine with a GPU, or where vllm is installed (a CPU build too).")
     if uv := shutil.which("uv"):
         log(f"vllm is not installed here; asking uv for vllm{VLLM_REQUIREMENT} (several GB once)")
         os.execve(uv, [uv, "run", "--with", f"vllm{VLLM_REQUIREMENT}", script, *argv], env)
@@ -133,40 +117,44 @@ def generate_batch(llm, sampling, items: list, args, held: HeldFailures) -> list
             generate_batch(llm, sampling[half:], items[half:], args, held)
     results = []
     for output in outputs:
-        try:
-            completion = output.outputs[0]
-            results.append((RowResult(text=cut_at_loop(completion.text, completion.finish_reason),
-                                      finish_reason=completion.finish_reason,
-                                      prompt_tokens=len(output.prompt_token_ids or []),
-                                      completion_tokens=len(completion.token_ids), attempts=1),
-                            None))
-        except Exception as exc:  # an output without a completion: this row's error
-            results.append((exception_row(exc, PAGE, "unreadable output: "), None))
-    return results
+        try:  # an output without a completion is this row's error
+            done = output.outputs[0]
+            results.append(RowResult(text=cut_at_loop(done.text, done.finish_reason),
+                                     finish_reason=done.finish_reason, attempts=1,
+                                     prompt_tokens=len(output.prompt_token_ids or []),
+                                     completion_tokens=len(done.token_ids)))
+        except Exception as exc:
+            results.append(exception_row(exc, PAGE, "unreadable output: "))
+    return [(result, None) for result in results]
 
 
-def run_offline(run, args, argv: list[str], llm_kwargs: dict) -> None:
+def run_offline(run, args, llm_kwargs: dict) -> None:
     """Start vllm.LLM, then fixed batches, the next one prepared while the engine runs this."""
     from tqdm import tqdm
 
-    vllm = import_vllm(argv)
+    # bare CUDA images have no compiler for these JIT paths; set before import
+    os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
+    os.environ.setdefault("VLLM_USE_DEEP_GEMM", "0")
+    import vllm
+
     run.stats.vllm_version = run.info_entry["vllm_version"] = getattr(vllm, "__version__", None)
     started = time.monotonic()
     llm = vllm.LLM(model=args.model, **llm_kwargs)
     run.stats.server_startup_s = round(time.monotonic() - started, 2)
-    detection = repetition_detection(args) or {}
-    if detection:
+    detection = {}
+    if repetition_detection(args):
         try:
             from vllm.sampling_params import RepetitionDetectionParams
-            detection = {"repetition_detection": RepetitionDetectionParams(**detection)}
+            detection["repetition_detection"] = RepetitionDetectionParams(
+                **repetition_detection(args))
         except ImportError:  # a vLLM before 0.17.1 runs without, and the record says so
             log("warning: this vLLM has no repetition_detection (it came in 0.17.1): "
                 "--repetition-detection is off for this run")
-            run.info_entry["settings"]["repetition_detection"] = detection = None
+            run.info_entry["settings"]["repetition_detection"] = None
 
-    def sampling(seed: int | None = None):  # with a seed, a loop retry's
+    def sampling(seed: int | None):  # with a seed, a loop retry's
         retry = {} if seed is None else {"temperature": LOOP_TEMPERATURE, "seed": seed}
-        return vllm.SamplingParams(**{**sampling_kwargs(args), **(detection or {}), **retry})
+        return vllm.SamplingParams(**{**sampling_kwargs(args), **detection, **retry})
 
     stats, writer, pending = run.stats, run.writer, run.plan.send
     pool = ThreadPoolExecutor(max_workers=max(2, min(8, os.cpu_count() or 2)),
@@ -200,14 +188,12 @@ def run_offline(run, args, argv: list[str], llm_kwargs: dict) -> None:
                 if not batch:
                     break
                 seeded = [sampling(loop_seed(index, attempt)) for index, _ in batch] \
-                    if attempt else [sampling()] * len(batch)
+                    if attempt else [sampling(None)] * len(batch)  # one for the greedy pass
                 for (index, page), (result, counts) in zip(
                         batch, generate_batch(llm, seeded, batch, args, held)):
                     result.text_layer, result.digest = page.text_layer, page.digest
-                    if attempt:
-                        results[index] = kept_attempt(results[index], result)
-                    else:
-                        results[index], counted[index] = result, counts
+                    results[index] = kept_attempt(results[index], result) if attempt else result
+                    counted.setdefault(index, counts)
             latency = time.monotonic() - started
             for index, page in prepared:
                 finish_row(writer, stats, held, index, results[index],
@@ -217,7 +203,6 @@ def run_offline(run, args, argv: list[str], llm_kwargs: dict) -> None:
             if writer.due():
                 writer.flush()
         held.at_end(writer)
-        bar.set_postfix(errors=stats.errors_seen)
     finally:
         bar.close()
         pool.shutdown(wait=False, cancel_futures=True)
@@ -227,10 +212,8 @@ def add_offline_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("engine")
     group.add_argument("--batch-size", type=int, default=16,
                        help="pages per generate call (default: 16)")
-    group.add_argument("--llm-kwargs", default="",
-                       help="JSON merged over the script's vllm.LLM arguments, e.g. "
-                            "'{\"max_model_len\": 16384, \"tensor_parallel_size\": 2}'; "
-                            "null removes one")
+    group.add_argument("--llm-kwargs", default="", help="JSON over the script's vllm.LLM "
+                       "arguments, e.g. '{\"max_model_len\": 16384}'; null removes one")
 
 
 def offline_argument_problems(args) -> list[str]:
@@ -251,10 +234,10 @@ def run_offline_script(doc: str, argv: list[str] | None = None, hub_api=None) ->
         check_context_budget(llm_kwargs.get("max_model_len") or MAX_MODEL_LEN, args,
                              "max_model_len in --llm-kwargs")
         if not check_only:  # no engine imported
-            check_offline_engine()
+            ensure_vllm(_RUN_ARGV)
 
     info_entry = inference_info_entry(args, resolved_revision(args),
                                       llm_kwargs=redact_value(llm_kwargs))
     return run_script(args, hub_api, llm_kwargs, info_entry, ready,
-                      lambda run: run_offline(run, args, _RUN_ARGV, llm_kwargs))
+                      lambda run: run_offline(run, args, llm_kwargs))
 # ==== END OFFLINE HELPERS ====

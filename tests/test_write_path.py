@@ -395,13 +395,12 @@ def test_a_journal_that_cannot_be_closed_is_a_warning_not_a_crash(tmp_path, stub
 
 def test_stats_that_cannot_be_written_at_the_end_are_a_warning(tmp_path, stub_server, capsys,
                                                               monkeypatch):
-    """--stats-json unwritable only by the end (the up-front check passed): every row is written,
+    """--stats-json unwritable (found at the end of the run): every row is written,
     the run keeps its exit code and its done line, the stats go to the log (was: a traceback,
     exit 1, after a false 'cannot write to OUTPUT ... Nothing was sent')."""
     stub = stub_server()
     paths = write_image_folder(tmp_path / "in", 3)
     module = load_script(OVIS)
-    monkeypatch.setattr(module, "unwritable_file", lambda *a: None, raising=False)
     argv = [str(tmp_path / "in"), str(tmp_path / "out"), *common(stub),
             "--stats-json", "/proc/x.json"]
     assert module.main(argv) == 0
@@ -681,3 +680,61 @@ def test_a_local_dataset_of_its_own_in_output_is_refused_before_anything_is_writ
     assert str(tmp_path / "mine-ocr") in run.stderr
     assert sorted(p.name for p in (out / "data").iterdir()) == ["train-00000-of-00001.parquet"]
     assert not (out / "README.md").exists() and stub.requests() == []
+
+
+@pytest.mark.parametrize("at", ["write_part", "build_card"])
+def test_a_ctrl_c_while_the_run_saves_is_said_with_the_real_stats(tmp_path, stub_server, capsys,
+                                                                  monkeypatch, at):
+    """A Ctrl-C while the final parts or the card were written read "interrupted before any
+    page was sent", with zeros in --stats-json over the run's own. The finished rows are saved
+    (a part waits for it, the card does not), exit 130, and the rerun finishes."""
+    stub = stub_server()
+    paths = write_image_folder(tmp_path / "in", 3)
+    module = load_script(OVIS)
+    real = getattr(module, at)
+
+    def interrupted(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGINT)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, at, interrupted)
+    argv = [str(tmp_path / "in"), str(tmp_path / "out"), *common(stub),
+            "--stats-json", str(tmp_path / "s.json")]
+    assert module.main(argv) == 130
+    err = capsys.readouterr().err
+    assert "before any page was sent" not in err and "Traceback" not in err
+    assert "to resume" in err or "to finish" in err
+    stats = stats_of(tmp_path / "s.json")
+    assert (stats["rows_ok"], stats["exit_code"]) == (3, 130)
+    monkeypatch.setattr(module, at, real)
+    assert module.main(argv) == 0
+    assert load_output(tmp_path / "out")["markdown"] == \
+        [expected_text(p.read_bytes()) for p in paths]
+    assert (tmp_path / "out" / "README.md").exists()
+
+
+def test_a_disk_error_while_the_run_finishes_is_said_with_the_real_stats(tmp_path, stub_server,
+                                                                         capsys, monkeypatch):
+    """An OSError after the rows are written (the last step of the output) read "cannot write
+    to OUTPUT ... Nothing was sent", with zeros in --stats-json: it is exit 5 with the run's
+    stats, and the rerun finishes."""
+    stub = stub_server()
+    write_image_folder(tmp_path / "in", 3)
+    module = load_script(OVIS)
+    real = module.OutputStore.finish
+
+    def full(self, card):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(module.OutputStore, "finish", full)
+    argv = [str(tmp_path / "in"), str(tmp_path / "out"), *common(stub),
+            "--stats-json", str(tmp_path / "s.json")]
+    assert module.main(argv) == 5
+    err = capsys.readouterr().err
+    assert "No space left on device" in err and "Nothing was sent" not in err
+    assert "Traceback" not in err
+    stats = stats_of(tmp_path / "s.json")
+    assert (stats["rows_ok"], stats["exit_code"]) == (3, 5)
+    monkeypatch.setattr(module.OutputStore, "finish", real)
+    assert module.main(argv) == 0 and len(load_output(tmp_path / "out")) == 3
+    assert (tmp_path / "out" / "README.md").exists()
