@@ -3476,8 +3476,7 @@ def raised_by(exc: BaseException | None, test) -> bool:
 
 
 UNKNOWN_HOST = (socket.EAI_NONAME, getattr(socket, "EAI_NODATA", None))  # not a DNS hiccup
-SILENT_PORT_S = 120.0  # a port that accepts connections but sends no HTTP answer this long is
-# refused: `vllm serve` listens only once it can answer (it binds the port, then loads the model)
+SILENT_PORT_S = 120.0  # connected, no HTTP answer this long: not vLLM (it listens once it answers)
 HEALTH_EVERY_S = 10.0  # mid-run, /health is asked this often (or 4 times per --server-down-timeout)
 REPORT_EVERY_S = 60.0  # while nothing moves, a line this often: what is waited on, for how long
 
@@ -3609,30 +3608,27 @@ class ServerManager:
             state = await self.probe(client)
         self.action = "reuse" if state == "ready" else \
             "spawn" if state == "absent" and self.may_spawn else "wait"
-        if self.action == "wait":
-            log(f"the server at {self.base}: {self.waiting_on(state)}; the run will be waiting "
-                f"for that URL (up to {self.args.server_timeout:.0f} s, --server-timeout; not "
-                f"started by this run, it will be left running)")
-            return
-        check_context_budget(self.max_model_len if self.action == "reuse" else
-                             serve_max_model_len(self.args), self.args)
-        if self.action == "spawn" and shutil.which("vllm") is None:
-            local = "install vLLM on a machine with a GPU (`uv pip install vllm` or `pip " \
-                "install vllm`), then rerun the same command" \
+        if self.action != "spawn":
+            check_context_budget(self.max_model_len, self.args)  # None: checked once it is ready
+            head = f"using the vLLM server already running at {self.base} ({self.model_name}" \
+                if self.action == "reuse" else f"the server at {self.base}: " \
+                f"{self.waiting_on(state)}; the run will be waiting for that URL (up to " \
+                f"{self.args.server_timeout:.0f} s, --server-timeout"
+            return log(f"{head}; not started by this run; it will be left running)")
+        check_context_budget(serve_max_model_len(self.args), self.args)
+        if shutil.which("vllm") is None:
+            local = "`pip install vllm` on a machine with a GPU" \
                 if JOB_IMAGE.startswith("vllm/vllm-openai:") else \
-                f"run this script inside {JOB_IMAGE} (`docker run --gpus all ...`): no other " \
-                f"vLLM runs this model"
+                f"run it inside {JOB_IMAGE} (the vendor's vLLM, the only one for this model)"
             fail(f"nothing answers at {self.base} and there is no `vllm` command here to start a "
                  f"server.\n\nRun it on Hugging Face Jobs:\n  {jobs_command()}\n{JOBS_NOTE}\n\n"
-                 f"or locally:\n  * {local};\n  * or pass --server URL to use a running server.")
+                 f"or locally: {local}, then rerun the same command; or pass --server URL to use "
+                 f"a running server.")
 
     async def start(self, client, stats: RunStats) -> None:
         """Act on plan()'s decision; return once the server is ready."""
         started = time.monotonic()
-        if self.action == "reuse":
-            log(f"using the vLLM server already running at {self.base} ({self.model_name}; "
-                f"not started by this run; it will be left running)")
-        elif self.action == "spawn":
+        if self.action == "spawn":
             self.spawn()
         await self.wait_ready(client, self.args.server_timeout)
         if self.process is not None:
