@@ -3512,8 +3512,7 @@ class ServerManager:
                           EXIT_USAGE)
 
     async def probe(self, client, starting: bool = True) -> str:
-        """"ready", "starting" (or no answer in time) or "absent"; RunAborted for what will never
-        serve: a refused key, TLS, an unknown host, another service, a port silent too long."""
+        """"ready", "starting" (or no answer in time) or "absent"; RunAborted if it never will."""
         for attempt in range(2):  # a reset connection is tried once more before judging
             try:
                 response = await client.get(f"{self.base}/v1/models", headers=self.headers,
@@ -3578,7 +3577,7 @@ class ServerManager:
         return None if response.status_code in (200, 404) else f"HTTP {response.status_code}"
 
     async def watch(self, client, stats: RunStats, storm: HeldFailures) -> None:
-        """Stop the run once the server has neither passed /health nor answered a page for
+        """Stop the run once the server neither passes /health nor answers a page for
         --server-down-timeout; a page generating on a live server is never cut here."""
         limit = self.args.server_down_timeout
         every = min(HEALTH_EVERY_S, limit / 4)
