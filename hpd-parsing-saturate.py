@@ -3684,9 +3684,8 @@ class ServerManager:
                 self.silent_since = self.silent_since or time.monotonic()
                 if starting and time.monotonic() - self.silent_since >= SILENT_PORT_S:
                     raise RunAborted(f"port {self.port} accepts connections but has sent no HTTP "
-                                     f"answer for {SILENT_PORT_S:.0f} s: it is not a vLLM server. "
-                                     f"Stop what holds the port, or pass --server with another "
-                                     f"URL.", EXIT_USAGE) from None
+                                     f"answer for {SILENT_PORT_S:.0f} s: not a vLLM server. Stop "
+                                     f"what holds it, or pass --server another URL.", EXIT_USAGE)
                 return "starting"
             except httpx.TimeoutException:
                 return "starting"
@@ -3702,10 +3701,9 @@ class ServerManager:
                                        f"write --server https://...)") from None
         status = response.status_code
         if status in (401, 403):
-            hint = "the key sent is wrong: pass the right one with --api-key or VLLM_API_KEY" \
-                if self.api_key else "it wants one: pass --api-key or set VLLM_API_KEY"
-            raise RunAborted(f"the server at {self.base} refuses the API key (HTTP {status} on "
-                             f"/v1/models): {hint}.", EXIT_REFUSED)
+            hint = "the key sent is wrong" if self.api_key else "it wants one"
+            raise RunAborted(f"the server at {self.base} refuses the API key (HTTP {status}): "
+                             f"{hint}: pass --api-key or set VLLM_API_KEY.", EXIT_REFUSED)
         if status in (500, 502, 503, 504):
             return "starting"  # a proxy whose upstream boots, a server loading its model
         try:
