@@ -3827,50 +3827,45 @@ class ServerManager:
             return f"Last lines of {self.log_path}:\n" + "\n".join("  | " + s for s in lines)
         return "(no server log)"
 
-    async def wait_ready(self, client, timeout: float) -> None:
-        """Wait for ours, or for a server that is not ready yet."""
-        began = reported = time.monotonic()
-        while time.monotonic() < began + timeout:
+    async def wait_ready(self, client, timeout: float, mid_run: bool = False) -> None:
+        """Until the server is ready, or RunAborted. Mid-run (after a connection error, with
+        --server-down-timeout), ours is restarted if it died, at most --max-restarts times."""
+        began = time.monotonic()
+        reported = began - REPORT_EVERY_S if mid_run else began  # mid-run: said at once
+        while (state := await self.probe(client, starting=not mid_run)) != "ready":
             if self.process is not None and self.process.poll() is not None:
-                raise RunAborted(f"vllm serve exited with code {self.process.returncode} before "
-                                 f"it was ready. {self.log_tail()}")
-            state = await self.probe(client)
-            if state == "ready":
-                return
-            if state == "absent" and self.process is None and self.may_spawn:
+                if not mid_run:
+                    raise RunAborted(f"vllm serve exited with code {self.process.returncode} "
+                                     f"before it was ready. {self.log_tail()}")
+                if self.restarts >= self.args.max_restarts:
+                    raise RunAborted(f"vllm serve died {self.restarts + 1} times; giving up. "
+                                     f"{self.log_tail()}")
+                self.restarts += 1
+                log(f"vllm serve died (exit {self.process.returncode}); restart "
+                    f"{self.restarts}/{self.args.max_restarts}; its pages are sent again")
+                self.stop(force=True)  # what is left of its process group
+                self.spawn()
+                began, timeout, mid_run = time.monotonic(), self.args.server_timeout, False
+            elif state == "absent" and self.process is None and self.may_spawn and not mid_run:
                 raise RunAborted(f"the server that was starting on port {self.port} is gone; "
                                  f"rerun to start one.")
-            if time.monotonic() - reported >= REPORT_EVERY_S:
+            elif time.monotonic() >= began + timeout:
+                tail = f"\n{self.log_tail()}" if self.process else ""
+                raise RunAborted(f"the server at {self.base} stopped answering for {timeout:g} s"
+                                 if mid_run else f"the server at {self.base} was not ready after "
+                                 f"{timeout:.0f} s{tail}")
+            elif time.monotonic() - reported >= REPORT_EVERY_S:
                 reported = time.monotonic()
-                log(f"waiting for the server at {self.base} for {reported - began:.0f} s of up to "
-                    f"{timeout:.0f} s (--server-timeout): {self.waiting_on(state)}")
+                log(f"the server at {self.base} is not answering: waiting up to {timeout:g} s for "
+                    f"it (--server-down-timeout)" if mid_run else f"waiting for the server at "
+                    f"{self.base} for {reported - began:.0f} s of up to {timeout:.0f} s "
+                    f"(--server-timeout): {self.waiting_on(state)}")
             await asyncio.sleep(1.0)
-        tail = f"\n{self.log_tail()}" if self.process else ""
-        raise RunAborted(f"the server at {self.base} was not ready after {timeout:.0f} s{tail}")
 
     async def recover(self, client) -> None:
         """After a connection error: wait for the server, restart ours if it died, or abort."""
         async with self._lock:
-            deadline = None
-            while await self.probe(client, starting=False) != "ready":
-                if self.process is not None and self.process.poll() is not None:
-                    if self.restarts >= self.args.max_restarts:
-                        raise RunAborted(f"vllm serve died {self.restarts + 1} times; giving up. "
-                                         f"{self.log_tail()}")
-                    self.restarts += 1
-                    log(f"vllm serve died (exit {self.process.returncode}); restart "
-                        f"{self.restarts}/{self.args.max_restarts}; its pages are sent again")
-                    self.stop(force=True)  # what is left of its process group
-                    self.spawn()
-                    return await self.wait_ready(client, self.args.server_timeout)
-                if deadline is None:
-                    deadline = time.monotonic() + self.args.server_down_timeout
-                    log(f"the server at {self.base} is not answering: waiting up to "
-                        f"{self.args.server_down_timeout:g} s for it (--server-down-timeout)")
-                elif time.monotonic() >= deadline:
-                    raise RunAborted(f"the server at {self.base} stopped answering for "
-                                     f"{self.args.server_down_timeout:g} s")
-                await asyncio.sleep(2.0)
+            await self.wait_ready(client, self.args.server_down_timeout, mid_run=True)
 
     def stop(self, force: bool = False) -> None:
         """Stop the server this run started and what is left of its process group, never more."""
