@@ -3545,8 +3545,8 @@ def raised_by(exc: BaseException | None, test) -> bool:
 
 UNKNOWN_HOST = (socket.EAI_NONAME, getattr(socket, "EAI_NODATA", None))  # not a DNS hiccup
 SILENT_PORT_S = 120.0  # connected, no HTTP answer this long: not vLLM (it listens once it answers)
-HEALTH_EVERY_S = 10.0  # mid-run, /health is asked this often (or 4 times per --server-down-timeout)
-REPORT_EVERY_S = 60.0  # while nothing moves, a line this often: what is waited on, for how long
+HEALTH_EVERY_S = 10.0  # mid-run /health checks (at least 4 per --server-down-timeout)
+REPORT_EVERY_S = 60.0  # while waiting for a server, a line this often
 
 
 class ServerManager:
@@ -3565,8 +3565,8 @@ class ServerManager:
         self.process: subprocess.Popen | None = None
         self.action: str | None = None  # plan()'s decision: "reuse", "wait" or "spawn"
         self.restarts, self.engines = 0, 1  # engines: data-parallel, of a server started here
-        self.max_model_len = self.version = self.revision = None  # revision: ours' weights
-        self.heard_at = time.monotonic()  # it last passed a probe or /health, or answered a page
+        self.max_model_len = self.version = self.revision = None
+        self.heard_at = time.monotonic()  # last passed a probe or /health, or answered a page
         self.silent_since: float | None = None  # connected, and no HTTP answer since
         self._lock = asyncio.Lock()
 
@@ -3674,7 +3674,7 @@ class ServerManager:
         self.action = "reuse" if state == "ready" else \
             "spawn" if state == "absent" and self.may_spawn else "wait"
         if self.action != "spawn":
-            check_context_budget(self.max_model_len, self.args)  # None: checked once it is ready
+            check_context_budget(self.max_model_len, self.args)  # waiting: None, checked at start
             head = f"using the vLLM server already running at {self.base} ({self.model_name}" \
                 if self.action == "reuse" else f"the server at {self.base}: " \
                 f"{self.waiting_on(state)}; the run will be waiting for that URL (up to " \
@@ -3735,10 +3735,9 @@ class ServerManager:
         return "(no server log)"
 
     async def wait_ready(self, client, timeout: float, mid_run: bool = False) -> None:
-        """Until the server is ready, or RunAborted. Mid-run (after a connection error, with
-        --server-down-timeout), ours is restarted if it died, at most --max-restarts times."""
+        """Until the server is ready, or RunAborted; mid-run, ours is restarted if it died."""
         began = time.monotonic()
-        reported = began - REPORT_EVERY_S if mid_run else began  # mid-run: said at once
+        reported = began - REPORT_EVERY_S if mid_run else began  # mid-run, said at once
         while (state := await self.probe(client, starting=not mid_run)) != "ready":
             if self.process is not None and self.process.poll() is not None:
                 if not mid_run:
