@@ -3412,7 +3412,7 @@ class ServerManager:
         self.headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         self.model_name = serve_arg_value(serve_args, "--served-model-name") or args.model
         self.process: subprocess.Popen | None = None
-        self.action: str | None = None  # plan()'s decision: "reuse", "wait" or "spawn"
+        self.spawning = False  # plan()'s decision: start `vllm serve` here
         self.restarts, self.engines = 0, 1  # engines: data-parallel, of a server started here
         self.max_model_len = self.version = self.revision = None
         self.heard_at = time.monotonic()  # last passed a probe or /health, or answered a page
@@ -3517,15 +3517,14 @@ class ServerManager:
             "it does not answer yet (`vllm serve` opens its port once the model is loaded)"
 
     async def plan(self) -> None:
-        """Before the input is read: "reuse" a ready server, "wait" for one, or "spawn" one."""
+        """Before the input is read: use a ready server, wait for one, or decide to start one."""
         async with httpx.AsyncClient() as client:
             state = await self.probe(client)
-        self.action = "reuse" if state == "ready" else \
-            "spawn" if state == "absent" and self.may_spawn else "wait"
-        if self.action != "spawn":
+        self.spawning = state == "absent" and self.may_spawn
+        if not self.spawning:
             check_context_budget(self.max_model_len, self.args)  # waiting: None, checked at start
             head = f"using the vLLM server already running at {self.base} ({self.model_name}" \
-                if self.action == "reuse" else f"the server at {self.base}: " \
+                if state == "ready" else f"the server at {self.base}: " \
                 f"{self.waiting_on(state)}; the run will be waiting for that URL (up to " \
                 f"{self.args.server_timeout:.0f} s, --server-timeout"
             return log(f"{head}; not started by this run; it will be left running)")
@@ -3542,7 +3541,7 @@ class ServerManager:
     async def start(self, client, stats: RunStats) -> None:
         """Act on plan()'s decision; return once the server is ready."""
         started = time.monotonic()
-        if self.action == "spawn":
+        if self.spawning:
             self.spawn()
         await self.wait_ready(client, self.args.server_timeout)
         if self.process is not None:
