@@ -3536,13 +3536,6 @@ sys.exit(server.returncode if server.returncode >= 0 else 128 - server.returncod
 """
 
 
-def raised_by(exc: BaseException | None, test) -> bool:
-    """Whether test() holds for the exception or one in its chain of causes."""
-    while exc is not None and not test(exc):
-        exc = exc.__cause__ or exc.__context__
-    return exc is not None
-
-
 UNKNOWN_HOST = (socket.EAI_NONAME, getattr(socket, "EAI_NODATA", None))  # not a DNS hiccup
 SILENT_PORT_S = 120.0  # connected, no HTTP answer this long: not vLLM (it listens once it answers)
 HEALTH_EVERY_S = 10.0  # mid-run /health checks (at least 4 per --server-down-timeout)
@@ -3597,8 +3590,11 @@ class ServerManager:
             except httpx.TimeoutException:
                 return "starting"
             except httpx.HTTPError as exc:
-                if starting and raised_by(exc, lambda e: isinstance(e, ssl.SSLError) or isinstance(
-                        e, socket.gaierror) and e.errno in UNKNOWN_HOST):
+                cause = exc  # its chain holds TLS, or a host DNS says does not exist: never ready
+                while cause and not isinstance(cause, ssl.SSLError) and not (
+                        isinstance(cause, socket.gaierror) and cause.errno in UNKNOWN_HOST):
+                    cause = cause.__cause__ or cause.__context__
+                if starting and cause:
                     raise RunAborted(f"cannot connect to {self.base} ({exc}): check the host and "
                                      f"scheme (http or https) of --server.", EXIT_USAGE) from None
                 if isinstance(exc, httpx.ConnectError):
