@@ -3434,12 +3434,12 @@ class ServerManager:
                 if starting and time.monotonic() - self.silent_since >= SILENT_PORT_S:
                     raise RunAborted(f"port {self.port} accepts connections but has sent no HTTP "
                                      f"answer for {SILENT_PORT_S:.0f} s: not a vLLM server. Stop "
-                                     f"what holds it, or pass --server another URL.", EXIT_USAGE)
+                                     f"what holds it, or pass --server a vLLM URL.", EXIT_USAGE)
                 return "starting"
             except httpx.TimeoutException:
                 return "starting"
             except httpx.HTTPError as exc:
-                cause = exc  # its chain holds TLS, or a host DNS says does not exist: never ready
+                cause = exc  # TLS, or a host that DNS says does not exist, among its causes?
                 while cause and not isinstance(cause, ssl.SSLError) and not (
                         isinstance(cause, socket.gaierror) and cause.errno in UNKNOWN_HOST):
                     cause = cause.__cause__ or cause.__context__
