@@ -3309,78 +3309,49 @@ def serve_secrets(argv: list[str]) -> tuple[list[str], dict]:
             {SECRET_SERVE_OPTIONS[option_name(flag)]: values[0] for flag, values, _ in secret})
 
 
-# Runs `vllm serve` in its own process group: when the driver dies without stopping it (kill -9,
-# OOM), it notices within half a second and stops the group; when `vllm serve` exits, its
-# leftover children go too. As the server's single-threaded parent, it can set PDEATHSIG.
+# Runs `vllm serve` in its own process group. When the driver dies without stopping it (kill -9,
+# OOM), it notices within half a second, stops the group, then kills what is left (itself too).
 SERVER_WATCHDOG = r"""
 import os, signal, subprocess, sys, time
 driver = os.getppid()
 signal.signal(signal.SIGTERM, lambda *_: None)  # the driver's stop() signals the whole group
-def parent_death_signal():
-    try:
-        import ctypes
-        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except Exception:
-        pass
-def sweep():  # SIGKILL the rest of the group, this process aside (no /proc: not Linux)
-    pids = [int(e) for e in os.listdir("/proc") if e.isdigit()] if os.path.isdir("/proc") else []
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                group = int(f.read().rsplit(")", 1)[1].split()[2])
-            if group == os.getpgrp() and pid != os.getpid():
-                os.kill(pid, signal.SIGKILL)
-        except (OSError, ValueError, IndexError):
-            pass
-server = subprocess.Popen(sys.argv[1:], stdin=subprocess.DEVNULL, preexec_fn=parent_death_signal)
+server = subprocess.Popen(sys.argv[1:], stdin=subprocess.DEVNULL)
 while server.poll() is None and os.getppid() == driver:
     time.sleep(0.5)
 if server.poll() is None:  # the driver is gone
     os.killpg(0, signal.SIGTERM)
     try:
         server.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        pass
-sweep()  # SIGKILLs a server still running after the 20 s too
-code = server.wait()
-sys.exit(code if code >= 0 else 128 - code)
+    finally:
+        os.killpg(0, signal.SIGKILL)
+sys.exit(server.returncode if server.returncode >= 0 else 128 - server.returncode)
 """
 
 
 UNKNOWN_HOST = (socket.EAI_NONAME, getattr(socket, "EAI_NODATA", None))  # not a DNS hiccup
-
-
-def raised_by(exc: BaseException | None, test) -> bool:
-    """Whether test() holds for the exception or one in its chain of causes."""
-    while exc is not None and not test(exc):
-        exc = exc.__cause__ or exc.__context__
-    return exc is not None
-
-
-SILENT_PORT_S = 120.0  # a port that accepts connections but sends no HTTP answer this long is
-# refused: `vllm serve` listens only once it can answer (it binds the port, then loads the model)
-HEALTH_EVERY_S = 10.0  # mid-run, /health is asked this often (or 4 times per --server-down-timeout)
-REPORT_EVERY_S = 60.0  # while nothing moves, a line this often: what is waited on, for how long
+SILENT_PORT_S = 120.0  # connected, no HTTP answer this long: not vLLM (it listens once it answers)
+HEALTH_EVERY_S = 10.0  # mid-run /health checks (at least 4 per --server-down-timeout)
+REPORT_EVERY_S = 60.0  # while waiting for a server, a line this often
 
 
 class ServerManager:
-    """Reuse a server, wait for one that is booting, or start `vllm serve` and own it."""
+    """Reuse a server, wait for one that is starting, or start `vllm serve` and own it."""
 
     def __init__(self, args, log_dir: Path):
         self.args, self.log_dir = args, log_dir
         self.base, self.host, self.port = server_url_parts(args.server)
-        self.local = self.host in ("127.0.0.1", "localhost", "::1", "0.0.0.0")
+        self.may_spawn = self.host in ("127.0.0.1", "localhost", "::1", "0.0.0.0") and \
+            not args.no_spawn
         serve_args = effective_serve_args(args)
         self.api_key = args.api_key or os.environ.get("VLLM_API_KEY") or \
             serve_arg_value(serve_args, "--api-key") or None
         self.headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         self.model_name = serve_arg_value(serve_args, "--served-model-name") or args.model
         self.process: subprocess.Popen | None = None
-        self.action: str | None = None  # plan()'s decision: "reuse", "wait" or "spawn"
+        self.spawning = False  # plan()'s decision: start `vllm serve` here
         self.restarts, self.engines = 0, 1  # engines: data-parallel, of a server started here
-        self.max_model_len = self.version = None
-        self.revision: str | None = None  # the weights' sha, known only for a server started here
-        self.heard_at = time.monotonic()  # it last passed a probe or /health, or answered a page
+        self.max_model_len = self.version = self.revision = None
+        self.heard_at = time.monotonic()  # last passed a probe or /health, or answered a page
         self.silent_since: float | None = None  # connected, and no HTTP answer since
         self._lock = asyncio.Lock()
 
@@ -3390,78 +3361,63 @@ class ServerManager:
 
     def refused(self, what: str) -> RunAborted:
         return RunAborted(f"port {self.port} answers, but not as {what}: stop what uses the port, "
-                          f"or pass --server with the vLLM server's URL (or a free port for the "
-                          f"server this script starts).", EXIT_USAGE)
+                          f"or pass --server with the vLLM server's URL (or a free port).",
+                          EXIT_USAGE)
 
     async def probe(self, client, starting: bool = True) -> str:
-        """"ready", "starting" (not ready, or no answer in time) or "absent"; RunAborted for what
-        will never serve: a refused key, TLS, another service, a port silent for SILENT_PORT_S."""
+        """"ready", "starting" (or no answer in time) or "absent"; RunAborted if it never will."""
         for attempt in range(2):  # a reset connection is tried once more before judging
-            asked = time.monotonic()
             try:
                 response = await client.get(f"{self.base}/v1/models", headers=self.headers,
                                             timeout=10)
                 self.silent_since = None
                 break
             except httpx.ReadTimeout:  # connected, no answer
-                self.silent_since = self.silent_since or asked
+                self.silent_since = self.silent_since or time.monotonic()
                 if starting and time.monotonic() - self.silent_since >= SILENT_PORT_S:
-                    raise RunAborted(
-                        f"port {self.port} accepts connections but has sent no HTTP answer for "
-                        f"{time.monotonic() - self.silent_since:.0f} s: it is not a vLLM server "
-                        f"(`vllm serve` opens its port once it can answer). Stop what holds the "
-                        f"port, or pass --server with another URL.", EXIT_USAGE) from None
+                    raise RunAborted(f"port {self.port} accepts connections but has sent no HTTP "
+                                     f"answer for {SILENT_PORT_S:.0f} s: not a vLLM server. Stop "
+                                     f"what holds it, or pass --server a vLLM URL.", EXIT_USAGE)
                 return "starting"
             except httpx.TimeoutException:
                 return "starting"
             except httpx.HTTPError as exc:
-                if raised_by(exc, lambda e: isinstance(e, ssl.SSLError) or "SSL" in str(e)
-                             or "CERTIFICATE" in str(e)):
-                    raise RunAborted(f"TLS failed with {self.base}: {exc}. Check the URL's "
-                                     f"scheme (http or https) and the server's certificate.",
-                                     EXIT_USAGE) from None
+                cause = exc  # TLS, or a host that DNS says does not exist, among its causes?
+                while cause and not isinstance(cause, ssl.SSLError) and not (
+                        isinstance(cause, socket.gaierror) and cause.errno in UNKNOWN_HOST):
+                    cause = cause.__cause__ or cause.__context__
+                if starting and cause:
+                    raise RunAborted(f"cannot connect to {self.base} ({exc}): check the host and "
+                                     f"scheme (http or https) of --server.", EXIT_USAGE) from None
                 if isinstance(exc, httpx.ConnectError):
-                    if starting and raised_by(exc, lambda e: isinstance(e, socket.gaierror) and
-                                              e.errno in UNKNOWN_HOST):
-                        raise RunAborted(f"the host {self.host!r} of --server {self.args.server} "
-                                         f"does not resolve ({exc}): check its name (e.g. "
-                                         f"http://127.0.0.1:8000).", EXIT_USAGE) from None
                     return "absent"
                 if attempt:
-                    raise self.refused(f"an HTTP server ({type(exc).__name__}: "
-                                       f"{exc or 'no response'}; if it serves HTTPS, write "
-                                       f"--server https://...)") from None
+                    raise self.refused(f"an HTTP server ({type(exc).__name__}: {exc}; for HTTPS, "
+                                       f"write --server https://...)") from None
         status = response.status_code
         if status in (401, 403):
-            hint = "the key sent is wrong: pass the right one with --api-key or VLLM_API_KEY" \
-                if self.api_key else "it wants one: pass --api-key or set VLLM_API_KEY"
-            raise RunAborted(f"the server at {self.base} refuses the API key (HTTP {status} on "
-                             f"/v1/models): {hint}.", EXIT_REFUSED)
+            hint = "the key sent is wrong" if self.api_key else "it wants one"
+            raise RunAborted(f"the server at {self.base} refuses the API key (HTTP {status}): "
+                             f"{hint}: pass --api-key or set VLLM_API_KEY.", EXIT_REFUSED)
         if status in (500, 502, 503, 504):
             return "starting"  # a proxy whose upstream boots, a server loading its model
         try:
-            models = response.json()["data"]
+            models = {m["id"]: m for m in response.json()["data"]} if status == 200 else None
         except (ValueError, KeyError, TypeError):
             models = None
-        if status != 200 or not isinstance(models, list) or \
-                not all(isinstance(m, dict) for m in models):
-            kind = response.headers.get("content-type", "?").split(";")[0]
+        if models is None:
             raise self.refused(f"an OpenAI-compatible vLLM server (GET {self.base}/v1/models "
-                               f"gave HTTP {status} ({kind}) without a model list)")
+                               f"gave HTTP {status} without a model list)")
         if await self.health_problem(client, 5):
             return "starting"
-        for entry in models:
-            if entry.get("id") == self.model_name:
-                self.max_model_len = entry.get("max_model_len") or self.max_model_len
-                self.heard_at = time.monotonic()
-                return "ready"
-        names = ", ".join(str(m.get("id", "?")) for m in models)
-        message = (f"the server at {self.base} serves {names or 'no model'}, not "
-                   f"{self.model_name}. Pass --model with the served name, or point --server "
-                   f"elsewhere.")
-        if starting:
-            fail(message)
-        raise RunAborted(message, EXIT_REFUSED)  # it changed under a running job
+        if self.model_name not in models:  # EXIT_REFUSED: it changed under a running job
+            names = ", ".join(map(str, models)) or "no model"
+            raise RunAborted(f"the server at {self.base} serves {names}, not {self.model_name}. "
+                             f"Pass --model with the served name, or point --server elsewhere.",
+                             EXIT_USAGE if starting else EXIT_REFUSED)
+        self.max_model_len = models[self.model_name].get("max_model_len") or self.max_model_len
+        self.heard_at = time.monotonic()
+        return "ready"
 
     async def health_problem(self, client, timeout: float) -> str | None:
         """Why /health fails, or None. 404: an OpenAI-compatible proxy without one, passed."""
@@ -3475,117 +3431,64 @@ class ServerManager:
         return None if response.status_code in (200, 404) else f"HTTP {response.status_code}"
 
     async def watch(self, client, stats: RunStats, storm: HeldFailures) -> None:
-        """Stop the run once the server has neither passed /health nor answered a page for
+        """Stop the run once the server neither passes /health nor answers a page for
         --server-down-timeout; a page generating on a live server is never cut here."""
         limit = self.args.server_down_timeout
         every = min(HEALTH_EVERY_S, limit / 4)
-        reported = time.monotonic()
         while True:
             await asyncio.sleep(every)
             if self._lock.locked():  # recover() judges a server that refuses connections
                 continue
             problem = await self.health_problem(client, every)
-            now = time.monotonic()
             if problem is None:
-                self.heard_at = now
-            if now - self.heard_at >= limit:
+                self.heard_at = time.monotonic()
+            elif time.monotonic() - self.heard_at >= limit:
                 storm.stop(f"the server at {self.base} has failed /health ({problem}) and "
-                           f"answered no page for {now - self.heard_at:.0f} s "
+                           f"answered no page for {time.monotonic() - self.heard_at:.0f} s "
                            f"(--server-down-timeout), with {stats.in_flight} pages in flight")
-            idle = now - max(stats.finished_at[-1:] or [stats.first_started or now])
-            if stats.in_flight and min(idle, now - reported) >= REPORT_EVERY_S:
-                reported = now
-                health = "it passes /health: they are left to generate (up to --request-" \
-                    f"timeout {self.args.request_timeout:g} s)" if problem is None else \
-                    f"its /health fails ({problem}): the run stops after " \
-                    f"{limit:g} s of that (--server-down-timeout)"
-                log(f"waiting on {stats.in_flight} pages at {self.base}, none finished for "
-                    f"{idle:.0f} s; {health}")
 
     def waiting_on(self, state: str) -> str:
         if self.process is not None:
             return f"vllm serve, started here, is loading (its log: {self.log_path})"
         if self.silent_since is not None:
-            return f"it accepts connections but has sent no HTTP answer (refused after " \
-                f"{SILENT_PORT_S:.0f} s of that)"
-        if state == "starting":
-            return "it answers, not ready yet"
-        return "it is starting; waiting for it instead of starting another" \
-            if self.local and not self.args.no_spawn else \
+            return "it accepts connections but has sent no HTTP answer"
+        return "it answers, not ready yet" if state == "starting" else \
             "it does not answer yet (`vllm serve` opens its port once the model is loaded)"
 
-    def port_in_use(self) -> bool:
-        with contextlib.suppress(OSError), socket.create_connection((self.host, self.port), 1):
-            return True
-        return False
-
-    def vllm_booting_here(self) -> bool:
-        """A `vllm serve` for this port started a moment ago (not listening yet), not ours."""
-        for proc in Path("/proc").glob("[0-9]*"):
-            try:
-                words = [a.decode(errors="replace")
-                         for a in (proc / "cmdline").read_bytes().split(b"\0") if a]
-            except OSError:
-                continue
-            is_serve = any(w.endswith("vllm") for w in words[:3]) and "serve" in words[:4]
-            is_api = any("vllm.entrypoints.openai.api_server" in w for w in words[:4])
-            if (is_serve or is_api) and str(serve_arg_value(words, "--port", 8000)) == \
-                    str(self.port) and (self.process is None or int(proc.name) != self.process.pid):
-                return True
-        return False
-
     async def plan(self) -> None:
-        """Before the input is read: "reuse" a ready server, "wait" for one, or "spawn" one."""
-        async with httpx.AsyncClient(timeout=httpx.Timeout(10.0, connect=3.0)) as client:
+        """Before the input is read: use a ready server, wait for one, or decide to start one."""
+        async with httpx.AsyncClient() as client:
             state = await self.probe(client)
-        if state == "ready":
-            self.action = "reuse"
-            check_context_budget(self.max_model_len, self.args)
-        elif state == "starting" or not self.local or self.args.no_spawn or \
-                self.port_in_use() or self.vllm_booting_here():
-            self.action = "wait"
-            log(f"the server at {self.base}: {self.waiting_on(state)}; the run will be waiting "
-                f"for that URL (up to {self.args.server_timeout:.0f} s, --server-timeout; not "
-                f"started by this run, it will be left running)")
-        else:
-            self.action = "spawn"
-            check_context_budget(serve_max_model_len(self.args), self.args)
-            if shutil.which("vllm") is None:
-                self.explain_missing_vllm()
+        self.spawning = state == "absent" and self.may_spawn
+        if not self.spawning:
+            check_context_budget(self.max_model_len, self.args)  # waiting: None, checked at start
+            head = f"using the vLLM server already running at {self.base} ({self.model_name}" \
+                if state == "ready" else f"the server at {self.base}: " \
+                f"{self.waiting_on(state)}; the run will be waiting for that URL (up to " \
+                f"{self.args.server_timeout:.0f} s, --server-timeout"
+            return log(f"{head}; not started by this run; it will be left running)")
+        check_context_budget(serve_max_model_len(self.args), self.args)
+        if shutil.which("vllm") is None:
+            local = "`pip install vllm` on a machine with a GPU" \
+                if JOB_IMAGE.startswith("vllm/vllm-openai:") else \
+                f"run it inside {JOB_IMAGE} (the vendor's vLLM, the only one for this model)"
+            fail(f"nothing answers at {self.base} and there is no `vllm` command here to start a "
+                 f"server.\n\nRun it on Hugging Face Jobs:\n  {jobs_command()}\n{JOBS_NOTE}\n\n"
+                 f"or locally: {local}, then rerun the same command; or pass --server URL to use "
+                 f"a running server.")
 
     async def start(self, client, stats: RunStats) -> None:
         """Act on plan()'s decision; return once the server is ready."""
         started = time.monotonic()
-        if self.action == "reuse":
-            log(f"using the vLLM server already running at {self.base} ({self.model_name}; "
-                f"not started by this run; it will be left running)")
-        elif self.action == "spawn":
+        if self.spawning:
             self.spawn()
         await self.wait_ready(client, self.args.server_timeout)
         if self.process is not None:
             stats.server_startup_s = round(time.monotonic() - started, 2)
         check_context_budget(self.max_model_len, self.args)
-        try:
+        with contextlib.suppress(httpx.HTTPError, ValueError, AttributeError):
             response = await client.get(f"{self.base}/version", headers=self.headers, timeout=5)
-            self.version = response.json().get("version")
-        except (httpx.HTTPError, ValueError, AttributeError):
-            self.version = None
-        stats.vllm_version = self.version
-
-    def explain_missing_vllm(self) -> "NoReturn":  # noqa: F821
-        if JOB_IMAGE.startswith("vllm/vllm-openai:"):
-            local = ("  * install vLLM on a machine with a GPU (`uv pip install vllm` or `pip "
-                     "install vllm`), then rerun the same command: the script starts `vllm serve` "
-                     "itself;\n")
-        else:  # a model that runs only on its vendor's vLLM build, shipped in its image
-            local = (f"  * run this script inside {JOB_IMAGE} on a machine with a GPU (`docker "
-                     f"run --gpus all ...`): that image's `vllm` is the vendor's build this model "
-                     f"needs, and no other vLLM runs it;\n")
-        log(f"error: nothing answers at {self.base} and there is no `vllm` command here to start "
-            f"a server.\n\nRun it on Hugging Face Jobs:\n  {jobs_command()}\n"
-            f"{JOBS_NOTE}\n\nor locally:\n{local}"
-            f"  * or pass --server URL to use a vLLM server that is already running.")
-        raise SystemExit(2)
+            self.version = stats.vllm_version = response.json().get("version")
 
     def serve_command(self) -> list[str]:
         command = ["vllm", "serve", self.args.model, "--host", self.host, "--port", str(self.port)]
@@ -3612,73 +3515,62 @@ class ServerManager:
                                             stdin=subprocess.DEVNULL, start_new_session=True,
                                             env=env)
 
-    def log_tail(self, lines: int = 40) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace").splitlines()
-        except OSError:
-            return "(no server log)"
-        return f"Last lines of {self.log_path}:\n" + "\n".join("  | " + s for s in text[-lines:])
+    def log_tail(self) -> str:
+        with contextlib.suppress(OSError):
+            lines = self.log_path.read_text(errors="replace").splitlines()[-40:]
+            return f"Last lines of {self.log_path}:\n" + "\n".join("  | " + s for s in lines)
+        return "(no server log)"
 
-    async def wait_ready(self, client, timeout: float) -> None:
-        """Wait for ours, one that answers "not ready yet", or a `vllm serve` booting here."""
-        began = reported = time.monotonic()
-        while time.monotonic() < began + timeout:
+    async def wait_ready(self, client, timeout: float, mid_run: bool = False) -> None:
+        """Until the server is ready, or RunAborted; mid-run, ours is restarted if it died."""
+        began = time.monotonic()
+        reported = began - REPORT_EVERY_S if mid_run else began  # mid-run, said at once
+        while (state := await self.probe(client, starting=not mid_run)) != "ready":
             if self.process is not None and self.process.poll() is not None:
-                raise RunAborted(f"vllm serve exited with code {self.process.returncode} before "
-                                 f"it was ready. {self.log_tail()}")
-            state = await self.probe(client)
-            if state == "ready":
-                return
-            if state == "absent" and self.process is None and self.local \
-                    and not self.args.no_spawn and not self.vllm_booting_here():
-                raise RunAborted(f"the server that was starting on port {self.port} is gone "
-                                 f"(nothing listens and no `vllm serve` runs for that port); "
+                if not mid_run:
+                    raise RunAborted(f"vllm serve exited with code {self.process.returncode} "
+                                     f"before it was ready. {self.log_tail()}")
+                if self.restarts >= self.args.max_restarts:
+                    raise RunAborted(f"vllm serve died {self.restarts + 1} times; giving up. "
+                                     f"{self.log_tail()}")
+                self.restarts += 1
+                log(f"vllm serve died (exit {self.process.returncode}); restart "
+                    f"{self.restarts}/{self.args.max_restarts}; its pages are sent again")
+                self.stop(force=True)  # what is left of its process group
+                self.spawn()
+                began, timeout, mid_run = time.monotonic(), self.args.server_timeout, False
+            elif state == "absent" and self.process is None and self.may_spawn and not mid_run:
+                raise RunAborted(f"the server that was starting on port {self.port} is gone; "
                                  f"rerun to start one.")
-            if time.monotonic() - reported >= REPORT_EVERY_S:
+            elif time.monotonic() >= began + timeout:
+                tail = f"\n{self.log_tail()}" if self.process else ""
+                raise RunAborted(f"the server at {self.base} stopped answering for {timeout:g} s"
+                                 if mid_run else f"the server at {self.base} was not ready after "
+                                 f"{timeout:.0f} s{tail}")
+            elif time.monotonic() - reported >= REPORT_EVERY_S:
                 reported = time.monotonic()
-                log(f"waiting for the server at {self.base} for {reported - began:.0f} s of up to "
-                    f"{timeout:.0f} s (--server-timeout): {self.waiting_on(state)}")
+                log(f"the server at {self.base} is not answering: waiting up to {timeout:g} s for "
+                    f"it (--server-down-timeout)" if mid_run else f"waiting for the server at "
+                    f"{self.base} for {reported - began:.0f} s of up to {timeout:.0f} s "
+                    f"(--server-timeout): {self.waiting_on(state)}")
             await asyncio.sleep(1.0)
-        tail = f"\n{self.log_tail()}" if self.process else ""
-        raise RunAborted(f"the server at {self.base} was not ready after {timeout:.0f} s{tail}")
 
     async def recover(self, client) -> None:
         """After a connection error: wait for the server, restart ours if it died, or abort."""
         async with self._lock:
-            deadline = None
-            while await self.probe(client, starting=False) != "ready":
-                if self.process is not None and self.process.poll() is not None:
-                    if self.restarts >= self.args.max_restarts:
-                        raise RunAborted(f"vllm serve died {self.restarts + 1} times; giving up. "
-                                         f"{self.log_tail()}")
-                    self.restarts += 1
-                    log(f"vllm serve died (exit {self.process.returncode}); restart "
-                        f"{self.restarts}/{self.args.max_restarts}; its pages are sent again")
-                    self.spawn()
-                    return await self.wait_ready(client, self.args.server_timeout)
-                if deadline is None:
-                    deadline = time.monotonic() + self.args.server_down_timeout
-                    log(f"the server at {self.base} is not answering: waiting up to "
-                        f"{self.args.server_down_timeout:g} s for it (--server-down-timeout); "
-                        f"finished rows are kept")
-                elif time.monotonic() >= deadline:
-                    raise RunAborted(f"the server at {self.base} stopped answering for "
-                                     f"{self.args.server_down_timeout:g} s")
-                await asyncio.sleep(2.0)
+            await self.wait_ready(client, self.args.server_down_timeout, mid_run=True)
 
     def stop(self, force: bool = False) -> None:
-        """Stop the server this run started (its whole process group); never another one."""
-        if self.process is None or self.process.poll() is not None:
+        """Stop the server this run started and what is left of its process group, never more."""
+        if self.process is None:
             return
-        if not force:
+        if not force and self.process.poll() is None:
             log("stopping the vllm serve this run started")
-        for sent, wait in ([] if force else [(signal.SIGTERM, 30)]) + [(signal.SIGKILL, 10)]:
-            try:
-                os.killpg(self.process.pid, sent)
-                self.process.wait(timeout=wait)
-                return
-            except (ProcessLookupError, subprocess.TimeoutExpired):
-                pass
+            with contextlib.suppress(ProcessLookupError, subprocess.TimeoutExpired):
+                os.killpg(self.process.pid, signal.SIGTERM)
+                self.process.wait(timeout=30)  # the watchdog waits for the server
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
 
 
 def request_json(model_name: str, args, seed: int | None = None) -> tuple[bytes, bytes]:

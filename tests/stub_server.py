@@ -309,7 +309,6 @@ def parse(argv=None):
                    help="answer N requests, then hang every request and /health")
     p.add_argument("--health-delay", type=float, default=0.0, help="/health answers 503 for S seconds after the first probe")
     p.add_argument("--start-delay", type=float, default=0.0, help="bind the port after S seconds")
-    p.add_argument("--start-when", help="bind the port only once this file exists (a booting server)")
     p.add_argument("--reject-digest", action="append", default=[],
                    help="answer 400 to pages whose sha1 starts so")
     p.add_argument("--blank-seeded", action="store_true",
@@ -390,8 +389,6 @@ def serve_silent(opts) -> None:
 def serve(opts) -> None:
     if opts.start_delay:
         time.sleep(opts.start_delay)
-    while opts.start_when and not os.path.exists(opts.start_when):
-        time.sleep(0.05)
     if opts.stop_delay:
         import signal
 
