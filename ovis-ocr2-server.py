@@ -3267,8 +3267,8 @@ def run_guarded(run: Run, work, stop_engine) -> int:
 
 
 # ==== BEGIN SERVER HELPERS (edit blocks/server.py, then run tools/sync_helpers.py) ====
-# The vLLM server's life cycle, the request loop and its fixed window (WINDOW; a -saturate.py
-# script's SATURATE block replaces it). Model section: SERVE_ARGS .. spawn_args().
+# The vLLM server's life cycle, the request loop and its window (a -saturate.py script's
+# SATURATE block replaces WINDOW). Model section: SERVE_ARGS .. spawn_args().
 import asyncio
 import base64
 import contextlib
@@ -3278,6 +3278,7 @@ import socket
 import ssl
 import subprocess
 import urllib.parse
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -3305,18 +3306,14 @@ def serve_arg_value(argv: list[str], name: str, default=None):
 def parse_vllm_size(value) -> int | None:
     """A size as vLLM reads it: 24k is 24000, 24K is 24576 (no decimals), auto or -1 is None."""
     text = str(value).strip()
-    if text.lower() == "auto" or text == "-1":
+    if text.lower() in ("auto", "-1"):
         return None
-    match = re.fullmatch(r"(\d+(?:\.\d+)?)([kmgtKMGT]?)", text)
+    match = re.fullmatch(r"(\d+)([KMGT]?)|(\d+(?:\.\d+)?)([kmgt])", text)
     if not match:
         raise ValueError(f"{text!r} is not a size (write e.g. 32768, 24k, 32K or auto)")
-    number, suffix = match.groups()
-    if "." in number and not suffix.islower():
-        raise ValueError(f"{text!r}: no decimals with {suffix} (did you mean {text.lower()}?)"
-                         if suffix else f"{text!r} is not a whole number")
-    scale = 1024 ** ("KMGT".index(suffix) + 1) if suffix.isupper() else \
-        1000 ** ("kmgt".index(suffix) + 1) if suffix else 1
-    return int(float(number) * scale) if "." in number else int(number) * scale
+    number, suffix = match.group(1, 2) if match.group(1) else match.group(3, 4)
+    scale = (1024 if suffix.isupper() else 1000) ** ("", "k", "m", "g", "t").index(suffix.lower())
+    return int(number) * scale if match.group(1) else int(float(number) * scale)
 
 
 def serve_max_model_len(args) -> int | None:
@@ -3740,8 +3737,7 @@ class ServerManager:
 
 def request_json(model_name: str, args, seed: int | None = None) -> tuple[bytes, bytes]:
     """The JSON body's text before and after the image URL; with a seed, a loop retry's."""
-    request = build_request(IMAGE_URL_PLACEHOLDER, args)
-    request["model"] = model_name
+    request = {**build_request(IMAGE_URL_PLACEHOLDER, args), "model": model_name}
     if repetition_detection(args):
         request["repetition_detection"] = repetition_detection(args)
     if seed is not None:
@@ -3844,86 +3840,89 @@ async def send_page(client, server: "ServerManager", body: bytes, args) -> RowRe
 
 
 class ClientGroup(contextlib.AsyncExitStack):
-    """httpx clients behind one `post`/`get`, each holding at most POOL_SIZE requests: httpx
-    scans every connection of its pool on each request (one pool for 256 pages in flight cost
-    14-16 ms of driver CPU per page here, against 4-5 ms at 32)."""
-
-    POOL_SIZE = 16
+    """httpx clients behind one `post`/`get`, each with at most 16 requests: httpx scans its whole
+    pool on each request (256 in one pool cost 14-16 ms of driver CPU per page, 4-5 ms at 32)."""
 
     def __init__(self, **client_kwargs):
         super().__init__()  # closes every client on exit
-        self.client_kwargs = client_kwargs
-        self.clients: list[httpx.AsyncClient] = []
-        self.busy: list[int] = []
+        self.client_kwargs, self.clients = client_kwargs, {}  # client: its requests in flight
 
     async def request(self, method: str, url: str, **kwargs) -> httpx.Response:
-        index = min(range(len(self.busy)), key=self.busy.__getitem__, default=-1)
-        if index < 0 or self.busy[index] >= self.POOL_SIZE:
-            self.clients.append(httpx.AsyncClient(**self.client_kwargs))
-            self.push_async_callback(self.clients[-1].aclose)
-            self.busy.append(0)
-            index = len(self.busy) - 1
-        self.busy[index] += 1
+        client = min(self.clients, key=self.clients.__getitem__, default=None)
+        if client is None or self.clients[client] >= 16:
+            client = httpx.AsyncClient(**self.client_kwargs)
+            self.push_async_callback(client.aclose)
+            self.clients[client] = 0
+        self.clients[client] += 1
         try:
-            return await self.clients[index].request(method, url, **kwargs)
+            return await client.request(method, url, **kwargs)
         finally:
-            self.busy[index] -= 1
+            self.clients[client] -= 1
 
     post = functools.partialmethod(request, "POST")
     get = functools.partialmethod(request, "GET")
 
 
+PAGES_PER_ENGINE = 32  # the measured window: on l4x1 the KV cache was under 10% used at 32
+
+
 class Window:
-    """Pages in flight: taken before a page is prepared, given back when its answer is in."""
+    """Pages in flight, taken before a page is prepared, given back when its answer is in. This
+    one stays at --concurrency; a -saturate.py script's WINDOW adapts."""
 
-    def __init__(self, limit: int):
-        self.limit, self.used, self.preparing = max(1, limit), 0, 0
-        self._changed = asyncio.Condition()
+    def __init__(self, args, run):
+        self.limit, self.used, self.preparing = max(1, args.concurrency or PAGES_PER_ENGINE), 0, 0
+        self.changed = asyncio.Condition()
+        self.body_sizes: deque[int] = deque(maxlen=256)  # of recent requests
+        self.input_done = False
 
-    async def acquire(self) -> None:
-        async with self._changed:
-            await self._changed.wait_for(lambda: self.used < self.limit)
-            self.used += 1
-
-    async def release(self) -> None:
-        async with self._changed:
-            self.used -= 1
-            self._changed.notify_all()
-
-    async def resize(self, limit: int) -> None:
-        async with self._changed:
-            self.limit = max(1, limit)
-            self._changed.notify_all()
-
-
-class FixedWindow:
-    """The window of a -server.py script: a fixed number of pages in flight."""
-
-    def add_arguments(self, parser: argparse.ArgumentParser, group) -> None:
+    @staticmethod
+    def add_arguments(parser: argparse.ArgumentParser, group) -> None:
         group.add_argument("--concurrency", type=int, default=None,
                            help=f"pages in flight (default: {PAGES_PER_ENGINE} per engine of the "
                                 f"server, the measured setting)")
 
-    def problems(self, args) -> list[str]:
+    @staticmethod
+    def problems(args) -> list[str]:
         return []
 
-    def serve_args(self, args, serve_args: list[str]) -> list[str]:  # for a server started here
+    @staticmethod
+    def serve_args(args, serve_args: list[str]) -> list[str]:  # for a server started here
         return []
 
-    def start(self, args, run) -> tuple[Window, None]:  # and the controller adapting it: none
-        return Window(args.concurrency or PAGES_PER_ENGINE), None
+    async def acquire(self) -> None:
+        async with self.changed:
+            await self.changed.wait_for(lambda: self.used < self.limit)
+            self.used += 1
+
+    async def release(self) -> None:
+        async with self.changed:
+            self.used -= 1
+            self.changed.notify_all()
+
+    async def resize(self, limit: int) -> None:
+        async with self.changed:
+            self.limit = max(1, limit)
+            self.changed.notify_all()
+
+    async def adapt(self, client, server: "ServerManager") -> None:
+        """Resize the window while the pages run (an adaptive one does)."""
+
+    async def sample(self, client, server: "ServerManager") -> None:
+        """Read the server's gauges and decide (an adaptive one does)."""
+
+    def summary(self) -> dict:
+        return {}
 
 
-WINDOW = FixedWindow()
+WINDOW = Window
 
 
-async def run_server_pipeline(source: InputSource, pending: list[int], writer: PartWriter,
-                              stats: RunStats, args, server: ServerManager, window: Window,
-                              controller=None) -> None:
+async def run_server_pipeline(run, args, server: ServerManager, window: Window) -> None:
     """Start or reuse the server, then keep the window full until every pending row is done."""
     from tqdm import tqdm
 
-    loop = asyncio.get_running_loop()
+    loop, stats, writer = asyncio.get_running_loop(), run.stats, run.writer
     write_lock = asyncio.Lock()
     storm = HeldFailures(SERVER, args.abort_after_failures, args.abort_after_seconds,
                          "all failed on the server's side over {:.0f} s")
@@ -3942,12 +3941,11 @@ async def run_server_pipeline(source: InputSource, pending: list[int], writer: P
         writer.info_entry.update(vllm_version=server.version, model_revision=server.revision)
         if not args.concurrency and server.engines > 1:  # a window for every engine
             await window.resize(max(window.limit, PAGES_PER_ENGINE * server.engines))
-        bar = tqdm(total=len(pending), unit="page", dynamic_ncols=True, smoothing=0.1,
+        bar = tqdm(total=len(run.plan.send), unit="page", dynamic_ncols=True, smoothing=0.1,
                    mininterval=0.5 if sys.stderr.isatty() else 10.0)
         client.callback(bar.close)
-        if controller:
-            adapting = asyncio.create_task(controller.run(client, server))
-            client.callback(adapting.cancel)
+        adapting = asyncio.create_task(window.adapt(client, server))
+        client.callback(adapting.cancel)
 
         async def one(index: int, cell) -> None:
             latency = None
@@ -3966,8 +3964,7 @@ async def run_server_pipeline(source: InputSource, pending: list[int], writer: P
                     layer, digest = page.text_layer, page.digest
                     body = request_body(page, server.model_name, args)
                     del page, cell
-                    if controller:
-                        controller.page_bytes.append(len(body))
+                    window.body_sizes.append(len(body))
                     sent = time.monotonic()
                     result = await send_until_clean(client, server, body, index, args)
                     del body
@@ -4004,7 +4001,7 @@ async def run_server_pipeline(source: InputSource, pending: list[int], writer: P
         watching = asyncio.create_task(server.watch(client, stats, storm))
         watching.add_done_callback(server_down)
         client.callback(watching.cancel)
-        for index, cell in iter_image_cells(source, pending):
+        for index, cell in iter_image_cells(run.source, run.plan.send):
             await window.acquire()
             if failure:
                 await window.release()
@@ -4013,8 +4010,7 @@ async def run_server_pipeline(source: InputSource, pending: list[int], writer: P
             task = asyncio.create_task(one(index, cell))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
-        if controller:
-            controller.input_done = True
+        window.input_done = True
         while tasks and not failure:
             await asyncio.wait(set(tasks), return_when=asyncio.FIRST_COMPLETED)
         if failure:
@@ -4023,10 +4019,9 @@ async def run_server_pipeline(source: InputSource, pending: list[int], writer: P
             await asyncio.gather(*tasks, return_exceptions=True)
             raise failure[0]
         storm.at_end(writer)
-        if controller:  # one last sample: the final state, the final counters
-            adapting.cancel()
-            await asyncio.gather(adapting, return_exceptions=True)
-            await controller.sample(client, server)
+        adapting.cancel()  # then one last sample: the final state, the final counters
+        await asyncio.gather(adapting, return_exceptions=True)
+        await window.sample(client, server)
 
 
 def add_server_arguments(parser: argparse.ArgumentParser) -> None:
@@ -4059,7 +4054,6 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     WINDOW.add_arguments(parser, group)
 
 
-PAGES_PER_ENGINE = 32  # the measured window: on l4x1 the KV cache was under 10% used at 32
 PARALLEL_FLAGS = ("--data-parallel-size", "--tensor-parallel-size", "--pipeline-parallel-size",
                   "-dp", "-tp", "-pp")
 
@@ -4095,13 +4089,11 @@ def run_server_script(doc: str, argv: list[str] | None = None, hub_api=None) -> 
 
     def work(run) -> None:
         server.log_dir = run.store.meta / "logs"
-        window, controller = WINDOW.start(args, run)
+        window = WINDOW(args, run)
         try:
-            asyncio.run(run_server_pipeline(run.source, run.plan.send, run.writer, run.stats,
-                                            args, server, window, controller))
+            asyncio.run(run_server_pipeline(run, args, server, window))
         finally:
-            if controller is not None:
-                run.stats.extra.update(controller.summary())
+            run.stats.extra.update(window.summary())
 
     info_entry = inference_info_entry(args, None, serve_args=redact_argv(serve_args))
     return run_script(args, hub_api, settings, info_entry, ready, work, server.stop)
