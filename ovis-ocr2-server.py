@@ -3782,12 +3782,10 @@ def read_completion(response) -> RowResult:
 
     try:
         payload = response.json()
-        choice = payload["choices"][0]
-        text = choice["message"]["content"]
+        choice, usage = payload["choices"][0], payload.get("usage") or {}
+        text, finish = choice["message"]["content"], choice.get("finish_reason")
         if text is not None and not isinstance(text, str):
             raise TypeError(f"content is {type(text).__name__}")
-        usage = payload.get("usage") or {}
-        finish = choice.get("finish_reason")
         finish = finish if isinstance(finish, str) else None
         return RowResult(text=cut_at_loop(text or "", finish), finish_reason=finish,
                          prompt_tokens=count(usage.get("prompt_tokens")),
@@ -3805,8 +3803,7 @@ async def send_page(client, server: "ServerManager", body: bytes, args) -> RowRe
     while attempt <= args.max_retries:
         try:
             response = await client.post(url, content=body, headers=headers)
-        except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError,
-                httpx.WriteError) as exc:
+        except (httpx.NetworkError, httpx.RemoteProtocolError) as exc:
             outages += 1
             if outages > args.max_restarts + 5:
                 return error_row(f"connection failed {outages} times: {exc}", SERVER)
@@ -3824,12 +3821,13 @@ async def send_page(client, server: "ServerManager", body: bytes, args) -> RowRe
             if status == 200:
                 return read_completion(response)
             if status in (401, 403):  # these two refuse the whole run, not this page
-                raise RunAborted(f"the server at {server.base} refuses the API key (HTTP {status}: "
-                                 f"{text}). Pass the right --api-key (or VLLM_API_KEY).", EXIT_REFUSED)
-            if status == 404 and "does not exist" in text:
-                raise RunAborted(f"the server at {server.base} no longer serves {server.model_name} "
-                                 f"(HTTP 404: {text}); it was restarted with another model?",
+                raise RunAborted(f"the server at {server.base} refuses the API key (HTTP "
+                                 f"{status}: {text}). Pass the right --api-key (or VLLM_API_KEY).",
                                  EXIT_REFUSED)
+            if status == 404 and "does not exist" in text:
+                raise RunAborted(f"the server at {server.base} no longer serves "
+                                 f"{server.model_name} (HTTP 404: {text}); it was restarted with "
+                                 f"another model?", EXIT_REFUSED)
             last_error = f"HTTP {status}: {response.text[:500]}"
             if status not in RETRY_STATUS:
                 return error_row(last_error, PAGE)  # the request itself (this page) is refused
@@ -3928,9 +3926,13 @@ async def run_server_pipeline(run, args, server: ServerManager, window: Window) 
                          "all failed on the server's side over {:.0f} s")
     failure: list[BaseException] = []
     tasks: set[asyncio.Task] = set()
-    unlimited = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    async with ClientGroup(limits=unlimited,
-                           timeout=httpx.Timeout(args.request_timeout, connect=30.0)) as client:
+
+    def stop(exc: BaseException) -> None:  # the pages in flight stay pending
+        failure.append(exc)
+        for task in tasks - {asyncio.current_task()}:
+            task.cancel()
+
+    async with ClientGroup(timeout=httpx.Timeout(args.request_timeout, connect=30.0)) as client:
         # what the exit undoes, last first: the tasks, the bar, the pools
         write_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="write")
         client.callback(write_pool.shutdown, wait=True)
@@ -3950,20 +3952,18 @@ async def run_server_pipeline(run, args, server: ServerManager, window: Window) 
         async def one(index: int, cell) -> None:
             latency = None
             try:
-                window.preparing += 1
                 held = cell.get("bytes") if isinstance(cell, dict) else cell
-                try:  # bytes in memory that go out as they are: a header read, no pool hop
-                    inline = isinstance(held, (bytes, bytearray, memoryview))
-                    page = inline and read_page(cell, args, decode=False) or \
-                        await loop.run_in_executor(prep_pool, read_page, cell, args)
-                finally:
-                    window.preparing -= 1
+                window.preparing += 1  # bytes in memory go out as they are: no pool hop
+                page = isinstance(held, (bytes, bytearray, memoryview)) and \
+                    read_page(cell, args, decode=False) or \
+                    await loop.run_in_executor(prep_pool, read_page, cell, args)
+                window.preparing -= 1
                 if isinstance(page, RowResult):  # not sent: its error, or its text layer
                     result = page
                 else:
                     layer, digest = page.text_layer, page.digest
                     body = request_body(page, server.model_name, args)
-                    del page, cell
+                    del page, cell, held
                     window.body_sizes.append(len(body))
                     sent = time.monotonic()
                     result = await send_until_clean(client, server, body, index, args)
@@ -3971,8 +3971,7 @@ async def run_server_pipeline(run, args, server: ServerManager, window: Window) 
                     latency = time.monotonic() - sent
                     result.text_layer, result.digest = layer, digest
             except RunAborted as exc:
-                failure.append(exc)
-                return
+                return stop(exc)
             except Exception as exc:  # preparing or sending the page: this row fails, not the run
                 result = exception_row(exc, PAGE)
             finally:
@@ -3981,30 +3980,23 @@ async def run_server_pipeline(run, args, server: ServerManager, window: Window) 
             try:
                 finish_row(writer, stats, storm, index, result, latency)
             except RunAborted as exc:  # nothing written: degenerate, or held by the storm
-                failure.append(exc)
-                return
+                return stop(exc)
             bar.update(1)
             if result.error is not None:
                 bar.set_postfix(errors=stats.errors_seen, refresh=False)
             if writer.store.conflict:
-                raise RunAborted(writer.store.conflict, EXIT_USAGE)
+                return stop(RunAborted(writer.store.conflict, EXIT_USAGE))
             if writer.due():
                 async with write_lock:
                     await loop.run_in_executor(write_pool, writer.flush, False)
             writer.store.commit_if_due()
 
-        def server_down(watch: asyncio.Task) -> None:  # the pages in flight stay pending
-            if not watch.cancelled() and watch.exception():
-                failure.append(watch.exception())
-                for task in list(tasks):
-                    task.cancel()
         watching = asyncio.create_task(server.watch(client, stats, storm))
-        watching.add_done_callback(server_down)
+        watching.add_done_callback(lambda watch: watch.cancelled() or stop(watch.exception()))
         client.callback(watching.cancel)
         for index, cell in iter_image_cells(run.source, run.plan.send):
             await window.acquire()
             if failure:
-                await window.release()
                 break
             stats.enter()
             task = asyncio.create_task(one(index, cell))
@@ -4014,8 +4006,6 @@ async def run_server_pipeline(run, args, server: ServerManager, window: Window) 
         while tasks and not failure:
             await asyncio.wait(set(tasks), return_when=asyncio.FIRST_COMPLETED)
         if failure:
-            for task in list(tasks):
-                task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             raise failure[0]
         storm.at_end(writer)
@@ -4026,29 +4016,28 @@ async def run_server_pipeline(run, args, server: ServerManager, window: Window) 
 
 def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("server")
-    group.add_argument("--server", default=DEFAULT_SERVER,
-                       help="vLLM server URL: reused when it answers, else started here if local "
-                            "(default: %(default)s)")
+    group.add_argument("--server", default=DEFAULT_SERVER, help="vLLM server URL: reused when it "
+                       "answers, else started here if local (default: %(default)s)")
     group.add_argument("--api-key", help="server API key (default: VLLM_API_KEY)")
-    group.add_argument("--serve-args", default="",
-                       help="extra `vllm serve` arguments, appended after the script's own so "
-                            "they override them, e.g. \"--max-model-len 16384\"")
+    group.add_argument("--serve-args", default="", help="extra `vllm serve` arguments, appended "
+                       "after the script's own so they override them, e.g. \"--max-model-len "
+                       "16384\"")
     group.add_argument("--no-spawn", action="store_true",
                        help="never start a server: wait for --server (up to --server-timeout)")
     group.add_argument("--server-timeout", type=float, default=1800.0,
                        help="seconds to wait for a server to be ready (default: 1800)")
-    group.add_argument("--server-down-timeout", type=float, default=300.0,
-                       help="seconds a server may go without answering (/health, a page) mid-run "
-                            "before the run stops (default: 300; rerun to resume)")
+    group.add_argument("--server-down-timeout", type=float, default=300.0, help="seconds a "
+                       "server may go without answering (/health, a page) mid-run before the run "
+                       "stops (default: 300; rerun to resume)")
     group.add_argument("--max-restarts", type=int, default=3,
                        help="restarts of a spawned server that dies mid-run (default: 3)")
     group.add_argument("--request-timeout", type=float, default=900.0,
                        help="seconds for one page's answer (default: 900)")
     group.add_argument("--max-retries", type=int, default=4,
                        help="retries of a page after a timeout, 429 or 5xx (default: 4)")
-    group.add_argument("--abort-after-failures", type=int, default=20,
-                       help="stop after this many pages in a row fail on the server's side "
-                            "(5xx, timeouts) over --abort-after-seconds (default: 20)")
+    group.add_argument("--abort-after-failures", type=int, default=20, help="stop after this "
+                       "many pages in a row fail on the server's side (5xx, timeouts) over "
+                       "--abort-after-seconds (default: 20)")
     group.add_argument("--abort-after-seconds", type=float, default=60.0,
                        help="see --abort-after-failures (default: 60)")
     WINDOW.add_arguments(parser, group)
@@ -4063,12 +4052,10 @@ def visible_gpus() -> int:
     listed = os.environ.get("CUDA_VISIBLE_DEVICES")
     if listed is not None:
         return len([d for d in listed.split(",") if d.strip() not in ("", "-1")])
-    try:
-        listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True,
-                                 timeout=30).stdout
-    except (OSError, subprocess.SubprocessError):
-        return 0
-    return sum(line.startswith("GPU ") for line in listing.splitlines())
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
+        return sum(line.startswith("GPU ") for line in listing.stdout.splitlines())
+    return 0
 
 
 def run_server_script(doc: str, argv: list[str] | None = None, hub_api=None) -> int:
