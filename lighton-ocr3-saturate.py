@@ -3476,7 +3476,8 @@ def server_url_parts(url: str) -> tuple[str, str, int]:
     """(base, host, port) of --server; the base keeps a proxy's path prefix, drops a /v1."""
     parsed = urllib.parse.urlparse(url if "//" in url else "http://" + url)
     if parsed.scheme not in ("http", "https") or not parsed.hostname:
-        raise ValueError(f"--server {url!r} is not an http(s) URL (write e.g. http://127.0.0.1:8000)")
+        raise ValueError(f"--server {url!r} is not an http(s) URL (write e.g. "
+                         f"http://127.0.0.1:8000)")
     if "@" in parsed.netloc:  # httpx would send it as Basic auth, in place of the API key
         raise ValueError(f"--server {url!r} holds a user or password: give the server's API key "
                          f"with --api-key (or VLLM_API_KEY), and --server without it")
@@ -3487,7 +3488,7 @@ def server_url_parts(url: str) -> tuple[str, str, int]:
 
 def server_argument_problems(args) -> list[str]:
     """The server options a user can get wrong (parse_arguments reports them with the rest)."""
-    problems = WINDOW.problems(args)
+    problems = []
     try:
         server_url_parts(args.server)
     except ValueError as exc:
@@ -4032,10 +4033,6 @@ class Window:
                                 f"server, the measured setting)")
 
     @staticmethod
-    def problems(args) -> list[str]:
-        return []
-
-    @staticmethod
     def serve_args(args, serve_args: list[str]) -> list[str]:  # for a server started here
         return []
 
@@ -4310,12 +4307,6 @@ class AdaptiveWindow(Window):
                                 f"{API_SERVER_COUNT} with {API_SERVERS_MIN_CPUS}+ CPUs, else 1)")
 
     @staticmethod
-    def problems(args) -> list[str]:
-        if args.min_window and args.max_window and args.min_window > args.max_window:
-            return [f"--min-window {args.min_window} is above --max-window {args.max_window}"]
-        return []
-
-    @staticmethod
     def serve_args(args, serve_args: list[str]) -> list[str]:
         if serve_arg_value(serve_args, "--api-server-count") is not None:
             return []
@@ -4346,8 +4337,8 @@ class AdaptiveWindow(Window):
             metrics = parse_metrics(response.text) if response.status_code == 200 else {}
         except httpx.HTTPError:
             metrics = {}
-        if metrics.get("prefix_queries"):
-            self.prefix_hit_rate = round(metrics.get("prefix_hits", 0.0) / metrics["prefix_queries"], 4)
+        if queries := metrics.get("prefix_queries"):
+            self.prefix_hit_rate = round(metrics.get("prefix_hits", 0) / queries, 4)
         done = len(self.stats.finished_at)
         rate, page_rate = sum(self.stats.tokens[self.seen:done]) / dt, (done - self.seen) / dt
         self.seen = done
@@ -4365,7 +4356,8 @@ class AdaptiveWindow(Window):
         """One decision. Continuous batching always keeps a few requests waiting for their
         prefill; a queue is "long" only when as many wait as run."""
         limit, cap = self.limit, self.memory_cap()
-        waiting, running, kv = metrics.get("waiting"), metrics.get("running") or 0, metrics.get("kv")
+        waiting, running, kv = metrics.get("waiting"), metrics.get("running") or 0, \
+            metrics.get("kv") or 0
         long_queue = waiting is not None and waiting > max(4, running)
         some_queue = waiting is not None and waiting > max(2, running / 4)
         full = self.stats.in_flight >= limit * 0.9
@@ -4373,7 +4365,7 @@ class AdaptiveWindow(Window):
             verdict = "tail"  # the last pages draining: says nothing about the steady state
         elif not self.stats.finished_at:
             verdict = "start"  # the first pages still on their way: nor does the filling
-        elif some_queue or (kv or 0) > 0.9:
+        elif some_queue or kv > 0.9:
             verdict = "engine"
         elif full and limit >= cap:
             verdict = "memory"
@@ -4389,9 +4381,9 @@ class AdaptiveWindow(Window):
         new = limit
         if limit > cap:
             new = cap  # the host-memory budget comes first
-        elif long_queue or (kv or 0) > 0.95:
+        elif long_queue or kv > 0.95:
             new = max(self.args.min_window, int(limit * 0.85))  # over-full: give some back
-        elif full and not some_queue and (kv or 0) <= 0.9 and \
+        elif full and not some_queue and kv <= 0.9 and \
                 len(self.stats.finished_at) - self.resized_at >= max(2, limit // 4) and \
                 not (self.best_rate and rate < self.best_rate * 0.95):
             # a full window, no queue, answers back through it, tokens/s still rising: widen

@@ -3325,7 +3325,8 @@ def server_url_parts(url: str) -> tuple[str, str, int]:
     """(base, host, port) of --server; the base keeps a proxy's path prefix, drops a /v1."""
     parsed = urllib.parse.urlparse(url if "//" in url else "http://" + url)
     if parsed.scheme not in ("http", "https") or not parsed.hostname:
-        raise ValueError(f"--server {url!r} is not an http(s) URL (write e.g. http://127.0.0.1:8000)")
+        raise ValueError(f"--server {url!r} is not an http(s) URL (write e.g. "
+                         f"http://127.0.0.1:8000)")
     if "@" in parsed.netloc:  # httpx would send it as Basic auth, in place of the API key
         raise ValueError(f"--server {url!r} holds a user or password: give the server's API key "
                          f"with --api-key (or VLLM_API_KEY), and --server without it")
@@ -3336,7 +3337,7 @@ def server_url_parts(url: str) -> tuple[str, str, int]:
 
 def server_argument_problems(args) -> list[str]:
     """The server options a user can get wrong (parse_arguments reports them with the rest)."""
-    problems = WINDOW.problems(args)
+    problems = []
     try:
         server_url_parts(args.server)
     except ValueError as exc:
@@ -3879,10 +3880,6 @@ class Window:
         group.add_argument("--concurrency", type=int, default=None,
                            help=f"pages in flight (default: {PAGES_PER_ENGINE} per engine of the "
                                 f"server, the measured setting)")
-
-    @staticmethod
-    def problems(args) -> list[str]:
-        return []
 
     @staticmethod
     def serve_args(args, serve_args: list[str]) -> list[str]:  # for a server started here
