@@ -3117,8 +3117,8 @@ def block_box(values, top: int) -> list[int] | None:
 
 
 # ==== BEGIN SERVER HELPERS (edit blocks/server.py, then run tools/sync_helpers.py) ====
-# The vLLM server's life cycle, the request loop and its fixed window (WINDOW; a -saturate.py
-# script's SATURATE block replaces it). Model section: SERVE_ARGS .. spawn_args().
+# The vLLM server's life cycle, the request loop and its window (a -saturate.py script's
+# SATURATE block replaces WINDOW). Model section: SERVE_ARGS .. spawn_args().
 import asyncio
 import base64
 import contextlib
@@ -3128,6 +3128,7 @@ import socket
 import ssl
 import subprocess
 import urllib.parse
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -3155,18 +3156,14 @@ def serve_arg_value(argv: list[str], name: str, default=None):
 def parse_vllm_size(value) -> int | None:
     """A size as vLLM reads it: 24k is 24000, 24K is 24576 (no decimals), auto or -1 is None."""
     text = str(value).strip()
-    if text.lower() == "auto" or text == "-1":
+    if text.lower() in ("auto", "-1"):
         return None
-    match = re.fullmatch(r"(\d+(?:\.\d+)?)([kmgtKMGT]?)", text)
+    match = re.fullmatch(r"(\d+)([KMGT]?)|(\d+(?:\.\d+)?)([kmgt])", text)
     if not match:
         raise ValueError(f"{text!r} is not a size (write e.g. 32768, 24k, 32K or auto)")
-    number, suffix = match.groups()
-    if "." in number and not suffix.islower():
-        raise ValueError(f"{text!r}: no decimals with {suffix} (did you mean {text.lower()}?)"
-                         if suffix else f"{text!r} is not a whole number")
-    scale = 1024 ** ("KMGT".index(suffix) + 1) if suffix.isupper() else \
-        1000 ** ("kmgt".index(suffix) + 1) if suffix else 1
-    return int(float(number) * scale) if "." in number else int(number) * scale
+    number, suffix = match.group(1, 2) if match.group(1) else match.group(3, 4)
+    scale = (1024 if suffix.isupper() else 1000) ** ("", "k", "m", "g", "t").index(suffix.lower())
+    return int(number) * scale if match.group(1) else int(float(number) * scale)
 
 
 def serve_max_model_len(args) -> int | None:
@@ -3178,7 +3175,8 @@ def server_url_parts(url: str) -> tuple[str, str, int]:
     """(base, host, port) of --server; the base keeps a proxy's path prefix, drops a /v1."""
     parsed = urllib.parse.urlparse(url if "//" in url else "http://" + url)
     if parsed.scheme not in ("http", "https") or not parsed.hostname:
-        raise ValueError(f"--server {url!r} is not an http(s) URL (write e.g. http://127.0.0.1:8000)")
+        raise ValueError(f"--server {url!r} is not an http(s) URL (write e.g. "
+                         f"http://127.0.0.1:8000)")
     if "@" in parsed.netloc:  # httpx would send it as Basic auth, in place of the API key
         raise ValueError(f"--server {url!r} holds a user or password: give the server's API key "
                          f"with --api-key (or VLLM_API_KEY), and --server without it")
@@ -3189,7 +3187,7 @@ def server_url_parts(url: str) -> tuple[str, str, int]:
 
 def server_argument_problems(args) -> list[str]:
     """The server options a user can get wrong (parse_arguments reports them with the rest)."""
-    problems = WINDOW.problems(args)
+    problems = []
     try:
         server_url_parts(args.server)
     except ValueError as exc:
@@ -3482,8 +3480,7 @@ class ServerManager:
 
 def request_json(model_name: str, args, seed: int | None = None) -> tuple[bytes, bytes]:
     """The JSON body's text before and after the image URL; with a seed, a loop retry's."""
-    request = build_request(IMAGE_URL_PLACEHOLDER, args)
-    request["model"] = model_name
+    request = {**build_request(IMAGE_URL_PLACEHOLDER, args), "model": model_name}
     if repetition_detection(args):
         request["repetition_detection"] = repetition_detection(args)
     if seed is not None:
@@ -3528,12 +3525,10 @@ def read_completion(response) -> RowResult:
 
     try:
         payload = response.json()
-        choice = payload["choices"][0]
-        text = choice["message"]["content"]
+        choice, usage = payload["choices"][0], payload.get("usage") or {}
+        text, finish = choice["message"]["content"], choice.get("finish_reason")
         if text is not None and not isinstance(text, str):
             raise TypeError(f"content is {type(text).__name__}")
-        usage = payload.get("usage") or {}
-        finish = choice.get("finish_reason")
         finish = finish if isinstance(finish, str) else None
         return RowResult(text=cut_at_loop(text or "", finish), finish_reason=finish,
                          prompt_tokens=count(usage.get("prompt_tokens")),
@@ -3551,8 +3546,7 @@ async def send_page(client, server: "ServerManager", body: bytes, args) -> RowRe
     while attempt <= args.max_retries:
         try:
             response = await client.post(url, content=body, headers=headers)
-        except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError,
-                httpx.WriteError) as exc:
+        except (httpx.NetworkError, httpx.RemoteProtocolError) as exc:
             outages += 1
             if outages > args.max_restarts + 5:
                 return error_row(f"connection failed {outages} times: {exc}", SERVER)
@@ -3570,12 +3564,13 @@ async def send_page(client, server: "ServerManager", body: bytes, args) -> RowRe
             if status == 200:
                 return read_completion(response)
             if status in (401, 403):  # these two refuse the whole run, not this page
-                raise RunAborted(f"the server at {server.base} refuses the API key (HTTP {status}: "
-                                 f"{text}). Pass the right --api-key (or VLLM_API_KEY).", EXIT_REFUSED)
-            if status == 404 and "does not exist" in text:
-                raise RunAborted(f"the server at {server.base} no longer serves {server.model_name} "
-                                 f"(HTTP 404: {text}); it was restarted with another model?",
+                raise RunAborted(f"the server at {server.base} refuses the API key (HTTP "
+                                 f"{status}: {text}). Pass the right --api-key (or VLLM_API_KEY).",
                                  EXIT_REFUSED)
+            if status == 404 and "does not exist" in text:
+                raise RunAborted(f"the server at {server.base} no longer serves "
+                                 f"{server.model_name} (HTTP 404: {text}); it was restarted with "
+                                 f"another model?", EXIT_REFUSED)
             last_error = f"HTTP {status}: {response.text[:500]}"
             if status not in RETRY_STATUS:
                 return error_row(last_error, PAGE)  # the request itself (this page) is refused
@@ -3586,94 +3581,97 @@ async def send_page(client, server: "ServerManager", body: bytes, args) -> RowRe
 
 
 class ClientGroup(contextlib.AsyncExitStack):
-    """httpx clients behind one `post`/`get`, each holding at most POOL_SIZE requests: httpx
-    scans every connection of its pool on each request (one pool for 256 pages in flight cost
-    14-16 ms of driver CPU per page here, against 4-5 ms at 32)."""
-
-    POOL_SIZE = 16
+    """httpx clients behind one `post`/`get`, each with at most 16 requests: httpx scans its whole
+    pool on each request (256 in one pool cost 14-16 ms of driver CPU per page, 4-5 ms at 32)."""
 
     def __init__(self, **client_kwargs):
         super().__init__()  # closes every client on exit
-        self.client_kwargs = client_kwargs
-        self.clients: list[httpx.AsyncClient] = []
-        self.busy: list[int] = []
+        self.client_kwargs, self.clients = client_kwargs, {}  # client: its requests in flight
 
     async def request(self, method: str, url: str, **kwargs) -> httpx.Response:
-        index = min(range(len(self.busy)), key=self.busy.__getitem__, default=-1)
-        if index < 0 or self.busy[index] >= self.POOL_SIZE:
-            self.clients.append(httpx.AsyncClient(**self.client_kwargs))
-            self.push_async_callback(self.clients[-1].aclose)
-            self.busy.append(0)
-            index = len(self.busy) - 1
-        self.busy[index] += 1
+        client = min(self.clients, key=self.clients.__getitem__, default=None)
+        if client is None or self.clients[client] >= 16:
+            client = httpx.AsyncClient(**self.client_kwargs)
+            self.push_async_callback(client.aclose)
+            self.clients[client] = 0
+        self.clients[client] += 1
         try:
-            return await self.clients[index].request(method, url, **kwargs)
+            return await client.request(method, url, **kwargs)
         finally:
-            self.busy[index] -= 1
+            self.clients[client] -= 1
 
     post = functools.partialmethod(request, "POST")
     get = functools.partialmethod(request, "GET")
 
 
+PAGES_PER_ENGINE = 32  # the measured window: on l4x1 the KV cache was under 10% used at 32
+
+
 class Window:
-    """Pages in flight: taken before a page is prepared, given back when its answer is in."""
+    """Pages in flight, taken before a page is prepared, given back when its answer is in. This
+    one stays at --concurrency; a -saturate.py script's WINDOW adapts."""
 
-    def __init__(self, limit: int):
-        self.limit, self.used, self.preparing = max(1, limit), 0, 0
-        self._changed = asyncio.Condition()
+    def __init__(self, args, run):
+        self.limit, self.used, self.preparing = max(1, args.concurrency or PAGES_PER_ENGINE), 0, 0
+        self.changed = asyncio.Condition()
+        self.body_sizes: deque[int] = deque(maxlen=256)  # of recent requests
+        self.input_done = False
 
-    async def acquire(self) -> None:
-        async with self._changed:
-            await self._changed.wait_for(lambda: self.used < self.limit)
-            self.used += 1
-
-    async def release(self) -> None:
-        async with self._changed:
-            self.used -= 1
-            self._changed.notify_all()
-
-    async def resize(self, limit: int) -> None:
-        async with self._changed:
-            self.limit = max(1, limit)
-            self._changed.notify_all()
-
-
-class FixedWindow:
-    """The window of a -server.py script: a fixed number of pages in flight."""
-
-    def add_arguments(self, parser: argparse.ArgumentParser, group) -> None:
+    @staticmethod
+    def add_arguments(parser: argparse.ArgumentParser, group) -> None:
         group.add_argument("--concurrency", type=int, default=None,
                            help=f"pages in flight (default: {PAGES_PER_ENGINE} per engine of the "
                                 f"server, the measured setting)")
 
-    def problems(self, args) -> list[str]:
+    @staticmethod
+    def serve_args(args, serve_args: list[str]) -> list[str]:  # for a server started here
         return []
 
-    def serve_args(self, args, serve_args: list[str]) -> list[str]:  # for a server started here
-        return []
+    async def acquire(self) -> None:
+        async with self.changed:
+            await self.changed.wait_for(lambda: self.used < self.limit)
+            self.used += 1
 
-    def start(self, args, run) -> tuple[Window, None]:  # and the controller adapting it: none
-        return Window(args.concurrency or PAGES_PER_ENGINE), None
+    async def release(self) -> None:
+        async with self.changed:
+            self.used -= 1
+            self.changed.notify_all()
+
+    async def resize(self, limit: int) -> None:
+        async with self.changed:
+            self.limit = max(1, limit)
+            self.changed.notify_all()
+
+    async def adapt(self, client, server: "ServerManager") -> None:
+        """Resize the window while the pages run (an adaptive one does)."""
+
+    async def sample(self, client, server: "ServerManager") -> None:
+        """Read the server's gauges and decide (an adaptive one does)."""
+
+    def summary(self) -> dict:
+        return {}
 
 
-WINDOW = FixedWindow()
+WINDOW = Window
 
 
-async def run_server_pipeline(source: InputSource, pending: list[int], writer: PartWriter,
-                              stats: RunStats, args, server: ServerManager, window: Window,
-                              controller=None) -> None:
+async def run_server_pipeline(run, args, server: ServerManager, window: Window) -> None:
     """Start or reuse the server, then keep the window full until every pending row is done."""
     from tqdm import tqdm
 
-    loop = asyncio.get_running_loop()
+    loop, stats, writer = asyncio.get_running_loop(), run.stats, run.writer
     write_lock = asyncio.Lock()
     storm = HeldFailures(SERVER, args.abort_after_failures, args.abort_after_seconds,
                          "all failed on the server's side over {:.0f} s")
     failure: list[BaseException] = []
     tasks: set[asyncio.Task] = set()
-    unlimited = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    async with ClientGroup(limits=unlimited,
-                           timeout=httpx.Timeout(args.request_timeout, connect=30.0)) as client:
+
+    def stop(exc: BaseException) -> None:  # the pages in flight stay pending
+        failure.append(exc)
+        for task in tasks - {asyncio.current_task()}:
+            task.cancel()
+
+    async with ClientGroup(timeout=httpx.Timeout(args.request_timeout, connect=30.0)) as client:
         # what the exit undoes, last first: the tasks, the bar, the pools
         write_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="write")
         client.callback(write_pool.shutdown, wait=True)
@@ -3684,40 +3682,35 @@ async def run_server_pipeline(source: InputSource, pending: list[int], writer: P
         writer.info_entry.update(vllm_version=server.version, model_revision=server.revision)
         if not args.concurrency and server.engines > 1:  # a window for every engine
             await window.resize(max(window.limit, PAGES_PER_ENGINE * server.engines))
-        bar = tqdm(total=len(pending), unit="page", dynamic_ncols=True, smoothing=0.1,
+        bar = tqdm(total=len(run.plan.send), unit="page", dynamic_ncols=True, smoothing=0.1,
                    mininterval=0.5 if sys.stderr.isatty() else 10.0)
         client.callback(bar.close)
-        if controller:
-            adapting = asyncio.create_task(controller.run(client, server))
-            client.callback(adapting.cancel)
+        adapting = asyncio.create_task(window.adapt(client, server))
+        client.callback(adapting.cancel)
 
         async def one(index: int, cell) -> None:
             latency = None
             try:
-                window.preparing += 1
                 held = cell.get("bytes") if isinstance(cell, dict) else cell
-                try:  # bytes in memory that go out as they are: a header read, no pool hop
-                    inline = isinstance(held, (bytes, bytearray, memoryview))
-                    page = inline and read_page(cell, args, decode=False) or \
-                        await loop.run_in_executor(prep_pool, read_page, cell, args)
-                finally:
-                    window.preparing -= 1
+                window.preparing += 1  # bytes in memory go out as they are: no pool hop
+                page = isinstance(held, (bytes, bytearray, memoryview)) and \
+                    read_page(cell, args, decode=False) or \
+                    await loop.run_in_executor(prep_pool, read_page, cell, args)
+                window.preparing -= 1
                 if isinstance(page, RowResult):  # not sent: its error, or its text layer
                     result = page
                 else:
                     layer, digest = page.text_layer, page.digest
                     body = request_body(page, server.model_name, args)
-                    del page, cell
-                    if controller:
-                        controller.page_bytes.append(len(body))
+                    del page, cell, held
+                    window.body_sizes.append(len(body))
                     sent = time.monotonic()
                     result = await send_until_clean(client, server, body, index, args)
                     del body
                     latency = time.monotonic() - sent
                     result.text_layer, result.digest = layer, digest
             except RunAborted as exc:
-                failure.append(exc)
-                return
+                return stop(exc)
             except Exception as exc:  # preparing or sending the page: this row fails, not the run
                 result = exception_row(exc, PAGE)
             finally:
@@ -3726,82 +3719,69 @@ async def run_server_pipeline(source: InputSource, pending: list[int], writer: P
             try:
                 finish_row(writer, stats, storm, index, result, latency)
             except RunAborted as exc:  # nothing written: degenerate, or held by the storm
-                failure.append(exc)
-                return
+                return stop(exc)
             bar.update(1)
             if result.error is not None:
                 bar.set_postfix(errors=stats.errors_seen, refresh=False)
             if writer.store.conflict:
-                raise RunAborted(writer.store.conflict, EXIT_USAGE)
+                return stop(RunAborted(writer.store.conflict, EXIT_USAGE))
             if writer.due():
                 async with write_lock:
                     await loop.run_in_executor(write_pool, writer.flush, False)
             writer.store.commit_if_due()
 
-        def server_down(watch: asyncio.Task) -> None:  # the pages in flight stay pending
-            if not watch.cancelled() and watch.exception():
-                failure.append(watch.exception())
-                for task in list(tasks):
-                    task.cancel()
         watching = asyncio.create_task(server.watch(client, stats, storm))
-        watching.add_done_callback(server_down)
+        watching.add_done_callback(lambda watch: watch.cancelled() or stop(watch.exception()))
         client.callback(watching.cancel)
-        for index, cell in iter_image_cells(source, pending):
+        for index, cell in iter_image_cells(run.source, run.plan.send):
             await window.acquire()
             if failure:
-                await window.release()
                 break
             stats.enter()
             task = asyncio.create_task(one(index, cell))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
-        if controller:
-            controller.input_done = True
+        window.input_done = True
         while tasks and not failure:
             await asyncio.wait(set(tasks), return_when=asyncio.FIRST_COMPLETED)
         if failure:
-            for task in list(tasks):
-                task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             raise failure[0]
         storm.at_end(writer)
-        if controller:  # one last sample: the final state, the final counters
-            adapting.cancel()
-            await asyncio.gather(adapting, return_exceptions=True)
-            await controller.sample(client, server)
+        adapting.cancel()  # then one last sample: the final state, the final counters
+        await asyncio.gather(adapting, return_exceptions=True)
+        await window.sample(client, server)
 
 
 def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("server")
-    group.add_argument("--server", default=DEFAULT_SERVER,
-                       help="vLLM server URL: reused when it answers, else started here if local "
-                            "(default: %(default)s)")
+    group.add_argument("--server", default=DEFAULT_SERVER, help="vLLM server URL: reused when it "
+                       "answers, else started here if local (default: %(default)s)")
     group.add_argument("--api-key", help="server API key (default: VLLM_API_KEY)")
-    group.add_argument("--serve-args", default="",
-                       help="extra `vllm serve` arguments, appended after the script's own so "
-                            "they override them, e.g. \"--max-model-len 16384\"")
+    group.add_argument("--serve-args", default="", help="extra `vllm serve` arguments, appended "
+                       "after the script's own so they override them, e.g. \"--max-model-len "
+                       "16384\"")
     group.add_argument("--no-spawn", action="store_true",
                        help="never start a server: wait for --server (up to --server-timeout)")
     group.add_argument("--server-timeout", type=float, default=1800.0,
                        help="seconds to wait for a server to be ready (default: 1800)")
-    group.add_argument("--server-down-timeout", type=float, default=300.0,
-                       help="seconds a server may go without answering (/health, a page) mid-run "
-                            "before the run stops (default: 300; rerun to resume)")
+    group.add_argument("--server-down-timeout", type=float, default=300.0, help="seconds a "
+                       "server may go without answering (/health, a page) mid-run before the run "
+                       "stops (default: 300; rerun to resume)")
     group.add_argument("--max-restarts", type=int, default=3,
                        help="restarts of a spawned server that dies mid-run (default: 3)")
     group.add_argument("--request-timeout", type=float, default=900.0,
                        help="seconds for one page's answer (default: 900)")
     group.add_argument("--max-retries", type=int, default=4,
                        help="retries of a page after a timeout, 429 or 5xx (default: 4)")
-    group.add_argument("--abort-after-failures", type=int, default=20,
-                       help="stop after this many pages in a row fail on the server's side "
-                            "(5xx, timeouts) over --abort-after-seconds (default: 20)")
+    group.add_argument("--abort-after-failures", type=int, default=20, help="stop after this "
+                       "many pages in a row fail on the server's side (5xx, timeouts) over "
+                       "--abort-after-seconds (default: 20)")
     group.add_argument("--abort-after-seconds", type=float, default=60.0,
                        help="see --abort-after-failures (default: 60)")
     WINDOW.add_arguments(parser, group)
 
 
-PAGES_PER_ENGINE = 32  # the measured window: on l4x1 the KV cache was under 10% used at 32
 PARALLEL_FLAGS = ("--data-parallel-size", "--tensor-parallel-size", "--pipeline-parallel-size",
                   "-dp", "-tp", "-pp")
 
@@ -3811,12 +3791,10 @@ def visible_gpus() -> int:
     listed = os.environ.get("CUDA_VISIBLE_DEVICES")
     if listed is not None:
         return len([d for d in listed.split(",") if d.strip() not in ("", "-1")])
-    try:
-        listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True,
-                                 timeout=30).stdout
-    except (OSError, subprocess.SubprocessError):
-        return 0
-    return sum(line.startswith("GPU ") for line in listing.splitlines())
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
+        return sum(line.startswith("GPU ") for line in listing.stdout.splitlines())
+    return 0
 
 
 def run_server_script(doc: str, argv: list[str] | None = None, hub_api=None) -> int:
@@ -3837,13 +3815,11 @@ def run_server_script(doc: str, argv: list[str] | None = None, hub_api=None) -> 
 
     def work(run) -> None:
         server.log_dir = run.store.meta / "logs"
-        window, controller = WINDOW.start(args, run)
+        window = WINDOW(args, run)
         try:
-            asyncio.run(run_server_pipeline(run.source, run.plan.send, run.writer, run.stats,
-                                            args, server, window, controller))
+            asyncio.run(run_server_pipeline(run, args, server, window))
         finally:
-            if controller is not None:
-                run.stats.extra.update(controller.summary())
+            run.stats.extra.update(window.summary())
 
     info_entry = inference_info_entry(args, None, serve_args=redact_argv(serve_args))
     return run_script(args, hub_api, settings, info_entry, ready, work, server.stop)
@@ -3853,31 +3829,15 @@ def run_server_script(doc: str, argv: list[str] | None = None, hub_api=None) -> 
 # ==== BEGIN SATURATE HELPERS (edit blocks/saturate.py, then run tools/sync_helpers.py) ====
 # The adaptive window of the -saturate.py scripts (read from vLLM's /metrics), its telemetry and
 # options; the API servers of a server they start. A model section may set API_SERVER_COUNT.
-import statistics
-from collections import deque
-
 API_SERVER_COUNT = globals().get("API_SERVER_COUNT", 1)  # a model section's measured count
 API_SERVERS_MIN_CPUS = 12  # the flavors where more API servers were measured to help had 12+
 
 
-def usable_cpus(cgroup_root: str = "/sys/fs/cgroup") -> int:
-    """CPUs this process may use: its affinity mask, capped by a cgroup quota (v2 cpu.max, else
-    v1's cfs quota). os.cpu_count() counts the host's cores, also in a container."""
-    count = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    relative = "/"
-    with contextlib.suppress(OSError, IndexError):
-        relative = Path("/proc/self/cgroup").read_text().split("0::", 1)[1].split("\n", 1)[0]
-    for files in ([Path(cgroup_root + relative, "cpu.max")], [Path(cgroup_root, "cpu.max")],
-                  [Path(cgroup_root, "cpu", "cpu.cfs_quota_us"),
-                   Path(cgroup_root, "cpu", "cpu.cfs_period_us")]):
-        try:
-            quota, period = " ".join(f.read_text() for f in files).split()[:2]
-            if quota not in ("max", "-1"):
-                count = min(count, int(int(quota) / int(period)))
-            break
-        except (OSError, ValueError, ZeroDivisionError):
-            continue
-    return max(1, count or 1)
+def usable_cpus() -> int:
+    """CPUs this process may use: its affinity mask (os.cpu_count() where there is none)."""
+    with contextlib.suppress(AttributeError):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
 METRICS = {"vllm:num_requests_running": "running", "vllm:num_requests_waiting": "waiting",
@@ -3898,32 +3858,63 @@ def parse_metrics(text: str) -> dict:
     return out
 
 
-class WindowController:
-    """Adapts the window: it grows while the engine has no queue and delivered tokens/s rise,
+class AdaptiveWindow(Window):
+    """Starts at --min-window, grows while the engine has no queue and delivered tokens/s rise,
     holds or shrinks when requests wait or the KV cache is near full, within the host-memory
-    budget; without the engine's gauges, by throughput alone. Each tick goes to telemetry."""
+    budget; without the engine's gauges, by throughput alone. --concurrency fixes it. Each
+    decision goes to the telemetry."""
 
-    def __init__(self, window: Window, stats: RunStats, args, telemetry_path: Path,
-                 adaptive: bool):
-        self.window, self.stats, self.args, self.adaptive = window, stats, args, adaptive
+    def __init__(self, args, run):
+        super().__init__(args, run)
+        self.limit = max(1, args.concurrency or args.min_window)
+        self.args, self.stats = args, run.stats
         self.budget = int(args.max_inflight_memory * (1 << 20)) if args.max_inflight_memory \
             else (proc_bytes("/proc/meminfo", "MemAvailable") or 8 << 30) // 4
-        self.telemetry = telemetry_path
-        self.page_bytes: deque[int] = deque(maxlen=256)  # request body sizes of recent pages
+        self.telemetry = Path(args.stats_json).expanduser().with_suffix(".telemetry.jsonl") \
+            if args.stats_json else run.store.meta / "logs" / "telemetry.jsonl"
+        self.telemetry.parent.mkdir(parents=True, exist_ok=True)
         self.seen = self.resized_at = 0  # pages finished by the last sample, the last resize
-        self.best_rate = 0.0
+        self.best_rate, self.prefix_hit_rate = 0.0, None
         self.samples: list[str] = []
-        self.prefix_hit_rate = None
-        self.input_done = False
         self.last_sample = time.monotonic()
+
+    @staticmethod
+    def add_arguments(parser: argparse.ArgumentParser, group) -> None:
+        group = parser.add_argument_group("saturation (the window adapts to keep the engine busy)")
+        group.add_argument("--concurrency", type=int, default=None,
+                           help="a fixed window of N pages instead of the adaptive one")
+        group.add_argument("--max-inflight-memory", type=float, default=None,
+                           help="MiB of host memory that pages in flight may hold (default: a "
+                                "quarter of the memory available at start)")
+        group.add_argument("--min-window", type=int, default=PAGES_PER_ENGINE,
+                           help="smallest window, and the one it starts from (default: "
+                                "%(default)s, the server scripts' fixed window)")
+        group.add_argument("--max-window", type=int, default=1024,
+                           help="largest window (default: 1024)")
+        group.add_argument("--adapt-interval", type=float, default=2.0,
+                           help="seconds between window decisions (default: 2)")
+        group.add_argument("--api-server-count", type=int, default=None,
+                           help=f"API server processes of a spawned server (default: "
+                                f"{API_SERVER_COUNT} with {API_SERVERS_MIN_CPUS}+ CPUs, else 1)")
+
+    @staticmethod
+    def serve_args(args, serve_args: list[str]) -> list[str]:
+        if serve_arg_value(serve_args, "--api-server-count") is not None:
+            return []
+        # the measured count where this process may use API_SERVERS_MIN_CPUS CPUs (one API
+        # server preprocesses on one core); else 1: small flavors run out of memory
+        count = args.api_server_count or \
+            (API_SERVER_COUNT if usable_cpus() >= API_SERVERS_MIN_CPUS else 1)
+        return ["--api-server-count", str(count)] if count > 1 else []
 
     def memory_cap(self) -> int:
         """Pages the budget holds: each in flight keeps its request body, plus a margin."""
-        if not self.page_bytes:
+        if not self.body_sizes:
             return max(1, self.args.min_window)
-        return max(1, int(self.budget // (statistics.mean(self.page_bytes) * 1.5 + (64 << 10))))
+        mean = sum(self.body_sizes) / len(self.body_sizes)
+        return max(1, int(self.budget // (mean * 1.5 + (64 << 10))))
 
-    async def run(self, client, server: ServerManager) -> None:
+    async def adapt(self, client, server: ServerManager) -> None:
         while True:
             await asyncio.sleep(self.args.adapt_interval)
             await self.sample(client, server)
@@ -3937,16 +3928,16 @@ class WindowController:
             metrics = parse_metrics(response.text) if response.status_code == 200 else {}
         except httpx.HTTPError:
             metrics = {}
-        if metrics.get("prefix_queries"):
-            self.prefix_hit_rate = round(metrics.get("prefix_hits", 0.0) / metrics["prefix_queries"], 4)
+        if queries := metrics.get("prefix_queries"):
+            self.prefix_hit_rate = round(metrics.get("prefix_hits", 0) / queries, 4)
         done = len(self.stats.finished_at)
         rate, page_rate = sum(self.stats.tokens[self.seen:done]) / dt, (done - self.seen) / dt
         self.seen = done
         await self.tick(metrics, rate)
         with open(self.telemetry, "a") as telemetry:
             telemetry.write(json.dumps({
-                "t": round(now - self.stats.started, 2), "window": self.window.limit,
-                "in_flight": self.stats.in_flight, "preparing": self.window.preparing,
+                "t": round(now - self.stats.started, 2), "window": self.limit,
+                "in_flight": self.stats.in_flight, "preparing": self.preparing,
                 "running": metrics.get("running"), "waiting": metrics.get("waiting"),
                 "kv_cache": metrics.get("kv"), "tokens_per_s": round(rate, 1),
                 "pages_per_s": round(page_rate, 3), "memory_cap": self.memory_cap(),
@@ -3955,8 +3946,9 @@ class WindowController:
     async def tick(self, metrics: dict, rate: float) -> None:
         """One decision. Continuous batching always keeps a few requests waiting for their
         prefill; a queue is "long" only when as many wait as run."""
-        limit, cap = self.window.limit, self.memory_cap()
-        waiting, running, kv = metrics.get("waiting"), metrics.get("running") or 0, metrics.get("kv")
+        limit, cap = self.limit, self.memory_cap()
+        waiting, running, kv = metrics.get("waiting"), metrics.get("running") or 0, \
+            metrics.get("kv") or 0
         long_queue = waiting is not None and waiting > max(4, running)
         some_queue = waiting is not None and waiting > max(2, running / 4)
         full = self.stats.in_flight >= limit * 0.9
@@ -3964,25 +3956,25 @@ class WindowController:
             verdict = "tail"  # the last pages draining: says nothing about the steady state
         elif not self.stats.finished_at:
             verdict = "start"  # the first pages still on their way: nor does the filling
-        elif some_queue or (kv or 0) > 0.9:
+        elif some_queue or kv > 0.9:
             verdict = "engine"
         elif full and limit >= cap:
             verdict = "memory"
-        elif self.window.preparing >= max(2, self.stats.in_flight // 2):
+        elif self.preparing >= max(2, self.stats.in_flight // 2):
             verdict = "preprocessing"
         elif not full:
             verdict = "input"
         else:
             verdict = "engine" if waiting is None and rate < self.best_rate * 1.02 else "window"
         self.samples.append(verdict)
-        if not self.adaptive:
+        if self.args.concurrency:
             return
         new = limit
         if limit > cap:
             new = cap  # the host-memory budget comes first
-        elif long_queue or (kv or 0) > 0.95:
+        elif long_queue or kv > 0.95:
             new = max(self.args.min_window, int(limit * 0.85))  # over-full: give some back
-        elif full and not some_queue and (kv or 0) <= 0.9 and \
+        elif full and not some_queue and kv <= 0.9 and \
                 len(self.stats.finished_at) - self.resized_at >= max(2, limit // 4) and \
                 not (self.best_rate and rate < self.best_rate * 0.95):
             # a full window, no queue, answers back through it, tokens/s still rising: widen
@@ -3990,7 +3982,7 @@ class WindowController:
         self.best_rate = max(self.best_rate, rate)
         if new != limit:
             self.resized_at = len(self.stats.finished_at)
-            await self.window.resize(new)
+            await self.resize(new)
 
     def summary(self) -> dict:
         """The stats: bound_by is the most frequent verdict of the steady state; "window" (full,
@@ -3999,55 +3991,11 @@ class WindowController:
         bounded = [s for s in steady if s != "window"] or ["engine"]
         bound_by = max(set(bounded), key=bounded.count) if steady else \
             "input" if self.samples else None
-        return {"bound_by": bound_by, "window_final": self.window.limit,
+        return {"bound_by": bound_by, "window_final": self.limit,
                 "memory_budget_bytes": self.budget, "prefix_cache_hit_rate": self.prefix_hit_rate}
 
 
-class AdaptiveWindow(FixedWindow):
-    """Starts at --min-window, then a WindowController adapts it (--concurrency fixes it)."""
-
-    def add_arguments(self, parser: argparse.ArgumentParser, group) -> None:
-        group = parser.add_argument_group("saturation (the window adapts to keep the engine busy)")
-        group.add_argument("--concurrency", type=int, default=None,
-                           help="a fixed window of N pages instead of the adaptive one")
-        group.add_argument("--max-inflight-memory", type=float, default=None,
-                           help="MiB of host memory that pages in flight may hold (default: a "
-                                "quarter of the memory available at start)")
-        group.add_argument("--min-window", type=int, default=32,
-                           help="smallest window, and the one it starts from (default: 32, the "
-                                "server scripts' fixed window)")
-        group.add_argument("--max-window", type=int, default=1024,
-                           help="largest window (default: 1024)")
-        group.add_argument("--adapt-interval", type=float, default=2.0,
-                           help="seconds between window decisions (default: 2)")
-        group.add_argument("--api-server-count", type=int, default=None,
-                           help=f"API server processes of a spawned server (default: "
-                                f"{API_SERVER_COUNT} with {API_SERVERS_MIN_CPUS}+ CPUs, else 1)")
-
-    def problems(self, args) -> list[str]:
-        if args.min_window and args.max_window and args.min_window > args.max_window:
-            return [f"--min-window {args.min_window} is above --max-window {args.max_window}"]
-        return []
-
-    def serve_args(self, args, serve_args: list[str]) -> list[str]:
-        if serve_arg_value(serve_args, "--api-server-count") is not None:
-            return []
-        # the measured count where this process may use API_SERVERS_MIN_CPUS CPUs (one API
-        # server preprocesses on one core); else 1: small flavors run out of memory
-        count = args.api_server_count or \
-            (API_SERVER_COUNT if usable_cpus() >= API_SERVERS_MIN_CPUS else 1)
-        return ["--api-server-count", str(count)] if count > 1 else []
-
-    def start(self, args, run) -> tuple[Window, WindowController]:
-        window = Window(args.concurrency or args.min_window)
-        telemetry = Path(args.stats_json).expanduser().with_suffix(".telemetry.jsonl") \
-            if args.stats_json else run.store.meta / "logs" / "telemetry.jsonl"
-        telemetry.parent.mkdir(parents=True, exist_ok=True)
-        return window, WindowController(window, run.stats, args, telemetry,
-                                        adaptive=not args.concurrency)
-
-
-WINDOW = AdaptiveWindow()
+WINDOW = AdaptiveWindow
 # ==== END SATURATE HELPERS ====
 
 

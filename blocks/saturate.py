@@ -1,9 +1,5 @@
-"""The SATURATE HELPERS block of the -saturate.py scripts: the adaptive window, vLLM's /metrics,
-the telemetry, the saturate options, the API servers of a spawned server.
-
-Edit here, then run `python tools/sync_helpers.py`. In a script, the names imported below come
-from its model section (blocks/model.py) or an earlier block.
-"""
+"""The SATURATE HELPERS block of the -saturate.py scripts (edit here, then run
+tools/sync_helpers.py). The names imported below come from an earlier block."""
 
 import argparse
 import asyncio
@@ -16,37 +12,21 @@ from pathlib import Path
 
 import httpx
 
-from blocks.common import proc_bytes, RunStats
-from blocks.server import FixedWindow, serve_arg_value, ServerManager, Window
+from blocks.common import proc_bytes
+from blocks.server import PAGES_PER_ENGINE, serve_arg_value, ServerManager, Window
 
 # ==== BEGIN SATURATE HELPERS (edit blocks/saturate.py, then run tools/sync_helpers.py) ====
 # The adaptive window of the -saturate.py scripts (read from vLLM's /metrics), its telemetry and
 # options; the API servers of a server they start. A model section may set API_SERVER_COUNT.
-import statistics
-from collections import deque
-
 API_SERVER_COUNT = globals().get("API_SERVER_COUNT", 1)  # a model section's measured count
 API_SERVERS_MIN_CPUS = 12  # the flavors where more API servers were measured to help had 12+
 
 
-def usable_cpus(cgroup_root: str = "/sys/fs/cgroup") -> int:
-    """CPUs this process may use: its affinity mask, capped by a cgroup quota (v2 cpu.max, else
-    v1's cfs quota). os.cpu_count() counts the host's cores, also in a container."""
-    count = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    relative = "/"
-    with contextlib.suppress(OSError, IndexError):
-        relative = Path("/proc/self/cgroup").read_text().split("0::", 1)[1].split("\n", 1)[0]
-    for files in ([Path(cgroup_root + relative, "cpu.max")], [Path(cgroup_root, "cpu.max")],
-                  [Path(cgroup_root, "cpu", "cpu.cfs_quota_us"),
-                   Path(cgroup_root, "cpu", "cpu.cfs_period_us")]):
-        try:
-            quota, period = " ".join(f.read_text() for f in files).split()[:2]
-            if quota not in ("max", "-1"):
-                count = min(count, int(int(quota) / int(period)))
-            break
-        except (OSError, ValueError, ZeroDivisionError):
-            continue
-    return max(1, count or 1)
+def usable_cpus() -> int:
+    """CPUs this process may use: its affinity mask (os.cpu_count() where there is none)."""
+    with contextlib.suppress(AttributeError):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
 METRICS = {"vllm:num_requests_running": "running", "vllm:num_requests_waiting": "waiting",
@@ -67,32 +47,63 @@ def parse_metrics(text: str) -> dict:
     return out
 
 
-class WindowController:
-    """Adapts the window: it grows while the engine has no queue and delivered tokens/s rise,
+class AdaptiveWindow(Window):
+    """Starts at --min-window, grows while the engine has no queue and delivered tokens/s rise,
     holds or shrinks when requests wait or the KV cache is near full, within the host-memory
-    budget; without the engine's gauges, by throughput alone. Each tick goes to telemetry."""
+    budget; without the engine's gauges, by throughput alone. --concurrency fixes it. Each
+    decision goes to the telemetry."""
 
-    def __init__(self, window: Window, stats: RunStats, args, telemetry_path: Path,
-                 adaptive: bool):
-        self.window, self.stats, self.args, self.adaptive = window, stats, args, adaptive
+    def __init__(self, args, run):
+        super().__init__(args, run)
+        self.limit = max(1, args.concurrency or args.min_window)
+        self.args, self.stats = args, run.stats
         self.budget = int(args.max_inflight_memory * (1 << 20)) if args.max_inflight_memory \
             else (proc_bytes("/proc/meminfo", "MemAvailable") or 8 << 30) // 4
-        self.telemetry = telemetry_path
-        self.page_bytes: deque[int] = deque(maxlen=256)  # request body sizes of recent pages
+        self.telemetry = Path(args.stats_json).expanduser().with_suffix(".telemetry.jsonl") \
+            if args.stats_json else run.store.meta / "logs" / "telemetry.jsonl"
+        self.telemetry.parent.mkdir(parents=True, exist_ok=True)
         self.seen = self.resized_at = 0  # pages finished by the last sample, the last resize
-        self.best_rate = 0.0
+        self.best_rate, self.prefix_hit_rate = 0.0, None
         self.samples: list[str] = []
-        self.prefix_hit_rate = None
-        self.input_done = False
         self.last_sample = time.monotonic()
+
+    @staticmethod
+    def add_arguments(parser: argparse.ArgumentParser, group) -> None:
+        group = parser.add_argument_group("saturation (the window adapts to keep the engine busy)")
+        group.add_argument("--concurrency", type=int, default=None,
+                           help="a fixed window of N pages instead of the adaptive one")
+        group.add_argument("--max-inflight-memory", type=float, default=None,
+                           help="MiB of host memory that pages in flight may hold (default: a "
+                                "quarter of the memory available at start)")
+        group.add_argument("--min-window", type=int, default=PAGES_PER_ENGINE,
+                           help="smallest window, and the one it starts from (default: "
+                                "%(default)s, the server scripts' fixed window)")
+        group.add_argument("--max-window", type=int, default=1024,
+                           help="largest window (default: 1024)")
+        group.add_argument("--adapt-interval", type=float, default=2.0,
+                           help="seconds between window decisions (default: 2)")
+        group.add_argument("--api-server-count", type=int, default=None,
+                           help=f"API server processes of a spawned server (default: "
+                                f"{API_SERVER_COUNT} with {API_SERVERS_MIN_CPUS}+ CPUs, else 1)")
+
+    @staticmethod
+    def serve_args(args, serve_args: list[str]) -> list[str]:
+        if serve_arg_value(serve_args, "--api-server-count") is not None:
+            return []
+        # the measured count where this process may use API_SERVERS_MIN_CPUS CPUs (one API
+        # server preprocesses on one core); else 1: small flavors run out of memory
+        count = args.api_server_count or \
+            (API_SERVER_COUNT if usable_cpus() >= API_SERVERS_MIN_CPUS else 1)
+        return ["--api-server-count", str(count)] if count > 1 else []
 
     def memory_cap(self) -> int:
         """Pages the budget holds: each in flight keeps its request body, plus a margin."""
-        if not self.page_bytes:
+        if not self.body_sizes:
             return max(1, self.args.min_window)
-        return max(1, int(self.budget // (statistics.mean(self.page_bytes) * 1.5 + (64 << 10))))
+        mean = sum(self.body_sizes) / len(self.body_sizes)
+        return max(1, int(self.budget // (mean * 1.5 + (64 << 10))))
 
-    async def run(self, client, server: ServerManager) -> None:
+    async def adapt(self, client, server: ServerManager) -> None:
         while True:
             await asyncio.sleep(self.args.adapt_interval)
             await self.sample(client, server)
@@ -106,16 +117,16 @@ class WindowController:
             metrics = parse_metrics(response.text) if response.status_code == 200 else {}
         except httpx.HTTPError:
             metrics = {}
-        if metrics.get("prefix_queries"):
-            self.prefix_hit_rate = round(metrics.get("prefix_hits", 0.0) / metrics["prefix_queries"], 4)
+        if queries := metrics.get("prefix_queries"):
+            self.prefix_hit_rate = round(metrics.get("prefix_hits", 0) / queries, 4)
         done = len(self.stats.finished_at)
         rate, page_rate = sum(self.stats.tokens[self.seen:done]) / dt, (done - self.seen) / dt
         self.seen = done
         await self.tick(metrics, rate)
         with open(self.telemetry, "a") as telemetry:
             telemetry.write(json.dumps({
-                "t": round(now - self.stats.started, 2), "window": self.window.limit,
-                "in_flight": self.stats.in_flight, "preparing": self.window.preparing,
+                "t": round(now - self.stats.started, 2), "window": self.limit,
+                "in_flight": self.stats.in_flight, "preparing": self.preparing,
                 "running": metrics.get("running"), "waiting": metrics.get("waiting"),
                 "kv_cache": metrics.get("kv"), "tokens_per_s": round(rate, 1),
                 "pages_per_s": round(page_rate, 3), "memory_cap": self.memory_cap(),
@@ -124,8 +135,9 @@ class WindowController:
     async def tick(self, metrics: dict, rate: float) -> None:
         """One decision. Continuous batching always keeps a few requests waiting for their
         prefill; a queue is "long" only when as many wait as run."""
-        limit, cap = self.window.limit, self.memory_cap()
-        waiting, running, kv = metrics.get("waiting"), metrics.get("running") or 0, metrics.get("kv")
+        limit, cap = self.limit, self.memory_cap()
+        waiting, running, kv = metrics.get("waiting"), metrics.get("running") or 0, \
+            metrics.get("kv") or 0
         long_queue = waiting is not None and waiting > max(4, running)
         some_queue = waiting is not None and waiting > max(2, running / 4)
         full = self.stats.in_flight >= limit * 0.9
@@ -133,25 +145,25 @@ class WindowController:
             verdict = "tail"  # the last pages draining: says nothing about the steady state
         elif not self.stats.finished_at:
             verdict = "start"  # the first pages still on their way: nor does the filling
-        elif some_queue or (kv or 0) > 0.9:
+        elif some_queue or kv > 0.9:
             verdict = "engine"
         elif full and limit >= cap:
             verdict = "memory"
-        elif self.window.preparing >= max(2, self.stats.in_flight // 2):
+        elif self.preparing >= max(2, self.stats.in_flight // 2):
             verdict = "preprocessing"
         elif not full:
             verdict = "input"
         else:
             verdict = "engine" if waiting is None and rate < self.best_rate * 1.02 else "window"
         self.samples.append(verdict)
-        if not self.adaptive:
+        if self.args.concurrency:
             return
         new = limit
         if limit > cap:
             new = cap  # the host-memory budget comes first
-        elif long_queue or (kv or 0) > 0.95:
+        elif long_queue or kv > 0.95:
             new = max(self.args.min_window, int(limit * 0.85))  # over-full: give some back
-        elif full and not some_queue and (kv or 0) <= 0.9 and \
+        elif full and not some_queue and kv <= 0.9 and \
                 len(self.stats.finished_at) - self.resized_at >= max(2, limit // 4) and \
                 not (self.best_rate and rate < self.best_rate * 0.95):
             # a full window, no queue, answers back through it, tokens/s still rising: widen
@@ -159,7 +171,7 @@ class WindowController:
         self.best_rate = max(self.best_rate, rate)
         if new != limit:
             self.resized_at = len(self.stats.finished_at)
-            await self.window.resize(new)
+            await self.resize(new)
 
     def summary(self) -> dict:
         """The stats: bound_by is the most frequent verdict of the steady state; "window" (full,
@@ -168,53 +180,9 @@ class WindowController:
         bounded = [s for s in steady if s != "window"] or ["engine"]
         bound_by = max(set(bounded), key=bounded.count) if steady else \
             "input" if self.samples else None
-        return {"bound_by": bound_by, "window_final": self.window.limit,
+        return {"bound_by": bound_by, "window_final": self.limit,
                 "memory_budget_bytes": self.budget, "prefix_cache_hit_rate": self.prefix_hit_rate}
 
 
-class AdaptiveWindow(FixedWindow):
-    """Starts at --min-window, then a WindowController adapts it (--concurrency fixes it)."""
-
-    def add_arguments(self, parser: argparse.ArgumentParser, group) -> None:
-        group = parser.add_argument_group("saturation (the window adapts to keep the engine busy)")
-        group.add_argument("--concurrency", type=int, default=None,
-                           help="a fixed window of N pages instead of the adaptive one")
-        group.add_argument("--max-inflight-memory", type=float, default=None,
-                           help="MiB of host memory that pages in flight may hold (default: a "
-                                "quarter of the memory available at start)")
-        group.add_argument("--min-window", type=int, default=32,
-                           help="smallest window, and the one it starts from (default: 32, the "
-                                "server scripts' fixed window)")
-        group.add_argument("--max-window", type=int, default=1024,
-                           help="largest window (default: 1024)")
-        group.add_argument("--adapt-interval", type=float, default=2.0,
-                           help="seconds between window decisions (default: 2)")
-        group.add_argument("--api-server-count", type=int, default=None,
-                           help=f"API server processes of a spawned server (default: "
-                                f"{API_SERVER_COUNT} with {API_SERVERS_MIN_CPUS}+ CPUs, else 1)")
-
-    def problems(self, args) -> list[str]:
-        if args.min_window and args.max_window and args.min_window > args.max_window:
-            return [f"--min-window {args.min_window} is above --max-window {args.max_window}"]
-        return []
-
-    def serve_args(self, args, serve_args: list[str]) -> list[str]:
-        if serve_arg_value(serve_args, "--api-server-count") is not None:
-            return []
-        # the measured count where this process may use API_SERVERS_MIN_CPUS CPUs (one API
-        # server preprocesses on one core); else 1: small flavors run out of memory
-        count = args.api_server_count or \
-            (API_SERVER_COUNT if usable_cpus() >= API_SERVERS_MIN_CPUS else 1)
-        return ["--api-server-count", str(count)] if count > 1 else []
-
-    def start(self, args, run) -> tuple[Window, WindowController]:
-        window = Window(args.concurrency or args.min_window)
-        telemetry = Path(args.stats_json).expanduser().with_suffix(".telemetry.jsonl") \
-            if args.stats_json else run.store.meta / "logs" / "telemetry.jsonl"
-        telemetry.parent.mkdir(parents=True, exist_ok=True)
-        return window, WindowController(window, run.stats, args, telemetry,
-                                        adaptive=not args.concurrency)
-
-
-WINDOW = AdaptiveWindow()
+WINDOW = AdaptiveWindow
 # ==== END SATURATE HELPERS ====

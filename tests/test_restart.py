@@ -389,3 +389,33 @@ def test_a_rerun_by_url_resumes_though_uv_names_each_copy_anew(tmp_path, stub_se
     manifest = json.loads((out / ".ocr" / "manifest.json").read_text())
     assert manifest["identity"]["script"] == OVIS
     assert f" {OVIS} " in reproduce_block((out / "README.md").read_text())
+
+
+def test_another_run_writing_the_same_rows_mid_run_stops_this_one_at_once(tmp_path, stub_server,
+                                                                          capsys, monkeypatch):
+    """A part of this shard's rows committed by another run mid-run stops this one at the next
+    answer: the stop was raised in a page's task and lost, and every page was still sent."""
+    stub = stub_server("--latency", "0.2")
+    write_image_folder(tmp_path / "in", 60)
+
+    class RacedHub(FakeHub):  # another run commits rows 50-60 as this one commits its first part
+        def create_commit(self, repo_id, operations, **kwargs):
+            raced = self.root / repo_id / "data" / "part-000000050-000000060.parquet"
+            if any(op.path_in_repo.startswith("data/") for op in operations) and not raced.exists():
+                seed_foreign_repo(self.root, repo_id, {f"data/{raced.name}": foreign_parquet(tmp_path)})
+                self.head += 1
+            return super().create_commit(repo_id, operations, **kwargs)
+
+    argv = [str(tmp_path / "in"), "user/ocr-out", "--work-dir", str(tmp_path / "w"),
+            "--concurrency", "2", "--no-sanity-check", *common(stub)]
+    module = load_script(OVIS)
+    due = module.OutputStore.commit_if_due
+
+    def commit_soon(store):  # a commit every 0.5 s, not every 36 s: the race comes mid-run
+        store.commit_interval = 0.5
+        due(store)
+    monkeypatch.setattr(module.OutputStore, "commit_if_due", commit_soon)
+    code = module.main(argv, hub_api=RacedHub(tmp_path / "hub"))
+    err = capsys.readouterr().err
+    assert code == 2 and "another run is writing rows 0-60 of user/ocr-out" in err, err
+    assert len(stub.requests()) < 40
