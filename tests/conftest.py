@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
-import io
 import os
-import random
 import re
 import socket
 import subprocess

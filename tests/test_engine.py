@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import (ALL_SCRIPTS, ROOT, SERVER_SCRIPTS, free_port, load_output, load_script,
+from conftest import (ALL_SCRIPTS, ROOT, free_port, load_output, load_script,
                       page_image, record_figure, write_parquet_dataset)
 from engine import (RunningServer, engine_or_skip, run_driver, tiny_model, vllm_check,
                     vllm_serve_pids)
