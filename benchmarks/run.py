@@ -753,24 +753,30 @@ def bench_compare(work: Path) -> None:
 # ---- PDF input -----------------------------------------------------------------------------------
 
 PDF_PAGES = (100, 500)
-UP_FRONT = """
-import sys, time
-sys.path.insert(0, {tests!r})
-from conftest import load_script
-import pypdfium2 as pdfium
-module = load_script({script!r})
-document = pdfium.PdfDocument({pdf!r})
-began = time.monotonic()
-pages = []  # as a PDF-to-images tool returns them: every page a bitmap, at the driver's size
-for page in document:
-    scale, size = module.pdf_render_size(*page.get_size(), module.PDF_DPI)
-    pages.append(page.render(scale=scale).to_pil())
-elapsed = time.monotonic() - began
-began = time.monotonic()
-for page in list(document)[:50]:  # what a render worker does per page: render, then encode
-    module._render_pdf_page(page, module.PDF_DPI, False, None)
-print(len(pages), elapsed, 50 / (time.monotonic() - began))
-"""
+UP_FRONT = ("import sys; sys.path.insert(0, sys.argv[1]); import run; "
+            "print(*run.pdf_render_rates(sys.argv[2], sys.argv[3]))")
+
+
+def pdf_render_rates(script: str, pdf: str, encoded: int = 50) -> tuple[int, float, float]:
+    """(pages, seconds to render every page up front as bitmaps at the size the driver sends,
+    as a tool that turns a PDF into a list of images returns them; pages/s of a render
+    worker's own work, render then encode, on the first `encoded` pages)."""
+    import pypdfium2 as pdfium
+
+    module = load_script(script)
+    args = module.argument_parser(module.__doc__, module.add_server_arguments).parse_args(
+        [pdf, "unused"])
+    document = pdfium.PdfDocument(pdf)
+    sent = module._render_pdf_page(document[0], args)
+    scale = sent.width / document[0].get_size()[0]  # the benchmark's pages are one size
+    began = time.monotonic()
+    pages = [page.render(scale=scale).to_pil() for page in document]
+    elapsed = time.monotonic() - began
+    some = list(document)[:encoded]
+    began = time.monotonic()
+    for page in some:
+        module._render_pdf_page(page, args)
+    return len(pages), elapsed, len(some) / (time.monotonic() - began)
 
 
 def tree_peak_pss(cmd: list[str]) -> tuple[float, int, str]:
@@ -808,8 +814,8 @@ def bench_pdf(work: Path) -> None:
             folder.mkdir()
             pdf = folder / "report.pdf"
             pdf.write_bytes(make_pdf([Page(colour=colour_of(i), text=text) for i in range(pages)]))
-            _, up_front, out = tree_peak_pss([sys.executable, "-c", UP_FRONT.format(
-                tests=str(ROOT / "tests"), script=script, pdf=str(pdf))])
+            _, up_front, out = tree_peak_pss([sys.executable, "-c", UP_FRONT,
+                                              str(ROOT / "benchmarks"), script, str(pdf)])
             count, elapsed, encoded = out.split()
             figures[pages] = {"up_front_peak_pss": up_front,
                               "render_only_pages_per_s": int(count) / float(elapsed),

@@ -126,3 +126,19 @@ def test_compare_corpus_edits_every_third_page_and_keeps_the_truth(tmp_path):
     assert [x != y for x, y in zip(ta["markdown"], tb["markdown"])] == [k % 3 == 0 for k in range(30)]
     assert all(len(t) == 500 and "#" not in t for t in ta["text"])
     assert all(m.startswith("# ") and "**" in m for m in ta["markdown"])
+
+
+def test_the_pdf_sections_render_helper_runs_on_a_pdf(tmp_path):
+    """The pdf section's in-process render measure calls into the script's PDF renderer: run
+    it as the section does (its own process) on a 2-page PDF."""
+    from pdfs import Page, make_pdf
+
+    pdf = tmp_path / "two.pdf"
+    pdf.write_bytes(make_pdf([Page(text="A line of text."), Page()]))
+    bench = load_bench()
+    run = subprocess.run([sys.executable, "-c", bench.UP_FRONT, str(ROOT / "benchmarks"),
+                          "lighton-ocr3-saturate.py", str(pdf)], capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    pages, seconds, rate = run.stdout.split()
+    assert int(pages) == 2 and float(seconds) > 0 and float(rate) > 0
