@@ -142,3 +142,15 @@ def test_the_pdf_sections_render_helper_runs_on_a_pdf(tmp_path):
     assert run.returncode == 0, run.stderr[-2000:]
     pages, seconds, rate = run.stdout.split()
     assert int(pages) == 2 and float(seconds) > 0 and float(rate) > 0
+
+
+def test_the_driver_cost_sections_in_process_measure_runs(tmp_path):
+    """driver-cost turns pages into request bodies with the script's own prepare_page and
+    request_body: one page of each kind, once."""
+    from conftest import load_script
+
+    bench = load_bench()
+    mix = bench.page_mix(tmp_path / "mix", 4)
+    kinds = bench.per_page_cpu_by_kind(load_script("ovis-ocr2-server.py"), mix, reps=1)
+    assert set(kinds) == {"JPEG within bound", "grayscale PNG", "A4 JPEG above bound"}
+    assert all(ours > 0 and reference > 0 for ours, reference in kinds.values())
