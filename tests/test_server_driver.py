@@ -319,6 +319,42 @@ def test_a_remote_server_that_stays_down_ends_the_run_with_finished_rows_saved(t
     assert all(e is None for e in ds["markdown_error"])
 
 
+WATCH_FAILS_AS_A_SLOT_FREES = """
+import asyncio, importlib.util, sys
+spec = importlib.util.spec_from_file_location("script", sys.argv[1])
+script = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(script)
+answered, leave = asyncio.Event(), script.RunStats.leave
+
+def left(stats):  # a page's answer is in: the watch's verdict lands as its slot is refilled
+    leave(stats)
+    answered.set()
+
+async def watch(server, client, stats, storm):
+    await answered.wait()
+    storm.stop("the server failed /health")
+
+script.RunStats.leave, script.ServerManager.watch = left, watch
+sys.exit(script.main(sys.argv[2:]))
+"""
+
+
+def test_a_server_failing_while_the_window_holds_only_unstarted_pages_ends_the_run(
+        tmp_path, stub_server):
+    """The watch stopped the run just after the input loop refilled the window: the page it
+    cancelled had not begun, so its slot was never given back and the run waited forever."""
+    stub = stub_server()
+    write_image_folder(tmp_path / "in", 6)
+    run = subprocess.run([sys.executable, "-c", WATCH_FAILS_AS_A_SLOT_FREES, str(ROOT / OVIS),
+                          str(tmp_path / "in"), str(tmp_path / "out"),
+                          *common(stub, "--concurrency", "1", "--part-rows", "100")],
+                         capture_output=True, text=True, timeout=40)
+    assert run.returncode == 4, run.stderr
+    assert "the server failed /health" in run.stderr and "stay pending" in run.stderr
+    saved = load_output(tmp_path / "out")
+    assert saved.num_rows == 1 and saved["markdown_error"] == [None]
+
+
 def exit_code(module, argv) -> int:
     try:
         return module.main(argv)
