@@ -1975,16 +1975,17 @@ class OutputStore:
                     f"Every row is written; to write the card, {rerun_advice()}")
         if self.api is None:
             return
-        if self.conflict:
-            return log(f"error: {self.conflict}")
         with self.queue_lock:
             files, self.queued = self.queued, {}
         if card is not None:
             files["README.md"] = self.root / "README.md"
-        if (files or self.notes_due) and not self.commit(files):
+        if not self.conflict and (files or self.notes_due) and not self.commit(files) \
+                and not self.conflict:
             self.upload_failures = sorted(self.queued)
             log(f"{len(self.upload_failures)} file(s) did not reach the Hub; they are safe in "
                 f"{self.root}. To upload them, {rerun_advice()}")
+        if self.conflict:  # found during the run, or by this last commit
+            return log(f"error: {self.conflict}")
         self.upload_failures += ["README.md"] * card_failed  # exit 6: the card is not on the Hub
 
     def location(self) -> str:
