@@ -720,10 +720,7 @@ def run_server_script(doc: str, argv: list[str] | None = None, hub_api=None) -> 
     def ready(check_only: bool) -> None:  # before the input is read and the repo created
         if check_only:  # no server planned or started; a Job's own server's context checked
             return check_context_budget(serve_max_model_len(args), args)
-        try:
-            asyncio.run(server.plan())
-        except RunAborted as exc:
-            fail(str(exc), exc.code)
+        asyncio.run(server.plan())
 
     def work(run) -> None:
         server.log_dir = run.store.meta / "logs"

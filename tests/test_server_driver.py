@@ -500,6 +500,23 @@ def test_without_vllm_and_without_a_server_it_exits_2_with_the_jobs_command(tmp_
     assert "--server URL" in run.stderr and "pip install vllm" in run.stderr
 
 
+def test_a_context_budget_known_once_the_server_is_ready_ends_the_run_cleanly(tmp_path,
+                                                                             stub_server):
+    """A server still starting when the run began tells its max_model_len only once ready, inside
+    the run: the check's SystemExit skipped the run's ending (no --stats-json, the new run's
+    manifest left), so the rerun with a --max-tokens that fits was refused as another run."""
+    stub = stub_server("--max-model-len", "20000", "--health-delay", "2")
+    write_image_folder(tmp_path / "in", 2)
+    stats = tmp_path / "stats.json"
+    args = [str(tmp_path / "in"), str(tmp_path / "out"), *common(stub, "--stats-json", str(stats))]
+    run = run_script(OVIS, *args)
+    assert run.returncode == 2 and "max_model_len 20000" in run.stderr, run.stderr
+    assert "Traceback" not in run.stderr and stub.requests() == []
+    assert json.loads(stats.read_text())["exit_code"] == 2
+    run = run_script(OVIS, *args, "--max-tokens", "8000")
+    assert run.returncode == 0, run.stderr
+
+
 def test_a_server_with_another_model_is_refused(tmp_path, stub_server):
     stub = stub_server("--model", "someone/else")
     write_image_folder(tmp_path / "in", 2)
