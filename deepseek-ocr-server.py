@@ -2057,16 +2057,17 @@ class OutputStore:
                     f"Every row is written; to write the card, {rerun_advice()}")
         if self.api is None:
             return
-        if self.conflict:
-            return log(f"error: {self.conflict}")
         with self.queue_lock:
             files, self.queued = self.queued, {}
         if card is not None:
             files["README.md"] = self.root / "README.md"
-        if (files or self.notes_due) and not self.commit(files):
+        if not self.conflict and (files or self.notes_due) and not self.commit(files) \
+                and not self.conflict:
             self.upload_failures = sorted(self.queued)
             log(f"{len(self.upload_failures)} file(s) did not reach the Hub; they are safe in "
                 f"{self.root}. To upload them, {rerun_advice()}")
+        if self.conflict:  # found during the run, or by this last commit
+            return log(f"error: {self.conflict}")
         self.upload_failures += ["README.md"] * card_failed  # exit 6: the card is not on the Hub
 
     def location(self) -> str:
@@ -2238,15 +2239,17 @@ def hub_dataset_sha(args) -> str | None:
 
 def check_context_budget(max_model_len, args, option: str = "--max-model-len") -> None:
     """Image tokens + max_tokens must fit the context (None: unknown), or every page is refused;
-    option: what raises max_model_len (a server's flag, or offline its --llm-kwargs key)."""
+    option: what raises max_model_len (a server's flag, or offline its --llm-kwargs key).
+    RunAborted: a server that was starting tells its context inside the run."""
     budget = image_token_budget(args)
     need, room = budget + args.max_tokens, int(max_model_len or 0) - budget
     if max_model_len and need > int(max_model_len):
         advice = f"Lower --max-tokens to at most {room}, or raise" if room > 0 else \
             f"The largest page alone needs {budget} prompt tokens: raise"
-        fail(f"--max-tokens {args.max_tokens} plus up to {budget} prompt tokens (the largest "
-             f"page) is {need}, over max_model_len {max_model_len}: every request would be "
-             f"refused. {advice} {option} to at least {need}.")
+        raise RunAborted(f"--max-tokens {args.max_tokens} plus up to {budget} prompt tokens (the "
+                         f"largest page) is {need}, over max_model_len {max_model_len}: every "
+                         f"request would be refused. {advice} {option} to at least {need}.",
+                         EXIT_USAGE)
 
 
 def inference_info_entry(args, model_revision: str | None, **engine) -> dict:
@@ -2921,6 +2924,9 @@ def run_script(args, hub_api, engine: dict, info_entry: dict, ready, work,
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else EXIT_USAGE
         raise
+    except RunAborted as exc:  # refused before any page was sent
+        log(f"error: {exc}")
+        code = exc.code
     except KeyboardInterrupt:
         log("interrupted before any page was sent: nothing to save")
         code = 130
@@ -3597,11 +3603,14 @@ async def run_server_pipeline(run, args, server: ServerManager, window: Window) 
                          "all failed on the server's side over {:.0f} s")
     failure: list[BaseException] = []
     tasks: set[asyncio.Task] = set()
+    main = asyncio.current_task()
 
     def stop(exc: BaseException) -> None:  # the pages in flight stay pending
         failure.append(exc)
         for task in tasks - {asyncio.current_task()}:
             task.cancel()
+        if len(failure) == 1 and not window.input_done:  # a page cancelled before it began
+            main.cancel()  # gives no slot back: the input loop's wait for one ends here
 
     async with ClientGroup(timeout=httpx.Timeout(args.request_timeout, connect=30.0)) as client:
         # what the exit undoes, last first: the tasks, the bar, the pools
@@ -3666,7 +3675,11 @@ async def run_server_pipeline(run, args, server: ServerManager, window: Window) 
         watching.add_done_callback(lambda watch: watch.cancelled() or stop(watch.exception()))
         client.callback(watching.cancel)
         for index, cell in iter_image_cells(run.source, run.plan.send):
-            await window.acquire()
+            try:
+                await window.acquire()
+            except asyncio.CancelledError:
+                if not failure:
+                    raise
             if failure:
                 break
             stats.enter()
@@ -3740,10 +3753,7 @@ def run_server_script(doc: str, argv: list[str] | None = None, hub_api=None) -> 
     def ready(check_only: bool) -> None:  # before the input is read and the repo created
         if check_only:  # no server planned or started; a Job's own server's context checked
             return check_context_budget(serve_max_model_len(args), args)
-        try:
-            asyncio.run(server.plan())
-        except RunAborted as exc:
-            fail(str(exc), exc.code)
+        asyncio.run(server.plan())
 
     def work(run) -> None:
         server.log_dir = run.store.meta / "logs"

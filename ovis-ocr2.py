@@ -1975,16 +1975,17 @@ class OutputStore:
                     f"Every row is written; to write the card, {rerun_advice()}")
         if self.api is None:
             return
-        if self.conflict:
-            return log(f"error: {self.conflict}")
         with self.queue_lock:
             files, self.queued = self.queued, {}
         if card is not None:
             files["README.md"] = self.root / "README.md"
-        if (files or self.notes_due) and not self.commit(files):
+        if not self.conflict and (files or self.notes_due) and not self.commit(files) \
+                and not self.conflict:
             self.upload_failures = sorted(self.queued)
             log(f"{len(self.upload_failures)} file(s) did not reach the Hub; they are safe in "
                 f"{self.root}. To upload them, {rerun_advice()}")
+        if self.conflict:  # found during the run, or by this last commit
+            return log(f"error: {self.conflict}")
         self.upload_failures += ["README.md"] * card_failed  # exit 6: the card is not on the Hub
 
     def location(self) -> str:
@@ -2156,15 +2157,17 @@ def hub_dataset_sha(args) -> str | None:
 
 def check_context_budget(max_model_len, args, option: str = "--max-model-len") -> None:
     """Image tokens + max_tokens must fit the context (None: unknown), or every page is refused;
-    option: what raises max_model_len (a server's flag, or offline its --llm-kwargs key)."""
+    option: what raises max_model_len (a server's flag, or offline its --llm-kwargs key).
+    RunAborted: a server that was starting tells its context inside the run."""
     budget = image_token_budget(args)
     need, room = budget + args.max_tokens, int(max_model_len or 0) - budget
     if max_model_len and need > int(max_model_len):
         advice = f"Lower --max-tokens to at most {room}, or raise" if room > 0 else \
             f"The largest page alone needs {budget} prompt tokens: raise"
-        fail(f"--max-tokens {args.max_tokens} plus up to {budget} prompt tokens (the largest "
-             f"page) is {need}, over max_model_len {max_model_len}: every request would be "
-             f"refused. {advice} {option} to at least {need}.")
+        raise RunAborted(f"--max-tokens {args.max_tokens} plus up to {budget} prompt tokens (the "
+                         f"largest page) is {need}, over max_model_len {max_model_len}: every "
+                         f"request would be refused. {advice} {option} to at least {need}.",
+                         EXIT_USAGE)
 
 
 def inference_info_entry(args, model_revision: str | None, **engine) -> dict:
@@ -2839,6 +2842,9 @@ def run_script(args, hub_api, engine: dict, info_entry: dict, ready, work,
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else EXIT_USAGE
         raise
+    except RunAborted as exc:  # refused before any page was sent
+        log(f"error: {exc}")
+        code = exc.code
     except KeyboardInterrupt:
         log("interrupted before any page was sent: nothing to save")
         code = 130

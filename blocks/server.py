@@ -570,11 +570,14 @@ async def run_server_pipeline(run, args, server: ServerManager, window: Window) 
                          "all failed on the server's side over {:.0f} s")
     failure: list[BaseException] = []
     tasks: set[asyncio.Task] = set()
+    main = asyncio.current_task()
 
     def stop(exc: BaseException) -> None:  # the pages in flight stay pending
         failure.append(exc)
         for task in tasks - {asyncio.current_task()}:
             task.cancel()
+        if len(failure) == 1 and not window.input_done:  # a page cancelled before it began
+            main.cancel()  # gives no slot back: the input loop's wait for one ends here
 
     async with ClientGroup(timeout=httpx.Timeout(args.request_timeout, connect=30.0)) as client:
         # what the exit undoes, last first: the tasks, the bar, the pools
@@ -639,7 +642,11 @@ async def run_server_pipeline(run, args, server: ServerManager, window: Window) 
         watching.add_done_callback(lambda watch: watch.cancelled() or stop(watch.exception()))
         client.callback(watching.cancel)
         for index, cell in iter_image_cells(run.source, run.plan.send):
-            await window.acquire()
+            try:
+                await window.acquire()
+            except asyncio.CancelledError:
+                if not failure:
+                    raise
             if failure:
                 break
             stats.enter()
@@ -713,10 +720,7 @@ def run_server_script(doc: str, argv: list[str] | None = None, hub_api=None) -> 
     def ready(check_only: bool) -> None:  # before the input is read and the repo created
         if check_only:  # no server planned or started; a Job's own server's context checked
             return check_context_budget(serve_max_model_len(args), args)
-        try:
-            asyncio.run(server.plan())
-        except RunAborted as exc:
-            fail(str(exc), exc.code)
+        asyncio.run(server.plan())
 
     def work(run) -> None:
         server.log_dir = run.store.meta / "logs"

@@ -419,3 +419,26 @@ def test_another_run_writing_the_same_rows_mid_run_stops_this_one_at_once(tmp_pa
     err = capsys.readouterr().err
     assert code == 2 and "another run is writing rows 0-60 of user/ocr-out" in err, err
     assert len(stub.requests()) < 40
+
+
+def test_another_run_found_by_the_final_commit_is_said(tmp_path, stub_server, capsys):
+    """Another run's part in this shard's rows lands just before the final commit, which the Hub
+    refuses (412) and whose retry finds it: the run exited 2 without saying why."""
+    stub = stub_server()
+    write_image_folder(tmp_path / "in", 6)
+
+    class RacedHub(FakeHub):  # another run commits rows 3-6 as this one sends its card
+        def create_commit(self, repo_id, operations, **kwargs):
+            raced = self.root / repo_id / "data" / "part-000000003-000000006.parquet"
+            if any(op.path_in_repo == "README.md" for op in operations) and not raced.exists():
+                seed_foreign_repo(self.root, repo_id, {f"data/{raced.name}": foreign_parquet(tmp_path)})
+                self.head += 1
+            return super().create_commit(repo_id, operations, **kwargs)
+
+    argv = [str(tmp_path / "in"), "user/ocr-out", "--work-dir", str(tmp_path / "w"),
+            "--no-sanity-check", *common(stub)]
+    code = load_script(OVIS).main(argv, hub_api=RacedHub(tmp_path / "hub"))
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "another run is writing rows 0-6 of user/ocr-out at the same time" in err, err
+    assert "did not reach the Hub" not in err

@@ -319,6 +319,42 @@ def test_a_remote_server_that_stays_down_ends_the_run_with_finished_rows_saved(t
     assert all(e is None for e in ds["markdown_error"])
 
 
+WATCH_FAILS_AS_A_SLOT_FREES = """
+import asyncio, importlib.util, sys
+spec = importlib.util.spec_from_file_location("script", sys.argv[1])
+script = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(script)
+answered, leave = asyncio.Event(), script.RunStats.leave
+
+def left(stats):  # a page's answer is in: the watch's verdict lands as its slot is refilled
+    leave(stats)
+    answered.set()
+
+async def watch(server, client, stats, storm):
+    await answered.wait()
+    storm.stop("the server failed /health")
+
+script.RunStats.leave, script.ServerManager.watch = left, watch
+sys.exit(script.main(sys.argv[2:]))
+"""
+
+
+def test_a_server_failing_while_the_window_holds_only_unstarted_pages_ends_the_run(
+        tmp_path, stub_server):
+    """The watch stopped the run just after the input loop refilled the window: the page it
+    cancelled had not begun, so its slot was never given back and the run waited forever."""
+    stub = stub_server()
+    write_image_folder(tmp_path / "in", 6)
+    run = subprocess.run([sys.executable, "-c", WATCH_FAILS_AS_A_SLOT_FREES, str(ROOT / OVIS),
+                          str(tmp_path / "in"), str(tmp_path / "out"),
+                          *common(stub, "--concurrency", "1", "--part-rows", "100")],
+                         capture_output=True, text=True, timeout=40)
+    assert run.returncode == 4, run.stderr
+    assert "the server failed /health" in run.stderr and "stay pending" in run.stderr
+    saved = load_output(tmp_path / "out")
+    assert saved.num_rows == 1 and saved["markdown_error"] == [None]
+
+
 def exit_code(module, argv) -> int:
     try:
         return module.main(argv)
@@ -462,6 +498,23 @@ def test_without_vllm_and_without_a_server_it_exits_2_with_the_jobs_command(tmp_
     assert f"uv run ocr-jobs.py {OVIS} INPUT OUTPUT --shards 1" in run.stderr
     assert f"vllm/vllm-openai:{module.IMAGE_TAG}" in (ROOT / OVIS).read_text().split("# ///")[1]
     assert "--server URL" in run.stderr and "pip install vllm" in run.stderr
+
+
+def test_a_context_budget_known_once_the_server_is_ready_ends_the_run_cleanly(tmp_path,
+                                                                             stub_server):
+    """A server still starting when the run began tells its max_model_len only once ready, inside
+    the run: the check's SystemExit skipped the run's ending (no --stats-json, the new run's
+    manifest left), so the rerun with a --max-tokens that fits was refused as another run."""
+    stub = stub_server("--max-model-len", "20000", "--health-delay", "2")
+    write_image_folder(tmp_path / "in", 2)
+    stats = tmp_path / "stats.json"
+    args = [str(tmp_path / "in"), str(tmp_path / "out"), *common(stub, "--stats-json", str(stats))]
+    run = run_script(OVIS, *args)
+    assert run.returncode == 2 and "max_model_len 20000" in run.stderr, run.stderr
+    assert "Traceback" not in run.stderr and stub.requests() == []
+    assert json.loads(stats.read_text())["exit_code"] == 2
+    run = run_script(OVIS, *args, "--max-tokens", "8000")
+    assert run.returncode == 0, run.stderr
 
 
 def test_a_server_with_another_model_is_refused(tmp_path, stub_server):
