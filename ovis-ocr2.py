@@ -2671,8 +2671,8 @@ ABOVE_0 = ("part_seconds", "server_timeout", "server_down_timeout", "request_tim
 
 def argument_word(action: argparse.Action, value) -> str:
     """A parsed argument as one word: a value, a flag (--x, or --no-x), --option=value."""
-    if not action.option_strings:
-        return str(value)
+    if not action.option_strings:  # a path given after `--` as it starts like an option: ./-x
+        return f"./{value}" if str(value).startswith("-") else str(value)
     if action.nargs == 0:
         return action.option_strings[-1 if value is False else 0]
     return f"{action.option_strings[0]}={value}"
@@ -2691,10 +2691,11 @@ def parse_arguments(doc: str, argv: list[str] | None, add_shape_arguments, shape
     parser.error = error
     args = parser.parse_args(argv)
     for action in parser._actions:  # parsed again without defaults: only the arguments given,
-        action.default = argparse.SUPPRESS  # in their order
+        action.default = argparse.SUPPRESS  # INPUT and OUTPUT, then the options in their order
     actions = {action.dest: action for action in parser._actions}
-    _RUN_ARGV[:] = [argument_word(actions[dest], value)
-                    for dest, value in vars(parser.parse_args(argv)).items()]
+    parsed = vars(parser.parse_args(argv))
+    _RUN_ARGV[:] = [argument_word(actions[dest], parsed[dest]) for dest in
+                    sorted(parsed, key=lambda dest: bool(actions[dest].option_strings))]
     given = {name: value for name, value in vars(args).items() if value is not None}
     problems = [f"--{name.replace('_', '-')} must be at least {low}, got {given[name]}"
                 for name, low in AT_LEAST.items() if name in given and given[name] < low]
