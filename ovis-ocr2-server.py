@@ -234,8 +234,7 @@ SECRET_NAME = re.compile(r"(?:^|[-_.])(?:secret|password|passwd)(?:[-_.]|$)|(?:^
                          r"$|^-*key$", re.I)
 # a word of a command line that is a flag (--x, -x, --x=...), not a value (-1, -, "--x y")
 FLAG = re.compile(r"^--?[A-Za-z][^\s=]*(?:=|$)")
-_VALUE_OPTIONS: set = set()  # the options that take a value, from the parser (parse_arguments)
-_RUN_ARGV: list = []  # this run's arguments (parse_arguments), for the command that resumes it
+_RUN_ARGV: list = []  # this run's arguments, one word each (parse_arguments): a rerun's, a Job's
 
 
 EXIT_USAGE, EXIT_DEGENERATE, EXIT_REFUSED, EXIT_NOT_WRITTEN, EXIT_NOT_UPLOADED = 2, 3, 4, 5, 6
@@ -2406,25 +2405,20 @@ def redact_value(value, mask: str | None = "***"):
     return redact_text(value)
 
 
-def flag_items(argv: list[str], value_options=None) -> list[tuple[str | None, list[str], bool]]:
+def flag_items(argv: list[str]) -> list[tuple[str | None, list[str], bool]]:
     """Every command line here as (flag, values, joined) items: `--flag=value` (joined), `--flag
-    a b` (vLLM's lists), a bare flag, (None, [word], False). Given a parser's value_options,
-    those take one value, other flags none, and `--` ends the flags."""
-    items, rest = [], []
-    if value_options is not None and "--" in argv:
-        argv, rest = argv[:argv.index("--")], argv[argv.index("--") + 1:]
+    a b` (vLLM's lists), a bare flag, (None, [word], False)."""
+    items = []
     for word in argv:
         flag, values, joined = items[-1] if items else (None, [], True)
-        if flag and not joined and (flag in value_options and not values
-                                    if value_options is not None else
-                                    not FLAG.match(word) and not flag.startswith("--no-")):
+        if flag and not joined and not FLAG.match(word) and not flag.startswith("--no-"):
             values.append(word)
         elif FLAG.match(word):
             name, eq, value = word.partition("=")
             items.append((name, [value] if eq else [], bool(eq)))
         else:
             items.append((None, [word], False))
-    return items + [(None, [word], False) for word in rest]
+    return items
 
 
 def flag_words(items) -> list[str]:
@@ -2433,8 +2427,8 @@ def flag_words(items) -> list[str]:
         [f"{name}={values[0]}"] if joined else [name, *values] if name else values)]
 
 
-def redact_argv(argv: list[str], mask: str | None = "***", value_options=None,
-                left_out: list | None = None) -> list[str]:
+def redact_argv(argv: list[str], mask: str | None = "***", left_out: list | None = None
+                ) -> list[str]:
     """A command line with its secrets masked, or dropped (mask=None; left_out then gets the
     names of the options that held one). --serve-args is a command line of its own."""
     def redacted(name: str | None, value: str) -> str:
@@ -2448,7 +2442,7 @@ def redact_argv(argv: list[str], mask: str | None = "***", value_options=None,
         return value if kept == words else shlex.join(kept)
 
     items = []
-    for name, values, joined in flag_items(argv, value_options):
+    for name, values, joined in flag_items(argv):
         secret = is_secret(name or "", values)
         kept = [mask] * len(values) if secret else [redacted(name, v) for v in values]
         if name and kept != values and left_out is not None:
@@ -2456,14 +2450,6 @@ def redact_argv(argv: list[str], mask: str | None = "***", value_options=None,
         if not secret or mask is not None:
             items.append((name, kept, joined))
     return flag_words(items)
-
-
-def public_items(argv: list[str], drop, left_out: list | None = None) -> list[tuple]:
-    """This script's argv as flag_items, without the options in drop and with its secrets
-    dropped, not masked (a masked value would be used)."""
-    known = _VALUE_OPTIONS or None
-    return [item for item in flag_items(redact_argv(argv, None, known, left_out), known)
-            if item[0] not in drop]
 
 
 def rerun_advice() -> str:
@@ -2478,17 +2464,18 @@ JOBS_NOTE = ("ocr-jobs.py, the collection's launcher beside this script, runs it
 
 
 def jobs_command(argv: list[str] | None = None) -> str:
-    """This run (argv: the run's) as the launcher runs it on Jobs: its public options, but not
-    those of this machine (a server, paths) nor the shard's; a local INPUT or OUTPUT is named."""
+    """This run (argv: the run's) as the launcher runs it on Jobs: its options but not those of
+    this machine (a server, paths) nor the shard's, its secrets dropped (a masked value would be
+    used) and an option they leave empty; a local INPUT or OUTPUT is named."""
     places, options, shards = [], [], "1"
-    for name, values, _ in public_items(_RUN_ARGV if argv is None else argv, {
-            "--server", "--no-spawn", "--work-dir", "--stats-json", "--restart", "--shard-index"}):
+    for name, values, _ in flag_items(redact_argv(_RUN_ARGV if argv is None else argv, None)):
         if name == "--num-shards":
             shards = values[-1]
         elif name is None:  # INPUT, OUTPUT
             hub = REPO_ID.match(values[0]) and not Path(values[0]).expanduser().exists()
             places.append(values[0] if hub else ("INPUT", "OUTPUT")[len(places) % 2])
-        elif values != [""]:  # an option whose value was all secrets goes with them
+        elif values != [""] and name not in ("--server", "--no-spawn", "--work-dir",
+                                             "--stats-json", "--restart", "--shard-index"):
             options += [name, *values]
     if os.environ.get("JOB_FLAVOR"):  # the flavor this Job was given (ACCELERATOR is no flavor)
         options[:0] = ["--flavor", os.environ["JOB_FLAVOR"]]
@@ -2700,14 +2687,20 @@ ABOVE_0 = ("part_seconds", "server_timeout", "server_down_timeout", "request_tim
            "adapt_interval", "max_inflight_memory", "pdf_page_timeout")
 
 
+def argument_word(action: argparse.Action, value) -> str:
+    """A parsed argument as one word: a value, a flag (--x, or --no-x), --option=value."""
+    if not action.option_strings:  # a path given after `--` as it starts like an option: ./-x
+        return f"./{value}" if str(value).startswith("-") else str(value)
+    if action.nargs == 0:
+        return action.option_strings[-1 if value is False else 0]
+    return f"{action.option_strings[0]}={value}"
+
+
 def parse_arguments(doc: str, argv: list[str] | None, add_shape_arguments, shape_problems):
     """The run's argv (default: the command line's) parsed, then every argument checked before
     anything is read, started or created; the shape's own options by shape_problems(args)."""
-    global _VALUE_OPTIONS
     parser = argument_parser(doc, add_shape_arguments)
-    _RUN_ARGV[:] = argv = sys.argv[1:] if argv is None else list(argv)
-    _VALUE_OPTIONS = {s for action in parser._actions for s in action.option_strings
-                      if action.nargs != 0}
+    argv = sys.argv[1:] if argv is None else argv
 
     def error(message: str) -> "NoReturn":  # noqa: F821  (through log: argparse echoes values)
         parser.print_usage(sys.stderr)
@@ -2715,6 +2708,12 @@ def parse_arguments(doc: str, argv: list[str] | None, add_shape_arguments, shape
 
     parser.error = error
     args = parser.parse_args(argv)
+    for action in parser._actions:  # parsed again without defaults: only the arguments given,
+        action.default = argparse.SUPPRESS  # INPUT and OUTPUT, then the options in their order
+    actions = {action.dest: action for action in parser._actions}
+    parsed = vars(parser.parse_args(argv))
+    _RUN_ARGV[:] = [argument_word(actions[dest], parsed[dest]) for dest in
+                    sorted(parsed, key=lambda dest: bool(actions[dest].option_strings))]
     given = {name: value for name, value in vars(args).items() if value is not None}
     problems = [f"--{name.replace('_', '-')} must be at least {low}, got {given[name]}"
                 for name, low in AT_LEAST.items() if name in given and given[name] < low]
@@ -2835,7 +2834,7 @@ def run_script(args, hub_api, engine: dict, info_entry: dict, ready, work,
             revision = identity["input"].get("revision")
             log(f"check passed: {rows} rows -> {store.location()}; nothing was written")
             secret: list = []  # the options holding a secret (the launcher keeps them out of Jobs)
-            public_items(_RUN_ARGV, set(), secret)
+            redact_argv(_RUN_ARGV, None, secret)
             print(json.dumps({"rows": rows, **({"input_revision": revision} if revision else {}),
                               **({"secret_options": secret} if secret else {})}))
             return 0

@@ -269,6 +269,21 @@ def test_a_jobs_flavor_is_kept_and_a_hub_input_and_output_too(monkeypatch, capsy
     assert "hf upload" not in run.stderr
 
 
+def test_the_printed_command_has_the_arguments_given_in_their_order(tmp_path):
+    """As argparse read them: `--option=value` and `--option value` alike, a default given again,
+    a --no- flag, and an INPUT that starts like an option (given after `--`)."""
+    if load_script("ovis-ocr2.py").gpu_visible():
+        pytest.skip("a GPU is visible: the offline script would run")
+    write_image_folder(tmp_path / "-scans", 1)
+    run = run_script("ovis-ocr2.py", "--seed=7", "--split", "train", "--no-repetition-detection",
+                     "--shuffle", "--", "-scans", str(tmp_path / "out"),
+                     env={**NO_VLLM, "ACCELERATOR": "gpu"}, cwd=tmp_path, timeout=60)
+    assert run.returncode == 2, run.stderr
+    assert printed_command(run.stderr)[4:] == ["INPUT", "OUTPUT", "--shards", "1", "--seed", "7",
+                                               "--split", "train", "--no-repetition-detection",
+                                               "--shuffle"]
+
+
 def test_the_cards_reproduce_command_runs_as_printed(tmp_path, stub_server, monkeypatch, capsys):
     stub = stub_server()
     write_image_folder(tmp_path / "in", 2)
