@@ -3665,6 +3665,9 @@ async def run_server_pipeline(run, args, server: ServerManager, window: Window) 
     from tqdm import tqdm
 
     loop, stats, writer = asyncio.get_running_loop(), run.stats, run.writer
+    loop.set_exception_handler(  # a Ctrl-C lands in a page task: said once, not as its traceback
+        lambda loop, context: isinstance(context.get("exception"), KeyboardInterrupt) or
+        loop.default_exception_handler(context))
     write_lock = asyncio.Lock()
     storm = HeldFailures(SERVER, args.abort_after_failures, args.abort_after_seconds,
                          "all failed on the server's side over {:.0f} s")

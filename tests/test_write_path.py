@@ -738,3 +738,25 @@ def test_a_disk_error_while_the_run_finishes_is_said_with_the_real_stats(tmp_pat
     monkeypatch.setattr(module.OutputStore, "finish", real)
     assert module.main(argv) == 0 and len(load_output(tmp_path / "out")) == 3
     assert (tmp_path / "out" / "README.md").exists()
+
+
+def test_a_ctrl_c_mid_run_prints_no_traceback(tmp_path, stub_server):
+    """A SIGINT lands inside whichever page task runs: that task's KeyboardInterrupt was
+    printed at exit as 'Task exception was never retrieved' with a traceback."""
+    (tmp_path / "answer.md").write_text("word " * 40000)
+    stub = stub_server("--no-decode", "--answer-file", str(tmp_path / "answer.md"))
+    write_image_folder(tmp_path / "in", 300)
+    out = tmp_path / "out"
+    run = subprocess.Popen([sys.executable, str(ROOT / "ovis-ocr2-server.py"), str(tmp_path / "in"),
+                            str(out), "--server", stub.url, "--concurrency", "16",
+                            "--no-sanity-check"], stdout=subprocess.DEVNULL,
+                           stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: journal_rows(out) >= 20, process=run)
+        run.send_signal(signal.SIGINT)
+        stderr = run.communicate(timeout=60)[1]
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert run.returncode == 130, stderr
+    assert "Traceback" not in stderr and "never retrieved" not in stderr, stderr
