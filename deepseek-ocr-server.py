@@ -3096,6 +3096,8 @@ def parse_vllm_size(value) -> int | None:
     if text.lower() in ("auto", "-1"):
         return None
     match = re.fullmatch(r"(\d+)([KMGT]?)|(\d+(?:\.\d+)?)([kmgt])", text)
+    if re.fullmatch(r"\d+\.\d+[KMGT]", text):
+        raise ValueError(f"{text!r}: no decimals with {text[-1]} (did you mean {text.lower()}?)")
     if not match:
         raise ValueError(f"{text!r} is not a size (write e.g. 32768, 24k, 32K or auto)")
     number, suffix = match.group(1, 2) if match.group(1) else match.group(3, 4)
