@@ -340,20 +340,15 @@ class RunAborted(Exception):
 
 # ---- where the data comes from and goes to ------------------------------------------------
 
-def uv_url_copy() -> bool:
-    """Whether this is the temp copy `uv run URL` runs: <stem> and six random letters and
-    digits, one a capital or a digit (no name of this collection ends so)."""
+def script_name() -> str:
+    """This script's file name, also as the temp copy `uv run URL` runs (<stem> and six random
+    letters and digits, one a capital or a digit): a rerun by URL is the same run."""
     import tempfile
 
     path = Path(sys.argv[0])
-    return path.resolve().parent == Path(tempfile.gettempdir()).resolve() and bool(
-        re.fullmatch(r".+(?=[a-z]*[A-Z0-9])[A-Za-z0-9]{6}\.py", path.name))
-
-
-def script_name() -> str:
-    """This script's file name however it is run (by URL too: a rerun is the same run)."""
-    name = Path(sys.argv[0]).name
-    return name[:-9] + ".py" if uv_url_copy() else name
+    copy = path.resolve().parent == Path(tempfile.gettempdir()).resolve() and re.fullmatch(
+        r".+(?=[a-z]*[A-Z0-9])[A-Za-z0-9]{6}\.py", path.name)
+    return path.name[:-9] + ".py" if copy else path.name
 
 
 def is_local_target(value: str) -> bool:
@@ -366,8 +361,8 @@ def resolve_output(value: str) -> tuple[str, str]:
         return "local", str(Path(value).expanduser().resolve())
     if REPO_ID.match(value):
         return "hub", value
-    fail(f"OUTPUT {value!r} is neither a Hub dataset id (namespace/name) nor a local path. "
-         f"For a local folder write ./{value} or an absolute path.")
+    fail(f"OUTPUT {value!r} is neither a Hub dataset id (namespace/name) nor a local path: "
+         f"write ./{value} for a local folder")
 
 
 def requested_revision(args) -> str | None:
@@ -385,8 +380,8 @@ _RESOLVED_REVISIONS: dict = {}
 
 
 def resolved_revision(args) -> str | None:
-    """The commit sha of the weights this run loads, asked once: a pinned full sha stands for
-    itself; None for a local folder, or when the Hub cannot be asked (no network)."""
+    """The commit sha of the weights this run loads, asked once: a full sha stands for itself;
+    None for a local folder, or when the Hub cannot be asked."""
     requested = requested_revision(args)
     key = (args.model, requested)
     if key not in _RESOLVED_REVISIONS:
@@ -442,43 +437,39 @@ def _split_of(splits: dict, what: str, args, configs: bool = False):
     """splits[--split], the default (train) taking a lone split of any name; a --split or a
     --config that INPUT cannot honour is refused, never ignored."""
     lone = next(iter(splits)) if len(splits) == 1 else None
+    split = lone if lone and args.split == "train" else args.split
     problems = [f"--config {args.config} (it has no configs)"] * \
         (not configs and args.config not in (None, "", "default"))
-    if args.split not in splits and not (lone and args.split == "train"):
-        problems.append(f"--split {args.split} (its one split is {lone})" if lone else
-                        f"--split {args.split} (it has: {', '.join(splits) or 'none'})")
+    if split not in splits:
+        problems.append(f"--split {split} (its one split is {lone})" if lone else
+                        f"--split {split} (it has: {', '.join(splits) or 'none'})")
     if problems:
         fail(f"INPUT {what} cannot honour {' and '.join(problems)}: leave the flag out, or name "
-             f"what it has.")
-    return splits[args.split if args.split in splits else lone]
+             f"what it has")
+    return splits[split]
 
 
 def check_output_outside_input(args) -> None:
     """Refused up front: a local OUTPUT and INPUT that hold each other, OUTPUT the Hub INPUT."""
+    if args.output.lower() == args.input.lower() and not is_local_target(args.output):
+        fail(f"OUTPUT must not be INPUT {args.output}: write to e.g. {args.output}-ocr")
     source = Path(args.input).expanduser()
-    if not source.exists():
-        if args.output.lower() == args.input.lower() and not is_local_target(args.output):
-            fail(f"OUTPUT must not be INPUT: {args.output} is the input dataset (its card would "
-                 f"be replaced, its data deleted by --restart). Write to e.g. {args.output}-ocr")
-        return
-    if not is_local_target(args.output):
+    if not source.exists() or not is_local_target(args.output):
         return
     source, target = source.resolve(), Path(args.output).expanduser().resolve()
-    if target in source.parents:
-        fail(f"INPUT must not be inside OUTPUT {target}: load_dataset(OUTPUT) would read INPUT's "
-             f"files as output rows. Write to another folder, e.g. {target}-ocr")
+    if target in source.parents:  # load_dataset(OUTPUT) would read INPUT as output rows
+        fail(f"INPUT must not be inside OUTPUT {target}: write to e.g. {target}-ocr")
     if source.is_dir() and (target == source or source in target.parents):
-        fail(f"OUTPUT must not be INPUT or inside INPUT {source}: a rerun would read its own "
-             f"files as input. Write it beside INPUT, e.g. {source}-ocr")
+        fail(f"OUTPUT must not be INPUT or inside INPUT {source}: write to e.g. {source}-ocr")
 
 
 def _walk_folder(root: Path, args) -> list[Path]:
-    """Every file under root, in path order: symlinked folders followed, each real folder once;
-    hidden names (.git, macOS ._x) left out, as `datasets` does."""
+    """Every file under root, in path order: symlinked folders followed, each real folder once,
+    never OUTPUT; hidden names (.git, macOS ._x) left out, as `datasets` does."""
     def unreadable(exc: OSError) -> None:
         fail(f"cannot read the folder {exc.filename} of INPUT: {exc.strerror or exc}")
 
-    read = "a folder already read: a loop, or a second link"
+    read = "a folder already read (a loop, or a second link)"
     seen = {os.path.realpath(root): read}  # each real folder: why a link to it is skipped
     if is_local_target(args.output):
         seen.setdefault(os.path.realpath(Path(args.output).expanduser()), "OUTPUT")
@@ -488,7 +479,7 @@ def _walk_folder(root: Path, args) -> list[Path]:
         for name in sorted(name for name in dirs if not name.startswith(".")):
             real = os.path.realpath(os.path.join(folder, name))
             if real in seen:
-                log(f"skipped {os.path.join(folder, name)} ({real}): a symlink to {seen[real]}")
+                log(f"skipped {os.path.join(folder, name)}: a symlink to {seen[real]}")
             else:
                 seen[real] = read
                 kept.append(name)
@@ -501,6 +492,7 @@ def _read_metadata(root: Path, metadata_files: list[Path], relative: list[str]):
     """imagefolder's metadata files (`file_name` relative to their folder) as one row per image:
     the first row naming an image counts; an image named in none has empty metadata."""
     import pyarrow as pa
+    import pyarrow.compute as pc
     import pyarrow.dataset as pads
 
     tables, keys = [], []
@@ -510,11 +502,10 @@ def _read_metadata(root: Path, metadata_files: list[Path], relative: list[str]):
             table = table.to_table()
         except Exception as exc:
             fail(f"cannot read the metadata file {path}: {type(exc).__name__}: {exc}")
-        written = [name for name in ("image", "pdf", *PDF_COLUMNS) if name in table.column_names]
-        if "file_name" not in table.column_names or written:
-            fail(f"the metadata file {path} needs a file_name column, and none this script "
-                 f"writes itself ({', '.join(written or ['image', 'pdf', *PDF_COLUMNS])}; "
-                 f"columns: {', '.join(table.column_names)}): rename, or move it out of INPUT")
+        ours = ["image", "pdf", *PDF_COLUMNS]
+        if "file_name" not in table.column_names or set(ours) & set(table.column_names):
+            fail(f"the metadata file {path} needs a file_name column and none of "
+                 f"{', '.join(ours)}: rename its columns, or move it out of INPUT")
         base = path.parent.relative_to(root).as_posix()
         keys += [name and os.path.normpath(f"{base}/{name}")
                  for name in table["file_name"].cast(pa.string()).to_pylist()]
@@ -523,8 +514,7 @@ def _read_metadata(root: Path, metadata_files: list[Path], relative: list[str]):
         meta = pa.concat_tables(tables, promote_options="permissive")
     except Exception as exc:
         fail(f"the metadata files of INPUT do not share their columns: {exc}")
-    row_of = {key: row for row, key in reversed(list(enumerate(keys)))}  # the first one wins
-    return meta.take(pa.array([row_of.get(name) for name in relative], type=pa.int64()))
+    return meta.take(pc.index_in(pa.array(relative), value_set=pa.array(keys, pa.string())))
 
 
 def _image_folder(root: Path, files: list[Path], metadata_files: list[Path]):
@@ -550,18 +540,21 @@ def _image_folder(root: Path, files: list[Path], metadata_files: list[Path]):
     return ds
 
 
-def _table_files(files: list[Path], what: str) -> list[Path]:
-    """The table files that hold rows (datasets fails on a parquet of none)."""
+def _load_tables(reader: str, data_files: dict, what: str, args, configs: bool = False):
+    """The tables of --split (datasets fails on a parquet of no rows: those are left out)."""
+    import datasets
     import pyarrow.parquet as pq
 
-    def rows(path: Path) -> int:
+    chosen = []
+    for path in _split_of(data_files, what, args, configs):
         try:
-            return pq.ParquetFile(str(path)).metadata.num_rows if path.suffix == ".parquet" else 1
+            if not str(path).endswith(".parquet") or pq.read_metadata(path).num_rows:
+                chosen.append(str(path))
         except Exception as exc:  # pyarrow says what: 0 bytes, or no parquet at all
-            fail(f"INPUT file {path} is not a readable parquet file ({exc}): remove it, or write "
-                 f"it again")
-
-    return [path for path in files if rows(path)] or _nothing_to_do(what)
+            fail(f"INPUT file {path} is not a readable parquet file ({exc}): remove or rewrite it")
+    # the files named: datasets caches a README config by name, a changed folder stale
+    return _by_datasets(what, datasets.load_dataset, reader, args.config if configs else None,
+                        split=args.split, data_files={args.split: chosen or _nothing_to_do(what)})
 
 
 def _load_local_dataset(path: Path, args):
@@ -569,16 +562,13 @@ def _load_local_dataset(path: Path, args):
     never two at once; with the files it is read from."""
     import datasets
 
+    if path.suffix.lower() == ".pdf" and path.is_file():
+        return _image_folder(path.parent, [path], []), [path]  # a folder of one document
     if path.is_file():
-        if path.suffix.lower() == ".pdf":
-            return _image_folder(path.parent, [path], []), [path]  # a folder of one document
         if path.suffix not in TABLE_EXTENSIONS:
-            fail(f"INPUT file {path} is not a .parquet, .arrow or .pdf file; pass a folder of "
-                 f"images or PDFs instead.")
-        _split_of({args.split: None}, f"file {path}", args)  # a file is any split
-        _table_files([path], str(path))
-        return _by_datasets(str(path), datasets.load_dataset, path.suffix[1:],
-                            data_files=[str(path)], split="train"), [path]
+            fail(f"INPUT file {path} is not a .parquet, .arrow or .pdf file: pass a folder of "
+                 f"images or PDFs instead")
+        return _load_tables(path.suffix[1:], {args.split: [path]}, str(path), args), [path]
     files = _walk_folder(path, args)
     if (path / "state.json").exists() or (path / "dataset_dict.json").exists():
         loaded = _by_datasets(f"the saved dataset {path}", datasets.load_from_disk, str(path))
@@ -589,24 +579,19 @@ def _load_local_dataset(path: Path, args):
     metadata = [p for p in files if p.name in METADATA_NAMES]
     tables = [p for p in files if p.suffix in TABLE_EXTENSIONS and p not in metadata]
     if images and tables:
-        fail(f"INPUT {path} holds {len(images)} image(s) and table files ({tables[0]}, ...): to "
-             f"OCR the images, move the tables out (but for a metadata.parquet/jsonl/csv); to "
-             f"OCR a table, pass its file or folder as INPUT.")
+        fail(f"INPUT {path} holds {len(images)} image(s) and table files ({tables[0]}, ...): "
+             f"move the tables out (a metadata.parquet may stay), or pass them as INPUT")
     if images:
         _split_of({"train": None}, f"folder {path}", args)
         return _image_folder(path, images, metadata), sorted(images + metadata)
-    if not tables and not any(p.suffix in TABLE_EXTENSIONS for p in metadata):
-        fail(f"INPUT folder {path} holds no images, no PDFs, no .parquet or .arrow files and no "
-             f"saved dataset.")
+    if not any(p.suffix in TABLE_EXTENSIONS for p in files):
+        fail(f"INPUT folder {path} holds no images, PDFs, .parquet or .arrow files, or saved "
+             f"dataset")
     # a folder of tables as `datasets.load_dataset(folder)` reads it (a Hub snapshot, configs)
-    what = f"{path} (split {args.split})"
     builder = _by_datasets(str(path), datasets.load_dataset_builder, str(path), args.config,
                            way_out=". Pass --config NAME to choose a config")
-    split_files = _split_of(builder.config.data_files or {}, str(path), args, configs=True)
-    chosen = _table_files([Path(f) for f in split_files], what)
-    # the files named: datasets caches a README config by name, a changed folder stale
-    return _by_datasets(what, datasets.load_dataset, str(path), args.config, split=args.split,
-                        data_files={args.split: [str(f) for f in chosen]}), files
+    return _load_tables(str(path), builder.config.data_files or {},
+                        f"{path} (split {args.split})", args, configs=True), files
 
 
 def _check_image_column(ds, column: str, lo: int, hi: int) -> None:
@@ -615,22 +600,19 @@ def _check_image_column(ds, column: str, lo: int, hi: int) -> None:
 
     feature = ds.features[column]
     advice = f"pass --image-column NAME of images (columns: {', '.join(ds.column_names)})"
-    if isinstance(feature, (list, tuple)) or hasattr(feature, "feature"):
-        fail(f"image column {column!r} holds lists ({feature}), and these scripts OCR one image "
-             f"per row: flatten it first (one row per page), or {advice}")
     dtype = feature.dtype if isinstance(feature, datasets.Value) else None
     if not (isinstance(feature, datasets.Image) or isinstance(feature, dict) and "bytes" in feature
             or dtype in ("binary", "large_binary", "string", "large_string")):
-        fail(f"image column {column!r} is of type {feature}, not images; {advice}")
+        fail(f"image column {column!r} holds {feature}, not one image per row: flatten a list "
+             f"of pages first, or {advice}")
     if dtype in ("binary", "large_binary") or hi <= lo:
         return
     sample = ds.select_columns([column]).select(range(lo, min(hi, lo + 16)))[column]
     paths = [p for p in (c if isinstance(c, str) else c.get("bytes") is None and c.get("path")
                          for c in sample if isinstance(c, (str, dict))) if p]
     if paths and not any(_resolve_image_path(p).is_file() for p in paths):
-        fail(f"image column {column!r} holds paths that lead to no file, e.g. {paths[0]!r} "
-             f"(relative ones looked up in {' and '.join(map(str, [Path.cwd(), *_PATH_BASE]))}). "
-             f"Write absolute paths, or paths relative to INPUT's folder; or {advice}")
+        fail(f"image column {column!r} holds paths that lead to no file, e.g. {paths[0]!r}: "
+             f"write absolute paths, or paths relative to INPUT's folder; or {advice}")
 
 
 def open_input(args) -> InputSource:
@@ -658,7 +640,7 @@ def open_input(args) -> InputSource:
         ds = ds.cast_column(pdf_column, datasets.Pdf(decode=False))  # the bytes, opened here
     if args.image_column not in ds.column_names and pdf_column is None:
         fail(f"image column {args.image_column!r} not found (columns: {', '.join(ds.column_names)})"
-             f": pass --image-column NAME, or --pdf-column NAME for a column of PDF bytes or paths")
+             f": pass --image-column NAME, or --pdf-column NAME for PDFs")
     if isinstance(ds.features.get(args.image_column), datasets.Image):
         ds = ds.cast_column(args.image_column, datasets.Image(decode=False))
     rows_full = len(ds)
@@ -691,8 +673,8 @@ def check_output_columns(source: InputSource, args) -> None:
     """A result column that clashes with an input column fails before any inference."""
     clash = [c for c in result_column_names(args.output_column) if c in source.dataset.column_names]
     if clash and not args.overwrite:
-        fail(f"input already has column(s) {', '.join(clash)}; pass --overwrite to replace "
-             f"them or --output-column NAME to write elsewhere.")
+        fail(f"input already has column(s) {', '.join(clash)}: pass --overwrite to replace "
+             f"them, or --output-column NAME")
 
 
 # RowResult's fields that are result columns, and their type: `text` is the output column, the
