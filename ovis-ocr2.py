@@ -259,7 +259,7 @@ class RunAborted(Exception):
 # ---- where the data comes from and goes to ------------------------------------------------
 
 def script_name() -> str:
-    """This script's file name, also as the temp copy `uv run URL` runs (<stem> and six random
+    """This script's file name, also as uv's temp copy for `uv run URL` (<stem> and six random
     letters and digits, one a capital or a digit): a rerun by URL is the same run."""
     import tempfile
 
@@ -305,10 +305,8 @@ def resolved_revision(args) -> str | None:
     if key not in _RESOLVED_REVISIONS:
         sha = requested if requested and re.fullmatch(r"[0-9a-f]{40}", requested) else None
         if not sha and not Path(args.model).expanduser().exists():
-            try:
+            with contextlib.suppress(Exception):  # offline, gated, a typo: the run will say
                 sha = hub_commit_sha(args.model, requested, getattr(args, "hf_token", None) or None)
-            except Exception as exc:  # offline, gated, a typo: the run decides, not this record
-                log(f"could not resolve the revision of {args.model} ({type(exc).__name__})")
         _RESOLVED_REVISIONS[key] = sha
     return _RESOLVED_REVISIONS[key]
 
@@ -318,11 +316,11 @@ class InputSource:
     dataset: object  # datasets.Dataset, image column not decoded, rows in run order
     image_column: str
     description: str
-    lo: int  # this shard's rows are output rows [lo, hi): input rows, or PDF pages
+    lo: int  # this shard's output rows are [lo, hi): input rows, or PDF pages
     hi: int
-    rows_full: int = 0  # the input's rows before --shuffle and --max-samples
-    pdf: object = None  # PdfPages, for a PDF input: output row i is a page of input row pdf.doc[i]
-    files: list | None = None  # a local INPUT's files that the reader reads (the run's identity)
+    rows_full: int = 0  # before --shuffle and --max-samples
+    pdf: object = None  # PdfPages: output row i is a page of input row pdf.doc[i]
+    files: list | None = None  # a local INPUT's files that are read (the run's identity)
 
 
 TABLE_EXTENSIONS = {".parquet", ".arrow"}  # a folder of these is read by `datasets` itself
@@ -336,19 +334,14 @@ def shown_path(path) -> str:
     return os.fsencode(path).decode("utf-8", "backslashreplace")
 
 
-def _nothing_to_do(what: str) -> "NoReturn":  # noqa: F821
-    log(f"INPUT {what} has no rows: nothing to do (nothing written)")
-    raise SystemExit(0)
-
-
-def _by_datasets(what: str, read, *args, way_out: str = "", **kwargs):
+def _by_datasets(what: str, read, *args, **kwargs):
     """What `datasets` reads, else its own message in one line (lists as words) and exit 2."""
     try:
         return read(*args, **kwargs)
     except Exception as exc:  # a typo, a missing split or config, gated, offline, unreadable
         said = str(exc).split("\nExample")[0] + (f" ({exc.__cause__})" if exc.__cause__ else "")
         said = re.sub(r"\[([^\]]*)\]", lambda m: m[1].replace("'", ""), said)
-        fail(f"cannot read {what}: {type(exc).__name__}: {' '.join(said.split())}{way_out}")
+        fail(f"cannot read {what}: {type(exc).__name__}: {' '.join(said.split())}")
 
 
 def _split_of(splits: dict, what: str, args, configs: bool = False):
@@ -384,15 +377,12 @@ def check_output_outside_input(args) -> None:
 def _walk_folder(root: Path, args) -> list[Path]:
     """Every file under root, in path order: symlinked folders followed, each real folder once,
     never OUTPUT; hidden names (.git, macOS ._x) left out, as `datasets` does."""
-    def unreadable(exc: OSError) -> None:
-        fail(f"cannot read the folder {exc.filename} of INPUT: {exc.strerror or exc}")
-
     read = "a folder already read (a loop, or a second link)"
-    seen = {os.path.realpath(root): read}  # each real folder: why a link to it is skipped
-    if is_local_target(args.output):
-        seen.setdefault(os.path.realpath(Path(args.output).expanduser()), "OUTPUT")
+    seen = {os.path.realpath(Path(args.output).expanduser()): "OUTPUT",  # why a link is skipped
+            os.path.realpath(root): read}
     files = []
-    for folder, dirs, names in os.walk(root, onerror=unreadable, followlinks=True):
+    for folder, dirs, names in os.walk(root, followlinks=True, onerror=lambda exc: fail(
+            f"cannot read the folder {exc.filename} of INPUT: {exc.strerror or exc}")):
         kept = []
         for name in sorted(name for name in dirs if not name.startswith(".")):
             real = os.path.realpath(os.path.join(folder, name))
@@ -463,7 +453,7 @@ def _load_tables(reader: str, data_files: dict, what: str, args, configs: bool =
     import datasets
     import pyarrow.parquet as pq
 
-    chosen = []
+    chosen = []  # no file, no rows: open_input says there is nothing to do
     for path in _split_of(data_files, what, args, configs):
         try:
             if not str(path).endswith(".parquet") or pq.read_metadata(path).num_rows:
@@ -472,7 +462,8 @@ def _load_tables(reader: str, data_files: dict, what: str, args, configs: bool =
             fail(f"INPUT file {path} is not a readable parquet file ({exc}): remove or rewrite it")
     # the files named: datasets caches a README config by name, a changed folder stale
     return _by_datasets(what, datasets.load_dataset, reader, args.config if configs else None,
-                        split=args.split, data_files={args.split: chosen or _nothing_to_do(what)})
+                        split=args.split, data_files={args.split: chosen}) if chosen else \
+        datasets.Dataset.from_dict({})
 
 
 def _load_local_dataset(path: Path, args):
@@ -506,8 +497,8 @@ def _load_local_dataset(path: Path, args):
         fail(f"INPUT folder {path} holds no images, PDFs, .parquet or .arrow files, or saved "
              f"dataset")
     # a folder of tables as `datasets.load_dataset(folder)` reads it (a Hub snapshot, configs)
-    builder = _by_datasets(str(path), datasets.load_dataset_builder, str(path), args.config,
-                           way_out=". Pass --config NAME to choose a config")
+    builder = _by_datasets(f"{path} (choose with --config NAME)",
+                           datasets.load_dataset_builder, str(path), args.config)
     return _load_tables(str(path), builder.config.data_files or {},
                         f"{path} (split {args.split})", args, configs=True), files
 
@@ -537,7 +528,7 @@ def open_input(args) -> InputSource:
     """Open INPUT without decoding a single image: Arrow memory-maps it, rows are read lazily."""
     import datasets
 
-    local, files = Path(args.input).expanduser(), None
+    local, files, description = Path(args.input).expanduser(), None, args.input
     _PATH_BASE[:] = []  # INPUT's folder, before a PDF column is looked for
     if local.exists():  # (OutputStore made sure that OUTPUT is not inside it)
         ds, files = _load_local_dataset(local, args)
@@ -547,14 +538,13 @@ def open_input(args) -> InputSource:
         ds = _by_datasets(f"the Hub dataset {args.input}", datasets.load_dataset, args.input,
                           args.config, split=args.split, revision=args.revision,
                           token=args.hf_token or None)
-        description = args.input
     else:
         fail(f"INPUT {args.input!r} is neither an existing path nor a Hub dataset id.")
     if len(ds) == 0:
-        _nothing_to_do(description)
+        log(f"INPUT {description} has no rows: nothing to do (nothing written)")
+        raise SystemExit(0)
     pdf_column = find_pdf_column(ds, args)
-    if pdf_column is not None and isinstance(ds.features[pdf_column],
-                                             getattr(datasets, "Pdf", ())):
+    if isinstance(ds.features.get(pdf_column), getattr(datasets, "Pdf", ())):
         ds = ds.cast_column(pdf_column, datasets.Pdf(decode=False))  # the bytes, opened here
     if args.image_column not in ds.column_names and pdf_column is None:
         fail(f"image column {args.image_column!r} not found (columns: {', '.join(ds.column_names)})"
