@@ -646,25 +646,21 @@ def _read_metadata(root: Path, metadata_files: list[Path], relative: list[str]):
     import pyarrow.compute as pc
     import pyarrow.dataset as pads
 
-    tables, keys = [], []
-    for path in metadata_files:
-        try:
+    tables, keys, ours = [], [], ["image", "pdf", *PDF_COLUMNS]
+    try:  # a file pyarrow cannot read, or whose columns do not match the others'
+        for path in metadata_files:
             table = pads.dataset(str(path), format=path.suffix[1:].replace("jsonl", "json"))
             table = table.to_table()
-        except Exception as exc:
-            fail(f"cannot read the metadata file {path}: {type(exc).__name__}: {exc}")
-        ours = ["image", "pdf", *PDF_COLUMNS]
-        if "file_name" not in table.column_names or set(ours) & set(table.column_names):
-            fail(f"the metadata file {path} needs a file_name column and none of "
-                 f"{', '.join(ours)}: rename its columns, or move it out of INPUT")
-        base = path.parent.relative_to(root).as_posix()
-        keys += [name and os.path.normpath(f"{base}/{name}")
-                 for name in table["file_name"].cast(pa.string()).to_pylist()]
-        tables.append(table.drop_columns(["file_name"]))
-    try:
+            if "file_name" not in table.column_names or set(ours) & set(table.column_names):
+                fail(f"the metadata file {path} needs a file_name column and none of "
+                     f"{', '.join(ours)}: rename its columns, or move it out of INPUT")
+            base = path.parent.relative_to(root).as_posix()
+            keys += [name and os.path.normpath(f"{base}/{name}")
+                     for name in table["file_name"].cast(pa.string()).to_pylist()]
+            tables.append(table.drop_columns(["file_name"]))
         meta = pa.concat_tables(tables, promote_options="permissive")
     except Exception as exc:
-        fail(f"the metadata files of INPUT do not share their columns: {exc}")
+        fail(f"cannot read or join the metadata file {path}: {type(exc).__name__}: {exc}")
     return meta.take(pc.index_in(pa.array(relative), value_set=pa.array(keys, pa.string())))
 
 
@@ -736,11 +732,9 @@ def _load_local_dataset(path: Path, args):
     if images:
         _split_of({"train": None}, f"folder {path}", args)
         return _image_folder(path, images, metadata), sorted(images + metadata)
-    if not any(p.suffix in TABLE_EXTENSIONS for p in files):
-        fail(f"INPUT folder {path} holds no images, PDFs, .parquet or .arrow files, or saved "
-             f"dataset")
-    # a folder of tables as `datasets.load_dataset(folder)` reads it (a Hub snapshot, configs)
-    builder = _by_datasets(f"{path} (choose with --config NAME)",
+    # else a folder of tables as `datasets.load_dataset(folder)` reads it (a Hub snapshot,
+    # configs), or says that it holds no data files
+    builder = _by_datasets(f"{path} (--config NAME picks a config)",
                            datasets.load_dataset_builder, str(path), args.config)
     return _load_tables(str(path), builder.config.data_files or {},
                         f"{path} (split {args.split})", args, configs=True), files
@@ -750,8 +744,10 @@ def _check_image_column(ds, column: str, lo: int, hi: int) -> None:
     """One refusal up front, from the column's type and first rows, not an error on each row."""
     import datasets
 
-    feature = ds.features[column]
+    feature = ds.features.get(column)
     advice = f"pass --image-column NAME of images (columns: {', '.join(ds.column_names)})"
+    if feature is None:
+        fail(f"image column {column!r} not found: {advice}, or --pdf-column NAME for PDFs")
     dtype = feature.dtype if isinstance(feature, datasets.Value) else None
     if not (isinstance(feature, datasets.Image) or isinstance(feature, dict) and "bytes" in feature
             or dtype in ("binary", "large_binary", "string", "large_string")):
@@ -789,9 +785,6 @@ def open_input(args) -> InputSource:
     pdf_column = find_pdf_column(ds, args)
     if isinstance(ds.features.get(pdf_column), getattr(datasets, "Pdf", ())):
         ds = ds.cast_column(pdf_column, datasets.Pdf(decode=False))  # the bytes, opened here
-    if args.image_column not in ds.column_names and pdf_column is None:
-        fail(f"image column {args.image_column!r} not found (columns: {', '.join(ds.column_names)})"
-             f": pass --image-column NAME, or --pdf-column NAME for PDFs")
     if isinstance(ds.features.get(args.image_column), datasets.Image):
         ds = ds.cast_column(args.image_column, datasets.Image(decode=False))
     rows_full = len(ds)

@@ -316,6 +316,17 @@ def test_a_file_name_that_is_not_utf8_is_refused_with_the_way_out(tmp_path, stub
     assert stub.requests() == [] and not (tmp_path / "out").exists()
 
 
+def test_a_folder_with_no_data_is_refused_in_one_line(tmp_path, stub_server):
+    """A folder of neither images, PDFs, tables nor a saved dataset: `datasets` says so."""
+    stub = stub_server()
+    (tmp_path / "in").mkdir()
+    run = run_script(OVIS, str(tmp_path / "in"), str(tmp_path / "out"), *common(stub))
+    assert run.returncode == 2, run.stderr
+    assert "doesn't contain any data files" in run.stderr and str(tmp_path / "in") in run.stderr
+    no_traceback(run)
+    assert stub.requests() == [] and not (tmp_path / "out").exists()
+
+
 def test_an_empty_image_file_is_an_error_row(tmp_path, stub_server):
     stub = stub_server()
     paths = write_image_folder(tmp_path / "in", 2)
