@@ -499,14 +499,11 @@ def _split_of(splits: dict, what: str, args, configs: bool = False):
     --config that INPUT cannot honour is refused, never ignored."""
     lone = next(iter(splits)) if len(splits) == 1 else None
     split = lone if lone and args.split == "train" else args.split
-    problems = [f"--config {args.config} (it has no configs)"] * \
-        (not configs and args.config not in (None, "", "default"))
+    if not configs and args.config not in (None, "", "default"):
+        fail(f"INPUT {what} cannot honour --config {args.config} (it has no configs): leave it out")
     if split not in splits:
-        problems.append(f"--split {split} (its one split is {lone})" if lone else
-                        f"--split {split} (it has: {', '.join(splits) or 'none'})")
-    if problems:
-        fail(f"INPUT {what} cannot honour {' and '.join(problems)}: leave the flag out, or name "
-             f"what it has")
+        fail(f"INPUT {what} cannot honour --split {split} " + (f"(its one split is {lone})" if lone
+             else f"(it has: {', '.join(splits) or 'none'})"))
     return splits[split]
 
 
@@ -525,23 +522,15 @@ def check_output_outside_input(args) -> None:
 
 
 def _walk_folder(root: Path, args) -> list[Path]:
-    """Every file under root, in path order: symlinked folders followed, each real folder once,
-    never OUTPUT; hidden names (.git, macOS ._x) left out, as `datasets` does."""
-    read = "a folder already read (a loop, or a second link)"
-    seen = {os.path.realpath(Path(args.output).expanduser()): "OUTPUT",  # why a link is skipped
-            os.path.realpath(root): read}
+    """Every file under root, in path order: symlinked folders followed, each real folder once
+    (not a loop, not OUTPUT); hidden names (.git, macOS ._x) left out, as `datasets` does."""
+    seen = {os.path.realpath(root), os.path.realpath(Path(args.output).expanduser())}
     files = []
     for folder, dirs, names in os.walk(root, followlinks=True, onerror=lambda exc: fail(
             f"cannot read the folder {exc.filename} of INPUT: {exc.strerror or exc}")):
-        kept = []
-        for name in sorted(name for name in dirs if not name.startswith(".")):
-            real = os.path.realpath(os.path.join(folder, name))
-            if real in seen:
-                log(f"skipped {os.path.join(folder, name)}: a symlink to {seen[real]}")
-            else:
-                seen[real] = read
-                kept.append(name)
-        dirs[:] = kept
+        reals = [os.path.realpath(os.path.join(folder, name)) for name in dirs]
+        dirs[:] = [name for name, real in sorted(zip(dirs, reals))  # set.add gives None: kept
+                   if not (name.startswith(".") or real in seen or seen.add(real))]
         files += [Path(folder, name) for name in names if not name.startswith(".")]
     return sorted(files)
 
@@ -558,9 +547,11 @@ def _read_metadata(root: Path, metadata_files: list[Path], relative: list[str]):
         for path in metadata_files:
             table = pads.dataset(str(path), format=path.suffix[1:].replace("jsonl", "json"))
             table = table.to_table()
-            if "file_name" not in table.column_names or set(ours) & set(table.column_names):
-                fail(f"the metadata file {path} needs a file_name column and none of "
-                     f"{', '.join(ours)}: rename its columns, or move it out of INPUT")
+            clash = [name for name in ours if name in table.column_names]
+            if "file_name" not in table.column_names or clash:
+                fail(f"the metadata file {path} needs a file_name column, and none this script "
+                     f"writes itself ({', '.join(clash or ours)}; columns: "
+                     f"{', '.join(table.column_names)}): rename, or move it out of INPUT")
             base = path.parent.relative_to(root).as_posix()
             keys += [name and os.path.normpath(f"{base}/{name}")
                      for name in table["file_name"].cast(pa.string()).to_pylist()]
@@ -710,11 +701,9 @@ def open_input(args) -> InputSource:
     pages.per_document = bool(args.per_document)
     # the output names each document (a folder's file_name does), never its bytes; the name is
     # added before the PDF column goes (a dataset of no columns has no rows)
-    if "file_name" in ds.column_names:
-        shown = ds.remove_columns([pdf_column])
-    else:
-        shown = ds.add_column(" name", pages.names).remove_columns([pdf_column]) \
-            .rename_column(" name", pdf_column)
+    named = "file_name" in ds.column_names
+    shown = ds.add_column(" name", pages.names).remove_columns([pdf_column, *[" name"] * named])
+    shown = shown if named else shown.rename_column(" name", pdf_column)
     if not pages.per_document:
         lo, hi = pages.first_row(lo), pages.first_row(hi)  # shards split documents
     return InputSource(shown, args.image_column, description, lo, hi, rows_full, pages, files)

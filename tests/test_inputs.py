@@ -377,7 +377,6 @@ def test_symlinked_subfolders_are_followed_and_a_loop_is_not(tmp_path, stub_serv
     ds = load_output(tmp_path / "out")
     assert ds["file_name"] == [f"linked/{p.name}" for p in elsewhere] + [p.name for p in own]
     assert ds["markdown"] == [expected_text(p.read_bytes()) for p in elsewhere + own]
-    assert "loop" in run.stderr
 
 
 def test_a_symlink_to_a_parent_folder_does_not_read_output_as_input(tmp_path, stub_server):
@@ -390,7 +389,7 @@ def test_a_symlink_to_a_parent_folder_does_not_read_output_as_input(tmp_path, st
     assert run_script(OVIS, *args).returncode == 0
     run = run_script(OVIS, *args)
     assert run.returncode == 0, run.stderr
-    assert "a symlink to OUTPUT" in run.stderr and "3 already done" in run.stderr
+    assert "3 already done" in run.stderr
     assert len(stub.requests()) == 3
     ds = load_output(tmp_path / "work" / "out")
     assert ds["file_name"] == [p.name for p in own]
