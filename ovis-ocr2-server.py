@@ -672,19 +672,17 @@ def cell_source(cell) -> tuple:
     data, path = (cell.get("bytes"), cell.get("path")) if isinstance(cell, dict) else (cell, None)
     if isinstance(data, str):
         data, path = None, data
-    if data is None:
-        return (str(_resolve_image_path(path)) if isinstance(path, str) and path else None), \
-            path or None
-    return bytes(data) if isinstance(data, (bytearray, memoryview)) else data, path
+    if data is None and isinstance(path, str) and path:
+        data = str(_resolve_image_path(path))
+    return bytes(data) if isinstance(data, (bytearray, memoryview)) else data, path or None
 
 
 def read_cell_bytes(cell) -> bytes:
     data, shown = cell_source(cell)
-    if isinstance(data, str):
-        try:
-            data = Path(data).read_bytes()
-        except OSError as exc:
-            raise PageError(f"cannot read image file {shown}: {exc}") from None
+    try:
+        data = Path(data).read_bytes() if isinstance(data, str) else data
+    except OSError as exc:
+        raise PageError(f"cannot read image file {shown}: {exc}") from None
     if data is None:
         raise PageError("missing image (empty cell)")
     if not isinstance(data, bytes):
