@@ -1200,7 +1200,7 @@ def _render_pdf_page(page, args) -> PreparedPage:
                  PDF_MAX_SIDE / max(width, height))
     target = target_size(max(1, round(width * shrink)), max(1, round(height * shrink)), args)
     img = page.render(scale=target[0] / width_pt, may_draw_forms=True).to_pil()
-    return PreparedPage(*encode_page(img, target), False, text_layer=layer)  # a pixel's rounding
+    return PreparedPage(*encode_page(img, target), False, text_layer=layer)
 
 
 class PdfRenderer:
