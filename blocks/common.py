@@ -662,10 +662,9 @@ def parse_pages(spec: str | None) -> list[tuple[int, int | None]]:
 
 @dataclass
 class PdfPage:
-    """A page to render (its document's row, its number) or why there is none."""
+    """A page to render: its document's row, its number (None: see PdfPages.errors)."""
     doc_row: int
     number: int | None
-    error: str | None = None
 
 
 @dataclass
@@ -716,8 +715,7 @@ class PdfPages:
         return doc_row in self.errors or self.count[self.first_row(doc_row)] > 0
 
     def page(self, i: int) -> PdfPage:
-        row = int(self.doc[i])
-        return PdfPage(row, int(self.number[i]) or None, self.errors.get(row))
+        return PdfPage(int(self.doc[i]), int(self.number[i]) or None)
 
 
 def file_tail(path) -> bytes:
@@ -852,8 +850,8 @@ class PdfRenderer:
             conn.send(reply)
 
     def render(self, page: PdfPage) -> PreparedPage:
-        if page.error is not None:
-            raise PageError(page.error)
+        if page.doc_row in self.pdf.errors:
+            raise PageError(self.pdf.errors[page.doc_row])
         process, pipe = self.idle.get()
         timeout, reply = self.args.pdf_page_timeout, None
         error = f"rendering page {page.number} took more than {timeout:g} s (--pdf-page-timeout)"
