@@ -827,12 +827,6 @@ def read_cell_bytes(cell) -> bytes:
     return data
 
 
-def _strips(img) -> list[tuple]:
-    """Boxes of about a million pixels, whole rows each: a giant page is converted by strips."""
-    rows = max(1, (1 << 20) // max(1, img.width))
-    return [(0, y, img.width, min(img.height, y + rows)) for y in range(0, img.height, rows)]
-
-
 def flatten(img):
     """Any PIL mode as grey or RGB, by strips (a giant scan's full copies took gigabytes): 16-bit
     and float scans as grey rescaled by their bit depth, alpha on white, palettes expanded."""
@@ -843,12 +837,14 @@ def flatten(img):
     if not (wide or img.mode in ("RGBA", "LA", "PA", "RGBa", "La") or
             img.mode == "P" and "transparency" in img.info):
         return img if img.mode in ("L", "RGB") else img.convert("RGB")
+    rows = max(1, (1 << 20) // max(1, img.width))  # strips of a million pixels, whole rows
+    strips = [(0, y, img.width, min(img.height, y + rows)) for y in range(0, img.height, rows)]
     if wide:  # a 12-bit scan fills the range; an inf is not a pixel's value
         peak = max((float(np.max(a[np.isfinite(a)], initial=0))
-                    for a in (np.asarray(img.crop(box)) for box in _strips(img))), default=0.0)
+                    for a in (np.asarray(img.crop(box)) for box in strips)), default=0.0)
         top = next((top for top in (1.0, 255, 4095) if peak <= top), 65535)  # the bit depth
     flat = Image.new("L" if wide or img.mode in ("LA", "La") else "RGB", img.size, "white")
-    for box in _strips(img):
+    for box in strips:
         if wide:
             strip = np.asarray(img.crop(box), dtype=np.float32)
             strip = np.nan_to_num(strip, posinf=top, neginf=0) * (255.0 / top)
