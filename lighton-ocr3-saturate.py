@@ -755,61 +755,57 @@ def _resolve_image_path(value: str) -> Path:
     return based if not path.exists() and based.exists() else path
 
 
+def cell_source(cell) -> tuple:
+    """(its bytes, else the file to read, else None; the path as the cell names it) of an image
+    or PDF cell: bytes, a {bytes, path} struct or a path string."""
+    data, path = (cell.get("bytes"), cell.get("path")) if isinstance(cell, dict) else (cell, None)
+    if isinstance(data, str):
+        data, path = None, data
+    if data is None and isinstance(path, str) and path:
+        data = str(_resolve_image_path(path))
+    return bytes(data) if isinstance(data, (bytearray, memoryview)) else data, path or None
+
+
 def read_cell_bytes(cell) -> bytes:
-    """The bytes of an image cell: bytes, a {bytes, path} struct, or a path string."""
-    if isinstance(cell, dict):
-        cell = cell.get("path") if cell.get("bytes") is None else cell["bytes"]
-    if isinstance(cell, str) and cell:
-        try:
-            cell = _resolve_image_path(cell).read_bytes()
-        except OSError as exc:
-            raise PageError(f"cannot read image file {cell}: {exc}") from None
-    if cell is None or cell == "":
+    data, shown = cell_source(cell)
+    try:
+        data = Path(data).read_bytes() if isinstance(data, str) else data
+    except OSError as exc:
+        raise PageError(f"cannot read image file {shown}: {exc}") from None
+    if data is None:
         raise PageError("missing image (empty cell)")
-    if not isinstance(cell, (bytes, bytearray, memoryview)):
-        raise PageError(f"unsupported image cell of type {type(cell).__name__}")
-    if not cell:
+    if not isinstance(data, bytes):
+        raise PageError(f"unsupported image cell of type {type(data).__name__}")
+    if not data:
         raise PageError("empty image bytes")
-    return bytes(cell)
-
-
-def _strips(img) -> list[tuple]:
-    """Boxes of about a million pixels, whole rows each: a giant page is converted by strips."""
-    rows = max(1, (1 << 20) // max(1, img.width))
-    return [(0, y, img.width, min(img.height, y + rows)) for y in range(0, img.height, rows)]
-
-
-def wide_to_grey(img):
-    """A 16-bit or float scan as 8-bit grey, rescaled by its real bit depth (a 12-bit scan
-    fills the range), by strips: no float copy of the whole page."""
-    import numpy as np
-    from PIL import Image
-
-    peak = max((float(np.max(a[np.isfinite(a)], initial=0))  # not by an inf
-                for a in (np.asarray(img.crop(box)) for box in _strips(img))), default=0.0)
-    top = next((top for top in (1.0, 255, 4095) if peak <= top), 65535)  # the bit depth
-    grey = Image.new("L", img.size)
-    for box in _strips(img):
-        strip = np.asarray(img.crop(box), dtype=np.float32)
-        strip = np.nan_to_num(strip, posinf=top, neginf=0) * (255.0 / top)
-        grey.paste(Image.fromarray(np.clip(strip, 0, 255).round().astype(np.uint8)), box[:2])
-    return grey
+    return data
 
 
 def flatten(img):
-    """Any PIL mode as grey or RGB: 16-bit and float scans as grey, alpha on white (strip by
-    strip: a giant scan's RGBA copies took gigabytes), palettes expanded."""
+    """Any PIL mode as grey or RGB, by strips (a giant scan's full copies took gigabytes): 16-bit
+    and float scans as grey rescaled by their bit depth, alpha on white, palettes expanded."""
+    import numpy as np
     from PIL import Image
 
-    if img.mode in ("I;16", "I;16L", "I;16B", "I;16N", "I", "F"):
-        return wide_to_grey(img)
-    if not (img.mode in ("RGBA", "LA", "PA", "RGBa", "La") or
+    wide = img.mode in ("I;16", "I;16L", "I;16B", "I;16N", "I", "F")
+    if not (wide or img.mode in ("RGBA", "LA", "PA", "RGBa", "La") or
             img.mode == "P" and "transparency" in img.info):
         return img if img.mode in ("L", "RGB") else img.convert("RGB")
-    flat = Image.new("L" if img.mode in ("LA", "La") else "RGB", img.size, "white")
-    for box in _strips(img):
-        strip = img.crop(box).convert("RGBA")
-        flat.paste(strip.convert(flat.mode), box[:2], strip.getchannel("A"))
+    rows = max(1, (1 << 20) // max(1, img.width))  # strips of a million pixels, whole rows
+    strips = [(0, y, img.width, min(img.height, y + rows)) for y in range(0, img.height, rows)]
+    if wide:  # a 12-bit scan fills the range; an inf is not a pixel's value
+        peak = max((float(np.max(a[np.isfinite(a)], initial=0))
+                    for a in (np.asarray(img.crop(box)) for box in strips)), default=0.0)
+        top = next((top for top in (1.0, 255, 4095) if peak <= top), 65535)  # the bit depth
+    flat = Image.new("L" if wide or img.mode in ("LA", "La") else "RGB", img.size, "white")
+    for box in strips:
+        if wide:
+            strip = np.asarray(img.crop(box), dtype=np.float32)
+            strip = np.nan_to_num(strip, posinf=top, neginf=0) * (255.0 / top)
+            flat.paste(Image.fromarray(np.clip(strip, 0, 255).round().astype(np.uint8)), box[:2])
+        else:
+            strip = img.crop(box).convert("RGBA")
+            flat.paste(strip.convert(flat.mode), box[:2], strip.getchannel("A"))
     return flat
 
 
@@ -858,10 +854,9 @@ def prepare_page(cell, args=None, decode: bool = True) -> PreparedPage | None:
                 img = ImageOps.exif_transpose(img)
             if img.size == (height, width) != (width, height):  # a TIFF: Pillow turned it
                 target = target_size(*img.size, args)  # as it loaded (and, by version, sized)
-            img = flatten(img)  # grey is resized as grey, and widened at the model's size
-            if img.size != target:  # the filter the model's own pipeline resamples with
-                img = img.resize(target, getattr(Image.Resampling, RESIZE_FILTER.upper()))
-        return PreparedPage(*encode_page(img), *target, False, digest=input_digest(raw))
+            # grey is resized as grey, and widened at the model's size
+            return PreparedPage(*encode_page(flatten(img), target), False,
+                                digest=input_digest(raw))
     except Exception as exc:  # undecodable, truncated, a bomb: one row fails, not the run
         reason = re.sub(r" <_io\.BytesIO object at 0x[0-9a-f]+>", "", str(exc))  # no address
         raise PageError(f"cannot decode image: {type(exc).__name__}: {reason}") from None
@@ -891,10 +886,9 @@ def find_pdf_column(ds, args) -> str | None:
     if not named and len(typed) > 1:
         fail(f"INPUT has several PDF columns ({', '.join(typed)}); pass --pdf-column NAME")
     column = named or (typed[0] if typed else args.image_column)
-    if column in typed:
-        return column  # its type says enough
-    if column not in ds.features or not named and isinstance(ds.features[column], datasets.Image):
-        return None
+    if column in typed or column not in ds.features or \
+            not named and isinstance(ds.features[column], datasets.Image):
+        return column if column in typed else None  # its type says enough
     cells = ds.select_columns([column]).select(range(min(16, len(ds))))[column]
     if any(map(looks_like_pdf, cells)) or named and all(cell is None for cell in cells):
         return column
@@ -905,11 +899,10 @@ def find_pdf_column(ds, args) -> str | None:
 
 
 def looks_like_pdf(cell) -> bool:
-    data = pdf_source(cell)[0]
+    data = cell_source(cell)[0]
     if isinstance(data, str):
         with contextlib.suppress(OSError), open(data, "rb") as handle:
-            return data.lower().endswith(".pdf") or handle.read(5) == b"%PDF-"
-        return data.lower().endswith(".pdf")
+            data = handle.read(5)
     return isinstance(data, bytes) and data.startswith(b"%PDF-")
 
 
@@ -928,10 +921,9 @@ def parse_pages(spec: str | None) -> list[tuple[int, int | None]]:
 
 @dataclass
 class PdfPage:
-    """A page to render (its document's row, its number) or why there is none."""
+    """A page to render: its document's row, its number (None: see PdfPages.errors)."""
     doc_row: int
     number: int | None
-    error: str | None = None
 
 
 @dataclass
@@ -982,18 +974,7 @@ class PdfPages:
         return doc_row in self.errors or self.count[self.first_row(doc_row)] > 0
 
     def page(self, i: int) -> PdfPage:
-        row = int(self.doc[i])
-        return PdfPage(row, int(self.number[i]) or None, self.errors.get(row))
-
-
-def pdf_source(cell) -> tuple[bytes | str | None, str | None]:
-    """(what PDFium opens: bytes or a file path, the path to show) for a cell of a PDF column."""
-    data, path = (cell.get("bytes"), cell.get("path")) if isinstance(cell, dict) else \
-        (cell, None) if isinstance(cell, (bytes, bytearray, memoryview)) else (None, cell)
-    if data is not None:
-        return bytes(data), path
-    return (str(_resolve_image_path(path)), path) if isinstance(path, str) and path else \
-        (None, None)
+        return PdfPage(int(self.doc[i]), int(self.number[i]) or None)
 
 
 def file_tail(path) -> bytes:
@@ -1013,25 +994,23 @@ def count_pdf_pages(ds, column: str, args) -> PdfPages:
     cells = ds.select_columns([column])
     for row in tqdm(range(len(ds)), desc="counting PDF pages", unit="doc", disable=len(ds) < 50,
                     mininterval=0.5 if sys.stderr.isatty() else 10.0):
-        data, shown = pdf_source(cells[row][column])
+        data, shown = cell_source(cells[row][column])
         pdf.names.append(shown)
-        total = 0
         if isinstance(data, str):
             pdf.paths[row] = data  # read for its digest when a page of it is sent
-        elif data is not None:
+        elif isinstance(data, bytes):
             pdf.digests[row] = input_digest(data)
-        if data is None and (column != "pdf" or "image" not in ds.column_names):
-            pdf.errors[row] = "missing PDF (empty cell)"  # else: an image of the folder
-        elif data is not None:
-            try:
-                total = len(pdfium.PdfDocument(data))
-            except Exception as exc:  # PDFium names the cause: a password, a format error
-                pdf.errors[row] = f"cannot open the PDF: {type(exc).__name__}: {exc}"
+        try:  # PDFium names the cause: a password, a format error
+            total = 0 if data is None else len(pdfium.PdfDocument(data))
+        except Exception as exc:
+            total, pdf.errors[row] = 0, f"cannot open the PDF: {type(exc).__name__}: {exc}"
         pages = [n for n in range(1, total + 1)
                  if any(first <= n <= (last or n) for first, last in ranges)]
-        if data is not None and row not in pdf.errors and not pages:
-            pdf.errors[row] = f"none of --pages {args.pages} is in this {total}-page PDF" \
-                if total else "the PDF has no pages"
+        if data is None and (column != "pdf" or "image" not in ds.column_names):
+            pdf.errors[row] = "missing PDF (empty cell)"  # else: an image of the folder
+        elif data is not None and not pages:
+            pdf.errors.setdefault(row, f"none of --pages {args.pages} is in this {total}-page "
+                                  "PDF" if total else "the PDF has no pages")
         rows += [(row, page, total) for page in pages or [0]]
     pdf.doc, pdf.number, pdf.count = (np.array(values, dtype) for values, dtype in
                                       zip(zip(*rows), (np.int64, np.int32, np.int32)))
@@ -1063,8 +1042,6 @@ def input_rows(source: InputSource, indices: list[int]) -> dict:
 
 def _render_pdf_page(page, args) -> PreparedPage:
     """The page encoded at the model's size, with its text layer; skipped if that is enough."""
-    from PIL import Image
-
     skip_chars = args.skip_text_pages
     layer = page.get_textpage().get_text_bounded().replace("\r\n", "\n").replace("\r", "\n") \
         if args.text_layer or skip_chars else None  # PDFium ends lines with \r\n
@@ -1078,39 +1055,7 @@ def _render_pdf_page(page, args) -> PreparedPage:
                  PDF_MAX_SIDE / max(width, height))
     target = target_size(max(1, round(width * shrink)), max(1, round(height * shrink)), args)
     img = page.render(scale=target[0] / width_pt, may_draw_forms=True).to_pil()
-    if img.size != target:  # a pixel of rounding, or the model's grid
-        img = img.resize(target, getattr(Image.Resampling, RESIZE_FILTER.upper()))
-    return PreparedPage(*encode_page(img), *target, False, text_layer=layer)
-
-
-def _pdf_worker(conn, driver: int, docs, column: str, args) -> None:
-    """A render process: (row, page) in, page fields or an error out; it dies with the driver."""
-    import ctypes
-
-    import pypdfium2 as pdfium
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
-    with contextlib.suppress(Exception):  # Linux; elsewhere the parent's pid is watched below
-        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    opened = None  # the row of the document kept open
-    while True:
-        try:
-            while not conn.poll(1.0):
-                if os.getppid() != driver:
-                    return
-            doc_row, number = conn.recv()
-        except (EOFError, OSError):  # the driver is gone
-            return
-        try:
-            if opened != doc_row:  # the last document closes as it is let go
-                opened, document = None, pdfium.PdfDocument(pdf_source(docs[doc_row][column])[0])
-                document.init_forms()  # form fields drawn, as a viewer shows them
-                opened = doc_row
-            reply = vars(_render_pdf_page(document[number - 1], args))
-        except Exception as exc:  # the document opened when it was counted
-            reply = str(exc) if isinstance(exc, PageError) else \
-                f"cannot render page {number}: {type(exc).__name__}: {exc}"
-        conn.send(reply)
+    return PreparedPage(*encode_page(img, target), False, text_layer=layer)
 
 
 class PdfRenderer:
@@ -1119,24 +1064,53 @@ class PdfRenderer:
     def __init__(self, pdf: PdfPages, args):
         import queue
 
-        self.pdf, self.args, self.idle = pdf, args, queue.Queue()
+        self.pdf, self.args, self.idle, self.driver = pdf, args, queue.Queue(), os.getpid()
         for _ in range(max(1, args.pdf_workers)):
             self._start()
 
     def _start(self) -> None:
         import multiprocessing
 
-        ours, theirs = multiprocessing.Pipe()
-        process = multiprocessing.get_context("fork").Process(  # reads the input as is
-            target=_pdf_worker, daemon=True,
-            args=(theirs, os.getpid(), self.pdf.docs, self.pdf.column, self.args))
+        ours, theirs = multiprocessing.Pipe()  # forked: the child reads the input as it is
+        process = multiprocessing.get_context("fork").Process(target=self._serve,
+                                                              args=(theirs,), daemon=True)
         process.start()  # fork beside the driver's threads: the child runs none of their code
         theirs.close()
         self.idle.put((process, ours))
 
+    def _serve(self, conn) -> None:
+        """A render process: (row, page) in, page fields or an error out; dies with the driver."""
+        import ctypes
+
+        import pypdfium2 as pdfium
+
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
+        with contextlib.suppress(Exception):  # Linux; elsewhere the parent's pid is watched below
+            ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        opened = None  # the row of the document kept open
+        while True:
+            try:
+                while not conn.poll(1.0):
+                    if os.getppid() != self.driver:
+                        return
+                doc_row, number = conn.recv()
+            except (EOFError, OSError):  # the driver is gone
+                return
+            try:
+                if opened != doc_row:  # the last document closes as it is let go
+                    opened, document = None, pdfium.PdfDocument(
+                        cell_source(self.pdf.docs[doc_row][self.pdf.column])[0])
+                    document.init_forms()  # form fields drawn, as a viewer shows them
+                    opened = doc_row
+                reply = vars(_render_pdf_page(document[number - 1], self.args))
+            except Exception as exc:  # the document opened when it was counted
+                reply = str(exc) if isinstance(exc, PageError) else \
+                    f"cannot render page {number}: {type(exc).__name__}: {exc}"
+            conn.send(reply)
+
     def render(self, page: PdfPage) -> PreparedPage:
-        if page.error is not None:
-            raise PageError(page.error)
+        if page.doc_row in self.pdf.errors:
+            raise PageError(self.pdf.errors[page.doc_row])
         process, pipe = self.idle.get()
         timeout, reply = self.args.pdf_page_timeout, None
         error = f"rendering page {page.number} took more than {timeout:g} s (--pdf-page-timeout)"
@@ -1163,12 +1137,17 @@ class PdfRenderer:
 _RENDERER: list = []  # the run's PdfRenderer, started (run_script) before any page is prepared
 
 
-def encode_page(img) -> tuple[bytes, str]:
-    """PAGE_FORMAT "png": lossless, for models trained on PNG renders; else JPEG quality 95."""
+def encode_page(img, size: tuple[int, int]) -> tuple:
+    """(data, mime, width, height) of img resized by the model's own filter, as PNG for models
+    trained on PNG renders (PAGE_FORMAT "png"), else as JPEG quality 95."""
+    from PIL import Image
+
+    if img.size != size:
+        img = img.resize(size, getattr(Image.Resampling, RESIZE_FILTER.upper()))
     out, img = io.BytesIO(), img if img.mode == "RGB" else img.convert("RGB")
     img.save(out, **({"format": "PNG", "compress_level": 1} if PAGE_FORMAT == "png" else
                      {"format": "JPEG", "quality": 95}))
-    return out.getvalue(), f"image/{PAGE_FORMAT}"
+    return out.getvalue(), f"image/{PAGE_FORMAT}", *size
 
 
 # ---- text checks ----------------------------------------------------------------------------
