@@ -1385,12 +1385,12 @@ class Journal:
 class RowPlan:
     """What this run does with its shard's rows."""
     pending: list[int]  # rows to send, in order
-    recovered: dict  # row -> result an earlier run finished but no part holds yet (journal)
+    recovered: dict  # row -> result an earlier run finished that no part holds yet (journal)
     redo: dict  # row -> the part holding its error row, which this run redoes
     skipped: int  # rows done before and not redone
     earlier_ok: int  # rows earlier runs wrote with text
-    send: list[int] = field(default_factory=list)  # what to send: the pending rows, or their pages
-    pages: dict = field(default_factory=dict)  # --per-document: page -> result, from the journal
+    send: list[int]  # what to send: the pending rows, or their pages (--per-document)
+    pages: dict  # --per-document: page -> its result, from the journal
 
 
 def plan_rows(source: InputSource, store: "OutputStore", args) -> RowPlan:
@@ -1400,20 +1400,15 @@ def plan_rows(source: InputSource, store: "OutputStore", args) -> RowPlan:
         lo, hi = max(start, source.lo), min(stop, source.hi)
         for i in range(lo, hi):
             covered[i - source.lo] = 1
-        name, fetched = part_name(start, stop), None
+        name = part_name(start, stop)
         note = part_note(path, args.output_column) if path else store.notes.get(name)
-        if note is None and lo < hi:  # on the Hub without its note (`hf upload`): read the part
-            path = fetched = store.fetch_part(name)
-            store.note_rebuilt(name, note := part_note(path, args.output_column))
-        if note is None:  # another shard's part: its own rerun reads it
+        if note is None:  # another shard's part, or one sent by hand (`hf upload`): as it is
             earlier_ok += stop - start
             continue
         again = [int(row) for row, kind in note["errors"].items()
                  if (kind == SERVER or args.retry_errors) and lo <= int(row) < hi]
         if again and path is None:  # a Job starts on an empty disk: fetch it to redo them
             path = store.fetch_part(name)
-        elif fetched and not again:
-            fetched.unlink()  # read for its note only: the Hub's copy is the part
         earlier_ok += stop - start - len(note["errors"])
         redo.update((row, path) for row in again)
     store.keep_local.update(path.name for path in redo.values())  # rewritten here later
@@ -1428,25 +1423,24 @@ def plan_rows(source: InputSource, store: "OutputStore", args) -> RowPlan:
         return -1 - i if i < 0 else pdf.first_row(i) if pdf else i
 
     # an error row a part holds already (or a redo that failed again before a kill): redone
-    recovered = {i: r for i, r in store.journal.replay(wanted).items()
+    journaled = {i: r for i, r in store.journal.replay(wanted).items()
                  if not (i in redo and r.error is not None)}
-    now = {}  # input_digest() of each recovered row's input as it is now (a PDF's: its own)
-    for row, cell in iter_image_cells(source, sorted({input_row(i) for i in recovered})):
+    now = {}  # input_digest() of each journaled row's input as it is now (a PDF's: its own)
+    for row, cell in iter_image_cells(source, sorted({input_row(i) for i in journaled})):
         with contextlib.suppress(PageError):  # unreadable: done again
             now[row] = source.pdf.digest(cell.doc_row) if isinstance(cell, PdfPage) \
                 else input_digest(read_cell_bytes(cell))
-    changed = {i for i, r in recovered.items() if not r.digest or r.digest != now.get(input_row(i))}
-    if changed:
-        recovered = {i: r for i, r in recovered.items() if i not in changed}
-        log(f"{len(changed)} row(s) of the journal are done again: their input is not the one "
-            f"they were made from (replaced since), or the journal does not say which it was")
-    pages = {-1 - i: recovered.pop(i) for i in [i for i in recovered if i < 0]}
+    same = {i: r for i, r in journaled.items() if r.digest and r.digest == now.get(input_row(i))}
+    if len(same) < len(journaled):
+        log(f"{len(journaled) - len(same)} row(s) of the journal are done again: their input "
+            f"changed since, or the journal does not say which it was")
+    recovered = {i: r for i, r in same.items() if i >= 0}
     pending = [i for i in range(source.lo, source.hi) if wanted(i) and i not in recovered]
-    skipped = source.hi - source.lo - len(pending) - len(recovered)
-    pages = {i: r for i, r in pages.items() if int(pdf.doc[i]) not in recovered  # still pending
+    pages = {-1 - i: r for i, r in same.items() if i < 0 and int(pdf.doc[-1 - i]) not in recovered
              and (r.error is None or r.error_kind == PAGE and not args.retry_errors)}
     send = [i for doc in pending for i in pdf.rows_of(doc) if i not in pages] if pdf else pending
-    return RowPlan(pending, recovered, redo, skipped, earlier_ok, send, pages)
+    return RowPlan(pending, recovered, redo, source.hi - source.lo - len(pending) - len(recovered),
+                   earlier_ok, send, pages)
 
 
 def lock_holder(handle) -> str | None:
@@ -1471,8 +1465,8 @@ def take_lock(path: Path, location: str, probe: bool = False):
         return None
     handle = open(path, "a+")
     if holder := lock_holder(handle):
-        fail(f"{holder} is writing this shard of {location} right now. Wait for it to end (or "
-             f"stop it), or write to another OUTPUT; shards of one run use --shard-index.")
+        fail(f"{holder} is writing this shard of {location} right now: wait for it to end, or "
+             f"write to another OUTPUT (shards of one run use --shard-index)")
     if probe:
         return handle.close()  # which lets the lock go
     handle.truncate(0)  # "a+" writes at the end, which is now the start
@@ -1515,7 +1509,6 @@ class OutputStore:
         shard = f"shard-{args.shard_index}-of-{args.num_shards}"
         self.notes_name = f".ocr/notes/{shard}.json"
         self.notes: dict[str, dict] = {}  # part name -> part_note(), of every part on the Hub
-        self.notes_due = False  # notes rebuilt here, which the Hub has not got yet
         self.card_on_hub = self.created_manifest = False
         self.sent_parts = 0  # parts given to the Hub by this run (written, or resent)
         self.upload_failures: list[str] = []
@@ -1584,11 +1577,6 @@ class OutputStore:
                 self.notes.update({k: v for k, v in notes.items() if k in self.remote_names})
         return files
 
-    def note_rebuilt(self, name: str, note: dict) -> None:
-        """A Hub part's note, read from the part: the next commit sends it with the others."""
-        self.notes[name] = note
-        self.notes_due = True
-
     def in_shard(self, name: str, whole: bool = False) -> bool:
         """Whether part `name` overlaps this shard's rows (whole: lies within them)."""
         lo, hi = self.shard_range
@@ -1596,7 +1584,7 @@ class OutputStore:
                    for a, b in ranges_from_names([name]))
 
     def fetch_part(self, name: str) -> Path:
-        """A part only the Hub has, staged: to redo its error rows here, or to read its note."""
+        """A part only the Hub has, staged to redo its error rows here."""
         try:
             return self.download(f"data/{name}", self.root)
         except Exception as exc:
@@ -1656,26 +1644,25 @@ class OutputStore:
 
         if self.read_only:
             return
+        if shard is None and (running := self.other_writers()):
+            fail(f"--restart removes every shard's rows, and {running[0]} of {self.location()}: "
+                 f"stop it first")
         mine = {part_name(*r) for r, _ in self.parts()
                 if shard is None or self.in_shard(part_name(*r), whole=True)}
-        if shard is None and self.other_writers():
-            fail(f"--restart removes every shard's rows, and {self.other_writers()[0]} of "
-                 f"{self.location()}: stop it first")
-        log(f"--restart: removing the rows, card and manifest of {self.location()}" if not shard
-            else f"--restart: removing the {len(mine)} part(s) of {shard} of "
-                 f"{self.location()}; the other shards' rows stay")
+        what = f"the {len(mine)} part(s) of {shard}" if shard else "the rows, card and manifest"
+        log(f"--restart: removing {what} of {self.location()}")
         if self.api is not None:
             files = self.api.list_repo_files(self.target, repo_type="dataset")
-            gone = [f for f in files if f == self.notes_name or f.removeprefix("data/") in mine] \
-                if shard else [f for f in files if f != ".gitattributes"]  # all refuse_foreign let
-            self.delete_on_hub(gone, f"Restart {shard or 'the OCR run'}")
+            self.delete_on_hub([f for f in files if f == self.notes_name or Path(f).name in mine]
+                               if shard else [f for f in files if f != ".gitattributes"],
+                               f"Restart {shard or 'the OCR run'}")
             self.remote_names -= mine
         if not shard:
             self.clear_local()
         shutil.rmtree(self.journal.folder, ignore_errors=True)
-        for name in mine:
+        for name in mine:  # (the journal opens its file at its first row)
             (self.root / "data" / name).unlink(missing_ok=True)
-            self.notes.pop(name, None)  # (the journal opens its file at its first row)
+            self.notes.pop(name, None)
 
     def delete_on_hub(self, files: list[str], message: str) -> None:
         from huggingface_hub import CommitOperationDelete
@@ -1698,10 +1685,7 @@ class OutputStore:
         finally:
             tmp.unlink(missing_ok=True)
         self.created_manifest |= not replace
-        if self.api is not None and replace:
-            with self.queue_lock:
-                self.queued[".ocr/manifest.json"] = path
-        elif self.api is not None and not self.commit({".ocr/manifest.json": path}) \
+        if self.api is not None and not self.commit({".ocr/manifest.json": path}) \
                 and self.conflict:
             fail(self.conflict)
         return None
@@ -1757,18 +1741,16 @@ class OutputStore:
         parts = {Path(name).name: part_note(local, self.column)  # as the file is sent
                  for name, local in files.items() if name.startswith("data/")}
         notes = {k: v for k, v in {**self.notes, **parts}.items() if self.in_shard(k)}
-        with_notes = bool(parts) or self.notes_due
         operations = [CommitOperationAdd(name, str(local)) for name, local in files.items()]
-        if with_notes:  # a copy per commit: a later part's note never goes ahead of its part
+        if parts:  # a copy per commit: a later part's note never goes ahead of its part
             operations.append(CommitOperationAdd(self.notes_name, json.dumps(notes).encode()))
         for attempt in range(UPLOAD_ATTEMPTS):
             try:  # no lock reaches another container: parts in this shard's rows this run neither
                 # found nor wrote stop it, and a commit landing after the check is refused (412)
                 head = self.api.repo_info(self.target, repo_type="dataset").sha
-                foreign = sorted(Path(f).name for f in self.api.list_repo_files(
-                    self.target, repo_type="dataset", revision=head) if f.startswith("data/")
-                    and Path(f).name not in self.remote_names and self.in_shard(f))
-                if foreign:
+                if foreign := sorted(Path(f).name for f in self.api.list_repo_files(
+                        self.target, repo_type="dataset", revision=head) if f.startswith("data/")
+                        and Path(f).name not in self.remote_names and self.in_shard(f)):
                     lo, hi = self.shard_range
                     self.conflict = (f"another run is writing rows {lo}-{hi} of {self.target} at "
                                      f"the same time ({', '.join(foreign[:3])} appeared): "
@@ -1778,15 +1760,14 @@ class OutputStore:
                                        commit_message=f"Add {len(files)} file(s) (OCR)",
                                        parent_commit=head)
                 break
-            except Exception as exc:  # network, rate limit, a concurrent commit
+            except Exception as exc:  # network, rate limit (429), a commit went first (412)
                 after = str(getattr(getattr(exc, "response", None), "headers", {}).get(
-                    "Retry-After"))  # the Hub's, on 429 (rate limit) or 412 (a commit went first)
+                    "Retry-After"))
                 wait = float(after) if after.isdigit() else \
                     UPLOAD_BACKOFF_S * 2 ** attempt * random.uniform(0.5, 1.0)
                 last = attempt + 1 == UPLOAD_ATTEMPTS or wait > UPLOAD_MAX_WAIT_S
-                log(f"commit of {len(files)} file(s) failed ({type(exc).__name__}: {exc}); " + (
-                    "giving up on it for now" if last else
-                    f"retrying in {wait:.0f} s ({attempt + 1}/{UPLOAD_ATTEMPTS})"))
+                log(f"commit of {len(files)} file(s) failed ({type(exc).__name__}: {exc}); "
+                    + ("giving up on it for now" if last else f"retry in {wait:.0f} s"))
                 if last:
                     with self.queue_lock:  # the final commit tries them again
                         self.queued = {**files, **self.queued}
@@ -1794,7 +1775,6 @@ class OutputStore:
                 time.sleep(wait)
         self.last_commit = time.monotonic()
         self.notes.update(notes)
-        self.notes_due = False  # sent with this commit, if it was due
         self.remote_names.update(parts)
         for name in parts.keys() - self.keep_local:  # on the Hub now: the cache can go
             (self.root / "data" / name).unlink(missing_ok=True)
@@ -1803,30 +1783,26 @@ class OutputStore:
     def finish(self, card) -> None:
         """The card (card(): its text), then (Hub) all queued files in one last commit. A card
         counts the parts this shard saw: another shard's commit landing after it may be missed."""
-        card_failed = False
         if self.committing is not None:  # its parts leave the staging folder as it lands
             self.committing.join()
+        card_failed = False
         if card is not None:
             try:
                 (self.root / "README.md").write_text(card(), encoding="utf-8")
+                self.queued["README.md"] = self.root / "README.md"
             except OSError as exc:  # the rows are written: said as that, a rerun writes it
-                card, card_failed = None, True
+                card_failed = self.api is not None  # exit 6: the card is not on the Hub
                 log(f"error: cannot write the dataset card {self.root / 'README.md'}: {exc}. "
                     f"Every row is written; to write the card, {rerun_advice()}")
-        if self.api is None:
-            return
-        with self.queue_lock:
-            files, self.queued = self.queued, {}
-        if card is not None:
-            files["README.md"] = self.root / "README.md"
-        if not self.conflict and (files or self.notes_due) and not self.commit(files) \
+        files, self.queued = self.queued, {}
+        if self.api is not None and not self.conflict and files and not self.commit(files) \
                 and not self.conflict:
             self.upload_failures = sorted(self.queued)
             log(f"{len(self.upload_failures)} file(s) did not reach the Hub; they are safe in "
                 f"{self.root}. To upload them, {rerun_advice()}")
         if self.conflict:  # found during the run, or by this last commit
             return log(f"error: {self.conflict}")
-        self.upload_failures += ["README.md"] * card_failed  # exit 6: the card is not on the Hub
+        self.upload_failures += ["README.md"] * card_failed
 
     def location(self) -> str:
         from huggingface_hub import constants  # HF_ENDPOINT's Hub, where the rows go
