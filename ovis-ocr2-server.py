@@ -1708,11 +1708,9 @@ class OutputStore:
         if other := sorted(f for f in files if not (
                 f == ".gitattributes" or f.startswith(".ocr/") or (f == "README.md" and ours)
                 or (f.startswith("data/") and PART_NAME.match(f[len("data/"):])))):
-            new = shown_path(self.root.parent / (self.root.name + "-ocr")) \
-                if self.api is None else f"{self.target}-ocr"
             fail(f"OUTPUT {self.target} holds a dataset of its own ({', '.join(other[:3])}): "
                  f"this run would replace its card, or mix its rows. Write to a new "
-                 f"{'folder' if self.api is None else 'repo'}, e.g. {new}")
+                 f"{'folder' if self.api is None else 'repo'}, e.g. {shown_path(self.target)}-ocr")
 
     def download(self, name: str, local_dir: Path) -> Path:
         return Path(self.api.hf_hub_download(self.target, name, repo_type="dataset",
@@ -1964,13 +1962,13 @@ class OutputStore:
                 log(f"error: cannot write the dataset card ({exc}); every row is written. To "
                     f"write the card, {rerun_advice()}")
         files, self.queued = self.queued, {}
-        if self.api is not None and not self.conflict and files and not self.commit(files) \
-                and not self.conflict:
+        if self.api is not None and files and not self.conflict and not self.commit(files):
             self.upload_failures = sorted(self.queued)
+        if self.conflict:  # found during the run, or by this last commit
+            log(f"error: {self.conflict}")
+        elif self.upload_failures:
             log(f"{len(self.upload_failures)} file(s) did not reach the Hub; they are safe in "
                 f"{self.root}. To upload them, {rerun_advice()}")
-        if self.conflict:
-            return log(f"error: {self.conflict}")
         self.upload_failures += ["README.md"] * card_failed
 
     def location(self) -> str:
