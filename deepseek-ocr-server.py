@@ -1559,12 +1559,12 @@ class Journal:
 class RowPlan:
     """What this run does with its shard's rows."""
     pending: list[int]  # rows to send, in order
-    recovered: dict  # row -> result an earlier run finished but no part holds yet (journal)
-    redo: dict  # row -> the part holding its error row, which this run redoes
+    recovered: dict  # row -> its result in the journal, in no part yet
+    redo: dict  # row -> the part holding its error row
     skipped: int  # rows done before and not redone
     earlier_ok: int  # rows earlier runs wrote with text
-    send: list[int] = field(default_factory=list)  # what to send: the pending rows, or their pages
-    pages: dict = field(default_factory=dict)  # --per-document: page -> result, from the journal
+    send: list[int]  # the pending rows, or (--per-document) their pages
+    pages: dict  # --per-document: page -> its result in the journal
 
 
 def plan_rows(source: InputSource, store: "OutputStore", args) -> RowPlan:
@@ -1574,23 +1574,18 @@ def plan_rows(source: InputSource, store: "OutputStore", args) -> RowPlan:
         lo, hi = max(start, source.lo), min(stop, source.hi)
         for i in range(lo, hi):
             covered[i - source.lo] = 1
-        name, fetched = part_name(start, stop), None
+        name = part_name(start, stop)
         note = part_note(path, args.output_column) if path else store.notes.get(name)
-        if note is None and lo < hi:  # on the Hub without its note (`hf upload`): read the part
-            path = fetched = store.fetch_part(name)
-            store.note_rebuilt(name, note := part_note(path, args.output_column))
-        if note is None:  # another shard's part: its own rerun reads it
+        if note is None:  # another shard's part, or one sent by hand (`hf upload`): as it is
             earlier_ok += stop - start
             continue
         again = [int(row) for row, kind in note["errors"].items()
                  if (kind == SERVER or args.retry_errors) and lo <= int(row) < hi]
-        if again and path is None:  # a Job starts on an empty disk: fetch it to redo them
+        if again and path is None:  # only on the Hub (a Job's empty disk)
             path = store.fetch_part(name)
-        elif fetched and not again:
-            fetched.unlink()  # read for its note only: the Hub's copy is the part
         earlier_ok += stop - start - len(note["errors"])
         redo.update((row, path) for row in again)
-    store.keep_local.update(path.name for path in redo.values())  # rewritten here later
+    store.keep_local.update(path.name for path in redo.values())  # rewritten later
     pdf = source.pdf if source.pdf is not None and source.pdf.per_document else None
 
     def wanted(i: int) -> bool:  # --per-document journals each page as -1 - page
@@ -1602,30 +1597,29 @@ def plan_rows(source: InputSource, store: "OutputStore", args) -> RowPlan:
         return -1 - i if i < 0 else pdf.first_row(i) if pdf else i
 
     # an error row a part holds already (or a redo that failed again before a kill): redone
-    recovered = {i: r for i, r in store.journal.replay(wanted).items()
+    journaled = {i: r for i, r in store.journal.replay(wanted).items()
                  if not (i in redo and r.error is not None)}
-    now = {}  # input_digest() of each recovered row's input as it is now (a PDF's: its own)
-    for row, cell in iter_image_cells(source, sorted({input_row(i) for i in recovered})):
+    now = {}  # input_digest() of each journaled row's input now (a PDF's: its own)
+    for row, cell in iter_image_cells(source, sorted({input_row(i) for i in journaled})):
         with contextlib.suppress(PageError):  # unreadable: done again
             now[row] = source.pdf.digest(cell.doc_row) if isinstance(cell, PdfPage) \
                 else input_digest(read_cell_bytes(cell))
-    changed = {i for i, r in recovered.items() if not r.digest or r.digest != now.get(input_row(i))}
-    if changed:
-        recovered = {i: r for i, r in recovered.items() if i not in changed}
-        log(f"{len(changed)} row(s) of the journal are done again: their input is not the one "
-            f"they were made from (replaced since), or the journal does not say which it was")
-    pages = {-1 - i: recovered.pop(i) for i in [i for i in recovered if i < 0]}
+    same = {i: r for i, r in journaled.items() if r.digest and r.digest == now.get(input_row(i))}
+    if len(same) < len(journaled):
+        log(f"{len(journaled) - len(same)} row(s) of the journal are done again: their input "
+            f"changed since, or the journal does not say which it was")
+    recovered = {i: r for i, r in same.items() if i >= 0}
     pending = [i for i in range(source.lo, source.hi) if wanted(i) and i not in recovered]
-    skipped = source.hi - source.lo - len(pending) - len(recovered)
-    pages = {i: r for i, r in pages.items() if int(pdf.doc[i]) not in recovered  # still pending
+    pages = {-1 - i: r for i, r in same.items() if i < 0 and int(pdf.doc[-1 - i]) not in recovered
              and (r.error is None or r.error_kind == PAGE and not args.retry_errors)}
     send = [i for doc in pending for i in pdf.rows_of(doc) if i not in pages] if pdf else pending
-    return RowPlan(pending, recovered, redo, skipped, earlier_ok, send, pages)
+    return RowPlan(pending, recovered, redo, source.hi - source.lo - len(pending) - len(recovered),
+                   earlier_ok, send, pages)
 
 
 def lock_holder(handle) -> str | None:
-    """Lock an open file until this process dies, however; else who holds it. Not flock():
-    forked children (PDF renderers, vLLM's engine) do not inherit a POSIX lock."""
+    """Lock an open file until this process dies, however; else who holds it. lockf, as forked
+    children (PDF renderers, vLLM's engine) do not inherit it, unlike flock."""
     import fcntl
 
     try:
@@ -1635,7 +1629,7 @@ def lock_holder(handle) -> str | None:
         return handle.read().strip() or "another process"
     except OSError as exc:  # ENOLCK, EOPNOTSUPP: some network and FUSE mounts
         log(f"warning: cannot lock {handle.name} ({exc.strerror or exc}): nothing stops a "
-            f"second run from writing to this OUTPUT at the same time")
+            f"second run writing to this OUTPUT")
     return None
 
 
@@ -1645,8 +1639,8 @@ def take_lock(path: Path, location: str, probe: bool = False):
         return None
     handle = open(path, "a+")
     if holder := lock_holder(handle):
-        fail(f"{holder} is writing this shard of {location} right now. Wait for it to end (or "
-             f"stop it), or write to another OUTPUT; shards of one run use --shard-index.")
+        fail(f"{holder} is writing this shard of {location}: wait for it to end, or write to "
+             f"another OUTPUT")
     if probe:
         return handle.close()  # which lets the lock go
     handle.truncate(0)  # "a+" writes at the end, which is now the start
@@ -1656,15 +1650,15 @@ def take_lock(path: Path, location: str, probe: bool = False):
 
 
 class OutputStore:
-    """Parts under data/ of a folder, or of a staging folder sent to a Hub repo in batched commits
-    (the Hub takes about 128 an hour per repo); the rest under .ocr/, which `datasets` skips."""
+    """Parts under data/ of a folder, or of a staging folder sent to a Hub repo in batched
+    commits; the rest under .ocr/, which `datasets` skips."""
 
     def __init__(self, target: str, args, hub_api=None):
         self.kind, self.target = resolve_output(target)
         self.api, self.column, self.read_only = None, args.output_column, args.check_only
         if self.kind == "local":
             self.root = Path(self.target)
-            data = self.root / "data"  # what `datasets` reads there (not hidden names)
+            data = self.root / "data"  # what `datasets` reads (not hidden names)
             self.refuse_foreign([f for f in ("README.md", ".ocr/manifest.json")
                                  if (self.root / f).exists()] + [
                 p.relative_to(self.root).as_posix() for p in sorted(data.rglob("*"))
@@ -1674,7 +1668,7 @@ class OutputStore:
 
             self.api = hub_api or HfApi(token=args.hf_token or None)
             base = Path(args.work_dir or "~/.cache/ocr-vllm-scripts/outputs").expanduser()
-            if self.read_only:  # the Hub's files are read into a folder that goes at exit
+            if self.read_only:  # a folder that goes at exit
                 import tempfile
 
                 self.scratch = tempfile.TemporaryDirectory(prefix="ocr-check-")
@@ -1682,21 +1676,20 @@ class OutputStore:
             self.root = base / self.target.replace("/", "__")
         self.meta = self.root / ".ocr"
         self.made_root = self.kind == "local" and not self.root.exists()
-        local_check = self.read_only and self.kind == "local"  # reads OUTPUT, writes none of it
+        local_check = self.read_only and self.kind == "local"  # writes nothing to OUTPUT
         if not local_check:
             (self.root / "data").mkdir(parents=True, exist_ok=True)
             self.meta.mkdir(exist_ok=True)
         shard = f"shard-{args.shard_index}-of-{args.num_shards}"
         self.notes_name = f".ocr/notes/{shard}.json"
-        self.notes: dict[str, dict] = {}  # part name -> part_note(), of every part on the Hub
-        self.notes_due = False  # notes rebuilt here, which the Hub has not got yet
+        self.notes: dict[str, dict] = {}  # part name -> part_note(), of the Hub's parts
         self.card_on_hub = self.created_manifest = False
-        self.sent_parts = 0  # parts given to the Hub by this run (written, or resent)
+        self.sent_parts = 0  # parts this run gave the Hub
         self.upload_failures: list[str] = []
         self.lock = take_lock(self.meta / f"lock-{shard}", self.location(), probe=local_check)
         self.journal = Journal(self.meta / "journal" / shard)
         self.remote_names: set[str] = set()  # data parts on the Hub
-        self.keep_local: set[str] = set()  # staged parts with rows a rerun redoes: kept here
+        self.keep_local: set[str] = set()  # staged parts with rows to redo
         self.shard_range, self.conflict = (0, 0), None
         self.queued: dict[str, Path] = {}  # path in repo -> local file, for the next commit
         self.commit_interval = 36.0 * max(1, args.num_shards)
@@ -1709,40 +1702,36 @@ class OutputStore:
             self.sync_from_hub()
 
     def refuse_foreign(self, files) -> None:
-        """OUTPUT holding files (paths in it) no run wrote, all but .gitattributes, .ocr/, the parts
-        and, beside a run's manifest or parts, its card: its card would go, or its rows mix."""
+        """Refused: OUTPUT's `files` beside .gitattributes, .ocr/, the parts and (beside a run's
+        manifest or parts) its card: a dataset whose card would go, or whose rows would mix."""
         ours = any(f == ".ocr/manifest.json" or f.startswith("data/part-") for f in files)
         if other := sorted(f for f in files if not (
                 f == ".gitattributes" or f.startswith(".ocr/") or (f == "README.md" and ours)
                 or (f.startswith("data/") and PART_NAME.match(f[len("data/"):])))):
-            new = shown_path(self.root.parent / (self.root.name + "-ocr")) \
-                if self.api is None else f"{self.target}-ocr"
-            fail(f"OUTPUT {self.target} holds a dataset of its own ({', '.join(other[:3])}"
-                 f"{', ...' * (len(other) > 3)}): this run would replace its card, or "
-                 f"load_dataset return its rows instead of the OCR. Write to a new "
-                 f"{'folder' if self.api is None else 'repo'}, e.g. {new}, or move them away")
+            fail(f"OUTPUT {self.target} holds a dataset of its own ({', '.join(other[:3])}): "
+                 f"this run would replace its card, or mix its rows. Write to a new "
+                 f"{'folder' if self.api is None else 'repo'}, e.g. {shown_path(self.target)}-ocr")
 
     def download(self, name: str, local_dir: Path) -> Path:
         return Path(self.api.hf_hub_download(self.target, name, repo_type="dataset",
                                              local_dir=local_dir))
 
     def sync_from_hub(self) -> None:
-        """The Hub is the truth, the staging folder a cache: its manifest wins, or a new start."""
+        """The Hub is the truth, the staging folder a cache."""
         files = self.read_hub()
         self.refuse_foreign(files)
         if ".ocr/manifest.json" in files:
             hub = self.download(".ocr/manifest.json", self.meta / "hub")
             mine, theirs = self.manifest(), json.loads(hub.read_text())
             if mine and mine.get("run") != theirs.get("run"):
-                log(f"{self.target} holds another run than this staging copy's (restarted "
-                    f"elsewhere?): clearing {self.root}, the Hub's run goes on")
+                log(f"{self.target} holds another run than {self.root}: clearing the latter")
                 self.clear_local()
             (self.meta / "manifest.json").write_bytes(hub.read_bytes())
         elif (self.meta / "manifest.json").exists():  # its upload failed
             self.queued[".ocr/manifest.json"] = self.meta / "manifest.json"
 
     def read_hub(self, others_only: bool = False) -> set[str]:
-        """The repo's files; its parts, card and shards' notes (at the end: the other shards')."""
+        """The repo's files; its parts, card and notes (others_only: the other shards')."""
         try:
             files = set(self.api.list_repo_files(self.target, repo_type="dataset"))
         except Exception as exc:  # no repo yet: a run creates it, a check reads it as empty
@@ -1750,7 +1739,7 @@ class OutputStore:
                 raise
             files = set()
         self.remote_names |= {Path(f).name for f in files if f.startswith("data/") and not (
-            others_only and self.in_shard(f))}  # one in this shard's rows: a conflict, see commit
+            others_only and self.in_shard(f))}  # one in this shard's rows: see commit
         self.card_on_hub = "README.md" in files
         for name in sorted(f for f in files if f.startswith(".ocr/notes/")):
             if not (others_only and name == self.notes_name):
@@ -1758,19 +1747,14 @@ class OutputStore:
                 self.notes.update({k: v for k, v in notes.items() if k in self.remote_names})
         return files
 
-    def note_rebuilt(self, name: str, note: dict) -> None:
-        """A Hub part's note, read from the part: the next commit sends it with the others."""
-        self.notes[name] = note
-        self.notes_due = True
-
     def in_shard(self, name: str, whole: bool = False) -> bool:
-        """Whether part `name` overlaps this shard's rows (whole: lies within them)."""
+        """Whether part `name` overlaps this shard's rows (whole: is within them)."""
         lo, hi = self.shard_range
         return any(lo <= a < b <= hi if whole else a < hi and lo < b
                    for a, b in ranges_from_names([name]))
 
     def fetch_part(self, name: str) -> Path:
-        """A part only the Hub has, staged: to redo its error rows here, or to read its note."""
+        """A part only the Hub has, staged to redo its error rows here."""
         try:
             return self.download(f"data/{name}", self.root)
         except Exception as exc:
@@ -1782,13 +1766,13 @@ class OutputStore:
         return sorted((self.root / "data").glob("part-*.parquet"))
 
     def parts(self) -> list[tuple[tuple[int, int], Path | None]]:
-        """((start, stop), local path or None when only the Hub has it) of every part."""
+        """((start, stop), local path or None) of every part."""
         local = {p.name: p for p in self.local_parts()}
         return [(r, local.get(part_name(*r))) for r in ranges_from_names(
             set(local) | self.remote_names)]
 
     def abandon(self) -> None:
-        """A refused run removes the folder it made, if it holds only its own lock."""
+        """A refused run removes the folder it made, if only its lock is in it."""
         import shutil
 
         if self.made_root and self.lock is not None and [
@@ -1796,7 +1780,7 @@ class OutputStore:
             shutil.rmtree(self.root, ignore_errors=True)
 
     def clear_local(self) -> None:
-        """Journal first, manifest last: a kill half-way leaves no old rows for a new run."""
+        """Journal first, manifest last: a kill half-way leaves no old rows to a new run."""
         import shutil
 
         shutil.rmtree(self.meta / "journal", ignore_errors=True)
@@ -1808,13 +1792,13 @@ class OutputStore:
         return json.loads(path.read_text()) if path.exists() else None
 
     def other_shards_rows(self) -> list[str]:
-        """OUTPUT's parts outside this shard's rows, and the other shards' journals with rows."""
+        """Parts outside this shard's rows, and other shards' journals with rows."""
         return [part_name(*r) for r, _ in self.parts() if not self.in_shard(part_name(*r), True)
                 ] + [f".ocr/journal/{path.name}" for path in (self.meta / "journal").glob("*")
                      if path != self.journal.folder and any(path.glob("*.jsonl"))]
 
     def other_writers(self) -> list[str]:
-        """The other shards of OUTPUT that a process writes right now (their locks held)."""
+        """The other shards a process writes right now (their locks held)."""
         running = []
         for path in sorted(self.meta.glob("lock-*")):
             if self.lock is None or path.name != Path(self.lock.name).name:
@@ -1824,32 +1808,31 @@ class OutputStore:
         return running
 
     def restart(self, shard: str | None = None) -> None:
-        """--restart: OUTPUT's rows, card and manifest go (on the Hub in one commit), unless another
-        shard runs here; given `shard` (beside other shards' rows), only its parts and journal."""
+        """--restart: OUTPUT's rows, card and manifest go, unless another shard runs; given
+        `shard` (beside other shards' rows), only its parts and journal."""
         import shutil
 
         if self.read_only:
             return
+        if shard is None and (running := self.other_writers()):
+            fail(f"--restart removes every shard's rows, and {running[0]} of {self.location()}: "
+                 f"stop it first")
         mine = {part_name(*r) for r, _ in self.parts()
                 if shard is None or self.in_shard(part_name(*r), whole=True)}
-        if shard is None and self.other_writers():
-            fail(f"--restart removes every shard's rows, and {self.other_writers()[0]} of "
-                 f"{self.location()}: stop it first")
-        log(f"--restart: removing the rows, card and manifest of {self.location()}" if not shard
-            else f"--restart: removing the {len(mine)} part(s) of {shard} of "
-                 f"{self.location()}; the other shards' rows stay")
+        what = f"the {len(mine)} part(s) of {shard}" if shard else "the rows, card and manifest"
+        log(f"--restart: removing {what} of {self.location()}")
         if self.api is not None:
             files = self.api.list_repo_files(self.target, repo_type="dataset")
-            gone = [f for f in files if f == self.notes_name or f.removeprefix("data/") in mine] \
-                if shard else [f for f in files if f != ".gitattributes"]  # all refuse_foreign let
-            self.delete_on_hub(gone, f"Restart {shard or 'the OCR run'}")
+            self.delete_on_hub([f for f in files if f == self.notes_name or Path(f).name in mine]
+                               if shard else [f for f in files if f != ".gitattributes"],
+                               f"Restart {shard or 'the OCR run'}")
             self.remote_names -= mine
         if not shard:
             self.clear_local()
         shutil.rmtree(self.journal.folder, ignore_errors=True)
-        for name in mine:
+        for name in mine:  # (the journal opens its file at its first row)
             (self.root / "data" / name).unlink(missing_ok=True)
-            self.notes.pop(name, None)  # (the journal opens its file at its first row)
+            self.notes.pop(name, None)
 
     def delete_on_hub(self, files: list[str], message: str) -> None:
         from huggingface_hub import CommitOperationDelete
@@ -1872,16 +1855,13 @@ class OutputStore:
         finally:
             tmp.unlink(missing_ok=True)
         self.created_manifest |= not replace
-        if self.api is not None and replace:
-            with self.queue_lock:
-                self.queued[".ocr/manifest.json"] = path
-        elif self.api is not None and not self.commit({".ocr/manifest.json": path}) \
+        if self.api is not None and not self.commit({".ocr/manifest.json": path}) \
                 and self.conflict:
             fail(self.conflict)
         return None
 
     def forget_run(self) -> None:
-        """A run that wrote nothing leaves no manifest behind (a degenerate stop, say)."""
+        """A run that wrote nothing leaves no manifest (a degenerate stop, say)."""
         if self.created_manifest:
             (self.meta / "manifest.json").unlink(missing_ok=True)
             if self.api is not None:
@@ -1891,7 +1871,7 @@ class OutputStore:
                     self.delete_on_hub([".ocr/manifest.json"], "Remove an empty run's manifest")
 
     def drop_stale_staged_parts(self) -> None:
-        """The Hub's parts win over their staged copies, and what they cover is never resent."""
+        """The Hub's parts win over staged ones that overlap them, which are never resent."""
         for path in self.local_parts() if self.api is not None else []:
             (start, stop), = ranges_from_names([path.name])
             if self.in_shard(path.name) and any(
@@ -1899,13 +1879,13 @@ class OutputStore:
                 path.unlink(missing_ok=True)
 
     def resend_local_parts(self) -> None:
-        """Parts a killed or offline run of this shard left on disk but never uploaded."""
+        """Parts a killed or offline run of this shard left staged."""
         for path in self.local_parts():
             if self.in_shard(path.name) and path.name not in self.remote_names:
                 self.publish(path)
 
     def publish(self, path: Path) -> None:
-        """A part is written (or rewritten): it goes to the Hub with the next commit."""
+        """A part written (or rewritten) goes with the next commit."""
         if self.api is None:
             return
         with self.queue_lock:
@@ -1924,43 +1904,38 @@ class OutputStore:
             self.committing.start()
 
     def commit(self, files: dict) -> bool:
-        """One commit of files and this shard's notes, retried (honouring Retry-After); what
-        fails goes back to the queue."""
+        """One commit of files and this shard's notes, retried; what fails is queued again."""
         from huggingface_hub import CommitOperationAdd
 
-        parts = {Path(name).name: part_note(local, self.column)  # as the file is sent
+        parts = {Path(name).name: part_note(local, self.column)
                  for name, local in files.items() if name.startswith("data/")}
         notes = {k: v for k, v in {**self.notes, **parts}.items() if self.in_shard(k)}
-        with_notes = bool(parts) or self.notes_due
         operations = [CommitOperationAdd(name, str(local)) for name, local in files.items()]
-        if with_notes:  # a copy per commit: a later part's note never goes ahead of its part
+        if parts:  # a copy per commit: no note goes ahead of its part
             operations.append(CommitOperationAdd(self.notes_name, json.dumps(notes).encode()))
         for attempt in range(UPLOAD_ATTEMPTS):
-            try:  # no lock reaches another container: parts in this shard's rows this run neither
-                # found nor wrote stop it, and a commit landing after the check is refused (412)
+            try:  # no lock reaches another container: a part in this shard's rows this run
+                # neither found nor wrote stops it, and a commit after the check gets a 412
                 head = self.api.repo_info(self.target, repo_type="dataset").sha
-                foreign = sorted(Path(f).name for f in self.api.list_repo_files(
-                    self.target, repo_type="dataset", revision=head) if f.startswith("data/")
-                    and Path(f).name not in self.remote_names and self.in_shard(f))
-                if foreign:
+                if foreign := sorted(Path(f).name for f in self.api.list_repo_files(
+                        self.target, repo_type="dataset", revision=head) if f.startswith("data/")
+                        and Path(f).name not in self.remote_names and self.in_shard(f)):
                     lo, hi = self.shard_range
                     self.conflict = (f"another run is writing rows {lo}-{hi} of {self.target} at "
-                                     f"the same time ({', '.join(foreign[:3])} appeared): "
-                                     f"stopping this one so that no row is written twice")
+                                     f"the same time ({foreign[0]} appeared): stopping this one")
                     return False
                 self.api.create_commit(self.target, operations=operations, repo_type="dataset",
                                        commit_message=f"Add {len(files)} file(s) (OCR)",
                                        parent_commit=head)
                 break
-            except Exception as exc:  # network, rate limit, a concurrent commit
+            except Exception as exc:  # network, rate limit (429), a commit went first (412)
                 after = str(getattr(getattr(exc, "response", None), "headers", {}).get(
-                    "Retry-After"))  # the Hub's, on 429 (rate limit) or 412 (a commit went first)
+                    "Retry-After"))
                 wait = float(after) if after.isdigit() else \
                     UPLOAD_BACKOFF_S * 2 ** attempt * random.uniform(0.5, 1.0)
                 last = attempt + 1 == UPLOAD_ATTEMPTS or wait > UPLOAD_MAX_WAIT_S
-                log(f"commit of {len(files)} file(s) failed ({type(exc).__name__}: {exc}); " + (
-                    "giving up on it for now" if last else
-                    f"retrying in {wait:.0f} s ({attempt + 1}/{UPLOAD_ATTEMPTS})"))
+                log(f"commit of {len(files)} file(s) failed ({type(exc).__name__}: {exc}); "
+                    + ("giving up on it for now" if last else f"retry in {wait:.0f} s"))
                 if last:
                     with self.queue_lock:  # the final commit tries them again
                         self.queued = {**files, **self.queued}
@@ -1968,42 +1943,36 @@ class OutputStore:
                 time.sleep(wait)
         self.last_commit = time.monotonic()
         self.notes.update(notes)
-        self.notes_due = False  # sent with this commit, if it was due
         self.remote_names.update(parts)
-        for name in parts.keys() - self.keep_local:  # on the Hub now: the cache can go
+        for name in parts.keys() - self.keep_local:  # on the Hub now
             (self.root / "data" / name).unlink(missing_ok=True)
         return True
 
     def finish(self, card) -> None:
-        """The card (card(): its text), then (Hub) all queued files in one last commit. A card
-        counts the parts this shard saw: another shard's commit landing after it may be missed."""
-        card_failed = False
-        if self.committing is not None:  # its parts leave the staging folder as it lands
+        """The card (card(): its text), then (Hub) all queued files in one last commit."""
+        if self.committing is not None:
             self.committing.join()
+        card_failed = False
         if card is not None:
             try:
                 (self.root / "README.md").write_text(card(), encoding="utf-8")
-            except OSError as exc:  # the rows are written: said as that, a rerun writes it
-                card, card_failed = None, True
-                log(f"error: cannot write the dataset card {self.root / 'README.md'}: {exc}. "
-                    f"Every row is written; to write the card, {rerun_advice()}")
-        if self.api is None:
-            return
-        with self.queue_lock:
-            files, self.queued = self.queued, {}
-        if card is not None:
-            files["README.md"] = self.root / "README.md"
-        if not self.conflict and (files or self.notes_due) and not self.commit(files) \
-                and not self.conflict:
+                self.queued["README.md"] = self.root / "README.md"
+            except OSError as exc:  # the rows are written: a rerun writes it
+                card_failed = self.api is not None  # exit 6: the card is not on the Hub
+                log(f"error: cannot write the dataset card ({exc}); every row is written. To "
+                    f"write the card, {rerun_advice()}")
+        files, self.queued = self.queued, {}
+        if self.api is not None and files and not self.conflict and not self.commit(files):
             self.upload_failures = sorted(self.queued)
+        if self.conflict:  # found during the run, or by this last commit
+            log(f"error: {self.conflict}")
+        elif self.upload_failures:
             log(f"{len(self.upload_failures)} file(s) did not reach the Hub; they are safe in "
                 f"{self.root}. To upload them, {rerun_advice()}")
-        if self.conflict:  # found during the run, or by this last commit
-            return log(f"error: {self.conflict}")
-        self.upload_failures += ["README.md"] * card_failed  # exit 6: the card is not on the Hub
+        self.upload_failures += ["README.md"] * card_failed
 
     def location(self) -> str:
-        from huggingface_hub import constants  # HF_ENDPOINT's Hub, where the rows go
+        from huggingface_hub import constants  # HF_ENDPOINT's Hub
 
         return str(self.root) if self.kind == "local" else \
             f"{constants.ENDPOINT}/datasets/{self.target}"
