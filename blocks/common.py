@@ -2319,7 +2319,7 @@ def output_counts(store: OutputStore, column: str) -> str:
 
 def build_card(source: InputSource, store: OutputStore, args, stats: dict,
                info_entry: dict) -> str:
-    column, pdf = args.output_column, source.pdf
+    column, pdf, settings = args.output_column, source.pdf, info_entry["settings"]
     serve = info_entry.get("serve_args")
     on_jobs = os.environ.get("JOB_ID") or os.environ.get("HF_JOB_ID")
     moving = ", a moving tag: its vLLM version is in the stats" if IMAGE_TAG_MOVING else ""
@@ -2333,8 +2333,7 @@ def build_card(source: InputSource, store: OutputStore, args, stats: dict,
          "text_layer" in _TEXT_LAYER_COLUMNS),
         (f"{column}_skipped", f"why the page was not sent (its text layer has enough text); "
          f"`{column}` is null then", "skipped" in _TEXT_LAYER_COLUMNS)) if shown]
-    looping = stats.get("pages_still_looping") or 0
-    detection = repetition_detection(args)
+    looping, detection = stats.get("pages_still_looping") or 0, settings["repetition_detection"]
     loop_summary = (f"{stats.get('pages_loop_retried') or 0:,} pages looped and were sent again "
                     f"at temperature {LOOP_TEMPERATURE} with a seed from the row (`--loop-retries "
                     f"{args.loop_retries}`); {looping:,} still loop." if args.loop_retries else
@@ -2380,10 +2379,10 @@ Weights: `{args.model}` at revision `{info_entry.get("model_revision") or "unkno
 Settings:
 
 ```json
-{json.dumps(run_settings(args), indent=2, ensure_ascii=False)}
+{json.dumps(settings, indent=2, ensure_ascii=False)}
 ```
 
-Serve flags: `{shlex.join(redact_argv(serve)) if serve else 'offline engine'}`
+Serve flags: `{shlex.join(serve) if serve else 'offline engine'}`
 
 Reproduce on Hugging Face Jobs:
 
