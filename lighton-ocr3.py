@@ -2283,10 +2283,9 @@ def check_context_budget(max_model_len, args, option: str = "--max-model-len") -
     if max_model_len and need > int(max_model_len):
         advice = f"Lower --max-tokens to at most {room}, or raise" if room > 0 else \
             f"The largest page alone needs {budget} prompt tokens: raise"
-        raise RunAborted(f"--max-tokens {args.max_tokens} plus up to {budget} prompt tokens (the "
-                         f"largest page) is {need}, over max_model_len {max_model_len}: every "
-                         f"request would be refused. {advice} {option} to at least {need}.",
-                         EXIT_USAGE)
+        raise RunAborted(f"--max-tokens {args.max_tokens} plus {budget} prompt tokens (the largest "
+                         f"page) is {need}, over max_model_len {max_model_len}: every request "
+                         f"would be refused. {advice} {option} to at least {need}.", EXIT_USAGE)
 
 
 def inference_info_entry(args, model_revision: str | None, **engine) -> dict:
@@ -2604,14 +2603,14 @@ def build_card(source: InputSource, store: OutputStore, args, stats: dict,
     moving = ", a moving tag: its vLLM version is in the stats" if IMAGE_TAG_MOVING else ""
     text = "the PDF's pages as Markdown, each after a line `<!-- page N -->`" \
         if pdf is not None and pdf.per_document else "the page as Markdown"
-    rows = [(name, meaning) for name, meaning, shown in (
+    rows = "".join(f"| `{name}` | {meaning} |\n" for name, meaning, shown in (
         ("page_number", "the page of its PDF, from 1; null for an image or a PDF that cannot be "
          "opened", pdf is not None and not pdf.per_document),
         ("page_count", "the pages of its PDF", pdf is not None),
         (f"{column}_text_layer", "the text embedded in the PDF page",
          "text_layer" in _TEXT_LAYER_COLUMNS),
         (f"{column}_skipped", f"why the page was not sent (its text layer has enough text); "
-         f"`{column}` is null then", "skipped" in _TEXT_LAYER_COLUMNS)) if shown]
+         f"`{column}` is null then", "skipped" in _TEXT_LAYER_COLUMNS)) if shown)
     looping, detection = stats.get("pages_still_looping") or 0, settings["repetition_detection"]
     loop_summary = (f"{stats.get('pages_loop_retried') or 0:,} pages looped and were sent again "
                     f"at temperature {LOOP_TEMPERATURE} with a seed from the row (`--loop-retries "
@@ -2642,7 +2641,7 @@ Weights: `{args.model}` at revision `{info_entry.get("model_revision") or "unkno
 | `{column}_finish_reason` | `stop`, `length` (out of tokens) or `repetition` (cut by the engine) |
 | `{column}_prompt_tokens`, `{column}_completion_tokens` | token counts of the request |
 | `{column}_attempts` | generations the text took: above 1 when it looped and was sent again |
-{"".join(f"| `{name}` | {meaning} |{chr(10)}" for name, meaning in rows)}\
+{rows}\
 | `inference_info` | JSON list, one entry per model run over this dataset |
 
 {output_counts(store, column)}
