@@ -2058,19 +2058,21 @@ def pinned_input(store: "OutputStore", args):
 
 
 def check_same_run(recorded: dict | None, identity: dict, store: "OutputStore", args,
-                   pdf: "PdfPages | None", others: list) -> None:
+                   pdf: "PdfPages | None" = None) -> None:
     """Refused, each difference named, unless OUTPUT's manifest `recorded` (None: rows without
-    one, format 0) is of this MANIFEST_FORMAT and this run; others: other shards' rows, writers."""
-    new_output = others and f"write to a new OUTPUT (other shards' rows are in it: {others[0]}, " \
-        f"and a shard's --restart redoes its own rows only)"  # no --restart deletes them
+    one, format 0) is of this MANIFEST_FORMAT and this run."""
+    def way_out(restart: str) -> str:  # no --restart deletes other shards' rows
+        others = store.other_shards_rows() + store.other_writers() if args.num_shards > 1 else []
+        return f"write to a new OUTPUT (other shards' rows are in it: {others[0]}, and a " \
+            f"shard's --restart redoes its own rows only)" if others else restart
+
     version = (recorded or {}).get("format", 0)
     if version != MANIFEST_FORMAT:
         newer = isinstance(version, int) and version > MANIFEST_FORMAT
         fail(f"OUTPUT {store.location()} was written by {'a newer' if newer else 'an older'} "
              f"version of this script (manifest format {version}): " + (
                  "update the script (fetch it again from its URL) and rerun." if newer else
-                 (new_output or "pass --restart to redo the run, or write to a new OUTPUT")
-                 + "."))
+                 way_out("pass --restart to redo the run, or write to a new OUTPUT") + "."))
     before, now = recorded.get("max_samples"), args.max_samples
     longer = args.num_shards == 1 and (now is None or (before is not None and now > before))
     was = (recorded.get("identity") or {}).get("pdf")
@@ -2084,8 +2086,8 @@ def check_same_run(recorded: dict | None, identity: dict, store: "OutputStore", 
         problems.append(f"--max-samples: was {before}, now {now} (only a larger one, on an "
                         f"unsharded run)")
     if problems:
-        advice = new_output or "write to another OUTPUT, or pass --restart to delete what " \
-            "OUTPUT holds and start it over"
+        advice = way_out("write to another OUTPUT, or pass --restart to delete what OUTPUT "
+                         "holds and start it over")
         fail(f"OUTPUT {store.location()} holds another run, so resuming into it would mix "
              f"two runs:\n  " + "\n  ".join(problems) + f"\n{advice[0].upper()}{advice[1:]}.")
 
@@ -2094,20 +2096,20 @@ def claim_output(store: "OutputStore", identity: dict, args,
                  pdf: "PdfPages | None" = None) -> None:
     """The first run of an OUTPUT records what the run is; every later one must be the same."""
     identity = json.loads(json.dumps(identity))  # as it reads back
-    rows = store.other_shards_rows() if args.num_shards > 1 else []
-    others = rows + store.other_writers() if args.num_shards > 1 else []
-    if args.restart and not others:
+    rows, running = (store.other_shards_rows(), store.other_writers()) \
+        if args.restart and args.num_shards > 1 else ([], [])
+    if args.restart and not rows + running:
         store.restart()
     elif store.manifest() is not None or (rows if args.restart else store.parts()):
-        check_same_run(store.manifest(), identity, store, args, pdf, others)
-    if args.restart and others:  # a shard's --restart redoes its rows only, as the same run
+        check_same_run(store.manifest(), identity, store, args, pdf)
+    if rows + running:  # a shard's --restart redoes its rows only, as the same run
         store.restart(f"shard {args.shard_index} of {args.num_shards}")
     existing = store.write_manifest({
         "format": MANIFEST_FORMAT, "identity": identity, "max_samples": args.max_samples,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "run": os.urandom(8).hex()})  # a run restarted in the same second is another
     if existing is not None:  # another run (a shard, a rerun) recorded it: this one must match
-        check_same_run(existing, identity, store, args, pdf, others)
+        check_same_run(existing, identity, store, args, pdf)
         if existing.get("max_samples") != args.max_samples:  # and what the longer run reads
             store.write_manifest({**existing, "max_samples": args.max_samples,
                                   "identity": identity}, replace=True)
