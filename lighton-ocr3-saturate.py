@@ -2162,8 +2162,7 @@ def iter_image_cells(source: InputSource, indices: list[int], batch: int = 64):
 # rerun (by URL, it may meet any older OUTPUT) of another version is refused in one line.
 MANIFEST_FORMAT = 1
 
-# Options that may change between the runs of one OUTPUT: which shard runs, how fast and how
-# hard it tries. A closed list: every other option, and any added later, is the run's identity.
+# Options that may change between the runs of one OUTPUT (a closed list: any other is identity)
 MAY_CHANGE = set("""input output revision shard_index max_samples concurrency request_timeout
     max_retries server api_key no_spawn server_timeout server_down_timeout max_restarts
     abort_after_failures abort_after_seconds min_window max_window adapt_interval
@@ -2177,8 +2176,8 @@ MAY_CHANGE_ENGINE = set("""gpu-memory-utilization data-parallel-size tensor-para
 
 
 def input_identity(args, files: list | None) -> dict:
-    """A Hub dataset at the revision read, or the files read: names, sizes and, but for images,
-    a hash of their file_tail() (an image replaced is caught by its row's digest: plan_rows)."""
+    """A Hub dataset at the revision read, or the files read: names, sizes, and hashes but of
+    images (an image replaced is caught by its row's digest: plan_rows)."""
     if files is None:
         return {"hub": args.input, "revision": hub_dataset_sha(args) or args.revision}
     local, entries = Path(args.input).expanduser(), []
@@ -2208,17 +2207,15 @@ def hub_dataset_sha(args) -> str | None:
 
 def check_context_budget(max_model_len, args, option: str = "--max-model-len") -> None:
     """Image tokens + max_tokens must fit the context (None: unknown), or every page is refused;
-    option: what raises max_model_len (a server's flag, or offline its --llm-kwargs key).
-    RunAborted: a server that was starting tells its context inside the run."""
+    option: what raises max_model_len (a server's flag, or offline its --llm-kwargs key)."""
     budget = image_token_budget(args)
     need, room = budget + args.max_tokens, int(max_model_len or 0) - budget
     if max_model_len and need > int(max_model_len):
         advice = f"Lower --max-tokens to at most {room}, or raise" if room > 0 else \
             f"The largest page alone needs {budget} prompt tokens: raise"
-        raise RunAborted(f"--max-tokens {args.max_tokens} plus up to {budget} prompt tokens (the "
-                         f"largest page) is {need}, over max_model_len {max_model_len}: every "
-                         f"request would be refused. {advice} {option} to at least {need}.",
-                         EXIT_USAGE)
+        raise RunAborted(f"--max-tokens {args.max_tokens} plus {budget} prompt tokens (the largest "
+                         f"page) is {need}, over max_model_len {max_model_len}: every request "
+                         f"would be refused. {advice} {option} to at least {need}.", EXIT_USAGE)
 
 
 def inference_info_entry(args, model_revision: str | None, **engine) -> dict:
@@ -2264,36 +2261,29 @@ def identity_differences(old, new, where: str = "") -> list[str]:
 
 
 def pinned_input(store: "OutputStore", args):
-    """A rerun without --revision reads the Hub input at the revision the first run read (so
-    does a shard's --restart beside the other shards' rows; a whole run's reads the latest)."""
+    """A rerun without --revision (not a whole --restart) reads the Hub input the first read."""
     if args.revision is None and not (args.restart and args.num_shards == 1):
         with contextlib.suppress(ValueError, KeyError, TypeError, AttributeError):
             args.revision = store.manifest()["identity"]["input"].get("revision")
     return args
 
 
-def way_out(store: "OutputStore", args, restart: str) -> str:
-    """A refused rerun's way out: `restart`, unless other shards' rows (no --restart of one
-    shard deletes them) are in OUTPUT."""
-    others = store.other_shards_rows() + store.other_writers() if args.num_shards > 1 else []
-    return restart if not others else (
-        f"write to a new OUTPUT (other shards' rows are in it: {others[0]}, and a shard's "
-        f"--restart redoes its own rows only, as the same run)")
-
-
 def check_same_run(recorded: dict | None, identity: dict, store: "OutputStore", args,
                    pdf: "PdfPages | None" = None) -> None:
-    """Refused, each difference named, unless OUTPUT's manifest `recorded` is of this run: of
-    another MANIFEST_FORMAT (None: rows and no manifest, format 0), or another identity."""
+    """Refused, each difference named, unless OUTPUT's manifest `recorded` (None: rows without
+    one, format 0) is of this MANIFEST_FORMAT and this run."""
+    def way_out(restart: str) -> str:  # no --restart deletes other shards' rows
+        others = store.other_shards_rows() + store.other_writers() if args.num_shards > 1 else []
+        return f"write to a new OUTPUT (other shards' rows are in it: {others[0]}, and a " \
+            f"shard's --restart redoes its own rows only)" if others else restart
+
     version = (recorded or {}).get("format", 0)
-    version = version if isinstance(version, int) else 0
     if version != MANIFEST_FORMAT:
-        newer = version > MANIFEST_FORMAT
+        newer = isinstance(version, int) and version > MANIFEST_FORMAT
         fail(f"OUTPUT {store.location()} was written by {'a newer' if newer else 'an older'} "
-             f"version of this script (manifest format {version}; this one writes "
-             f"{MANIFEST_FORMAT}): " + ("update the script (fetch it again from its URL) and "
-             "rerun." if newer else "it cannot finish the run recorded there: " + way_out(
-                 store, args, "pass --restart to redo the run, or write to a new OUTPUT") + "."))
+             f"version of this script (manifest format {version}): " + (
+                 "update the script (fetch it again from its URL) and rerun." if newer else
+                 way_out("pass --restart to redo the run, or write to a new OUTPUT") + "."))
     before, now = recorded.get("max_samples"), args.max_samples
     longer = args.num_shards == 1 and (now is None or (before is not None and now > before))
     was = (recorded.get("identity") or {}).get("pdf")
@@ -2307,16 +2297,15 @@ def check_same_run(recorded: dict | None, identity: dict, store: "OutputStore", 
         problems.append(f"--max-samples: was {before}, now {now} (only a larger one, on an "
                         f"unsharded run)")
     if problems:
-        advice = way_out(store, args, "write to another OUTPUT, or pass --restart to delete "
-                                      "what OUTPUT holds and start it over")
+        advice = way_out("write to another OUTPUT, or pass --restart to delete what OUTPUT "
+                         "holds and start it over")
         fail(f"OUTPUT {store.location()} holds another run, so resuming into it would mix "
              f"two runs:\n  " + "\n  ".join(problems) + f"\n{advice[0].upper()}{advice[1:]}.")
 
 
 def claim_output(store: "OutputStore", identity: dict, args,
                  pdf: "PdfPages | None" = None) -> None:
-    """The first run of an OUTPUT records what the run is; every later run (another shard, a
-    rerun, a shard's --restart beside the other shards' rows) must be the same run."""
+    """The first run of an OUTPUT records what the run is; every later one must be the same."""
     identity = json.loads(json.dumps(identity))  # as it reads back
     rows, running = (store.other_shards_rows(), store.other_writers()) \
         if args.restart and args.num_shards > 1 else ([], [])
@@ -2357,7 +2346,7 @@ class RunStats:
     def __init__(self, rows_total: int, rows_skipped: int):
         self.started, self.first_started = time.monotonic(), None  # first: a page went in
         self.rows_total, self.rows_skipped = rows_total, rows_skipped
-        self.rows_ok = self.rows_failed = 0  # rows written, error rows included (the writer's count)
+        self.rows_ok = self.rows_failed = 0  # rows written, error rows included (by the writer)
         self.rows_text_layer = 0  # rows written from their PDF text layer, not sent
         self.errors_seen = self.in_flight = self.peak_in_flight = 0
         self.loop_retried = self.still_looping = 0
@@ -2383,10 +2372,6 @@ class RunStats:
         def rounded(value, digits=4):
             return round(value, digits) if value else None
 
-        def quantile(q):
-            return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 4) \
-                if ordered else None
-
         return {
             "rows_total": self.rows_total, "rows_ok": self.rows_ok,
             "rows_failed": self.rows_failed, "rows_skipped": self.rows_skipped,
@@ -2397,7 +2382,8 @@ class RunStats:
             "pages_per_s": round(done / elapsed, 4) if elapsed > 0 else None,
             "pages_per_s_steady": rounded(span and (b - a) / span),
             "completion_tokens_per_s": rounded(span and sum(self.tokens[a + 1:b + 1]) / span, 2),
-            "latency_p50_s": quantile(0.5), "latency_p95_s": quantile(0.95),
+            "latency_p50_s": rounded(ordered and ordered[int(0.5 * len(ordered))]),
+            "latency_p95_s": rounded(ordered and ordered[int(0.95 * len(ordered))]),
             # Little's law: how full the driver kept the server, whatever the server's speed
             "mean_in_flight": rounded(active and sum(ordered) / active, 2),
             "peak_in_flight": self.peak_in_flight,
@@ -2411,8 +2397,7 @@ class RunStats:
 # ---- secrets and the Jobs command ------------------------------------------------------------
 
 def is_secret(name, value=None) -> bool:
-    """Whether a value given under this name (an option, a JSON key, a URL's query) is a
-    secret; a bare flag, an empty or a null value is none."""
+    """Whether a value under this name (option, JSON key, URL query) is a secret: not if empty."""
     return bool(SECRET_NAME.search(str(name))) and value not in (True, False, "", [], {})
 
 
@@ -2423,23 +2408,18 @@ def redact_text(text: str) -> str:
 
 
 def redact_value(value, mask: str | None = "***"):
-    """A JSON-like value (or JSON text) with its secrets masked at every depth; mask=None drops
-    the named ones: a run's identity and a Job's arguments must not hold them at all."""
+    """A JSON-like value (or JSON text) with its secrets masked at every depth, or dropped."""
     if isinstance(value, dict):
         return {k: mask if is_secret(k, v) else redact_value(v, mask) for k, v in value.items()
                 if mask is not None or not is_secret(k, v)}
     if isinstance(value, list):
         return [redact_value(v, mask) for v in value]
-    if not isinstance(value, str):
-        return value
-    if value.lstrip()[:1] in ("{", "["):
-        try:
+    if isinstance(value, str) and value.lstrip()[:1] in ("{", "["):
+        with contextlib.suppress(ValueError):  # JSON text: its named secrets too
             parsed = json.loads(value)
-        except ValueError:
-            return redact_text(value)
-        redacted = redact_value(parsed, mask)
-        return value if redacted == parsed else json.dumps(redacted)
-    return redact_text(value)
+            redacted = redact_value(parsed, mask)
+            return value if redacted == parsed else json.dumps(redacted)
+    return redact_text(value) if isinstance(value, str) else value
 
 
 def flag_items(argv: list[str]) -> list[tuple[str | None, list[str], bool]]:
@@ -2466,17 +2446,14 @@ def flag_words(items) -> list[str]:
 
 def redact_argv(argv: list[str], mask: str | None = "***", left_out: list | None = None
                 ) -> list[str]:
-    """A command line with its secrets masked, or dropped (mask=None; left_out then gets the
-    names of the options that held one). --serve-args is a command line of its own."""
+    """A command line with its secrets masked, or dropped (left_out: the options that held one)."""
     def redacted(name: str | None, value: str) -> str:
-        if name != "--serve-args":
-            return redact_value(value, mask)
-        try:
-            words = shlex.split(value)
-        except ValueError:
-            return redact_text(value)
-        kept = redact_argv(words, mask)
-        return value if kept == words else shlex.join(kept)
+        if name == "--serve-args":
+            with contextlib.suppress(ValueError):  # unbalanced quotes: redacted as text
+                words = shlex.split(value)
+                kept = redact_argv(words, mask)
+                return value if kept == words else shlex.join(kept)
+        return redact_value(value, mask)
 
     items = []
     for name, values, joined in flag_items(argv):
@@ -2496,14 +2473,12 @@ def rerun_advice() -> str:
 
 
 JOBS_NOTE = ("ocr-jobs.py, the collection's launcher beside this script, runs it on Hugging Face "
-             "Jobs with the script's image, flavor and timeout, the token as a Job secret; INPUT "
-             "and OUTPUT must be Hub datasets. Add --dry-run to see the Jobs, time and cost first.")
+             "Jobs (INPUT and OUTPUT on the Hub); --dry-run shows the Jobs, time and cost first.")
 
 
 def jobs_command(argv: list[str] | None = None) -> str:
-    """This run (argv: the run's) as the launcher runs it on Jobs: its options but not those of
-    this machine (a server, paths) nor the shard's, its secrets dropped (a masked value would be
-    used) and an option they leave empty; a local INPUT or OUTPUT is named."""
+    """This run (argv: the run's) as the launcher runs it on Jobs: without this machine's and the
+    shard's options, nor secrets (dropped, not masked); a local INPUT or OUTPUT is named so."""
     places, options, shards = [], [], "1"
     for name, values, _ in flag_items(redact_argv(_RUN_ARGV if argv is None else argv, None)):
         if name == "--num-shards":
@@ -2521,21 +2496,19 @@ def jobs_command(argv: list[str] | None = None) -> str:
 
 
 def part_note(path: Path, column: str) -> dict:
-    """A part's error rows (row -> kind) and its rows from the PDF text layer, kept beside the
-    parts on the Hub: a rerun elsewhere knows what to redo, and the card counts every row."""
+    """A part's error rows (row -> kind) and count of text-layer rows: what a rerun and the card
+    read of a part on the Hub."""
     import pyarrow.parquet as pq
 
+    names = [column + suffix for suffix in ("", "_error", "_error_kind", "_skipped")]
+    part = pq.ParquetFile(path)
+    table = part.read(columns=[name for name in names if name in part.schema_arrow.names])
+    text, error, kind, skipped = (table[name].to_pylist() if name in table.column_names
+                                  else [None] * table.num_rows for name in names)
     start = ranges_from_names([path.name])[0][0]
-    names = pq.read_schema(str(path)).names
-    wanted = [c for c in (column, f"{column}_error", f"{column}_error_kind", f"{column}_skipped")
-              if c in names and (c != column or f"{column}_skipped" in names)]
-    table = pq.read_table(str(path), columns=wanted).to_pydict()
-    errors = table.get(f"{column}_error") or []
-    kinds = table.get(f"{column}_error_kind") or [None] * len(errors)
-    texts, skipped = table.get(column) or [], table.get(f"{column}_skipped") or []
-    return {"errors": {str(start + i): kind for i, (error, kind) in enumerate(zip(errors, kinds))
-                       if error is not None},
-            "text_layer": sum(t is None and s is not None for t, s in zip(texts, skipped))}
+    return {"errors": {str(start + i): k for i, (e, k) in enumerate(zip(error, kind))
+                       if e is not None},
+            "text_layer": sum(t is None and s is not None for t, s in zip(text, skipped))}
 
 
 def output_counts(store: OutputStore, column: str) -> str:
@@ -2556,22 +2529,21 @@ def output_counts(store: OutputStore, column: str) -> str:
 
 def build_card(source: InputSource, store: OutputStore, args, stats: dict,
                info_entry: dict) -> str:
-    column, pdf = args.output_column, source.pdf
+    column, pdf, settings = args.output_column, source.pdf, info_entry["settings"]
     serve = info_entry.get("serve_args")
     on_jobs = os.environ.get("JOB_ID") or os.environ.get("HF_JOB_ID")
     moving = ", a moving tag: its vLLM version is in the stats" if IMAGE_TAG_MOVING else ""
     text = "the PDF's pages as Markdown, each after a line `<!-- page N -->`" \
         if pdf is not None and pdf.per_document else "the page as Markdown"
-    rows = [(name, meaning) for name, meaning, shown in (
+    rows = "".join(f"| `{name}` | {meaning} |\n" for name, meaning, shown in (
         ("page_number", "the page of its PDF, from 1; null for an image or a PDF that cannot be "
          "opened", pdf is not None and not pdf.per_document),
         ("page_count", "the pages of its PDF", pdf is not None),
         (f"{column}_text_layer", "the text embedded in the PDF page",
          "text_layer" in _TEXT_LAYER_COLUMNS),
         (f"{column}_skipped", f"why the page was not sent (its text layer has enough text); "
-         f"`{column}` is null then", "skipped" in _TEXT_LAYER_COLUMNS)) if shown]
-    looping = stats.get("pages_still_looping") or 0
-    detection = repetition_detection(args)
+         f"`{column}` is null then", "skipped" in _TEXT_LAYER_COLUMNS)) if shown)
+    looping, detection = stats.get("pages_still_looping") or 0, settings["repetition_detection"]
     loop_summary = (f"{stats.get('pages_loop_retried') or 0:,} pages looped and were sent again "
                     f"at temperature {LOOP_TEMPERATURE} with a seed from the row (`--loop-retries "
                     f"{args.loop_retries}`); {looping:,} still loop." if args.loop_retries else
@@ -2598,10 +2570,10 @@ Weights: `{args.model}` at revision `{info_entry.get("model_revision") or "unkno
 | `{column}` | {text}; null when the row failed |
 | `{column}_error` | why the row failed; null on success |
 | `{column}_error_kind` | `page` (the page caused it: final) or `server` (a rerun retries it) |
-| `{column}_finish_reason` | `stop`, `length` when the token budget ran out, or `repetition` when the engine's repetition detection cut it (the text then ends with one copy of the repeating unit) |
+| `{column}_finish_reason` | `stop`, `length` (out of tokens) or `repetition` (cut by the engine) |
 | `{column}_prompt_tokens`, `{column}_completion_tokens` | token counts of the request |
 | `{column}_attempts` | generations the text took: above 1 when it looped and was sent again |
-{"".join(f"| `{name}` | {meaning} |{chr(10)}" for name, meaning in rows)}\
+{rows}\
 | `inference_info` | JSON list, one entry per model run over this dataset |
 
 {output_counts(store, column)}
@@ -2617,10 +2589,10 @@ Weights: `{args.model}` at revision `{info_entry.get("model_revision") or "unkno
 Settings:
 
 ```json
-{json.dumps(run_settings(args), indent=2, ensure_ascii=False)}
+{json.dumps(settings, indent=2, ensure_ascii=False)}
 ```
 
-Serve flags: `{shlex.join(redact_argv(serve)) if serve else 'offline engine'}`
+Serve flags: `{shlex.join(serve) if serve else 'offline engine'}`
 
 Reproduce on Hugging Face Jobs:
 

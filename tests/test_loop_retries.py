@@ -402,6 +402,9 @@ def test_offline_repetition_detection_reaches_sampling_params_or_warns_once(tmp_
                 if json.loads(line)["call"] == "SamplingParams"]
     assert len(sampling) == 4  # the greedy pass's, and each page's loop retry
     info = json.loads(load_output(tmp_path / "out")["inference_info"][0])[0]
+    card = (tmp_path / "out" / "README.md").read_text()  # says what the run did, as info does
+    assert ("repetition detection ended loops" in card) is not before
+    assert ('"repetition_detection": null' in card) is before
     if before:
         assert all("repetition_detection" not in k for k in sampling)
         assert run.stderr.count("has no repetition_detection") == 1, run.stderr
