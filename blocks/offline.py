@@ -5,6 +5,7 @@ from its model section (blocks/model.py) or an earlier block.
 """
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -28,7 +29,6 @@ from blocks.common import cut_at_loop, repetition_detection
 # build_messages(), sampling_kwargs(), VLLM_REQUIREMENT; the common block provides the rest.
 import base64
 import itertools
-import shutil
 import site
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
@@ -40,54 +40,27 @@ for _extra_site in filter(None, os.environ.get("OCR_SCRIPT_EXTRA_SITE", "").spli
         site.addsitedir(_extra_site)
 
 
-def system_python_with_vllm() -> str | None:
-    """The machine's own Python when it has vllm (the vLLM image): no second vllm and torch."""
-    probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"
-    for python in ("/usr/bin/python3", "/usr/local/bin/python3", "/opt/conda/bin/python3"):
-        try:
-            if not subprocess.run([python, "-c", probe], capture_output=True,
-                                  timeout=60).returncode:
-                return python
-        except (OSError, subprocess.TimeoutExpired):
-            pass
-    return None
-
-
-def gpu_visible() -> bool:
-    """An NVIDIA or AMD GPU device, or nvidia-smi: what a vLLM GPU build needs to run."""
-    devices = ("/dev/nvidiactl", "/dev/nvidia0", "/dev/kfd")
-    return any(Path(d).exists() for d in devices) or shutil.which("nvidia-smi") is not None
-
-
 def ensure_vllm(argv: list[str]) -> None:
     """Before the input is read and the repo created: vllm importable here (a CPU build too),
-    else this script again under the machine's Python that has it, else under uv with vllm where
-    a GPU is visible; else exit 2 with the Jobs command."""
+    else this script again under the machine's Python that has it (the vLLM image's: no second
+    vllm and torch), else exit 2 as a server script does without `vllm`: the Jobs command."""
     import importlib.util
 
-    try:
+    with contextlib.suppress(ImportError, ValueError):
         if importlib.util.find_spec("vllm") is not None:
             return
-    except (ImportError, ValueError):
-        pass
-    if os.environ.get("OCR_SCRIPT_REEXEC"):
-        fail(f"vllm cannot be imported. Run this script in the vLLM image (hf jobs uv run --image "
-             f"{JOB_IMAGE} ...) or on a GPU machine with `pip install vllm`.")
-    env, script = {**os.environ, "OCR_SCRIPT_REEXEC": "1"}, str(Path(sys.argv[0]).resolve())
-    if python := system_python_with_vllm():
-        env["OCR_SCRIPT_EXTRA_SITE"] = os.pathsep.join(site.getsitepackages())
-        log(f"using the vllm installed for {python} (nothing heavy is installed)")
-        os.execve(python, [python, script, *argv], env)
-    if not gpu_visible():
-        fail(f"no vllm can be imported here and no GPU is visible (no /dev/nvidia*, no "
-             f"nvidia-smi), so vllm.LLM cannot run on this machine.\n\nRun it on Hugging Face "
-             f"Jobs, whose vLLM image provides vllm and a GPU:\n  {jobs_command()}\n{JOBS_NOTE}"
-             f"\n\nor on a machine with a GPU, or where vllm is installed (a CPU build too).")
-    if uv := shutil.which("uv"):
-        log(f"vllm is not installed here; asking uv for vllm{VLLM_REQUIREMENT} (several GB once)")
-        os.execve(uv, [uv, "run", "--with", f"vllm{VLLM_REQUIREMENT}", script, *argv], env)
-    fail("vllm is not installed and uv is not on PATH to install it: `pip install vllm`, or run "
-         f"on Hugging Face Jobs with --image {JOB_IMAGE}.")
+    probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"
+    for python in ("/usr/bin/python3", "/usr/local/bin/python3", "/opt/conda/bin/python3"):
+        with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+            if not os.environ.get("OCR_SCRIPT_REEXEC") and not subprocess.run(
+                    [python, "-c", probe], capture_output=True, timeout=60).returncode:
+                log(f"using the vllm installed for {python} (nothing heavy is installed)")
+                os.execve(python, [python, str(Path(sys.argv[0]).resolve()), *argv],
+                          {**os.environ, "OCR_SCRIPT_REEXEC": "1",
+                           "OCR_SCRIPT_EXTRA_SITE": os.pathsep.join(site.getsitepackages())})
+    fail(f"vllm cannot be imported here.\n\nRun it on Hugging Face Jobs:\n  {jobs_command()}\n"
+         f"{JOBS_NOTE}\n\nor locally: `pip install 'vllm{VLLM_REQUIREMENT}'` (or run it in "
+         f"{JOB_IMAGE}), then rerun the same command.")
 
 
 def effective_llm_kwargs(args) -> dict:
