@@ -2923,11 +2923,14 @@ def open_output_and_input(args, hub_api) -> tuple[OutputStore, InputSource]:
 
 
 def run_script(args, hub_api, engine: dict, info_entry: dict, ready, work,
-               stop=lambda force: None) -> int:
+               stop_engine=lambda force: None) -> int:
     """Either shape's run: ready(check_only), the output, input and manifest (--check-only stops
-    there), then work(run) under run_guarded. An exit before run_guarded (a refused rerun, a held
-    lock, Ctrl-C) is in --stats-json too: never an earlier run's file."""
-    code = None
+    there), then work(run). Whatever ends it, the finished rows are saved (signals wait), the
+    engine stopped, then the card, the stats (on every exit: never an earlier run's file) and an
+    exit code that tells the truth."""
+    from types import SimpleNamespace  # the run, as work(run) reads it
+
+    interrupts, code, run = Interrupts(), None, None
     try:
         ready(args.check_only)
         store, source = open_output_and_input(args, hub_api)
@@ -2947,8 +2950,6 @@ def run_script(args, hub_api, engine: dict, info_entry: dict, ready, work,
             return 0
         plan = plan_rows(source, store, args)
         store.resend_local_parts()
-        if source.pdf is not None and plan.send:
-            _RENDERER[:] = [PdfRenderer(source.pdf, args)]  # forked before the driver's threads
         stats = RunStats(rows_total=source.hi - source.lo, rows_skipped=plan.skipped)
         stats.extra["rows_recovered"] = len(plan.recovered)
         check = DegenerateCheck(not args.no_sanity_check and not plan.earlier_ok,
@@ -2956,57 +2957,45 @@ def run_script(args, hub_api, engine: dict, info_entry: dict, ready, work,
         info_entry["timestamp"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         writer = PartWriter(store, source, plan, output_features(source, args), info_entry,
                             check, args)
+        run = SimpleNamespace(args=args, store=store, source=source, plan=plan, stats=stats,
+                              writer=writer, check=check, info_entry=info_entry)
         recovered = f", {len(plan.recovered)} recovered from the journal" if plan.recovered else ""
         pages = f" ({len(plan.send)} pages to send)" if plan.send != plan.pending else ""
         log(f"{len(plan.pending)} of {stats.rows_total} rows to do{pages} ({stats.rows_skipped} "
             f"already done{recovered}; {len(plan.redo)} error rows redone) -> {store.location()}")
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else EXIT_USAGE
-        raise
-    except RunAborted as exc:  # refused before any page was sent
-        log(f"error: {exc}")
-        code = exc.code
-    except KeyboardInterrupt:
-        log("interrupted before any page was sent: nothing to save")
-        code = 130
-    except OSError as exc:  # a full or read-only disk before any page was sent
-        log(f"error: cannot write to OUTPUT {args.output}: {exc}. Nothing was sent; free space "
-            f"(or choose another OUTPUT), then rerun the same command.")
-        code = EXIT_NOT_WRITTEN
-    finally:
-        if code is not None and not args.check_only:  # the keys of every run's stats
-            write_stats({**RunStats(0, 0).as_dict(), "exit_code": code}, args)
-    if code is not None:
-        return code
-    from types import SimpleNamespace  # the run, as work(run) reads it
-
-    return run_guarded(SimpleNamespace(args=args, store=store, source=source, plan=plan,
-                                       stats=stats, writer=writer, check=check,
-                                       info_entry=info_entry), work, stop)
-
-
-def run_guarded(run, work, stop_engine) -> int:
-    """work(run) under the failure policy; whatever ends it, the finished rows are saved (signals
-    wait), the engine stopped, then the card, the stats and an exit code that tells the truth."""
-    writer, check, store, stats, args = run.writer, run.check, run.store, run.stats, run.args
-    interrupts, code = Interrupts(), 0
-    try:
-        for result in run.plan.recovered.values():  # journaled by a killed run: judged first
+        if source.pdf is not None and plan.send:
+            _RENDERER[:] = [PdfRenderer(source.pdf, args)]  # forked before the driver's threads
+        for result in plan.recovered.values():  # journaled by a killed run: judged first
             if result.error is None and result.skipped is None:
                 check.observe(result)
-        if run.plan.send:
+        if plan.send:
             work(run)
+        code = 0
+    except SystemExit as exc:  # fail() said why
+        code = exc.code if isinstance(exc.code, int) else EXIT_USAGE
+        raise
     except RunAborted as exc:
         log(f"error: {exc}")
         code = exc.code
     except KeyboardInterrupt:
-        log("interrupted: saving the finished rows")
+        log("interrupted" + (": saving the finished rows" if run else " before any page was sent"))
         code = interrupts.exit_code()
-    except Exception:  # a bug or an unforeseen failure: keep what is finished, then say what
-        import traceback
-        traceback.print_exc()
-        log("error: the run failed; saving the finished rows")
+    except Exception as exc:
         code = EXIT_NOT_WRITTEN
+        if run is None and isinstance(exc, OSError):  # a full or read-only disk, say
+            log(f"error: cannot write to OUTPUT {args.output}: {exc}. Nothing was sent; free "
+                f"space (or choose another OUTPUT), then rerun the same command.")
+        else:  # a bug or an unforeseen failure: keep what is finished, then say what
+            import traceback
+            traceback.print_exc()
+            log("error: the run failed" + ("; saving the finished rows" if run else ""))
+    finally:
+        if run is None:
+            interrupts.restore()
+            if code is not None and not args.check_only:  # the keys of every run's stats
+                write_stats({**RunStats(0, 0).as_dict(), "exit_code": code}, args)
+    if run is None:
+        return code
     interrupts.saving = True  # from here a signal waits for the finished rows to be saved
     try:
         check.finish()
@@ -3021,8 +3010,8 @@ def run_guarded(run, work, stop_engine) -> int:
         store.journal.close()
     if interrupts.signum and not code:  # a signal while the rows were saved
         code = interrupts.exit_code()
-    if code and not check.tripped:
-        pages = sum(map(len, writer.open_documents.values()))
+    pages = sum(map(len, writer.open_documents.values()))
+    if code and not check.tripped and (writer.rows_ok + writer.rows_failed or pages):
         pages = f" (and {pages} pages of unfinished documents)" if pages else ""
         log(f"saved: {writer.rows_ok + writer.rows_failed} finished rows{pages} are in "
             f"{store.location()}; to resume, {rerun_advice()}")
