@@ -2590,9 +2590,8 @@ def argument_parser(doc: str, add_shape_arguments) -> argparse.ArgumentParser:
         epilog=doc.split("\n\n", 1)[1] + "\n" + EXIT_CODES,
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("input", help="Hub dataset id, or a local folder of images and/or PDFs, "
-                        "a .pdf file, a .parquet file/folder, or a save_to_disk folder")
-    parser.add_argument("output", help="Hub dataset id (namespace/name), or a local folder "
-                        "(write ./name or an absolute path)")
+                        "a .pdf, .parquet or save_to_disk folder")
+    parser.add_argument("output", help="Hub dataset id, or a local folder (./name or /path)")
     group = parser.add_argument_group("input")
     group.add_argument("--config", help="dataset config (subset) of a Hub INPUT")
     group.add_argument("--split", default="train", help="split to read (default: train)")
@@ -2603,14 +2602,11 @@ def argument_parser(doc: str, add_shape_arguments) -> argparse.ArgumentParser:
     group.add_argument("--seed", type=int, default=42, help="shuffle seed (default: 42)")
     group.add_argument("--num-shards", type=int, default=1, help="N contiguous ranges, one a Job")
     group.add_argument("--shard-index", type=int, default=0, help="which range this run does")
-    group = parser.add_argument_group(
-        "PDF input", "PDFs from a folder, a datasets Pdf column, or a column of PDF bytes or "
-        "paths; each page is one row (with page_number, page_count) at the model's size")
+    group = parser.add_argument_group("PDF input", "each page of a PDF is one row")
     group.add_argument("--pdf-column", help="the column holding PDFs, when not detected")
     group.add_argument("--pages", help="pages of each PDF, 1-based, e.g. 1-5,8,10- (default: all)")
     group.add_argument("--pdf-dpi", type=float, default=PDF_DPI,
-                       help=f"render DPI, {PDF_MIN_DPI} to {PDF_MAX_DPI} (default: {PDF_DPI}); "
-                            f"less where the model's size or {PDF_MAX_PIXELS / 1e6:g} MP bound it")
+                       help=f"render DPI, {PDF_MIN_DPI} to {PDF_MAX_DPI} (default: {PDF_DPI})")
     group.add_argument("--per-document", action="store_true",
                        help="one row per PDF: its pages' texts, each after <!-- page N -->")
     group.add_argument("--text-layer", action="store_true",
@@ -2627,25 +2623,21 @@ def argument_parser(doc: str, add_shape_arguments) -> argparse.ArgumentParser:
     group.add_argument("--overwrite", action="store_true",
                        help="replace result columns that the input already has")
     group.add_argument("--restart", action="store_true",
-                       help="delete this shard's rows in OUTPUT and start over (a refused rerun)")
-    group.add_argument("--retry-errors", action="store_true",
-                       help="redo every error row (a rerun always redoes those the server failed)")
+                       help="delete this shard's rows in OUTPUT and start over")
+    group.add_argument("--retry-errors", action="store_true", help="redo every error row")
     group.add_argument("--private", action="store_true", help="create the Hub repo private")
     group.add_argument("--hf-token", help="Hub token (default: HF_TOKEN or your login)")
-    group.add_argument("--work-dir", help="staging folder for Hub output "
-                       "(default: ~/.cache/ocr-vllm-scripts/outputs)")
+    group.add_argument("--work-dir", help="staging folder for Hub output")
     group.add_argument("--part-rows", type=int, default=250,
-                       help="rows per parquet part (default: 250); each row is journaled at once")
+                       help="rows per parquet part (default: 250)")
     group.add_argument("--part-seconds", type=float, default=300.0,
                        help="write (and commit) finished rows at least this often (default: 300)")
     group.add_argument("--stats-json", help="write the run's stats as JSON to this path")
-    group.add_argument("--check-only", action="store_true", help="check the arguments, INPUT "
-                       "and OUTPUT, write nothing; the last line is JSON {\"rows\": N, ...}")
+    group.add_argument("--check-only", action="store_true",
+                       help="check the arguments, INPUT and OUTPUT; write nothing")
     group = parser.add_argument_group("model")
-    group.add_argument("--model", default=MODEL_ID,
-                       help=f"model id or local path (default: {MODEL_ID}); a fine-tune or mirror")
-    group.add_argument("--model-revision", help=f"sha, tag or branch of the weights (default: "
-                       f"{MODEL_REVISION or 'main'}); the sha it resolves to is recorded")
+    group.add_argument("--model", default=MODEL_ID, help=f"model id or path (default: {MODEL_ID})")
+    group.add_argument("--model-revision", help="sha, tag or branch of the weights")
     group.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS,
                        help=f"generation budget per page (default: {DEFAULT_MAX_TOKENS})")
     group.add_argument("--no-sanity-check", action="store_true",
@@ -2653,12 +2645,9 @@ def argument_parser(doc: str, add_shape_arguments) -> argparse.ArgumentParser:
     group.add_argument("--sanity-pages", type=int, default=8,
                        help="pages the degenerate-output check looks at (default: 8)")
     group.add_argument("--loop-retries", type=int, default=1,
-                       help=f"send a looping page again, up to N times, at temperature "
-                            f"{LOOP_TEMPERATURE} seeded by the row; 0: never (default: 1)")
+                       help="send a looping page again, up to N times (default: 1)")
     group.add_argument("--repetition-detection", action=argparse.BooleanOptionalAction,
-                       default=REPETITION_DETECTION_ON,
-                       help=f"let vLLM end a loop ({REPETITION_DETECTION[1]} repeats of up to "
-                            f"{REPETITION_DETECTION[0]} tokens); it costs engine time")
+                       default=REPETITION_DETECTION_ON, help="let vLLM end a loop (costs engine time)")
     add_shape_arguments(parser)
     add_model_arguments(parser)
     return parser
