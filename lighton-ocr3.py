@@ -2769,7 +2769,8 @@ def argument_parser(doc: str, add_shape_arguments) -> argparse.ArgumentParser:
     group.add_argument("--loop-retries", type=int, default=1,
                        help="send a looping page again, up to N times (default: 1)")
     group.add_argument("--repetition-detection", action=argparse.BooleanOptionalAction,
-                       default=REPETITION_DETECTION_ON, help="let vLLM end a loop (costs engine time)")
+                       default=REPETITION_DETECTION_ON,
+                       help="let vLLM end a loop (it costs engine time)")
     add_shape_arguments(parser)
     add_model_arguments(parser)
     return parser
