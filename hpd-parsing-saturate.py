@@ -2942,8 +2942,7 @@ def parse_arguments(doc: str, argv: list[str] | None, add_shape_arguments, shape
     if not args.output_column.strip():
         problems.append("--output-column must name a column, got an empty name")
     if args.loop_retries > 5:
-        problems.append(f"--loop-retries must be at most 5, got {args.loop_retries} (a page that "
-                        f"still loops after that will loop again)")
+        problems.append(f"--loop-retries must be at most 5, got {args.loop_retries}")
     if not PDF_MIN_DPI <= args.pdf_dpi <= PDF_MAX_DPI:
         problems.append(f"--pdf-dpi must be {PDF_MIN_DPI} to {PDF_MAX_DPI}, got {args.pdf_dpi:g}")
     try:
@@ -3011,13 +3010,11 @@ def open_output_and_input(args, hub_api) -> tuple[OutputStore, InputSource]:
         if local_disk or resolve_output(args.output)[0] != "hub":
             raise
         said = ": ".join([type(exc).__name__, *str(exc).strip().splitlines()[:1]])
-        if getattr(getattr(exc, "response", None), "status_code", None) in (401, 403, 404):
-            fail(f"the Hub refused OUTPUT {args.output} ({said}). Nothing was sent. Check the "
-                 f"token: it needs write access (HF_TOKEN or --hf-token; `hf auth whoami` names "
-                 f"its user), and that you may write to {args.output.split('/')[0]}.",
-                 EXIT_NOT_WRITTEN)
-        fail(f"the Hub failed while opening OUTPUT {args.output} ({said}). Nothing was sent; "
-             f"rerun the same command once the Hub answers.", EXIT_NOT_WRITTEN)
+        refused = getattr(getattr(exc, "response", None), "status_code", None) in (401, 403, 404)
+        fail(f"the Hub {'refused' if refused else 'failed while opening'} OUTPUT {args.output} "
+             f"({said}). Nothing was sent; " + ("the token needs write access (HF_TOKEN or "
+             "--hf-token) to that namespace." if refused else "rerun once the Hub answers."),
+             EXIT_NOT_WRITTEN)
     if args.private and store.api is not None:  # create_repo(exist_ok=True) leaves it as it is
         with contextlib.suppress(Exception):  # only a warning: never a reason to stop
             if store.api.repo_info(store.target, repo_type="dataset").private is False:
@@ -3146,12 +3143,9 @@ def run_script(args, hub_api, engine: dict, info_entry: dict, ready, work,
     try:
         if not wrote and not store.parts() and not list(store.journal.folder.glob("*.jsonl")):
             store.forget_run()  # nothing written: the next run may be another one
-        if store.api is not None and wrote:
-            try:
-                store.read_hub(others_only=True)  # the card counts what other shards wrote since
-            except Exception as exc:
-                log(f"warning: cannot list {store.target} for the card ({exc}); it counts what "
-                    f"this run saw")
+        if store.api is not None and wrote:  # the card counts what other shards wrote since
+            with contextlib.suppress(Exception):  # (else what this run saw)
+                store.read_hub(others_only=True)
         card_missing = store.parts() and not (store.card_on_hub if store.api is not None else
                                               (store.root / "README.md").exists())
         store.finish((lambda: build_card(run.source, store, args, result, run.info_entry))

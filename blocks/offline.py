@@ -34,9 +34,7 @@ import subprocess
 from concurrent.futures import ThreadPoolExecutor
 
 for _extra_site in filter(None, os.environ.get("OCR_SCRIPT_EXTRA_SITE", "").split(os.pathsep)):
-    if _extra_site not in sys.path:
-        # appended after the image's own packages (its torch and vllm win), with the folder's
-        # .pth files read: uv's layered environments link their packages through one
+    if _extra_site not in sys.path:  # after the image's torch and vllm; .pth files read (uv)
         site.addsitedir(_extra_site)
 
 
@@ -191,11 +189,10 @@ def add_offline_arguments(parser: argparse.ArgumentParser) -> None:
 
 def offline_argument_problems(args) -> list[str]:
     """--llm-kwargs, if wrong (parse_arguments reports it with the rest)."""
-    try:
-        given = json.loads(args.llm_kwargs or "{}")
-    except ValueError as exc:
-        given = exc
-    return [] if isinstance(given, dict) else [f"--llm-kwargs must be a JSON object ({given})"]
+    with contextlib.suppress(ValueError):
+        if isinstance(json.loads(args.llm_kwargs or "{}"), dict):
+            return []
+    return ["--llm-kwargs must be a JSON object"]
 
 
 def run_offline_script(doc: str, argv: list[str] | None = None, hub_api=None) -> int:
