@@ -2772,8 +2772,8 @@ class Interrupts:
             signal.signal(sig, handler)
 
 
-def open_output_and_input(args, hub_api) -> tuple[OutputStore, InputSource]:
-    """The output (its lock), then the input (at the revision OUTPUT's run read)."""
+def open_output(args, hub_api) -> OutputStore:
+    """The output and its lock; a Hub that refuses or fails is one line, exit 5."""
     try:
         store = OutputStore(args.output, args, hub_api)
     except Exception as exc:
@@ -2792,14 +2792,7 @@ def open_output_and_input(args, hub_api) -> tuple[OutputStore, InputSource]:
             if store.api.repo_info(store.target, repo_type="dataset").private is False:
                 log(f"warning: {store.target} exists and is public: --private applies only to a "
                     f"repo it creates, so this one stays public (make it private in its settings)")
-    try:
-        source = open_input(pinned_input(store, args))
-        check_output_columns(source, args)
-    except BaseException:  # refused, nothing to do, or an input that fails: no trace of it
-        store.abandon()
-        raise
-    store.shard_range = (source.lo, source.hi)
-    return store, source
+    return store
 
 
 def run_script(args, hub_api, engine: dict, info_entry: dict, ready, work,
@@ -2810,10 +2803,13 @@ def run_script(args, hub_api, engine: dict, info_entry: dict, ready, work,
     exit code that tells the truth."""
     from types import SimpleNamespace  # the run, as work(run) reads it
 
-    interrupts, code, run = Interrupts(), None, None
+    interrupts, code, run, store = Interrupts(), None, None, None
     try:
         ready(args.check_only)
-        store, source = open_output_and_input(args, hub_api)
+        store = open_output(args, hub_api)
+        source = open_input(pinned_input(store, args))  # at the revision OUTPUT's run read
+        check_output_columns(source, args)
+        store.shard_range = (source.lo, source.hi)
         identity = run_identity(args, source, engine)
         if not args.check_only:  # a read-only store: claim_output compares, records nothing
             store.drop_stale_staged_parts()
@@ -2839,10 +2835,9 @@ def run_script(args, hub_api, engine: dict, info_entry: dict, ready, work,
                             check, args)
         run = SimpleNamespace(args=args, store=store, source=source, plan=plan, stats=stats,
                               writer=writer, check=check, info_entry=info_entry)
-        recovered = f", {len(plan.recovered)} recovered from the journal" if plan.recovered else ""
-        pages = f" ({len(plan.send)} pages to send)" if plan.send != plan.pending else ""
-        log(f"{len(plan.pending)} of {stats.rows_total} rows to do{pages} ({stats.rows_skipped} "
-            f"already done{recovered}; {len(plan.redo)} error rows redone) -> {store.location()}")
+        log(f"{len(plan.pending)} of {stats.rows_total} rows to do, {len(plan.send)} pages to "
+            f"send ({stats.rows_skipped} already done, {len(plan.recovered)} recovered from the "
+            f"journal; {len(plan.redo)} error rows redone) -> {store.location()}")
         if source.pdf is not None and plan.send:
             _RENDERER[:] = [PdfRenderer(source.pdf, args)]  # forked before the driver's threads
         for result in plan.recovered.values():  # journaled by a killed run: judged first
@@ -2870,8 +2865,10 @@ def run_script(args, hub_api, engine: dict, info_entry: dict, ready, work,
             traceback.print_exc()
             log("error: the run failed" + ("; saving the finished rows" if run else ""))
     finally:
-        if run is None:
+        if run is None:  # refused, nothing to do, or a failure: no trace of this run
             interrupts.restore()
+            if store is not None:
+                store.abandon()
             if code is not None and not args.check_only:  # the keys of every run's stats
                 write_stats({**RunStats(0, 0).as_dict(), "exit_code": code}, args)
     if run is None:
