@@ -2886,8 +2886,7 @@ class Interrupts:
     the finished rows are saved: a signal then waits for them (the run stops once they are)."""
 
     def __init__(self):
-        self.signum: int | None = None
-        self.saving = False
+        self.signum, self.saving = None, False
         self.previous = {sig: signal.signal(sig, self.on_signal)
                          for sig in (signal.SIGINT, signal.SIGTERM)
                          if threading.current_thread() is threading.main_thread()}
@@ -2934,10 +2933,7 @@ def run_script(args, hub_api, engine: dict, info_entry: dict, ready, work,
                stop_engine=lambda force: None) -> int:
     """Either shape's run: ready(check_only), the output, input and manifest (--check-only stops
     there), then work(run). Whatever ends it, the finished rows are saved (signals wait), the
-    engine stopped, then the card, the stats (on every exit: never an earlier run's file) and an
-    exit code that tells the truth."""
-    from types import SimpleNamespace  # the run, as work(run) reads it
-
+    engine stopped, then the card, the stats (every exit's) and an exit code telling the truth."""
     interrupts, code, run, store = Interrupts(), None, None, None
     try:
         ready(args.check_only)
@@ -2968,8 +2964,8 @@ def run_script(args, hub_api, engine: dict, info_entry: dict, ready, work,
         info_entry["timestamp"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         writer = PartWriter(store, source, plan, output_features(source, args), info_entry,
                             check, args)
-        run = SimpleNamespace(args=args, store=store, source=source, plan=plan, stats=stats,
-                              writer=writer, check=check, info_entry=info_entry)
+        run = argparse.Namespace(args=args, store=store, source=source, plan=plan, stats=stats,
+                                 writer=writer, check=check, info_entry=info_entry)
         log(f"{len(plan.pending)} of {stats.rows_total} rows to do, {len(plan.send)} pages to "
             f"send ({stats.rows_skipped} already done, {len(plan.recovered)} recovered from the "
             f"journal; {len(plan.redo)} error rows redone) -> {store.location()}")
@@ -3052,7 +3048,7 @@ def run_script(args, hub_api, engine: dict, info_entry: dict, ready, work,
                 store.read_hub(others_only=True)
         card_missing = store.parts() and not (store.card_on_hub if store.api is not None else
                                               (store.root / "README.md").exists())
-        store.finish((lambda: build_card(run.source, store, args, result, run.info_entry))
+        store.finish((lambda: build_card(source, store, args, result, info_entry))
                      if (wrote or card_missing) and not check.tripped else None)
     except (KeyboardInterrupt, OSError) as exc:  # the rows are saved: a rerun ends the output
         stopped = isinstance(exc, KeyboardInterrupt)
