@@ -3235,7 +3235,7 @@ def run_offline_script(doc: str, argv: list[str] | None = None, hub_api=None) ->
     args = parse_arguments(doc, argv, add_offline_arguments, offline_argument_problems)
     llm_kwargs = effective_llm_kwargs(args)
 
-    def ready(check_only: bool) -> None:  # no vllm and no GPU: the Jobs command, input unread
+    def ready(check_only: bool) -> None:  # no vllm: the Jobs command, the input unread
         check_context_budget(llm_kwargs.get("max_model_len") or MAX_MODEL_LEN, args,
                              "max_model_len in --llm-kwargs")
         if not check_only:  # no engine imported
