@@ -3045,7 +3045,6 @@ def run_offline(run, args, llm_kwargs: dict) -> None:
             results = dict(prepared)  # a page not sent: its row (its error, its text layer)
             valid = [(index, page) for index, page in prepared if isinstance(page, PreparedPage)]
             counted = {}  # row -> its exception, when its failure counts in the streak
-            stats.in_flight = len(valid)
             stats.peak_in_flight = max(stats.peak_in_flight, len(valid))
             stats.first_started = stats.first_started or time.monotonic()
             started = time.monotonic()
