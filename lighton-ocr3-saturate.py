@@ -2614,9 +2614,8 @@ def argument_parser(doc: str, add_shape_arguments) -> argparse.ArgumentParser:
         epilog=doc.split("\n\n", 1)[1] + "\n" + EXIT_CODES,
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("input", help="Hub dataset id, or a local folder of images and/or PDFs, "
-                        "a .pdf file, a .parquet file/folder, or a save_to_disk folder")
-    parser.add_argument("output", help="Hub dataset id (namespace/name), or a local folder "
-                        "(write ./name or an absolute path)")
+                        "a .pdf, .parquet or save_to_disk folder")
+    parser.add_argument("output", help="Hub dataset id, or a local folder (./name or /path)")
     group = parser.add_argument_group("input")
     group.add_argument("--config", help="dataset config (subset) of a Hub INPUT")
     group.add_argument("--split", default="train", help="split to read (default: train)")
@@ -2627,14 +2626,11 @@ def argument_parser(doc: str, add_shape_arguments) -> argparse.ArgumentParser:
     group.add_argument("--seed", type=int, default=42, help="shuffle seed (default: 42)")
     group.add_argument("--num-shards", type=int, default=1, help="N contiguous ranges, one a Job")
     group.add_argument("--shard-index", type=int, default=0, help="which range this run does")
-    group = parser.add_argument_group(
-        "PDF input", "PDFs from a folder, a datasets Pdf column, or a column of PDF bytes or "
-        "paths; each page is one row (with page_number, page_count) at the model's size")
+    group = parser.add_argument_group("PDF input", "each page of a PDF is one row")
     group.add_argument("--pdf-column", help="the column holding PDFs, when not detected")
     group.add_argument("--pages", help="pages of each PDF, 1-based, e.g. 1-5,8,10- (default: all)")
     group.add_argument("--pdf-dpi", type=float, default=PDF_DPI,
-                       help=f"render DPI, {PDF_MIN_DPI} to {PDF_MAX_DPI} (default: {PDF_DPI}); "
-                            f"less where the model's size or {PDF_MAX_PIXELS / 1e6:g} MP bound it")
+                       help=f"render DPI, {PDF_MIN_DPI} to {PDF_MAX_DPI} (default: {PDF_DPI})")
     group.add_argument("--per-document", action="store_true",
                        help="one row per PDF: its pages' texts, each after <!-- page N -->")
     group.add_argument("--text-layer", action="store_true",
@@ -2651,25 +2647,21 @@ def argument_parser(doc: str, add_shape_arguments) -> argparse.ArgumentParser:
     group.add_argument("--overwrite", action="store_true",
                        help="replace result columns that the input already has")
     group.add_argument("--restart", action="store_true",
-                       help="delete this shard's rows in OUTPUT and start over (a refused rerun)")
-    group.add_argument("--retry-errors", action="store_true",
-                       help="redo every error row (a rerun always redoes those the server failed)")
+                       help="delete this shard's rows in OUTPUT and start over")
+    group.add_argument("--retry-errors", action="store_true", help="redo every error row")
     group.add_argument("--private", action="store_true", help="create the Hub repo private")
     group.add_argument("--hf-token", help="Hub token (default: HF_TOKEN or your login)")
-    group.add_argument("--work-dir", help="staging folder for Hub output "
-                       "(default: ~/.cache/ocr-vllm-scripts/outputs)")
+    group.add_argument("--work-dir", help="staging folder for Hub output")
     group.add_argument("--part-rows", type=int, default=250,
-                       help="rows per parquet part (default: 250); each row is journaled at once")
+                       help="rows per parquet part (default: 250)")
     group.add_argument("--part-seconds", type=float, default=300.0,
                        help="write (and commit) finished rows at least this often (default: 300)")
     group.add_argument("--stats-json", help="write the run's stats as JSON to this path")
-    group.add_argument("--check-only", action="store_true", help="check the arguments, INPUT "
-                       "and OUTPUT, write nothing; the last line is JSON {\"rows\": N, ...}")
+    group.add_argument("--check-only", action="store_true",
+                       help="check the arguments, INPUT and OUTPUT; write nothing")
     group = parser.add_argument_group("model")
-    group.add_argument("--model", default=MODEL_ID,
-                       help=f"model id or local path (default: {MODEL_ID}); a fine-tune or mirror")
-    group.add_argument("--model-revision", help=f"sha, tag or branch of the weights (default: "
-                       f"{MODEL_REVISION or 'main'}); the sha it resolves to is recorded")
+    group.add_argument("--model", default=MODEL_ID, help=f"model id or path (default: {MODEL_ID})")
+    group.add_argument("--model-revision", help="sha, tag or branch of the weights")
     group.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS,
                        help=f"generation budget per page (default: {DEFAULT_MAX_TOKENS})")
     group.add_argument("--no-sanity-check", action="store_true",
@@ -2677,12 +2669,10 @@ def argument_parser(doc: str, add_shape_arguments) -> argparse.ArgumentParser:
     group.add_argument("--sanity-pages", type=int, default=8,
                        help="pages the degenerate-output check looks at (default: 8)")
     group.add_argument("--loop-retries", type=int, default=1,
-                       help=f"send a looping page again, up to N times, at temperature "
-                            f"{LOOP_TEMPERATURE} seeded by the row; 0: never (default: 1)")
+                       help="send a looping page again, up to N times (default: 1)")
     group.add_argument("--repetition-detection", action=argparse.BooleanOptionalAction,
                        default=REPETITION_DETECTION_ON,
-                       help=f"let vLLM end a loop ({REPETITION_DETECTION[1]} repeats of up to "
-                            f"{REPETITION_DETECTION[0]} tokens); it costs engine time")
+                       help="let vLLM end a loop (it costs engine time)")
     add_shape_arguments(parser)
     add_model_arguments(parser)
     return parser
@@ -2733,8 +2723,7 @@ def parse_arguments(doc: str, argv: list[str] | None, add_shape_arguments, shape
     if not args.output_column.strip():
         problems.append("--output-column must name a column, got an empty name")
     if args.loop_retries > 5:
-        problems.append(f"--loop-retries must be at most 5, got {args.loop_retries} (a page that "
-                        f"still loops after that will loop again)")
+        problems.append(f"--loop-retries must be at most 5, got {args.loop_retries}")
     if not PDF_MIN_DPI <= args.pdf_dpi <= PDF_MAX_DPI:
         problems.append(f"--pdf-dpi must be {PDF_MIN_DPI} to {PDF_MAX_DPI}, got {args.pdf_dpi:g}")
     try:
@@ -2771,8 +2760,7 @@ class Interrupts:
     the finished rows are saved: a signal then waits for them (the run stops once they are)."""
 
     def __init__(self):
-        self.signum: int | None = None
-        self.saving = False
+        self.signum, self.saving = None, False
         self.previous = {sig: signal.signal(sig, self.on_signal)
                          for sig in (signal.SIGINT, signal.SIGTERM)
                          if threading.current_thread() is threading.main_thread()}
@@ -2792,8 +2780,8 @@ class Interrupts:
             signal.signal(sig, handler)
 
 
-def open_output_and_input(args, hub_api) -> tuple[OutputStore, InputSource]:
-    """The output (its lock), then the input (at the revision OUTPUT's run read)."""
+def open_output(args, hub_api) -> OutputStore:
+    """The output and its lock; a Hub that refuses or fails is one line, exit 5."""
     try:
         store = OutputStore(args.output, args, hub_api)
     except Exception as exc:
@@ -2802,37 +2790,31 @@ def open_output_and_input(args, hub_api) -> tuple[OutputStore, InputSource]:
         if local_disk or resolve_output(args.output)[0] != "hub":
             raise
         said = ": ".join([type(exc).__name__, *str(exc).strip().splitlines()[:1]])
-        if getattr(getattr(exc, "response", None), "status_code", None) in (401, 403, 404):
-            fail(f"the Hub refused OUTPUT {args.output} ({said}). Nothing was sent. Check the "
-                 f"token: it needs write access (HF_TOKEN or --hf-token; `hf auth whoami` names "
-                 f"its user), and that you may write to {args.output.split('/')[0]}.",
-                 EXIT_NOT_WRITTEN)
-        fail(f"the Hub failed while opening OUTPUT {args.output} ({said}). Nothing was sent; "
-             f"rerun the same command once the Hub answers.", EXIT_NOT_WRITTEN)
+        refused = getattr(getattr(exc, "response", None), "status_code", None) in (401, 403, 404)
+        fail(f"the Hub {'refused' if refused else 'failed while opening'} OUTPUT {args.output} "
+             f"({said}). Nothing was sent; " + ("the token needs write access (HF_TOKEN or "
+             "--hf-token) to that namespace." if refused else "rerun once the Hub answers."),
+             EXIT_NOT_WRITTEN)
     if args.private and store.api is not None:  # create_repo(exist_ok=True) leaves it as it is
         with contextlib.suppress(Exception):  # only a warning: never a reason to stop
             if store.api.repo_info(store.target, repo_type="dataset").private is False:
                 log(f"warning: {store.target} exists and is public: --private applies only to a "
                     f"repo it creates, so this one stays public (make it private in its settings)")
-    try:
-        source = open_input(pinned_input(store, args))
-        check_output_columns(source, args)
-    except BaseException:  # refused, nothing to do, or an input that fails: no trace of it
-        store.abandon()
-        raise
-    store.shard_range = (source.lo, source.hi)
-    return store, source
+    return store
 
 
 def run_script(args, hub_api, engine: dict, info_entry: dict, ready, work,
-               stop=lambda force: None) -> int:
+               stop_engine=lambda force: None) -> int:
     """Either shape's run: ready(check_only), the output, input and manifest (--check-only stops
-    there), then work(run) under run_guarded. An exit before run_guarded (a refused rerun, a held
-    lock, Ctrl-C) is in --stats-json too: never an earlier run's file."""
-    code = None
+    there), then work(run). Whatever ends it, the finished rows are saved (signals wait), the
+    engine stopped, then the card, the stats (every exit's) and an exit code telling the truth."""
+    interrupts, code, run, store = Interrupts(), None, None, None
     try:
         ready(args.check_only)
-        store, source = open_output_and_input(args, hub_api)
+        store = open_output(args, hub_api)
+        source = open_input(pinned_input(store, args))  # at the revision OUTPUT's run read
+        check_output_columns(source, args)
+        store.shard_range = (source.lo, source.hi)
         identity = run_identity(args, source, engine)
         if not args.check_only:  # a read-only store: claim_output compares, records nothing
             store.drop_stale_staged_parts()
@@ -2849,8 +2831,6 @@ def run_script(args, hub_api, engine: dict, info_entry: dict, ready, work,
             return 0
         plan = plan_rows(source, store, args)
         store.resend_local_parts()
-        if source.pdf is not None and plan.send:
-            _RENDERER[:] = [PdfRenderer(source.pdf, args)]  # forked before the driver's threads
         stats = RunStats(rows_total=source.hi - source.lo, rows_skipped=plan.skipped)
         stats.extra["rows_recovered"] = len(plan.recovered)
         check = DegenerateCheck(not args.no_sanity_check and not plan.earlier_ok,
@@ -2858,57 +2838,46 @@ def run_script(args, hub_api, engine: dict, info_entry: dict, ready, work,
         info_entry["timestamp"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         writer = PartWriter(store, source, plan, output_features(source, args), info_entry,
                             check, args)
-        recovered = f", {len(plan.recovered)} recovered from the journal" if plan.recovered else ""
-        pages = f" ({len(plan.send)} pages to send)" if plan.send != plan.pending else ""
-        log(f"{len(plan.pending)} of {stats.rows_total} rows to do{pages} ({stats.rows_skipped} "
-            f"already done{recovered}; {len(plan.redo)} error rows redone) -> {store.location()}")
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else EXIT_USAGE
-        raise
-    except RunAborted as exc:  # refused before any page was sent
-        log(f"error: {exc}")
-        code = exc.code
-    except KeyboardInterrupt:
-        log("interrupted before any page was sent: nothing to save")
-        code = 130
-    except OSError as exc:  # a full or read-only disk before any page was sent
-        log(f"error: cannot write to OUTPUT {args.output}: {exc}. Nothing was sent; free space "
-            f"(or choose another OUTPUT), then rerun the same command.")
-        code = EXIT_NOT_WRITTEN
-    finally:
-        if code is not None and not args.check_only:  # the keys of every run's stats
-            write_stats({**RunStats(0, 0).as_dict(), "exit_code": code}, args)
-    if code is not None:
-        return code
-    from types import SimpleNamespace  # the run, as work(run) reads it
-
-    return run_guarded(SimpleNamespace(args=args, store=store, source=source, plan=plan,
-                                       stats=stats, writer=writer, check=check,
-                                       info_entry=info_entry), work, stop)
-
-
-def run_guarded(run, work, stop_engine) -> int:
-    """work(run) under the failure policy; whatever ends it, the finished rows are saved (signals
-    wait), the engine stopped, then the card, the stats and an exit code that tells the truth."""
-    writer, check, store, stats, args = run.writer, run.check, run.store, run.stats, run.args
-    interrupts, code = Interrupts(), 0
-    try:
-        for result in run.plan.recovered.values():  # journaled by a killed run: judged first
+        run = argparse.Namespace(args=args, store=store, source=source, plan=plan, stats=stats,
+                                 writer=writer, check=check, info_entry=info_entry)
+        log(f"{len(plan.pending)} of {stats.rows_total} rows to do, {len(plan.send)} pages to "
+            f"send ({stats.rows_skipped} already done, {len(plan.recovered)} recovered from the "
+            f"journal; {len(plan.redo)} error rows redone) -> {store.location()}")
+        if source.pdf is not None and plan.send:
+            _RENDERER[:] = [PdfRenderer(source.pdf, args)]  # forked before the driver's threads
+        for result in plan.recovered.values():  # journaled by a killed run: judged first
             if result.error is None and result.skipped is None:
                 check.observe(result)
-        if run.plan.send:
+        if plan.send:
             work(run)
+        code = 0
+    except SystemExit as exc:  # fail() said why
+        code = exc.code if isinstance(exc.code, int) else EXIT_USAGE
+        raise
     except RunAborted as exc:
         log(f"error: {exc}")
         code = exc.code
     except KeyboardInterrupt:
-        log("interrupted: saving the finished rows")
+        log("interrupted" + (": saving the finished rows" if run else " before any page was sent"))
         code = interrupts.exit_code()
-    except Exception:  # a bug or an unforeseen failure: keep what is finished, then say what
-        import traceback
-        traceback.print_exc()
-        log("error: the run failed; saving the finished rows")
+    except Exception as exc:
         code = EXIT_NOT_WRITTEN
+        if run is None and isinstance(exc, OSError):  # a full or read-only disk, say
+            log(f"error: cannot write to OUTPUT {args.output}: {exc}. Nothing was sent; free "
+                f"space (or choose another OUTPUT), then rerun the same command.")
+        else:  # a bug or an unforeseen failure: keep what is finished, then say what
+            import traceback
+            traceback.print_exc()
+            log("error: the run failed" + ("; saving the finished rows" if run else ""))
+    finally:
+        if run is None:  # refused, nothing to do, or a failure: no trace of this run
+            interrupts.restore()
+            if store is not None:
+                store.abandon()
+            if code is not None and not args.check_only:  # the keys of every run's stats
+                write_stats({**RunStats(0, 0).as_dict(), "exit_code": code}, args)
+    if run is None:
+        return code
     interrupts.saving = True  # from here a signal waits for the finished rows to be saved
     try:
         check.finish()
@@ -2923,8 +2892,8 @@ def run_guarded(run, work, stop_engine) -> int:
         store.journal.close()
     if interrupts.signum and not code:  # a signal while the rows were saved
         code = interrupts.exit_code()
-    if code and not check.tripped:
-        pages = sum(map(len, writer.open_documents.values()))
+    pages = sum(map(len, writer.open_documents.values()))
+    if code and not check.tripped and (writer.rows_ok + writer.rows_failed or pages):
         pages = f" (and {pages} pages of unfinished documents)" if pages else ""
         log(f"saved: {writer.rows_ok + writer.rows_failed} finished rows{pages} are in "
             f"{store.location()}; to resume, {rerun_advice()}")
@@ -2948,15 +2917,12 @@ def run_guarded(run, work, stop_engine) -> int:
     try:
         if not wrote and not store.parts() and not list(store.journal.folder.glob("*.jsonl")):
             store.forget_run()  # nothing written: the next run may be another one
-        if store.api is not None and wrote:
-            try:
-                store.read_hub(others_only=True)  # the card counts what other shards wrote since
-            except Exception as exc:
-                log(f"warning: cannot list {store.target} for the card ({exc}); it counts what "
-                    f"this run saw")
+        if store.api is not None and wrote:  # the card counts what other shards wrote since
+            with contextlib.suppress(Exception):  # (else what this run saw)
+                store.read_hub(others_only=True)
         card_missing = store.parts() and not (store.card_on_hub if store.api is not None else
                                               (store.root / "README.md").exists())
-        store.finish((lambda: build_card(run.source, store, args, result, run.info_entry))
+        store.finish((lambda: build_card(source, store, args, result, info_entry))
                      if (wrote or card_missing) and not check.tripped else None)
     except (KeyboardInterrupt, OSError) as exc:  # the rows are saved: a rerun ends the output
         stopped = isinstance(exc, KeyboardInterrupt)

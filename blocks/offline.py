@@ -5,6 +5,7 @@ from its model section (blocks/model.py) or an earlier block.
 """
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -28,66 +29,36 @@ from blocks.common import cut_at_loop, repetition_detection
 # build_messages(), sampling_kwargs(), VLLM_REQUIREMENT; the common block provides the rest.
 import base64
 import itertools
-import shutil
 import site
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
 
 for _extra_site in filter(None, os.environ.get("OCR_SCRIPT_EXTRA_SITE", "").split(os.pathsep)):
-    if _extra_site not in sys.path:
-        # appended after the image's own packages (its torch and vllm win), with the folder's
-        # .pth files read: uv's layered environments link their packages through one
+    if _extra_site not in sys.path:  # after the image's torch and vllm; .pth files read (uv)
         site.addsitedir(_extra_site)
-
-
-def system_python_with_vllm() -> str | None:
-    """The machine's own Python when it has vllm (the vLLM image): no second vllm and torch."""
-    probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"
-    for python in ("/usr/bin/python3", "/usr/local/bin/python3", "/opt/conda/bin/python3"):
-        try:
-            if not subprocess.run([python, "-c", probe], capture_output=True,
-                                  timeout=60).returncode:
-                return python
-        except (OSError, subprocess.TimeoutExpired):
-            pass
-    return None
-
-
-def gpu_visible() -> bool:
-    """An NVIDIA or AMD GPU device, or nvidia-smi: what a vLLM GPU build needs to run."""
-    devices = ("/dev/nvidiactl", "/dev/nvidia0", "/dev/kfd")
-    return any(Path(d).exists() for d in devices) or shutil.which("nvidia-smi") is not None
 
 
 def ensure_vllm(argv: list[str]) -> None:
     """Before the input is read and the repo created: vllm importable here (a CPU build too),
-    else this script again under the machine's Python that has it, else under uv with vllm where
-    a GPU is visible; else exit 2 with the Jobs command."""
+    else this script again under the machine's Python that has it (the vLLM image's: no second
+    vllm and torch), else exit 2 as a server script does without `vllm`: the Jobs command."""
     import importlib.util
 
-    try:
+    with contextlib.suppress(ImportError, ValueError):
         if importlib.util.find_spec("vllm") is not None:
             return
-    except (ImportError, ValueError):
-        pass
-    if os.environ.get("OCR_SCRIPT_REEXEC"):
-        fail(f"vllm cannot be imported. Run this script in the vLLM image (hf jobs uv run --image "
-             f"{JOB_IMAGE} ...) or on a GPU machine with `pip install vllm`.")
-    env, script = {**os.environ, "OCR_SCRIPT_REEXEC": "1"}, str(Path(sys.argv[0]).resolve())
-    if python := system_python_with_vllm():
-        env["OCR_SCRIPT_EXTRA_SITE"] = os.pathsep.join(site.getsitepackages())
-        log(f"using the vllm installed for {python} (nothing heavy is installed)")
-        os.execve(python, [python, script, *argv], env)
-    if not gpu_visible():
-        fail(f"no vllm can be imported here and no GPU is visible (no /dev/nvidia*, no "
-             f"nvidia-smi), so vllm.LLM cannot run on this machine.\n\nRun it on Hugging Face "
-             f"Jobs, whose vLLM image provides vllm and a GPU:\n  {jobs_command()}\n{JOBS_NOTE}"
-             f"\n\nor on a machine with a GPU, or where vllm is installed (a CPU build too).")
-    if uv := shutil.which("uv"):
-        log(f"vllm is not installed here; asking uv for vllm{VLLM_REQUIREMENT} (several GB once)")
-        os.execve(uv, [uv, "run", "--with", f"vllm{VLLM_REQUIREMENT}", script, *argv], env)
-    fail("vllm is not installed and uv is not on PATH to install it: `pip install vllm`, or run "
-         f"on Hugging Face Jobs with --image {JOB_IMAGE}.")
+    probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"
+    for python in ("/usr/bin/python3", "/usr/local/bin/python3", "/opt/conda/bin/python3"):
+        with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+            if not os.environ.get("OCR_SCRIPT_REEXEC") and not subprocess.run(
+                    [python, "-c", probe], capture_output=True, timeout=60).returncode:
+                log(f"using the vllm installed for {python} (nothing heavy is installed)")
+                os.execve(python, [python, str(Path(sys.argv[0]).resolve()), *argv],
+                          {**os.environ, "OCR_SCRIPT_REEXEC": "1",
+                           "OCR_SCRIPT_EXTRA_SITE": os.pathsep.join(site.getsitepackages())})
+    fail(f"vllm cannot be imported here.\n\nRun it on Hugging Face Jobs:\n  {jobs_command()}\n"
+         f"{JOBS_NOTE}\n\nor locally: `pip install 'vllm{VLLM_REQUIREMENT}'` (or run it in "
+         f"{JOB_IMAGE}), then rerun the same command.")
 
 
 def effective_llm_kwargs(args) -> dict:
@@ -177,7 +148,6 @@ def run_offline(run, args, llm_kwargs: dict) -> None:
             results = dict(prepared)  # a page not sent: its row (its error, its text layer)
             valid = [(index, page) for index, page in prepared if isinstance(page, PreparedPage)]
             counted = {}  # row -> its exception, when its failure counts in the streak
-            stats.in_flight = len(valid)
             stats.peak_in_flight = max(stats.peak_in_flight, len(valid))
             stats.first_started = stats.first_started or time.monotonic()
             started = time.monotonic()
@@ -218,11 +188,10 @@ def add_offline_arguments(parser: argparse.ArgumentParser) -> None:
 
 def offline_argument_problems(args) -> list[str]:
     """--llm-kwargs, if wrong (parse_arguments reports it with the rest)."""
-    try:
-        given = json.loads(args.llm_kwargs or "{}")
-    except ValueError as exc:
-        given = exc
-    return [] if isinstance(given, dict) else [f"--llm-kwargs must be a JSON object ({given})"]
+    with contextlib.suppress(ValueError):
+        if isinstance(json.loads(args.llm_kwargs or "{}"), dict):
+            return []
+    return ["--llm-kwargs must be a JSON object"]
 
 
 def run_offline_script(doc: str, argv: list[str] | None = None, hub_api=None) -> int:
@@ -230,7 +199,7 @@ def run_offline_script(doc: str, argv: list[str] | None = None, hub_api=None) ->
     args = parse_arguments(doc, argv, add_offline_arguments, offline_argument_problems)
     llm_kwargs = effective_llm_kwargs(args)
 
-    def ready(check_only: bool) -> None:  # no vllm and no GPU: the Jobs command, input unread
+    def ready(check_only: bool) -> None:  # no vllm: the Jobs command, the input unread
         check_context_budget(llm_kwargs.get("max_model_len") or MAX_MODEL_LEN, args,
                              "max_model_len in --llm-kwargs")
         if not check_only:  # no engine imported

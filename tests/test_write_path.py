@@ -569,6 +569,22 @@ def test_offline_an_engine_gone_stops_at_once_and_keeps_the_finished_rows(tmp_pa
     assert chat_calls(tmp_path)[2:] == [4, 4]  # the rerun sent only the 8 pending pages
 
 
+def test_a_stop_with_nothing_written_says_nothing_of_saving(tmp_path):
+    """The engine gone at the first batch: nothing is written, so no 'saved: 0 finished rows are
+    in OUTPUT' (the error line says what to do); a stop with rows written still says it."""
+    paths = write_image_folder(tmp_path / "in", 8)
+    args = [str(tmp_path / "in"), str(tmp_path / "out"), "--batch-size", "4", "--no-sanity-check"]
+    run = run_script("ovis-ocr2.py", *args, env={**offline_env(tmp_path),
+                     "FAKE_VLLM_RAISE": "EngineDeadError", "FAKE_VLLM_FAIL_ON": "Page"})
+    assert run.returncode == 4, run.stderr[-3000:]
+    assert "the vLLM engine is gone" in run.stderr and "saved:" not in run.stderr
+    run = run_script("ovis-ocr2.py", *args, env={**offline_env(tmp_path),
+                     "FAKE_VLLM_RAISE": "EngineDeadError",
+                     "FAKE_VLLM_FAIL_ON": page_digest(paths[5])})
+    assert run.returncode == 4, run.stderr[-3000:]
+    assert "saved: 4 finished rows are in" in run.stderr
+
+
 def test_offline_a_page_vllm_refuses_is_written_while_the_engine_failures_stay_pending(tmp_path):
     """As a server's 400 among its 5xx: the refused page's row is final, the pages the engine
     failed are held, and a run with none answered leaves them pending (exit 4)."""
