@@ -3442,8 +3442,6 @@ class ServerManager:
         every = min(HEALTH_EVERY_S, limit / 4)
         while True:
             await asyncio.sleep(every)
-            if self._lock.locked():  # recover() judges a server that refuses connections
-                continue
             problem = await self.health_problem(client, every)
             if problem is None:
                 self.heard_at = time.monotonic()
@@ -3526,44 +3524,47 @@ class ServerManager:
             return f"Last lines of {self.log_path}:\n" + "\n".join("  | " + s for s in lines)
         return "(no server log)"
 
-    async def wait_ready(self, client, timeout: float, mid_run: bool = False) -> None:
-        """Until the server is ready, or RunAborted; mid-run, ours is restarted if it died."""
-        began = time.monotonic()
-        reported = began - REPORT_EVERY_S if mid_run else began  # mid-run, said at once
-        while (state := await self.probe(client, starting=not mid_run)) != "ready":
+    async def wait_ready(self, client, timeout: float) -> None:
+        """Until the server (ours: started and still running) is ready, or RunAborted."""
+        began = reported = time.monotonic()
+        while (state := await self.probe(client)) != "ready":
             if self.process is not None and self.process.poll() is not None:
-                if not mid_run:
-                    raise RunAborted(f"vllm serve exited with code {self.process.returncode} "
-                                     f"before it was ready. {self.log_tail()}")
-                if self.restarts >= self.args.max_restarts:
-                    raise RunAborted(f"vllm serve died {self.restarts + 1} times; giving up. "
-                                     f"{self.log_tail()}")
-                self.restarts += 1
-                log(f"vllm serve died (exit {self.process.returncode}); restart "
-                    f"{self.restarts}/{self.args.max_restarts}; its pages are sent again")
-                self.stop(force=True)  # what is left of its process group
-                self.spawn()
-                began, timeout, mid_run = time.monotonic(), self.args.server_timeout, False
-            elif state == "absent" and self.process is None and self.may_spawn and not mid_run:
+                raise RunAborted(f"vllm serve exited with code {self.process.returncode} "
+                                 f"before it was ready. {self.log_tail()}")
+            if state == "absent" and self.process is None and self.may_spawn:
                 raise RunAborted(f"the server that was starting on port {self.port} is gone; "
                                  f"rerun to start one.")
-            elif time.monotonic() >= began + timeout:
+            if time.monotonic() >= began + timeout:
                 tail = f"\n{self.log_tail()}" if self.process else ""
-                raise RunAborted(f"the server at {self.base} stopped answering for {timeout:g} s"
-                                 if mid_run else f"the server at {self.base} was not ready after "
-                                 f"{timeout:.0f} s{tail}")
-            elif time.monotonic() - reported >= REPORT_EVERY_S:
+                raise RunAborted(f"the server at {self.base} was not ready after {timeout:.0f} s"
+                                 f"{tail}")
+            if time.monotonic() - reported >= REPORT_EVERY_S:
                 reported = time.monotonic()
-                log(f"the server at {self.base} is not answering: waiting up to {timeout:g} s for "
-                    f"it (--server-down-timeout)" if mid_run else f"waiting for the server at "
-                    f"{self.base} for {reported - began:.0f} s of up to {timeout:.0f} s "
-                    f"(--server-timeout): {self.waiting_on(state)}")
+                log(f"waiting for the server at {self.base} for {reported - began:.0f} s of up to "
+                    f"{timeout:.0f} s (--server-timeout): {self.waiting_on(state)}")
             await asyncio.sleep(1.0)
 
     async def recover(self, client) -> None:
-        """After a connection error: wait for the server, restart ours if it died, or abort."""
+        """After a connection error: wait for the server, restarting ours if it died. One that
+        stays down is watch()'s to judge, as one that hangs: exit 4 either way."""
         async with self._lock:
-            await self.wait_ready(client, self.args.server_down_timeout, mid_run=True)
+            if await self.probe(client, starting=False) == "ready":
+                return
+            log(f"the server at {self.base} is not answering: waiting up to "
+                f"{self.args.server_down_timeout:g} s for it (--server-down-timeout)")
+            while await self.probe(client, starting=False) != "ready":
+                if self.process is not None and self.process.poll() is not None:
+                    if self.restarts >= self.args.max_restarts:
+                        raise RunAborted(f"vllm serve died {self.restarts + 1} times; giving up. "
+                                         f"{self.log_tail()}", EXIT_REFUSED)
+                    self.restarts += 1
+                    log(f"vllm serve died (exit {self.process.returncode}); restart "
+                        f"{self.restarts}/{self.args.max_restarts}; its pages are sent again")
+                    self.stop(force=True)  # what is left of its process group
+                    self.spawn()
+                    self.heard_at = float("inf")  # loading: wait_ready judges it, not watch()
+                    return await self.wait_ready(client, self.args.server_timeout)
+                await asyncio.sleep(1.0)
 
     def stop(self, force: bool = False) -> None:
         """Stop the server this run started and what is left of its process group, never more."""
@@ -3796,6 +3797,7 @@ async def run_server_pipeline(run, args, server: ServerManager, window: Window) 
 
         async def one(index: int, cell) -> None:
             latency = None
+            stats.enter()  # in the task: one cancelled before it began neither enters nor leaves
             try:
                 held = cell.get("bytes") if isinstance(cell, dict) else cell
                 window.preparing += 1  # bytes in memory go out as they are: no pool hop
@@ -3847,7 +3849,6 @@ async def run_server_pipeline(run, args, server: ServerManager, window: Window) 
                     raise
             if failure:
                 break
-            stats.enter()
             task = asyncio.create_task(one(index, cell))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
