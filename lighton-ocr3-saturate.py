@@ -3210,17 +3210,6 @@ def server_argument_problems(args) -> list[str]:
     return problems
 
 
-SECRET_SERVE_OPTIONS = {"--api-key": "VLLM_API_KEY", "--hf-token": "HF_TOKEN"}
-
-
-def serve_secrets(argv: list[str]) -> tuple[list[str], dict]:
-    """Serve arguments without secrets, and the env that carries them (argv is public)."""
-    items = flag_items(argv)
-    secret = [item for item in items if option_name(item[0]) in SECRET_SERVE_OPTIONS and item[1]]
-    return (flag_words([item for item in items if item not in secret]),
-            {SECRET_SERVE_OPTIONS[option_name(flag)]: values[0] for flag, values, _ in secret})
-
-
 # Runs `vllm serve` in its own process group. When the driver dies without stopping it (kill -9,
 # OOM), it notices within half a second, stops the group, then kills what is left (itself too).
 SERVER_WATCHDOG = r"""
@@ -3414,9 +3403,12 @@ class ServerManager:
 
     def spawn(self) -> None:
         """Start `vllm serve` under SERVER_WATCHDOG; secrets go through its env, not its argv."""
-        command, secret_env = serve_secrets(self.serve_command() + spawn_args(self.args))
-        given = {"VLLM_API_KEY": self.api_key, "HF_TOKEN": self.args.hf_token}
-        env = {**os.environ, **SERVE_ENV, **secret_env, **{k: v for k, v in given.items() if v}}
+        argv = self.serve_command() + spawn_args(self.args)
+        secrets = {"VLLM_API_KEY": self.api_key,
+                   "HF_TOKEN": self.args.hf_token or serve_arg_value(argv, "--hf-token")}
+        command = flag_words([item for item in flag_items(argv)  # argv is public
+                              if option_name(item[0]) not in ("--api-key", "--hf-token")])
+        env = {**os.environ, **SERVE_ENV, **{k: v for k, v in secrets.items() if v}}
         log(f"starting: {shlex.join(redact_argv(command))}\n  (server log: {self.log_path})")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log_file:
@@ -3621,9 +3613,9 @@ class Window:
 
     def __init__(self, args, run):
         self.limit, self.used, self.preparing = max(1, args.concurrency or PAGES_PER_ENGINE), 0, 0
-        self.changed = asyncio.Condition()
+        self.changed = asyncio.Event()  # a slot given back, the limit raised, or the run stopped
         self.body_sizes: deque[int] = deque(maxlen=256)  # of recent requests
-        self.input_done = False
+        self.input_done = self.stopped = False
 
     @staticmethod
     def add_arguments(parser: argparse.ArgumentParser, group) -> None:
@@ -3635,20 +3627,21 @@ class Window:
     def serve_args(args, serve_args: list[str]) -> list[str]:  # for a server started here
         return []
 
-    async def acquire(self) -> None:
-        async with self.changed:
-            await self.changed.wait_for(lambda: self.used < self.limit)
-            self.used += 1
+    async def acquire(self) -> bool:
+        """A slot for the next page; False once the run stopped (unstarted pages give none back)."""
+        while self.used >= self.limit and not self.stopped:
+            self.changed.clear()
+            await self.changed.wait()
+        self.used += 1
+        return not self.stopped
 
-    async def release(self) -> None:
-        async with self.changed:
-            self.used -= 1
-            self.changed.notify_all()
+    def release(self) -> None:
+        self.used -= 1
+        self.changed.set()
 
-    async def resize(self, limit: int) -> None:
-        async with self.changed:
-            self.limit = max(1, limit)
-            self.changed.notify_all()
+    def resize(self, limit: int) -> None:
+        self.limit = max(1, limit)
+        self.changed.set()
 
     async def adapt(self, client, server: "ServerManager") -> None:
         """Resize the window while the pages run (an adaptive one does)."""
@@ -3676,14 +3669,13 @@ async def run_server_pipeline(run, args, server: ServerManager, window: Window) 
                          "all failed on the server's side over {:.0f} s")
     failure: list[BaseException] = []
     tasks: set[asyncio.Task] = set()
-    main = asyncio.current_task()
 
     def stop(exc: BaseException) -> None:  # the pages in flight stay pending
         failure.append(exc)
+        window.stopped = True
+        window.changed.set()
         for task in tasks - {asyncio.current_task()}:
             task.cancel()
-        if len(failure) == 1 and not window.input_done:  # a page cancelled before it began
-            main.cancel()  # gives no slot back: the input loop's wait for one ends here
 
     async with ClientGroup(timeout=httpx.Timeout(args.request_timeout, connect=30.0)) as client:
         # what the exit undoes, last first: the tasks, the bar, the pools
@@ -3695,7 +3687,7 @@ async def run_server_pipeline(run, args, server: ServerManager, window: Window) 
         await server.start(client, stats)
         writer.info_entry.update(vllm_version=server.version, model_revision=server.revision)
         if not args.concurrency and server.engines > 1:  # a window for every engine
-            await window.resize(max(window.limit, PAGES_PER_ENGINE * server.engines))
+            window.resize(max(window.limit, PAGES_PER_ENGINE * server.engines))
         bar = tqdm(total=len(run.plan.send), unit="page", dynamic_ncols=True, smoothing=0.1,
                    mininterval=0.5 if sys.stderr.isatty() else 10.0)
         client.callback(bar.close)
@@ -3730,7 +3722,7 @@ async def run_server_pipeline(run, args, server: ServerManager, window: Window) 
                 result = exception_row(exc, PAGE)
             finally:
                 stats.leave()
-                await window.release()  # the answer is in: the next page may go
+                window.release()  # the answer is in: the next page may go
             try:
                 finish_row(writer, stats, storm, index, result, latency)
             except RunAborted as exc:  # nothing written: degenerate, or held by the storm
@@ -3749,12 +3741,7 @@ async def run_server_pipeline(run, args, server: ServerManager, window: Window) 
         watching.add_done_callback(lambda watch: watch.cancelled() or stop(watch.exception()))
         client.callback(watching.cancel)
         for index, cell in iter_image_cells(run.source, run.plan.send):
-            try:
-                await window.acquire()
-            except asyncio.CancelledError:
-                if not failure:
-                    raise
-            if failure:
+            if not await window.acquire():
                 break
             task = asyncio.create_task(one(index, cell))
             tasks.add(task)
@@ -3997,7 +3984,7 @@ class AdaptiveWindow(Window):
         self.best_rate = max(self.best_rate, rate)
         if new != limit:
             self.resized_at = len(self.stats.finished_at)
-            await self.resize(new)
+            self.resize(new)
 
     def summary(self) -> dict:
         """The stats: bound_by is the most frequent verdict of the steady state; "window" (full,

@@ -171,7 +171,7 @@ class AdaptiveWindow(Window):
         self.best_rate = max(self.best_rate, rate)
         if new != limit:
             self.resized_at = len(self.stats.finished_at)
-            await self.resize(new)
+            self.resize(new)
 
     def summary(self) -> dict:
         """The stats: bound_by is the most frequent verdict of the steady state; "window" (full,
