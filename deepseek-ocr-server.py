@@ -3095,14 +3095,13 @@ def parse_vllm_size(value) -> int | None:
     text = str(value).strip()
     if text.lower() in ("auto", "-1"):
         return None
-    match = re.fullmatch(r"(\d+)([KMGT]?)|(\d+(?:\.\d+)?)([kmgt])", text)
-    if re.fullmatch(r"\d+\.\d+[KMGT]", text):
+    match = re.fullmatch(r"(\d+(\.\d+)?)([kmgtKMGT]?)", text)
+    if match and match[2] and match[3].isupper():
         raise ValueError(f"{text!r}: no decimals with {text[-1]} (did you mean {text.lower()}?)")
-    if not match:
+    if not match or match[2] and not match[3]:
         raise ValueError(f"{text!r} is not a size (write e.g. 32768, 24k, 32K or auto)")
-    number, suffix = match.group(1, 2) if match.group(1) else match.group(3, 4)
-    scale = (1024 if suffix.isupper() else 1000) ** ("", "k", "m", "g", "t").index(suffix.lower())
-    return int(number) * scale if match.group(1) else int(float(number) * scale)
+    scale = (1024 if match[3].isupper() else 1000) ** " kmgt".index(match[3].lower())
+    return int(float(match[1]) * scale)
 
 
 def serve_max_model_len(args) -> int | None:
@@ -3171,8 +3170,8 @@ class ServerManager:
     """Reuse a server, wait for one that is starting, or start `vllm serve` and own it."""
 
     def __init__(self, args, log_dir: Path):
-        self.args, self.log_dir = args, log_dir
-        self.base, self.host, self.port = server_url_parts(args.server)
+        self.args, (self.base, self.host, self.port) = args, server_url_parts(args.server)
+        self.log_path = log_dir / f"vllm-serve-{self.port}.log"
         self.may_spawn = self.host in ("127.0.0.1", "localhost", "::1", "0.0.0.0") and \
             not args.no_spawn
         serve_args = effective_serve_args(args)
@@ -3188,14 +3187,15 @@ class ServerManager:
         self.silent_since: float | None = None  # connected, and no HTTP answer since
         self._lock = asyncio.Lock()
 
-    @property
-    def log_path(self) -> Path:
-        return self.log_dir / f"vllm-serve-{self.port}.log"
-
     def refused(self, what: str) -> RunAborted:
         return RunAborted(f"port {self.port} answers, but not as {what}: stop what uses the port, "
                           f"or pass --server with the vLLM server's URL (or a free port).",
                           EXIT_USAGE)
+
+    def key_refused(self, status: int) -> RunAborted:
+        hint = "the key sent is wrong" if self.api_key else "it wants one"
+        return RunAborted(f"the server at {self.base} refuses the API key (HTTP {status}): "
+                          f"{hint}: pass --api-key or set VLLM_API_KEY.", EXIT_REFUSED)
 
     async def probe(self, client, starting: bool = True) -> str:
         """"ready", "starting" (or no answer in time) or "absent"; RunAborted if it never will."""
@@ -3229,9 +3229,7 @@ class ServerManager:
                                        f"write --server https://...)") from None
         status = response.status_code
         if status in (401, 403):
-            hint = "the key sent is wrong" if self.api_key else "it wants one"
-            raise RunAborted(f"the server at {self.base} refuses the API key (HTTP {status}): "
-                             f"{hint}: pass --api-key or set VLLM_API_KEY.", EXIT_REFUSED)
+            raise self.key_refused(status)
         if status in (500, 502, 503, 504):
             return "starting"  # a proxy whose upstream boots, a server loading its model
         try:
@@ -3482,7 +3480,7 @@ async def send_page(client, server: "ServerManager", body: bytes, args) -> RowRe
             outages += 1
             if outages > args.max_restarts + 5:
                 return error_row(f"connection failed {outages} times: {exc}", SERVER)
-            await server.recover(client)  # raises RunAborted when the server is gone for good
+            await server.recover(client)  # one that stays down, watch() stops the run
             continue
         except httpx.TimeoutException:
             last_error = f"timed out after {args.request_timeout:g} s"
@@ -3496,9 +3494,7 @@ async def send_page(client, server: "ServerManager", body: bytes, args) -> RowRe
             if status == 200:
                 return read_completion(response)
             if status in (401, 403):  # these two refuse the whole run, not this page
-                raise RunAborted(f"the server at {server.base} refuses the API key (HTTP "
-                                 f"{status}: {text}). Pass the right --api-key (or VLLM_API_KEY).",
-                                 EXIT_REFUSED)
+                raise server.key_refused(status)
             if status == 404 and "does not exist" in text:
                 raise RunAborted(f"the server at {server.base} no longer serves "
                                  f"{server.model_name} (HTTP 404: {text}); it was restarted with "
@@ -3748,7 +3744,7 @@ def run_server_script(doc: str, argv: list[str] | None = None, hub_api=None) -> 
         asyncio.run(server.plan())
 
     def work(run) -> None:
-        server.log_dir = run.store.meta / "logs"
+        server.log_path = run.store.meta / "logs" / server.log_path.name
         window = WINDOW(args, run)
         try:
             asyncio.run(run_server_pipeline(run, args, server, window))
