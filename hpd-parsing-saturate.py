@@ -3450,14 +3450,14 @@ class ServerManager:
         async with httpx.AsyncClient() as client:
             state = await self.probe(client)
         self.spawning = state == "absent" and self.may_spawn
+        check_context_budget(serve_max_model_len(self.args) if self.spawning else
+                             self.max_model_len, self.args)  # one waited for: checked at start
         if not self.spawning:
-            check_context_budget(self.max_model_len, self.args)  # waiting: None, checked at start
             head = f"using the vLLM server already running at {self.base} ({self.model_name}" \
                 if state == "ready" else f"the server at {self.base}: " \
                 f"{self.waiting_on(state)}; the run will be waiting for that URL (up to " \
                 f"{self.args.server_timeout:.0f} s, --server-timeout"
             return log(f"{head}; not started by this run; it will be left running)")
-        check_context_budget(serve_max_model_len(self.args), self.args)
         if shutil.which("vllm") is None:
             local = "`pip install vllm` on a machine with a GPU" \
                 if JOB_IMAGE.startswith("vllm/vllm-openai:") else \
@@ -3921,7 +3921,8 @@ def run_server_script(doc: str, argv: list[str] | None = None, hub_api=None) -> 
 # The adaptive window of the -saturate.py scripts (read from vLLM's /metrics), its telemetry and
 # options; the API servers of a server they start. A model section may set API_SERVER_COUNT.
 API_SERVER_COUNT = globals().get("API_SERVER_COUNT", 1)  # a model section's measured count
-API_SERVERS_MIN_CPUS = 12  # the flavors where more API servers were measured to help had 12+
+API_SERVERS_MIN_CPUS = 12  # where more API servers helped (one preprocesses on one core); on
+# smaller flavors they ran out of memory
 
 
 def usable_cpus() -> int:
@@ -3950,10 +3951,8 @@ def parse_metrics(text: str) -> dict:
 
 
 class AdaptiveWindow(Window):
-    """Starts at --min-window, grows while the engine has no queue and delivered tokens/s rise,
-    holds or shrinks when requests wait or the KV cache is near full, within the host-memory
-    budget; without the engine's gauges, by throughput alone. --concurrency fixes it. Each
-    decision goes to the telemetry."""
+    """Starts at --min-window, grows while the engine has no queue and tokens/s rise, shrinks
+    when requests wait or the KV cache is near full, within the host-memory budget."""
 
     def __init__(self, args, run):
         super().__init__(args, run)
@@ -3992,8 +3991,6 @@ class AdaptiveWindow(Window):
     def serve_args(args, serve_args: list[str]) -> list[str]:
         if serve_arg_value(serve_args, "--api-server-count") is not None:
             return []
-        # the measured count where this process may use API_SERVERS_MIN_CPUS CPUs (one API
-        # server preprocesses on one core); else 1: small flavors run out of memory
         count = args.api_server_count or \
             (API_SERVER_COUNT if usable_cpus() >= API_SERVERS_MIN_CPUS else 1)
         return ["--api-server-count", str(count)] if count > 1 else []

@@ -3206,14 +3206,14 @@ class ServerManager:
         async with httpx.AsyncClient() as client:
             state = await self.probe(client)
         self.spawning = state == "absent" and self.may_spawn
+        check_context_budget(serve_max_model_len(self.args) if self.spawning else
+                             self.max_model_len, self.args)  # one waited for: checked at start
         if not self.spawning:
-            check_context_budget(self.max_model_len, self.args)  # waiting: None, checked at start
             head = f"using the vLLM server already running at {self.base} ({self.model_name}" \
                 if state == "ready" else f"the server at {self.base}: " \
                 f"{self.waiting_on(state)}; the run will be waiting for that URL (up to " \
                 f"{self.args.server_timeout:.0f} s, --server-timeout"
             return log(f"{head}; not started by this run; it will be left running)")
-        check_context_budget(serve_max_model_len(self.args), self.args)
         if shutil.which("vllm") is None:
             local = "`pip install vllm` on a machine with a GPU" \
                 if JOB_IMAGE.startswith("vllm/vllm-openai:") else \
