@@ -2935,14 +2935,13 @@ def parse_vllm_size(value) -> int | None:
     text = str(value).strip()
     if text.lower() in ("auto", "-1"):
         return None
-    match = re.fullmatch(r"(\d+)([KMGT]?)|(\d+(?:\.\d+)?)([kmgt])", text)
-    if re.fullmatch(r"\d+\.\d+[KMGT]", text):
+    match = re.fullmatch(r"(\d+(\.\d+)?)([kmgtKMGT]?)", text)
+    if match and match[2] and match[3].isupper():
         raise ValueError(f"{text!r}: no decimals with {text[-1]} (did you mean {text.lower()}?)")
-    if not match:
+    if not match or match[2] and not match[3]:
         raise ValueError(f"{text!r} is not a size (write e.g. 32768, 24k, 32K or auto)")
-    number, suffix = match.group(1, 2) if match.group(1) else match.group(3, 4)
-    scale = (1024 if suffix.isupper() else 1000) ** ("", "k", "m", "g", "t").index(suffix.lower())
-    return int(number) * scale if match.group(1) else int(float(number) * scale)
+    scale = (1024 if match[3].isupper() else 1000) ** " kmgt".index(match[3].lower())
+    return int(float(match[1]) * scale)
 
 
 def serve_max_model_len(args) -> int | None:
@@ -2982,17 +2981,6 @@ def server_argument_problems(args) -> list[str]:
     return problems
 
 
-SECRET_SERVE_OPTIONS = {"--api-key": "VLLM_API_KEY", "--hf-token": "HF_TOKEN"}
-
-
-def serve_secrets(argv: list[str]) -> tuple[list[str], dict]:
-    """Serve arguments without secrets, and the env that carries them (argv is public)."""
-    items = flag_items(argv)
-    secret = [item for item in items if option_name(item[0]) in SECRET_SERVE_OPTIONS and item[1]]
-    return (flag_words([item for item in items if item not in secret]),
-            {SECRET_SERVE_OPTIONS[option_name(flag)]: values[0] for flag, values, _ in secret})
-
-
 # Runs `vllm serve` in its own process group. When the driver dies without stopping it (kill -9,
 # OOM), it notices within half a second, stops the group, then kills what is left (itself too).
 SERVER_WATCHDOG = r"""
@@ -3022,8 +3010,8 @@ class ServerManager:
     """Reuse a server, wait for one that is starting, or start `vllm serve` and own it."""
 
     def __init__(self, args, log_dir: Path):
-        self.args, self.log_dir = args, log_dir
-        self.base, self.host, self.port = server_url_parts(args.server)
+        self.args, (self.base, self.host, self.port) = args, server_url_parts(args.server)
+        self.log_path = log_dir / f"vllm-serve-{self.port}.log"
         self.may_spawn = self.host in ("127.0.0.1", "localhost", "::1", "0.0.0.0") and \
             not args.no_spawn
         serve_args = effective_serve_args(args)
@@ -3039,14 +3027,15 @@ class ServerManager:
         self.silent_since: float | None = None  # connected, and no HTTP answer since
         self._lock = asyncio.Lock()
 
-    @property
-    def log_path(self) -> Path:
-        return self.log_dir / f"vllm-serve-{self.port}.log"
-
     def refused(self, what: str) -> RunAborted:
         return RunAborted(f"port {self.port} answers, but not as {what}: stop what uses the port, "
                           f"or pass --server with the vLLM server's URL (or a free port).",
                           EXIT_USAGE)
+
+    def key_refused(self, status: int) -> RunAborted:
+        hint = "the key sent is wrong" if self.api_key else "it wants one"
+        return RunAborted(f"the server at {self.base} refuses the API key (HTTP {status}): "
+                          f"{hint}: pass --api-key or set VLLM_API_KEY.", EXIT_REFUSED)
 
     async def probe(self, client, starting: bool = True) -> str:
         """"ready", "starting" (or no answer in time) or "absent"; RunAborted if it never will."""
@@ -3080,9 +3069,7 @@ class ServerManager:
                                        f"write --server https://...)") from None
         status = response.status_code
         if status in (401, 403):
-            hint = "the key sent is wrong" if self.api_key else "it wants one"
-            raise RunAborted(f"the server at {self.base} refuses the API key (HTTP {status}): "
-                             f"{hint}: pass --api-key or set VLLM_API_KEY.", EXIT_REFUSED)
+            raise self.key_refused(status)
         if status in (500, 502, 503, 504):
             return "starting"  # a proxy whose upstream boots, a server loading its model
         try:
@@ -3121,8 +3108,6 @@ class ServerManager:
         every = min(HEALTH_EVERY_S, limit / 4)
         while True:
             await asyncio.sleep(every)
-            if self._lock.locked():  # recover() judges a server that refuses connections
-                continue
             problem = await self.health_problem(client, every)
             if problem is None:
                 self.heard_at = time.monotonic()
@@ -3144,14 +3129,14 @@ class ServerManager:
         async with httpx.AsyncClient() as client:
             state = await self.probe(client)
         self.spawning = state == "absent" and self.may_spawn
+        check_context_budget(serve_max_model_len(self.args) if self.spawning else
+                             self.max_model_len, self.args)  # one waited for: checked at start
         if not self.spawning:
-            check_context_budget(self.max_model_len, self.args)  # waiting: None, checked at start
             head = f"using the vLLM server already running at {self.base} ({self.model_name}" \
                 if state == "ready" else f"the server at {self.base}: " \
                 f"{self.waiting_on(state)}; the run will be waiting for that URL (up to " \
                 f"{self.args.server_timeout:.0f} s, --server-timeout"
             return log(f"{head}; not started by this run; it will be left running)")
-        check_context_budget(serve_max_model_len(self.args), self.args)
         if shutil.which("vllm") is None:
             local = "`pip install vllm` on a machine with a GPU" \
                 if JOB_IMAGE.startswith("vllm/vllm-openai:") else \
@@ -3188,9 +3173,12 @@ class ServerManager:
 
     def spawn(self) -> None:
         """Start `vllm serve` under SERVER_WATCHDOG; secrets go through its env, not its argv."""
-        command, secret_env = serve_secrets(self.serve_command() + spawn_args(self.args))
-        given = {"VLLM_API_KEY": self.api_key, "HF_TOKEN": self.args.hf_token}
-        env = {**os.environ, **SERVE_ENV, **secret_env, **{k: v for k, v in given.items() if v}}
+        argv = self.serve_command() + spawn_args(self.args)
+        secrets = {"VLLM_API_KEY": self.api_key,
+                   "HF_TOKEN": self.args.hf_token or serve_arg_value(argv, "--hf-token")}
+        command = flag_words([item for item in flag_items(argv)  # argv is public
+                              if option_name(item[0]) not in ("--api-key", "--hf-token")])
+        env = {**os.environ, **SERVE_ENV, **{k: v for k, v in secrets.items() if v}}
         log(f"starting: {shlex.join(redact_argv(command))}\n  (server log: {self.log_path})")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log_file:
@@ -3205,44 +3193,47 @@ class ServerManager:
             return f"Last lines of {self.log_path}:\n" + "\n".join("  | " + s for s in lines)
         return "(no server log)"
 
-    async def wait_ready(self, client, timeout: float, mid_run: bool = False) -> None:
-        """Until the server is ready, or RunAborted; mid-run, ours is restarted if it died."""
-        began = time.monotonic()
-        reported = began - REPORT_EVERY_S if mid_run else began  # mid-run, said at once
-        while (state := await self.probe(client, starting=not mid_run)) != "ready":
+    async def wait_ready(self, client, timeout: float) -> None:
+        """Until the server (ours: started and still running) is ready, or RunAborted."""
+        began = reported = time.monotonic()
+        while (state := await self.probe(client)) != "ready":
             if self.process is not None and self.process.poll() is not None:
-                if not mid_run:
-                    raise RunAborted(f"vllm serve exited with code {self.process.returncode} "
-                                     f"before it was ready. {self.log_tail()}")
-                if self.restarts >= self.args.max_restarts:
-                    raise RunAborted(f"vllm serve died {self.restarts + 1} times; giving up. "
-                                     f"{self.log_tail()}")
-                self.restarts += 1
-                log(f"vllm serve died (exit {self.process.returncode}); restart "
-                    f"{self.restarts}/{self.args.max_restarts}; its pages are sent again")
-                self.stop(force=True)  # what is left of its process group
-                self.spawn()
-                began, timeout, mid_run = time.monotonic(), self.args.server_timeout, False
-            elif state == "absent" and self.process is None and self.may_spawn and not mid_run:
+                raise RunAborted(f"vllm serve exited with code {self.process.returncode} "
+                                 f"before it was ready. {self.log_tail()}")
+            if state == "absent" and self.process is None and self.may_spawn:
                 raise RunAborted(f"the server that was starting on port {self.port} is gone; "
                                  f"rerun to start one.")
-            elif time.monotonic() >= began + timeout:
+            if time.monotonic() >= began + timeout:
                 tail = f"\n{self.log_tail()}" if self.process else ""
-                raise RunAborted(f"the server at {self.base} stopped answering for {timeout:g} s"
-                                 if mid_run else f"the server at {self.base} was not ready after "
-                                 f"{timeout:.0f} s{tail}")
-            elif time.monotonic() - reported >= REPORT_EVERY_S:
+                raise RunAborted(f"the server at {self.base} was not ready after {timeout:.0f} s"
+                                 f"{tail}")
+            if time.monotonic() - reported >= REPORT_EVERY_S:
                 reported = time.monotonic()
-                log(f"the server at {self.base} is not answering: waiting up to {timeout:g} s for "
-                    f"it (--server-down-timeout)" if mid_run else f"waiting for the server at "
-                    f"{self.base} for {reported - began:.0f} s of up to {timeout:.0f} s "
-                    f"(--server-timeout): {self.waiting_on(state)}")
+                log(f"waiting for the server at {self.base} for {reported - began:.0f} s of up to "
+                    f"{timeout:.0f} s (--server-timeout): {self.waiting_on(state)}")
             await asyncio.sleep(1.0)
 
     async def recover(self, client) -> None:
-        """After a connection error: wait for the server, restart ours if it died, or abort."""
+        """After a connection error: wait for the server, restarting ours if it died. One that
+        stays down is watch()'s to judge, as one that hangs: exit 4 either way."""
         async with self._lock:
-            await self.wait_ready(client, self.args.server_down_timeout, mid_run=True)
+            if await self.probe(client, starting=False) == "ready":
+                return
+            log(f"the server at {self.base} is not answering: waiting up to "
+                f"{self.args.server_down_timeout:g} s for it (--server-down-timeout)")
+            while await self.probe(client, starting=False) != "ready":
+                if self.process is not None and self.process.poll() is not None:
+                    if self.restarts >= self.args.max_restarts:
+                        raise RunAborted(f"vllm serve died {self.restarts + 1} times; giving up. "
+                                         f"{self.log_tail()}", EXIT_REFUSED)
+                    self.restarts += 1
+                    log(f"vllm serve died (exit {self.process.returncode}); restart "
+                        f"{self.restarts}/{self.args.max_restarts}; its pages are sent again")
+                    self.stop(force=True)  # what is left of its process group
+                    self.spawn()
+                    self.heard_at = float("inf")  # loading: wait_ready judges it, not watch()
+                    return await self.wait_ready(client, self.args.server_timeout)
+                await asyncio.sleep(1.0)
 
     def stop(self, force: bool = False) -> None:
         """Stop the server this run started and what is left of its process group, never more."""
@@ -3329,7 +3320,7 @@ async def send_page(client, server: "ServerManager", body: bytes, args) -> RowRe
             outages += 1
             if outages > args.max_restarts + 5:
                 return error_row(f"connection failed {outages} times: {exc}", SERVER)
-            await server.recover(client)  # raises RunAborted when the server is gone for good
+            await server.recover(client)  # one that stays down, watch() stops the run
             continue
         except httpx.TimeoutException:
             last_error = f"timed out after {args.request_timeout:g} s"
@@ -3343,9 +3334,7 @@ async def send_page(client, server: "ServerManager", body: bytes, args) -> RowRe
             if status == 200:
                 return read_completion(response)
             if status in (401, 403):  # these two refuse the whole run, not this page
-                raise RunAborted(f"the server at {server.base} refuses the API key (HTTP "
-                                 f"{status}: {text}). Pass the right --api-key (or VLLM_API_KEY).",
-                                 EXIT_REFUSED)
+                raise server.key_refused(status)
             if status == 404 and "does not exist" in text:
                 raise RunAborted(f"the server at {server.base} no longer serves "
                                  f"{server.model_name} (HTTP 404: {text}); it was restarted with "
@@ -3392,9 +3381,9 @@ class Window:
 
     def __init__(self, args, run):
         self.limit, self.used, self.preparing = max(1, args.concurrency or PAGES_PER_ENGINE), 0, 0
-        self.changed = asyncio.Condition()
+        self.changed = asyncio.Event()  # a slot given back, the limit raised, or the run stopped
         self.body_sizes: deque[int] = deque(maxlen=256)  # of recent requests
-        self.input_done = False
+        self.input_done = self.stopped = False
 
     @staticmethod
     def add_arguments(parser: argparse.ArgumentParser, group) -> None:
@@ -3406,20 +3395,21 @@ class Window:
     def serve_args(args, serve_args: list[str]) -> list[str]:  # for a server started here
         return []
 
-    async def acquire(self) -> None:
-        async with self.changed:
-            await self.changed.wait_for(lambda: self.used < self.limit)
-            self.used += 1
+    async def acquire(self) -> bool:
+        """A slot for the next page; False once the run stopped (unstarted pages give none back)."""
+        while self.used >= self.limit and not self.stopped:
+            self.changed.clear()
+            await self.changed.wait()
+        self.used += 1
+        return not self.stopped
 
-    async def release(self) -> None:
-        async with self.changed:
-            self.used -= 1
-            self.changed.notify_all()
+    def release(self) -> None:
+        self.used -= 1
+        self.changed.set()
 
-    async def resize(self, limit: int) -> None:
-        async with self.changed:
-            self.limit = max(1, limit)
-            self.changed.notify_all()
+    def resize(self, limit: int) -> None:
+        self.limit = max(1, limit)
+        self.changed.set()
 
     async def adapt(self, client, server: "ServerManager") -> None:
         """Resize the window while the pages run (an adaptive one does)."""
@@ -3447,14 +3437,13 @@ async def run_server_pipeline(run, args, server: ServerManager, window: Window) 
                          "all failed on the server's side over {:.0f} s")
     failure: list[BaseException] = []
     tasks: set[asyncio.Task] = set()
-    main = asyncio.current_task()
 
     def stop(exc: BaseException) -> None:  # the pages in flight stay pending
         failure.append(exc)
+        window.stopped = True
+        window.changed.set()
         for task in tasks - {asyncio.current_task()}:
             task.cancel()
-        if len(failure) == 1 and not window.input_done:  # a page cancelled before it began
-            main.cancel()  # gives no slot back: the input loop's wait for one ends here
 
     async with ClientGroup(timeout=httpx.Timeout(args.request_timeout, connect=30.0)) as client:
         # what the exit undoes, last first: the tasks, the bar, the pools
@@ -3466,7 +3455,7 @@ async def run_server_pipeline(run, args, server: ServerManager, window: Window) 
         await server.start(client, stats)
         writer.info_entry.update(vllm_version=server.version, model_revision=server.revision)
         if not args.concurrency and server.engines > 1:  # a window for every engine
-            await window.resize(max(window.limit, PAGES_PER_ENGINE * server.engines))
+            window.resize(max(window.limit, PAGES_PER_ENGINE * server.engines))
         bar = tqdm(total=len(run.plan.send), unit="page", dynamic_ncols=True, smoothing=0.1,
                    mininterval=0.5 if sys.stderr.isatty() else 10.0)
         client.callback(bar.close)
@@ -3475,6 +3464,7 @@ async def run_server_pipeline(run, args, server: ServerManager, window: Window) 
 
         async def one(index: int, cell) -> None:
             latency = None
+            stats.enter()  # in the task: one cancelled before it began neither enters nor leaves
             try:
                 held = cell.get("bytes") if isinstance(cell, dict) else cell
                 window.preparing += 1  # bytes in memory go out as they are: no pool hop
@@ -3500,7 +3490,7 @@ async def run_server_pipeline(run, args, server: ServerManager, window: Window) 
                 result = exception_row(exc, PAGE)
             finally:
                 stats.leave()
-                await window.release()  # the answer is in: the next page may go
+                window.release()  # the answer is in: the next page may go
             try:
                 finish_row(writer, stats, storm, index, result, latency)
             except RunAborted as exc:  # nothing written: degenerate, or held by the storm
@@ -3519,14 +3509,8 @@ async def run_server_pipeline(run, args, server: ServerManager, window: Window) 
         watching.add_done_callback(lambda watch: watch.cancelled() or stop(watch.exception()))
         client.callback(watching.cancel)
         for index, cell in iter_image_cells(run.source, run.plan.send):
-            try:
-                await window.acquire()
-            except asyncio.CancelledError:
-                if not failure:
-                    raise
-            if failure:
+            if not await window.acquire():
                 break
-            stats.enter()
             task = asyncio.create_task(one(index, cell))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
@@ -3600,7 +3584,7 @@ def run_server_script(doc: str, argv: list[str] | None = None, hub_api=None) -> 
         asyncio.run(server.plan())
 
     def work(run) -> None:
-        server.log_dir = run.store.meta / "logs"
+        server.log_path = run.store.meta / "logs" / server.log_path.name
         window = WINDOW(args, run)
         try:
             asyncio.run(run_server_pipeline(run, args, server, window))

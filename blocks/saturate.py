@@ -19,7 +19,8 @@ from blocks.server import PAGES_PER_ENGINE, serve_arg_value, ServerManager, Wind
 # The adaptive window of the -saturate.py scripts (read from vLLM's /metrics), its telemetry and
 # options; the API servers of a server they start. A model section may set API_SERVER_COUNT.
 API_SERVER_COUNT = globals().get("API_SERVER_COUNT", 1)  # a model section's measured count
-API_SERVERS_MIN_CPUS = 12  # the flavors where more API servers were measured to help had 12+
+API_SERVERS_MIN_CPUS = 12  # where more API servers helped (one preprocesses on one core); on
+# smaller flavors they ran out of memory
 
 
 def usable_cpus() -> int:
@@ -48,10 +49,8 @@ def parse_metrics(text: str) -> dict:
 
 
 class AdaptiveWindow(Window):
-    """Starts at --min-window, grows while the engine has no queue and delivered tokens/s rise,
-    holds or shrinks when requests wait or the KV cache is near full, within the host-memory
-    budget; without the engine's gauges, by throughput alone. --concurrency fixes it. Each
-    decision goes to the telemetry."""
+    """Starts at --min-window, grows while the engine has no queue and tokens/s rise, shrinks
+    when requests wait or the KV cache is near full, within the host-memory budget."""
 
     def __init__(self, args, run):
         super().__init__(args, run)
@@ -90,8 +89,6 @@ class AdaptiveWindow(Window):
     def serve_args(args, serve_args: list[str]) -> list[str]:
         if serve_arg_value(serve_args, "--api-server-count") is not None:
             return []
-        # the measured count where this process may use API_SERVERS_MIN_CPUS CPUs (one API
-        # server preprocesses on one core); else 1: small flavors run out of memory
         count = args.api_server_count or \
             (API_SERVER_COUNT if usable_cpus() >= API_SERVERS_MIN_CPUS else 1)
         return ["--api-server-count", str(count)] if count > 1 else []
@@ -171,7 +168,7 @@ class AdaptiveWindow(Window):
         self.best_rate = max(self.best_rate, rate)
         if new != limit:
             self.resized_at = len(self.stats.finished_at)
-            await self.resize(new)
+            self.resize(new)
 
     def summary(self) -> dict:
         """The stats: bound_by is the most frequent verdict of the steady state; "window" (full,

@@ -304,9 +304,9 @@ def test_a_remote_server_that_stays_down_ends_the_run_with_finished_rows_saved(t
     args = [str(tmp_path / "in"), str(tmp_path / "out"), "--no-spawn", "--server-down-timeout", "2",
             *common(stub, "--concurrency", "2", "--part-rows", "100")]
     run = run_script(OVIS, *args)
-    assert run.returncode == 5, run.stderr  # rows not written: the server is gone
+    assert run.returncode == 4, run.stderr  # the server gone refuses the run, as one that hangs
     assert "not answering: waiting up to 2 s" in run.stderr  # said at once, not after the wait
-    assert "stopped answering" in run.stderr
+    assert "has failed /health" in run.stderr and "stay pending" in run.stderr
     saved = load_output(tmp_path / "out")
     assert 8 <= saved.num_rows <= 10
     assert all(e is None for e in saved["markdown_error"])
@@ -335,7 +335,11 @@ async def watch(server, client, stats, storm):
     storm.stop("the server failed /health")
 
 script.RunStats.leave, script.ServerManager.watch = left, watch
-sys.exit(script.main(sys.argv[2:]))
+made, init = [], script.RunStats.__init__
+script.RunStats.__init__ = lambda stats, **kw: made.append(stats) or init(stats, **kw)
+code = script.main(sys.argv[2:])
+print("in flight after the run:", [stats.in_flight for stats in made])
+sys.exit(code)
 """
 
 
@@ -353,6 +357,8 @@ def test_a_server_failing_while_the_window_holds_only_unstarted_pages_ends_the_r
     assert "the server failed /health" in run.stderr and "stay pending" in run.stderr
     saved = load_output(tmp_path / "out")
     assert saved.num_rows == 1 and saved["markdown_error"] == [None]
+    # the page cancelled before it began never entered the stats, so none is left in flight
+    assert "in flight after the run: [0]" in run.stdout, run.stdout
 
 
 def exit_code(module, argv) -> int:
