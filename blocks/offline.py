@@ -29,6 +29,7 @@ from blocks.common import cut_at_loop, repetition_detection
 # build_messages(), sampling_kwargs(), VLLM_REQUIREMENT; the common block provides the rest.
 import base64
 import itertools
+import shutil
 import site
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
@@ -38,24 +39,34 @@ for _extra_site in filter(None, os.environ.get("OCR_SCRIPT_EXTRA_SITE", "").spli
         site.addsitedir(_extra_site)
 
 
+def gpu_visible() -> bool:
+    """An NVIDIA or AMD GPU device, or nvidia-smi: where a vLLM GPU build is worth installing."""
+    return bool(shutil.which("nvidia-smi")) or any(map(os.path.exists, ("/dev/nvidiactl",
+                                                                        "/dev/kfd")))
+
+
 def ensure_vllm(argv: list[str]) -> None:
     """Before the input is read and the repo created: vllm importable here (a CPU build too),
     else this script again under the machine's Python that has it (the vLLM image's: no second
-    vllm and torch), else exit 2 as a server script does without `vllm`: the Jobs command."""
+    vllm and torch), else under uv with vllm where a GPU is visible; else exit 2: the Jobs
+    command."""
     import importlib.util
 
     with contextlib.suppress(ImportError, ValueError):
         if importlib.util.find_spec("vllm") is not None:
             return
+    script, env = str(Path(sys.argv[0]).resolve()), {**os.environ, "OCR_SCRIPT_REEXEC": "1"}
     probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"
     for python in ("/usr/bin/python3", "/usr/local/bin/python3", "/opt/conda/bin/python3"):
         with contextlib.suppress(OSError, subprocess.TimeoutExpired):
             if not os.environ.get("OCR_SCRIPT_REEXEC") and not subprocess.run(
                     [python, "-c", probe], capture_output=True, timeout=60).returncode:
                 log(f"using the vllm installed for {python} (nothing heavy is installed)")
-                os.execve(python, [python, str(Path(sys.argv[0]).resolve()), *argv],
-                          {**os.environ, "OCR_SCRIPT_REEXEC": "1",
-                           "OCR_SCRIPT_EXTRA_SITE": os.pathsep.join(site.getsitepackages())})
+                os.execve(python, [python, script, *argv], {**env, "OCR_SCRIPT_EXTRA_SITE":
+                                                             os.pathsep.join(site.getsitepackages())})
+    if gpu_visible() and (uv := shutil.which("uv")) and not os.environ.get("OCR_SCRIPT_REEXEC"):
+        log(f"vllm is not installed here; asking uv for vllm{VLLM_REQUIREMENT} (several GB once)")
+        os.execve(uv, [uv, "run", "--with", f"vllm{VLLM_REQUIREMENT}", script, *argv], env)
     fail(f"vllm cannot be imported here.\n\nRun it on Hugging Face Jobs:\n  {jobs_command()}\n"
          f"{JOBS_NOTE}\n\nor locally: `pip install 'vllm{VLLM_REQUIREMENT}'` (or run it in "
          f"{JOB_IMAGE}), then rerun the same command.")

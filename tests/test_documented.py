@@ -177,16 +177,17 @@ def test_every_script_writes_the_same_stats_keys(tmp_path, stub_server):
         assert found == expected, (script, sorted(found ^ expected))
 
 
-def test_an_offline_script_without_vllm_stops_with_the_jobs_command_as_a_server_script_does(
-        tmp_path):
-    """No vllm here and no other Python with one, on a GPU machine with uv: the script installs
-    nothing (it asked uv for vllm, several GB) and exits 2 with the Jobs command and the pip line,
-    as a server script without `vllm` does."""
+def test_an_offline_script_without_vllm_asks_uv_for_it(tmp_path):
+    """No vllm here and no other Python with one: the script re-runs itself through
+    `uv run --with vllm<requirement>`. The fake uv records that and runs the script with the
+    fake vllm package, as uv would with the real one."""
     fake_uv = tmp_path / "bin" / "uv"
     fake_uv.parent.mkdir()
-    fake_uv.write_text('#!/bin/sh\ntouch "$FAKE_UV_LOG"\n')
+    fake_uv.write_text('#!/usr/bin/env bash\nprintf "%s\\n" "$*" > "$FAKE_UV_LOG"\n'
+                       'shift 3  # run --with REQUIREMENT\n'
+                       f'PYTHONPATH={TESTS / "fake_vllm_pkg"} exec "{sys.executable}" "$@"\n')
     fake_uv.chmod(0o755)
-    gpu = tmp_path / "bin" / "nvidia-smi"
+    gpu = tmp_path / "bin" / "nvidia-smi"  # a GPU machine: only there is vllm worth installing
     gpu.write_text("#!/bin/sh\necho 'GPU 0: NVIDIA L4'\n")
     gpu.chmod(0o755)
     script = "lighton-ocr3.py"
@@ -195,10 +196,12 @@ def test_an_offline_script_without_vllm_stops_with_the_jobs_command_as_a_server_
     run = run_script(script, str(tmp_path / "in"), str(tmp_path / "out"), "--no-sanity-check",
                      env={"PATH": f"{fake_uv.parent}{os.pathsep}/usr/bin:/bin",
                           "FAKE_UV_LOG": str(tmp_path / "uv.log"), "PYTHONPATH": ""})
-    assert run.returncode == 2, run.stderr[-3000:]
-    assert not (tmp_path / "uv.log").exists() and not (tmp_path / "out").exists()
-    assert "uv run ocr-jobs.py lighton-ocr3.py" in run.stderr
-    assert f"pip install 'vllm{module.VLLM_REQUIREMENT}'" in run.stderr
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert f"asking uv for vllm{module.VLLM_REQUIREMENT}" in run.stderr
+    logged = (tmp_path / "uv.log").read_text().split()
+    assert logged[:3] == ["run", "--with", f"vllm{module.VLLM_REQUIREMENT}"]
+    assert logged[3] == str(ROOT / script) and logged[4:6] == [str(tmp_path / "in"), str(tmp_path / "out")]
+    assert load_output(tmp_path / "out").num_rows == 2
 
 
 def test_an_offline_script_reruns_under_the_images_python(tmp_path):

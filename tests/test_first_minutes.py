@@ -218,6 +218,8 @@ def check_job(words: list[str], script: str, monkeypatch, capsys) -> list[str]:
 @pytest.mark.parametrize("script", ALL_SCRIPTS)
 def test_the_fail_fast_command_runs_as_printed(tmp_path, script, monkeypatch, capsys):
     module = load_script(script)
+    if script in OFFLINE_SCRIPTS and module.gpu_visible():
+        pytest.skip("a GPU is visible: the offline script would run")
     write_image_folder(tmp_path / "scans", 1)
     extra = ["--server", nowhere(), "--api-key", KEY,
              "--serve-args", f"--hf-token {TOKEN} --max-num-seqs 8"] \
@@ -244,6 +246,8 @@ def test_the_fail_fast_command_runs_as_printed(tmp_path, script, monkeypatch, ca
 def test_a_json_key_that_starts_like_a_token_is_printed_as_given(script, monkeypatch, capsys):
     """vLLM's `hf_overrides` (an LLM argument) starts as a Hub token does: the printed command
     keeps it (it printed `"***": ...`, which the Job's LLM() refuses)."""
+    if load_script(script).gpu_visible():
+        pytest.skip("a GPU is visible: the offline script would run")
     kwargs = json.dumps({"hf_overrides": {"architectures": ["Ovis2_5"]}, "seed": 1})
     run = run_script(script, "user/scans", "user/scans-ocr", "--llm-kwargs", kwargs,
                      env={**NO_VLLM, "ACCELERATOR": "gpu"}, timeout=60)
@@ -268,6 +272,8 @@ def test_a_jobs_flavor_is_kept_and_a_hub_input_and_output_too(monkeypatch, capsy
 def test_the_printed_command_has_the_arguments_given_in_their_order(tmp_path):
     """As argparse read them: `--option=value` and `--option value` alike, a default given again,
     a --no- flag, and an INPUT that starts like an option (given after `--`)."""
+    if load_script("ovis-ocr2.py").gpu_visible():
+        pytest.skip("a GPU is visible: the offline script would run")
     write_image_folder(tmp_path / "-scans", 1)
     run = run_script("ovis-ocr2.py", "--seed=7", "--split", "train", "--no-repetition-detection",
                      "--shuffle", "--", "-scans", str(tmp_path / "out"),
