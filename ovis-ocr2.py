@@ -2701,9 +2701,10 @@ def run_script(args, hub_api, engine: dict, info_entry: dict, ready, work,
         if plan.send:
             work(run)
         code = 0
-    except SystemExit as exc:  # fail() said why
+    except SystemExit as exc:  # fail() said why; inside the run, its finished rows are saved
         code = exc.code if isinstance(exc.code, int) else EXIT_USAGE
-        raise
+        if run is None:
+            raise
     except RunAborted as exc:
         log(f"error: {exc}")
         code = exc.code

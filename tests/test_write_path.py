@@ -776,3 +776,32 @@ def test_a_ctrl_c_mid_run_prints_no_traceback(tmp_path, stub_server):
             run.kill()
     assert run.returncode == 130, stderr
     assert "Traceback" not in stderr and "never retrieved" not in stderr, stderr
+
+
+def test_an_exit_raised_inside_the_run_saves_the_finished_rows_first(tmp_path, stub_server,
+                                                                     capsys, monkeypatch):
+    """A SystemExit from inside the run (a fail() deep in the pipeline) ended the process at
+    once: the rows finished before it stayed unwritten. Now they are saved, the exit code is
+    kept, and the rerun sends only what is left."""
+    stub = stub_server()
+    paths = write_image_folder(tmp_path / "in", 6)
+    module = load_script(OVIS)
+    real, seen = module.postprocess, []
+
+    def exits_at_the_fourth(text, args):
+        seen.append(text)
+        if len(seen) == 4:
+            raise SystemExit(4)
+        return real(text, args)
+
+    monkeypatch.setattr(module, "postprocess", exits_at_the_fourth)
+    argv = [str(tmp_path / "in"), str(tmp_path / "out"), *common(stub), "--concurrency", "1",
+            "--stats-json", str(tmp_path / "s.json")]
+    assert module.main(argv) == 4
+    assert "saved: 3 finished rows" in capsys.readouterr().err
+    assert stats_of(tmp_path / "s.json")["rows_ok"] == 3
+    monkeypatch.setattr(module, "postprocess", real)
+    assert module.main(argv) == 0
+    assert "3 of 6 rows to do" in capsys.readouterr().err
+    assert load_output(tmp_path / "out")["markdown"] == \
+        [expected_text(p.read_bytes()) for p in paths]
