@@ -1185,11 +1185,10 @@ class DegenerateCheck:
         cut = f"; {self.cut} were cut at --max-tokens: raise it if the pages hold more text" \
             if self.cut else ""
         raise RunAborted(
-            f"the first {self.seen} pages all came back degenerate (empty, one character "
-            f"repeated, looping or cut short){cut}. A wrong model / engine pair looks like "
-            f"this: this script was validated with {MODEL_ID} on {JOB_IMAGE}. Check --model "
-            f"and the image, or pass --no-sanity-check to write such output anyway.",
-            code=EXIT_DEGENERATE)
+            f"the first {self.seen} pages all came back degenerate (empty, looping or cut){cut}: "
+            f"a wrong model / engine pair looks like this (validated: {MODEL_ID} on {JOB_IMAGE})."
+            f" Check --model and the image, or pass --no-sanity-check to write such output "
+            f"anyway.", code=EXIT_DEGENERATE)
 
 
 # ---- results, parts and the output store -----------------------------------------------------
@@ -1233,14 +1232,14 @@ def joined_pages(pages: list[tuple[int, RowResult]]) -> RowResult:
 
     texts = [(n, "" if r.error is not None else r.text if r.skipped is None else r.text_layer)
              for n, r in pages]
-    reasons = [r.finish_reason for _, r in ok if r.finish_reason]
     skipped = ", ".join(str(n) for n, r in pages if r.skipped)
     digests = {r.digest for _, r in pages}
     return RowResult(
         text=marked(texts) if any(t for _, t in texts) else None,
         error="; ".join(f"page {n}: {r.error}" for n, r in failed) or None,
         error_kind=max((r.error_kind for _, r in failed), default=None),  # "server" over "page"
-        finish_reason=next((r for r in reasons if r in CUT), next(iter(reasons), None)),
+        finish_reason=max((r.finish_reason for _, r in ok if r.finish_reason),
+                          key=lambda r: r in CUT, default=None),  # a cut one first
         prompt_tokens=sum(r.prompt_tokens or 0 for _, r in ok) or None,
         completion_tokens=sum(r.completion_tokens or 0 for _, r in ok) or None,
         attempts=max((r.attempts for _, r in ok if r.attempts is not None), default=None),
@@ -1260,10 +1259,8 @@ def read_page(cell, args, decode: bool = True) -> PreparedPage | RowResult | Non
         return error_row(str(exc), PAGE) if isinstance(exc, PageError) else exception_row(exc, PAGE)
     if page is None or not page.skipped:
         return page
-    chars = sum(not c.isspace() for c in page.text_layer)
     return RowResult(text_layer=page.text_layer, attempts=0, digest=page.digest, skipped=f"not "
-                     f"sent: its text layer has {chars} characters (--skip-text-pages "
-                     f"{args.skip_text_pages})")
+                     f"sent: its text layer was enough (--skip-text-pages {args.skip_text_pages})")
 
 
 class HeldFailures:
@@ -1273,12 +1270,11 @@ class HeldFailures:
     def __init__(self, who: str, pages: int, seconds: float, streak: str):
         self.who, self.pages, self.seconds, self.streak = who, pages, seconds, streak
         self.held: list = []  # (row, result), in the order they failed
-        self.failures, self.answered, self.since = 0, False, 0.0
+        self.answered, self.since = False, 0.0
 
     def failed(self, index: int, result: RowResult) -> None:
         self.since = self.since if self.held else time.monotonic()
         self.held.append((index, result))
-        self.failures += 1
         took = time.monotonic() - self.since
         if len(self.held) >= self.pages and took >= self.seconds:
             self.stop(f"the last {len(self.held)} pages {self.streak.format(took)} "
@@ -1287,8 +1283,8 @@ class HeldFailures:
     def at_end(self, writer: "PartWriter") -> None:
         """Write the rows held, or refuse a run that answered none (rows redone excepted: a page
         the server always fails must not make every rerun exit 4)."""
-        if self.failures and not self.answered and any(i not in writer.redo for i, _ in self.held):
-            self.stop(f"no page of this run was answered: {self.failures} failed on the "
+        if not self.answered and any(i not in writer.redo for i, _ in self.held):
+            self.stop(f"no page of this run was answered: {len(self.held)} failed on the "
                       f"{self.who}'s side (last: {self.held[-1][1].error[:300]})")
         for row in self.held:
             writer.add(*row)
@@ -1979,9 +1975,8 @@ class OutputStore:
 
 
 class PartWriter:
-    """Finished rows go to the journal at once, and to parts once the degenerate check passed: a
-    block of --part-rows rows (or a part with redone rows) once all are finished, and every
-    --part-seconds, at the end or on an abort, the other finished rows too."""
+    """Finished rows go to the journal at once, and to parts once the degenerate check passed:
+    a block (or a part with redone rows) once all are finished, the rest every --part-seconds."""
 
     def __init__(self, store: OutputStore, source: InputSource, plan: RowPlan, features,
                  info_entry: dict, check: "DegenerateCheck", args):
