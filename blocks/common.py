@@ -1031,9 +1031,9 @@ class RowResult:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     extras: dict = field(default_factory=dict)
-    attempts: int | None = None  # generations the text took (loop retries); None on an error row
-    text_layer: str | None = None  # a PDF page's embedded text (--text-layer, --skip-text-pages)
-    skipped: str | None = None  # why the page was not sent: its text layer was enough
+    attempts: int | None = None  # generations the text took (loop retries)
+    text_layer: str | None = None  # a PDF page's embedded text
+    skipped: str | None = None  # why the page was not sent
     digest: str | None = None  # input_digest() of what it was made from
 
 
@@ -1299,7 +1299,7 @@ class Journal:
                     try:
                         entry = json.loads(line)
                         index, result = entry.pop("row"), RowResult(**entry)
-                    except (ValueError, TypeError, KeyError, AttributeError):
+                    except Exception:
                         continue  # the line a kill cut short
                     if wanted(index):
                         rows[index] = result
@@ -1815,14 +1815,13 @@ class PartWriter:
         self.left = Counter(map(self._group, plan.pending))  # group -> its rows not finished
         self.complete = set(map(self._group, self.results)) - set(self.left)
         self.lock, self.last_flush = threading.Lock(), time.monotonic()
-        self.rows_ok = self.rows_failed = self.rows_text_layer = 0  # text layer: of rows_ok
+        self.rows_ok = self.rows_failed = self.rows_text_layer = 0  # rows_ok holds text_layer
         self.write_errors: list[str] = []
         self.open_documents: dict[int, dict] = {}  # --per-document: doc -> its pages finished
         for index, result in plan.pages.items():
             self.add(index, result, journaled=True)
 
-    def _group(self, index: int):
-        """What a row is written with: the part its error row is in, or its block."""
+    def _group(self, index: int):  # the part its error row is in, or its block
         return self.redo.get(index) or index // self.args.part_rows
 
     def add(self, index: int, result: RowResult, journaled: bool = False) -> None:
@@ -1839,7 +1838,7 @@ class PartWriter:
             result = joined_pages([(int(pdf.number[i]), pages[i]) for i in sorted(pages)])
             index = doc
         self.store.journal.append(index, result)
-        if pages and result.error is None:  # else they stay: a rerun redoes only the failed ones
+        if pages and result.error is None:  # else a rerun redoes only the failed pages
             self.store.journal.written([-1 - i for i in pages])
         with self.lock:
             self.results[index] = result
@@ -1875,7 +1874,7 @@ class PartWriter:
             except Exception as exc:
                 self.write_errors.append(f"cannot write {path.name}: {type(exc).__name__}: {exc}")
                 log(f"error: {self.write_errors[-1]}; its rows are kept and written again later")
-                everything = True  # wait a while before the next attempt
+                everything = True  # the next attempt after --part-seconds
                 continue
             with self.lock:
                 for index in run:
