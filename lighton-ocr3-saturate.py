@@ -1512,12 +1512,9 @@ def write_part(path: Path, source: InputSource, indices: list[int], results: lis
     import pyarrow as pa
 
     def table(rows: dict, results: list):
-        rows = {**rows, **result_columns(results, args.output_column)}
-        encoded = features.encode_batch(rows)
-        for name, cells in rows.items():  # `datasets` keeps an image's path alone if a file
-            if isinstance(features[name], datasets.Image):
-                encoded[name] = [cell if isinstance(cell, dict) and cell.get("bytes") is not None
-                                 else value for cell, value in zip(cells, encoded[name])]
+        encoded = features.encode_batch({**rows, **result_columns(results, args.output_column)})
+        if isinstance(features.get(source.image_column), datasets.Image):  # as carried_image()
+            encoded[source.image_column] = rows[source.image_column]  # made it, not a path alone
         return pa.Table.from_pydict(encoded, schema=features.arrow_schema)
 
     def tables():
