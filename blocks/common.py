@@ -883,8 +883,7 @@ def looks_degenerate(text: str | None) -> bool:
 
 
 def loops(text: str | None, finish_reason: str | None) -> bool:
-    """An answer to send again: cut by repetition detection, or cut at max_tokens in a loop (>= 5
-    repeats over >= 100 chars at its end). Never a complete answer (a blank form) or a blank one."""
+    """An answer to send again: cut by the engine (detection, or max_tokens) in a loop."""
     if finish_reason not in CUT or not text or not text.strip():
         return False
     period, repeats = repeated_tail(text)
@@ -893,21 +892,19 @@ def loops(text: str | None, finish_reason: str | None) -> bool:
 
 
 def repetition_detection(args) -> dict | None:
-    """The request's `repetition_detection` when on: vLLM ends a loop of P or fewer tokens x C."""
     return dict(zip(("max_pattern_size", "min_count"), REPETITION_DETECTION)) \
         if getattr(args, "repetition_detection", False) else None  # a bare namespace: off
 
 
 def loop_seed(index: int, attempt: int) -> int:
-    """The seed of a row's retry: the same row and attempt, the same seed, so a rerun repeats it."""
+    """The same row and attempt, the same seed: a rerun repeats the retry."""
     return zlib.crc32(f"{index}:{attempt}".encode()) & 0x7FFFFFFF
 
 
 def kept_attempt(kept: "RowResult", retry: "RowResult") -> "RowResult":
-    """The retry if it has text and does not loop, or more text before its loop; a retry the
-    server failed: that error (a rerun redoes it); one refused (a 400): the first."""
+    """The retry if it has text and does not loop, or more text before its loop."""
     if retry.error is not None:
-        return kept if retry.error_kind != SERVER else error_row(
+        return kept if retry.error_kind != SERVER else error_row(  # a rerun redoes it
             f"the answer looped, and sending it again failed: {retry.error}", SERVER)
     attempts = (kept.attempts or 1) + 1
     if (retry.text or "").strip() and not loops(retry.text, retry.finish_reason) or \
@@ -918,50 +915,44 @@ def kept_attempt(kept: "RowResult", retry: "RowResult") -> "RowResult":
 
 
 class DegenerateCheck:
-    """Stops the run when the first pages (at least 3) are all broken or sent again (a broken
-    engine's loop retried can turn into noise): a wrong model / image pair looks like normal
-    load from outside. Off for a rerun of an output whose earlier runs wrote text."""
+    """Stops the run when the first pages (at least 3) all came back broken or were sent again:
+    a wrong model / image pair looks like normal load from outside."""
 
     def __init__(self, enabled: bool, pages: int, expected: int):
-        self.pages, self.seen = max(3, pages), []  # (retried, broken, cut at --max-tokens)
+        self.pages, self.seen, self.broken, self.cut = max(3, pages), 0, 0, 0
         self.done, self.tripped = not (enabled and expected > 0), False
 
     def passed(self) -> bool:
         return self.done and not self.tripped
 
     def observe(self, result: "RowResult") -> None:
-        if not self.done:
-            visible = "".join((result.text or "").split())  # a complete blank form is not broken
-            broken = result.finish_reason in CUT or not visible or \
-                (len(visible) >= 8 and len(set(visible)) == 1)
-            self.seen.append(((result.attempts or 1) > 1, broken, result.finish_reason == "length"))
-            if len(self.seen) >= self.pages:
-                self.finish()
+        if self.done:
+            return
+        visible = "".join((result.text or "").split())  # a complete blank form is not broken
+        self.seen += 1
+        self.cut += result.finish_reason == "length"
+        self.broken += (result.attempts or 1) > 1 or result.finish_reason in CUT or \
+            not visible or len(visible) >= 8 and len(set(visible)) == 1
+        if self.seen >= self.pages:
+            self.finish()
 
     def finish(self) -> None:
-        """Decide on what was seen (fewer pages than asked when the run is short)."""
-        if self.done or len(self.seen) < 3 or not all(r or b for r, b, _ in self.seen):
+        if self.done or self.seen < 3 or self.broken < self.seen:
             self.done = True
             return
         self.done = self.tripped = True
-        fixed = sum(retried and not broken for retried, broken, _ in self.seen)
-        cut = sum(cut for *_, cut in self.seen)
+        cut = f"; {self.cut} were cut at --max-tokens: raise it if the pages hold more text" \
+            if self.cut else ""
         raise RunAborted(
-            f"the first {len(self.seen)} pages all came back degenerate (empty, one character "
-            f"repeated, or cut short)"
-            + (f" ({fixed} of them only at the first try: their retry at temperature "
-               f"{LOOP_TEMPERATURE} came back as text)" if fixed else "")
-            + (f". {cut} of them were cut at --max-tokens: if your pages hold more text than "
-               f"that, raise it" if cut else "")
-            + f". That is what a wrong model / engine pair looks like: this script was validated "
-            f"with {MODEL_ID} on {JOB_IMAGE}. Check --model and the image; pass "
-            f"--no-sanity-check to write such output anyway.", code=EXIT_DEGENERATE)
+            f"the first {self.seen} pages all came back degenerate (empty, looping or cut){cut}: "
+            f"a wrong model / engine pair looks like this (validated: {MODEL_ID} on {JOB_IMAGE})."
+            f" Check --model and the image, or pass --no-sanity-check to write such output "
+            f"anyway.", code=EXIT_DEGENERATE)
 
 
 # ---- results, parts and the output store -----------------------------------------------------
 
-PAGE, SERVER = "page", "server"  # an error row's kind: the page caused it (final), or the server
-# or the transport did (a rerun redoes it)
+PAGE, SERVER = "page", "server"  # an error row's kind: final, or one a rerun redoes
 
 
 @dataclass
@@ -973,10 +964,10 @@ class RowResult:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     extras: dict = field(default_factory=dict)
-    attempts: int | None = None  # generations the text took (loop retries); None on an error row
-    text_layer: str | None = None  # a PDF page's embedded text (--text-layer, --skip-text-pages)
-    skipped: str | None = None  # why the page was not sent: its text layer was enough
-    digest: str | None = None  # what it was made from (input_digest); None: read again
+    attempts: int | None = None  # generations the text took (loop retries)
+    text_layer: str | None = None  # a PDF page's embedded text
+    skipped: str | None = None  # why the page was not sent
+    digest: str | None = None  # input_digest() of what it was made from
 
 
 def error_row(message: str, kind: str) -> RowResult:
@@ -1000,15 +991,14 @@ def joined_pages(pages: list[tuple[int, RowResult]]) -> RowResult:
 
     texts = [(n, "" if r.error is not None else r.text if r.skipped is None else r.text_layer)
              for n, r in pages]
-    reasons = [r.finish_reason for _, r in ok if r.finish_reason]
     skipped = ", ".join(str(n) for n, r in pages if r.skipped)
     digests = {r.digest for _, r in pages}
     return RowResult(
         text=marked(texts) if any(t for _, t in texts) else None,
         error="; ".join(f"page {n}: {r.error}" for n, r in failed) or None,
-        error_kind=(SERVER if SERVER in {r.error_kind for _, r in failed} else PAGE)
-        if failed else None,
-        finish_reason=next((r for r in reasons if r in CUT), next(iter(reasons), None)),
+        error_kind=max((r.error_kind for _, r in failed), default=None),  # "server" over "page"
+        finish_reason=max((r.finish_reason for _, r in ok if r.finish_reason),
+                          key=lambda r: r in CUT, default=None),  # a cut one first
         prompt_tokens=sum(r.prompt_tokens or 0 for _, r in ok) or None,
         completion_tokens=sum(r.completion_tokens or 0 for _, r in ok) or None,
         attempts=max((r.attempts for _, r in ok if r.attempts is not None), default=None),
@@ -1022,83 +1012,73 @@ def joined_pages(pages: list[tuple[int, RowResult]]) -> RowResult:
 
 
 def read_page(cell, args, decode: bool = True) -> PreparedPage | RowResult | None:
-    """prepare_page(), or the row of a page not sent: its error, or its text layer."""
     try:
         page = prepare_page(cell, args, decode)
-    except PageError as exc:
-        return error_row(str(exc), PAGE)
-    except Exception as exc:  # whatever reading the page raised: the row fails, not the run
-        return exception_row(exc, PAGE)
+    except Exception as exc:  # the row fails, not the run
+        return error_row(str(exc), PAGE) if isinstance(exc, PageError) else exception_row(exc, PAGE)
     if page is None or not page.skipped:
         return page
-    chars = sum(not c.isspace() for c in page.text_layer)
     return RowResult(text_layer=page.text_layer, attempts=0, digest=page.digest, skipped=f"not "
-                     f"sent: its text layer has {chars} characters (--skip-text-pages "
-                     f"{args.skip_text_pages})")
+                     f"sent: its text layer was enough (--skip-text-pages {args.skip_text_pages})")
 
 
 class HeldFailures:
-    """Rows failed on the server's (engine's) side, held until a page is answered after them;
-    `pages` in a row over `seconds` (offline: of one exception), or none answered, stop the run."""
+    """Rows the server (engine) failed, held until a page is answered: `pages` in a row over
+    `seconds`, or none answered in the run, stop it."""
 
     def __init__(self, who: str, pages: int, seconds: float, streak: str):
         self.who, self.pages, self.seconds, self.streak = who, pages, seconds, streak
         self.held: list = []  # (row, result), in the order they failed
-        self.failures = self.answered = self.count = 0
-        self.kind, self.last, self.since = "", "", None  # the streak's: of one kind, since when
+        self.answered, self.since = False, 0.0
 
-    def failed(self, index: int, result: RowResult, kind: str) -> None:
+    def failed(self, index: int, result: RowResult) -> None:
+        self.since = self.since if self.held else time.monotonic()
         self.held.append((index, result))
-        self.count = self.count + 1 if kind == self.kind else 1
-        self.kind, self.last, self.failures = kind, result.error[:300], self.failures + 1
-        self.since = self.since or time.monotonic()
         took = time.monotonic() - self.since
-        if self.count >= self.pages and took >= self.seconds:
-            self.stop(f"the last {self.count} pages {self.streak.format(took)} "
-                      f"(last: {self.last})")
-
-    def release(self) -> list:  # a page was answered: the rows held, to write
-        self.count, self.kind, self.since, self.answered = 0, "", None, self.answered + 1
-        held, self.held = self.held, []
-        return held
+        if len(self.held) >= self.pages and took >= self.seconds:
+            self.stop(f"the last {len(self.held)} pages {self.streak.format(took)} "
+                      f"(last: {result.error[:300]})")
 
     def at_end(self, writer: "PartWriter") -> None:
-        """Write the rows held; or refuse the run (not for rows redone: error rows already, a
-        page the server always fails must not make every rerun exit 4)."""
-        if self.failures and not self.answered and any(i not in writer.redo for i, _ in self.held):
-            self.stop(f"no page of this run was answered: {self.failures} failed on the "
-                      f"{self.who}'s side (last: {self.last})")
+        """Write the rows held, or refuse a run that answered none (rows redone excepted: a page
+        the server always fails must not make every rerun exit 4)."""
+        if not self.answered and any(i not in writer.redo for i, _ in self.held):
+            self.stop(f"no page of this run was answered: {len(self.held)} failed on the "
+                      f"{self.who}'s side (last: {self.held[-1][1].error[:300]})")
         for row in self.held:
             writer.add(*row)
 
     def stop(self, what: str) -> "NoReturn":  # noqa: F821
-        raise RunAborted(f"{what}. Their rows are not written: they stay pending; once the "
-                         f"{self.who} works (its log says why it fails), {rerun_advice()} to "
-                         f"send them again. Rows finished before are saved.", EXIT_REFUSED)
+        raise RunAborted(f"{what}. Their rows stay pending: once the {self.who} works (its log "
+                         f"says why it fails), {rerun_advice()} to send them again.", EXIT_REFUSED)
 
 
 def finish_row(writer: "PartWriter", stats: "RunStats", held: HeldFailures, index: int,
                result: RowResult, latency: float | None = None, failed: str | None = None) -> None:
-    """A page's answer after its loop retries: counted, cleaned up, judged, then written, or held
-    (it failed on the server's side; `failed`: offline, the engine's exception it counts as)."""
+    """A page's answer: counted, cleaned up, judged, then written, or held (a server's failure;
+    `failed`: offline, the engine's failure it counts as)."""
     stats.loop_retried += (result.attempts or 1) > 1
-    stats.still_looping += loops(result.text, result.finish_reason)  # an error row: no text
-    if result.error is None and result.skipped is None:
-        try:  # the model's clean-up: what it raises is this row's error, not the run's
+    stats.still_looping += loops(result.text, result.finish_reason)
+    answered = result.error is None and result.skipped is None
+    if answered:
+        try:  # the model's clean-up: what it raises is this row's error
             result.text, result.extras = postprocess(result.text, writer.args)
         except Exception as exc:
             result = replace(exception_row(exc, PAGE, "post-processing failed: "),
                              digest=result.digest)
+            answered = False
     stats.errors_seen += result.error is not None
     stats.latencies += [] if latency is None else [latency]
     stats.finished_at.append(time.monotonic())
     stats.tokens.append(result.completion_tokens or 0)
     if failed or result.error_kind == SERVER:
-        return held.failed(index, result, failed or SERVER)
-    answered = result.error is None and result.skipped is None
-    if answered:
+        return held.failed(index, result)
+    rows = [(index, result)]
+    if answered:  # the rows held before it go too
         writer.check.observe(result)
-    for row in [(index, result)] + (held.release() if answered else []):
+        rows += held.held
+        held.held, held.answered = [], True
+    for row in rows:
         writer.add(*row)
 
 
@@ -1114,28 +1094,19 @@ def ranges_from_names(names) -> list[tuple[int, int]]:
 def output_features(source: InputSource, args):
     import datasets
 
-    names = result_column_names(args.output_column)
+    names, text = result_column_names(args.output_column), datasets.Value("string")
     features = datasets.Features({k: v for k, v in input_features(source).items()
                                   if k not in names and k != "inference_info"})
-    image = features.get(source.image_column)  # a {bytes, path} struct was an Image (pyarrow
-    # types `bytes` null when every cell is a path): its files are embedded, an Image again
+    image = features.get(source.image_column)  # a {bytes, path} struct: an Image of paths
     if isinstance(image, datasets.Image) or isinstance(image, dict) and set(image) == {
             "bytes", "path"}:
         features[source.image_column] = datasets.Image()
+    layout = [{"label": text, "box": [datasets.Value("int32")], "text": text}]  # box: x1 y1 x2 y2
     features.update(zip(names, [datasets.Value(kind) for kind in RESULT_FIELDS.values()] +
-                        [extra_feature(kind) for kind in EXTRA_COLUMNS.values()] +
-                        [datasets.Value("string")] * len(_TEXT_LAYER_COLUMNS)))
-    features["inference_info"] = datasets.Value("string")
+                        [layout if kind == "blocks" else text for kind in EXTRA_COLUMNS.values()]
+                        + [text] * len(_TEXT_LAYER_COLUMNS)))
+    features["inference_info"] = text
     return features
-
-
-def extra_feature(kind: str):
-    """A model's column: "blocks" is its layout, one (label, box x1 y1 x2 y2, text) per block."""
-    import datasets
-
-    text = datasets.Value("string")
-    return [{"label": text, "box": [datasets.Value("int32")], "text": text}] if kind == "blocks" \
-        else text
 
 
 def result_columns(results: list, column: str) -> dict:
@@ -1146,7 +1117,7 @@ def result_columns(results: list, column: str) -> dict:
 
 
 def write_parquet(path: Path, schema, tables) -> None:
-    """The tables written to a temporary file renamed to path: a kill leaves the old or the new."""
+    """Atomically: a kill leaves the old file or the new."""
     import pyarrow.parquet as pq
 
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -1161,21 +1132,17 @@ def write_parquet(path: Path, schema, tables) -> None:
 
 def write_part(path: Path, source: InputSource, indices: list[int], results: list, features,
                info_entry: dict, args) -> None:
-    """Write these consecutive rows atomically; a result no column holds becomes its error."""
     import datasets
     import pyarrow as pa
 
     def table(rows: dict, results: list):
-        rows = {**rows, **result_columns(results, args.output_column)}
-        encoded = features.encode_batch(rows)
-        for name, cells in rows.items():  # an image's bytes are kept: `datasets` would keep
-            if isinstance(features[name], datasets.Image):  # its path alone if that names a file
-                encoded[name] = [cell if isinstance(cell, dict) and cell.get("bytes") is not None
-                                 else value for cell, value in zip(cells, encoded[name])]
+        encoded = features.encode_batch({**rows, **result_columns(results, args.output_column)})
+        if isinstance(features.get(source.image_column), datasets.Image):  # as carried_image()
+            encoded[source.image_column] = rows[source.image_column]  # made it, not a path alone
         return pa.Table.from_pydict(encoded, schema=features.arrow_schema)
 
     def tables():
-        for at in range(0, len(indices), 32):  # 32 rows' images in memory at a time
+        for at in range(0, len(indices), 32):  # 32 rows' images in memory
             rows, part = input_rows(source, indices[at:at + 32]), results[at:at + 32]
             batch = {k: v for k, v in rows.items() if k in features}
             batch["inference_info"] = [append_info(info, info_entry) for info in
@@ -1198,15 +1165,15 @@ def write_part(path: Path, source: InputSource, indices: list[int], results: lis
 
 
 def carried_image(cell, result: RowResult):
-    """An image cell as OUTPUT holds it (its file embedded) and its row's result: a failed row's
-    image that PIL cannot open is left out, as it would break every read of the output."""
+    """The cell with its file embedded, and the result; a failed row's image PIL cannot open is
+    left out: it would break every read of the output."""
     from PIL import Image
 
     if isinstance(cell, dict) and cell.get("bytes") is None and cell.get("path"):
         try:
             file = _resolve_image_path(cell["path"])
             cell = {"bytes": file.read_bytes(), "path": file.name}
-        except OSError:  # the row's error says why; a path to nothing would break reads too
+        except OSError:  # the row's error says why
             return None, result
     if result.error is None or not isinstance(cell, dict) or cell.get("bytes") is None:
         return cell, result
@@ -1216,12 +1183,11 @@ def carried_image(cell, result: RowResult):
             Image.open(io.BytesIO(cell["bytes"])).load()
         return cell, result
     except Exception:
-        return None, error_row(f"{result.error} (the image is not carried over: it cannot be "
-                               f"decoded)", PAGE)
+        return None, error_row(f"{result.error} (its image cannot be decoded: left out)", PAGE)
 
 
 def replace_rows(path: Path, redone: dict, features, args) -> None:
-    """Rewrite a part with redone rows' results, atomically: a row is never in two parts."""
+    """A part rewritten with redone rows' results: a row is never in two parts."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -1231,8 +1197,8 @@ def replace_rows(path: Path, redone: dict, features, args) -> None:
         column = table.column(name).to_pylist()
         for row, value in zip(redone, values):
             column[row - start] = value
-        field = features.arrow_schema.field(name)
-        table = table.set_column(table.column_names.index(name), field, pa.array(column, field.type))
+        at, field = table.column_names.index(name), features.arrow_schema.field(name)
+        table = table.set_column(at, field, pa.array(column, field.type))
     write_parquet(path, table.schema, [table])
 
 
@@ -1246,8 +1212,7 @@ def append_info(old, entry: dict) -> str:
 
 
 class Journal:
-    """Finished rows, a JSON line each, appended at once to one file per run: a file goes once
-    all its rows are in parts."""
+    """Finished rows, a JSON line each, in a file per run that goes once its rows are in parts."""
 
     def __init__(self, folder: Path):
         self.folder, self.file, self.current, self.failed = folder, None, None, False
@@ -1259,12 +1224,12 @@ class Journal:
         rows: dict[int, RowResult] = {}
         for path in sorted(self.folder.glob("*.jsonl")):
             self.unwritten[path] = set()
-            with open(path, encoding="utf-8", errors="replace") as lines:  # a run's: any size
+            with open(path, encoding="utf-8", errors="replace") as lines:
                 for line in lines:
                     try:
                         entry = json.loads(line)
                         index, result = entry.pop("row"), RowResult(**entry)
-                    except (ValueError, TypeError, KeyError, AttributeError):
+                    except Exception:
                         continue  # the line a kill cut short
                     if wanted(index):
                         rows[index] = result
@@ -1280,10 +1245,8 @@ class Journal:
                 self.file.write(line)
                 self.file.flush()
                 self.unwritten[self.current].add(index)
-            except OSError as exc:  # a full disk: rows stay in memory until their part is written
-                if not self.failed:
-                    log(f"warning: cannot write the journal ({exc}); finished rows are kept in "
-                        f"memory until their part is written")
+            except OSError as exc:  # a full disk: the rows are kept in memory
+                self.failed or log(f"warning: cannot write the journal ({exc})")
                 self.failed = True
 
     def _open(self) -> None:
@@ -1293,7 +1256,7 @@ class Journal:
         self.unwritten[self.current] = set()
 
     def written(self, indices) -> None:
-        """These rows are in parts now: a file that holds no other goes (the open one stays)."""
+        """These rows are in parts: a file that holds no other goes (not the open one)."""
         with self.lock:
             for path, rows in list(self.unwritten.items()):
                 rows.difference_update(indices)
@@ -1302,13 +1265,12 @@ class Journal:
                     del self.unwritten[path]
 
     def close(self, discard: bool = False) -> None:
-        """The open file closed; those whose rows are all in parts (or discarded) go."""
         with self.lock:
             for rows in self.unwritten.values() if discard else ():
                 rows.clear()
             try:
                 self.file and self.file.close()
-            except OSError as exc:  # its last lines' rows are in parts, or not written
+            except OSError as exc:  # its rows are in parts, or not written
                 log(f"warning: cannot write the journal ({exc})")
             self.file = self.current = None
             self.written(())
@@ -1738,29 +1700,27 @@ class OutputStore:
 
 
 class PartWriter:
-    """Finished rows go to the journal at once, and to parts once the degenerate check passed: a
-    block of --part-rows rows (or a part with redone rows) once all are finished, and every
-    --part-seconds, at the end or on an abort, the other finished rows too."""
+    """Finished rows go to the journal at once, and to parts once the degenerate check passed:
+    a block (or a part with redone rows) once all are finished, the rest every --part-seconds."""
 
     def __init__(self, store: OutputStore, source: InputSource, plan: RowPlan, features,
                  info_entry: dict, check: "DegenerateCheck", args):
+        from collections import Counter
+
         self.store, self.source, self.features = store, source, features
         self.info_entry, self.check, self.args = info_entry, check, args
         self.redo = dict(plan.redo)  # row -> part holding its error row, until replaced
         self.results: dict[int, RowResult] = dict(plan.recovered)  # finished, in no part yet
-        self.left: dict = {}  # group (see _group) -> its rows not finished yet
-        for group in map(self._group, plan.pending):
-            self.left[group] = self.left.get(group, 0) + 1
+        self.left = Counter(map(self._group, plan.pending))  # group -> its rows not finished
         self.complete = set(map(self._group, self.results)) - set(self.left)
         self.lock, self.last_flush = threading.Lock(), time.monotonic()
-        self.rows_ok = self.rows_failed = self.rows_text_layer = 0  # text layer: of rows_ok
+        self.rows_ok = self.rows_failed = self.rows_text_layer = 0  # rows_ok holds text_layer
         self.write_errors: list[str] = []
         self.open_documents: dict[int, dict] = {}  # --per-document: doc -> its pages finished
         for index, result in plan.pages.items():
             self.add(index, result, journaled=True)
 
-    def _group(self, index: int):
-        """What a row is written with: the part its error row is in, or its block."""
+    def _group(self, index: int):  # the part its error row is in, or its block
         return self.redo.get(index) or index // self.args.part_rows
 
     def add(self, index: int, result: RowResult, journaled: bool = False) -> None:
@@ -1777,14 +1737,13 @@ class PartWriter:
             result = joined_pages([(int(pdf.number[i]), pages[i]) for i in sorted(pages)])
             index = doc
         self.store.journal.append(index, result)
-        if pages and result.error is None:  # else they stay: a rerun redoes only the failed ones
+        if pages and result.error is None:  # else a rerun redoes only the failed pages
             self.store.journal.written([-1 - i for i in pages])
         with self.lock:
             self.results[index] = result
             group = self._group(index)
             self.left[group] -= 1
             if not self.left[group]:
-                del self.left[group]
                 self.complete.add(group)
 
     def due(self) -> bool:
@@ -1792,9 +1751,8 @@ class PartWriter:
             bool(self.complete) or time.monotonic() - self.last_flush >= self.args.part_seconds)
 
     def flush(self, final: bool = False) -> None:
-        """The complete groups, each as a part (a new one of consecutive rows of a block, or the
-        one redone rows replace); every finished row when --part-seconds passed, or final. A
-        part that cannot be written keeps its rows for later."""
+        """The complete groups, each as a part (a new one, or the one its redone rows replace);
+        every finished row once --part-seconds passed, or final. A part not written waits."""
         from itertools import groupby
 
         everything = final or time.monotonic() - self.last_flush >= self.args.part_seconds
@@ -1815,7 +1773,7 @@ class PartWriter:
             except Exception as exc:
                 self.write_errors.append(f"cannot write {path.name}: {type(exc).__name__}: {exc}")
                 log(f"error: {self.write_errors[-1]}; its rows are kept and written again later")
-                everything = True  # wait a while before the next attempt
+                everything = True  # the next attempt after --part-seconds
                 continue
             with self.lock:
                 for index in run:

@@ -209,8 +209,6 @@ def test_every_page_looping_still_trips_the_degenerate_check(tmp_path, stub_serv
     # each looping page was given its second chance first; a complete answer, even "aaa...",
     # is never sent again (#29), but still counts as a broken engine's
     assert len(stub.requests()) == (4 if fault == ["--degenerate"] else 8)
-    fixed = "4 of them only at the first try: their retry at temperature 0.3 came back as text"
-    assert (fixed in run.stderr) == (fault == ["--loop-below", "0.25"]), run.stderr
     assert not list((tmp_path / "out" / "data").glob("*.parquet"))
 
 

@@ -465,10 +465,16 @@ def test_model_parsers_are_total_and_their_boxes_fit_int32(script, args, top):
 def test_a_block_without_a_box_is_writable():
     import pyarrow as pa
 
-    module = load_script("hpd-parsing-saturate.py")
-    feature = module.extra_feature("blocks")
-    blocks = module.parse_blocks("<BLOCK>text [1,2,3,99999999999]<CHILD>one<BLOCK>text [1,2,3,4]<CHILD>two")
+    import types
+
     import datasets
+
+    module = load_script("hpd-parsing-saturate.py")
+    source = types.SimpleNamespace(dataset=datasets.Dataset.from_dict({"x": [1]}), pdf=None,
+                                   image_column="image")
+    feature = module.output_features(source, types.SimpleNamespace(output_column="markdown"))[
+        "markdown_blocks"]
+    blocks = module.parse_blocks("<BLOCK>text [1,2,3,99999999999]<CHILD>one<BLOCK>text [1,2,3,4]<CHILD>two")
     features = datasets.Features({"blocks": feature})
     table = pa.Table.from_pydict(features.encode_batch({"blocks": [blocks]}), schema=features.arrow_schema)
     assert table.to_pylist()[0]["blocks"][0]["box"] is None
