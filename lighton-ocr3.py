@@ -3015,7 +3015,7 @@ def run_offline(run, args, llm_kwargs: dict) -> None:
         return [(index, pool.submit(read_page, cell, args))
                 for index, cell in itertools.islice(cells, args.batch_size)]
 
-    # 16 pages in a row failing alone with one exception, none answered between, stop the run
+    # 16 pages in a row failing alone (the engine raised), none answered between, stop the run
     held = HeldFailures("engine", 16, 0.0, "failed one by one, none answered between")
     bar = tqdm(total=len(pending), unit="page", dynamic_ncols=True,
                mininterval=0.5 if sys.stderr.isatty() else 10.0)
