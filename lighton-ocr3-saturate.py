@@ -3451,13 +3451,19 @@ class Window:
 WINDOW = Window
 
 
+def holds_interrupt(exc) -> bool:
+    """A KeyboardInterrupt, or an exception group holding one (a signal in anyio's connect)."""
+    return isinstance(exc, KeyboardInterrupt) or any(map(holds_interrupt,
+                                                         getattr(exc, "exceptions", ())))
+
+
 async def run_server_pipeline(run, args, server: ServerManager, window: Window) -> None:
     """Start or reuse the server, then keep the window full until every pending row is done."""
     from tqdm import tqdm
 
     loop, stats, writer = asyncio.get_running_loop(), run.stats, run.writer
     loop.set_exception_handler(  # a Ctrl-C lands in a page task: said once, not as its traceback
-        lambda loop, context: isinstance(context.get("exception"), KeyboardInterrupt) or
+        lambda loop, context: holds_interrupt(context.get("exception")) or
         loop.default_exception_handler(context))
     write_lock = asyncio.Lock()
     storm = HeldFailures(SERVER, args.abort_after_failures, args.abort_after_seconds,

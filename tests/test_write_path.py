@@ -778,6 +778,46 @@ def test_a_ctrl_c_mid_run_prints_no_traceback(tmp_path, stub_server):
     assert "Traceback" not in stderr and "never retrieved" not in stderr, stderr
 
 
+SIGNAL_IN_A_CONNECT = """
+import os, runpy, signal, sys
+import anyio
+import httpcore._backends.anyio as backend
+real, seen = backend.AnyIOBackend.connect_tcp, []
+
+async def connect_tcp(self, *args, **kwargs):  # the 3rd connection: a page's, mid-run
+    seen.append(1)
+    if len(seen) == 3:
+        async def child():  # the signal lands in a task of anyio's group, as in its connect_tcp
+            os.kill(os.getpid(), signal.SIGTERM)
+            await anyio.sleep(5)
+        async with anyio.create_task_group() as group:
+            group.start_soon(child)
+    return await real(self, *args, **kwargs)
+
+backend.AnyIOBackend.connect_tcp = connect_tcp
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def test_a_signal_inside_a_connection_being_opened_prints_no_traceback(tmp_path, stub_server):
+    """A SIGTERM that lands while httpx opens a connection is raised in anyio's task group, which
+    wraps it in an exception group: asyncio printed that task's traceback at exit ("unhandled
+    exception during asyncio.run() shutdown")."""
+    stub = stub_server("--latency", "0.05")
+    paths = write_image_folder(tmp_path / "in", 12)
+    args = [str(ROOT / OVIS), str(tmp_path / "in"), str(tmp_path / "out"), *common(stub),
+            "--concurrency", "4"]
+    run = subprocess.run([sys.executable, "-c", SIGNAL_IN_A_CONNECT, *args], capture_output=True,
+                         text=True, timeout=120)
+    assert run.returncode == 128 + signal.SIGTERM, run.stderr
+    assert "Traceback" not in run.stderr and "unhandled exception" not in run.stderr, run.stderr
+    rerun = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=120)
+    assert rerun.returncode == 0, rerun.stderr
+    assert load_output(tmp_path / "out")["markdown"] == \
+        [expected_text(p.read_bytes()) for p in paths]
+
+
 def test_an_exit_raised_inside_the_run_saves_the_finished_rows_first(tmp_path, stub_server,
                                                                      capsys, monkeypatch):
     """A SystemExit from inside the run (a fail() deep in the pipeline) ended the process at
