@@ -3389,14 +3389,22 @@ def holds_interrupt(exc) -> bool:
                                                          getattr(exc, "exceptions", ())))
 
 
+def run_async(work) -> None:
+    """asyncio.run; a Ctrl-C landing in a task is said once (run_script), not as its traceback."""
+    async def quietly():
+        asyncio.get_running_loop().set_exception_handler(
+            lambda loop, context: holds_interrupt(context.get("exception")) or
+            loop.default_exception_handler(context))
+        await work
+
+    asyncio.run(quietly())
+
+
 async def run_server_pipeline(run, args, server: ServerManager, window: Window) -> None:
     """Start or reuse the server, then keep the window full until every pending row is done."""
     from tqdm import tqdm
 
     loop, stats, writer = asyncio.get_running_loop(), run.stats, run.writer
-    loop.set_exception_handler(  # a Ctrl-C lands in a page task: said once, not as its traceback
-        lambda loop, context: holds_interrupt(context.get("exception")) or
-        loop.default_exception_handler(context))
     write_lock = asyncio.Lock()
     storm = HeldFailures(SERVER, args.abort_after_failures, args.abort_after_seconds,
                          "all failed on the server's side over {:.0f} s")
@@ -3546,13 +3554,13 @@ def run_server_script(doc: str, argv: list[str] | None = None, hub_api=None) -> 
     def ready(check_only: bool) -> None:  # before the input is read and the repo created
         if check_only:  # no server planned or started; a Job's own server's context checked
             return check_context_budget(serve_max_model_len(args), args)
-        asyncio.run(server.plan())
+        run_async(server.plan())
 
     def work(run) -> None:
         server.log_path = run.store.meta / "logs" / server.log_path.name
         window = WINDOW(args, run)
         try:
-            asyncio.run(run_server_pipeline(run, args, server, window))
+            run_async(run_server_pipeline(run, args, server, window))
         finally:
             run.stats.extra.update(window.summary())
 

@@ -784,9 +784,9 @@ import anyio
 import httpcore._backends.anyio as backend
 real, seen = backend.AnyIOBackend.connect_tcp, []
 
-async def connect_tcp(self, *args, **kwargs):  # the 3rd connection: a page's, mid-run
+async def connect_tcp(self, *args, **kwargs):  # the 1st: the server's probe; the 3rd: a page's
     seen.append(1)
-    if len(seen) == 3:
+    if len(seen) == int(os.environ["SIGNAL_AT_CONNECTION"]):
         async def child():  # the signal lands in a task of anyio's group, as in its connect_tcp
             os.kill(os.getpid(), signal.SIGTERM)
             await anyio.sleep(5)
@@ -800,7 +800,9 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
 
-def test_a_signal_inside_a_connection_being_opened_prints_no_traceback(tmp_path, stub_server):
+@pytest.mark.parametrize("connection", ["1", "3"])
+def test_a_signal_inside_a_connection_being_opened_prints_no_traceback(tmp_path, stub_server,
+                                                                       connection):
     """A SIGTERM that lands while httpx opens a connection is raised in anyio's task group, which
     wraps it in an exception group: asyncio printed that task's traceback at exit ("unhandled
     exception during asyncio.run() shutdown")."""
@@ -809,7 +811,8 @@ def test_a_signal_inside_a_connection_being_opened_prints_no_traceback(tmp_path,
     args = [str(ROOT / OVIS), str(tmp_path / "in"), str(tmp_path / "out"), *common(stub),
             "--concurrency", "4"]
     run = subprocess.run([sys.executable, "-c", SIGNAL_IN_A_CONNECT, *args], capture_output=True,
-                         text=True, timeout=120)
+                         text=True, timeout=120,
+                         env={**os.environ, "SIGNAL_AT_CONNECTION": connection})
     assert run.returncode == 128 + signal.SIGTERM, run.stderr
     assert "Traceback" not in run.stderr and "unhandled exception" not in run.stderr, run.stderr
     rerun = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=120)
