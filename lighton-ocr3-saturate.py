@@ -632,7 +632,7 @@ def _load_local_dataset(path: Path, args):
         return _image_folder(path, images, metadata), sorted(images + metadata)
     # else a folder of tables as `datasets.load_dataset(folder)` reads it (a Hub snapshot,
     # configs), or says that it holds no data files
-    builder = _by_datasets(f"{path} (--config NAME picks a config)",
+    builder = _by_datasets(f"{path}" + " (--config NAME picks a config)" * bool(files),
                            datasets.load_dataset_builder, str(path), args.config)
     return _load_tables(str(path), builder.config.data_files or {},
                         f"{path} (split {args.split})", args, configs=True), files

@@ -323,6 +323,7 @@ def test_a_folder_with_no_data_is_refused_in_one_line(tmp_path, stub_server):
     run = run_script(OVIS, str(tmp_path / "in"), str(tmp_path / "out"), *common(stub))
     assert run.returncode == 2, run.stderr
     assert "doesn't contain any data files" in run.stderr and str(tmp_path / "in") in run.stderr
+    assert "--config" not in run.stderr  # no config to pick: the way out is to fill the folder
     no_traceback(run)
     assert stub.requests() == [] and not (tmp_path / "out").exists()
 
