@@ -1358,8 +1358,9 @@ class HeldFailures:
             writer.add(*row)
 
     def stop(self, what: str) -> "NoReturn":  # noqa: F821
-        raise RunAborted(f"{what}. Their rows stay pending: once the {self.who} works (its log "
-                         f"says why it fails), {rerun_advice()} to send them again.", EXIT_REFUSED)
+        raise RunAborted(f"{what}. Unanswered rows stay pending: once the {self.who} works "
+                         f"(its log says why it fails), {rerun_advice()} to send them again.",
+                         EXIT_REFUSED)
 
 
 def finish_row(writer: "PartWriter", stats: "RunStats", held: HeldFailures, index: int,
@@ -3251,8 +3252,8 @@ class ServerManager:
             while await self.probe(client, starting=False) != "ready":
                 if self.process is not None and self.process.poll() is not None:
                     if self.restarts >= self.args.max_restarts:
-                        raise RunAborted(f"vllm serve died {self.restarts + 1} times; giving up. "
-                                         f"{self.log_tail()}", EXIT_REFUSED)
+                        raise RunAborted(f"vllm serve died ({self.restarts + 1} starts); "
+                                         f"giving up. {self.log_tail()}", EXIT_REFUSED)
                     self.restarts += 1
                     log(f"vllm serve died (exit {self.process.returncode}); restart "
                         f"{self.restarts}/{self.args.max_restarts}; its pages are sent again")

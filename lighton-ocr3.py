@@ -1330,8 +1330,9 @@ class HeldFailures:
             writer.add(*row)
 
     def stop(self, what: str) -> "NoReturn":  # noqa: F821
-        raise RunAborted(f"{what}. Their rows stay pending: once the {self.who} works (its log "
-                         f"says why it fails), {rerun_advice()} to send them again.", EXIT_REFUSED)
+        raise RunAborted(f"{what}. Unanswered rows stay pending: once the {self.who} works "
+                         f"(its log says why it fails), {rerun_advice()} to send them again.",
+                         EXIT_REFUSED)
 
 
 def finish_row(writer: "PartWriter", stats: "RunStats", held: HeldFailures, index: int,
@@ -2930,8 +2931,8 @@ def ensure_vllm(argv: list[str]) -> None:
             if not os.environ.get("OCR_SCRIPT_REEXEC") and not subprocess.run(
                     [python, "-c", probe], capture_output=True, timeout=60).returncode:
                 log(f"using the vllm installed for {python} (nothing heavy is installed)")
-                os.execve(python, [python, script, *argv], {**env, "OCR_SCRIPT_EXTRA_SITE":
-                                                             os.pathsep.join(site.getsitepackages())})
+                extra = os.pathsep.join(site.getsitepackages())  # the light dependencies
+                os.execve(python, [python, script, *argv], {**env, "OCR_SCRIPT_EXTRA_SITE": extra})
     if gpu_visible() and (uv := shutil.which("uv")) and not os.environ.get("OCR_SCRIPT_REEXEC"):
         log(f"vllm is not installed here; asking uv for vllm{VLLM_REQUIREMENT} (several GB once)")
         os.execve(uv, [uv, "run", "--with", f"vllm{VLLM_REQUIREMENT}", script, *argv], env)

@@ -1049,8 +1049,9 @@ class HeldFailures:
             writer.add(*row)
 
     def stop(self, what: str) -> "NoReturn":  # noqa: F821
-        raise RunAborted(f"{what}. Their rows stay pending: once the {self.who} works (its log "
-                         f"says why it fails), {rerun_advice()} to send them again.", EXIT_REFUSED)
+        raise RunAborted(f"{what}. Unanswered rows stay pending: once the {self.who} works "
+                         f"(its log says why it fails), {rerun_advice()} to send them again.",
+                         EXIT_REFUSED)
 
 
 def finish_row(writer: "PartWriter", stats: "RunStats", held: HeldFailures, index: int,

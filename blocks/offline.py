@@ -62,8 +62,8 @@ def ensure_vllm(argv: list[str]) -> None:
             if not os.environ.get("OCR_SCRIPT_REEXEC") and not subprocess.run(
                     [python, "-c", probe], capture_output=True, timeout=60).returncode:
                 log(f"using the vllm installed for {python} (nothing heavy is installed)")
-                os.execve(python, [python, script, *argv], {**env, "OCR_SCRIPT_EXTRA_SITE":
-                                                             os.pathsep.join(site.getsitepackages())})
+                extra = os.pathsep.join(site.getsitepackages())  # the light dependencies
+                os.execve(python, [python, script, *argv], {**env, "OCR_SCRIPT_EXTRA_SITE": extra})
     if gpu_visible() and (uv := shutil.which("uv")) and not os.environ.get("OCR_SCRIPT_REEXEC"):
         log(f"vllm is not installed here; asking uv for vllm{VLLM_REQUIREMENT} (several GB once)")
         os.execve(uv, [uv, "run", "--with", f"vllm{VLLM_REQUIREMENT}", script, *argv], env)

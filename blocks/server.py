@@ -352,8 +352,8 @@ class ServerManager:
             while await self.probe(client, starting=False) != "ready":
                 if self.process is not None and self.process.poll() is not None:
                     if self.restarts >= self.args.max_restarts:
-                        raise RunAborted(f"vllm serve died {self.restarts + 1} times; giving up. "
-                                         f"{self.log_tail()}", EXIT_REFUSED)
+                        raise RunAborted(f"vllm serve died ({self.restarts + 1} starts); "
+                                         f"giving up. {self.log_tail()}", EXIT_REFUSED)
                     self.restarts += 1
                     log(f"vllm serve died (exit {self.process.returncode}); restart "
                         f"{self.restarts}/{self.args.max_restarts}; its pages are sent again")
