@@ -761,6 +761,35 @@ def test_the_card_counts_what_other_shards_wrote_during_the_run(tmp_path, stub_s
     assert "holds 12 rows: 12 with text and 0 error rows." in hub_card_counts(tmp_path)
 
 
+class CommitsLateHub(ListsLateHub):
+    """The other shard's commit lands between this shard's last listing and its own commit:
+    every listing misses it until this shard has committed its card."""
+
+    card_sent = False
+
+    def hiding(self) -> bool:
+        return not self.card_sent
+
+    def create_commit(self, repo_id, operations, *args, **kwargs):
+        super().create_commit(repo_id, operations, *args, **kwargs)
+        self.card_sent |= any(op.path_in_repo == "README.md" for op in operations)
+
+
+def test_the_last_shard_to_finish_counts_a_commit_that_landed_while_it_made_its_card(
+        tmp_path, stub_server):
+    """Two shards finishing together: the card of the one that commits last counts every part,
+    also those of a commit that landed after it listed the repo (ocr-jobs.py checks the card;
+    test_jobs_http's three-Job run failed on this race when the card was not made again)."""
+    stub = stub_server()
+    write_image_folder(tmp_path / "in", 12)
+    module = load_script(OVIS)
+    shards = ["--num-shards", "2", "--shard-index"]
+    assert hub_run(module, FakeHub(tmp_path / "hub"), tmp_path, stub, "s0", *shards, "0") == 0
+    late = CommitsLateHub(tmp_path / "hub", ["part-000000000", "shard-0-of-2", "README.md"])
+    assert hub_run(module, late, tmp_path, stub, "s1", *shards, "1") == 0
+    assert "holds 12 rows: 12 with text and 0 error rows." in hub_card_counts(tmp_path)
+
+
 class CountingHub(FakeHub):
     """Counts the parts downloaded from it."""
 
