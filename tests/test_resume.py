@@ -750,17 +750,6 @@ class ListsLateHub(FakeHub):
         return [f for f in files if not any(h in f for h in self.hide)] if self.hiding() else files
 
 
-def test_the_card_counts_what_other_shards_wrote_during_the_run(tmp_path, stub_server):
-    stub = stub_server()
-    write_image_folder(tmp_path / "in", 12)
-    module = load_script(OVIS)
-    shards = ["--num-shards", "2", "--shard-index"]
-    assert hub_run(module, FakeHub(tmp_path / "hub"), tmp_path, stub, "s0", *shards, "0") == 0
-    late = ListsLateHub(tmp_path / "hub", ["part-000000000", "shard-0-of-2", "README.md"])
-    assert hub_run(module, late, tmp_path, stub, "s1", *shards, "1") == 0
-    assert "holds 12 rows: 12 with text and 0 error rows." in hub_card_counts(tmp_path)
-
-
 class CommitsLateHub(ListsLateHub):
     """The other shard's commit lands between this shard's last listing and its own commit:
     every listing misses it until this shard has committed its card."""
@@ -775,17 +764,18 @@ class CommitsLateHub(ListsLateHub):
         self.card_sent |= any(op.path_in_repo == "README.md" for op in operations)
 
 
-def test_the_last_shard_to_finish_counts_a_commit_that_landed_while_it_made_its_card(
-        tmp_path, stub_server):
-    """Two shards finishing together: the card of the one that commits last counts every part,
-    also those of a commit that landed after it listed the repo (ocr-jobs.py checks the card;
-    test_jobs_http's three-Job run failed on this race when the card was not made again)."""
+@pytest.mark.parametrize("late_hub", [ListsLateHub, CommitsLateHub])
+def test_the_card_counts_what_other_shards_wrote_during_the_run(tmp_path, stub_server, late_hub):
+    """Two shards: the second's Job lists the repo before the first shard's commit shows
+    (ListsLateHub), or that commit lands while it makes its card (CommitsLateHub: the card is
+    made again; test_jobs_http's three-Job run failed on this race when it was not). The card of
+    the one that commits last counts every part (ocr-jobs.py checks the card)."""
     stub = stub_server()
     write_image_folder(tmp_path / "in", 12)
     module = load_script(OVIS)
     shards = ["--num-shards", "2", "--shard-index"]
     assert hub_run(module, FakeHub(tmp_path / "hub"), tmp_path, stub, "s0", *shards, "0") == 0
-    late = CommitsLateHub(tmp_path / "hub", ["part-000000000", "shard-0-of-2", "README.md"])
+    late = late_hub(tmp_path / "hub", ["part-000000000", "shard-0-of-2", "README.md"])
     assert hub_run(module, late, tmp_path, stub, "s1", *shards, "1") == 0
     assert "holds 12 rows: 12 with text and 0 error rows." in hub_card_counts(tmp_path)
 
