@@ -202,7 +202,6 @@ import zlib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-IMAGE_EXTENSIONS = {".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp", ".webp", ".gif", ".jp2"}
 # Pillow's 16 MiB blocks stay in each thread's malloc arena once freed; 64 MiB ones are given back
 os.environ.setdefault("PILLOW_BLOCK_SIZE", "64m")
 PART_NAME = re.compile(r"^part-(\d{9})-(\d{9})\.parquet$")
@@ -371,6 +370,14 @@ def check_output_outside_input(args) -> None:
         fail(f"OUTPUT must not be INPUT or inside INPUT {source}: write to e.g. {source}-ocr")
 
 
+def image_extensions() -> set[str]:
+    """The files of a folder that are images: those `datasets`' imagefolder reads (.jfif, .ppm
+    from a scanner...), so that none is left out."""
+    from datasets.packaged_modules.imagefolder.imagefolder import ImageFolder
+
+    return {extension.lower() for extension in ImageFolder.EXTENSIONS}
+
+
 def _walk_folder(root: Path, args) -> list[Path]:
     """Every file under root, in path order: symlinked folders followed, each real folder once
     (not a loop, not OUTPUT); hidden names (.git, macOS ._x) left out, as `datasets` does."""
@@ -471,7 +478,7 @@ def _load_local_dataset(path: Path, args):
         splits = loaded if isinstance(loaded, datasets.DatasetDict) else \
             {str(loaded.split or "train"): loaded}
         return _split_of(splits, str(path), args), files
-    images = [p for p in files if p.suffix.lower() in IMAGE_EXTENSIONS | {".pdf"}]
+    images = [p for p in files if p.suffix.lower() in image_extensions() | {".pdf"}]
     metadata = [p for p in files if p.name in METADATA_NAMES]
     tables = [p for p in files if p.suffix in TABLE_EXTENSIONS and p not in metadata]
     if images and tables:
@@ -2001,12 +2008,12 @@ def input_identity(args, files: list | None) -> dict:
     images (an image replaced is caught by its row's digest: plan_rows)."""
     if files is None:
         return {"hub": args.input, "revision": hub_dataset_sha(args) or args.revision}
-    local, entries = Path(args.input).expanduser(), []
+    local, entries, images = Path(args.input).expanduser(), [], image_extensions()
     for path in files:
         entry = str(path.relative_to(local) if path != local else path.name)
         try:
             entry += f" {path.stat().st_size} B"
-            if path.suffix.lower() not in IMAGE_EXTENSIONS:
+            if path.suffix.lower() not in images:
                 entry += f" #{hashlib.sha1(file_tail(path)).hexdigest()[:12]}"
         except OSError:  # a broken link: its row says it cannot be read
             entry += " unreadable"

@@ -110,6 +110,32 @@ def test_an_image_file_that_cannot_be_read_is_an_error_row_and_the_output_still_
     assert "in/in/" not in rows[2]["markdown_error"]  # the path as it is, not joined twice
     assert [row["markdown"] for row in rows[:2]] == [expected_text(p.read_bytes()) for p in paths]
 
+def test_every_image_file_datasets_reads_is_a_row_whatever_its_extension(tmp_path, stub_server):
+    """.jfif (a browser's JPEG), .jpe, .ppm and .pgm (what SANE's scanimage writes) beside a
+    .png: `datasets` reads every one as an image, and so must the folder's rows (found by trying
+    to break it: only the .png was read, the rest silently left out, exit 0)."""
+    import json
+
+    from PIL import Image
+
+    colours = {"a.png": (200, 30, 30), "b.jfif": (30, 200, 30), "c.jpe": (30, 30, 200),
+               "d.ppm": (200, 200, 30), "e.pgm": (90, 90, 90)}
+    (tmp_path / "in").mkdir()
+    for name, colour in colours.items():
+        formats = {".jfif": "JPEG", ".jpe": "JPEG", ".pgm": "PPM"}
+        image = Image.new("L" if name.endswith(".pgm") else "RGB", (300, 400),
+                          colour[0] if name.endswith(".pgm") else colour)
+        image.save(tmp_path / "in" / name, format=formats.get(Path(name).suffix, None))
+    answers = tmp_path / "answers.json"
+    answers.write_text(json.dumps({",".join(map(str, c)): n for n, c in colours.items()}))
+    stub = stub_server("--answer-map", str(answers))
+    run = run_script(OVIS, str(tmp_path / "in"), str(tmp_path / "out"), *common(stub))
+    assert run.returncode == 0, run.stderr
+    ds = load_output(tmp_path / "out")
+    assert ds["file_name"] == list(colours)
+    assert ds["markdown"] == list(colours)  # each row its own page's text
+
+
 def test_a_metadata_parquet_beside_the_images_is_joined_not_read_instead(tmp_path, stub_server):
     stub = stub_server()
     paths = write_image_folder(tmp_path / "in", 5)
