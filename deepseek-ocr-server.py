@@ -357,7 +357,12 @@ def is_local_target(value: str) -> bool:
 def resolve_output(value: str) -> tuple[str, str]:
     """('local', path) or ('hub', repo_id); anything else exits 2 saying how to write a path."""
     if is_local_target(value):
-        return "local", str(Path(value).expanduser().resolve())
+        path = Path(value).expanduser().resolve()
+        existing = next(p for p in (path, *path.parents) if p.exists())
+        if not existing.is_dir():  # else found at the first write, after the server's start
+            fail(f"OUTPUT {value!r}: {existing} is a file, and OUTPUT is a folder: choose a "
+                 f"folder's path, e.g. {existing}-ocr")
+        return "local", str(path)
     if REPO_ID.match(value):
         return "hub", value
     fail(f"OUTPUT {value!r} is neither a Hub dataset id (namespace/name) nor a local path: "
@@ -2115,7 +2120,8 @@ def hub_dataset_sha(args) -> str | None:
         return None
 
 
-def check_context_budget(max_model_len, args, option: str = "--max-model-len") -> None:
+def check_context_budget(max_model_len, args, option: str = "--max-model-len in --serve-args"
+                         ) -> None:
     """Image tokens + max_tokens must fit the context (None: unknown), or every page is refused;
     option: what raises max_model_len (a server's flag, or offline its --llm-kwargs key)."""
     budget = image_token_budget(args)
@@ -2258,6 +2264,7 @@ class RunStats:
         self.rows_total, self.rows_skipped = rows_total, rows_skipped
         self.rows_ok = self.rows_failed = 0  # rows written, error rows included (by the writer)
         self.rows_text_layer = 0  # rows written from their PDF text layer, not sent
+        self.rows_recovered = 0  # rows written from a killed run's journal
         self.errors_seen = self.in_flight = self.peak_in_flight = 0
         self.loop_retried = self.still_looping = 0
         self.latencies, self.finished_at, self.tokens = [], [], []
@@ -2287,7 +2294,7 @@ class RunStats:
             "rows_failed": self.rows_failed, "rows_skipped": self.rows_skipped,
             "rows_text_layer": self.rows_text_layer,
             "rows_not_written": self.rows_total - self.rows_ok - self.rows_failed
-            - self.rows_skipped - self.rows_text_layer,
+            - self.rows_skipped - self.rows_text_layer, "rows_recovered": self.rows_recovered,
             "elapsed_s": round(elapsed, 3), "active_s": rounded(active, 3),
             "pages_per_s": round(done / elapsed, 4) if elapsed > 0 else None,
             "pages_per_s_steady": rounded(span and (b - a) / span),
@@ -2588,7 +2595,7 @@ def argument_parser(doc: str, add_shape_arguments) -> argparse.ArgumentParser:
     return parser
 
 
-AT_LEAST = {"num_shards": 1, "part_rows": 1, "max_tokens": 1, "sanity_pages": 1, "max_samples": 0,
+AT_LEAST = {"num_shards": 1, "part_rows": 1, "max_tokens": 1, "sanity_pages": 1, "max_samples": 1,
             "shard_index": 0, "concurrency": 1, "max_retries": 0, "max_restarts": 0,
             "min_window": 1, "max_window": 1, "api_server_count": 1, "batch_size": 1,
             "skip_text_pages": 1, "pdf_workers": 1, "loop_retries": 0}
@@ -2742,7 +2749,7 @@ def run_script(args, hub_api, engine: dict, info_entry: dict, ready, work,
         plan = plan_rows(source, store, args)
         store.resend_local_parts()
         stats = RunStats(rows_total=source.hi - source.lo, rows_skipped=plan.skipped)
-        stats.extra["rows_recovered"] = len(plan.recovered)
+        stats.rows_recovered = len(plan.recovered)
         check = DegenerateCheck(not args.no_sanity_check and not plan.earlier_ok,
                                 args.sanity_pages, len(plan.send))
         info_entry["timestamp"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
@@ -2950,9 +2957,18 @@ def server_argument_problems(args) -> list[str]:
     except ValueError as exc:
         problems.append(str(exc))
     try:
-        shlex.split(args.serve_args)
+        words = shlex.split(args.serve_args)
     except ValueError as exc:
         return problems + [f"--serve-args cannot be split as a command line: {exc}"]
+    for flag, word in zip(["--serve-args", *words], words):
+        if not re.match(r"\{\s*[\w\"']", word):  # not a JSON object (nor a {{ template }})
+            continue
+        try:  # one whose inner quotes the shell took is refused, its value unshown (a secret?)
+            json.loads(word)
+        except ValueError:
+            problems.append(f"--serve-args: the value of {flag} is not JSON (the shell took its "
+                            f"quotes): quote it twice, e.g. --serve-args "
+                            f"'{flag} \"{{\\\"key\\\": 1}}\"'")
     try:
         serve_max_model_len(args)
     except ValueError as exc:
@@ -3108,8 +3124,9 @@ class ServerManager:
         async with httpx.AsyncClient() as client:
             state = await self.probe(client)
         self.spawning = state == "absent" and self.may_spawn
+        # a server waited for (no max_model_len yet) is checked at start
         check_context_budget(serve_max_model_len(self.args) if self.spawning else
-                             self.max_model_len, self.args)  # one waited for: checked at start
+                             self.max_model_len, self.args, self.budget_option)
         if not self.spawning:
             head = f"using the vLLM server already running at {self.base} ({self.model_name}" \
                 if state == "ready" else f"the server at {self.base}: " \
@@ -3133,10 +3150,16 @@ class ServerManager:
         await self.wait_ready(client, self.args.server_timeout)
         if self.process is not None:
             stats.server_startup_s = round(time.monotonic() - started, 2)
-        check_context_budget(self.max_model_len, self.args)
+        check_context_budget(self.max_model_len, self.args, self.budget_option)
         with contextlib.suppress(httpx.HTTPError, ValueError, AttributeError):
             response = await client.get(f"{self.base}/version", headers=self.headers, timeout=5)
             self.version = stats.vllm_version = response.json().get("version")
+
+    @property
+    def budget_option(self) -> str:
+        """What raises max_model_len: this run's --serve-args, or the server's own flag."""
+        return "--max-model-len in --serve-args" if self.spawning else \
+            "the server's --max-model-len"
 
     def serve_command(self) -> list[str]:
         command = ["vllm", "serve", self.args.model, "--host", self.host, "--port", str(self.port)]

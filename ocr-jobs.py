@@ -104,7 +104,9 @@ def log(message: str) -> None:
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog="Options it does not know are the script's.",
+                                epilog="\n\n".join(["Options it does not know are the script's.", *(
+                                    part for part in __doc__.split("\n\n")  # examples, exits
+                                    if part.startswith(("    uv run", "Exit status")))]),
                                 allow_abbrev=False)
     p.add_argument("script", help="a model script of the collection (a path)")
     p.add_argument("input", help="INPUT: a Hub dataset id")
@@ -152,12 +154,16 @@ def refuse_arguments(args, script_args: list[str]) -> None:
     if not Path(args.script).is_file():
         raise UsageError(f"SCRIPT {args.script} is not a file: pass the path of a model script "
                          f"of the collection, e.g. lighton-ocr3-saturate.py")
-    for label, value in (("INPUT", args.input), ("OUTPUT", args.output)):
-        if Path(value).expanduser().exists() or not REPO_ID.match(value):
-            raise UsageError(
-                f"{label} {value!r} is not a Hub dataset id: a Job cannot read this machine's "
-                f"files. Push a folder first (hf upload user/name {value} --repo-type dataset) "
-                f"and pass user/name")
+    if Path(args.input).expanduser().exists() or not REPO_ID.match(args.input):
+        raise UsageError(
+            f"INPUT {args.input!r} is not a Hub dataset id: a Job cannot read this machine's "
+            f"files. Push a folder first (hf upload user/name {args.input} --repo-type dataset) "
+            f"and pass user/name")
+    if Path(args.output).expanduser().exists() or not REPO_ID.match(args.output):
+        raise UsageError(
+            f"OUTPUT {args.output!r} is not a Hub dataset id: a Job cannot write to this "
+            f"machine. Pass a new Hub dataset id (user/name) as OUTPUT, and afterwards "
+            f"`hf download user/name --repo-type dataset --local-dir {args.output}`")
     for name in LAUNCHER_OPTIONS_NOT_PASSED:
         if any(w == name or w.startswith(name + "=") for w in script_args):
             why = "a restart deletes what OUTPUT holds: run the script itself with --restart " \

@@ -116,7 +116,12 @@ def is_local_target(value: str) -> bool:
 def resolve_output(value: str) -> tuple[str, str]:
     """('local', path) or ('hub', repo_id); anything else exits 2 saying how to write a path."""
     if is_local_target(value):
-        return "local", str(Path(value).expanduser().resolve())
+        path = Path(value).expanduser().resolve()
+        existing = next(p for p in (path, *path.parents) if p.exists())
+        if not existing.is_dir():  # else found at the first write, after the server's start
+            fail(f"OUTPUT {value!r}: {existing} is a file, and OUTPUT is a folder: choose a "
+                 f"folder's path, e.g. {existing}-ocr")
+        return "local", str(path)
     if REPO_ID.match(value):
         return "hub", value
     fail(f"OUTPUT {value!r} is neither a Hub dataset id (namespace/name) nor a local path: "
@@ -1874,7 +1879,8 @@ def hub_dataset_sha(args) -> str | None:
         return None
 
 
-def check_context_budget(max_model_len, args, option: str = "--max-model-len") -> None:
+def check_context_budget(max_model_len, args, option: str = "--max-model-len in --serve-args"
+                         ) -> None:
     """Image tokens + max_tokens must fit the context (None: unknown), or every page is refused;
     option: what raises max_model_len (a server's flag, or offline its --llm-kwargs key)."""
     budget = image_token_budget(args)
@@ -2017,6 +2023,7 @@ class RunStats:
         self.rows_total, self.rows_skipped = rows_total, rows_skipped
         self.rows_ok = self.rows_failed = 0  # rows written, error rows included (by the writer)
         self.rows_text_layer = 0  # rows written from their PDF text layer, not sent
+        self.rows_recovered = 0  # rows written from a killed run's journal
         self.errors_seen = self.in_flight = self.peak_in_flight = 0
         self.loop_retried = self.still_looping = 0
         self.latencies, self.finished_at, self.tokens = [], [], []
@@ -2046,7 +2053,7 @@ class RunStats:
             "rows_failed": self.rows_failed, "rows_skipped": self.rows_skipped,
             "rows_text_layer": self.rows_text_layer,
             "rows_not_written": self.rows_total - self.rows_ok - self.rows_failed
-            - self.rows_skipped - self.rows_text_layer,
+            - self.rows_skipped - self.rows_text_layer, "rows_recovered": self.rows_recovered,
             "elapsed_s": round(elapsed, 3), "active_s": rounded(active, 3),
             "pages_per_s": round(done / elapsed, 4) if elapsed > 0 else None,
             "pages_per_s_steady": rounded(span and (b - a) / span),
@@ -2347,7 +2354,7 @@ def argument_parser(doc: str, add_shape_arguments) -> argparse.ArgumentParser:
     return parser
 
 
-AT_LEAST = {"num_shards": 1, "part_rows": 1, "max_tokens": 1, "sanity_pages": 1, "max_samples": 0,
+AT_LEAST = {"num_shards": 1, "part_rows": 1, "max_tokens": 1, "sanity_pages": 1, "max_samples": 1,
             "shard_index": 0, "concurrency": 1, "max_retries": 0, "max_restarts": 0,
             "min_window": 1, "max_window": 1, "api_server_count": 1, "batch_size": 1,
             "skip_text_pages": 1, "pdf_workers": 1, "loop_retries": 0}
@@ -2501,7 +2508,7 @@ def run_script(args, hub_api, engine: dict, info_entry: dict, ready, work,
         plan = plan_rows(source, store, args)
         store.resend_local_parts()
         stats = RunStats(rows_total=source.hi - source.lo, rows_skipped=plan.skipped)
-        stats.extra["rows_recovered"] = len(plan.recovered)
+        stats.rows_recovered = len(plan.recovered)
         check = DegenerateCheck(not args.no_sanity_check and not plan.earlier_ok,
                                 args.sanity_pages, len(plan.send))
         info_entry["timestamp"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())

@@ -99,9 +99,18 @@ def server_argument_problems(args) -> list[str]:
     except ValueError as exc:
         problems.append(str(exc))
     try:
-        shlex.split(args.serve_args)
+        words = shlex.split(args.serve_args)
     except ValueError as exc:
         return problems + [f"--serve-args cannot be split as a command line: {exc}"]
+    for flag, word in zip(["--serve-args", *words], words):
+        if not re.match(r"\{\s*[\w\"']", word):  # not a JSON object (nor a {{ template }})
+            continue
+        try:  # one whose inner quotes the shell took is refused, its value unshown (a secret?)
+            json.loads(word)
+        except ValueError:
+            problems.append(f"--serve-args: the value of {flag} is not JSON (the shell took its "
+                            f"quotes): quote it twice, e.g. --serve-args "
+                            f"'{flag} \"{{\\\"key\\\": 1}}\"'")
     try:
         serve_max_model_len(args)
     except ValueError as exc:
@@ -257,8 +266,9 @@ class ServerManager:
         async with httpx.AsyncClient() as client:
             state = await self.probe(client)
         self.spawning = state == "absent" and self.may_spawn
+        # a server waited for (no max_model_len yet) is checked at start
         check_context_budget(serve_max_model_len(self.args) if self.spawning else
-                             self.max_model_len, self.args)  # one waited for: checked at start
+                             self.max_model_len, self.args, self.budget_option)
         if not self.spawning:
             head = f"using the vLLM server already running at {self.base} ({self.model_name}" \
                 if state == "ready" else f"the server at {self.base}: " \
@@ -282,10 +292,16 @@ class ServerManager:
         await self.wait_ready(client, self.args.server_timeout)
         if self.process is not None:
             stats.server_startup_s = round(time.monotonic() - started, 2)
-        check_context_budget(self.max_model_len, self.args)
+        check_context_budget(self.max_model_len, self.args, self.budget_option)
         with contextlib.suppress(httpx.HTTPError, ValueError, AttributeError):
             response = await client.get(f"{self.base}/version", headers=self.headers, timeout=5)
             self.version = stats.vllm_version = response.json().get("version")
+
+    @property
+    def budget_option(self) -> str:
+        """What raises max_model_len: this run's --serve-args, or the server's own flag."""
+        return "--max-model-len in --serve-args" if self.spawning else \
+            "the server's --max-model-len"
 
     def serve_command(self) -> list[str]:
         command = ["vllm", "serve", self.args.model, "--host", self.host, "--port", str(self.port)]

@@ -177,6 +177,24 @@ def test_every_script_writes_the_same_stats_keys(tmp_path, stub_server):
         assert found == expected, (script, sorted(found ^ expected))
 
 
+@pytest.mark.parametrize("script", ["ovis-ocr2-server.py", "ovis-ocr2.py"])
+def test_a_refused_run_writes_the_same_stats_keys(tmp_path, script):
+    """No server and no vllm: the run is refused (exit 2) and its stats still carry every key
+    REFERENCE.md promises (rows_recovered was missing: it was set only once rows were planned)."""
+    common, _ = documented_stats_keys()
+    write_image_folder(tmp_path / "in", 2, fmt="JPEG")
+    run = run_script(script, str(tmp_path / "in"), str(tmp_path / "out"), "--stats-json",
+                     str(tmp_path / "stats.json"), "--server", f"http://127.0.0.1:{free_port()}",
+                     env={"PATH": "/usr/bin:/bin", "PYTHONPATH": ""}) \
+        if script in SERVER_SCRIPTS else \
+        run_script(script, str(tmp_path / "in"), str(tmp_path / "out"), "--stats-json",
+                   str(tmp_path / "stats.json"), env={"PATH": "/usr/bin:/bin", "PYTHONPATH": ""})
+    assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr[-2000:]
+    stats = json.loads((tmp_path / "stats.json").read_text())
+    assert set(stats) == common, sorted(set(stats) ^ common)
+    assert stats["exit_code"] == 2 and stats["rows_recovered"] == 0
+
+
 def test_an_offline_script_without_vllm_asks_uv_for_it(tmp_path):
     """No vllm here and no other Python with one: the script re-runs itself through
     `uv run --with vllm<requirement>`. The fake uv records that and runs the script with the

@@ -42,6 +42,7 @@ def no_secret(*texts: str) -> None:
 
 @pytest.mark.parametrize("extra, message", [
     (["--part-rows", "0"], "--part-rows must be at least 1, got 0"),
+    (["--max-samples", "0"], "--max-samples must be at least 1, got 0"),  # an OUTPUT of nothing
     (["--max-retries", "-1"], "--max-retries must be at least 0, got -1"),
     (["--shard-index", "5", "--num-shards", "2"], "--shard-index must be in [0, 2)"),
     (["--concurrency", "0"], "--concurrency must be at least 1"),
@@ -60,6 +61,35 @@ def test_a_bad_argument_exits_2_at_once_naming_it(tmp_path, extra, message):
     assert message in run.stderr and "Traceback" not in run.stderr
     assert "ocr-jobs.py" not in run.stderr  # refused before the server is even looked for
     assert time.monotonic() - started < 10
+
+
+@pytest.mark.parametrize("output", ["notes.txt", "notes.txt/ocr"])
+@pytest.mark.parametrize("check_only", [True, False])
+def test_an_output_that_is_a_file_exits_2_at_once(tmp_path, output, check_only):
+    """OUTPUT an existing file (or below one): --check-only said "check passed", and the run
+    failed only at its first write, after the server's start, with exit 5 and "free space"."""
+    write_image_folder(tmp_path / "in", 2)
+    (tmp_path / "notes.txt").write_text("mine\n")
+    run = run_script(OVIS, str(tmp_path / "in"), str(tmp_path / output), "--server", nowhere(),
+                     *(["--check-only"] if check_only else []), env=NO_VLLM, timeout=60)
+    assert run.returncode == 2, run.stderr
+    assert f"{tmp_path / 'notes.txt'} is a file, and OUTPUT is a folder" in run.stderr
+    assert "Traceback" not in run.stderr and "ocr-jobs.py" not in run.stderr
+    assert (tmp_path / "notes.txt").read_text() == "mine\n"
+
+
+def test_raising_the_context_names_the_flag_that_does_it(tmp_path, stub_server):
+    """--max-tokens over the context: the advice named `--max-model-len`, which the server
+    scripts do not take; a spawned server's is given in --serve-args, a reused one's by it."""
+    spawned = run_script(OVIS, "user/scans", "user/out", "--server", nowhere(), "--max-tokens",
+                         "40000", env=fake_vllm_env(tmp_path), timeout=60)
+    assert spawned.returncode == 2, spawned.stderr
+    assert "raise --max-model-len in --serve-args to at least" in spawned.stderr
+    stub = stub_server("--model", "ATH-MaaS/OvisOCR2")
+    reused = run_script(OVIS, "user/scans", "user/out", "--server", stub.url, "--max-tokens",
+                        "40000", env=NO_VLLM, timeout=60)
+    assert reused.returncode == 2, reused.stderr
+    assert "raise the server's --max-model-len to at least" in reused.stderr
 
 
 @pytest.mark.parametrize("script", ALL_SCRIPTS)
@@ -118,7 +148,7 @@ def test_the_budget_of_a_server_to_spawn_is_checked_before_anything(max_len, fit
     else:
         assert "every request would be refused" in run.stderr
         assert not re.search(r"at most -\d", run.stderr)
-        assert "raise --max-model-len to at least 24740" in run.stderr
+        assert "raise --max-model-len in --serve-args to at least 24740" in run.stderr
 
 
 @pytest.mark.parametrize("script", OFFLINE_SCRIPTS)
@@ -458,6 +488,27 @@ def test_secrets_at_every_depth_of_serve_args_reach_the_server_and_no_record(tmp
     assert run.returncode == 0, run.stderr
     assert len(load_output(tmp_path / "out")) == 3
     no_secret_recorded(tmp_path / "out", run.stdout, run.stderr, secrets=OTHER)
+
+
+@pytest.mark.parametrize("json_text", [f'{{"hf_token": "{S3}"}}', f'{{"hf_token":"{S3}"}}'])
+def test_json_in_serve_args_the_shell_unquoted_is_refused_unshown(tmp_path, stub_server,
+                                                                  json_text):
+    """--serve-args '--hf-overrides {"hf_token": "..."}' in one pair of quotes: the split drops
+    the inner quotes (vLLM would refuse it), and `{hf_token:` `S3...}` reached the card, the
+    manifest and every row of a run against a server already up. Refused before anything."""
+    write_image_folder(tmp_path / "in", 2)
+    run = run_script(OVIS, str(tmp_path / "in"), str(tmp_path / "out"), "--server",
+                     stub_server().url, "--no-spawn",
+                     "--serve-args", f"--hf-overrides {json_text} --max-num-seqs 8", env=NO_VLLM)
+    assert run.returncode == 2, run.stderr
+    assert "the value of --hf-overrides is not JSON (the shell took its quotes)" in run.stderr
+    assert S3 not in run.stderr + run.stdout
+    assert not (tmp_path / "out").exists() and "Traceback" not in run.stderr
+    fixed = run_script(OVIS, str(tmp_path / "in"), str(tmp_path / "out"), "--server",
+                       stub_server().url, "--check-only", "--serve-args",
+                       f'--hf-overrides "{json_text.replace(chr(34), chr(92) + chr(34))}"',
+                       env=NO_VLLM)  # quoted twice, as the refusal says
+    assert fixed.returncode == 0, fixed.stderr
 
 
 def test_secrets_at_every_depth_of_llm_kwargs_reach_the_engine_and_no_record(tmp_path):

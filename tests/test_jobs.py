@@ -350,7 +350,8 @@ def test_local_paths_and_no_token_are_refused(launcher, hub, stub_server, monkey
     for argv, expected in [
         ([str(tmp_path / "pages"), OUTPUT], "INPUT"),
         ([INPUT, str(tmp_path / "out")], "OUTPUT"),
-        ([INPUT, "./out"], "OUTPUT './out' is not a Hub dataset id"),
+        ([INPUT, "./out"], "OUTPUT './out' is not a Hub dataset id: a Job cannot write to this "
+                           "machine. Pass a new Hub dataset id (user/name) as OUTPUT"),  # no push
         ([INPUT, OUTPUT, "--prompt-file", str(prompt)], "names a local file"),
         ([INPUT, OUTPUT, "--model", str(tmp_path)], "names a local folder"),  # a fine-tune here
         ([INPUT, OUTPUT, f"--model={tmp_path}"], "names a local folder"),
@@ -363,6 +364,16 @@ def test_local_paths_and_no_token_are_refused(launcher, hub, stub_server, monkey
     assert launch(launcher, jobs, stub, shards=2) == 2
     assert "no Hub token" in capsys.readouterr().err
     assert jobs.submitted == []
+
+
+def test_help_shows_the_examples_and_the_exit_status():
+    """--help printed the options only: the docstring's examples and exit codes were unseen."""
+    run = subprocess.run([sys.executable, str(ROOT / LAUNCHER), "--help"], capture_output=True,
+                         text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert "uv run ocr-jobs.py lighton-ocr3-saturate.py user/scans user/scans-ocr --shards 16 " \
+        "--dry-run" in run.stdout
+    assert "Exit status: 0 every shard's rows are written; 1 shards still missing" in run.stdout
 
 
 def test_a_script_without_check_only_is_named(launcher, hub, tmp_path, monkeypatch, capsys):
