@@ -525,6 +525,23 @@ def test_the_server_logs_tail_printed_on_a_failed_start_masks_named_secrets(tmp_
     assert S3 not in run.stderr + run.stdout
 
 
+def test_the_server_log_in_output_and_its_tail_mask_nested_secrets_with_spaces(tmp_path):
+    """vLLM logs its non-default args, a secret nested in --hf-overrides among them: the log it
+    writes into OUTPUT/.ocr/logs had the secret as given, and the printed tail the words of a
+    quoted value after its first (only "pw" masked)."""
+    env = {**fake_vllm_env(tmp_path), "FAKE_VLLM_ECHO_AND_EXIT": "1"}
+    write_image_folder(tmp_path / "in", 2)
+    overrides = json.dumps({"auth": {"password": "pw nested SECRET 42", "client_secret": S3}})
+    run = run_script(OVIS, str(tmp_path / "in"), str(tmp_path / "out"), "--server",
+                     f"http://127.0.0.1:{free_port()}", "--serve-args",
+                     shlex.join(["--hf-overrides", overrides]), env=env, timeout=120)
+    assert run.returncode != 0 and '"password":"***"' in run.stderr.replace(" ", ""), run.stderr
+    (log_file,) = (tmp_path / "out" / ".ocr" / "logs").iterdir()
+    assert "non-default args" in log_file.read_text() and "--hf-overrides" in log_file.read_text()
+    for text in (run.stderr + run.stdout, log_file.read_text()):
+        assert "nested SECRET 42" not in text and S3 not in text, text
+
+
 def test_a_server_url_with_a_password_is_refused_pointing_to_the_api_key(tmp_path, stub_server):
     """httpx sent the URL's user and password as Basic auth in place of the API key (a 401
     blamed on the key), and the logs printed the password."""
