@@ -460,6 +460,20 @@ def test_secrets_at_every_depth_of_serve_args_reach_the_server_and_no_record(tmp
     no_secret_recorded(tmp_path / "out", run.stdout, run.stderr, secrets=OTHER)
 
 
+def test_a_secret_in_a_json_value_the_shell_unquoted_is_recorded_masked(tmp_path, stub_server):
+    """--serve-args '--flag={"s3_secret_access_key":"..."}': shlex.split drops the inner quotes,
+    the value is `{s3_secret_access_key:...}` (no JSON), and its secret went to the manifest,
+    the card and every row's inference_info."""
+    stub, stats = stub_server(), tmp_path / "stats.json"
+    write_image_folder(tmp_path / "in", 2)
+    run = run_script(OVIS, str(tmp_path / "in"), str(tmp_path / "out"), "--server", stub.url,
+                     '--serve-args=--model-loader-extra-config={"s3_secret_access_key":"'
+                     + S3 + '","region":"eu"}', "--stats-json", str(stats), timeout=120)
+    assert run.returncode == 0, run.stderr
+    no_secret_recorded(tmp_path / "out", run.stdout, run.stderr, stats.read_text())
+    assert "region:eu" in (tmp_path / "out" / "README.md").read_text()  # the rest is kept
+
+
 def test_secrets_at_every_depth_of_llm_kwargs_reach_the_engine_and_no_record(tmp_path):
     env = {"PYTHONPATH": str(ROOT / "tests" / "fake_vllm_pkg"),
            "FAKE_VLLM_CALLS": str(tmp_path / "calls.jsonl")}
