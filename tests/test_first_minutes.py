@@ -583,6 +583,16 @@ def test_a_secret_in_an_input_or_output_url_is_masked_in_the_error(tmp_path, whe
         assert secret not in run.stderr + run.stdout
 
 
+def test_a_secret_first_in_a_url_query_is_masked_in_the_error(tmp_path):
+    """The query's first parameter, right after the URL's scheme and path, is masked too."""
+    url = f"https://example.com/scans.parquet?token={S3}"
+    run = run_script(OVIS, url, str(tmp_path / "out"), "--server", nowhere(), "--no-spawn",
+                     env={**NO_VLLM, "HF_HUB_OFFLINE": "1"}, timeout=60)
+    assert run.returncode == 2, run.stderr
+    assert "https://example.com/scans.parquet?token=***" in run.stderr
+    assert S3 not in run.stderr + run.stdout
+
+
 # ---- 5. the spawned server dies with the driver --------------------------------------------
 
 def stub_processes(port: int) -> list:
