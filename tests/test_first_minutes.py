@@ -593,6 +593,17 @@ def test_a_secret_first_in_a_url_query_is_masked_in_the_error(tmp_path):
     assert S3 not in run.stderr + run.stdout
 
 
+def test_a_model_repo_whose_name_looks_like_a_token_is_no_secret(tmp_path):
+    """`--model acme/sk-ocr-finetune-v2` was masked as a token: the launcher refused the run
+    ("--model holds a secret") and the record named the model acme/***."""
+    write_image_folder(tmp_path / "in", 1)
+    run = run_script(OVIS, str(tmp_path / "in"), str(tmp_path / "out"), "--check-only",
+                     "--model", "acme/sk-ocr-finetune-v2", "--server", nowhere(), "--no-spawn",
+                     env={**NO_VLLM, "HF_HUB_OFFLINE": "1"}, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout.splitlines()[-1]) == {"rows": 1}
+
+
 # ---- 5. the spawned server dies with the driver --------------------------------------------
 
 def stub_processes(port: int) -> list:
