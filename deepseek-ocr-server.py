@@ -289,11 +289,17 @@ os.environ.setdefault("PILLOW_BLOCK_SIZE", "64m")
 PART_NAME = re.compile(r"^part-(\d{9})-(\d{9})\.parquet$")
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
 UPLOAD_ATTEMPTS, UPLOAD_BACKOFF_S, UPLOAD_MAX_WAIT_S = 5, 2.0, 600.0
-# credential-like values (Hub tokens, OpenAI-style keys) but not a name (vLLM's "hf_overrides");
+# credential-like values (Hub tokens, OpenAI-style keys) but not a name (vLLM's "hf_overrides",
+# a repo's "org/sk-model");
 # a URL's user information; a value under a name: name=value, or 'name': 'value' (JSON, a dict)
-TOKEN_VALUE = re.compile(r"\b(?:hf_|api_org_|sk-)[A-Za-z0-9_-]{8,}(?![\w-]|['\"]\s*:|\s*=|/)")
+TOKEN_VALUE = re.compile(r"(?<!/)\b(?:hf_|api_org_|sk-)[A-Za-z0-9_-]{8,}(?![\w-]|['\"]\s*:|\s*=|/)")
 URL_USERINFO = re.compile(r"(?<=://)[^/\s@?#]+@")
-NAMED_VALUE = re.compile(r"""((?<![\w.-])(['"])?([\w.-]+)(?(2)\2\s*:\s*|=)['"]?)([^\s&#'",}]+)""")
+NAMED_VALUE = re.compile(r"""((?<![\w.-])(['"])?([\w.-]+)(?(2)\2\s*:\s*|=)(['"])?)"""
+                         r"""((?(4)(?:\\.|(?!\4)[^\\\n])+|[^\s&#'",}]+))""")  # quoted: to its end
+# name:value, JSON whose quotes the shell took; only names that may be a secret's ("https:" of a
+# URL must not hide its query)
+COLON_VALUE = re.compile(r"(?<![\w.-])([\w.-]*(?:secret|passw|token|credential|sig|authoriz|key)"
+                         r"[\w.-]*):([^\s,{}\[\]'\"]+)", re.I)
 # names whose value is a secret: options (--hf-token, --a.b.secret-key), JSON keys, URL queries
 SECRET_NAME = re.compile(r"(?:^|[-_.])(?:secret|password|passwd)(?:[-_.]|$)|(?:^|[-_.])(?:token|"
                          r"credentials?|signature|sig|authorization|(?:api|access|private)[-_]?key)"
@@ -2321,7 +2327,8 @@ def is_secret(name, value=None) -> bool:
 def redact_text(text: str) -> str:
     """Text with its secrets masked: token-like values, a URL's user, values named like one."""
     text = URL_USERINFO.sub("***@", TOKEN_VALUE.sub("***", text))
-    return NAMED_VALUE.sub(lambda m: m[1] + "***" if is_secret(m[3], m[4]) else m[0], text)
+    text = NAMED_VALUE.sub(lambda m: m[1] + "***" if is_secret(m[3], m[5]) else m[0], text)
+    return COLON_VALUE.sub(lambda m: m[1] + ":***" if is_secret(m[1], m[2]) else m[0], text)
 
 
 def redact_value(value, mask: str | None = "***"):
@@ -2979,10 +2986,23 @@ def server_argument_problems(args) -> list[str]:
 # Runs `vllm serve` in its own process group. When the driver dies without stopping it (kill -9,
 # OOM), it notices within half a second, stops the group, then kills what is left (itself too).
 SERVER_WATCHDOG = r"""
-import os, signal, subprocess, sys, time
+import json, os, signal, subprocess, sys, threading, time
 driver = os.getppid()
 signal.signal(signal.SIGTERM, lambda *_: None)  # the driver's stop() signals the whole group
-server = subprocess.Popen(sys.argv[1:], stdin=subprocess.DEVNULL)
+masked = [s.encode() for s in json.loads(os.environ.pop("OCR_LOG_MASK", "[]"))]
+server = subprocess.Popen(sys.argv[1:], stdin=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+                          stdout=subprocess.PIPE if masked else None)
+
+def pump():  # the server's log, the secrets it prints (its non-default args) masked
+    for line in server.stdout:
+        for secret in masked:
+            line = line.replace(secret, b"***")
+        sys.stdout.buffer.write(line)
+        sys.stdout.buffer.flush()
+
+reader = threading.Thread(target=pump, daemon=True)
+if masked:
+    reader.start()
 while server.poll() is None and os.getppid() == driver:
     time.sleep(0.5)
 if server.poll() is None:  # the driver is gone
@@ -2991,8 +3011,26 @@ if server.poll() is None:  # the driver is gone
         server.wait(timeout=20)
     finally:
         os.killpg(0, signal.SIGKILL)
+if masked:
+    reader.join(timeout=5)
 sys.exit(server.returncode if server.returncode >= 0 else 128 - server.returncode)
 """
+
+
+def secret_literals(value, secret: bool = False) -> set[str]:
+    """The secrets in a value as given (a JSON value's at every depth): the values under a
+    secret's name, and token-like ones; what a server's log must not show."""
+    if isinstance(value, str) and value.lstrip()[:1] in ("{", "["):
+        with contextlib.suppress(ValueError):
+            value = json.loads(value)
+    if isinstance(value, dict):
+        return set().union(*(secret_literals(v, secret or is_secret(k, v))
+                             for k, v in value.items()))
+    if isinstance(value, list):
+        return set().union(*(secret_literals(v, secret) for v in value))
+    text = str(value)
+    found = {text} if secret and len(text) >= 4 else set()
+    return found | set(TOKEN_VALUE.findall(text))
 
 
 UNKNOWN_HOST = (socket.EAI_NONAME, getattr(socket, "EAI_NODATA", None))  # not a DNS hiccup
@@ -3180,7 +3218,11 @@ class ServerManager:
                    "HF_TOKEN": self.args.hf_token or serve_arg_value(argv, "--hf-token")}
         command = flag_words([item for item in flag_items(argv)  # argv is public
                               if option_name(item[0]) not in ("--api-key", "--hf-token")])
-        env = {**os.environ, **SERVE_ENV, **{k: v for k, v in secrets.items() if v}}
+        masked = set().union(*(secret_literals(v, is_secret(name or "", values))
+                               for name, values, _ in flag_items(argv) for v in values))
+        masked |= {v for v in secrets.values() if v and len(v) >= 4}
+        env = {**os.environ, **SERVE_ENV, **{k: v for k, v in secrets.items() if v},
+               "OCR_LOG_MASK": json.dumps(sorted(masked, key=len, reverse=True))}
         log(f"starting: {shlex.join(redact_argv(command))}\n  (server log: {self.log_path})")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log_file:

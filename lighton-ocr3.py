@@ -329,11 +329,17 @@ os.environ.setdefault("PILLOW_BLOCK_SIZE", "64m")
 PART_NAME = re.compile(r"^part-(\d{9})-(\d{9})\.parquet$")
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
 UPLOAD_ATTEMPTS, UPLOAD_BACKOFF_S, UPLOAD_MAX_WAIT_S = 5, 2.0, 600.0
-# credential-like values (Hub tokens, OpenAI-style keys) but not a name (vLLM's "hf_overrides");
+# credential-like values (Hub tokens, OpenAI-style keys) but not a name (vLLM's "hf_overrides",
+# a repo's "org/sk-model");
 # a URL's user information; a value under a name: name=value, or 'name': 'value' (JSON, a dict)
-TOKEN_VALUE = re.compile(r"\b(?:hf_|api_org_|sk-)[A-Za-z0-9_-]{8,}(?![\w-]|['\"]\s*:|\s*=|/)")
+TOKEN_VALUE = re.compile(r"(?<!/)\b(?:hf_|api_org_|sk-)[A-Za-z0-9_-]{8,}(?![\w-]|['\"]\s*:|\s*=|/)")
 URL_USERINFO = re.compile(r"(?<=://)[^/\s@?#]+@")
-NAMED_VALUE = re.compile(r"""((?<![\w.-])(['"])?([\w.-]+)(?(2)\2\s*:\s*|=)['"]?)([^\s&#'",}]+)""")
+NAMED_VALUE = re.compile(r"""((?<![\w.-])(['"])?([\w.-]+)(?(2)\2\s*:\s*|=)(['"])?)"""
+                         r"""((?(4)(?:\\.|(?!\4)[^\\\n])+|[^\s&#'",}]+))""")  # quoted: to its end
+# name:value, JSON whose quotes the shell took; only names that may be a secret's ("https:" of a
+# URL must not hide its query)
+COLON_VALUE = re.compile(r"(?<![\w.-])([\w.-]*(?:secret|passw|token|credential|sig|authoriz|key)"
+                         r"[\w.-]*):([^\s,{}\[\]'\"]+)", re.I)
 # names whose value is a secret: options (--hf-token, --a.b.secret-key), JSON keys, URL queries
 SECRET_NAME = re.compile(r"(?:^|[-_.])(?:secret|password|passwd)(?:[-_.]|$)|(?:^|[-_.])(?:token|"
                          r"credentials?|signature|sig|authorization|(?:api|access|private)[-_]?key)"
@@ -2361,7 +2367,8 @@ def is_secret(name, value=None) -> bool:
 def redact_text(text: str) -> str:
     """Text with its secrets masked: token-like values, a URL's user, values named like one."""
     text = URL_USERINFO.sub("***@", TOKEN_VALUE.sub("***", text))
-    return NAMED_VALUE.sub(lambda m: m[1] + "***" if is_secret(m[3], m[4]) else m[0], text)
+    text = NAMED_VALUE.sub(lambda m: m[1] + "***" if is_secret(m[3], m[5]) else m[0], text)
+    return COLON_VALUE.sub(lambda m: m[1] + ":***" if is_secret(m[1], m[2]) else m[0], text)
 
 
 def redact_value(value, mask: str | None = "***"):

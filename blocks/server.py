@@ -15,10 +15,11 @@ from pathlib import Path
 from blocks.model import build_request, DEFAULT_SERVER, JOB_IMAGE, SERVE_ARGS, SERVE_ENV, spawn_args
 from blocks.common import (
     check_context_budget, cut_at_loop, error_row, exception_row, EXIT_REFUSED, EXIT_USAGE, fail,
-    finish_row, flag_items, flag_words, HeldFailures, inference_info_entry, iter_image_cells,
-    jobs_command, JOBS_NOTE, kept_attempt, log, loop_seed, LOOP_TEMPERATURE, loops, PAGE,
-    parse_arguments, PreparedPage, read_page, redact_argv, repetition_detection,
+    finish_row, flag_items, flag_words, HeldFailures, inference_info_entry, is_secret,
+    iter_image_cells, jobs_command, JOBS_NOTE, kept_attempt, log, loop_seed, LOOP_TEMPERATURE,
+    loops, PAGE, parse_arguments, PreparedPage, read_page, redact_argv, repetition_detection,
     requested_revision, resolved_revision, RowResult, run_script, RunAborted, RunStats, SERVER,
+    TOKEN_VALUE,
 )
 
 # ==== BEGIN SERVER HELPERS (edit blocks/server.py, then run tools/sync_helpers.py) ====
@@ -102,15 +103,15 @@ def server_argument_problems(args) -> list[str]:
         words = shlex.split(args.serve_args)
     except ValueError as exc:
         return problems + [f"--serve-args cannot be split as a command line: {exc}"]
-    for flag, word in zip(["--serve-args", *words], words):
+    for flag, word in ((flag, word) for flag, values, _ in flag_items(words) for word in values):
         if not re.match(r"\{\s*[\w\"']", word):  # not a JSON object (nor a {{ template }})
             continue
         try:  # one whose inner quotes the shell took is refused, its value unshown (a secret?)
             json.loads(word)
         except ValueError:
-            problems.append(f"--serve-args: the value of {flag} is not JSON (the shell took its "
-                            f"quotes): quote it twice, e.g. --serve-args "
-                            f"'{flag} \"{{\\\"key\\\": 1}}\"'")
+            problems.append(f"--serve-args: the value of {flag or 'a word'} is not JSON (the shell "
+                            f"took its quotes): quote it twice, e.g. --serve-args "
+                            f"'{flag or '--flag'} \"{{\\\"key\\\": 1}}\"'")
     try:
         serve_max_model_len(args)
     except ValueError as exc:
@@ -121,10 +122,23 @@ def server_argument_problems(args) -> list[str]:
 # Runs `vllm serve` in its own process group. When the driver dies without stopping it (kill -9,
 # OOM), it notices within half a second, stops the group, then kills what is left (itself too).
 SERVER_WATCHDOG = r"""
-import os, signal, subprocess, sys, time
+import json, os, signal, subprocess, sys, threading, time
 driver = os.getppid()
 signal.signal(signal.SIGTERM, lambda *_: None)  # the driver's stop() signals the whole group
-server = subprocess.Popen(sys.argv[1:], stdin=subprocess.DEVNULL)
+masked = [s.encode() for s in json.loads(os.environ.pop("OCR_LOG_MASK", "[]"))]
+server = subprocess.Popen(sys.argv[1:], stdin=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+                          stdout=subprocess.PIPE if masked else None)
+
+def pump():  # the server's log, the secrets it prints (its non-default args) masked
+    for line in server.stdout:
+        for secret in masked:
+            line = line.replace(secret, b"***")
+        sys.stdout.buffer.write(line)
+        sys.stdout.buffer.flush()
+
+reader = threading.Thread(target=pump, daemon=True)
+if masked:
+    reader.start()
 while server.poll() is None and os.getppid() == driver:
     time.sleep(0.5)
 if server.poll() is None:  # the driver is gone
@@ -133,8 +147,26 @@ if server.poll() is None:  # the driver is gone
         server.wait(timeout=20)
     finally:
         os.killpg(0, signal.SIGKILL)
+if masked:
+    reader.join(timeout=5)
 sys.exit(server.returncode if server.returncode >= 0 else 128 - server.returncode)
 """
+
+
+def secret_literals(value, secret: bool = False) -> set[str]:
+    """The secrets in a value as given (a JSON value's at every depth): the values under a
+    secret's name, and token-like ones; what a server's log must not show."""
+    if isinstance(value, str) and value.lstrip()[:1] in ("{", "["):
+        with contextlib.suppress(ValueError):
+            value = json.loads(value)
+    if isinstance(value, dict):
+        return set().union(*(secret_literals(v, secret or is_secret(k, v))
+                             for k, v in value.items()))
+    if isinstance(value, list):
+        return set().union(*(secret_literals(v, secret) for v in value))
+    text = str(value)
+    found = {text} if secret and len(text) >= 4 else set()
+    return found | set(TOKEN_VALUE.findall(text))
 
 
 UNKNOWN_HOST = (socket.EAI_NONAME, getattr(socket, "EAI_NODATA", None))  # not a DNS hiccup
@@ -322,7 +354,11 @@ class ServerManager:
                    "HF_TOKEN": self.args.hf_token or serve_arg_value(argv, "--hf-token")}
         command = flag_words([item for item in flag_items(argv)  # argv is public
                               if option_name(item[0]) not in ("--api-key", "--hf-token")])
-        env = {**os.environ, **SERVE_ENV, **{k: v for k, v in secrets.items() if v}}
+        masked = set().union(*(secret_literals(v, is_secret(name or "", values))
+                               for name, values, _ in flag_items(argv) for v in values))
+        masked |= {v for v in secrets.values() if v and len(v) >= 4}
+        env = {**os.environ, **SERVE_ENV, **{k: v for k, v in secrets.items() if v},
+               "OCR_LOG_MASK": json.dumps(sorted(masked, key=len, reverse=True))}
         log(f"starting: {shlex.join(redact_argv(command))}\n  (server log: {self.log_path})")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log_file:

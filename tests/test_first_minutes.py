@@ -490,23 +490,26 @@ def test_secrets_at_every_depth_of_serve_args_reach_the_server_and_no_record(tmp
     no_secret_recorded(tmp_path / "out", run.stdout, run.stderr, secrets=OTHER)
 
 
-@pytest.mark.parametrize("json_text", [f'{{"hf_token": "{S3}"}}', f'{{"hf_token":"{S3}"}}'])
+@pytest.mark.parametrize("json_text", [f'{{"hf_token": "{S3}"}}', f'{{"hf_token":"{S3}"}}',
+                                       f'={{"s3_secret_access_key":"{S3}","region":"eu"}}'])
 def test_json_in_serve_args_the_shell_unquoted_is_refused_unshown(tmp_path, stub_server,
                                                                   json_text):
     """--serve-args '--hf-overrides {"hf_token": "..."}' in one pair of quotes: the split drops
     the inner quotes (vLLM would refuse it), and `{hf_token:` `S3...}` reached the card, the
-    manifest and every row of a run against a server already up. Refused before anything."""
+    manifest and every row of a run against a server already up. Refused before anything; so is
+    --serve-args '--flag={"s3_secret_access_key":"..."}' (found by the same split)."""
     write_image_folder(tmp_path / "in", 2)
     run = run_script(OVIS, str(tmp_path / "in"), str(tmp_path / "out"), "--server",
                      stub_server().url, "--no-spawn",
-                     "--serve-args", f"--hf-overrides {json_text} --max-num-seqs 8", env=NO_VLLM)
+                     "--serve-args", f"--hf-overrides{' ' * (json_text[0] != '=')}{json_text} "
+                     f"--max-num-seqs 8", env=NO_VLLM)
     assert run.returncode == 2, run.stderr
     assert "the value of --hf-overrides is not JSON (the shell took its quotes)" in run.stderr
     assert S3 not in run.stderr + run.stdout
     assert not (tmp_path / "out").exists() and "Traceback" not in run.stderr
     fixed = run_script(OVIS, str(tmp_path / "in"), str(tmp_path / "out"), "--server",
                        stub_server().url, "--check-only", "--serve-args",
-                       f'--hf-overrides "{json_text.replace(chr(34), chr(92) + chr(34))}"',
+                       f'--hf-overrides "{json_text.lstrip("=").replace(chr(34), chr(92) + chr(34))}"',
                        env=NO_VLLM)  # quoted twice, as the refusal says
     assert fixed.returncode == 0, fixed.stderr
 
@@ -576,6 +579,23 @@ def test_the_server_logs_tail_printed_on_a_failed_start_masks_named_secrets(tmp_
     assert S3 not in run.stderr + run.stdout
 
 
+def test_the_server_log_in_output_and_its_tail_mask_nested_secrets_with_spaces(tmp_path):
+    """vLLM logs its non-default args, a secret nested in --hf-overrides among them: the log it
+    writes into OUTPUT/.ocr/logs had the secret as given, and the printed tail the words of a
+    quoted value after its first (only "pw" masked)."""
+    env = {**fake_vllm_env(tmp_path), "FAKE_VLLM_ECHO_AND_EXIT": "1"}
+    write_image_folder(tmp_path / "in", 2)
+    overrides = json.dumps({"auth": {"password": "pw nested SECRET 42", "client_secret": S3}})
+    run = run_script(OVIS, str(tmp_path / "in"), str(tmp_path / "out"), "--server",
+                     f"http://127.0.0.1:{free_port()}", "--serve-args",
+                     shlex.join(["--hf-overrides", overrides]), env=env, timeout=120)
+    assert run.returncode != 0 and '"password":"***"' in run.stderr.replace(" ", ""), run.stderr
+    (log_file,) = (tmp_path / "out" / ".ocr" / "logs").iterdir()
+    assert "non-default args" in log_file.read_text() and "--hf-overrides" in log_file.read_text()
+    for text in (run.stderr + run.stdout, log_file.read_text()):
+        assert "nested SECRET 42" not in text and S3 not in text, text
+
+
 def test_a_server_url_with_a_password_is_refused_pointing_to_the_api_key(tmp_path, stub_server):
     """httpx sent the URL's user and password as Basic auth in place of the API key (a 401
     blamed on the key), and the logs printed the password."""
@@ -601,6 +621,27 @@ def test_a_secret_in_an_input_or_output_url_is_masked_in_the_error(tmp_path, whe
         in run.stderr
     for secret in (PASSWORD, S3, KEY):
         assert secret not in run.stderr + run.stdout
+
+
+def test_a_secret_first_in_a_url_query_is_masked_in_the_error(tmp_path):
+    """The query's first parameter, right after the URL's scheme and path, is masked too."""
+    url = f"https://example.com/scans.parquet?token={S3}"
+    run = run_script(OVIS, url, str(tmp_path / "out"), "--server", nowhere(), "--no-spawn",
+                     env={**NO_VLLM, "HF_HUB_OFFLINE": "1"}, timeout=60)
+    assert run.returncode == 2, run.stderr
+    assert "https://example.com/scans.parquet?token=***" in run.stderr
+    assert S3 not in run.stderr + run.stdout
+
+
+def test_a_model_repo_whose_name_looks_like_a_token_is_no_secret(tmp_path):
+    """`--model acme/sk-ocr-finetune-v2` was masked as a token: the launcher refused the run
+    ("--model holds a secret") and the record named the model acme/***."""
+    write_image_folder(tmp_path / "in", 1)
+    run = run_script(OVIS, str(tmp_path / "in"), str(tmp_path / "out"), "--check-only",
+                     "--model", "acme/sk-ocr-finetune-v2", "--server", nowhere(), "--no-spawn",
+                     env={**NO_VLLM, "HF_HUB_OFFLINE": "1"}, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout.splitlines()[-1]) == {"rows": 1}
 
 
 # ---- 5. the spawned server dies with the driver --------------------------------------------
