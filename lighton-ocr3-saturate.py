@@ -3247,8 +3247,9 @@ class ServerManager:
                                  f"rerun to start one.")
             if time.monotonic() >= began + timeout:
                 tail = f"\n{self.log_tail()}" if self.process else ""
-                raise RunAborted(f"the server at {self.base} was not ready after {timeout:.0f} s"
-                                 f"{tail}")
+                raise RunAborted(f"the server at {self.base} was not ready after {timeout:.0f} s "
+                                 f"(--server-timeout): once it answers (or with a longer "
+                                 f"--server-timeout), {rerun_advice()}{tail}")
             if time.monotonic() - reported >= REPORT_EVERY_S:
                 reported = time.monotonic()
                 log(f"waiting for the server at {self.base} for {reported - began:.0f} s of up to "

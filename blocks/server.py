@@ -18,7 +18,8 @@ from blocks.common import (
     finish_row, flag_items, flag_words, HeldFailures, inference_info_entry, iter_image_cells,
     jobs_command, JOBS_NOTE, kept_attempt, log, loop_seed, LOOP_TEMPERATURE, loops, PAGE,
     parse_arguments, PreparedPage, read_page, redact_argv, repetition_detection,
-    requested_revision, resolved_revision, RowResult, run_script, RunAborted, RunStats, SERVER,
+    requested_revision, rerun_advice, resolved_revision, RowResult, run_script, RunAborted,
+    RunStats, SERVER,
 )
 
 # ==== BEGIN SERVER HELPERS (edit blocks/server.py, then run tools/sync_helpers.py) ====
@@ -333,8 +334,9 @@ class ServerManager:
                                  f"rerun to start one.")
             if time.monotonic() >= began + timeout:
                 tail = f"\n{self.log_tail()}" if self.process else ""
-                raise RunAborted(f"the server at {self.base} was not ready after {timeout:.0f} s"
-                                 f"{tail}")
+                raise RunAborted(f"the server at {self.base} was not ready after {timeout:.0f} s "
+                                 f"(--server-timeout): once it answers (or with a longer "
+                                 f"--server-timeout), {rerun_advice()}{tail}")
             if time.monotonic() - reported >= REPORT_EVERY_S:
                 reported = time.monotonic()
                 log(f"waiting for the server at {self.base} for {reported - began:.0f} s of up to "
