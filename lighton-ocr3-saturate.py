@@ -52,7 +52,7 @@ What bounds a run, and what this script does about it
       it was measured (HPD-Parsing's vendor fork never was, and several API servers make vLLM
       drop per-request figures from /metrics).
     The stats say which of engine, preprocessing, memory or input bounded the run, and a
-    telemetry file next to them (`--stats-json PATH` -> PATH.telemetry.jsonl) has the window,
+    telemetry file next to them (`--stats-json run.json` -> run.telemetry.jsonl) has the window,
     pages in flight, queue and throughput every 2 s. `--concurrency N` fixes the window.
 
 Model settings (from the authors)
