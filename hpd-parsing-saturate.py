@@ -3047,6 +3047,7 @@ import httpx
 
 IMAGE_URL_PLACEHOLDER = "@@PAGE_IMAGE_URL@@"
 RETRY_STATUS = {408, 429, 500, 502, 503, 504}
+RETRY_AFTER_MAX_S = 120.0  # the longest wait a server's Retry-After is granted before a retry
 
 
 def option_name(flag) -> str:
@@ -3450,6 +3451,7 @@ async def send_page(client, server: "ServerManager", body: bytes, args) -> RowRe
     headers = {"Content-Type": "application/json", **server.headers}
     attempt, outages, last_error = 0, 0, ""
     while attempt <= args.max_retries:
+        asked = 0.0  # the wait a 429/503's Retry-After asks (seconds; capped)
         try:
             response = await client.post(url, content=body, headers=headers)
         except (httpx.NetworkError, httpx.RemoteProtocolError) as exc:
@@ -3478,9 +3480,11 @@ async def send_page(client, server: "ServerManager", body: bytes, args) -> RowRe
             last_error = f"HTTP {status}: {response.text[:500]}"
             if status not in RETRY_STATUS:
                 return error_row(last_error, PAGE)  # the request itself (this page) is refused
+            with contextlib.suppress(TypeError, ValueError):
+                asked = min(RETRY_AFTER_MAX_S, float(response.headers.get("Retry-After")))
         attempt += 1
         if attempt <= args.max_retries:
-            await asyncio.sleep(min(30.0, 2 ** attempt) * random.uniform(0.5, 1.0))
+            await asyncio.sleep(max(asked, min(30.0, 2 ** attempt) * random.uniform(0.5, 1.0)))
     return error_row(f"gave up after {args.max_retries + 1} attempts: {last_error}", SERVER)
 
 
