@@ -2090,7 +2090,7 @@ class OutputStore:
             (self.root / "data" / name).unlink(missing_ok=True)
         return True
 
-    def finish(self, card) -> None:
+    def finish(self, card, all_written: bool = True) -> None:
         """The card (card(): its text), then (Hub) all queued files in one last commit."""
         if self.committing is not None:
             self.committing.join()
@@ -2101,8 +2101,9 @@ class OutputStore:
                 self.queued["README.md"] = self.root / "README.md"
             except OSError as exc:  # the rows are written: a rerun writes it
                 card_failed = self.api is not None  # exit 6: the card is not on the Hub
-                log(f"error: cannot write the dataset card ({exc}); every row is written. To "
-                    f"write the card, {rerun_advice()}")
+                rows = "every row is written" if all_written else "the rows written are kept"
+                log(f"error: cannot write the dataset card ({exc}); {rows}. To write the card, "
+                    f"{rerun_advice()}")
         files, self.queued = self.queued, {}
         if self.api is not None and files and not self.conflict and not self.commit(files):
             self.upload_failures = sorted(self.queued)
@@ -3009,7 +3010,8 @@ def run_script(args, hub_api, engine: dict, info_entry: dict, ready, work,
         card_missing = store.parts() and not (store.card_on_hub if store.api is not None else
                                               (store.root / "README.md").exists())
         store.finish((lambda: build_card(source, store, args, result, info_entry))
-                     if (wrote or card_missing) and not check.tripped else None)
+                     if (wrote or card_missing) and not check.tripped else None,
+                     not result["rows_not_written"])
     except (KeyboardInterrupt, OSError) as exc:  # the rows are saved: a rerun ends the output
         stopped = isinstance(exc, KeyboardInterrupt)
         code = code or (interrupts.exit_code() if stopped else
@@ -3066,6 +3068,7 @@ import httpx
 
 IMAGE_URL_PLACEHOLDER = "@@PAGE_IMAGE_URL@@"
 RETRY_STATUS = {408, 429, 500, 502, 503, 504}
+RETRY_AFTER_MAX_S = 120.0  # the longest wait a server's Retry-After is granted before a retry
 
 
 def option_name(flag) -> str:
@@ -3410,8 +3413,9 @@ class ServerManager:
                                  f"rerun to start one.")
             if time.monotonic() >= began + timeout:
                 tail = f"\n{self.log_tail()}" if self.process else ""
-                raise RunAborted(f"the server at {self.base} was not ready after {timeout:.0f} s"
-                                 f"{tail}")
+                raise RunAborted(f"the server at {self.base} was not ready after {timeout:.0f} s "
+                                 f"(--server-timeout): once it answers (or with a longer "
+                                 f"--server-timeout), {rerun_advice()}{tail}")
             if time.monotonic() - reported >= REPORT_EVERY_S:
                 reported = time.monotonic()
                 log(f"waiting for the server at {self.base} for {reported - began:.0f} s of up to "
@@ -3519,6 +3523,7 @@ async def send_page(client, server: "ServerManager", body: bytes, args) -> RowRe
     headers = {"Content-Type": "application/json", **server.headers}
     attempt, outages, last_error = 0, 0, ""
     while attempt <= args.max_retries:
+        asked = 0.0  # the wait a 429/503's Retry-After asks (seconds; capped)
         try:
             response = await client.post(url, content=body, headers=headers)
         except (httpx.NetworkError, httpx.RemoteProtocolError) as exc:
@@ -3547,9 +3552,11 @@ async def send_page(client, server: "ServerManager", body: bytes, args) -> RowRe
             last_error = f"HTTP {status}: {response.text[:500]}"
             if status not in RETRY_STATUS:
                 return error_row(last_error, PAGE)  # the request itself (this page) is refused
+            with contextlib.suppress(TypeError, ValueError):
+                asked = min(RETRY_AFTER_MAX_S, float(response.headers.get("Retry-After")))
         attempt += 1
         if attempt <= args.max_retries:
-            await asyncio.sleep(min(30.0, 2 ** attempt) * random.uniform(0.5, 1.0))
+            await asyncio.sleep(max(asked, min(30.0, 2 ** attempt) * random.uniform(0.5, 1.0)))
     return error_row(f"gave up after {args.max_retries + 1} attempts: {last_error}", SERVER)
 
 

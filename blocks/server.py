@@ -18,8 +18,8 @@ from blocks.common import (
     finish_row, flag_items, flag_words, HeldFailures, inference_info_entry, is_secret,
     iter_image_cells, jobs_command, JOBS_NOTE, kept_attempt, log, loop_seed, LOOP_TEMPERATURE,
     loops, PAGE, parse_arguments, PreparedPage, read_page, redact_argv, repetition_detection,
-    requested_revision, resolved_revision, RowResult, run_script, RunAborted, RunStats, SERVER,
-    TOKEN_VALUE,
+    requested_revision, rerun_advice, resolved_revision, RowResult, run_script, RunAborted,
+    RunStats, SERVER, TOKEN_VALUE,
 )
 
 # ==== BEGIN SERVER HELPERS (edit blocks/server.py, then run tools/sync_helpers.py) ====
@@ -41,6 +41,7 @@ import httpx
 
 IMAGE_URL_PLACEHOLDER = "@@PAGE_IMAGE_URL@@"
 RETRY_STATUS = {408, 429, 500, 502, 503, 504}
+RETRY_AFTER_MAX_S = 120.0  # the longest wait a server's Retry-After is granted before a retry
 
 
 def option_name(flag) -> str:
@@ -385,8 +386,9 @@ class ServerManager:
                                  f"rerun to start one.")
             if time.monotonic() >= began + timeout:
                 tail = f"\n{self.log_tail()}" if self.process else ""
-                raise RunAborted(f"the server at {self.base} was not ready after {timeout:.0f} s"
-                                 f"{tail}")
+                raise RunAborted(f"the server at {self.base} was not ready after {timeout:.0f} s "
+                                 f"(--server-timeout): once it answers (or with a longer "
+                                 f"--server-timeout), {rerun_advice()}{tail}")
             if time.monotonic() - reported >= REPORT_EVERY_S:
                 reported = time.monotonic()
                 log(f"waiting for the server at {self.base} for {reported - began:.0f} s of up to "
@@ -494,6 +496,7 @@ async def send_page(client, server: "ServerManager", body: bytes, args) -> RowRe
     headers = {"Content-Type": "application/json", **server.headers}
     attempt, outages, last_error = 0, 0, ""
     while attempt <= args.max_retries:
+        asked = 0.0  # the wait a 429/503's Retry-After asks (seconds; capped)
         try:
             response = await client.post(url, content=body, headers=headers)
         except (httpx.NetworkError, httpx.RemoteProtocolError) as exc:
@@ -522,9 +525,11 @@ async def send_page(client, server: "ServerManager", body: bytes, args) -> RowRe
             last_error = f"HTTP {status}: {response.text[:500]}"
             if status not in RETRY_STATUS:
                 return error_row(last_error, PAGE)  # the request itself (this page) is refused
+            with contextlib.suppress(TypeError, ValueError):
+                asked = min(RETRY_AFTER_MAX_S, float(response.headers.get("Retry-After")))
         attempt += 1
         if attempt <= args.max_retries:
-            await asyncio.sleep(min(30.0, 2 ** attempt) * random.uniform(0.5, 1.0))
+            await asyncio.sleep(max(asked, min(30.0, 2 ** attempt) * random.uniform(0.5, 1.0)))
     return error_row(f"gave up after {args.max_retries + 1} attempts: {last_error}", SERVER)
 
 

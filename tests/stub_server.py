@@ -221,6 +221,20 @@ def make_handler(stub: Stub):
             if n <= opts.fail_first:
                 self.reply(500, {"error": "injected failure"})
                 return
+            if opts.rate_limit:  # 429 until S seconds after the first request, saying when
+                with stub.lock:
+                    stub.limited_until = getattr(stub, "limited_until", None) or \
+                        time.monotonic() + opts.rate_limit
+                left = stub.limited_until - time.monotonic()
+                if left > 0:
+                    body = json.dumps({"error": "rate limited"}).encode()
+                    self.send_response(429)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Retry-After", str(int(left) + 1))
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                    return
             if opts.fail_every and n % opts.fail_every == 0:
                 self.reply(opts.fail_status, {"error": "injected overload"})
                 return
@@ -301,6 +315,8 @@ def parse(argv=None):
     p.add_argument("--max-model-len", type=int, default=32768)
     p.add_argument("--latency", type=float, default=0.0)
     p.add_argument("--fail-first", type=int, default=0, help="answer 500 to the first N requests")
+    p.add_argument("--rate-limit", type=float, default=0, help="answer 429 with Retry-After to "
+                   "every request until S seconds after the first (a rate-limiting proxy)")
     p.add_argument("--fail-every", type=int, default=0, help="answer 503 to every Nth request")
     p.add_argument("--hang-first", type=int, default=0, help="the first N requests hang")
     p.add_argument("--hang-seconds", type=float, default=30.0)

@@ -523,6 +523,33 @@ def test_a_context_budget_known_once_the_server_is_ready_ends_the_run_cleanly(tm
     assert run.returncode == 0, run.stderr
 
 
+def test_a_server_never_ready_says_the_way_out(tmp_path, stub_server):
+    """A server that accepts connections and never answers, for --server-timeout: exit 5 with
+    what to do (was only "was not ready after N s"); nothing sent, every row pending."""
+    stub = stub_server("--silent")
+    write_image_folder(tmp_path / "in", 2)
+    stats = tmp_path / "stats.json"
+    run = run_script(OVIS, str(tmp_path / "in"), str(tmp_path / "out"),
+                     *common(stub, "--server-timeout", "3", "--stats-json", str(stats)), timeout=60)
+    assert run.returncode == 5, run.stderr
+    error = next(line for line in run.stderr.splitlines() if line.startswith("error:"))
+    assert "was not ready after 3 s" in error and "--server-timeout" in error
+    assert "rerun the same command" in error and "Traceback" not in run.stderr
+    assert json.loads(stats.read_text())["rows_not_written"] == 2
+
+
+def test_a_429_with_retry_after_is_waited_for(tmp_path, stub_server):
+    """A rate-limiting proxy answers 429 with Retry-After: 6 s. The retries' own backoff (1-2 s,
+    then 2-4 s) ended inside it and every page became an error row; the wait it asks is kept."""
+    stub = stub_server("--rate-limit", "6")
+    paths = write_image_folder(tmp_path / "in", 3)
+    run = run_script(OVIS, str(tmp_path / "in"), str(tmp_path / "out"),
+                     *common(stub, "--max-retries", "2", "--concurrency", "1"), timeout=120)
+    assert run.returncode == 0, run.stderr
+    ds = load_output(tmp_path / "out")
+    assert ds["markdown"] == [expected_text(p.read_bytes()) for p in paths], ds["markdown_error"]
+
+
 def test_a_server_with_another_model_is_refused(tmp_path, stub_server):
     stub = stub_server("--model", "someone/else")
     write_image_folder(tmp_path / "in", 2)

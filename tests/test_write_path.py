@@ -332,6 +332,36 @@ def test_a_part_that_cannot_be_written_keeps_its_rows(tmp_path, stub_server, cap
     assert stats_of(tmp_path / "s.json")["rows_not_written"] == 8
 
 
+def test_a_card_that_cannot_be_written_beside_unwritten_rows_does_not_say_every_row_is(
+        tmp_path, stub_server, capsys, monkeypatch):
+    """A disk that fills mid-run (seen on a 100 KiB tmpfs): the later parts and the card fail,
+    and the card's error said "every row is written" beside "25 row(s) were not written"."""
+    stub = stub_server()
+    write_image_folder(tmp_path / "in", 8)
+    module = load_script(OVIS)
+    real_part, real_text = module.write_part, Path.write_text
+
+    def full_after_one(*args, **kwargs):
+        if list((tmp_path / "out" / "data").glob("*.parquet")):
+            raise OSError(28, "No space left on device")
+        return real_part(*args, **kwargs)
+
+    def full_card(self, *args, **kwargs):
+        if self.name == "README.md":
+            raise OSError(28, "No space left on device")
+        return real_text(self, *args, **kwargs)
+
+    monkeypatch.setattr(module, "write_part", full_after_one)
+    monkeypatch.setattr(Path, "write_text", full_card)
+    argv = [str(tmp_path / "in"), str(tmp_path / "out"), *common(stub, "--part-rows", "4"),
+            "--stats-json", str(tmp_path / "s.json")]
+    assert module.main(argv) == 5
+    err = capsys.readouterr().err
+    assert "cannot write the dataset card" in err and "4 row(s) were not written" in err
+    assert "every row is written" not in err and "Traceback" not in err
+    assert stats_of(tmp_path / "s.json")["rows_not_written"] == 4
+
+
 def test_a_disk_full_before_the_first_page_exits_5_without_a_traceback(tmp_path, stub_server,
                                                                         capsys, monkeypatch):
     """The disk fills while the run's manifest is written (seen on a 4 KiB tmpfs: a traceback,
