@@ -709,6 +709,8 @@ def prepare_page(cell, args=None, decode: bool = True) -> PreparedPage | None:
                                 digest=input_digest(raw))
     except Exception as exc:  # undecodable, truncated, a bomb: one row fails, not the run
         reason = re.sub(r" <_io\.BytesIO object at 0x[0-9a-f]+>", "", str(exc))  # no address
+        if isinstance(exc, Image.DecompressionBombError):  # a real giant scan: the way out
+            reason += " Scale it down below that (datasets would refuse it in the output too)."
         raise PageError(f"cannot decode image: {type(exc).__name__}: {reason}") from None
 
 
