@@ -970,6 +970,8 @@ def prepare_page(cell, args=None, decode: bool = True) -> PreparedPage | None:
                                 digest=input_digest(raw))
     except Exception as exc:  # undecodable, truncated, a bomb: one row fails, not the run
         reason = re.sub(r" <_io\.BytesIO object at 0x[0-9a-f]+>", "", str(exc))  # no address
+        if isinstance(exc, Image.DecompressionBombError):  # a real giant scan: the way out
+            reason += " Scale it down below that (datasets would refuse it in the output too)."
         raise PageError(f"cannot decode image: {type(exc).__name__}: {reason}") from None
 
 
@@ -1176,6 +1178,7 @@ class PdfRenderer:
         import queue
 
         self.pdf, self.args, self.idle, self.driver = pdf, args, queue.Queue(), os.getpid()
+        self.busy, self.closed = set(), False  # close() kills a busy one too: no wait at exit
         for _ in range(max(1, args.pdf_workers)):
             self._start()
 
@@ -1222,7 +1225,15 @@ class PdfRenderer:
     def render(self, page: PdfPage) -> PreparedPage:
         if page.doc_row in self.pdf.errors:
             raise PageError(self.pdf.errors[page.doc_row])
-        process, pipe = self.idle.get()
+        import queue
+
+        while True:  # a worker, unless the run is over (close: none comes back)
+            with contextlib.suppress(queue.Empty):
+                process, pipe = self.idle.get(timeout=1.0)
+                break
+            if self.closed:
+                raise PageError("the run stopped before this page was rendered")
+        self.busy.add(process)
         timeout, reply = self.args.pdf_page_timeout, None
         error = f"rendering page {page.number} took more than {timeout:g} s (--pdf-page-timeout)"
         with contextlib.suppress(EOFError, OSError):
@@ -1230,17 +1241,22 @@ class PdfRenderer:
             if pipe.poll(timeout):
                 error = f"the PDF renderer crashed on page {page.number}"
                 reply = pipe.recv()
+        self.busy.discard(process)
         if reply is None:  # hung or crashed: a new worker takes its place (start reaps this one)
             process.kill()
             pipe.close()
-            self._start()
+            if not self.closed:
+                self._start()
             raise PageError(error)
         self.idle.put((process, pipe))
         if isinstance(reply, str):
             raise PageError(reply)
         return PreparedPage(**{**reply, "digest": self.pdf.digest(page.doc_row)})
 
-    def close(self) -> None:
+    def close(self) -> None:  # a page still rendering (hung, say) is not waited for
+        self.closed = True
+        for process in list(self.busy):
+            process.kill()
         while not self.idle.empty():
             self.idle.get()[0].kill()
 

@@ -80,3 +80,30 @@ def raw_image_pdf(colours: list[tuple], side: int = 200) -> bytes:
     out += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objects) + 1,
                                                                               xref)
     return bytes(out)
+
+
+def hanging_pdf(depth: int = 40) -> bytes:
+    """A one-page PDF that PDFium never finishes rendering: forms nested `depth` deep, each
+    drawing the next four times (4**depth draws), as a pathological real file can."""
+    forms = []
+    for level in range(depth):
+        content = b"/X Do /X Do /X Do /X Do" if level < depth - 1 else b"0 0 1 rg 9 9 99 99 re f"
+        resources = b"/Resources << /XObject << /X %d 0 R >> >>" % (6 + level) \
+            if level < depth - 1 else b""
+        forms.append(b"<< /Type /XObject /Subtype /Form /BBox [0 0 612 792] %s /Length %d >>\n"
+                     b"stream\n%s\nendstream" % (resources, len(content), content))
+    page = b"/X0 Do"
+    objects = [b"<< /Type /Catalog /Pages 2 0 R >>", b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
+               b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Resources << /XObject "
+               b"<< /X0 5 0 R >> >> /Contents 4 0 R >>",
+               b"<< /Length %d >>\nstream\n%s\nendstream" % (len(page), page), *forms]
+    out, offsets = bytearray(b"%PDF-1.4\n"), []
+    for number, body in enumerate(objects, 1):
+        offsets.append(len(out))
+        out += b"%d 0 obj\n%s\nendobj\n" % (number, body)
+    xref = len(out)
+    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
+    out += b"".join(b"%010d 00000 n \n" % offset for offset in offsets)
+    out += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objects) + 1,
+                                                                             xref)
+    return bytes(out)

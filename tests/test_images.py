@@ -246,6 +246,25 @@ def test_bad_cells_raise_page_error(cell, message):
     assert " object at 0x" not in str(raised.value)  # what the row's error says, not a repr
 
 
+def test_a_scan_over_the_decompression_bomb_limit_is_an_error_row_with_the_way_out(tmp_path):
+    """A scan over Pillow's limit (about 179 MP, a 12000x16000 page) is its row's error, saying
+    what to do: scale it down (datasets, reading the output, would refuse it too)."""
+    import os
+
+    from conftest import ROOT, load_output, run_script
+
+    folder = tmp_path / "scans"
+    folder.mkdir()
+    (folder / "giant.png").write_bytes(_png_header_only(12000, 16000))
+    (folder / "page.png").write_bytes(page_image(1))
+    run = run_script("ovis-ocr2.py", str(folder), str(tmp_path / "out"),
+                     env={"PYTHONPATH": str(ROOT / "tests" / "fake_vllm_pkg")})
+    assert run.returncode == 0, run.stderr
+    errors = load_output(tmp_path / "out")["markdown_error"]
+    assert "decompression bomb" in errors[0] and "Scale it down" in errors[0], errors
+    assert errors[1] is None and os.linesep not in errors[0]
+
+
 @pytest.mark.parametrize("script", SERVER_SCRIPTS)
 def test_request_body_splices_the_page_exactly(script):
     import base64

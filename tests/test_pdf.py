@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -19,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, load_output, load_script, page_image, run_script
-from pdfs import Page, colour_of, make_pdf, zero_page_pdf
+from pdfs import Page, colour_of, hanging_pdf, make_pdf, zero_page_pdf
 
 LIGHTON = "lighton-ocr3-saturate.py"  # longest edge 2048 on a 32 px grid
 OVIS = "ovis-ocr2-server.py"  # a pixel cap (8.3 MP) on a 32 px grid
@@ -321,6 +322,40 @@ def test_a_page_that_hangs_or_crashes_the_renderer_is_its_own_error_row(tmp_path
     assert [e is None for e in errors] == [True, False, True, False, True, True]
     assert all(ds["markdown"][i] for i in (0, 2, 4, 5))
     assert ds["markdown_error_kind"][1] == ds["markdown_error_kind"][3] == "page"
+
+
+@pytest.mark.parametrize("script", ["ovis-ocr2.py", OVIS])
+def test_ctrl_c_while_a_page_hangs_the_renderer_exits_at_once(tmp_path, stub_server, script):
+    """Ctrl-C (SIGINT to the terminal's process group) while PDFium hangs on a page: the run
+    saves and exits at once, not after --pdf-page-timeout (its worker was waited for, up to
+    120 s by default, a second Ctrl-C ignored); the rerun finishes with the page an error row."""
+    source = tmp_path / "in"
+    source.mkdir()
+    (source / "a-hangs.pdf").write_bytes(hanging_pdf())
+    (source / "b.pdf").write_bytes(make_pdf([Page(colour=colour_of(i)) for i in range(3)]))
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "tests" / "fake_vllm_pkg")}
+    shape = ["--batch-size", "2"] if script == "ovis-ocr2.py" else common(stub_server())
+    args = [sys.executable, str(ROOT / script), str(source), str(out), *shape]
+    driver = subprocess.Popen(args + ["--pdf-page-timeout", "100"], env=env, text=True,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                              start_new_session=True)
+    lines = []
+    while not any("rows to do" in line for line in lines):
+        lines.append(driver.stderr.readline())
+        assert lines[-1] or driver.poll() is None, "".join(lines)
+    time.sleep(3)  # the first page is in the renderer
+    os.killpg(driver.pid, signal.SIGINT)
+    started = time.monotonic()
+    _, stderr = driver.communicate(timeout=120)
+    assert driver.returncode == 130, stderr
+    assert time.monotonic() - started < 15, "the exit waited for the hung renderer"
+    run = run_script(script, *args[2:], "--pdf-page-timeout", "3", env=env)
+    assert run.returncode == 0, run.stderr
+    ds = load_output(out)
+    assert ds["page_number"] == [1, 1, 2, 3]
+    assert "took more than 3 s" in ds["markdown_error"][0]
+    assert ds["markdown_error"][1:] == [None] * 3
 
 
 def test_per_document_joins_pages_in_order_and_resumes_inside_a_document(tmp_path, stub_server):
