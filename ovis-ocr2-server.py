@@ -229,10 +229,6 @@ TOKEN_VALUE = re.compile(r"(?<!/)\b(?:hf_|api_org_|sk-)[A-Za-z0-9_-]{8,}(?![\w-]
 URL_USERINFO = re.compile(r"(?<=://)[^/\s@?#]+@")
 NAMED_VALUE = re.compile(r"""((?<![\w.-])(['"])?([\w.-]+)(?(2)\2\s*:\s*|=)(['"])?)"""
                          r"""((?(4)(?:\\.|(?!\4)[^\\\n])+|[^\s&#'",}]+))""")  # quoted: to its end
-# name:value, JSON whose quotes the shell took; only names that may be a secret's ("https:" of a
-# URL must not hide its query)
-COLON_VALUE = re.compile(r"(?<![\w.-])([\w.-]*(?:secret|passw|token|credential|sig|authoriz|key)"
-                         r"[\w.-]*):([^\s,{}\[\]'\"]+)", re.I)
 # names whose value is a secret: options (--hf-token, --a.b.secret-key), JSON keys, URL queries
 SECRET_NAME = re.compile(r"(?:^|[-_.])(?:secret|password|passwd)(?:[-_.]|$)|(?:^|[-_.])(?:token|"
                          r"credentials?|signature|sig|authorization|(?:api|access|private)[-_]?key)"
@@ -2277,8 +2273,7 @@ def is_secret(name, value=None) -> bool:
 def redact_text(text: str) -> str:
     """Text with its secrets masked: token-like values, a URL's user, values named like one."""
     text = URL_USERINFO.sub("***@", TOKEN_VALUE.sub("***", text))
-    text = NAMED_VALUE.sub(lambda m: m[1] + "***" if is_secret(m[3], m[5]) else m[0], text)
-    return COLON_VALUE.sub(lambda m: m[1] + ":***" if is_secret(m[1], m[2]) else m[0], text)
+    return NAMED_VALUE.sub(lambda m: m[1] + "***" if is_secret(m[3], m[5]) else m[0], text)
 
 
 def redact_value(value, mask: str | None = "***"):
@@ -2903,15 +2898,15 @@ def server_argument_problems(args) -> list[str]:
         words = shlex.split(args.serve_args)
     except ValueError as exc:
         return problems + [f"--serve-args cannot be split as a command line: {exc}"]
-    for flag, word in zip(["--serve-args", *words], words):
+    for flag, word in ((flag, word) for flag, values, _ in flag_items(words) for word in values):
         if not re.match(r"\{\s*[\w\"']", word):  # not a JSON object (nor a {{ template }})
             continue
         try:  # one whose inner quotes the shell took is refused, its value unshown (a secret?)
             json.loads(word)
         except ValueError:
-            problems.append(f"--serve-args: the value of {flag} is not JSON (the shell took its "
-                            f"quotes): quote it twice, e.g. --serve-args "
-                            f"'{flag} \"{{\\\"key\\\": 1}}\"'")
+            problems.append(f"--serve-args: the value of {flag or 'a word'} is not JSON (the shell "
+                            f"took its quotes): quote it twice, e.g. --serve-args "
+                            f"'{flag or '--flag'} \"{{\\\"key\\\": 1}}\"'")
     try:
         serve_max_model_len(args)
     except ValueError as exc:
