@@ -1941,7 +1941,7 @@ class OutputStore:
             (self.root / "data" / name).unlink(missing_ok=True)
         return True
 
-    def finish(self, card, all_written: bool = True) -> None:
+    def finish(self, card) -> None:
         """The card (card(): its text), then (Hub) all queued files in one last commit."""
         if self.committing is not None:
             self.committing.join()
@@ -1952,9 +1952,8 @@ class OutputStore:
                 self.queued["README.md"] = self.root / "README.md"
             except OSError as exc:  # the rows are written: a rerun writes it
                 card_failed = self.api is not None  # exit 6: the card is not on the Hub
-                rows = "every row is written" if all_written else "the rows written are kept"
-                log(f"error: cannot write the dataset card ({exc}); {rows}. To write the card, "
-                    f"{rerun_advice()}")
+                log(f"error: cannot write the dataset card ({exc}); the rows written are kept. "
+                    f"To write the card, {rerun_advice()}")
         files, self.queued = self.queued, {}
         if self.api is not None and files and not self.conflict and not self.commit(files):
             self.upload_failures = sorted(self.queued)
@@ -2860,8 +2859,7 @@ def run_script(args, hub_api, engine: dict, info_entry: dict, ready, work,
         card_missing = store.parts() and not (store.card_on_hub if store.api is not None else
                                               (store.root / "README.md").exists())
         store.finish((lambda: build_card(source, store, args, result, info_entry))
-                     if (wrote or card_missing) and not check.tripped else None,
-                     not result["rows_not_written"])
+                     if (wrote or card_missing) and not check.tripped else None)
     except (KeyboardInterrupt, OSError) as exc:  # the rows are saved: a rerun ends the output
         stopped = isinstance(exc, KeyboardInterrupt)
         code = code or (interrupts.exit_code() if stopped else
