@@ -2634,7 +2634,11 @@ def parse_arguments(doc: str, argv: list[str] | None, add_shape_arguments, shape
     """The run's argv (default: the command line's) parsed, then every argument checked before
     anything is read, started or created; the shape's own options by shape_problems(args)."""
     parser = argument_parser(doc, add_shape_arguments)
-    argv = sys.argv[1:] if argv is None else argv
+    words, argv = list(sys.argv[1:] if argv is None else argv), []
+    while words:  # --serve-args "--enforce-eager": one flag as the value (argparse wants =)
+        argv.append(words.pop(0))
+        if argv[-1] == "--serve-args" and words and words[0].startswith("-"):
+            argv[-1] += "=" + words.pop(0)
 
     def error(message: str) -> "NoReturn":  # noqa: F821  (through log: argparse echoes values)
         parser.print_usage(sys.stderr)

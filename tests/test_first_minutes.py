@@ -644,6 +644,20 @@ def test_a_model_repo_whose_name_looks_like_a_token_is_no_secret(tmp_path):
     assert json.loads(run.stdout.splitlines()[-1]) == {"rows": 1}
 
 
+@pytest.mark.parametrize("serve_args", [["--serve-args", "--enforce-eager"],
+                                        ["--serve-args", "--max-model-len=32768"],
+                                        ["--serve-args=--enforce-eager"]])
+def test_serve_args_of_one_flag_need_no_equals_sign(tmp_path, serve_args):
+    """`--serve-args "--enforce-eager"` (one flag, no space) was refused by argparse ("expected
+    one argument", and the whole usage); it is the value, as with a space or `=`."""
+    write_image_folder(tmp_path / "in", 1)
+    run = run_script(OVIS, str(tmp_path / "in"), str(tmp_path / "out"), *serve_args,
+                     "--check-only", "--server", nowhere(), "--no-spawn",
+                     env={**NO_VLLM, "HF_HUB_OFFLINE": "1"}, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout.splitlines()[-1]) == {"rows": 1}
+
+
 # ---- 5. the spawned server dies with the driver --------------------------------------------
 
 def stub_processes(port: int) -> list:
