@@ -89,8 +89,11 @@ def generate_batch(llm, sampling, items: list, args, held: HeldFailures) -> list
         outputs = llm.chat([build_messages(url, args) for url in urls], sampling, use_tqdm=False,
                            **CHAT_KWARGS)
     except Exception as exc:
-        if "EngineDead" in type(exc).__name__ or "out of memory" in str(exc).lower():  # no engine
-            held.stop(f"the vLLM engine is gone ({type(exc).__name__}: {str(exc)[:300]})")
+        memory = "out of memory" in str(exc).lower()
+        if "EngineDead" in type(exc).__name__ or memory:  # no engine
+            held.stop(f"the vLLM engine is gone ({type(exc).__name__}: {str(exc)[:300]})" + (
+                "; out of memory: a smaller --batch-size, or gpu_memory_utilization in "
+                "--llm-kwargs, is the same run" if memory else ""))
         if len(items) == 1:
             counts = None if isinstance(exc, ValueError) else type(exc).__name__
             return [(exception_row(exc, PAGE, "generation failed: "), counts)]

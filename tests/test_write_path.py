@@ -590,6 +590,7 @@ def test_offline_an_engine_gone_stops_at_once_and_keeps_the_finished_rows(tmp_pa
                           "FAKE_VLLM_FAIL_ON": page_digest(paths[5])})
     assert run.returncode == 4, run.stderr[-3000:]
     assert f"the vLLM engine is gone ({raise_as}" in run.stderr
+    assert ("a smaller --batch-size" in run.stderr) == ("memory" in raise_as)  # the way out
     assert chat_calls(tmp_path) == [4, 4]  # the batch that raised is not split page by page
     stats = stats_of(tmp_path / "s.json")
     assert (stats["rows_ok"], stats["rows_failed"], stats["rows_not_written"]) == (4, 0, 8)
