@@ -2317,6 +2317,8 @@ def peak_rss_bytes() -> int:
 
 
 class RunStats:
+    shape_keys: tuple = ()  # a shape's own keys (the saturate block's): null until it sets them
+
     def __init__(self, rows_total: int, rows_skipped: int):
         self.started, self.first_started = time.monotonic(), None  # first: a page went in
         self.rows_total, self.rows_skipped = rows_total, rows_skipped
@@ -2365,7 +2367,7 @@ class RunStats:
             "pages_loop_retried": self.loop_retried, "pages_still_looping": self.still_looping,
             "peak_rss_bytes": peak_rss_bytes(),
             "server_startup_s": self.server_startup_s, "vllm_version": self.vllm_version,
-            **self.extra,
+            **dict.fromkeys(self.shape_keys), **self.extra,
         }
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 
-from blocks.common import proc_bytes
+from blocks.common import proc_bytes, RunStats
 from blocks.server import PAGES_PER_ENGINE, serve_arg_value, ServerManager, Window
 
 # ==== BEGIN SATURATE HELPERS (edit blocks/saturate.py, then run tools/sync_helpers.py) ====
@@ -182,4 +182,5 @@ class AdaptiveWindow(Window):
 
 
 WINDOW = AdaptiveWindow
+RunStats.shape_keys = ("bound_by", "window_final", "memory_budget_bytes", "prefix_cache_hit_rate")
 # ==== END SATURATE HELPERS ====

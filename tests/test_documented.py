@@ -177,11 +177,14 @@ def test_every_script_writes_the_same_stats_keys(tmp_path, stub_server):
         assert found == expected, (script, sorted(found ^ expected))
 
 
-@pytest.mark.parametrize("script", ["ovis-ocr2-server.py", "ovis-ocr2.py"])
+@pytest.mark.parametrize("script", ["ovis-ocr2-server.py", "ovis-ocr2.py",
+                                    "lighton-ocr3-saturate.py"])
 def test_a_refused_run_writes_the_same_stats_keys(tmp_path, script):
     """No server and no vllm: the run is refused (exit 2) and its stats still carry every key
-    REFERENCE.md promises (rows_recovered was missing: it was set only once rows were planned)."""
-    common, _ = documented_stats_keys()
+    REFERENCE.md promises (rows_recovered was missing: it was set only once rows were planned;
+    a saturate script's own keys, bound_by..., only once its window ran)."""
+    common, saturate_extra = documented_stats_keys()
+    common |= saturate_extra if load_script(script).SCRIPT_SHAPE == "saturate" else set()
     write_image_folder(tmp_path / "in", 2, fmt="JPEG")
     run = run_script(script, str(tmp_path / "in"), str(tmp_path / "out"), "--stats-json",
                      str(tmp_path / "stats.json"), "--server", f"http://127.0.0.1:{free_port()}",
