@@ -945,11 +945,12 @@ def kept_attempt(kept: "RowResult", retry: "RowResult") -> "RowResult":
 
 
 class DegenerateCheck:
-    """Stops the run when the first pages (at least 3) all came back broken or were sent again:
-    a wrong model / image pair looks like normal load from outside."""
+    """Stops the run when the first pages (at least 3) all came back broken, were sent again or
+    were refused: a wrong model / image pair looks like normal load from outside."""
 
     def __init__(self, enabled: bool, pages: int, expected: int):
         self.pages, self.seen, self.broken, self.cut = max(3, pages), 0, 0, 0
+        self.error = None  # the last refusal's (a 400, a post-processing failure)
         self.done, self.tripped = not (enabled and expected > 0), False
 
     def passed(self) -> bool:
@@ -960,6 +961,7 @@ class DegenerateCheck:
             return
         visible = "".join((result.text or "").split())  # a complete blank form is not broken
         self.seen += 1
+        self.error = result.error or self.error
         self.cut += result.finish_reason == "length"
         self.broken += (result.attempts or 1) > 1 or result.finish_reason in CUT or \
             not visible or len(visible) >= 8 and len(set(visible)) == 1
@@ -972,9 +974,10 @@ class DegenerateCheck:
             return
         self.done = self.tripped = True
         cut = f"; {self.cut} were cut at --max-tokens: raise it if the pages hold more text" \
-            if self.cut else ""
+            if self.cut else f"; the last refusal: {self.error[:300]}" if self.error else ""
         raise RunAborted(
-            f"the first {self.seen} pages all came back degenerate (empty, looping or cut){cut}: "
+            f"the first {self.seen} pages all came back degenerate (empty, looping, cut or "
+            f"refused){cut}: "
             f"a wrong model / engine pair looks like this (validated: {MODEL_ID} on {JOB_IMAGE})."
             f" Check --model and the image, or pass --no-sanity-check to write such output "
             f"anyway.", code=EXIT_DEGENERATE)
@@ -1105,8 +1108,9 @@ def finish_row(writer: "PartWriter", stats: "RunStats", held: HeldFailures, inde
     if failed or result.error_kind == SERVER:
         return held.failed(index, result)
     rows = [(index, result)]
-    if answered:  # the rows held before it go too
+    if answered or latency is not None:  # an answer, or the engine's refusal (a 400)
         writer.check.observe(result)
+    if answered:  # the rows held before it go too
         rows += held.held
         held.held, held.answered = [], True
     for row in rows:

@@ -592,6 +592,34 @@ def test_first_pages_all_cut_at_max_tokens_name_the_limit(tmp_path, stub_server)
     assert "were cut at --max-tokens" in run.stderr and "raise it" in run.stderr, run.stderr
 
 
+@pytest.mark.parametrize("status", [400, 422])
+def test_a_server_refusing_every_first_page_stops_the_run_and_writes_nothing(tmp_path, stub_server,
+                                                                             status):
+    """A server that refuses every page (a text-only model behind it, a proxy's limit) made each
+    row a final page error, exit 0: the first-pages check counts a refused page as broken and
+    says the refusal; with --no-sanity-check the rows are the pages' errors."""
+    stub = stub_server("--refuse-after", "0", "--refuse-status", str(status))
+    write_image_folder(tmp_path / "in", 12)
+    run = run_script(OVIS, str(tmp_path / "in"), str(tmp_path / "out"), *common(stub))
+    assert run.returncode == 3, run.stderr
+    assert f"cut or refused); the last refusal: HTTP {status}" in run.stderr, run.stderr
+    assert not list((tmp_path / "out" / "data").glob("*.parquet"))
+    run = run_script(OVIS, str(tmp_path / "in"), str(tmp_path / "out"),
+                     *common(stub, "--no-sanity-check"))
+    assert run.returncode == 0, run.stderr
+    assert load_output(tmp_path / "out")["markdown_error_kind"] == ["page"] * 12
+
+
+def test_pages_refused_after_the_first_pages_passed_are_their_rows_errors(tmp_path, stub_server):
+    stub = stub_server("--refuse-after", "8", "--refuse-status", "400")
+    write_image_folder(tmp_path / "in", 12)
+    run = run_script(OVIS, str(tmp_path / "in"), str(tmp_path / "out"),
+                     *common(stub, "--concurrency", "1"))
+    assert run.returncode == 0, run.stderr
+    errors = load_output(tmp_path / "out")["markdown_error"]
+    assert errors[:8] == [None] * 8 and all("HTTP 400" in e for e in errors[8:]), errors
+
+
 def test_api_key_is_sent_and_never_written(tmp_path, stub_server):
     stub = stub_server("--api-key", "sekrit-token-123")
     write_image_folder(tmp_path / "in", 2)

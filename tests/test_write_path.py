@@ -600,6 +600,17 @@ def test_offline_an_engine_gone_stops_at_once_and_keeps_the_finished_rows(tmp_pa
     assert chat_calls(tmp_path)[2:] == [4, 4]  # the rerun sent only the 8 pending pages
 
 
+def test_offline_an_engine_refusing_every_first_page_stops_the_run(tmp_path):
+    """vLLM refusing every page's input (a ValueError, as a server's 400) made every row a final
+    error, exit 0: the first-pages check stops the run and says the refusal."""
+    write_image_folder(tmp_path / "in", 8)
+    run = run_script("ovis-ocr2.py", str(tmp_path / "in"), str(tmp_path / "out"), "--batch-size",
+                     "4", env={**offline_env(tmp_path), "FAKE_VLLM_REFUSE_ON": "Page"})
+    assert run.returncode == 3, run.stderr[-3000:]
+    assert "the last refusal: generation failed: ValueError" in run.stderr, run.stderr[-3000:]
+    assert not list((tmp_path / "out" / "data").glob("*.parquet"))
+
+
 def test_a_stop_with_nothing_written_says_nothing_of_saving(tmp_path):
     """The engine gone at the first batch: nothing is written, so no 'saved: 0 finished rows are
     in OUTPUT' (the error line says what to do); a stop with rows written still says it."""
