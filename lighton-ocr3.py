@@ -400,7 +400,10 @@ def resolve_output(value: str) -> tuple[str, str]:
     """('local', path) or ('hub', repo_id); anything else exits 2 saying how to write a path."""
     if is_local_target(value):
         path = Path(value).expanduser().resolve()
-        existing = next(p for p in (path, *path.parents) if p.exists())
+        try:
+            existing = next(p for p in (path, *path.parents) if p.exists())
+        except OSError as exc:  # a name too long, a parent one may not enter
+            fail(f"OUTPUT {value!r} cannot be used: {exc.strerror}: choose another folder")
         if not existing.is_dir():  # else found at the first write, after the server's start
             fail(f"OUTPUT {value!r}: {existing} is a file, and OUTPUT is a folder: choose a "
                  f"folder's path, e.g. {existing}-ocr")

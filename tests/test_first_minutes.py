@@ -78,6 +78,17 @@ def test_an_output_that_is_a_file_exits_2_at_once(tmp_path, output, check_only):
     assert (tmp_path / "notes.txt").read_text() == "mine\n"
 
 
+def test_an_output_path_that_cannot_be_looked_at_exits_2_without_a_traceback(tmp_path):
+    """OUTPUT whose path the system refuses (a name over 255 bytes; a parent one cannot enter):
+    the check that OUTPUT is no file crashed with a traceback before the run's own error."""
+    write_image_folder(tmp_path / "in", 2)
+    output = tmp_path / ("x" * 300) / "ocr"
+    run = run_script(OVIS, str(tmp_path / "in"), str(output), "--server", nowhere(), env=NO_VLLM,
+                     timeout=60)
+    assert run.returncode == 2, run.stderr
+    assert "Traceback" not in run.stderr and "File name too long" in run.stderr, run.stderr
+
+
 def test_raising_the_context_names_the_flag_that_does_it(tmp_path, stub_server):
     """--max-tokens over the context: the advice named `--max-model-len`, which the server
     scripts do not take; a spawned server's is given in --serve-args, a reused one's by it."""
