@@ -1192,17 +1192,19 @@ class DegenerateCheck:
     """Stops the run when the first pages (at least 3) all came back broken, were sent again or
     were refused: a wrong model / image pair looks like normal load from outside."""
 
-    def __init__(self, enabled: bool, pages: int, expected: int):
+    def __init__(self, enabled: bool, pages: int, send):
         self.pages, self.seen, self.broken, self.cut = max(3, pages), 0, 0, 0
         self.error = None  # the last refusal's (a 400, a post-processing failure)
-        self.done, self.tripped = not (enabled and expected > 0), False
+        # send: the rows sent, in order (or their count); refused, only the first pages count
+        self.first = set(send[:self.pages] if isinstance(send, list) else range(send)[:pages])
+        self.done, self.tripped = not (enabled and self.first), False
 
     def passed(self) -> bool:
         return self.done and not self.tripped
 
-    def observe(self, result: "RowResult") -> None:
-        if self.done:
-            return
+    def observe(self, result: "RowResult", index: int | None = None) -> None:
+        if self.done or result.error and index is not None and index not in self.first:
+            return  # a refusal is back at once, before the answers of the pages sent with it
         visible = "".join((result.text or "").split())  # a complete blank form is not broken
         self.seen += 1
         self.error = result.error or self.error
@@ -1353,7 +1355,7 @@ def finish_row(writer: "PartWriter", stats: "RunStats", held: HeldFailures, inde
         return held.failed(index, result)
     rows = [(index, result)]
     if answered or latency is not None:  # an answer, or the engine's refusal (a 400)
-        writer.check.observe(result)
+        writer.check.observe(result, index)
     if answered:  # the rows held before it go too
         rows += held.held
         held.held, held.answered = [], True
@@ -2782,7 +2784,7 @@ def run_script(args, hub_api, engine: dict, info_entry: dict, ready, work,
         stats = RunStats(rows_total=source.hi - source.lo, rows_skipped=plan.skipped)
         stats.rows_recovered = len(plan.recovered)
         check = DegenerateCheck(not args.no_sanity_check and not plan.earlier_ok,
-                                args.sanity_pages, len(plan.send))
+                                args.sanity_pages, plan.send)
         info_entry["timestamp"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         writer = PartWriter(store, source, plan, output_features(source, args), info_entry,
                             check, args)

@@ -610,6 +610,21 @@ def test_a_server_refusing_every_first_page_stops_the_run_and_writes_nothing(tmp
     assert load_output(tmp_path / "out")["markdown_error_kind"] == ["page"] * 12
 
 
+def test_a_few_refused_pages_among_good_ones_do_not_stop_the_run(tmp_path, stub_server):
+    """A refusal is back at once, the answers of the pages sent with it seconds later: judged in
+    the order they came back, 9 refused pages of 30 (tiny scans, say) among good ones were
+    'the first 8 pages' and the run stopped with exit 3, nothing written."""
+    import hashlib
+
+    paths = write_image_folder(tmp_path / "in", 30)
+    refused = [hashlib.sha1(p.read_bytes()).hexdigest()[:12] for p in paths[3::3]]
+    stub = stub_server("--latency", "1", *(f"--reject-digest={d}" for d in refused))
+    run = run_script(OVIS, str(tmp_path / "in"), str(tmp_path / "out"), *common(stub))
+    assert run.returncode == 0, run.stderr
+    errors = load_output(tmp_path / "out")["markdown_error_kind"]
+    assert errors == [("page" if i % 3 == 0 and i else None) for i in range(30)]
+
+
 def test_pages_refused_after_the_first_pages_passed_are_their_rows_errors(tmp_path, stub_server):
     stub = stub_server("--refuse-after", "8", "--refuse-status", "400")
     write_image_folder(tmp_path / "in", 12)
