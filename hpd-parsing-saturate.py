@@ -1353,12 +1353,11 @@ class DegenerateCheck:
     """Stops the run when the first pages (at least 3) all came back broken, were sent again or
     were refused: a wrong model / image pair looks like normal load from outside."""
 
-    def __init__(self, enabled: bool, pages: int, send):
+    def __init__(self, enabled: bool, pages: int, send: list):
         self.pages, self.seen, self.broken, self.cut = max(3, pages), 0, 0, 0
         self.error = None  # the last refusal's (a 400, a post-processing failure)
-        # send: the rows sent, in order (or their count); refused, only the first pages count
-        self.first = set(send[:self.pages] if isinstance(send, list) else range(send)[:pages])
-        self.done, self.tripped = not (enabled and self.first), False
+        self.first = set(send[:self.pages])  # the rows sent first: a refusal counts among them
+        self.done, self.tripped = not (enabled and send), False
 
     def passed(self) -> bool:
         return self.done and not self.tripped
@@ -3185,8 +3184,11 @@ def pump():  # the server's log, the secrets it prints (its non-default args) ma
     for line in server.stdout:
         for secret in masked:
             line = line.replace(secret, b"***")
-        sys.stdout.buffer.write(line)
-        sys.stdout.buffer.flush()
+        try:
+            sys.stdout.buffer.write(line)
+            sys.stdout.buffer.flush()
+        except OSError:  # a full disk: the line is lost, but the server must not block on it
+            pass
 
 reader = threading.Thread(target=pump, daemon=True)
 if masked:
@@ -3246,6 +3248,7 @@ class ServerManager:
         self.max_model_len = self.version = self.revision = None
         self.heard_at = time.monotonic()  # last passed a probe or /health, or answered a page
         self.silent_since: float | None = None  # connected, and no HTTP answer since
+        self.asked_to_wait = False  # a 429/503's Retry-After was said
         self._lock = asyncio.Lock()
 
     def refused(self, what: str) -> RunAborted:
@@ -3578,6 +3581,10 @@ async def send_page(client, server: "ServerManager", body: bytes, args) -> RowRe
                 return error_row(last_error, PAGE)  # the request itself (this page) is refused
             with contextlib.suppress(TypeError, ValueError):
                 asked = min(RETRY_AFTER_MAX_S, float(response.headers.get("Retry-After")))
+            if asked >= 5 and not server.asked_to_wait:  # once: the bar may stand still a while
+                server.asked_to_wait = True
+                log(f"the server asks to wait {asked:.0f} s before a retry (HTTP {status}, "
+                    f"Retry-After): waiting")
         attempt += 1
         if attempt <= args.max_retries:
             await asyncio.sleep(max(asked, min(30.0, 2 ** attempt) * random.uniform(0.5, 1.0)))

@@ -1110,12 +1110,11 @@ class DegenerateCheck:
     """Stops the run when the first pages (at least 3) all came back broken, were sent again or
     were refused: a wrong model / image pair looks like normal load from outside."""
 
-    def __init__(self, enabled: bool, pages: int, send):
+    def __init__(self, enabled: bool, pages: int, send: list):
         self.pages, self.seen, self.broken, self.cut = max(3, pages), 0, 0, 0
         self.error = None  # the last refusal's (a 400, a post-processing failure)
-        # send: the rows sent, in order (or their count); refused, only the first pages count
-        self.first = set(send[:self.pages] if isinstance(send, list) else range(send)[:pages])
-        self.done, self.tripped = not (enabled and self.first), False
+        self.first = set(send[:self.pages])  # the rows sent first: a refusal counts among them
+        self.done, self.tripped = not (enabled and send), False
 
     def passed(self) -> bool:
         return self.done and not self.tripped

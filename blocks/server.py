@@ -134,8 +134,11 @@ def pump():  # the server's log, the secrets it prints (its non-default args) ma
     for line in server.stdout:
         for secret in masked:
             line = line.replace(secret, b"***")
-        sys.stdout.buffer.write(line)
-        sys.stdout.buffer.flush()
+        try:
+            sys.stdout.buffer.write(line)
+            sys.stdout.buffer.flush()
+        except OSError:  # a full disk: the line is lost, but the server must not block on it
+            pass
 
 reader = threading.Thread(target=pump, daemon=True)
 if masked:
@@ -195,6 +198,7 @@ class ServerManager:
         self.max_model_len = self.version = self.revision = None
         self.heard_at = time.monotonic()  # last passed a probe or /health, or answered a page
         self.silent_since: float | None = None  # connected, and no HTTP answer since
+        self.asked_to_wait = False  # a 429/503's Retry-After was said
         self._lock = asyncio.Lock()
 
     def refused(self, what: str) -> RunAborted:
@@ -527,6 +531,10 @@ async def send_page(client, server: "ServerManager", body: bytes, args) -> RowRe
                 return error_row(last_error, PAGE)  # the request itself (this page) is refused
             with contextlib.suppress(TypeError, ValueError):
                 asked = min(RETRY_AFTER_MAX_S, float(response.headers.get("Retry-After")))
+            if asked >= 5 and not server.asked_to_wait:  # once: the bar may stand still a while
+                server.asked_to_wait = True
+                log(f"the server asks to wait {asked:.0f} s before a retry (HTTP {status}, "
+                    f"Retry-After): waiting")
         attempt += 1
         if attempt <= args.max_retries:
             await asyncio.sleep(max(asked, min(30.0, 2 ** attempt) * random.uniform(0.5, 1.0)))

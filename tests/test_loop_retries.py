@@ -255,11 +255,11 @@ def test_a_page_cut_by_repetition_detection_keeps_its_text_and_one_copy_of_the_l
 
 def test_the_degenerate_check_counts_a_retried_page_and_spares_a_clean_one():
     R = ovis.RowResult
-    check = ovis.DegenerateCheck(True, 3, 10)
+    check = ovis.DegenerateCheck(True, 3, list(range(10)))
     for _ in range(3):
         check.observe(R(text="a clean page of text", attempts=1))
     assert check.passed()
-    check = ovis.DegenerateCheck(True, 3, 10)
+    check = ovis.DegenerateCheck(True, 3, list(range(10)))
     with pytest.raises(ovis.RunAborted):
         for _ in range(3):
             check.observe(R(text="a clean page of text", attempts=2))

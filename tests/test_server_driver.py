@@ -548,6 +548,7 @@ def test_a_429_with_retry_after_is_waited_for(tmp_path, stub_server):
     assert run.returncode == 0, run.stderr
     ds = load_output(tmp_path / "out")
     assert ds["markdown"] == [expected_text(p.read_bytes()) for p in paths], ds["markdown_error"]
+    assert run.stderr.count("the server asks to wait 6 s before a retry (HTTP 429") == 1  # once
 
 
 def test_a_server_with_another_model_is_refused(tmp_path, stub_server):
