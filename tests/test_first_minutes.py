@@ -590,6 +590,19 @@ def test_the_server_logs_tail_printed_on_a_failed_start_masks_named_secrets(tmp_
     assert S3 not in run.stderr + run.stdout
 
 
+def test_a_server_log_that_cannot_be_written_never_blocks_the_server():
+    """The watchdog relays vLLM's output to its log, masking secrets; a log on a full disk
+    (/dev/full: every write fails) killed the relay, the pipe filled and vLLM blocked on its own
+    logging. Here a 'server' prints 20 MB, then exits 7: the watchdog ends with its code."""
+    watchdog = load_script(OVIS).SERVER_WATCHDOG
+    talker = "import sys\nfor _ in range(200_000): print('x' * 100)\nsys.exit(7)"
+    with open("/dev/full", "wb") as full:
+        run = subprocess.run([sys.executable, "-c", watchdog, sys.executable, "-c", talker],
+                             stdout=full, stderr=subprocess.DEVNULL, timeout=60,
+                             env={**os.environ, "OCR_LOG_MASK": json.dumps(["s3cr3t"])})
+    assert run.returncode == 7
+
+
 def test_the_server_log_in_output_and_its_tail_mask_nested_secrets_with_spaces(tmp_path):
     """vLLM logs its non-default args, a secret nested in --hf-overrides among them: the log it
     writes into OUTPUT/.ocr/logs had the secret as given, and the printed tail the words of a
