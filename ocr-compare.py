@@ -1574,8 +1574,9 @@ def run(args, out=sys.stdout) -> dict:
     if not accuracy_mode and args.b is None:
         raise UsageError("give B to compare two runs, or --reference-column / --reference for "
                          "accuracy against ground truth (see --help)")
-    if args.min_reference_chars < 0:
-        raise UsageError("--min-reference-chars must be >= 0")
+    for option, low in (("min_reference_chars", 0), ("workers", 1), ("show", 0)):
+        if getattr(args, option) < low:
+            raise UsageError(f"--{option.replace('_', '-')} must be >= {low}")
     for option in ("json", "plot", "rows"):  # before the comparison runs, not after it
         check_writable(f"--{option}", getattr(args, option))
     started = time.perf_counter()

@@ -2406,7 +2406,8 @@ def parse_arguments(doc: str, argv: list[str] | None, add_shape_arguments, shape
     words, argv = list(sys.argv[1:] if argv is None else argv), []
     while words:  # --serve-args "--enforce-eager": one flag as the value (argparse wants =)
         argv.append(words.pop(0))
-        if argv[-1] == "--serve-args" and words and words[0].startswith("-"):
+        if argv[-1] in parser._option_string_actions.keys() & {"--serve-args"} and words and \
+                words[0].startswith("-"):
             argv[-1] += "=" + words.pop(0)
 
     def error(message: str) -> "NoReturn":  # noqa: F821  (through log: argparse echoes values)

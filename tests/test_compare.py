@@ -374,6 +374,15 @@ def test_help_teaches_and_abbreviations_are_refused():
     assert run_compare("a", "b", "--norm", "reading").returncode == 2  # allow_abbrev=False
 
 
+@pytest.mark.parametrize("option, value", [("--workers", "-3"), ("--workers", "0"),
+                                           ("--show", "-1"), ("--min-reference-chars", "-5")])
+def test_a_count_below_its_floor_is_refused_in_one_line(option, value):
+    """--workers -3 and --show -1 were taken silently (--min-reference-chars -5 was refused)."""
+    run = run_compare("a", "b", option, value)
+    assert run.returncode == 2 and f"{option} must be >= " in run.stderr, run.stderr
+    assert "Traceback" not in run.stderr
+
+
 # ---- inputs and outputs ------------------------------------------------------------------------
 
 def test_local_output_is_read_as_it_is_now(tmp_path):

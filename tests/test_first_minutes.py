@@ -680,6 +680,10 @@ def test_serve_args_of_one_flag_need_no_equals_sign(tmp_path, serve_args):
                      env={**NO_VLLM, "HF_HUB_OFFLINE": "1"}, timeout=60)
     assert run.returncode == 0, run.stderr
     assert json.loads(run.stdout.splitlines()[-1]) == {"rows": 1}
+    offline = run_script("ovis-ocr2.py", str(tmp_path / "in"), str(tmp_path / "out"),
+                         *serve_args, "--check-only", env=NO_VLLM, timeout=60)
+    assert offline.returncode == 2  # no --serve-args offline: said as the user wrote it
+    assert f"unrecognized arguments: {' '.join(serve_args)}" in offline.stderr, offline.stderr
 
 
 # ---- 5. the spawned server dies with the driver --------------------------------------------
