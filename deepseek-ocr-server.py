@@ -2719,6 +2719,11 @@ class Interrupts:
         if self.saving:
             self.signum = self.signum or signum
             return log("saving the finished rows first; the run stops once they are on disk")
+        while frame and frame.f_code.co_name != "__del__" and \
+                not frame.f_code.co_filename.endswith(("weakref.py", "_weakrefset.py")):
+            frame = frame.f_back
+        if frame:  # a finalizer, whose exception Python ignores (and prints): the signal again
+            return threading.Timer(0.05, os.kill, (os.getpid(), signum)).start()
         self.signum, self.saving = signum, True  # the rows are saved before another one counts
         raise KeyboardInterrupt
 

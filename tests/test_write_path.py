@@ -820,6 +820,33 @@ def test_a_ctrl_c_mid_run_prints_no_traceback(tmp_path, stub_server):
     assert "Traceback" not in stderr and "never retrieved" not in stderr, stderr
 
 
+SIGNAL_IN_A_FINALIZER = """
+import importlib.util, signal, sys, time
+spec = importlib.util.spec_from_file_location("script", sys.argv[1])
+script = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(script)
+interrupts, scope = script.Interrupts(), {}
+exec(compile("import sys\\ndef callback():\\n    return sys._getframe()\\n",
+             "/usr/lib/python3.11/_weakrefset.py", "exec"), scope)
+try:
+    interrupts.on_signal(signal.SIGINT, scope["callback"]())  # as in WeakSet's _remove
+    print("deferred", flush=True)
+    time.sleep(10)
+except KeyboardInterrupt:
+    print("interrupted", interrupts.exit_code(), flush=True)
+"""
+
+
+def test_a_signal_inside_a_finalizer_comes_again_rather_than_being_lost():
+    """CI caught a Ctrl-C landing in a WeakSet's callback during garbage collection: Python
+    printed 'Exception ignored ... KeyboardInterrupt' with a traceback, and the run went on to
+    its end. A signal in a finalizer is now delivered again 50 ms later, in the run's code."""
+    run = subprocess.run([sys.executable, "-c", SIGNAL_IN_A_FINALIZER,
+                          str(ROOT / "ovis-ocr2-server.py")], capture_output=True, text=True,
+                         timeout=60)
+    assert run.stdout.split("\n") == ["deferred", "interrupted 130", ""], run.stdout + run.stderr
+
+
 SIGNAL_IN_A_CONNECT = """
 import os, runpy, signal, sys
 import anyio
