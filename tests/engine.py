@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -29,15 +31,46 @@ def engine_or_skip() -> Path:
         pytest.skip(f"CPU vLLM engine unavailable: {exc}")
 
 
+def builder_source(kind: str) -> str:
+    """What tests/tiny_models.py builds `kind` from: its shared statements (everything but the
+    `build_*` functions) and the `build_*` functions its BUILDERS entry reaches. A new builder
+    leaves the other checkpoints' keys, so adding a model does not rebuild the others."""
+    source = (TESTS / "tiny_models.py").read_text()
+    tree = ast.parse(source)
+    builders = {node.name: node for node in tree.body
+                if isinstance(node, ast.FunctionDef) and node.name.startswith("build_")}
+    table = next(node.value for node in tree.body if isinstance(node, ast.Assign)
+                 and any(getattr(t, "id", None) == "BUILDERS" for t in node.targets))
+    entry = next(v for k, v in zip(table.keys, table.values) if ast.literal_eval(k) == kind)
+    reached, todo = [], [entry]
+    while todo:
+        for name in (n.id for n in ast.walk(todo.pop()) if isinstance(n, ast.Name)):
+            if name in builders and name not in reached:
+                reached.append(name)
+                todo.append(builders[name])
+    shared = [ast.get_source_segment(source, node) for node in tree.body
+              if node not in builders.values() and node is not table]
+    return "\n".join([*shared, ast.dump(entry), *(ast.get_source_segment(source, builders[name])
+                                                  for name in sorted(reached))])
+
+
 def tiny_model(kind: str) -> Path:
-    """A tiny random checkpoint, cached by the builder's source so an edit rebuilds it."""
-    digest = hashlib.sha1((TESTS / "tiny_models.py").read_bytes()).hexdigest()[:10]
+    """A tiny random checkpoint, cached by its builder's source (builder_source) so an edit
+    rebuilds it, and only it."""
+    digest = hashlib.sha1(builder_source(kind).encode()).hexdigest()[:10]
     target = TINY_ROOT / f"{kind}-{digest}"
     if not (target / "config.json").exists():
-        tmp = target.with_name(target.name + ".tmp")
-        subprocess.run([str(engine_env.python()), str(TESTS / "tiny_models.py"), kind, str(tmp)],
-                       check=True, capture_output=True, env=engine_env.engine_environ())
-        tmp.rename(target)
+        # a folder of this process's own: two test runs may build the same checkpoint at once
+        tmp = target.with_name(f"{target.name}.tmp{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        built = subprocess.run([str(engine_env.python()), str(TESTS / "tiny_models.py"), kind,
+                                str(tmp)], capture_output=True, text=True,
+                               env=engine_env.engine_environ())
+        assert built.returncode == 0, f"tests/tiny_models.py {kind} failed:\n{built.stderr[-3000:]}"
+        try:
+            tmp.rename(target)
+        except OSError:  # the other run finished first: its checkpoint is the same
+            shutil.rmtree(tmp, ignore_errors=True)
     return target
 
 
