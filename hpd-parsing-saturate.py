@@ -426,6 +426,7 @@ PDF_DPI = globals().get("PDF_DPI", 400)  # a PDF page's render DPI, unless the m
 REPETITION_DETECTION = globals().get("REPETITION_DETECTION", (32, 64))  # --repetition-detection
 REPETITION_DETECTION_ON = globals().get("REPETITION_DETECTION_ON", False)  # its default
 REPETITION_DETECTION_NOTE = globals().get("REPETITION_DETECTION_NOTE", "")  # the card's, when on
+MODEL_CARD_NOTE = globals().get("MODEL_CARD_NOTE", "")  # Markdown the card must say of the model
 import argparse
 import contextlib
 import hashlib
@@ -2670,7 +2671,7 @@ Each row of the input with its page transcribed into the `{column}` column by
 with `{script_name()}` ({SCRIPT_SHAPE} shape), from {
     f"Hugging Face Job {on_jobs}" if on_jobs else "a local run"}.
 Weights: `{args.model}` at revision `{info_entry.get("model_revision") or "unknown"}`.
-
+{f"{chr(10)}{MODEL_CARD_NOTE}{chr(10)}" if MODEL_CARD_NOTE else ""}
 | column | meaning |
 | --- | --- |
 | `{column}` | {text}; null when the row failed |
