@@ -431,6 +431,7 @@ PARSERS = [
     ("deepseek-ocr-server.py", types.SimpleNamespace(keep_raw=False, prompt=None, prompt_mode="document"), 999),
     ("hpd-parsing-saturate.py", types.SimpleNamespace(keep_raw=True), 1000),
     ("ovis-ocr2-server.py", types.SimpleNamespace(keep_image_tags=False), None),
+    ("paddleocr-vl-server.py", types.SimpleNamespace(task="table", keep_raw=True), None),
 ]
 TOKENS = ["![text](", "![text+](", "](", ")", ",", " ", "\n", "\n\n", "\\$", "$", "`", "```",
           "http://x.y/", "<|ref|>", "<|/ref|>", "<|det|>", "<|/det|>", "[[", "]]", "[", "]",

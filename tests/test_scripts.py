@@ -180,7 +180,28 @@ def unreferenced_top_level_names(source: str) -> list[str]:
             defined |= {n.id for target in targets for n in ast.walk(target)
                         if isinstance(n, ast.Name)}
     named = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
-    return sorted(defined - named - launcher)
+    return sorted(defined - named - launcher - used_toolkit_names(tree, source, named))
+
+
+# Blocks that are toolkits for model sections (several helpers, each model calling the ones its
+# processor needs): carried whole, so a helper of one is dead only when the script calls none.
+TOOLKIT_BLOCKS = ["PATCH GRID HELPERS"]
+
+
+def used_toolkit_names(tree, source: str, named: set) -> set:
+    import ast
+    lines = source.splitlines()
+    exempt = set()
+    for block in TOOLKIT_BLOCKS:
+        marks = [i + 1 for i, line in enumerate(lines)
+                 if line.startswith((f"# ==== BEGIN {block} ", f"# ==== END {block} "))]
+        if len(marks) != 2:
+            continue
+        names = {node.name for node in tree.body if marks[0] < node.lineno < marks[1]
+                 and isinstance(node, (ast.FunctionDef, ast.ClassDef))}
+        if names & named:
+            exempt |= names
+    return exempt
 
 
 @pytest.mark.parametrize("script", ALL_SCRIPTS)
@@ -192,6 +213,18 @@ def test_the_unreferenced_names_check_finds_a_dead_helper():
     source = (ROOT / SERVER_SCRIPTS[0]).read_text()
     dead = source.replace("\ndef main(", "\ndef never_called() -> None:\n    pass\n\n\ndef main(")
     assert unreferenced_top_level_names(dead) == ["never_called"]
+
+
+def test_a_toolkit_block_is_dead_when_its_script_calls_none_of_it():
+    """A script carries the PATCH GRID HELPERS block whole when its model section calls one of
+    them; one that calls none carries dead code, and the check names every helper."""
+    toolkit = (ROOT / "blocks" / "patch_grid.py").read_text()
+    toolkit = toolkit[toolkit.index("# ==== BEGIN"):]
+    source = (ROOT / SERVER_SCRIPTS[0]).read_text().replace("\ndef main(", f"\n{toolkit}\n\ndef main(")
+    assert unreferenced_top_level_names(source) == sorted(
+        ["max_patch_grid_tokens", "patch_grid_tokens", "per_frame", "snap_to_patch_grid"])
+    calling = source.replace("\ndef main(", "\nGRID = per_frame(4)\n\n\ndef main(", 1)
+    assert unreferenced_top_level_names(calling) == ["GRID"]
 
 
 @pytest.mark.parametrize("script", ALL_SCRIPTS)
