@@ -78,8 +78,10 @@ Where the settings come from, and the choices where sources differ
     28 px), so the server does not resample it: at most 1,280 image tokens.
     A newer vLLM refuses per-request bounds: 0.32 answers every page with HTTP 400 unless the
     server was started with `--trust-request-mm-kwargs` (0.30.0, the image here, has no such
-    flag and takes them). On such a vLLM, add it: `--serve-args=--trust-request-mm-kwargs`
-    when the script starts the server, or on your own server's command line.
+    flag and takes them). When the script starts the server it adds the flag where the local
+    vllm is 0.32 or later (read from its package metadata; 0.31 was not checked: pass
+    `--serve-args=--trust-request-mm-kwargs` if its pages fail so); a server of your own on
+    such a vLLM needs it on its command line.
     max_tokens 8192: the predictor's fallback when a request names none. The pipeline asks 4096
     per block, but its blocks are a page's regions, and here a whole page is one block; 8192
     plus the largest page (1,280 image tokens and the text) fits the 16384 context.
@@ -156,9 +158,39 @@ MODEL_CARD_NOTE = (
 )
 
 
+# vLLM 0.32 refuses per-request mm_processor_kwargs (HTTP 400 on every page) unless the server
+# trusts them; 0.30.0, this script's image, has no such flag and would not start with it.
+# (0.31 was not checked: it gets no flag.)
+TRUST_REQUEST_BOUNDS = "--trust-request-mm-kwargs"
+TRUST_REQUEST_BOUNDS_FROM = (0, 32)
+
+
 def spawn_args(args) -> list[str]:
-    """Serve arguments known only when this script starts the server itself (none here)."""
-    return []
+    """The flag that lets the per-request bounds through, where the local vLLM needs it."""
+    if TRUST_REQUEST_BOUNDS in (args.serve_args or ""):
+        return []
+    version = local_vllm_version()
+    return [TRUST_REQUEST_BOUNDS] if version and version >= TRUST_REQUEST_BOUNDS_FROM else []
+
+
+def local_vllm_version() -> tuple[int, int] | None:
+    """(major, minor) of the vllm that the `vllm` command runs, read from its package metadata
+    by that command's own interpreter (its #! line; vllm is not imported); None if unknown."""
+    import shutil
+    import subprocess
+
+    try:
+        with open(shutil.which("vllm") or "", "rb") as command:
+            first_line = command.readline(4096)
+        if not first_line.startswith(b"#!") or b"python" not in first_line:
+            return None
+        probe = subprocess.run([*first_line[2:].decode().split(), "-c",
+                                "import importlib.metadata as m; print(m.version('vllm'))"],
+                               capture_output=True, text=True, timeout=120)
+    except (OSError, UnicodeDecodeError, subprocess.SubprocessError):
+        return None
+    found = re.match(r"(\d+)\.(\d+)", probe.stdout.strip())
+    return (int(found[1]), int(found[2])) if found else None
 
 
 def image_token_budget(args=None) -> int:

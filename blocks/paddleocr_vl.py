@@ -59,9 +59,39 @@ MODEL_CARD_NOTE = (
 )
 
 
+# vLLM 0.32 refuses per-request mm_processor_kwargs (HTTP 400 on every page) unless the server
+# trusts them; 0.30.0, this script's image, has no such flag and would not start with it.
+# (0.31 was not checked: it gets no flag.)
+TRUST_REQUEST_BOUNDS = "--trust-request-mm-kwargs"
+TRUST_REQUEST_BOUNDS_FROM = (0, 32)
+
+
 def spawn_args(args) -> list[str]:
-    """Serve arguments known only when this script starts the server itself (none here)."""
-    return []
+    """The flag that lets the per-request bounds through, where the local vLLM needs it."""
+    if TRUST_REQUEST_BOUNDS in (args.serve_args or ""):
+        return []
+    version = local_vllm_version()
+    return [TRUST_REQUEST_BOUNDS] if version and version >= TRUST_REQUEST_BOUNDS_FROM else []
+
+
+def local_vllm_version() -> tuple[int, int] | None:
+    """(major, minor) of the vllm that the `vllm` command runs, read from its package metadata
+    by that command's own interpreter (its #! line; vllm is not imported); None if unknown."""
+    import shutil
+    import subprocess
+
+    try:
+        with open(shutil.which("vllm") or "", "rb") as command:
+            first_line = command.readline(4096)
+        if not first_line.startswith(b"#!") or b"python" not in first_line:
+            return None
+        probe = subprocess.run([*first_line[2:].decode().split(), "-c",
+                                "import importlib.metadata as m; print(m.version('vllm'))"],
+                               capture_output=True, text=True, timeout=120)
+    except (OSError, UnicodeDecodeError, subprocess.SubprocessError):
+        return None
+    found = re.match(r"(\d+)\.(\d+)", probe.stdout.strip())
+    return (int(found[1]), int(found[2])) if found else None
 
 
 def image_token_budget(args=None) -> int:

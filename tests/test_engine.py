@@ -42,10 +42,9 @@ ENGINE_CASES = {
     # PaddleOCR-VL itself (transformers' and vLLM's own classes) with a processor that stands
     # in for the Hub repo's remote code (tests/tiny_models.py, build_paddleocr_vl); --task table
     # sends the second of its prompts, and the per-request pixel bounds, to the real engine.
-    # Added flag: from 0.32 (this engine) vLLM refuses per-request mm_processor_kwargs with 400
-    # unless the server trusts them; 0.30.0, the script's image, has no such flag and takes them
-    "paddleocr-vl-server.py": {"tiny": "paddleocr_vl", "serve_args": "--trust-request-mm-kwargs",
-                               "args": ["--task", "table"]},
+    # This engine is vLLM 0.32, which refuses per-request mm_processor_kwargs unless the server
+    # trusts them: the script adds --trust-request-mm-kwargs itself (spawn_args) from 0.32 on
+    "paddleocr-vl-server.py": {"tiny": "paddleocr_vl", "serve_args": "", "args": ["--task", "table"]},
     # HPD-Parsing runs only on its vendor's vLLM fork; upstream vLLM on CPU serves a Qwen2-VL
     # stand-in under the served name with the vendor flags a CPU can run (prefix caching and
     # chunked prefill on; no FlashInfer, no Medusa), and the driver reuses that server

@@ -167,3 +167,38 @@ def test_a_run_writes_html_tables_the_raw_answer_and_the_layout_warning(tmp_path
     card = (out / "README.md").read_text()
     assert paddle.MODEL_CARD_NOTE in card and "PP-DocLayoutV2" in card
     assert "PP-DocLayoutV2" in paddle.__doc__ and "layout-off" in paddle.__doc__
+
+
+@pytest.mark.parametrize("version, shebang, serve_args, expected", [
+    ("0.32.0+cpu", "python", "", ["--trust-request-mm-kwargs"]),
+    ("0.33.1", "python", "", ["--trust-request-mm-kwargs"]),
+    ("0.30.0", "python", "", []),  # the image's release: no such flag, it takes the bounds
+    ("0.32.0", "python", "--trust-request-mm-kwargs", []),  # given already
+    ("0.32.0", "bash", "", []),  # not a Python entry point: unknown, no flag
+])
+def test_a_spawned_server_trusts_the_per_request_bounds_where_its_vllm_needs_it(
+        tmp_path, monkeypatch, paddle, version, shebang, serve_args, expected):
+    """vLLM 0.32 answers 400 to per-request mm_processor_kwargs unless the server was started
+    with --trust-request-mm-kwargs (seen on the CI engine); 0.30.0 has no such flag. The
+    version is read from the package metadata of the `vllm` command's own interpreter."""
+    import os
+    import shutil
+    import sys
+
+    bin_dir, site = tmp_path / "bin", tmp_path / "site"
+    bin_dir.mkdir()
+    interpreter = sys.executable if shebang == "python" else shutil.which("bash")
+    (bin_dir / "vllm").write_text(f"#!{interpreter}\n")
+    (bin_dir / "vllm").chmod(0o755)
+    metadata = site / f"vllm-{version}.dist-info"
+    metadata.mkdir(parents=True)
+    (metadata / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n")
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    assert paddle.spawn_args(types.SimpleNamespace(serve_args=serve_args)) == expected
+
+
+def test_no_vllm_command_means_no_flag(tmp_path, monkeypatch, paddle):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert paddle.local_vllm_version() is None
+    assert paddle.spawn_args(types.SimpleNamespace(serve_args="")) == []
