@@ -39,6 +39,9 @@ ENGINE_CASES = {
     # with DeepSeek's vocabulary size carries the real serve flags, the n-gram logits
     # processor and the real per-request fields
     "deepseek-ocr-server.py": {"tiny": "qwen2_vl", "serve_args": "", "args": []},
+    # olmOCR-2 is a Qwen2.5-VL-7B fine-tune: a tiny Qwen2_5_VLForConditionalGeneration, the
+    # script's own serve flags, its prompt-first payload and its 1288 px PNG pages
+    "olmocr2-server.py": {"tiny": "qwen2_5_vl", "serve_args": "", "args": []},
     # HPD-Parsing runs only on its vendor's vLLM fork; upstream vLLM on CPU serves a Qwen2-VL
     # stand-in under the served name with the vendor flags a CPU can run (prefix caching and
     # chunked prefill on; no FlashInfer, no Medusa), and the driver reuses that server

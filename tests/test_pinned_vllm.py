@@ -152,6 +152,21 @@ def test_every_script_has_a_pinned_release_with_its_wheel():
     assert pinned_vllm.release_of(hpd) == "0.17.1" and "0.17.1+hpdparsing" in hpd.__doc__
 
 
+ARCHITECTURES = {entry["script"]: entry["architecture"] for entry in json.loads(
+    (TESTS.parent / "models.json").read_text())["scripts"]}
+
+
+@pytest.mark.parametrize("script", [s for s in ALL_SCRIPTS if ARCHITECTURES[s].isidentifier()])
+def test_the_pinned_release_registers_the_scripts_architecture(engine, script):
+    """The image's vLLM knows the model (models.json `architecture`) by its own registry; a
+    vendor fork's prose architecture (HPD-Parsing) is not an upstream class, and is left out."""
+    release = pinned_vllm.release_of(load_script(script))
+    release_env(release)  # downloads and unpacks the release once (or skips, off CI)
+    registry = pinned_vllm.PINNED_ROOT / f"vllm-{release}" / "vllm/model_executor/models/registry.py"
+    assert f'"{ARCHITECTURES[script]}":' in registry.read_text(), \
+        f"{script}: vLLM {release} does not register {ARCHITECTURES[script]}"
+
+
 @pytest.mark.parametrize("script", SERVER)
 def test_serve_command_parses_with_the_pinned_release(engine, captured, script):
     module = load_script(script)
