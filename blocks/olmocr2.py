@@ -49,11 +49,11 @@ FRONT_MATTER = {"primary_language": "string", "is_rotation_valid": "bool",
 EXTRA_COLUMNS = dict(FRONT_MATTER)  # column suffix -> "blocks", "string", "bool" or "int32"
 TURNS = {90: "ROTATE_90", 180: "ROTATE_180", 270: "ROTATE_270"}  # PIL's: counter-clockwise
 MODEL_CARD_NOTE = (
-    "The model's YAML front matter is parsed into `_primary_language`, `_is_rotation_valid`, "
-    "`_rotation_correction`, `_is_table` and `_is_diagram` columns (null when the answer has "
-    "none, or a value is not of its type). A page the model said was rotated was sent again "
-    "turned counter-clockwise by the sum of its corrections, as the olmOCR toolkit does: "
-    "`_attempts` counts those sends too, and the front matter is the last answer's.")
+    "The model's YAML front matter is parsed into the columns ending `_primary_language`, "
+    "`_is_rotation_valid`, `_rotation_correction`, `_is_table` and `_is_diagram` (null when the "
+    "answer has none, or a value is not of its type). A page the model said was rotated was "
+    "sent again turned counter-clockwise by the sum of its corrections, as the olmOCR toolkit "
+    "does: `_attempts` counts those sends too, and the front matter is the last answer's.")
 
 SERVE_ARGS = [
     "--max-model-len", str(MAX_MODEL_LEN),

@@ -168,6 +168,8 @@ def test_a_rotated_page_is_sent_again_turned_by_the_summed_corrections(tmp_path,
     assert ds.features["markdown_rotation_correction"].dtype == "int32"
     stats = json.loads((tmp_path / "stats.json").read_text())
     assert stats["pages_loop_retried"] == 0  # a turned page did not loop
+    card = (tmp_path / "out" / "README.md").read_text()
+    assert olm.MODEL_CARD_NOTE in card and '"rotation_attempts": 8' in card
     requests = stub.requests()
     assert len(requests) == 3 + 3 + 8 + 1
     assert {r["temperature"] for r in requests} == {olm.TEMPERATURE}  # as the first send
