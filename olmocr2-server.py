@@ -32,8 +32,8 @@ Run it
     uv run olmocr2-server.py ./scans ./scans-ocr                      # GPU machine with vllm
     uv run olmocr2-server.py user/scans ./out --server http://gpu-box:8000
     # the toolkit's default weights (FP8) on the cheaper L4: NEVER RUN, by any source we know
-    hf jobs uv run --flavor l4x1 ... olmocr2-server.py user/scans user/scans-ocr \\
-        --model allenai/olmOCR-2-7B-1025-FP8
+    hf jobs uv run --flavor l4x1 --timeout 4h --secrets HF_TOKEN olmocr2-server.py \\
+        user/scans user/scans-ocr --model allenai/olmOCR-2-7B-1025-FP8
 
 Weights and flavor: BF16 on a10g-small by default
     The toolkit's default is allenai/olmOCR-2-7B-1025-FP8 (compressed-tensors FP8, about 10 GB),
@@ -62,7 +62,8 @@ Where the settings come from (the olmOCR toolkit, allenai/olmocr v0.4.27, unless
     in `<column>_attempts`. A turned page keeps the request's temperature.
     Front matter: YAML from a leading `---` to the next `\\n---`, the rest (stripped) is the
     Markdown; an answer without it (cut by max_tokens inside it, or malformed) is kept whole,
-    its columns null. The toolkit's guided-decoding regex is not used (it is optional there).
+    its columns null; `--keep-raw` keeps the answer as written in `<column>_raw`. The toolkit's
+    guided-decoding regex is not used (it is optional there).
     Serve: the recurring OCR flags (one image per prompt, no prefix caching, no multimodal
     processor cache) and --max-model-len 16384; the toolkit's `{"video": 0}` limit is covered by
     the image-only limit. Image tag v0.26.0: its vLLM registers Qwen2_5_VLForConditionalGeneration
@@ -110,7 +111,7 @@ PREFIX_CACHING = False
 # YAML front matter -> column (suffix) and its type; the body is the Markdown
 FRONT_MATTER = {"primary_language": "string", "is_rotation_valid": "bool",
                 "rotation_correction": "int32", "is_table": "bool", "is_diagram": "bool"}
-EXTRA_COLUMNS = dict(FRONT_MATTER)  # column suffix -> "blocks", "string", "bool" or "int32"
+EXTRA_COLUMNS = {**FRONT_MATTER, "raw": "string"}  # suffix -> "blocks", "string", "bool", "int32"
 TURNS = {90: "ROTATE_90", 180: "ROTATE_180", 270: "ROTATE_270"}  # PIL's: counter-clockwise
 MODEL_CARD_NOTE = (
     "The model's YAML front matter is parsed into the columns ending `_primary_language`, "
@@ -160,6 +161,9 @@ def add_model_arguments(parser) -> None:
                         help="sends of one page in all while the model says it is rotated, each "
                              "turned by the corrections so far (default: "
                              f"{ROTATION_ATTEMPTS}, the toolkit's; 1: never turn a page)")
+    parser.add_argument("--keep-raw", action="store_true",
+                        help="also keep the answer as the model wrote it, front matter and all, "
+                             "in <column>_raw")
 
 
 def build_request(image_url: str, args) -> dict:
@@ -211,8 +215,9 @@ def postprocess(text: str, args) -> tuple[str, dict]:
     """The body as the Markdown, the front matter as columns; an answer without one (cut inside
     it, or malformed) is kept whole, its columns null."""
     fields, body = split_front_matter(text)
-    return body, {name: typed_value((fields or {}).get(name), kind)
-                  for name, kind in FRONT_MATTER.items()}
+    extras = {name: typed_value((fields or {}).get(name), kind)
+              for name, kind in FRONT_MATTER.items()}
+    return body, {**extras, "raw": text} if args.keep_raw else extras
 
 
 def rotation_asked(result: "RowResult") -> int | None:

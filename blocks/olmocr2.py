@@ -46,7 +46,7 @@ PREFIX_CACHING = False
 # YAML front matter -> column (suffix) and its type; the body is the Markdown
 FRONT_MATTER = {"primary_language": "string", "is_rotation_valid": "bool",
                 "rotation_correction": "int32", "is_table": "bool", "is_diagram": "bool"}
-EXTRA_COLUMNS = dict(FRONT_MATTER)  # column suffix -> "blocks", "string", "bool" or "int32"
+EXTRA_COLUMNS = {**FRONT_MATTER, "raw": "string"}  # suffix -> "blocks", "string", "bool", "int32"
 TURNS = {90: "ROTATE_90", 180: "ROTATE_180", 270: "ROTATE_270"}  # PIL's: counter-clockwise
 MODEL_CARD_NOTE = (
     "The model's YAML front matter is parsed into the columns ending `_primary_language`, "
@@ -96,6 +96,9 @@ def add_model_arguments(parser) -> None:
                         help="sends of one page in all while the model says it is rotated, each "
                              "turned by the corrections so far (default: "
                              f"{ROTATION_ATTEMPTS}, the toolkit's; 1: never turn a page)")
+    parser.add_argument("--keep-raw", action="store_true",
+                        help="also keep the answer as the model wrote it, front matter and all, "
+                             "in <column>_raw")
 
 
 def build_request(image_url: str, args) -> dict:
@@ -147,8 +150,9 @@ def postprocess(text: str, args) -> tuple[str, dict]:
     """The body as the Markdown, the front matter as columns; an answer without one (cut inside
     it, or malformed) is kept whole, its columns null."""
     fields, body = split_front_matter(text)
-    return body, {name: typed_value((fields or {}).get(name), kind)
-                  for name, kind in FRONT_MATTER.items()}
+    extras = {name: typed_value((fields or {}).get(name), kind)
+              for name, kind in FRONT_MATTER.items()}
+    return body, {**extras, "raw": text} if args.keep_raw else extras
 
 
 def rotation_asked(result: "RowResult") -> int | None:

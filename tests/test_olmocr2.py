@@ -17,7 +17,8 @@ from conftest import load_output, load_script, run_script, write_parquet_dataset
 
 SCRIPT = "olmocr2-server.py"
 olm = load_script(SCRIPT)
-ARGS = types.SimpleNamespace(max_tokens=8000, temperature=0.1, rotation_attempts=8)
+ARGS = types.SimpleNamespace(max_tokens=8000, temperature=0.1, rotation_attempts=8,
+                             keep_raw=False)
 
 
 def answer(body: str, language="en", valid="True", correction="0", table="False",
@@ -60,7 +61,9 @@ def test_front_matter_becomes_typed_columns_and_the_body_the_markdown():
     assert text == body
     assert extras == {"primary_language": "en", "is_rotation_valid": True,
                       "rotation_correction": 0, "is_table": True, "is_diagram": False}
-    assert set(extras) == set(olm.EXTRA_COLUMNS)
+    assert set(extras) | {"raw"} == set(olm.EXTRA_COLUMNS)
+    kept = olm.postprocess(answer(body), types.SimpleNamespace(keep_raw=True))[1]["raw"]
+    assert kept == answer(body)  # --keep-raw: what the model wrote, front matter and all
 
 
 def test_values_the_yaml_could_misread_keep_their_meaning():
@@ -153,7 +156,7 @@ def test_a_rotated_page_is_sent_again_turned_by_the_summed_corrections(tmp_path,
              quadrants(corners=(YELLOW,) * 4)]
     source = write_parquet_dataset(tmp_path / "in", cells)
     run = run_script(SCRIPT, str(source), str(tmp_path / "out"), "--server", stub.url,
-                     "--sanity-pages", "3", "--concurrency", "1",
+                     "--sanity-pages", "3", "--concurrency", "1", "--keep-raw",
                      "--stats-json", str(tmp_path / "stats.json"))
     assert run.returncode == 0, run.stderr[-3000:]
     ds = load_output(tmp_path / "out")
@@ -164,6 +167,7 @@ def test_a_rotated_page_is_sent_again_turned_by_the_summed_corrections(tmp_path,
     assert ds["markdown_rotation_correction"] == [0, 0, 90, 0]
     assert ds["markdown_is_table"] == [True, True, False, True]
     assert ds["markdown_primary_language"] == ["en"] * 4
+    assert ds["markdown_raw"] == [CORNER_ANSWERS[c] for c in (YELLOW, YELLOW, GREY, YELLOW)]
     assert ds.features["markdown_is_table"].dtype == "bool"
     assert ds.features["markdown_rotation_correction"].dtype == "int32"
     stats = json.loads((tmp_path / "stats.json").read_text())
