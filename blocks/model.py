@@ -11,7 +11,12 @@ Besides these, a block may read an optional model-section name with a default, a
 the block that uses it: `NAME = globals().get("NAME", default)` (MODEL_REVISION, RESIZE_FILTER,
 LOOP_TEMPERATURE, REPETITION_DETECTION, REPETITION_DETECTION_ON, REPETITION_DETECTION_NOTE,
 IMAGE_TAG_MOVING, PDF_DPI and MODEL_CARD_NOTE (Markdown the card must say of the model: a
-licence term, a warning of what the script leaves out) in the common block; API_SERVER_COUNT in the saturate block). A model section sets one only where its model differs.
+licence term, a warning of what the script leaves out) in the common block; API_SERVER_COUNT
+in the saturate block; SEND_AGAIN in the server block: an async function `(send, body, result,
+args) -> RowResult` that, given a page's answer, may send the page again changed (`await
+send(new_body)` sends it with its loop retries) and returns the row's result, its `attempts`
+counting every send and its `resent` the sends it made; olmOCR-2 turns a page the model says is
+rotated). A model section sets one only where its model differs.
 
 The model section's functions may call the helpers of the blocks its script carries (the
 common block's `repeated_tail`, the grounding block's `block_box`): they run after the blocks
@@ -24,7 +29,9 @@ JOB_IMAGE = "vllm/vllm-openai:tag"  # the image a Job runs in
 SCRIPT_SHAPE = "server"  # "server", "saturate" or "offline"
 PAGE_FORMAT = "jpeg"  # the format of pages that must be converted or resized
 DEFAULT_MAX_TOKENS = 4096
-EXTRA_COLUMNS: dict = {}  # column suffix -> "blocks" or "string": model-specific output columns
+EXTRA_COLUMNS: dict = {}  # column suffix -> "blocks", "string", "bool" or "int32": model-specific
+# output columns (a document's row, --per-document: blocks joined, strings marked by page,
+# a bool or an int its pages' one value, else null)
 
 
 def target_size(width: int, height: int, args=None) -> tuple[int, int]:

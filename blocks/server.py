@@ -40,6 +40,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 
 IMAGE_URL_PLACEHOLDER = "@@PAGE_IMAGE_URL@@"
+SEND_AGAIN = globals().get("SEND_AGAIN")  # the model section's: a page it asks to send again
 RETRY_STATUS = {408, 429, 500, 502, 503, 504}
 RETRY_AFTER_MAX_S = 120.0  # the longest wait a server's Retry-After is granted before a retry
 
@@ -688,6 +689,10 @@ async def run_server_pipeline(run, args, server: ServerManager, window: Window) 
                     window.body_sizes.append(len(body))
                     sent = time.monotonic()
                     result = await send_until_clean(client, server, body, index, args)
+                    if SEND_AGAIN is not None:  # e.g. olmOCR-2: a page said rotated, turned
+                        result = await SEND_AGAIN(functools.partial(
+                            send_until_clean, client, server, index=index, args=args),
+                            body, result, args)
                     del body
                     latency = time.monotonic() - sent
                     result.text_layer, result.digest = layer, digest

@@ -58,6 +58,21 @@ def mapped_answer(image_bytes: bytes, path: str) -> str | None:
     return mapping[min(mapping, key=distance)]
 
 
+def corner_answer(image_bytes: bytes, path: str) -> str | None:
+    """The answer --corner-answers gives this page: the text of the mapped colour nearest to the
+    page's top-left pixel (JSON {"r,g,b": text}): an answer that depends on which way up the
+    page was sent, for a model that judges a page's rotation."""
+    from PIL import Image
+
+    with open(path, encoding="utf-8") as handle:
+        mapping = json.load(handle)
+    corner = Image.open(io.BytesIO(image_bytes)).convert("RGB").getpixel((0, 0))
+
+    def distance(key: str) -> int:
+        return sum((int(c) - m) ** 2 for c, m in zip(key.split(","), corner))
+    return mapping[min(mapping, key=distance)]
+
+
 def loop_text(text: str, seed) -> str:
     """A page's answer fallen into a repetition loop (cut at max_tokens or by repetition
     detection): the greedy loop runs 40 lines; a seeded one reads one line further before it
@@ -253,6 +268,8 @@ def make_handler(stub: Stub):
                 if text is None:
                     self.reply(400, {"error": "injected: the answer map refuses this page"})
                     return
+            if opts.corner_answers:
+                text = corner_answer(image_bytes, opts.corner_answers)
             if opts.reject_smaller_than and text and \
                     int(text.split("x")[0].split()[-1]) < opts.reject_smaller_than:
                 self.reply(400, {"error": "image too small: height and width must be larger "
@@ -344,6 +361,9 @@ def parse(argv=None):
     p.add_argument("--answer-file", help="answer every page with this file's text")
     p.add_argument("--answer-map", help="answer each page with the text a JSON file maps its "
                    "mean colour to ({\"r,g,b\": text}, the nearest colour; null refuses the page)")
+    p.add_argument("--corner-answers", help="answer each page with the text a JSON file maps "
+                   "the colour of its top-left pixel to ({\"r,g,b\": text}, the nearest colour): "
+                   "the answer changes as the page is turned")
     p.add_argument("--degenerate", action="store_true", help="answer every page with 'aaaa...'")
     p.add_argument("--loop-below", type=float,
                    help="a request at a temperature below this answers a repetition loop cut at "

@@ -45,6 +45,9 @@ ENGINE_CASES = {
     # This engine is vLLM 0.32, which refuses per-request mm_processor_kwargs unless the server
     # trusts them: the script adds --trust-request-mm-kwargs itself (spawn_args) from 0.32 on
     "paddleocr-vl-server.py": {"tiny": "paddleocr_vl", "serve_args": "", "args": ["--task", "table"]},
+    # olmOCR-2 is a Qwen2.5-VL-7B fine-tune: a tiny Qwen2_5_VLForConditionalGeneration, the
+    # script's own serve flags, its prompt-first payload and its 1288 px PNG pages
+    "olmocr2-server.py": {"tiny": "qwen2_5_vl", "serve_args": "", "args": []},
     # HPD-Parsing runs only on its vendor's vLLM fork; upstream vLLM on CPU serves a Qwen2-VL
     # stand-in under the served name with the vendor flags a CPU can run (prefix caching and
     # chunked prefill on; no FlashInfer, no Medusa), and the driver reuses that server

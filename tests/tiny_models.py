@@ -2,6 +2,7 @@
 
     ENGINE_PYTHON tests/tiny_models.py qwen3_5 OUT_DIR
     ENGINE_PYTHON tests/tiny_models.py qwen2_vl OUT_DIR
+    ENGINE_PYTHON tests/tiny_models.py qwen2_5_vl OUT_DIR
 
 Runs inside the CPU vLLM environment (it needs torch and transformers). No weights can be
 downloaded here, so each checkpoint is a config + random init + save_pretrained, a byte-level
@@ -237,6 +238,34 @@ def build_paddleocr_vl(out: Path, seed: int = 0) -> None:
         "patch_size": 14, "merge_size": 2, "temporal_patch_size": 1,
         "min_pixels": 56 * 56, "max_pixels": 448 * 448,
         "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5], "resample": 3}, indent=2))
+def build_qwen2_5_vl(out: Path, seed: int = 0) -> None:
+    """Qwen2_5_VLForConditionalGeneration: the architecture of olmOCR-2 (a Qwen2.5-VL-7B
+    fine-tune). The vision tower's windowed attention needs a window and a full-attention
+    layer: one layer, full attention, windows of 112 px (8 patches of 14)."""
+    import torch
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    out.mkdir(parents=True, exist_ok=True)
+    tok = build_tokenizer(out)
+    ids = {t: tok.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
+    text = {"vocab_size": len(tok), "hidden_size": 64, "intermediate_size": 128,
+            "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1,
+            "max_position_embeddings": 32768,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0,
+                                "mrope_section": [4, 6, 6]},  # head_dim 32: sections sum to 16
+            "eos_token_id": ids["<|im_end|>"], "pad_token_id": ids["<|endoftext|>"],
+            "bos_token_id": None}
+    vision = {"depth": 1, "hidden_size": 64, "intermediate_size": 128, "num_heads": 2,
+              "out_hidden_size": 64, "patch_size": 14, "spatial_merge_size": 2,
+              "temporal_patch_size": 2, "window_size": 112, "fullatt_block_indexes": [0]}
+    config = Qwen2_5_VLConfig(text_config=text, vision_config=vision, **vision_token_ids(ids))
+    config.dtype = "float32"
+    torch.manual_seed(seed)
+    model = Qwen2_5_VLForConditionalGeneration(config)
+    scale_weights(model, 1.0, seed, 24.0)
+    model.save_pretrained(out, safe_serialization=True)
+    (out / "preprocessor_config.json").write_text(
+        json.dumps(image_processor_config("Qwen2_5_VLProcessor", 14, 2), indent=2))
     _generation_config(out, ids)
 
 
@@ -252,6 +281,7 @@ BUILDERS = {
     "qwen3_5_flat": lambda out: build_qwen3_5(out, scale=0.02, vision_scale=0.02),
     "qwen2_vl": build_qwen2_vl,
     "paddleocr_vl": build_paddleocr_vl,
+    "qwen2_5_vl": build_qwen2_5_vl,
 }
 
 if __name__ == "__main__":
