@@ -10,8 +10,11 @@ placeholder of the right type; a script's model section sets the real one.
 Besides these, a block may read an optional model-section name with a default, at the top of
 the block that uses it: `NAME = globals().get("NAME", default)` (MODEL_REVISION, RESIZE_FILTER,
 LOOP_TEMPERATURE, REPETITION_DETECTION, REPETITION_DETECTION_ON, REPETITION_DETECTION_NOTE,
-IMAGE_TAG_MOVING, PDF_DPI and MODEL_CARD_NOTE (Markdown the card must say of the model: a
-licence term, a warning of what the script leaves out) in the common block; API_SERVER_COUNT in the saturate block). A model section sets one only where its model differs.
+IMAGE_TAG_MOVING, PDF_DPI, MODEL_CARD_NOTE (Markdown the card must say of the model: a
+licence term, a warning of what the script leaves out) and POSTPROCESS_GETS_SIZE (True: server
+scripts call `postprocess(text, args, (width, height))` with the size the page was sent at, for
+a model whose boxes are in its input's pixels) in the common block; API_SERVER_COUNT in the
+saturate block). A model section sets one only where its model differs.
 
 The model section's functions may call the helpers of the blocks its script carries (the
 common block's `repeated_tail`, the grounding block's `block_box`): they run after the blocks
