@@ -16,6 +16,7 @@ checked by name against the release's request model, then validated by it.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -150,6 +151,22 @@ def test_every_script_has_a_pinned_release_with_its_wheel():
     assert set(RELEASES) <= set(LATER), f"add a negative control for {set(RELEASES) - set(LATER)}"
     hpd = load_script("hpd-parsing-saturate.py")
     assert pinned_vllm.release_of(hpd) == "0.17.1" and "0.17.1+hpdparsing" in hpd.__doc__
+
+
+REGISTRY_ENTRIES = {e["script"]: e for e in json.loads((TESTS.parent / "models.json").read_text())["scripts"]}
+
+
+@pytest.mark.parametrize("script", [s for s in ALL_SCRIPTS
+                                    if load_script(s).JOB_IMAGE.startswith("vllm/vllm-openai:")])
+def test_the_pinned_release_registers_the_models_architecture(script):
+    """The image's own vLLM release names the model's architecture (models.json) in its model
+    registry: a tag older than the model's integration would fail on the Job at load time."""
+    release = pinned_vllm.release_of(load_script(script))
+    release_env(release)  # downloads and unpacks the release's vllm/ once (or skips/fails)
+    folder = Path(pinned_vllm.release_path(release)[0])
+    registry = (folder / "vllm" / "model_executor" / "models" / "registry.py").read_text()
+    architecture = REGISTRY_ENTRIES[script]["architecture"]
+    assert f'"{architecture}"' in registry, f"vLLM {release} does not register {architecture}"
 
 
 @pytest.mark.parametrize("script", SERVER)
