@@ -191,10 +191,10 @@ def formula_markdown(text: str) -> str:
     return f"$$\n{text}\n$$"
 
 
-def cell_markdown(label: str, text: str, figures: list) -> str:
+def cell_markdown(label: str, text: str, figures) -> str:
+    """A cell's Markdown; `figures` counts the page's pictures from 0."""
     if label == "Picture":
-        figures.append(len(figures))
-        return f"![](images/{figures[-1]}.jpg)"
+        return f"![](images/{next(figures)}.jpg)"
     if label == "Formula":
         return formula_markdown(text)
     return TICKED_MATH.sub(r"\1", text.strip())
@@ -205,7 +205,9 @@ def parse_cells(cells: list, sent_size) -> list[dict]:
     page (null when missing, out of the image or not a box), its Markdown."""
     served = sent_size and snap_to_patch_grid(*sent_size, PATCH_FACTOR, MIN_PIXELS,
                                               SERVER_MAX_PIXELS)
-    blocks, figures = [], []
+    import itertools
+
+    blocks, figures = [], itertools.count()
     for cell in cells:
         if not isinstance(cell, dict):
             continue
