@@ -39,8 +39,8 @@ IMAGE_PLACEHOLDER = "<|img|><|imgpad|><|endofimg|>"
 TEMPERATURE, TOP_P = 0.1, 1.0  # the authors' parser (DotsMOCRParser); see the docstring
 MAX_MODEL_LEN = 24000  # the one context a source ran the model with; see the docstring
 PATCH_FACTOR = 28  # 14 px patches merged 2x2
-# The processor's bounds (dots_mocr consts); it takes a still image as one frame (its vision
-# tower's temporal_patch_size is 1), so they bound the page itself
+# The processor's bounds (dots_mocr consts). vLLM serves the model with Qwen2-VL's processor,
+# whose bounds apply to the image itself, one frame (GLM-OCR's count two frames)
 MIN_PIXELS, SERVER_MAX_PIXELS = per_frame(3136, 1), per_frame(11289600, 1)
 MAX_PIXELS = 8000 * PATCH_FACTOR ** 2  # 6,272,000: the client's cap, 8,000 image tokens
 PROMPT_TEXT_TOKENS = len((IMAGE_PLACEHOLDER + PROMPT).encode()) + 64  # >= 1 byte a token, + template
