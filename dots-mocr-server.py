@@ -50,8 +50,8 @@ Where the settings come from (the authors' repository, github.com/rednote-hilab/
     the text, vLLM adds no newline of its own). Temperature 0.1, top_p 1.0: the authors'
     parser (DotsMOCRParser), which produced their benchmark output; their lower-level client
     and demo default to top_p 0.9, which the parser overrides.
-    Image tag v0.17.1: the authors' example image; dots.ocr-1.5 ran on vLLM 0.17.1 (its
-    release registers DotsOCRForCausalLM, as every release since 0.11.0 does).
+    Image tag v0.17.1: the authors' example image; dots.ocr-1.5 ran on vLLM 0.17.1, whose
+    own model registry names DotsOCRForCausalLM (the authors: in vLLM since 0.11.0).
     Flavor l4x1: dots.ocr-1.5 parsed pages on it (another collection's run).
 Context, output budget and image cap (the context length is not documented)
     max_model_len 24000: the one value a source ran this model with (another collection's
