@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import json
 import types
-from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, load_script, page_image, run_script, write_image_folder
+from conftest import ROOT, load_output, load_script, page_image, run_script, write_image_folder
 
 SCRIPT = "dots-mocr-server.py"
 SHARED_PROMPTS = ROOT.parent / "shared" / "MODEL-PROMPTS.json"
@@ -257,7 +256,6 @@ def test_a_run_sends_each_page_once_and_writes_blocks_in_page_space(tmp_path, st
     out = tmp_path / "out"
     run = run_script(SCRIPT, str(folder), str(out), "--server", stub.url, "--no-sanity-check")
     assert run.returncode == 0, run.stderr
-    from conftest import load_output
     ds = load_output(out)
     boxes = {row["file_name"]: row["markdown_blocks"][0]["box"] for row in ds}
     assert boxes["a.png"] == [0, 0, 1000, 1000]  # 480x640 is served at 476x644
