@@ -306,6 +306,7 @@ REPETITION_DETECTION = globals().get("REPETITION_DETECTION", (32, 64))  # --repe
 REPETITION_DETECTION_ON = globals().get("REPETITION_DETECTION_ON", False)  # its default
 REPETITION_DETECTION_NOTE = globals().get("REPETITION_DETECTION_NOTE", "")  # the card's, when on
 MODEL_CARD_NOTE = globals().get("MODEL_CARD_NOTE", "")  # Markdown the card must say of the model
+POSTPROCESS_GETS_SIZE = globals().get("POSTPROCESS_GETS_SIZE", False)  # postprocess(.., sent size)
 import argparse
 import contextlib
 import hashlib
@@ -1289,6 +1290,7 @@ class RowResult:
     text_layer: str | None = None  # a PDF page's embedded text
     skipped: str | None = None  # why the page was not sent
     digest: str | None = None  # input_digest() of what it was made from
+    sent_size: tuple | None = None  # (width, height) of the image sent: a pixel box's space
 
 
 def error_row(message: str, kind: str) -> RowResult:
@@ -1391,7 +1393,8 @@ def finish_row(writer: "PartWriter", stats: "RunStats", held: HeldFailures, inde
     answered = result.error is None and result.skipped is None
     if answered:
         try:  # the model's clean-up: what it raises is this row's error
-            result.text, result.extras = postprocess(result.text, writer.args)
+            sized = (result.sent_size,) if POSTPROCESS_GETS_SIZE else ()
+            result.text, result.extras = postprocess(result.text, writer.args, *sized)
         except Exception as exc:
             result = replace(exception_row(exc, PAGE, "post-processing failed: "),
                              digest=result.digest)

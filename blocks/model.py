@@ -10,9 +10,11 @@ placeholder of the right type; a script's model section sets the real one.
 Besides these, a block may read an optional model-section name with a default, at the top of
 the block that uses it: `NAME = globals().get("NAME", default)` (MODEL_REVISION, RESIZE_FILTER,
 LOOP_TEMPERATURE, REPETITION_DETECTION, REPETITION_DETECTION_ON, REPETITION_DETECTION_NOTE,
-IMAGE_TAG_MOVING, PDF_DPI and MODEL_CARD_NOTE (Markdown the card must say of the model: a
-licence term, a warning of what the script leaves out) in the common block; API_SERVER_COUNT
-in the saturate block; SEND_AGAIN in the server block: an async function `(send, body, result,
+IMAGE_TAG_MOVING, PDF_DPI, MODEL_CARD_NOTE (Markdown the card must say of the model: a
+licence term, a warning of what the script leaves out) and POSTPROCESS_GETS_SIZE (True: server
+scripts call `postprocess(text, args, (width, height))` with the size the page was sent at, for
+a model whose boxes are in its input's pixels) in the common block; API_SERVER_COUNT in the
+saturate block; SEND_AGAIN in the server block: an async function `(send, body, result,
 args) -> RowResult` that, given a page's answer, may send the page again changed (`await
 send(new_body)` sends it with its loop retries) and returns the row's result, its `attempts`
 counting every send and its `resent` the sends it made; olmOCR-2 turns a page the model says is

@@ -683,7 +683,7 @@ async def run_server_pipeline(run, args, server: ServerManager, window: Window) 
                 if isinstance(page, RowResult):  # not sent: its error, or its text layer
                     result = page
                 else:
-                    layer, digest = page.text_layer, page.digest
+                    layer, digest, size = page.text_layer, page.digest, (page.width, page.height)
                     body = request_body(page, server.model_name, args)
                     del page, cell, held
                     window.body_sizes.append(len(body))
@@ -695,7 +695,7 @@ async def run_server_pipeline(run, args, server: ServerManager, window: Window) 
                             body, result, args)
                     del body
                     latency = time.monotonic() - sent
-                    result.text_layer, result.digest = layer, digest
+                    result.text_layer, result.digest, result.sent_size = layer, digest, size
             except RunAborted as exc:
                 return stop(exc)
             except Exception as exc:  # preparing or sending the page: this row fails, not the run

@@ -60,6 +60,9 @@ ENGINE_CASES = {
                                                  # not a flag of the script's: the stand-in
                                                  # starts without graph compilation
                                                  "--enforce-eager"]},
+    # dots.mocr's own architecture (DotsOCRForCausalLM: vLLM's model class, config and vision
+    # tower; transformers' Qwen2 language model), served with every flag of the script's
+    "dots-mocr-server.py": {"tiny": "dots_ocr", "serve_args": "", "args": []},
 }
 # Offline scripts: the server script of the same model (for parity) and --llm-kwargs on a CPU.
 OFFLINE_CASES = {
@@ -259,6 +262,22 @@ def test_paddleocr_vl_pages_keep_the_size_the_bounds_sent_per_request_allow(engi
     assert min(tokens) > 448 * 448 // 28 ** 2  # more than the processor's own bound allows
     around = {ds[row]["markdown_prompt_tokens"] - t for row, t in zip(GOOD_ROWS, tokens)}
     assert len(around) == 1 and 0 < around.pop() <= paddle.PROMPT_TEXT_TOKENS
+def test_dots_mocr_pages_are_resized_by_the_server_as_the_box_mapping_assumes(engine, tmp_path_factory):
+    """dots.mocr answers boxes in the pixels of the image as the server resized it, and the
+    script maps them back from snap_to_patch_grid() of the size it sent: the real engine's
+    image tokens for pages of two sizes (480x640 and 544x640, sent as they are) are that
+    size's grid, to the token."""
+    script = "dots-mocr-server.py"
+    run, out, _, _ = run_once(script, tmp_path_factory)
+    assert run.returncode == 0, run.stderr[-4000:]
+    module, ds = load_script(script), load_output(out)
+    text_tokens = set()
+    for row, page in zip(GOOD_ROWS, range(6)):
+        sent = module.target_size(480 + 64 * (page % 2), 640)
+        served = module.snap_to_patch_grid(*sent, 28, module.MIN_PIXELS, module.SERVER_MAX_PIXELS)
+        text_tokens.add(ds[row]["markdown_prompt_tokens"] - module.patch_grid_tokens(*served, 28))
+    assert len(text_tokens) == 1, text_tokens  # the same prompt around every page
+    assert 0 < text_tokens.pop() <= module.PROMPT_TEXT_TOKENS
 
 
 @pytest.mark.parametrize("script", [s for s in sorted(ENGINE_CASES) if "saturate" in s])

@@ -266,6 +266,80 @@ def build_qwen2_5_vl(out: Path, seed: int = 0) -> None:
     model.save_pretrained(out, safe_serialization=True)
     (out / "preprocessor_config.json").write_text(
         json.dumps(image_processor_config("Qwen2_5_VLProcessor", 14, 2), indent=2))
+def build_dots_ocr(out: Path, seed: int = 0) -> None:
+    """DotsOCRForCausalLM (dots.mocr): vLLM's own model class, its Qwen2 language model and its
+    vision tower. transformers has no dots_ocr classes, and vLLM maps no model_type to its own
+    DotsOCRConfig: the real checkpoints carry that config as remote code, so this one does
+    too, a module that re-exports vLLM's class (it is what `--trust-remote-code` loads). The
+    language model's weights come from transformers' Qwen2; the vision tower's are drawn here,
+    named as in the real checkpoint (vLLM's loader maps them and refuses any it lacks)."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    out.mkdir(parents=True, exist_ok=True)
+    tok = build_tokenizer(out)
+    image_tokens = ["<|img|>", "<|imgpad|>", "<|endofimg|>"]
+    tok.add_special_tokens({"additional_special_tokens": image_tokens})
+    # the checkpoint's template takes string content (hence --chat-template-content-format
+    # string): a list of parts would be printed as a list
+    tok.chat_template = ("{%- for m in messages -%}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
+                         "<|im_end|>\n{%- endfor -%}"
+                         "{%- if add_generation_prompt -%}<|im_start|>assistant\n{%- endif -%}")
+    tok.save_pretrained(out)
+    ids = {t: tok.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS + image_tokens}
+    text = Qwen2Config(vocab_size=len(tok), hidden_size=64, intermediate_size=128,
+                       num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                       max_position_embeddings=32768, rope_theta=10000.0,
+                       eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|endoftext|>"],
+                       bos_token_id=None, tie_word_embeddings=False)
+    torch.manual_seed(seed)
+    language_model = Qwen2ForCausalLM(text)
+    scale_weights(language_model, 1.0, seed)
+    embed, inner, merged = 64, 128, 64 * 4  # the vision tower: one block, 2 heads of 32
+    generator = torch.Generator().manual_seed(seed + 1)
+
+    def drawn(*shape):
+        return torch.randn(*shape, generator=generator) * 24.0 / shape[-1] ** 0.5
+
+    ones = torch.ones
+    vision = {
+        "patch_embed.patchifier.proj.weight": drawn(embed, 3, 14, 14),
+        "patch_embed.patchifier.proj.bias": torch.zeros(embed),
+        "patch_embed.patchifier.norm.weight": ones(embed),
+        "blocks.0.norm1.weight": ones(embed), "blocks.0.norm2.weight": ones(embed),
+        "blocks.0.attn.qkv.weight": drawn(3 * embed, embed),
+        "blocks.0.attn.proj.weight": drawn(embed, embed),
+        "blocks.0.mlp.fc1.weight": drawn(inner, embed), "blocks.0.mlp.fc3.weight": drawn(inner, embed),
+        "blocks.0.mlp.fc2.weight": drawn(embed, inner),
+        "post_trunk_norm.weight": ones(embed),
+        "merger.ln_q.weight": ones(embed), "merger.ln_q.bias": torch.zeros(embed),
+        "merger.mlp.0.weight": drawn(merged, merged), "merger.mlp.0.bias": torch.zeros(merged),
+        "merger.mlp.2.weight": drawn(64, merged), "merger.mlp.2.bias": torch.zeros(64),
+    }
+    weights = {name: tensor.contiguous() for name, tensor in language_model.state_dict().items()}
+    weights.update({f"vision_tower.{name}": tensor.contiguous() for name, tensor in vision.items()})
+    save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
+    config = {**text.to_dict(), "architectures": ["DotsOCRForCausalLM"], "model_type": "dots_ocr",
+              "auto_map": {"AutoConfig": "configuration_dots.DotsOCRConfig"},
+              "image_token_id": ids["<|imgpad|>"], "video_token_id": ids["<|video_pad|>"],
+              "dtype": "float32",
+              "vision_config": {"embed_dim": embed, "hidden_size": 64, "intermediate_size": inner,
+                                "num_hidden_layers": 1, "num_attention_heads": 2,
+                                "patch_size": 14, "spatial_merge_size": 2,
+                                "temporal_patch_size": 1, "use_bias": False, "post_norm": True}}
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    (out / "configuration_dots.py").write_text(
+        "from vllm.transformers_utils.configs.dotsocr import DotsOCRConfig, DotsVisionConfig\n\n"
+        "__all__ = [\"DotsOCRConfig\", \"DotsVisionConfig\"]\n")
+    # the processor's floor as the authors' constants give it (3,136 px), its ceiling lower
+    # than their 11,289,600: vLLM profiles the encoder at the ceiling at start-up, and 14,400
+    # image tokens (57,600 patches through full attention) took 3.3 minutes of a loaded
+    # 2-core machine; the test pages (under 0.4 MP) are resized alike under either ceiling
+    (out / "preprocessor_config.json").write_text(json.dumps(
+        {**image_processor_config("Qwen2VLProcessor", 14, 2), "temporal_patch_size": 1,
+         "min_pixels": 3136, "max_pixels": 1003520,
+         "size": {"shortest_edge": 3136, "longest_edge": 1003520}}, indent=2))
     _generation_config(out, ids)
 
 
@@ -282,6 +356,7 @@ BUILDERS = {
     "qwen2_vl": build_qwen2_vl,
     "paddleocr_vl": build_paddleocr_vl,
     "qwen2_5_vl": build_qwen2_5_vl,
+    "dots_ocr": build_dots_ocr,
 }
 
 if __name__ == "__main__":
