@@ -11,7 +11,7 @@ import json
 import re
 
 from blocks.grounding import block_box
-from blocks.patch_grid import max_patch_grid_tokens, patch_grid_tokens, per_frame, snap_to_patch_grid
+from blocks.patch_grid import max_patch_grid_tokens, patch_grid_tokens, snap_to_patch_grid
 
 # ==== BEGIN DOTS-MOCR MODEL (source: blocks/dots_mocr.py) ====
 # The model section of dots-mocr-server.py (edit the source, then run tools/sync_helpers.py). In
@@ -41,7 +41,7 @@ MAX_MODEL_LEN = 24000  # the one context a source ran the model with; see the do
 PATCH_FACTOR = 28  # 14 px patches merged 2x2
 # The processor's bounds (dots_mocr consts). vLLM serves the model with Qwen2-VL's processor,
 # whose bounds apply to the image itself, one frame (GLM-OCR's count two frames)
-MIN_PIXELS, SERVER_MAX_PIXELS = per_frame(3136, 1), per_frame(11289600, 1)
+MIN_PIXELS, SERVER_MAX_PIXELS = 3136, 11289600
 MAX_PIXELS = 8000 * PATCH_FACTOR ** 2  # 6,272,000: the client's cap, 8,000 image tokens
 PROMPT_TEXT_TOKENS = len((IMAGE_PLACEHOLDER + PROMPT).encode()) + 64  # >= 1 byte a token, + template
 PAGE_FORMAT = "png"  # pages that must be converted or resized: PNG, as the authors' client sends
