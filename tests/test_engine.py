@@ -39,6 +39,11 @@ ENGINE_CASES = {
     # with DeepSeek's vocabulary size carries the real serve flags, the n-gram logits
     # processor and the real per-request fields
     "deepseek-ocr-server.py": {"tiny": "qwen2_vl", "serve_args": "", "args": []},
+    # DeepSeek-OCR-2: vLLM's DeepseekOCR2ForCausalLM builds its towers at full size in code too
+    # (a SAM ViT-B and a 24-layer Qwen2-0.5B encoder, about 0.45 B parameters, whatever the
+    # config says), and runs SAM on a 1024 px view of every page: the same stand-in carries its
+    # real serve flags, the n-gram processor and its per-request fields (n-gram 40/90)
+    "deepseek-ocr2-server.py": {"tiny": "qwen2_vl", "serve_args": "", "args": []},
     # HPD-Parsing runs only on its vendor's vLLM fork; upstream vLLM on CPU serves a Qwen2-VL
     # stand-in under the served name with the vendor flags a CPU can run (prefix caching and
     # chunked prefill on; no FlashInfer, no Medusa), and the driver reuses that server

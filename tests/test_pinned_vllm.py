@@ -16,6 +16,9 @@ checked by name against the release's request model, then validated by it.
 from __future__ import annotations
 
 import json
+import os
+import re
+from pathlib import Path
 
 import pytest
 
@@ -24,6 +27,7 @@ import pinned_vllm
 from conftest import (ALL_SCRIPTS, TESTS, fake_vllm_env, free_port, load_script,
                       run_script, write_image_folder)
 from engine import REQUIRE_ENGINE, engine_or_skip, vllm_check
+from test_registry import ENTRIES as REGISTRY
 
 pytestmark = pytest.mark.engine
 
@@ -150,6 +154,19 @@ def test_every_script_has_a_pinned_release_with_its_wheel():
     assert set(RELEASES) <= set(LATER), f"add a negative control for {set(RELEASES) - set(LATER)}"
     hpd = load_script("hpd-parsing-saturate.py")
     assert pinned_vllm.release_of(hpd) == "0.17.1" and "0.17.1+hpdparsing" in hpd.__doc__
+
+
+@pytest.mark.parametrize("script", [s for s in ALL_SCRIPTS
+                                    if re.fullmatch(r"\w+", REGISTRY[s]["architecture"])])
+def test_the_pinned_release_registers_the_architecture(script):
+    """A script's image must be a release whose own model registry has the model's architecture
+    (models.json's `architecture`; a vendor fork's description is not a class name): read
+    from the release's vllm/model_executor/models/registry.py, not the CI engine's."""
+    release = pinned_vllm.release_of(load_script(script))
+    registry = Path(release_env(release)["PYTHONPATH"].split(os.pathsep)[0],
+                    "vllm", "model_executor", "models", "registry.py").read_text()
+    architecture = REGISTRY[script]["architecture"]
+    assert f'"{architecture}":' in registry, f"vLLM {release} does not register {architecture}"
 
 
 @pytest.mark.parametrize("script", SERVER)
