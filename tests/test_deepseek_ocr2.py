@@ -17,6 +17,13 @@ from conftest import load_output, load_script, run_script, write_image_folder
 
 SCRIPT = "deepseek-ocr2-server.py"
 
+
+@pytest.fixture(autouse=True, params=[SCRIPT])
+def script_id(request):
+    """Each test's id names the script, so `pytest -k deepseek-ocr2-server` selects this file
+    with the script's cases elsewhere (README, Adapting a script)."""
+    return request.param
+
 # MODEL-FACTS.md, DeepSeek-OCR-2, "Output and clean-up" [DS2-vllm-scripts l.177-181, 286-315]:
 # the same grounding spans as DeepSeek-OCR, `<|ref|>label<|/ref|><|det|>[[x1,y1,x2,y2]]<|/det|>`
 # before each block, coordinates 0-999; a figure is an `image` span; the end-of-sentence token

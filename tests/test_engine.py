@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import (ALL_SCRIPTS, ROOT, free_port, load_output, load_script,
+from conftest import (ALL_SCRIPTS, ROOT, TESTS, free_port, load_output, load_script,
                       page_image, record_figure, write_parquet_dataset)
-from engine import (RunningServer, engine_or_skip, run_driver, tiny_model, vllm_check,
-                    vllm_serve_pids)
+from engine import (RunningServer, builder_source, engine_or_skip, run_driver, tiny_model,
+                    vllm_check, vllm_serve_pids)
 import engine_env
 
 # one xdist worker runs them all, in order, while the other runs the stub tests
@@ -185,6 +185,21 @@ def run_once(script: str, tmp_path_factory) -> tuple:
 
 def test_every_script_has_an_engine_case():
     assert sorted([*ENGINE_CASES, *OFFLINE_CASES]) == ALL_SCRIPTS
+
+
+def test_a_tiny_checkpoints_key_is_its_own_builder_and_not_the_guide():
+    """tests/tiny_models.py's docstring (how to make a checkpoint) is no part of any key; an
+    edit of one builder changes its own key only."""
+    source = (TESTS / "tiny_models.py").read_text()
+
+    def keys(text: str) -> dict:
+        return {kind: builder_source(kind, text) for kind in ("qwen3_5", "qwen2_vl")}
+
+    before = keys(source)
+    assert "Making one for a new architecture" in source
+    assert keys(source.replace("Making one for a new architecture", "Making a new one", 1)) == before
+    edited = keys(source.replace('"""Qwen2VLForConditionalGeneration:', '"""Qwen2-VL:', 1))
+    assert edited["qwen3_5"] == before["qwen3_5"] and edited["qwen2_vl"] != before["qwen2_vl"]
 
 
 def test_serve_args_are_accepted_by_the_real_vllm_parser(engine):
