@@ -93,16 +93,21 @@ PROMPTS = {
 }
 DEFAULT_PROMPT_MODE = "document"
 
+IMAGE_TOKENS_MAX = 933  # vLLM's processor caps the crops at 6: worst case a 1x6 tiling
+NGRAM_XARGS = {"ngram_size": 30, "window_size": 90, "whitelist_token_ids": [128821, 128822]}
+
+# ==== BEGIN DEEPSEEK-OCR MODEL (source: blocks/deepseek_ocr.py) ====
+# Shared by the two DeepSeek-OCR scripts (edit the source, then run tools/sync_helpers.py). In a
+# copy for a new model, delete this comment and the BEGIN and END lines: the part is its own.
+# Each script sets PROMPTS, DEFAULT_PROMPT_MODE, IMAGE_TOKENS_MAX and NGRAM_XARGS above it.
 MAX_MODEL_LEN = 8192
 TEMPERATURE = 0.0
-IMAGE_TOKENS_MAX = 933  # vLLM's processor caps the crops at 6: worst case a 1x6 tiling
 PROMPT_TEXT_TOKENS = 64
 PAGE_FORMAT = "jpeg"  # pages that must be converted or resized: JPEG quality 95 (others go as is)
 PREFIX_CACHING = False
-NGRAM_XARGS = {"ngram_size": 30, "window_size": 90, "whitelist_token_ids": [128821, 128822]}
 LOGITS_PROCESSOR = "vllm.model_executor.models.deepseek_ocr:NGramPerReqLogitsProcessor"
-# --repetition-detection (P, C): the n-gram processor already bars a 30-gram repeated within 90
-# tokens, so only its whitelisted <td></td> can loop at a period P covers
+# --repetition-detection (P, C): the n-gram processor already bars a repeated n-gram within its
+# window (NGRAM_XARGS), so only its whitelisted <td></td> can loop at a period P covers
 REPETITION_DETECTION = (4, 64)
 
 SERVE_ARGS = [
@@ -123,8 +128,9 @@ def spawn_args(args) -> list[str]:
 
 
 def image_token_budget(args=None) -> int:
-    """The largest page (933 image tokens) and the text around it; a custom --prompt longer than
-    the built-in ones adds its UTF-8 bytes (each token is at least one byte: an upper bound)."""
+    """The largest page (IMAGE_TOKENS_MAX image tokens) and the text around it; a custom --prompt
+    longer than the built-in ones adds its UTF-8 bytes (each token is at least one byte: an
+    upper bound)."""
     extra = 0
     if args is not None and args.prompt:
         extra = max(0, len(args.prompt.encode()) - max(len(p.encode()) for p in PROMPTS.values()))
@@ -133,7 +139,7 @@ def image_token_budget(args=None) -> int:
 
 # The authors' scripts let a page run to the context (max_tokens 8192 on the V0 engine, which
 # caps the output at the context); on V1 a request over the context is refused, so the default
-# is the most that fits beside the largest page: 8192 - 933 - 64 = 7195.
+# is the most that fits beside the largest page: 8192 - IMAGE_TOKENS_MAX - 64.
 DEFAULT_MAX_TOKENS = MAX_MODEL_LEN - image_token_budget()
 PDF_DPI = 144  # the authors' render DPI (pdf_to_images_high_quality(pdf_path, dpi=144))
 
@@ -192,7 +198,7 @@ DET_SPAN = re.compile(r"<\|det\|>(?:(?:(?!<\|).){0,5000}?<\|/det\|>"
 STRAY_TAGS = re.compile(r"<\|/?(?:ref|det|grounding)\|>|<｜end▁of▁sentence｜>|<\|end▁of▁sentence\|>")
 
 
-# The official post-processing's LaTeX mappings (github.com/deepseek-ai/DeepSeek-OCR).
+# The official post-processing's LaTeX mappings (github.com/deepseek-ai/DeepSeek-OCR and -OCR-2).
 COLON_EQUALS = ((re.compile(r"\\coloneqq(?![A-Za-z])"), ":="), (re.compile(r"\\eqqcolon(?![A-Za-z])"), "=:"))
 
 
@@ -221,8 +227,8 @@ def parse_grounded_blocks(raw: str) -> list[dict]:
 def figure_placeholders(raw: str) -> str:
     """Each `image` span becomes `![](images/N.jpg)` and a newline, N counting the page's
     figures from 0, as the authors' clean-up does it (github.com/deepseek-ai/DeepSeek-OCR,
-    DeepSeek-OCR-master/DeepSeek-OCR-vllm/run_dpsk_ocr_image.py): the figure's place stays in
-    the Markdown, and its box is in the blocks column."""
+    DeepSeek-OCR-master/DeepSeek-OCR-vllm/run_dpsk_ocr_image.py; DeepSeek-OCR-2's scripts
+    alike): the figure's place stays in the Markdown, and its box is in the blocks column."""
     import itertools
 
     figures = itertools.count()
@@ -253,6 +259,7 @@ def inference_settings(args) -> dict:
     return {"prompt": prompt_text(args), "prompt_mode": None if args.prompt else args.prompt_mode,
             "temperature": TEMPERATURE, "max_tokens": args.max_tokens,
             "skip_special_tokens": False, "vllm_xargs": NGRAM_XARGS}
+# ==== END DEEPSEEK-OCR MODEL ====
 
 
 # ==== BEGIN COMMON HELPERS (edit blocks/common.py, then run tools/sync_helpers.py) ====

@@ -70,6 +70,9 @@ LAYOUT_RUNS = {  # script: (its model's raw output, its flags, the block labels 
                                   "page_number"]),  # a continuation is a block of its own
     "deepseek-ocr-server.py": (DEEPSEEK_DOCUMENT, [],
                                ["title", "text", "table", "image", "image", "text"]),
+    # DeepSeek-OCR-2 answers in DeepSeek-OCR's format (MODEL-FACTS.md, DeepSeek-OCR-2, "Output")
+    "deepseek-ocr2-server.py": (DEEPSEEK_DOCUMENT, [],
+                                ["title", "text", "table", "image", "image", "text"]),
     "hpd-parsing-saturate.py": (HPD_OUTPUT, [], ["doc_title", "text", "table", "chart", "seal", "text"]),
     "dots-mocr-server.py": (DOTS_LAYOUT, ["--drop-margins"],
                             ["Page-header", "Title", "Text", "Formula", "Table", "Picture",

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import (ALL_SCRIPTS, ROOT, free_port, load_output, load_script,
+from conftest import (ALL_SCRIPTS, ROOT, TESTS, free_port, load_output, load_script,
                       page_image, record_figure, write_parquet_dataset)
-from engine import (RunningServer, engine_or_skip, run_driver, tiny_model, vllm_check,
-                    vllm_serve_pids)
+from engine import (RunningServer, builder_source, engine_or_skip, run_driver, tiny_model,
+                    vllm_check, vllm_serve_pids)
 import engine_env
 
 # one xdist worker runs them all, in order, while the other runs the stub tests
@@ -48,6 +48,11 @@ ENGINE_CASES = {
     # olmOCR-2 is a Qwen2.5-VL-7B fine-tune: a tiny Qwen2_5_VLForConditionalGeneration, the
     # script's own serve flags, its prompt-first payload and its 1288 px PNG pages
     "olmocr2-server.py": {"tiny": "qwen2_5_vl", "serve_args": "", "args": []},
+    # DeepSeek-OCR-2: vLLM's DeepseekOCR2ForCausalLM builds its towers at full size in code too
+    # (a SAM ViT-B and a 24-layer Qwen2-0.5B encoder, about 0.45 B parameters, whatever the
+    # config says), and runs SAM on a 1024 px view of every page: the same stand-in carries its
+    # real serve flags, the n-gram processor and its per-request fields (n-gram 40/90)
+    "deepseek-ocr2-server.py": {"tiny": "qwen2_vl", "serve_args": "", "args": []},
     # HPD-Parsing runs only on its vendor's vLLM fork; upstream vLLM on CPU serves a Qwen2-VL
     # stand-in under the served name with the vendor flags a CPU can run (prefix caching and
     # chunked prefill on; no FlashInfer, no Medusa), and the driver reuses that server
@@ -192,6 +197,21 @@ def run_once(script: str, tmp_path_factory) -> tuple:
 
 def test_every_script_has_an_engine_case():
     assert sorted([*ENGINE_CASES, *OFFLINE_CASES]) == ALL_SCRIPTS
+
+
+def test_a_tiny_checkpoints_key_is_its_own_builder_and_not_the_guide():
+    """tests/tiny_models.py's docstring (how to make a checkpoint) is no part of any key; an
+    edit of one builder changes its own key only."""
+    source = (TESTS / "tiny_models.py").read_text()
+
+    def keys(text: str) -> dict:
+        return {kind: builder_source(kind, text) for kind in ("qwen3_5", "qwen2_vl")}
+
+    before = keys(source)
+    assert "Making one for a new architecture" in source
+    assert keys(source.replace("Making one for a new architecture", "Making a new one", 1)) == before
+    edited = keys(source.replace('"""Qwen2VLForConditionalGeneration:', '"""Qwen2-VL:', 1))
+    assert edited["qwen3_5"] == before["qwen3_5"] and edited["qwen2_vl"] != before["qwen2_vl"]
 
 
 def test_serve_args_are_accepted_by_the_real_vllm_parser(engine):

@@ -429,6 +429,7 @@ PARSERS = [
     ("lighton-ocr3-saturate.py", types.SimpleNamespace(mode="grounding", keep_raw=False), 1000),
     ("lighton-ocr3.py", types.SimpleNamespace(mode="plain", keep_raw=True), 1000),
     ("deepseek-ocr-server.py", types.SimpleNamespace(keep_raw=False, prompt=None, prompt_mode="document"), 999),
+    ("deepseek-ocr2-server.py", types.SimpleNamespace(keep_raw=False, prompt=None, prompt_mode="document"), 999),
     ("hpd-parsing-saturate.py", types.SimpleNamespace(keep_raw=True), 1000),
     ("ovis-ocr2-server.py", types.SimpleNamespace(keep_image_tags=False), None),
     ("paddleocr-vl-server.py", types.SimpleNamespace(task="table", keep_raw=True), None),

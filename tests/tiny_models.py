@@ -9,6 +9,42 @@ downloaded here, so each checkpoint is a config + random init + save_pretrained,
 BPE tokenizer trained on a few sentences with the architecture's special tokens, a chat
 template, and the image processor's config. Random weights are scaled up so that different
 pages give different text (the engine tests assert it).
+
+Making one for a new architecture (a `build_<name>(out)` and its BUILDERS entry):
+
+* Config: the architecture's own config class from the engine's transformers
+  (ENGINE_PYTHON's site-packages, transformers/models/<name>/configuration_*.py), at the
+  smallest sizes vLLM's CPU engine takes: 1-2 layers, hidden 64, vision depth 1, attention head
+  dim at least 32 (16 kills the engine at its first request); Qwen3.5's linear attention needs
+  key and value head dims 128. The ids of the image and special tokens come from the tokenizer
+  built here (vision_token_ids), and `config.architectures` must name the class vLLM registers.
+  Read vLLM's model file (vllm/model_executor/models/<name>.py) first: a tower it builds at a
+  size fixed in code, whatever the config says (DeepSeek-OCR's SAM and CLIP-L, DeepSeek-OCR-2's
+  SAM and 24-layer Qwen2 encoder), makes the checkpoint big and each page slow: then keep its
+  engine case to a few pages, or stand in with the closest architecture that can be tiny and say
+  why in tests/test_engine.py's ENGINE_CASES.
+* Weights: random init, scale_weights, save_pretrained(safe_serialization=True). They must carry
+  the names vLLM's load_weights expects (its hf_to_vllm_mapper): where transformers' class names
+  them otherwise, save a state dict of the expected names and shapes yourself.
+* Tokenizer and chat template: build_tokenizer, whose SPECIAL_TOKENS hold the Qwen-style vision
+  tokens; a model whose processor looks for other tokens (`<image>`) needs them added in its
+  own builder, and a chat template that puts them where the model's template does.
+* Processor: preprocessor_config.json (image_processor_config: patch size, merge size, the
+  processor class vLLM loads; a Qwen3-VL processor also wants video_preprocessor_config.json)
+  and generation_config.json (_generation_config).
+* Draft layers for speculative decoding (an MTP head): the config's count of them
+  (`num_nextn_predict_layers` or the architecture's name for it) and their weights under the
+  names vLLM's draft model loads (its <name>_mtp.py); where the CPU engine cannot run the
+  draft, the engine case drops the flag instead (tests/test_engine.py) and says why.
+* Try it by hand: ENGINE_PYTHON tests/tiny_models.py <kind> /tmp/tiny, then `vllm serve
+  /tmp/tiny` with the script's SERVE_ARGS in engine_env.engine_environ()'s environment.
+
+tests/engine.py's tiny_model(kind) caches each checkpoint under ~/.cache/ocr-vllm-engine/
+tiny-models/<kind>-<digest>, keyed by builder_source(kind): this file's shared statements
+(not this docstring) and the build_* functions its BUILDERS entry reaches. A new or edited
+builder rebuilds only its own checkpoints; an edit of a shared statement (SPECIAL_TOKENS,
+CORPUS, build_tokenizer...) rebuilds every one, so put what one architecture needs in its
+builder.
 """
 
 from __future__ import annotations
