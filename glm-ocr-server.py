@@ -42,9 +42,9 @@ What serving the VLM alone leaves out
     prompt: a different system. OmniDocBench v1.5: 94.62 for the pipeline (the card); a
     third-party leaderboard lists GLM-OCR at 69.2 (tables 37.4) with its setup unstated,
     plausibly the VLM alone; on olmOCR-Bench's old_scans subset a whole-page script scored
-    40.5. The card itself "strongly recommends" the SDK for document parsing, and no source
-    shows what the model writes for a whole page under `Text Recognition:`: read the first
-    pages before scaling. The dataset card repeats this warning.
+    40.5. The card itself recommends the SDK for document parsing, and no source shows what
+    the model writes for a whole page under `Text Recognition:`: read the first pages before
+    scaling. The dataset card repeats this warning.
 
 Where the settings come from (the authors' README and SDK, the card, vLLM's recipe)
     Prompt: the image, then `Text Recognition:` in one user turn, as the SDK sends a region;
@@ -52,9 +52,10 @@ Where the settings come from (the authors' README and SDK, the card, vLLM's reci
     Speculative decoding: the model's own MTP layer, 3 tokens a step. The authors serve it
     with 3 since 2026-04-07 (1 before); vLLM's recipe, last changed 2026-01-26, still says 1.
     3 is the model authors' current choice, made after the recipe's, and a depth of 1 can
-    never accept more than 2 tokens a step. MTP changes how fast, not what: vLLM's rejection
-    sampler applies the repetition penalty to the target model's logits (0.19.0 and 0.32.0,
-    read in their code).
+    never accept more than 2 tokens a step. MTP changes how fast, not what; whether it
+    honours the repetition penalty is not verified on a GPU (vLLM 0.19.0's and 0.32.0's
+    rejection samplers apply penalties to the target logits, read in their code): compare
+    the first pages with those of a server started without `--speculative-config`.
     Sampling: the SDK's temperature 0.0, repetition_penalty 1.1 and max_tokens 8192. The SDK
     also sends top_p 0.00001 and top_k 1, which only restate greedy decoding: at temperature 0
     vLLM decodes greedily whatever they say, so they are left out, because kept they would

