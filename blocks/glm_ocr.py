@@ -116,20 +116,31 @@ LONG_ANSWER = 2048  # the repetition cuts apply to answers at least this long
 MIN_UNIT, MIN_REPEATS = 10, 10
 
 
+def true_runs(mask):
+    """(starts, lengths) of the runs of True in a boolean array."""
+    import numpy as np
+
+    breaks = np.flatnonzero(~mask)
+    starts = np.concatenate(([0], breaks + 1))
+    return starts, np.concatenate((breaks, [len(mask)])) - starts
+
+
 def first_repeated_unit(text: str) -> tuple[int, int] | None:
     """(start, length) of the first unit of >= 10 characters repeated >= 10 times in a row:
-    the leftmost start, then the shortest unit. One vectorised pass per unit length."""
+    the leftmost start, then the shortest unit. Per unit length L, text[i] == text[i + L] must
+    hold 9L times in a row, so first at the 9 multiples of L such a run always spans (n / L
+    comparisons), and at every position only where it does."""
     import numpy as np
 
     codes = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
     best = None
     for length in range(MIN_UNIT, len(codes) // MIN_REPEATS + 1):
-        needed = (MIN_REPEATS - 1) * length  # text[i] == text[i + length] this many times
+        needed = (MIN_REPEATS - 1) * length
         end = len(codes) if best is None else min(len(codes), best[0] + needed + length)
-        same = codes[:end - length] == codes[length:end]
-        breaks = np.flatnonzero(~same)
-        starts = np.concatenate(([0], breaks + 1))
-        runs = np.concatenate((breaks, [len(same)])) - starts
+        sampled = codes[0:end - length:length] == codes[length:end:length]
+        if sampled.sum() < MIN_REPEATS - 1 or true_runs(sampled)[1].max() < MIN_REPEATS - 1:
+            continue
+        starts, runs = true_runs(codes[:end - length] == codes[length:end])
         found = np.flatnonzero(runs >= needed)
         if found.size and (best is None or starts[found[0]] < best[0]):
             best = (int(starts[found[0]]), length)
