@@ -92,6 +92,26 @@ def test_the_first_start_wins_then_the_shortest_unit():
     assert glm.clean_answer(PROSE + both) == PROSE + "abcdefghij"
 
 
+def test_the_repeated_unit_search_finds_what_a_plain_scan_finds():
+    """The fast search against the rule read literally: every start in order, every unit
+    length from 10, ten copies in a row."""
+    import random
+
+    def plain(text):
+        for start in range(len(text)):
+            for length in range(10, (len(text) - start) // 10 + 1):
+                if text[start:start + 10 * length] == text[start:start + length] * 10:
+                    return start, length
+        return None
+
+    rng = random.Random(5)
+    for _ in range(300):
+        unit = "".join(rng.choice("ab ") for _ in range(rng.randint(1, 30)))
+        text = "".join(rng.choice("ab \n") for _ in range(rng.randint(0, 60))) + \
+            unit * rng.randint(0, 25) + "".join(rng.choice("ab") for _ in range(rng.randint(0, 40)))
+        assert glm.first_repeated_unit(text) == plain(text), text
+
+
 # One table row of distinct cells (no unit of its own repeats), twelve times, separated by
 # one and two newlines in turn: never ten copies in a row of one unit, so the repeated-unit
 # cut leaves it to the repeated-line cut
