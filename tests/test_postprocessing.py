@@ -434,13 +434,15 @@ PARSERS = [
     ("ovis-ocr2-server.py", types.SimpleNamespace(keep_image_tags=False), None),
     ("paddleocr-vl-server.py", types.SimpleNamespace(task="table", keep_raw=True), None),
     ("dots-mocr-server.py", types.SimpleNamespace(keep_raw=True, drop_margins=True), 1000),
+    ("glm-ocr-server.py", types.SimpleNamespace(keep_raw=True), None),
 ]
 TOKENS = ["![text](", "![text+](", "](", ")", ",", " ", "\n", "\n\n", "\\$", "$", "`", "```",
           "http://x.y/", "<|ref|>", "<|/ref|>", "<|det|>", "<|/det|>", "[[", "]]", "[", "]",
           "<BLOCK>", "<CHILD>", "<FORK>", "</FORK>", "[Non-Text]", "\\[", "\\]", "<table>",
           "\\left(", "\\right", "\\tag{", "}", "{", "-", ".", "0", "7", "999", "1000", "1001",
           "99999999999", "9" * 400, "1e999", "nan", "é", "\x00", '<img src="images/bbox_',
-          '{"bbox": ', '"category": ', '"text": ', '"Picture"', '"Formula"', '"', "$$"]
+          '{"bbox": ', '"category": ', '"text": ', '"Picture"', '"Formula"', '"', "$$",
+          "\\t", "\t", "·", "_", "\\_", "$ ", "<td>0</td>" * 12]  # GLM-OCR's clean-up
 NASTY = ["", "![", "![text](1,2,3,4", "![" * 5000, "<|ref|>" * 3000, "<|det|>[[" + "9" * 5000,
          "<BLOCK>" * 3000, "\\$" * 3000, "<BLOCK>text [" + "9" * 400 + ",0,0,0]<CHILD>x",
          "![a](0,0,0,1e5) x", "<|ref|>t<|/ref|><|det|>[[nan, 1, 2, 3]]<|/det|>x",

@@ -377,6 +377,88 @@ def build_dots_ocr(out: Path, seed: int = 0) -> None:
          "min_pixels": 3136, "max_pixels": 1003520,
          "size": {"shortest_edge": 3136, "longest_edge": 1003520}}, indent=2))
     _generation_config(out, ids)
+def build_glm_ocr(out: Path, seed: int = 0) -> None:
+    """GlmOcrForConditionalGeneration with its MTP layer (vLLM's GlmOcrMTPModel drafts from
+    it), so the engine serves glm-ocr-server.py's real speculative config.
+
+    The MTP layer is what the real checkpoint stores after its decoder layers (transformers
+    ignores `model.language_model.layers.<num_hidden_layers>.*` on load, and vLLM's MTP model
+    loads exactly those): one decoder layer plus the two input norms, the projection of
+    [embedding, hidden state] and the shared head's norm. transformers does not build it, so
+    its tensors are added to the saved weights here. Special tokens, image token ids and the
+    processor are GLM's (Glm46VProcessor, 14 px patches merged 2x2, two frames per image,
+    MODEL-FACTS' pixel bounds)."""
+    import torch
+    from safetensors.torch import load_file, save_file
+    from transformers import GlmOcrConfig, GlmOcrForConditionalGeneration
+
+    out.mkdir(parents=True, exist_ok=True)
+    glm_tokens = ["[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>",
+                  "<|begin_of_image|>", "<|end_of_image|>", "<|image|>", "<|begin_of_video|>",
+                  "<|end_of_video|>", "<|video|>"]
+    tok = build_tokenizer(out)
+    tok.add_special_tokens({"additional_special_tokens": glm_tokens})
+    tok.eos_token = "<|endoftext|>"
+    # GLM's turn layout: the image parts as the processor's placeholder, then the text
+    tok.chat_template = (
+        "[gMASK]<sop>{%- for message in messages -%}<|{{ message['role'] }}|>\n"
+        "{%- if message['content'] is string -%}{{ message['content'] }}"
+        "{%- else -%}{%- for part in message['content'] -%}"
+        "{%- if part['type'] in ['image', 'image_url'] -%}<|begin_of_image|><|image|><|end_of_image|>"
+        "{%- elif part['type'] == 'text' -%}{{ part['text'] }}{%- endif -%}"
+        "{%- endfor -%}{%- endif -%}{%- endfor -%}"
+        "{%- if add_generation_prompt -%}<|assistant|>\n{%- endif -%}")
+    tok.save_pretrained(out)
+    ids = {t: tok.convert_tokens_to_ids(t) for t in glm_tokens + ["<|endoftext|>"]}
+    hidden, layers = 64, 1
+    text = {"vocab_size": len(tok), "hidden_size": hidden, "intermediate_size": 128,
+            "num_hidden_layers": layers, "num_attention_heads": 2, "num_key_value_heads": 1,
+            "num_nextn_predict_layers": 1, "max_position_embeddings": 32768,
+            # head_dim 32, half of it rotary: the three mrope sections sum to 8
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                                "partial_rotary_factor": 0.5, "mrope_section": [2, 3, 3]},
+            "eos_token_id": [ids["<|endoftext|>"], ids["<|user|>"]],
+            "pad_token_id": ids["<|endoftext|>"]}
+    vision = {"depth": 1, "hidden_size": 64, "num_heads": 2, "intermediate_size": 128,
+              "out_hidden_size": hidden, "patch_size": 14, "spatial_merge_size": 2,
+              "temporal_patch_size": 2}
+    config = GlmOcrConfig(
+        text_config=text, vision_config=vision, image_token_id=ids["<|image|>"],
+        video_token_id=ids["<|video|>"], image_start_token_id=ids["<|begin_of_image|>"],
+        image_end_token_id=ids["<|end_of_image|>"], video_start_token_id=ids["<|begin_of_video|>"],
+        video_end_token_id=ids["<|end_of_video|>"], tie_word_embeddings=False)
+    config.dtype = "float32"
+    torch.manual_seed(seed)
+    model = GlmOcrForConditionalGeneration(config)
+    scale_weights(model, 1.0, seed, 24.0)
+    with torch.no_grad():  # random weights must not stop the answer before max_tokens
+        for stop in text["eos_token_id"]:
+            model.lm_head.weight[stop] = 0.0
+    model.save_pretrained(out, safe_serialization=True)
+    weights_file = out / "model.safetensors"
+    weights = load_file(weights_file)
+    generator = torch.Generator().manual_seed(seed + 1)
+    first, mtp = "model.language_model.layers.0.", f"model.language_model.layers.{layers}."
+    weights.update({mtp + name[len(first):]: tensor.clone()
+                    for name, tensor in weights.items() if name.startswith(first)})
+    weights.update({
+        mtp + "enorm.weight": torch.ones(hidden), mtp + "hnorm.weight": torch.ones(hidden),
+        mtp + "shared_head.norm.weight": torch.ones(hidden),
+        mtp + "eh_proj.weight": torch.randn(hidden, 2 * hidden, generator=generator) / (2 * hidden) ** 0.5})
+    save_file(weights, weights_file, metadata={"format": "pt"})
+    processor = {
+        "image_processor_type": "Glm46VImageProcessor", "processor_class": "Glm46VProcessor",
+        "patch_size": 14, "merge_size": 2, "temporal_patch_size": 2,
+        "size": {"shortest_edge": 12544, "longest_edge": 9633792},
+        "image_mean": [0.48145466, 0.4578275, 0.40821073],
+        "image_std": [0.26862954, 0.26130258, 0.27577711],
+        "do_resize": True, "do_rescale": True, "do_normalize": True, "do_convert_rgb": True,
+        "resample": 3, "rescale_factor": 1 / 255}
+    (out / "preprocessor_config.json").write_text(json.dumps(processor, indent=2))
+    (out / "video_preprocessor_config.json").write_text(json.dumps(
+        {**processor, "video_processor_type": "Glm46VVideoProcessor"}, indent=2))
+    (out / "generation_config.json").write_text(json.dumps(
+        {"eos_token_id": text["eos_token_id"], "pad_token_id": ids["<|endoftext|>"]}))
 
 
 def _generation_config(out: Path, ids: dict) -> None:
@@ -393,6 +475,7 @@ BUILDERS = {
     "paddleocr_vl": build_paddleocr_vl,
     "qwen2_5_vl": build_qwen2_5_vl,
     "dots_ocr": build_dots_ocr,
+    "glm_ocr": build_glm_ocr,
 }
 
 if __name__ == "__main__":
