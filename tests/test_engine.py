@@ -29,7 +29,9 @@ pytestmark = [pytest.mark.engine, pytest.mark.xdist_group("engine")]
 
 # Per script: the tiny checkpoint standing in for its model, and what must change on a CPU
 # (only the model path and, where needed, the context length; nothing else of SERVE_ARGS);
-# "serve_log": lines the spawned server's log must hold (what the engine says it ran).
+# "serve_log": lines the spawned server's log must hold (what the engine says it ran);
+# "drop_serve_args": flags of SERVE_ARGS a CPU cannot run (say why beside it): the test then
+# starts `vllm serve` with the script's SERVE_ARGS less those, and the driver reuses it.
 ENGINE_CASES = {
     "ovis-ocr2-server.py": {"tiny": "qwen3_5", "serve_args": "", "args": []},
     # temperature 0 here so that the offline/server parity below is meaningful
@@ -188,6 +190,19 @@ def run_once(script: str, tmp_path_factory) -> tuple:
         finally:
             server.stop()
         extra = {"port": server.port}
+    elif script in ENGINE_CASES and "drop_serve_args" in ENGINE_CASES[script]:
+        case = ENGINE_CASES[script]
+        common = common[:-2]
+        model = tiny_model(case["tiny"])
+        serve = without_flags(list(load_script(script).SERVE_ARGS), case["drop_serve_args"])
+        server = RunningServer(model, free_port(), serve, folder / "vllm-serve.log")
+        try:
+            server.wait()
+            run = run_driver(script, *common, "--server", server.url, "--model", str(model),
+                             *case["args"])
+        finally:
+            server.stop()
+        extra = {"port": server.port}
     elif script in ENGINE_CASES:
         case = ENGINE_CASES[script]
         port = free_port()
@@ -205,6 +220,25 @@ def run_once(script: str, tmp_path_factory) -> tuple:
     stats = json.loads(stats_path.read_text()) if stats_path.exists() else None
     _runs[script] = (run, folder / "out", stats, extra)
     return _runs[script]
+
+
+def without_flags(serve_args: list[str], flags: list[str]) -> list[str]:
+    """serve_args less each named flag and its value(s): `--flag v`, `--flag=v`, `--flag a b`."""
+    kept, dropping = [], False
+    for word in serve_args:
+        if word.startswith("--"):
+            dropping = word.split("=", 1)[0] in flags
+        if not dropping:
+            kept.append(word)
+    return kept
+
+
+def test_an_engine_case_can_drop_a_serve_flag():
+    serve = ["--max-model-len", "16384", "--speculative-config", '{"method": "mtp"}',
+             "--limit-mm-per-prompt={\"image\": 1}", "--enable-prefix-caching", "--mm-x", "a", "b"]
+    assert without_flags(serve, ["--speculative-config", "--limit-mm-per-prompt", "--mm-x"]) == \
+        ["--max-model-len", "16384", "--enable-prefix-caching"]
+    assert without_flags(serve, []) == serve
 
 
 def test_every_script_has_an_engine_case():
