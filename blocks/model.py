@@ -10,8 +10,10 @@ placeholder of the right type; a script's model section sets the real one.
 Besides these, a block may read an optional model-section name with a default, at the top of
 the block that uses it: `NAME = globals().get("NAME", default)` (MODEL_REVISION, RESIZE_FILTER,
 LOOP_TEMPERATURE, REPETITION_DETECTION, REPETITION_DETECTION_ON, REPETITION_DETECTION_NOTE,
-IMAGE_TAG_MOVING, PDF_DPI and MODEL_CARD_NOTE (Markdown the card must say of the model: a
-licence term, a warning of what the script leaves out) in the common block; API_SERVER_COUNT in the saturate block). A model section sets one only where its model differs.
+IMAGE_TAG_MOVING, PDF_DPI, MODEL_CARD_NOTE (Markdown the card must say of the model: a
+licence term, a warning of what the script leaves out), IMAGE_HAS_UV (False: JOB_IMAGE has no uv,
+so the Jobs command is the docstring's `hf jobs run` form) and JOB_PAGES_PER_S (pages/s measured
+on the header's flavor: what the Jobs timeout covers) in the common block; API_SERVER_COUNT in the saturate block). A model section sets one only where its model differs.
 
 The model section's functions may call the helpers of the blocks its script carries (the
 common block's `repeated_tail`, the grounding block's `block_box`): they run after the blocks

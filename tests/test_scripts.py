@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -461,7 +462,8 @@ def test_hpd_without_vllm_prints_the_vendor_image_command(tmp_path):
     run = run_script("hpd-parsing-saturate.py", str(tmp_path / "in"), str(tmp_path / "out"),
                      "--server", f"http://127.0.0.1:{free_port()}", env={"PATH": "/usr/bin:/bin"})
     assert run.returncode == 2
-    assert "uv run ocr-jobs.py hpd-parsing-saturate.py INPUT OUTPUT --shards 1" in run.stderr
+    assert "hf jobs run --flavor a10g-small --timeout 4h --secrets HF_TOKEN" in run.stderr
+    assert 'uv run "$SCRIPT_URL" INPUT OUTPUT' in run.stderr  # the image has no uv
     assert load_script("hpd-parsing-saturate.py").JOB_IMAGE in run.stderr
 
 
@@ -503,14 +505,14 @@ def test_api_server_count_only_where_it_was_measured(script, cpus, monkeypatch):
 @pytest.mark.parametrize("script", ["ovis-ocr2-server.py", "hpd-parsing-saturate.py"])
 def test_the_printed_jobs_command_carries_a_timeout(script, monkeypatch):
     """MODEL-FACTS.md, "Rules for every OCR model": Jobs stop after 30 minutes without one. The
-    printed command is the launcher's, which gives each Job the script's timeout."""
+    printed command gives the Job the script's own timeout, the one the launcher gives too."""
     module = load_script(script)
     monkeypatch.setattr(sys, "argv", [str(ROOT / script)])
-    assert module.jobs_command(["user/in", "user/out"]) == \
-        f"uv run ocr-jobs.py {script} user/in user/out --shards 1"
+    words = shlex.split(module.jobs_command(["user/in", "user/out"]))
     launcher = load_script("ocr-jobs.py")
     spec = launcher.job_spec(ROOT / script, argparse.Namespace(image=None, flavor=None,
                                                                 timeout=None))
+    assert words[words.index("--timeout") + 1] == spec.timeout
     assert launcher.duration_s(spec.timeout) > 30 * 60
 
 
