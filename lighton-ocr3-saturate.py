@@ -2593,6 +2593,8 @@ def jobs_notes(argv: list[str] | None = None, in_card: bool = False) -> list[str
         notes.append("A Job's disk goes when it ends: give a Hub dataset id for OUTPUT "
                      "(--private keeps it private).")
     by_url = re.match(r"https?://", script)
+    if in_card and IMAGE_HAS_UV and not by_url:
+        notes.append(f"Run it from the folder that holds {script}, or give its URL in its place.")
     if not IMAGE_HAS_UV and not by_url:
         notes.append(f"The image has no uv, so the Job fetches the script: put the raw URL of "
                      f"{script_name()} in place of <raw URL of {script_name()}>.")
@@ -2605,11 +2607,10 @@ def jobs_notes(argv: list[str] | None = None, in_card: bool = False) -> list[str
     return notes
 
 
-def jobs_advice(argv: list[str] | None = None, in_card: bool = False) -> str:
-    """The Jobs command for this run and its notes: the one answer every message and the card
-    print (argv: the run's)."""
-    return "\n".join([f"  {jobs_command(argv, in_card)}",
-                      *(f"* {note}" for note in jobs_notes(argv, in_card))])
+def jobs_advice(argv: list[str] | None = None) -> str:
+    """The Jobs command for this run and its notes, as a message prints them (the card: the
+    same two, in a code block and a list)."""
+    return "\n".join([f"  {jobs_command(argv)}", *(f"* {note}" for note in jobs_notes(argv))])
 
 
 def part_note(path: Path, column: str) -> dict:
@@ -2720,7 +2721,6 @@ Reproduce on Hugging Face Jobs:
 ```
 
 {chr(10).join("* " + note for note in jobs_notes(in_card=True) + shards)}
-* Run it from the folder that holds `{script_name()}`, or give the script's URL in its place.
 """
 
 

@@ -306,6 +306,7 @@ def test_the_cards_reproduce_command_runs_as_printed(tmp_path, stub_server):
     args = check_job(printed_command(block), OVIS)
     assert args == ["INPUT", "OUTPUT", "--serve-args", "--max-num-seqs 8"]
     assert "* A Job cannot read INPUT on this machine" in card and "* --timeout 4h" in card
+    assert f"* Run it from the folder that holds {OVIS}, or give its URL" in card  # no local path
     no_secret(card, run.stderr, "".join(load_output(tmp_path / "out")["inference_info"]))
     info = json.loads(load_output(tmp_path / "out")["inference_info"][0])[0]
     assert "--api-key" in info["serve_args"] and "***" in info["serve_args"]
