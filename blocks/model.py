@@ -13,18 +13,20 @@ Besides these, a block may read an optional model-section name with a default, a
 the block that uses it: `NAME = globals().get("NAME", default)` (MODEL_REVISION, RESIZE_FILTER,
 LOOP_TEMPERATURE, REPETITION_DETECTION, REPETITION_DETECTION_ON, REPETITION_DETECTION_NOTE,
 IMAGE_TAG_MOVING, PDF_DPI, MODEL_CARD_NOTE (Markdown the card must say of the model: a
-licence term, a warning of what the script leaves out) and POSTPROCESS_GETS_SIZE (True: server
+licence term, a warning of what the script leaves out), POSTPROCESS_GETS_SIZE (True: server
 scripts call `postprocess(text, args, (width, height))` with the size the page was sent at, for
-a model whose boxes are in its input's pixels) in the common block; API_SERVER_COUNT in the
-saturate block; SEND_AGAIN in the server block: an async function `(send, body, result,
-args) -> RowResult` that, given a page's answer, may send the page again changed (`await
-send(new_body)` sends it with its loop retries) and returns the row's result, its `attempts`
-counting every send and its `resent` the sends it made; olmOCR-2 turns a page the model says is
-rotated). A model section sets one only where its model differs. Optional names read
-outside the blocks: JOB_PAGES_PER_S (ocr-jobs.py reads `^JOB_PAGES_PER_S = <number>` from the
-script's text: the measured rate it plans shards and time with; leave it out when none was
-measured), SERVED_NAME (the tests: the name a server script's `--served-model-name` gives the
-model), DEFAULT_PROMPT_MODE (the tests, where a script has prompt modes).
+a model whose boxes are in its input's pixels), IMAGE_HAS_UV (False: JOB_IMAGE has no uv, so
+the Jobs command is the docstring's `hf jobs run` form) and JOB_PAGES_PER_S (pages/s measured
+on the header's flavor: what the Jobs timeout covers; ocr-jobs.py also reads
+`^JOB_PAGES_PER_S = <number>` from the script's text to plan shards; leave it out when none was
+measured) in the common block; API_SERVER_COUNT in the saturate block; SEND_AGAIN in the server
+block: an async function `(send, body, result, args) -> RowResult` that, given a page's answer,
+may send the page again changed (`await send(new_body)` sends it with its loop retries) and
+returns the row's result, its `attempts` counting every send and its `resent` the sends it
+made; olmOCR-2 turns a page the model says is rotated). A model section sets one only where its
+model differs. Optional names read outside the blocks: SERVED_NAME (the tests: the name a server
+script's `--served-model-name` gives the model), DEFAULT_PROMPT_MODE (the tests, where a script
+has prompt modes).
 
 Not a name, but read the same way: the PEP 723 header at the top of the script, whose
 `dependencies` `uv run` installs (never vllm or torch: the image has them) and whose

@@ -18,7 +18,7 @@ from blocks.model import (
 )
 from blocks.common import (
     check_context_budget, exception_row, fail, finish_row, HeldFailures, inference_info_entry,
-    iter_image_cells, jobs_command, JOBS_NOTE, kept_attempt, log, loop_seed, LOOP_TEMPERATURE,
+    iter_image_cells, jobs_advice, kept_attempt, log, loop_seed, LOOP_TEMPERATURE,
     loops, PAGE, parse_arguments, PreparedPage, read_page, redact_value, requested_revision,
     resolved_revision, RowResult, _RUN_ARGV, run_script,
 )
@@ -67,8 +67,8 @@ def ensure_vllm(argv: list[str]) -> None:
     if gpu_visible() and (uv := shutil.which("uv")) and not os.environ.get("OCR_SCRIPT_REEXEC"):
         log(f"vllm is not installed here; asking uv for vllm{VLLM_REQUIREMENT} (several GB once)")
         os.execve(uv, [uv, "run", "--with", f"vllm{VLLM_REQUIREMENT}", script, *argv], env)
-    fail(f"vllm cannot be imported here.\n\nRun it on Hugging Face Jobs:\n  {jobs_command()}\n"
-         f"{JOBS_NOTE}\n\nor locally: `pip install 'vllm{VLLM_REQUIREMENT}'` (or run it in "
+    fail(f"vllm cannot be imported here.\n\nRun it on Hugging Face Jobs:\n{jobs_advice()}\n\n"
+         f"or locally: `pip install 'vllm{VLLM_REQUIREMENT}'` (or run it in "
          f"{JOB_IMAGE}), then rerun the same command.")
 
 

@@ -16,7 +16,7 @@ from blocks.model import build_request, DEFAULT_SERVER, JOB_IMAGE, SERVE_ARGS, S
 from blocks.common import (
     check_context_budget, cut_at_loop, error_row, exception_row, EXIT_REFUSED, EXIT_USAGE, fail,
     finish_row, flag_items, flag_words, HeldFailures, inference_info_entry, is_secret,
-    iter_image_cells, jobs_command, JOBS_NOTE, kept_attempt, log, loop_seed, LOOP_TEMPERATURE,
+    iter_image_cells, jobs_advice, kept_attempt, log, loop_seed, LOOP_TEMPERATURE,
     loops, PAGE, parse_arguments, PreparedPage, read_page, redact_argv, repetition_detection,
     requested_revision, rerun_advice, resolved_revision, RowResult, run_script, RunAborted,
     RunStats, SERVER, TOKEN_VALUE,
@@ -318,7 +318,7 @@ class ServerManager:
                 if JOB_IMAGE.startswith("vllm/vllm-openai:") else \
                 f"run it inside {JOB_IMAGE} (the vendor's vLLM, the only one for this model)"
             fail(f"nothing answers at {self.base} and there is no `vllm` command here to start a "
-                 f"server.\n\nRun it on Hugging Face Jobs:\n  {jobs_command()}\n{JOBS_NOTE}\n\n"
+                 f"server.\n\nRun it on Hugging Face Jobs:\n{jobs_advice()}\n\n"
                  f"or locally: {local}, then rerun the same command; or pass --server URL to use "
                  f"a running server.")
 

@@ -154,16 +154,28 @@ class Stub:
         self.requests = 0
         self.running = 0
         self.waiting = 0  # admitted past --capacity's limit: queued, as vLLM's scheduler would
+        self.controlled: dict = {}  # what --control-file set
+        self.latency = opts.latency  # each request's time (--latency, or --control-file's)
         self.slots = threading.Condition(self.lock)
         self.first_health = None  # --health-delay counts from the first probe
         self.log = open(opts.request_log, "a") if opts.request_log else None
 
     def capacity(self, n: int) -> float:
-        """Requests that may run at once when request n arrives (--capacity, --capacity-after)."""
+        """Requests that may run at once when request n arrives (--capacity, --capacity-after,
+        --control-file)."""
         after, _, then = (self.opts.capacity_after or "").partition(":")
         if after and self.requests > int(after):
             return int(then)
+        if self.controlled.get("capacity"):
+            return self.controlled["capacity"]
         return self.opts.capacity or float("inf")
+
+    def read_control(self) -> None:
+        """--control-file: once it exists, its JSON sets capacity and latency from then on."""
+        if not self.controlled and self.opts.control_file and os.path.exists(self.opts.control_file):
+            with contextlib.suppress(ValueError):  # half written: read at the next request
+                self.controlled = json.loads(open(self.opts.control_file).read())
+                self.latency = self.controlled.get("latency", self.latency)
 
     def count(self) -> int:
         with self.lock:
@@ -340,13 +352,14 @@ def make_handler(stub: Stub):
             if error:
                 self.reply(500, {"error": error})
                 return
+            stub.read_control()
             with stub.slots:  # at most `capacity` run at once; the rest wait, and are counted
                 stub.waiting += 1
                 stub.slots.wait_for(lambda: stub.running < stub.capacity(n))
                 stub.waiting -= 1
                 stub.running += 1
             try:
-                time.sleep(opts.latency)
+                time.sleep(stub.latency)
             finally:
                 with stub.slots:
                     stub.running -= 1
@@ -418,6 +431,9 @@ def parse(argv=None):
                         "them as vllm:num_requests_waiting (default: no limit)")
     p.add_argument("--capacity-after", help="K:M: from request K+1 on, the capacity is M (an "
                    "engine that slows down mid-run)")
+    p.add_argument("--control-file", help="once this file exists, its JSON ({\"capacity\": M, "
+                   "\"latency\": S}) holds from the next request on: an engine that slows down "
+                   "at the moment a test chooses")
     p.add_argument("--fail-status", type=int, default=503,
                    help="the status --fail-every answers with (default: 503; 429: rate limited)")
     p.add_argument("--answer-file", help="answer every page with this file's text")

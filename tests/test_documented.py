@@ -10,6 +10,7 @@ import json
 import os
 import re
 import signal
+import shlex
 import sys
 import types
 from pathlib import Path
@@ -129,7 +130,10 @@ def test_blocks_raw_output_and_card_read_back_after_a_layout_run(tmp_path, stub_
     reproduce = card.split("Reproduce on Hugging Face Jobs:", 1)[1]
     assert script in reproduce and "--keep-raw" in reproduce
     command = reproduce.split("```")[1]  # a local path would mean nothing inside a Job
-    assert str(tmp_path) not in command and command.split()[4:6] == ["INPUT", "OUTPUT"]
+    words = shlex.split(command)  # an image without uv: the script's arguments are in its shell line
+    words = shlex.split(words[-1].split('"$SCRIPT_URL"', 1)[1]) if words[2] == "run" else \
+        words[words.index(script) + 1:]
+    assert str(tmp_path) not in command and words[:2] == ["INPUT", "OUTPUT"]
     assert all(flag in reproduce for flag in flags)
 
 

@@ -1,6 +1,6 @@
 """Issue 16: the first minutes with a script. Arguments are checked before anything else, a run
-that cannot start says so at once with the launcher's command, which runs as printed (checked
-through `ocr-jobs.py ... --dry-run`), the startup probe names what answers on the port, secrets stay out of
+that cannot start says so at once with the Jobs command, which runs as printed (checked
+through `hf jobs ... --dry-run`), the startup probe names what answers on the port, secrets stay out of
 command lines and records, the spawned server dies with the driver, --server keeps its path."""
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import shlex
 import subprocess
 import sys
 import time
-import types
 from pathlib import Path
 
 import pytest
@@ -207,57 +206,26 @@ def test_without_vllm_a_hub_input_fails_fast_without_touching_the_hub(script):
     elapsed = time.monotonic() - started
     assert run.returncode == 2, run.stderr
     assert "Traceback" not in run.stderr and "ConnectionError" not in run.stderr
-    assert f"uv run ocr-jobs.py {script} user/scans OUTPUT --shards 1" in run.stderr
+    assert f" {script} user/scans OUTPUT" in run.stderr  # the Jobs command, OUTPUT to fill in
     assert elapsed < 5, elapsed
 
 
-# ---- 2. the launcher's command, which runs as printed ---------------------------------------
+# ---- 2. the Jobs command, which runs as printed (tests/test_jobs_command.py: a script alone) --
 
 def printed_command(text: str) -> list[str]:
-    (line,) = [l.strip() for l in text.splitlines() if l.strip().startswith("uv run ocr-jobs.py ")]
+    (line,) = [l.strip() for l in text.splitlines() if l.strip().startswith("hf jobs ")]
     return shlex.split(line)  # what a shell makes of the pasted line
 
 
-def launch_dry_run(words: list[str], monkeypatch, capsys) -> tuple[int, str]:
-    """A printed `uv run ocr-jobs.py ...` run as printed, with --dry-run, the launcher in-process
-    (no Hub: the script's own check answered as its --check-only does): its exit code and what
-    it printed."""
-    assert words[:3] == ["uv", "run", "ocr-jobs.py"]
-    monkeypatch.chdir(ROOT)
-    launcher = load_script("ocr-jobs.py")
-    monkeypatch.setattr(launcher, "run_check", lambda *a: {"rows": 3, "input_revision": "0" * 40})
-    capsys.readouterr()
-    code = launcher.main([*words[3:], "--dry-run"], hf_api=types.SimpleNamespace())
-    out = capsys.readouterr()
-    return code, out.out + out.err
-
-
-def check_job(words: list[str], script: str, monkeypatch, capsys) -> list[str]:
-    """The checks every printed command must pass; returns the script's arguments. A local INPUT
-    or OUTPUT is printed as the word INPUT or OUTPUT, which the launcher refuses with the `hf
-    upload` that pushes a folder; Hub ids in their place, it submits the run."""
-    assert words[3] == script and words[6:8] == ["--shards", "1"]
-    for word in words:
-        assert word not in ("--server", "--hf-token", "--api-key", "--work-dir", "--no-spawn")
-        assert str(ROOT) not in word and "/tmp" not in word
-    no_secret(*words)
-    if "INPUT" in words[4:6]:
-        code, said = launch_dry_run(words, monkeypatch, capsys)
-        assert code == 2 and "hf upload user/name INPUT --repo-type dataset" in said, said
-    hub = [{"INPUT": "user/scans", "OUTPUT": "user/scans-ocr"}.get(w, w) for w in words]
-    code, said = launch_dry_run(hub, monkeypatch, capsys)
-    assert code == 0 and "nothing was submitted" in said, said
-    entry = REGISTRY[script]
-    how = "run_uv_job" if load_script(script).IMAGE_HAS_UV else "run_job (install uv, fetch"
-    assert f"shard 0: {how}" in said and f"image={entry['image']}" in said
-    assert f"timeout={entry['timeout']}" in said and "secrets=HF_TOKEN (values not shown)" in said
-    assert "pages/s" in said  # the estimate: measured, or said not to be
-    no_secret(said)
-    return words[4:6] + words[8:]
+def check_job(words: list[str], script: str) -> list[str]:
+    """The checks every printed command must pass, `hf jobs ... --dry-run` reading it (the
+    script's image, flavor, timeout, the token as a Job secret); returns the script's arguments.
+    A local INPUT or OUTPUT is printed as the word INPUT or OUTPUT, and a note says what to do."""
+    return check_hf_job(dry_run(words), script)
 
 
 @pytest.mark.parametrize("script", ALL_SCRIPTS)
-def test_the_fail_fast_command_runs_as_printed(tmp_path, script, monkeypatch, capsys):
+def test_the_fail_fast_command_runs_as_printed(tmp_path, script):
     module = load_script(script)
     if script in OFFLINE_SCRIPTS and module.gpu_visible():
         pytest.skip("a GPU is visible: the offline script would run")
@@ -270,21 +238,23 @@ def test_the_fail_fast_command_runs_as_printed(tmp_path, script, monkeypatch, ca
                      env={**NO_VLLM, "ACCELERATOR": "gpu"}, timeout=60)
     assert run.returncode == 2, run.stderr
     no_secret(run.stderr)
-    args = check_job(printed_command(run.stderr), script, monkeypatch, capsys)
+    args = check_job(printed_command(run.stderr), script)
     assert args[:2] == ["INPUT", "OUTPUT"]
     assert args[2:4] == ["--max-samples", "3"]
     if script in SERVER_SCRIPTS:
         assert args[4:] == ["--serve-args", "--max-num-seqs 8"]
     else:
         assert args[4:] == ["--llm-kwargs", '{"seed": 1}']
-    assert "ocr-jobs.py, the collection's launcher" in run.stderr and "--dry-run" in run.stderr
+    assert "* A Job cannot read INPUT on this machine: push it first (`hf upload" in run.stderr
+    assert "give a Hub dataset id for OUTPUT" in run.stderr
+    assert "ocr-jobs.py (beside this script)" in run.stderr and "--dry-run" in run.stderr
     if not module.IMAGE_HAS_UV:
         assert module.JOB_IMAGE in run.stderr.split("or locally:")[1]
         assert "install vLLM" not in run.stderr and "pip install vllm" not in run.stderr
 
 
 @pytest.mark.parametrize("script", OFFLINE_SCRIPTS)
-def test_a_json_key_that_starts_like_a_token_is_printed_as_given(script, monkeypatch, capsys):
+def test_a_json_key_that_starts_like_a_token_is_printed_as_given(script):
     """vLLM's `hf_overrides` (an LLM argument) starts as a Hub token does: the printed command
     keeps it (it printed `"***": ...`, which the Job's LLM() refuses)."""
     if load_script(script).gpu_visible():
@@ -293,21 +263,19 @@ def test_a_json_key_that_starts_like_a_token_is_printed_as_given(script, monkeyp
     run = run_script(script, "user/scans", "user/scans-ocr", "--llm-kwargs", kwargs,
                      env={**NO_VLLM, "ACCELERATOR": "gpu"}, timeout=60)
     assert run.returncode == 2, run.stderr
-    args = check_job(printed_command(run.stderr), script, monkeypatch, capsys)
+    args = check_job(printed_command(run.stderr), script)
     assert args == ["user/scans", "user/scans-ocr", "--llm-kwargs", kwargs]
 
 
-def test_a_jobs_flavor_is_kept_and_a_hub_input_and_output_too(monkeypatch, capsys):
+def test_a_jobs_flavor_is_kept_and_a_hub_input_and_output_too():
     run = run_script(OVIS, "user/scans", "user/scans-ocr", "--server", nowhere(), "--split", "test",
                      env={**NO_VLLM, "JOB_FLAVOR": "a100-large", "ACCELERATOR": "gpu"}, timeout=60)
     assert run.returncode == 2, run.stderr
-    words = printed_command(run.stderr)
-    assert words[4:] == ["user/scans", "user/scans-ocr", "--shards", "1", "--flavor", "a100-large",
-                         "--split", "test"]
-    code, said = launch_dry_run(words, monkeypatch, capsys)
-    assert code == 0 and "flavor=a100-large" in said and "user/scans user/scans-ocr --split test" \
-        in said, said
+    config = dry_run(printed_command(run.stderr))
+    assert config["flavor"].split()[0] == "a100-large"
+    assert config["args"] == "user/scans user/scans-ocr --split test"
     assert "hf upload" not in run.stderr
+    assert "covers an unknown number of pages (no rate was measured on a100-large" in run.stderr
 
 
 def test_the_printed_command_has_the_arguments_given_in_their_order(tmp_path):
@@ -320,12 +288,13 @@ def test_the_printed_command_has_the_arguments_given_in_their_order(tmp_path):
                      "--shuffle", "--", "-scans", str(tmp_path / "out"),
                      env={**NO_VLLM, "ACCELERATOR": "gpu"}, cwd=tmp_path, timeout=60)
     assert run.returncode == 2, run.stderr
-    assert printed_command(run.stderr)[4:] == ["INPUT", "OUTPUT", "--shards", "1", "--seed", "7",
-                                               "--split", "train", "--no-repetition-detection",
-                                               "--shuffle"]
+    words = printed_command(run.stderr)
+    assert words[words.index(str(ROOT / "ovis-ocr2.py")) + 1:] == [
+        "INPUT", "OUTPUT", "--seed", "7", "--split", "train", "--no-repetition-detection",
+        "--shuffle"]
 
 
-def test_the_cards_reproduce_command_runs_as_printed(tmp_path, stub_server, monkeypatch, capsys):
+def test_the_cards_reproduce_command_runs_as_printed(tmp_path, stub_server):
     stub = stub_server()
     write_image_folder(tmp_path / "in", 2)
     run = run_script(OVIS, str(tmp_path / "in"), str(tmp_path / "out"), "--server", stub.url,
@@ -334,9 +303,10 @@ def test_the_cards_reproduce_command_runs_as_printed(tmp_path, stub_server, monk
     assert run.returncode == 0, run.stderr
     card = (tmp_path / "out" / "README.md").read_text()
     block = card.split("Reproduce on Hugging Face Jobs:", 1)[1].split("```")[1]
-    args = check_job(printed_command(block), OVIS, monkeypatch, capsys)
+    args = check_job(printed_command(block), OVIS)
     assert args == ["INPUT", "OUTPUT", "--serve-args", "--max-num-seqs 8"]
-    assert "ocr-jobs.py, the collection's launcher" in card
+    assert "* A Job cannot read INPUT on this machine" in card and "* --timeout 4h" in card
+    assert f"* Run it from the folder that holds {OVIS}, or give its URL" in card  # no local path
     no_secret(card, run.stderr, "".join(load_output(tmp_path / "out")["inference_info"]))
     info = json.loads(load_output(tmp_path / "out")["inference_info"][0])[0]
     assert "--api-key" in info["serve_args"] and "***" in info["serve_args"]
@@ -773,7 +743,7 @@ def check_hf_job(config: dict, script: str) -> list[str]:
     assert config["timeout"].split()[0] == entry["timeout"]
     assert config["secrets"].startswith("HF_TOKEN=")
     if module.IMAGE_HAS_UV:
-        assert config["script"] == script
+        assert Path(config["script"]).name == script  # as run: relative to the folder run from
         args = shlex.split(config["args"])
     else:
         assert config["env"] == f"SCRIPT_URL=<raw URL of {script}>"

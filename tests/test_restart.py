@@ -76,8 +76,8 @@ def test_restart_of_one_shard_redoes_its_rows_only_and_the_card_reproduces_the_r
     assert ds["markdown"] == [expected_text(p.read_bytes()) for p in paths[:6]] + [REDONE] * 6
     assert {k: v for k, v in part_bytes(out).items() if k in shard0} == shard0  # untouched
     command = reproduce_block((out / "README.md").read_text())
-    assert "--shards 2" in command and "--num-shards" not in command  # one Job per shard
-    assert "--restart" not in command and "--shard-index" not in command
+    assert "--num-shards 2 --shard-index 1" in command and "--restart" not in command
+    assert "one Job each, with --shard-index 0 to 1" in (out / "README.md").read_text()
 
 
 def test_restart_of_one_shard_on_the_hub_deletes_its_parts_only(tmp_path, stub_server):

@@ -7,8 +7,10 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shlex
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -344,20 +346,60 @@ def test_saturate_window_grows_past_its_start_when_the_engine_has_no_queue(tmp_p
     assert load_output(tmp_path / "out").num_rows == 120
 
 
+def telemetry_so_far(stats: Path) -> list[dict]:
+    """The telemetry rows a running saturate script has written so far (whole lines only)."""
+    path = stats.with_suffix(".telemetry.jsonl")
+    text = path.read_text() if path.exists() else ""
+    return [json.loads(line) for line in text[:text.rfind("\n") + 1].splitlines()]
+
+
+def run_until(argv: list[str], event, then, log: Path) -> bool:
+    """Run a script; once event() holds, call then(). Whether the event came before the end
+    (waited for as long as the script runs, however loaded the machine)."""
+    with open(log, "w") as stderr:
+        run = subprocess.Popen([sys.executable, *argv], stdout=subprocess.DEVNULL, stderr=stderr)
+        try:
+            while not (came := event()) and run.poll() is None:
+                time.sleep(0.05)
+            if came:
+                then()
+            assert run.wait(timeout=600) == 0, log.read_text()
+        finally:
+            if run.poll() is None:
+                run.kill()
+    return came
+
+
 def test_saturate_window_shrinks_then_holds_when_the_engine_queues(tmp_path, stub_server):
-    """The stub runs 64 requests at once, then (an engine slowing down) only 2, reporting the
-    rest as waiting in /metrics as vLLM does: the window must have grown, then give pages back
-    while the queue is long, then hold while a short queue remains."""
-    stub = stub_server("--latency", "0.1", "--model", load_script(SATURATE).MODEL_ID,
-                       "--no-decode", "--capacity", "64", "--capacity-after", "60:2")
-    # after the slowdown, 190 pages at 2 per 0.1 s: time enough to shrink from the peak and hold,
-    # however loaded the machine (with 90, a busy machine once ended the run while it shrank)
-    write_image_folder(tmp_path / "in", 250, fmt="JPEG")
+    """The stub runs 64 requests at once, 0.4 s each, until the window has grown to 9 pages
+    (the event this test waits for in the script's own telemetry, however long growing takes);
+    then (an engine slowing down) one at a time, 0.25 s each, reporting the rest as waiting in
+    /metrics as vLLM does: the window must have grown, then give pages back while the queue is
+    long, then hold while a short queue remains. (The stub slowed down after request 60 whatever
+    the window was: where it had grown once by then, to 6, at most 4 ever waited and the queue
+    was never "seen"; on a loaded machine it had not grown at all.)
+    The times make the stub the bound, however loaded the machine: 9 pages per 0.4 s ask less
+    of the driver than a loaded machine gives it, so tokens/s rise with the window; a decision
+    every 1.2 s counts three answers of each page in flight (at 0.2 s, one tick's count of
+    answers was 0 or 1 of them, and a lucky tick's rate, never reached again, stopped growth);
+    and a page's trip through the driver is short beside 0.25 s, so the pages in flight are the
+    stub's queue."""
+    control = tmp_path / "slow-down.json"
+    stub = stub_server("--latency", "0.4", "--model", load_script(SATURATE).MODEL_ID,
+                       "--no-decode", "--capacity", "64", "--control-file", str(control))
+    write_image_folder(tmp_path / "in", 75, fmt="JPEG")
     stats = tmp_path / "stats.json"
-    run = run_script(SATURATE, str(tmp_path / "in"), str(tmp_path / "out"), "--server", stub.url,
-                     "--adapt-interval", "0.2", "--min-window", "4", "--no-sanity-check",
-                     "--stats-json", str(stats))
-    assert run.returncode == 0, run.stderr
+
+    def slow_down():
+        (tmp_path / "slow-down.tmp").write_text(json.dumps({"capacity": 1, "latency": 0.25}))
+        (tmp_path / "slow-down.tmp").rename(control)  # whole, at once
+
+    grown = run_until([str(ROOT / SATURATE), str(tmp_path / "in"), str(tmp_path / "out"),
+                       "--server", stub.url, "--adapt-interval", "1.2", "--min-window", "4",
+                       "--no-sanity-check", "--stats-json", str(stats)],
+                      lambda: any(row["window"] >= 9 for row in telemetry_so_far(stats)),
+                      slow_down, tmp_path / "stderr.txt")
+    assert grown, f"never grew to 9 while the engine had no queue: {telemetry_rows(stats)}"
     telemetry = [row for row in telemetry_rows(stats) if row["bound_by"] not in ("start", "tail")]
     windows = [row["window"] for row in telemetry]
     peak = windows.index(max(windows))
@@ -373,7 +415,7 @@ def test_saturate_window_shrinks_then_holds_when_the_engine_queues(tmp_path, stu
             if row["waiting"] > 2 and row["window"] == before["window"]]
     assert held, f"never held its window while requests waited: {windows}"
     assert json.loads(stats.read_text())["bound_by"] == "engine"
-    assert load_output(tmp_path / "out").num_rows == 250
+    assert load_output(tmp_path / "out").num_rows == 75
 
 
 def test_saturate_window_respects_the_host_memory_budget(tmp_path, stub_server):
@@ -554,7 +596,8 @@ def test_hpd_without_vllm_prints_the_vendor_image_command(tmp_path):
     run = run_script("hpd-parsing-saturate.py", str(tmp_path / "in"), str(tmp_path / "out"),
                      "--server", f"http://127.0.0.1:{free_port()}", env={"PATH": "/usr/bin:/bin"})
     assert run.returncode == 2
-    assert "uv run ocr-jobs.py hpd-parsing-saturate.py INPUT OUTPUT --shards 1" in run.stderr
+    assert "hf jobs run --flavor a10g-small --timeout 4h --secrets HF_TOKEN" in run.stderr
+    assert 'uv run "$SCRIPT_URL" INPUT OUTPUT' in run.stderr  # the image has no uv
     assert load_script("hpd-parsing-saturate.py").JOB_IMAGE in run.stderr
 
 
@@ -596,14 +639,14 @@ def test_api_server_count_only_where_it_was_measured(script, cpus, monkeypatch):
 @pytest.mark.parametrize("script", ["ovis-ocr2-server.py", "hpd-parsing-saturate.py"])
 def test_the_printed_jobs_command_carries_a_timeout(script, monkeypatch):
     """MODEL-FACTS.md, "Rules for every OCR model": Jobs stop after 30 minutes without one. The
-    printed command is the launcher's, which gives each Job the script's timeout."""
+    printed command gives the Job the script's own timeout, the one the launcher gives too."""
     module = load_script(script)
     monkeypatch.setattr(sys, "argv", [str(ROOT / script)])
-    assert module.jobs_command(["user/in", "user/out"]) == \
-        f"uv run ocr-jobs.py {script} user/in user/out --shards 1"
+    words = shlex.split(module.jobs_command(["user/in", "user/out"]))
     launcher = load_script("ocr-jobs.py")
     spec = launcher.job_spec(ROOT / script, argparse.Namespace(image=None, flavor=None,
                                                                 timeout=None))
+    assert words[words.index("--timeout") + 1] == spec.timeout
     assert launcher.duration_s(spec.timeout) > 30 * 60
 
 

@@ -501,7 +501,8 @@ def test_without_vllm_and_without_a_server_it_exits_2_with_the_jobs_command(tmp_
     assert run.returncode == 2
     assert time.monotonic() - started < 30
     module = load_script(OVIS)
-    assert f"uv run ocr-jobs.py {OVIS} INPUT OUTPUT --shards 1" in run.stderr
+    assert f"hf jobs uv run --image vllm/vllm-openai:{module.IMAGE_TAG} " in run.stderr
+    assert f"{OVIS} INPUT OUTPUT" in run.stderr
     assert f"vllm/vllm-openai:{module.IMAGE_TAG}" in (ROOT / OVIS).read_text().split("# ///")[1]
     assert "--server URL" in run.stderr and "pip install vllm" in run.stderr
 
