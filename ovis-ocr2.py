@@ -336,6 +336,7 @@ class InputSource:
 TABLE_EXTENSIONS = {".parquet", ".arrow"}  # a folder of these is read by `datasets` itself
 METADATA_NAMES = ("metadata.csv", "metadata.jsonl", "metadata.parquet")  # as imagefolder's
 _PATH_BASE: list = []  # INPUT's folder, where relative path strings in the image column point
+_HUB_FILES: list = []  # a Hub INPUT: the folder of the files `datasets` downloaded for it
 _TEXT_LAYER_COLUMNS: list = []  # "text_layer", "skipped": the PDF text columns this run writes
 
 
@@ -524,7 +525,7 @@ def _check_image_column(ds, column: str, lo: int, hi: int) -> None:
     sample = ds.select_columns([column]).select(range(lo, min(hi, lo + 16)))[column]
     paths = [p for p in (c if isinstance(c, str) else c.get("bytes") is None and c.get("path")
                          for c in sample if isinstance(c, (str, dict))) if p]
-    if paths and not any(_resolve_image_path(p).is_file() for p in paths):
+    if paths and not _HUB_FILES and not any(_resolve_image_path(p).is_file() for p in paths):
         fail(f"image column {column!r} holds paths that lead to no file, e.g. {paths[0]!r}: "
              f"write absolute paths, or paths relative to INPUT's folder; or {advice}")
 
@@ -534,7 +535,7 @@ def open_input(args) -> InputSource:
     import datasets
 
     local, files, description = Path(args.input).expanduser(), None, args.input
-    _PATH_BASE[:] = []  # INPUT's folder, before a PDF column is looked for
+    _PATH_BASE[:], _HUB_FILES[:] = [], []  # where path cells lead (PDF cells too)
     if local.exists():  # (OutputStore made sure that OUTPUT is not inside it)
         ds, files = _load_local_dataset(local, args)
         description = shown_path(local.resolve())
@@ -543,6 +544,7 @@ def open_input(args) -> InputSource:
         ds = _by_datasets(f"the Hub dataset {args.input}", datasets.load_dataset, args.input,
                           args.config, split=args.split, revision=args.revision,
                           token=args.hf_token or None)
+        _HUB_FILES.append(hub_download_folder(args.input))
     else:
         fail(f"INPUT {args.input!r} is neither an existing path nor a Hub dataset id.")
     if len(ds) == 0:
@@ -616,8 +618,25 @@ def input_digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()[:20]
 
 
+def hub_download_folder(repo: str) -> Path:
+    """Where huggingface_hub keeps a dataset repo's files (`datasets` downloads a repo of plain
+    image or PDF files there, its cells naming them); links resolved."""
+    from huggingface_hub.constants import HF_HUB_CACHE
+
+    return Path(os.path.realpath(HF_HUB_CACHE)) / f"datasets--{repo.replace('/', '--')}"
+
+
 def _resolve_image_path(value: str) -> Path:
-    """A path string of the image column: as written, else relative to INPUT's folder."""
+    """The file a path cell of the image or PDF column names, the one judge of it. A local
+    INPUT's: as written, else relative to INPUT's folder. A Hub INPUT's: only a file `datasets`
+    downloaded for that dataset, links followed (PageError: a dataset from elsewhere must not
+    make the script read, send and publish a file of this machine)."""
+    if _HUB_FILES:
+        real = Path(os.path.realpath(value))  # relative: to no folder of the dataset's
+        if _HUB_FILES[0] not in real.parents:
+            raise PageError(f"image path {value!r} of the Hub dataset is not read: a Hub cell is "
+                            f"read from its bytes, or from a file datasets downloaded for it")
+        return real
     path = Path(value).expanduser()
     based = _PATH_BASE[0] / path if _PATH_BASE else path  # an absolute path stays itself
     return based if not path.exists() and based.exists() else path
@@ -625,12 +644,12 @@ def _resolve_image_path(value: str) -> Path:
 
 def cell_source(cell) -> tuple:
     """(its bytes, else the file to read, else None; the path as the cell names it) of an image
-    or PDF cell: bytes, a {bytes, path} struct or a path string."""
+    or PDF cell: bytes, a {bytes, path} struct or a path string (PageError: a path not read)."""
     data, path = (cell.get("bytes"), cell.get("path")) if isinstance(cell, dict) else (cell, None)
     if isinstance(data, str):
         data, path = None, data
     if data is None and isinstance(path, str) and path:
-        data = str(_resolve_image_path(path))
+        data = str(_resolve_image_path(path))  # PageError: a path that must not be read
     return bytes(data) if isinstance(data, (bytearray, memoryview)) else data, path or None
 
 
@@ -769,7 +788,10 @@ def find_pdf_column(ds, args) -> str | None:
 
 
 def looks_like_pdf(cell) -> bool:
-    data = cell_source(cell)[0]
+    try:
+        data = cell_source(cell)[0]
+    except PageError:  # a path not read is no PDF
+        return False
     if isinstance(data, str):
         with contextlib.suppress(OSError), open(data, "rb") as handle:
             data = handle.read(5)
@@ -864,7 +886,11 @@ def count_pdf_pages(ds, column: str, args) -> PdfPages:
     cells = ds.select_columns([column])
     for row in tqdm(range(len(ds)), desc="counting PDF pages", unit="doc", disable=len(ds) < 50,
                     mininterval=0.5 if sys.stderr.isatty() else 10.0):
-        data, shown = cell_source(cells[row][column])
+        try:
+            data, shown = cell_source(cells[row][column])
+        except PageError as exc:  # a path not read: its row says why
+            data, shown, pdf.errors[row] = None, cells[row][column], str(exc)
+            shown = shown.get("path") if isinstance(shown, dict) else shown
         pdf.names.append(shown)
         if isinstance(data, str):
             pdf.paths[row] = data  # read for its digest when a page of it is sent
@@ -877,7 +903,7 @@ def count_pdf_pages(ds, column: str, args) -> PdfPages:
         pages = [n for n in range(1, total + 1)
                  if any(first <= n <= (last or n) for first, last in ranges)]
         if data is None and (column != "pdf" or "image" not in ds.column_names):
-            pdf.errors[row] = "missing PDF (empty cell)"  # else: an image of the folder
+            pdf.errors.setdefault(row, "missing PDF (empty cell)")  # else: an image of the folder
         elif data is not None and not pages:
             pdf.errors.setdefault(row, f"none of --pages {args.pages} is in this {total}-page "
                                   "PDF" if total else "the PDF has no pages")
@@ -1372,7 +1398,7 @@ def carried_image(cell, result: RowResult):
         try:
             file = _resolve_image_path(cell["path"])
             cell = {"bytes": file.read_bytes(), "path": file.name}
-        except OSError:  # the row's error says why
+        except (OSError, PageError):  # the row's error says why
             return None, result
     if result.error is None or not isinstance(cell, dict) or cell.get("bytes") is None:
         return cell, result
