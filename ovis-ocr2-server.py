@@ -609,6 +609,10 @@ RESULT_FIELDS = {"text": "string", "error": "string", "error_kind": "string",
                  "attempts": "int32"}
 
 
+# The column naming what each row was made from: row_identity(); a stacked run keeps its input's
+ROW_IDENTITY = "input_digest"
+
+
 def result_column_names(column: str) -> list[str]:
     suffixes = [*RESULT_FIELDS, *EXTRA_COLUMNS, *_TEXT_LAYER_COLUMNS][1:]  # after `text`
     return [column] + [f"{column}_{suffix}" for suffix in suffixes]
@@ -1341,6 +1345,8 @@ def output_features(source: InputSource, args):
     if isinstance(image, datasets.Image) or isinstance(image, dict) and set(image) == {
             "bytes", "path"}:
         features[source.image_column] = datasets.Image()
+    if ROW_IDENTITY not in features:  # the input's (a stacked run's) is kept as it is
+        features[ROW_IDENTITY] = text
     layout = [{"label": text, "box": [datasets.Value("int32")], "text": text}]  # box: x1 y1 x2 y2
     features.update(zip(names, [datasets.Value(kind) for kind in RESULT_FIELDS.values()] +
                         [layout if kind == "blocks" else text for kind in EXTRA_COLUMNS.values()]
@@ -1370,6 +1376,21 @@ def write_parquet(path: Path, schema, tables) -> None:
         tmp.unlink(missing_ok=True)
 
 
+def row_identity(source: InputSource, index: int, cell, result: RowResult) -> str | None:
+    """What output row `index` was made from, as the journal knows it: an image's input_digest();
+    a PDF page's, its document's and `#page=N` (--per-document: the document's); None: no bytes.
+    Rows of byte-identical pages share it, whatever their order, shard or run."""
+    pdf = source.pdf
+    doc = None if pdf is None else index if pdf.per_document else int(pdf.doc[index])
+    if doc is not None and pdf.is_pdf(doc):
+        number = 0 if pdf.per_document else int(pdf.number[index])
+        digest = pdf.digest(doc)
+        return f"{digest}#page={number}" if digest and number else digest
+    with contextlib.suppress(PageError):  # a failed row's bytes, when it has some
+        return result.digest or input_digest(read_cell_bytes(cell))
+    return None
+
+
 def write_part(path: Path, source: InputSource, indices: list[int], results: list, features,
                info_entry: dict, args) -> None:
     import datasets
@@ -1387,6 +1408,10 @@ def write_part(path: Path, source: InputSource, indices: list[int], results: lis
             batch = {k: v for k, v in rows.items() if k in features}
             batch["inference_info"] = [append_info(info, info_entry) for info in
                                        rows.get("inference_info") or [None] * len(part)]
+            if ROW_IDENTITY not in rows:  # this run's, unless its input (a stacked run) had one
+                cells = rows.get(source.image_column) or [None] * len(part)
+                batch[ROW_IDENTITY] = [row_identity(source, i, cell, result) for i, cell, result
+                                       in zip(indices[at:at + 32], cells, part)]
             for i, cell in enumerate(batch.get(source.image_column) or []):
                 batch[source.image_column][i], part[i] = carried_image(cell, part[i])
             try:
@@ -2061,7 +2086,7 @@ def iter_image_cells(source: InputSource, indices: list[int], batch: int = 64):
 
 # The version of what OUTPUT records (manifest, journal, notes), bumped by any change to them: a
 # rerun (by URL, it may meet any older OUTPUT) of another version is refused in one line.
-MANIFEST_FORMAT = 1
+MANIFEST_FORMAT = 2  # 2: the parts hold ROW_IDENTITY, which the manifest names
 
 # Options that may change between the runs of one OUTPUT (a closed list: any other is identity)
 MAY_CHANGE = set("""input output revision shard_index max_samples concurrency request_timeout
@@ -2219,6 +2244,7 @@ def claim_output(store: "OutputStore", identity: dict, args,
         store.restart(f"shard {args.shard_index} of {args.num_shards}")
     existing = store.write_manifest({
         "format": MANIFEST_FORMAT, "identity": identity, "max_samples": args.max_samples,
+        "row_identity": ROW_IDENTITY,  # the column ocr-compare.py pairs rows by
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "run": os.urandom(8).hex()})  # a run restarted in the same second is another
     if existing is not None:  # another run (a shard, a rerun) recorded it: this one must match
@@ -2478,6 +2504,9 @@ Weights: `{args.model}` at revision `{info_entry.get("model_revision") or "unkno
 | `{column}_finish_reason` | `stop`, `length` (out of tokens) or `repetition` (cut by the engine) |
 | `{column}_prompt_tokens`, `{column}_completion_tokens` | token counts of the request |
 | `{column}_attempts` | generations the text took: above 1 when it looped and was sent again |
+| `{ROW_IDENTITY}` | the page the row was made from: SHA-256 of the image's bytes (first 20 hex \
+digits); of a PDF page, its document's and `#page=N`. Rows of byte-identical pages share it \
+(`ocr-compare.py` pairs rows by it); kept from the input when it has one |
 {rows}\
 | `inference_info` | JSON list, one entry per model run over this dataset |
 
