@@ -461,6 +461,7 @@ class InputSource:
 TABLE_EXTENSIONS = {".parquet", ".arrow"}  # a folder of these is read by `datasets` itself
 METADATA_NAMES = ("metadata.csv", "metadata.jsonl", "metadata.parquet")  # as imagefolder's
 _PATH_BASE: list = []  # INPUT's folder, where relative path strings in the image column point
+_HUB_FILES: list = []  # a Hub INPUT: the folder of the files `datasets` downloaded for it
 _TEXT_LAYER_COLUMNS: list = []  # "text_layer", "skipped": the PDF text columns this run writes
 
 
@@ -649,7 +650,7 @@ def _check_image_column(ds, column: str, lo: int, hi: int) -> None:
     sample = ds.select_columns([column]).select(range(lo, min(hi, lo + 16)))[column]
     paths = [p for p in (c if isinstance(c, str) else c.get("bytes") is None and c.get("path")
                          for c in sample if isinstance(c, (str, dict))) if p]
-    if paths and not any(_resolve_image_path(p).is_file() for p in paths):
+    if paths and not _HUB_FILES and not any(_resolve_image_path(p).is_file() for p in paths):
         fail(f"image column {column!r} holds paths that lead to no file, e.g. {paths[0]!r}: "
              f"write absolute paths, or paths relative to INPUT's folder; or {advice}")
 
@@ -659,7 +660,7 @@ def open_input(args) -> InputSource:
     import datasets
 
     local, files, description = Path(args.input).expanduser(), None, args.input
-    _PATH_BASE[:] = []  # INPUT's folder, before a PDF column is looked for
+    _PATH_BASE[:], _HUB_FILES[:] = [], []  # where path cells lead (PDF cells too)
     if local.exists():  # (OutputStore made sure that OUTPUT is not inside it)
         ds, files = _load_local_dataset(local, args)
         description = shown_path(local.resolve())
@@ -668,6 +669,7 @@ def open_input(args) -> InputSource:
         ds = _by_datasets(f"the Hub dataset {args.input}", datasets.load_dataset, args.input,
                           args.config, split=args.split, revision=args.revision,
                           token=args.hf_token or None)
+        _HUB_FILES.append(hub_download_folder(args.input))
     else:
         fail(f"INPUT {args.input!r} is neither an existing path nor a Hub dataset id.")
     if len(ds) == 0:
@@ -717,6 +719,10 @@ RESULT_FIELDS = {"text": "string", "error": "string", "error_kind": "string",
                  "attempts": "int32"}
 
 
+# The column naming what each row was made from: row_identity(); a stacked run keeps its input's
+ROW_IDENTITY = "input_digest"
+
+
 def result_column_names(column: str) -> list[str]:
     suffixes = [*RESULT_FIELDS, *EXTRA_COLUMNS, *_TEXT_LAYER_COLUMNS][1:]  # after `text`
     return [column] + [f"{column}_{suffix}" for suffix in suffixes]
@@ -741,8 +747,25 @@ def input_digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()[:20]
 
 
+def hub_download_folder(repo: str) -> Path:
+    """Where huggingface_hub keeps a dataset repo's files (`datasets` downloads a repo of plain
+    image or PDF files there, its cells naming them); links resolved."""
+    from huggingface_hub.constants import HF_HUB_CACHE
+
+    return Path(os.path.realpath(HF_HUB_CACHE)) / f"datasets--{repo.replace('/', '--')}"
+
+
 def _resolve_image_path(value: str) -> Path:
-    """A path string of the image column: as written, else relative to INPUT's folder."""
+    """The file a path cell of the image or PDF column names, the one judge of it. A local
+    INPUT's: as written, else relative to INPUT's folder. A Hub INPUT's: only a file `datasets`
+    downloaded for that dataset, links followed (PageError: a dataset from elsewhere must not
+    make the script read, send and publish a file of this machine)."""
+    if _HUB_FILES:
+        real = Path(os.path.realpath(value))  # relative: to no folder of the dataset's
+        if _HUB_FILES[0] not in real.parents:
+            raise PageError(f"image path {value!r} of the Hub dataset is not read: a Hub cell is "
+                            f"read from its bytes, or from a file datasets downloaded for it")
+        return real
     path = Path(value).expanduser()
     based = _PATH_BASE[0] / path if _PATH_BASE else path  # an absolute path stays itself
     return based if not path.exists() and based.exists() else path
@@ -750,12 +773,12 @@ def _resolve_image_path(value: str) -> Path:
 
 def cell_source(cell) -> tuple:
     """(its bytes, else the file to read, else None; the path as the cell names it) of an image
-    or PDF cell: bytes, a {bytes, path} struct or a path string."""
+    or PDF cell: bytes, a {bytes, path} struct or a path string (PageError: a path not read)."""
     data, path = (cell.get("bytes"), cell.get("path")) if isinstance(cell, dict) else (cell, None)
     if isinstance(data, str):
         data, path = None, data
     if data is None and isinstance(path, str) and path:
-        data = str(_resolve_image_path(path))
+        data = str(_resolve_image_path(path))  # PageError: a path that must not be read
     return bytes(data) if isinstance(data, (bytearray, memoryview)) else data, path or None
 
 
@@ -894,7 +917,10 @@ def find_pdf_column(ds, args) -> str | None:
 
 
 def looks_like_pdf(cell) -> bool:
-    data = cell_source(cell)[0]
+    try:
+        data = cell_source(cell)[0]
+    except PageError:  # a path not read is no PDF
+        return False
     if isinstance(data, str):
         with contextlib.suppress(OSError), open(data, "rb") as handle:
             data = handle.read(5)
@@ -989,7 +1015,11 @@ def count_pdf_pages(ds, column: str, args) -> PdfPages:
     cells = ds.select_columns([column])
     for row in tqdm(range(len(ds)), desc="counting PDF pages", unit="doc", disable=len(ds) < 50,
                     mininterval=0.5 if sys.stderr.isatty() else 10.0):
-        data, shown = cell_source(cells[row][column])
+        try:
+            data, shown = cell_source(cells[row][column])
+        except PageError as exc:  # a path not read: its row says why
+            data, shown, pdf.errors[row] = None, cells[row][column], str(exc)
+            shown = shown.get("path") if isinstance(shown, dict) else shown
         pdf.names.append(shown)
         if isinstance(data, str):
             pdf.paths[row] = data  # read for its digest when a page of it is sent
@@ -1002,7 +1032,7 @@ def count_pdf_pages(ds, column: str, args) -> PdfPages:
         pages = [n for n in range(1, total + 1)
                  if any(first <= n <= (last or n) for first, last in ranges)]
         if data is None and (column != "pdf" or "image" not in ds.column_names):
-            pdf.errors[row] = "missing PDF (empty cell)"  # else: an image of the folder
+            pdf.errors.setdefault(row, "missing PDF (empty cell)")  # else: an image of the folder
         elif data is not None and not pages:
             pdf.errors.setdefault(row, f"none of --pages {args.pages} is in this {total}-page "
                                   "PDF" if total else "the PDF has no pages")
@@ -1436,6 +1466,8 @@ def output_features(source: InputSource, args):
     if isinstance(image, datasets.Image) or isinstance(image, dict) and set(image) == {
             "bytes", "path"}:
         features[source.image_column] = datasets.Image()
+    if ROW_IDENTITY not in features:  # the input's (a stacked run's) is kept as it is
+        features[ROW_IDENTITY] = text
     layout = [{"label": text, "box": [datasets.Value("int32")], "text": text}]  # box: x1 y1 x2 y2
     features.update(zip(names, [datasets.Value(kind) for kind in RESULT_FIELDS.values()] +
                         [layout if kind == "blocks" else datasets.Value(kind)
@@ -1466,6 +1498,21 @@ def write_parquet(path: Path, schema, tables) -> None:
         tmp.unlink(missing_ok=True)
 
 
+def row_identity(source: InputSource, index: int, cell, result: RowResult) -> str | None:
+    """What output row `index` was made from, as the journal knows it: an image's input_digest();
+    a PDF page's, its document's and `#page=N` (--per-document: the document's); None: no bytes.
+    Rows of byte-identical pages share it, whatever their order, shard or run."""
+    pdf = source.pdf
+    doc = None if pdf is None else index if pdf.per_document else int(pdf.doc[index])
+    if doc is not None and pdf.is_pdf(doc):
+        number = 0 if pdf.per_document else int(pdf.number[index])
+        digest = pdf.digest(doc)
+        return f"{digest}#page={number}" if digest and number else digest
+    with contextlib.suppress(PageError):  # a failed row's bytes, when it has some
+        return result.digest or input_digest(read_cell_bytes(cell))
+    return None
+
+
 def write_part(path: Path, source: InputSource, indices: list[int], results: list, features,
                info_entry: dict, args) -> None:
     import datasets
@@ -1483,6 +1530,10 @@ def write_part(path: Path, source: InputSource, indices: list[int], results: lis
             batch = {k: v for k, v in rows.items() if k in features}
             batch["inference_info"] = [append_info(info, info_entry) for info in
                                        rows.get("inference_info") or [None] * len(part)]
+            if ROW_IDENTITY not in rows:  # this run's, unless its input (a stacked run) had one
+                cells = rows.get(source.image_column) or [None] * len(part)
+                batch[ROW_IDENTITY] = [row_identity(source, i, cell, result) for i, cell, result
+                                       in zip(indices[at:at + 32], cells, part)]
             for i, cell in enumerate(batch.get(source.image_column) or []):
                 batch[source.image_column][i], part[i] = carried_image(cell, part[i])
             try:
@@ -1509,7 +1560,7 @@ def carried_image(cell, result: RowResult):
         try:
             file = _resolve_image_path(cell["path"])
             cell = {"bytes": file.read_bytes(), "path": file.name}
-        except OSError:  # the row's error says why
+        except (OSError, PageError):  # the row's error says why
             return None, result
     if result.error is None or not isinstance(cell, dict) or cell.get("bytes") is None:
         return cell, result
@@ -2157,7 +2208,7 @@ def iter_image_cells(source: InputSource, indices: list[int], batch: int = 64):
 
 # The version of what OUTPUT records (manifest, journal, notes), bumped by any change to them: a
 # rerun (by URL, it may meet any older OUTPUT) of another version is refused in one line.
-MANIFEST_FORMAT = 1
+MANIFEST_FORMAT = 2  # 2: the parts hold ROW_IDENTITY, which the manifest names
 
 # Options that may change between the runs of one OUTPUT (a closed list: any other is identity)
 MAY_CHANGE = set("""input output revision shard_index max_samples concurrency request_timeout
@@ -2315,6 +2366,7 @@ def claim_output(store: "OutputStore", identity: dict, args,
         store.restart(f"shard {args.shard_index} of {args.num_shards}")
     existing = store.write_manifest({
         "format": MANIFEST_FORMAT, "identity": identity, "max_samples": args.max_samples,
+        "row_identity": ROW_IDENTITY,  # the column ocr-compare.py pairs rows by
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "run": os.urandom(8).hex()})  # a run restarted in the same second is another
     if existing is not None:  # another run (a shard, a rerun) recorded it: this one must match
@@ -2678,6 +2730,9 @@ Weights: `{args.model}` at revision `{info_entry.get("model_revision") or "unkno
 | `{column}_finish_reason` | `stop`, `length` (out of tokens) or `repetition` (cut by the engine) |
 | `{column}_prompt_tokens`, `{column}_completion_tokens` | token counts of the request |
 | `{column}_attempts` | generations the text took: above 1 when it looped and was sent again |
+| `{ROW_IDENTITY}` | the page the row was made from: SHA-256 of the image's bytes (first 20 hex \
+digits); of a PDF page, its document's and `#page=N`. Rows of byte-identical pages share it \
+(`ocr-compare.py` pairs rows by it); kept from the input when it has one |
 {rows}\
 | `inference_info` | JSON list, one entry per model run over this dataset |
 

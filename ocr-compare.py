@@ -61,9 +61,11 @@ Look at the pages (--html REPORT.html, with any of the modes above, or with A al
 A, B and --reference are Hub dataset ids (user/name) or local paths: an output folder of the
 collection (data/*.parquet), a .parquet file or folder of them, or a save_to_disk folder.
 
-Rows are matched by --key COL[,COL]; by default by `file_name` (with `page_number` where
-both sides have it), else by the row identity the run manifest (OUTPUT/.ocr/manifest.json)
-names, else by row order when both sides have the same number of rows.
+Rows are matched by --key COL[,COL]; by default by the page each row was made from, the
+column the run manifest (OUTPUT/.ocr/manifest.json) names as its row identity (input_digest:
+byte-identical pages are interchangeable, so any shuffle, subset or stacked run pairs), else
+by `file_name` (with `page_number` where both sides have it), else by row order when neither
+run manifest records --shuffle and both sides have the same number of rows (else refused).
 
 Normalisation (--normalise, printed with every figure; characters are Unicode code points)
     diplomatic  Unicode NFC, whitespace runs collapsed to one space
@@ -106,6 +108,7 @@ PROG = "ocr-compare.py"
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 DEFAULT_KEY = ("file_name", "page_number")  # page_number is used where both sides have it
 MANIFEST = Path(".ocr") / "manifest.json"
+ROW_IDENTITY = "input_digest"  # the model scripts' column naming the page a row was made from
 CHARACTERS_NOTE = "characters are Unicode code points; words are whitespace-separated"
 
 
@@ -396,7 +399,8 @@ class Side:
     num_rows: int
     available: list[str]
     columns: dict[str, list] = field(default_factory=dict)
-    manifest_key: list[str] | None = None
+    manifest_key: list[str] | None = None  # the column(s) naming the page a row was made from
+    shuffled: bool = False  # its run manifest records --shuffle: row order means nothing
 
     def has(self, name: str) -> bool:
         return name in self.available
@@ -420,14 +424,8 @@ def local_parquet_files(path: Path) -> list[Path]:
     return sorted(p for p in path.rglob("*.parquet") if ".ocr" not in p.parts and "logs" not in p.parts)
 
 
-def manifest_row_identity(path: Path) -> list[str] | None:
-    """HOOK for the run manifest (OUTPUT/.ocr/manifest.json, being built in issue 15).
-
-    Returns the column(s) the manifest names as the row identity, read from its
-    `row_identity` field (a column name or a list of them), or None when there is no manifest
-    or it names none. Only this function knows the manifest's layout: when the manifest
-    settles, adapt it here.
-    """
+def read_manifest(path: Path) -> dict | None:
+    """A collection output's run manifest (OUTPUT/.ocr/manifest.json), None when it has none."""
     manifest = path / MANIFEST
     if not manifest.is_file():
         return None
@@ -435,12 +433,28 @@ def manifest_row_identity(path: Path) -> list[str] | None:
         data = json.loads(manifest.read_text())
     except (OSError, ValueError):
         return None
-    identity = data.get("row_identity") if isinstance(data, dict) else None
+    return data if isinstance(data, dict) else None
+
+
+def apply_manifest(side: "Side", manifest: dict | None) -> "Side":
+    """What matching needs of a run manifest, the one place that knows its layout: the column(s)
+    its `row_identity` names (the page each row was made from, written since manifest format 2),
+    and whether the run read its input shuffled (`--shuffle`, among the identity's options)."""
+    manifest = manifest or {}
+    identity = manifest.get("row_identity")
     if isinstance(identity, str):
-        return [identity]
-    if isinstance(identity, list) and identity and all(isinstance(c, str) for c in identity):
-        return identity
-    return None
+        side.manifest_key = [identity]
+    elif isinstance(identity, list) and identity and all(isinstance(c, str) for c in identity):
+        side.manifest_key = identity
+    run = manifest.get("identity")
+    options = run.get("options") if isinstance(run, dict) else None
+    side.shuffled = isinstance(options, dict) and bool(options.get("shuffle"))
+    return side
+
+
+def manifest_row_identity(manifest: dict | None) -> list[str]:
+    """The column(s) a run manifest names as its row identity (none: an empty list)."""
+    return apply_manifest(Side("", "", "", 0, []), manifest).manifest_key or []
 
 
 def load_side(label: str, spec: str, wanted: list[str], args) -> Side:
@@ -453,10 +467,10 @@ def load_side(label: str, spec: str, wanted: list[str], args) -> Side:
     return _load_hub(label, spec, wanted, args)
 
 
-def _table_to_side(label, spec, description, table, wanted, manifest_key=None) -> Side:
+def _table_to_side(label, spec, description, table, wanted) -> Side:
     available = list(table.column_names)
     keep = [c for c in dict.fromkeys(wanted) if c in available]
-    side = Side(label, spec, description, table.num_rows, available, manifest_key=manifest_key)
+    side = Side(label, spec, description, table.num_rows, available)
     for name in keep:
         side.columns[name] = table.column(name).to_pylist()
     return side
@@ -491,9 +505,10 @@ def _load_local(label: str, path: Path, wanted: list[str], args) -> Side:
     # datasets caches a local folder load by the folder's name, so a rerun into the same
     # folder (or two outputs both called ./out) could be answered from a stale cache. pyarrow
     # reads the files as they are now, and only the columns compared (never the images).
-    manifest_key = manifest_row_identity(path) if path.is_dir() else None
+    manifest = read_manifest(path) if path.is_dir() else None
     schema_names = list(dict.fromkeys(n for f in files for n in pq.read_schema(f).names))
-    keep = [c for c in dict.fromkeys(wanted + (manifest_key or [])) if c in schema_names]
+    keep = [c for c in dict.fromkeys(wanted + manifest_row_identity(manifest))
+            if c in schema_names]
     tables = []
     for f in files:
         # ParquetFile.read, not pq.read_table: the latter goes through pyarrow.dataset, whose
@@ -501,15 +516,17 @@ def _load_local(label: str, path: Path, wanted: list[str], args) -> Side:
         handle = pq.ParquetFile(f)
         tables.append(handle.read(columns=[c for c in keep if c in handle.schema_arrow.names]))
     table = pa.concat_tables(tables, promote_options="default") if len(tables) > 1 else tables[0]
-    side = _table_to_side(label, str(path), str(path.resolve()), table, keep, manifest_key)
+    side = _table_to_side(label, str(path), str(path.resolve()), table, keep)
     side.available = schema_names
-    return side
+    return apply_manifest(side, manifest)
 
 
 def _load_hub(label: str, repo: str, wanted: list[str], args) -> Side:
     import datasets
 
     token = args.hf_token or os.environ.get("HF_TOKEN") or None
+    manifest = _hub_manifest(repo, args, token)
+    wanted = wanted + manifest_row_identity(manifest)
     try:
         builder = datasets.load_dataset_builder(repo, args.config, revision=args.revision, token=token)
         features = builder.info.features
@@ -539,7 +556,19 @@ def _load_hub(label: str, repo: str, wanted: list[str], args) -> Side:
     side = _table_to_side(label, repo, f"{repo} (split {args.split})", table, keep)
     side.available = names if names is not None else list(ds.column_names)
     side.num_rows = ds.num_rows
-    return side
+    return apply_manifest(side, manifest)
+
+
+def _hub_manifest(repo: str, args, token) -> dict | None:
+    """The run manifest of a collection output on the Hub; None for any other dataset."""
+    try:
+        from huggingface_hub import hf_hub_download
+
+        return read_manifest(Path(hf_hub_download(
+            repo, str(MANIFEST), repo_type="dataset", revision=args.revision, token=token)
+            ).parent.parent)
+    except Exception:  # no manifest (a reference dataset), offline: matched without it
+        return None
 
 
 # ---- matching rows -----------------------------------------------------------------------------
@@ -557,50 +586,71 @@ def _key_values(side: Side, columns: list[str]) -> list[tuple]:
     return list(zip(*(side.column(c) for c in columns)))
 
 
+def identity_key(left: Side, right: Side) -> list[str] | None:
+    """The column(s) a run manifest names as the page each row was made from, if both sides
+    have them (a reference dataset without a manifest may carry them too)."""
+    return next((list(key) for key in (left.manifest_key, right.manifest_key)
+                 if key and all(c in left.columns and c in right.columns for c in key)), None)
+
+
 def default_key(left: Side, right: Side) -> tuple[list[str] | None, str]:
+    if key := identity_key(left, right):
+        return key, f"the run manifest's row identity ({', '.join(key)}: the page each row " \
+            f"was made from)"
     if left.has("file_name") and right.has("file_name"):
         if left.has("page_number") and right.has("page_number"):
             return ["file_name", "page_number"], "file_name and page_number"
         return ["file_name"], "file_name"
-    if left.manifest_key and left.manifest_key == right.manifest_key and \
-            all(left.has(c) and right.has(c) for c in left.manifest_key):
-        return list(left.manifest_key), f"the run manifest's row identity ({', '.join(left.manifest_key)})"
     return None, "row order"
 
 
+def by_row_order(left: Side, right: Side) -> Match:
+    """Rows paired by position: only when both read their input in one order and agree in
+    length; else refused, naming the way out."""
+    shuffled = [side.label for side in (left, right) if side.shuffled]
+    if shuffled or left.num_rows != right.num_rows:
+        why = f"{' and '.join(shuffled)} read {'their' if len(shuffled) > 1 else 'its'} input " \
+            f"shuffled (--shuffle in the run manifest)" if shuffled else \
+            f"{left.label} has {left.num_rows} rows and {right.label} {right.num_rows}"
+        raise UsageError(
+            f"{left.label} and {right.label} cannot be matched by row order: {why}, and no column "
+            f"in both names each row's page (file_name, or a run's {ROW_IDENTITY}, written since "
+            f"its manifest format 2): pass --key COLUMN naming a column both have")
+    return Match([(i, i) for i in range(left.num_rows)], "row order", 0, 0, None)
+
+
 def match_rows(left: Side, right: Side, key: list[str] | None) -> Match:
-    """Pair the rows of two sides by key columns, or by row order."""
+    """Pair the rows of two sides by key columns, or by row order. A run's row identity pairs
+    rows as multisets: byte-identical pages share it and are interchangeable."""
     how = f"key {', '.join(key)}" if key else None
     if not key:
         key, how = default_key(left, right)
     if key is None:
-        if left.num_rows != right.num_rows:
-            raise UsageError(
-                f"{left.label} has {left.num_rows} rows and {right.label} {right.num_rows}, and "
-                f"there is no key to match them by (no file_name in both, no run manifest): "
-                f"pass --key COLUMN naming a column both have")
-        return Match([(i, i) for i in range(left.num_rows)], "row order", 0, 0, None)
+        return by_row_order(left, right)
+    interchangeable = key == identity_key(left, right)
     for side in (left, right):
         missing = [c for c in key if not side.has(c)]
         if missing:
             raise UsageError(f"key column(s) {', '.join(missing)} not in {side.label} "
                              f"({side.spec}); it has: {', '.join(side.available)}")
     left_keys, right_keys = _key_values(left, key), _key_values(right, key)
-    index: dict[tuple, int] = {}
+    index: dict[tuple, list[int]] = {}
     for i, value in enumerate(right_keys):
-        if value in index:
+        if value in index and not interchangeable:
             raise UsageError(f"key {', '.join(key)} is not unique in {right.label}: "
                              f"{_show_key(value)} appears twice; pass --key with more columns")
-        index[value] = i
+        index.setdefault(value, []).append(i)
+    for rows in index.values():
+        rows.reverse()  # pop() gives the first
     pairs, seen = [], set()
     for i, value in enumerate(left_keys):
-        if value in seen:
+        if value in seen and not interchangeable:
             raise UsageError(f"key {', '.join(key)} is not unique in {left.label}: "
                              f"{_show_key(value)} appears twice; pass --key with more columns")
         seen.add(value)
-        j = index.get(value)
-        if j is not None:
-            pairs.append((i, j))
+        rows = index.get(value)
+        if rows:  # the first of its equals not paired yet
+            pairs.append((i, rows.pop()))
     if not pairs:
         raise UsageError(f"no row of {left.label} matches a row of {right.label} by "
                          f"{', '.join(key)} (e.g. {_show_key(left_keys[0]) if left_keys else '-'} "
@@ -1861,8 +1911,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--column-b", default=None, metavar="COLUMN", help="text column of B (default: --column)")
     parser.add_argument("--key", default=None, metavar="COL[,COL]", type=lambda s: [c.strip() for c in s.split(",") if c.strip()],
                         help="column(s) that identify a row on both sides, comma-separated "
-                             "(default: file_name [+ page_number], else the run manifest's row "
-                             "identity, else row order)")
+                             "(default: the run manifest's row identity, input_digest, else "
+                             "file_name [+ page_number], else row order when no run was shuffled)")
     parser.add_argument("--reference", default=None, metavar="DATASET",
                         help="ground-truth dataset, joined by the key (accuracy mode)")
     parser.add_argument("--reference-column", default=None, metavar="COLUMN",
@@ -1942,10 +1992,10 @@ def run(args, out=sys.stdout) -> dict:
         return look(args, out)
     started = time.perf_counter()
     column_b = args.column_b or args.column
-    extra = list(args.key or []) + list(DEFAULT_KEY) + ([args.by] if args.by else [])
+    extra = list(args.key or []) + list(DEFAULT_KEY) + [ROW_IDENTITY] + ([args.by] if args.by else [])
     if not accuracy_mode:
         a = load_side("A", args.a, side_columns(args.column) + extra, args)
-        b = load_side("B", args.b, side_columns(column_b) + extra, args)
+        b = load_side("B", args.b, side_columns(column_b) + extra + (a.manifest_key or []), args)
         loaded = time.perf_counter()
         report = parity(a, b, args, norm)
         result = report["result"]
@@ -1975,7 +2025,8 @@ def run(args, out=sys.stdout) -> dict:
         a = load_side("A", args.a, side_columns(args.column) + extra
                       + ([] if args.reference else [ref_column]), args)
         if args.reference:
-            ref = load_side("reference", args.reference, [ref_column] + extra, args)
+            ref = load_side("reference", args.reference,
+                            [ref_column] + extra + (a.manifest_key or []), args)
         else:
             ref = a
         systems = [("A", a, args.column)]

@@ -319,6 +319,221 @@ def test_manifest_row_identity_hook(tmp_path):
     assert "manifest" in f["matched_by"] and f["identical"] == 2 and f["excluded"]["only_in_a"] == 1
 
 
+# ---- pairing the pages of real runs (issue 41, item 4) ------------------------------------------
+# Outputs of ovis-ocr2-server.py against the stub, whose answer is a function of the page's bytes:
+# the same page gives the same text in every run, whatever its position.
+
+def run_ovis(stub, source: Path, out: Path, *extra: str) -> Path:
+    from conftest import run_script
+
+    run = run_script("ovis-ocr2-server.py", str(source), str(out), "--server", stub.url,
+                     "--part-rows", "3", *extra)
+    assert run.returncode == 0, run.stderr
+    return out
+
+
+def eight_row_input(folder: Path, seeds: list[int]) -> tuple[Path, list[bytes]]:
+    """The issue's input: a parquet of JPEG pages and a row_id, no file_name."""
+    from conftest import write_parquet_dataset
+    from pages import page_image
+
+    cells = [page_image(seed, fmt="JPEG") for seed in seeds]
+    return write_parquet_dataset(folder, cells), cells
+
+
+def output_table(out: Path) -> dict:
+    """Every part of an output, in row order, as columns of Python values."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    parts = sorted((out / "data").glob("*.parquet"))
+    return pa.concat_tables([pq.read_table(part) for part in parts]).to_pydict()
+
+
+def test_two_shuffles_of_one_input_pair_every_page_with_itself(tmp_path, stub_server):
+    """The issue's scenario: one 8-row parquet without file_name, `--shuffle --seed 1` against
+    `--seed 2`: 8 of 8 byte-identical (was 0 of 8, paired by row order); against one reference
+    the two score the same CER (was 0.0000 and 0.2651). A reference without the page's identity
+    is paired by --key, never by position against a shuffled run."""
+    from conftest import expected_text
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    stub = stub_server()
+    source, cells = eight_row_input(tmp_path / "in", list(range(8)))
+    a = run_ovis(stub, source, tmp_path / "a", "--shuffle", "--seed", "1")
+    b = run_ovis(stub, source, tmp_path / "b", "--shuffle", "--seed", "2")
+    assert output_table(a)["row_id"] != output_table(b)["row_id"]  # two orders indeed
+    f = figures(tmp_path, a, b)
+    assert (f["identical"], f["rows_compared"]) == (8, 8), f
+    assert "input_digest" in f["matched_by"]
+    card_row = next(line for line in (a / "README.md").read_text().splitlines()
+                    if line.startswith("| `input_digest` |"))  # the card's column table says it
+    assert card_row.endswith("|") and "byte-identical" in card_row
+    truth = [expected_text(c).replace("mean", "mien") for c in cells]  # in input order
+    pq.write_table(pa.table({"row_id": list(range(8)), "text": truth}), tmp_path / "ref.parquet")
+    refused = run_compare(a, b, "--reference", tmp_path / "ref.parquet")
+    assert refused.returncode == 2 and "--key COLUMN" in refused.stderr, refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1 and "shuffled" in refused.stderr
+    g = figures(tmp_path, a, b, "--reference", tmp_path / "ref.parquet", "--key", "row_id")
+    assert g["cer_micro"] > 0 and g["cer_micro"] == g["b"]["cer_micro"], g
+    # a reference that carries the runs' page identity needs no key
+    first = output_table(a)
+    pq.write_table(pa.table({"input_digest": first["input_digest"], "text": [
+        truth[i] for i in first["row_id"]]}), tmp_path / "ref-by-page.parquet")
+    h = figures(tmp_path, b, "--reference", tmp_path / "ref-by-page.parquet")
+    assert h["cer_micro"] == g["cer_micro"] and h["rows_compared"] == 8, h
+
+
+def test_byte_identical_pages_are_interchangeable_and_subsets_pair_what_they_share(
+        tmp_path, stub_server):
+    """Duplicates (four pages twice each) match as multisets, never "appears twice"; a
+    --max-samples subset of another shuffle pairs its 5 pages, the other 3 counted as only in B."""
+    stub = stub_server()
+    source, _ = eight_row_input(tmp_path / "in", [0, 1, 2, 3, 0, 1, 2, 3])
+    a = run_ovis(stub, source, tmp_path / "a", "--shuffle", "--seed", "1")
+    b = run_ovis(stub, source, tmp_path / "b", "--shuffle", "--seed", "2")
+    assert output_table(a)["row_id"] != output_table(b)["row_id"]
+    f = figures(tmp_path, a, b)
+    assert (f["identical"], f["rows_compared"], f["rows_excluded"]) == (8, 8, 0), f
+    unique, _ = eight_row_input(tmp_path / "in8", list(range(8)))
+    c = run_ovis(stub, unique, tmp_path / "c", "--shuffle", "--seed", "1", "--max-samples", "5")
+    d = run_ovis(stub, unique, tmp_path / "d", "--shuffle", "--seed", "2")
+    g = figures(tmp_path, c, d)
+    assert (g["identical"], g["rows_compared"]) == (5, 5), g
+    assert g["excluded"]["only_in_a"] == 0 and g["excluded"]["only_in_b"] == 3, g
+
+
+def test_a_stacked_run_keeps_its_inputs_page_identity(tmp_path, stub_server):
+    """A run whose INPUT is another run's OUTPUT keeps the input's input_digest column (its
+    manifest names it), so it pairs with a third run of the original input in another order;
+    a stacked run over an output without the column adds its own, the same values."""
+    import json as json_
+
+    stub = stub_server()
+    source, _ = eight_row_input(tmp_path / "in", list(range(8)))
+    a = run_ovis(stub, source, tmp_path / "a", "--shuffle", "--seed", "1")
+    stacked = run_ovis(stub, a, tmp_path / "stacked", "--output-column", "again",
+                       "--shuffle", "--seed", "3")
+    first, second = output_table(a), output_table(stacked)
+    by_row = dict(zip(first["row_id"], first["input_digest"]))
+    assert [by_row[r] for r in second["row_id"]] == second["input_digest"]
+    assert json_.loads((stacked / ".ocr" / "manifest.json").read_text())["row_identity"] == \
+        "input_digest"
+    b = run_ovis(stub, source, tmp_path / "b", "--shuffle", "--seed", "2")
+    f = figures(tmp_path, stacked, b, "--column", "again", "--column-b", "markdown")
+    assert (f["identical"], f["rows_compared"]) == (8, 8), f
+    # over an output written before the column: the stacked run adds it
+    make_old(a)
+    again = run_ovis(stub, a, tmp_path / "again", "--output-column", "again")
+    third = output_table(again)
+    assert [by_row[r] for r in third["row_id"]] == third["input_digest"]
+
+
+def test_pdf_pages_are_identified_by_their_document_and_number(tmp_path, stub_server):
+    """A PDF page's identity is its document's digest (the journal's) and `#page=N`: two copies
+    of one PDF under other names give equal values, page by page; --per-document rows carry the
+    document's alone; a shuffled run pairs page with page."""
+    from pdfs import raw_image_pdf
+
+    stub = stub_server()
+    script = load_script("ovis-ocr2-server.py")
+    twin = raw_image_pdf([(200, 40, 40), (40, 200, 40)])
+    (tmp_path / "in").mkdir()
+    for name, data in (("a.pdf", twin), ("b.pdf", twin), ("c.pdf", raw_image_pdf([(9, 9, 90)]))):
+        (tmp_path / "in" / name).write_bytes(data)
+    a = run_ovis(stub, tmp_path / "in", tmp_path / "a")
+    rows = output_table(a)
+    digest = script.input_digest(twin)
+    assert rows["input_digest"][:4] == [f"{digest}#page={n}" for n in (1, 2, 1, 2)], rows
+    assert rows["input_digest"][4] == f"{script.input_digest((tmp_path / 'in' / 'c.pdf').read_bytes())}#page=1"
+    b = run_ovis(stub, tmp_path / "in", tmp_path / "b", "--shuffle", "--seed", "2")
+    f = figures(tmp_path, a, b)
+    assert (f["identical"], f["rows_compared"]) == (5, 5) and "input_digest" in f["matched_by"]
+    whole = output_table(run_ovis(stub, tmp_path / "in", tmp_path / "whole", "--per-document"))
+    assert whole["input_digest"][:2] == [digest, digest]
+
+
+def test_outputs_on_the_hub_are_paired_by_their_manifests_row_identity(tmp_path, stub_server):
+    """Two shuffled runs pushed to the (fake) Hub: ocr-compare.py reads each repo's
+    .ocr/manifest.json and pairs the rows by the column it names."""
+    from fake_hub_server import FakeHubServer
+
+    stub = stub_server()
+    source, _ = eight_row_input(tmp_path / "in", list(range(8)))
+    hub = FakeHubServer(tmp_path / "hub").start()
+    try:
+        for name, seed in (("a", "1"), ("b", "2")):
+            out = run_ovis(stub, source, tmp_path / name, "--shuffle", "--seed", seed)
+            hub.push_files("dataset", f"user/run-{name}", {
+                str(path.relative_to(out)): path.read_bytes() for path in out.rglob("*")
+                if path.is_file() and (path.parent.name == "data" or path.name in (
+                    "README.md", "manifest.json"))})
+        home = tmp_path / "home"
+        env = {"HF_HUB_OFFLINE": "0", "HF_ENDPOINT": hub.url, "HOME": str(home),
+               "HF_HOME": str(home / "hf"), "HF_HUB_CACHE": str(home / "hf" / "hub"),
+               "HF_DATASETS_CACHE": str(home / "hf" / "datasets")}
+        out = tmp_path / "hub.json"
+        run = run_compare("user/run-a", "user/run-b", "--json", out, env=env)
+        assert run.returncode == 0, run.stderr
+        f = json.loads(out.read_text())
+        assert (f["identical"], f["rows_compared"]) == (8, 8) and "input_digest" in f["matched_by"]
+    finally:
+        hub.stop()
+
+
+def make_old(out: Path) -> None:
+    """An output as written before the page identity: no input_digest column, manifest format 1
+    without row_identity (its --shuffle recorded as before)."""
+    import pyarrow.parquet as pq
+
+    for part in (out / "data").glob("*.parquet"):
+        table = pq.read_table(part)
+        pq.write_table(table.drop_columns(["input_digest"]), part)
+    path = out / ".ocr" / "manifest.json"
+    manifest = json.loads(path.read_text())
+    manifest.pop("row_identity")
+    path.write_text(json.dumps({**manifest, "format": 1}))
+
+
+def test_an_output_without_the_page_identity_is_paired_by_position_only_when_allowed(
+        tmp_path, stub_server):
+    """Outputs written before the column: by row order when neither run was shuffled and the
+    counts agree; a shuffled one is refused in one line naming --key COLUMN, and --key works."""
+    stub = stub_server()
+    source, _ = eight_row_input(tmp_path / "in", list(range(8)))
+    plain = [run_ovis(stub, source, tmp_path / name) for name in ("p1", "p2")]
+    shuffled = run_ovis(stub, source, tmp_path / "s", "--shuffle", "--seed", "1")
+    for out in [*plain, shuffled]:
+        make_old(out)
+    f = figures(tmp_path, *plain)
+    assert f["matched_by"] == "row order" and f["identical"] == 8, f
+    for pair in ((plain[0], shuffled), (shuffled, plain[0])):
+        run = run_compare(*pair)
+        assert run.returncode == 2 and "--key COLUMN" in run.stderr, run.stderr
+        assert len(run.stderr.strip().splitlines()) == 1 and "shuffled" in run.stderr
+    g = figures(tmp_path, plain[0], shuffled, "--key", "row_id")
+    assert g["identical"] == 8, g
+
+
+def test_an_older_unfinished_output_is_refused_with_the_way_out(tmp_path, stub_server):
+    """Its parts lack the input_digest column: continuing would mix two schemas in one
+    dataset's parts (datasets refuses to load those), so a rerun is refused, naming --restart
+    or a new OUTPUT; --restart redoes it with the column."""
+    from conftest import run_script
+
+    stub = stub_server()
+    source, _ = eight_row_input(tmp_path / "in", list(range(8)))
+    out = run_ovis(stub, source, tmp_path / "out", "--max-samples", "4")
+    make_old(out)
+    run = run_script("ovis-ocr2-server.py", str(source), str(out), "--server", stub.url)
+    assert run.returncode == 2 and "--restart" in run.stderr and "older" in run.stderr, run.stderr
+    assert "Traceback" not in run.stderr
+    run_ovis(stub, source, out, "--restart")
+    table = output_table(out)
+    assert len(table["row_id"]) == 8 and None not in table["input_digest"]
+
+
 @pytest.mark.parametrize("args, message", [
     (["{a}", "{b}", "--column", "text"], "column 'text' not in A"),
     (["{a}", "{b}", "--key", "volume"], "key column(s) volume not in A"),

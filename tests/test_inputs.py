@@ -502,3 +502,108 @@ def test_a_column_of_another_type_is_refused_up_front(tmp_path, stub_server):
     assert "'image'" in run.stderr and "float64" in run.stderr and "--image-column" in run.stderr
     no_traceback(run)
     assert stub.requests() == []
+
+
+# ---- a Hub dataset's path cells (issue 41, item 6) ----------------------------------------------
+# A Hub INPUT is read through the fake Hub (tests/fake_hub_server.py) as `datasets` reads the
+# real one: its files downloaded into the runner's Hub cache, which HOME here holds.
+
+@pytest.fixture
+def fake_hub(tmp_path):
+    from fake_hub_server import FakeHubServer
+
+    server = FakeHubServer(tmp_path / "hub").start()
+    yield server
+    server.stop()
+
+
+def hub_env(tmp_path: Path, hub) -> dict:
+    cache = tmp_path / "home" / "hf"
+    return {"HOME": str(tmp_path / "home"), "HF_HOME": str(cache), "HF_ENDPOINT": hub.url,
+            "HF_HUB_CACHE": str(cache / "hub"), "HF_DATASETS_CACHE": str(cache / "datasets"),
+            "HF_HUB_DISABLE_PROGRESS_BARS": "1", "HF_HUB_OFFLINE": "0"}
+
+
+def read_parts(out: Path) -> dict:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    parts = sorted((out / "data").glob("*.parquet"))
+    return pa.concat_tables([pq.read_table(part) for part in parts]).to_pydict()
+
+
+def test_a_hub_repo_of_plain_image_files_still_reads(tmp_path, stub_server, fake_hub):
+    """`datasets` downloads such a repo's files into the Hub cache and its cells name them there
+    (no bytes): those files are read, sent and embedded in OUTPUT."""
+    from pages import page_image
+
+    stub = stub_server()
+    pages = [page_image(seed) for seed in (1, 2)]
+    fake_hub.push_files("dataset", "user/plain", {"train/a.png": pages[0], "train/b.png": pages[1]})
+    run = run_script(OVIS, "user/plain", str(tmp_path / "out"), *common(stub),
+                     env=hub_env(tmp_path, fake_hub))
+    assert run.returncode == 0, run.stderr
+    rows = read_parts(tmp_path / "out")
+    assert rows["markdown"] == [expected_text(p) for p in pages]
+    assert [cell["bytes"] for cell in rows["image"]] == pages
+
+
+@pytest.mark.parametrize("kind", ["string", "image"])
+def test_a_hub_datasets_path_cells_never_make_the_script_read_this_machines_files(
+        tmp_path, stub_server, fake_hub, kind):
+    """An image column of a Hub dataset naming a file of the runner's disk (absolute, `../..`,
+    lexically inside the dataset's cache but leading out, a link in its cache leading out,
+    another dataset's cached file), in a string cell or an Image cell without bytes: each is an
+    error row saying why; the file is never sent, nor written into OUTPUT. Before: read, sent
+    and published, exit 0. A cell with bytes beside them is read as ever."""
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from pages import page_image
+
+    stub = stub_server()
+    env = hub_env(tmp_path, fake_hub)
+    secret = tmp_path / "private" / "secret.png"
+    secret.parent.mkdir()
+    secret.write_bytes(page_image(7))
+    fake_hub.push_files("dataset", "user/plain", {"train/a.png": page_image(1)})
+    assert run_script(OVIS, "user/plain", str(tmp_path / "plain-out"), *common(stub),
+                      env=env).returncode == 0
+    cache = Path(env["HF_HUB_CACHE"])
+    other = next(cache.glob("datasets--user--plain/snapshots/*/train/a.png"))
+    mine = cache / "datasets--user--hostile"
+    mine.mkdir(parents=True)
+    (mine / "link.png").symlink_to(secret)
+    hostile = [str(secret), "../../private/secret.png", f"{mine}/../../../../private/secret.png",
+               str(mine / "link.png"), str(other)]
+    good = page_image(3)
+    if kind == "string":
+        table = pa.table({"image": hostile})
+    else:
+        cells = [{"bytes": None, "path": p} for p in hostile] + [{"bytes": good, "path": "g.png"}]
+        table = pa.table({"image": pa.array(cells, pa.struct([("bytes", pa.binary()),
+                                                              ("path", pa.string())]))})
+        meta = {"info": {"features": {"image": {"_type": "Image"}}}}  # as datasets writes it
+        table = table.replace_schema_metadata({"huggingface": json.dumps(meta)})
+    pq.write_table(table, tmp_path / "hostile.parquet")
+    fake_hub.push_files("dataset", "user/hostile", {
+        "data/train-00000-of-00001.parquet": (tmp_path / "hostile.parquet").read_bytes()})
+    workdir = tmp_path / "work" / "sub"
+    workdir.mkdir(parents=True)
+    sent_before = len(stub.requests())
+    run = run_script(OVIS, "user/hostile", str(tmp_path / "out"), *common(stub), env=env,
+                     cwd=workdir)
+    assert run.returncode == 0, run.stderr
+    no_traceback(run)
+    rows = read_parts(tmp_path / "out")
+    n = len(hostile)
+    assert rows["markdown"][:n] == [None] * n
+    assert rows["image"][:n] == (hostile if kind == "string" else [None] * n)  # cells, not files
+    assert all("not read" in error and "Hub" in error for error in rows["markdown_error"][:n]), \
+        rows["markdown_error"]
+    assert rows["markdown_error_kind"][:n] == ["page"] * n
+    assert rows["markdown"][n:] == [expected_text(good)] * (kind == "image")
+    assert len(stub.requests()) - sent_before == (kind == "image")
+    stored = b"".join(p.read_bytes() for p in (tmp_path / "out").rglob("*") if p.is_file())
+    assert secret.read_bytes()[:64] not in stored
