@@ -2391,8 +2391,48 @@ def output_counts(store: OutputStore, column: str) -> str:
             + (f" ({unknown:,} on the Hub were not counted)." if unknown else "."))
 
 
+SIZE_CATEGORIES = ((1_000, "n<1K"), (10_000, "1K<n<10K"), (100_000, "10K<n<100K"),
+                   (1_000_000, "100K<n<1M"), (10_000_000, "1M<n<10M"), (100_000_000, "10M<n<100M"),
+                   (1_000_000_000, "100M<n<1B"))
+
+
+def input_license(args, hub: bool) -> str | None:
+    """The licence the input's own card gives (a Hub dataset's, or a README.md beside a local
+    input), for the output's card; None where it says none or cannot be read."""
+    try:
+        from huggingface_hub import DatasetCard, HfApi
+
+        if hub:
+            data = HfApi(token=args.hf_token or None).dataset_info(
+                args.input, revision=args.revision, timeout=10).card_data
+        else:
+            local = Path(args.input).expanduser()
+            card = (local if local.is_dir() else local.parent) / "README.md"
+            data = DatasetCard.load(card).data if card.is_file() else None
+        licence = getattr(data, "license", None) if data is not None else None
+        return licence if isinstance(licence, (str, list)) and licence else None
+    except Exception:  # offline, private, an unreadable card: the card says no licence
+        return None
+
+
+def card_metadata(source: InputSource, store: OutputStore, args):
+    """What the Hub's search and filters read from the card's YAML (no `configs:`: a local
+    folder's card must not have one, see REFERENCE)."""
+    from huggingface_hub import DatasetCardData
+
+    rows = sum(stop - start for (start, stop), _ in store.parts())
+    hub_input = source.files is None  # as input_identity tells a Hub input from a local one
+    return DatasetCardData(
+        pretty_name=f"{source.description} OCR with {MODEL_ID.split('/')[-1]}"[-120:],
+        task_categories=["image-to-text"], tags=["ocr", "vllm", "uv-script"],
+        size_categories=[next((name for top, name in SIZE_CATEGORIES if rows < top), "n>1B")],
+        source_datasets=[args.input] if hub_input else None, license=input_license(args, hub_input))
+
+
 def build_card(source: InputSource, store: OutputStore, args, stats: dict,
                info_entry: dict) -> str:
+    from huggingface_hub import DatasetCard
+
     column, pdf, settings = args.output_column, source.pdf, info_entry["settings"]
     serve = info_entry.get("serve_args")
     on_jobs = os.environ.get("JOB_ID") or os.environ.get("HF_JOB_ID")
@@ -2414,13 +2454,7 @@ def build_card(source: InputSource, store: OutputStore, args, stats: dict,
                     f"Looping pages were not sent again (`--loop-retries 0`); {looping:,} loop.") \
         + (f" vLLM's repetition detection ended loops in the engine (`repetition_detection` "
            f"{json.dumps(detection)}){REPETITION_DETECTION_NOTE}." if detection else "")
-    return f"""---
-tags:
-- ocr
-- vllm
-- uv-script
----
-
+    return str(DatasetCard(f"---\n{card_metadata(source, store, args).to_yaml()}\n---\n" + f"""
 # OCR of `{source.description}` with {MODEL_ID}
 
 Each row of the input with its page transcribed into the `{column}` column by
@@ -2465,7 +2499,7 @@ Reproduce on Hugging Face Jobs:
 ```
 
 {JOBS_NOTE}
-"""
+"""))
 
 
 # ---- arguments -------------------------------------------------------------------------------
