@@ -32,9 +32,9 @@ def judging_grey(img):
     scale = -(-max(img.size) // BLANK_JUDGE_SIDE)
     if scale > 1 and getattr(img, "format", None) == "JPEG":  # a loaded one ignores it
         img.draft("L", (-(-img.width // scale), -(-img.height // scale)))
-    grey = img.convert("L")
-    factor = -(-max(grey.size) // BLANK_JUDGE_SIDE)
-    return np.asarray(grey.reduce(factor) if factor > 1 else grey, dtype=np.int16)
+    factor = -(-max(img.size) // BLANK_JUDGE_SIDE)
+    small = img.reduce(factor) if factor > 1 else img  # before any copy: a giant scan stays cheap
+    return np.asarray(small.convert("L"), dtype=np.int16)
 
 
 def paper_level(grey):
