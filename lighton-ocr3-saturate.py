@@ -334,6 +334,7 @@ REPETITION_DETECTION = globals().get("REPETITION_DETECTION", (32, 64))  # --repe
 REPETITION_DETECTION_ON = globals().get("REPETITION_DETECTION_ON", False)  # its default
 REPETITION_DETECTION_NOTE = globals().get("REPETITION_DETECTION_NOTE", "")  # the card's, when on
 MODEL_CARD_NOTE = globals().get("MODEL_CARD_NOTE", "")  # Markdown the card must say of the model
+POSTPROCESS_GETS_SIZE = globals().get("POSTPROCESS_GETS_SIZE", False)  # postprocess(.., sent size)
 import argparse
 import contextlib
 import hashlib
@@ -1288,7 +1289,8 @@ class DegenerateCheck:
         self.seen += 1
         self.error = result.error or self.error
         self.cut += result.finish_reason == "length"
-        self.broken += (result.attempts or 1) > 1 or result.finish_reason in CUT or \
+        looped = (result.attempts or 1) - result.resent > 1  # a resend asked for is no loop
+        self.broken += looped or result.finish_reason in CUT or \
             not visible or len(visible) >= 8 and len(set(visible)) == 1
         if self.seen >= self.pages:
             self.finish()
@@ -1323,9 +1325,11 @@ class RowResult:
     completion_tokens: int | None = None
     extras: dict = field(default_factory=dict)
     attempts: int | None = None  # generations the text took (loop retries)
+    resent: int = 0  # of those, the sends the model section asked for (SEND_AGAIN): no loop
     text_layer: str | None = None  # a PDF page's embedded text
     skipped: str | None = None  # why the page was not sent
     digest: str | None = None  # input_digest() of what it was made from
+    sent_size: tuple | None = None  # (width, height) of the image sent: a pixel box's space
 
 
 def is_blank_row(result: RowResult) -> bool:
@@ -1369,6 +1373,7 @@ def joined_pages(pages: list[tuple[int, RowResult]]) -> RowResult:
         attempts=max((r.attempts for _, r in ok if r.attempts is not None), default=None),
         extras={suffix: [b for _, r in ok for b in r.extras.get(suffix) or []]
                 if kind == "blocks" else marked((n, r.extras.get(suffix)) for n, r in ok)
+                if kind == "string" else shared_value(r.extras.get(suffix) for _, r in ok)
                 for suffix, kind in EXTRA_COLUMNS.items()},
         text_layer=marked((n, r.text_layer) for n, r in pages),
         skipped="; ".join(reason for reason in (
@@ -1376,6 +1381,12 @@ def joined_pages(pages: list[tuple[int, RowResult]]) -> RowResult:
             if skipped else "", f"pages {blank} not sent: blank (no ink found)" if blank else "")
             if reason) or None,
         digest=digests.pop() if len(digests) == 1 else None)  # the document's, if all pages had it
+
+
+def shared_value(values):
+    """A scalar extra column of a document's row: its pages' one value, else null."""
+    distinct = set(values)
+    return distinct.pop() if len(distinct) == 1 else None
 
 
 def read_page(cell, args, decode: bool = True) -> PreparedPage | RowResult | None:
@@ -1428,12 +1439,13 @@ def finish_row(writer: "PartWriter", stats: "RunStats", held: HeldFailures, inde
                result: RowResult, latency: float | None = None, failed: str | None = None) -> None:
     """A page's answer: counted, cleaned up, judged, then written, or held (a server's failure;
     `failed`: offline, the engine's failure it counts as)."""
-    stats.loop_retried += (result.attempts or 1) > 1
+    stats.loop_retried += (result.attempts or 1) - result.resent > 1
     stats.still_looping += loops(result.text, result.finish_reason)
     answered = result.error is None and result.skipped is None
     if answered:
         try:  # the model's clean-up: what it raises is this row's error
-            result.text, result.extras = postprocess(result.text, writer.args)
+            sized = (result.sent_size,) if POSTPROCESS_GETS_SIZE else ()
+            result.text, result.extras = postprocess(result.text, writer.args, *sized)
         except Exception as exc:
             result = replace(exception_row(exc, PAGE, "post-processing failed: "),
                              digest=result.digest)
@@ -1475,7 +1487,8 @@ def output_features(source: InputSource, args):
         features[source.image_column] = datasets.Image()
     layout = [{"label": text, "box": [datasets.Value("int32")], "text": text}]  # box: x1 y1 x2 y2
     features.update(zip(names, [datasets.Value(kind) for kind in RESULT_FIELDS.values()] +
-                        [layout if kind == "blocks" else text for kind in EXTRA_COLUMNS.values()]
+                        [layout if kind == "blocks" else datasets.Value(kind)
+                         for kind in EXTRA_COLUMNS.values()]
                         + [text] * len(_TEXT_LAYER_COLUMNS)))
     features["inference_info"] = text
     return features
@@ -3151,6 +3164,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 
 IMAGE_URL_PLACEHOLDER = "@@PAGE_IMAGE_URL@@"
+SEND_AGAIN = globals().get("SEND_AGAIN")  # the model section's: a page it asks to send again
 RETRY_STATUS = {408, 429, 500, 502, 503, 504}
 RETRY_AFTER_MAX_S = 120.0  # the longest wait a server's Retry-After is granted before a retry
 
@@ -3793,15 +3807,19 @@ async def run_server_pipeline(run, args, server: ServerManager, window: Window) 
                 if isinstance(page, RowResult):  # not sent: its error, or its text layer
                     result = page
                 else:
-                    layer, digest = page.text_layer, page.digest
+                    layer, digest, size = page.text_layer, page.digest, (page.width, page.height)
                     body = request_body(page, server.model_name, args)
                     del page, cell, held
                     window.body_sizes.append(len(body))
                     sent = time.monotonic()
                     result = await send_until_clean(client, server, body, index, args)
+                    if SEND_AGAIN is not None:  # e.g. olmOCR-2: a page said rotated, turned
+                        result = await SEND_AGAIN(functools.partial(
+                            send_until_clean, client, server, index=index, args=args),
+                            body, result, args)
                     del body
                     latency = time.monotonic() - sent
-                    result.text_layer, result.digest = layer, digest
+                    result.text_layer, result.digest, result.sent_size = layer, digest, size
             except RunAborted as exc:
                 return stop(exc)
             except Exception as exc:  # preparing or sending the page: this row fails, not the run

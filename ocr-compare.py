@@ -6,6 +6,11 @@
 #     "numpy",
 #     "rapidfuzz>=3.6",
 #     "matplotlib>=3.7",
+#     "markdown-it-py>=3.0",
+#     "mdit-py-plugins>=0.4",
+#     "nh3>=0.2.14",
+#     "pillow>=10.4",
+#     "pypdfium2>=4.30",
 # ]
 # ///
 """Compare OCR outputs: parity between two runs, or accuracy against ground truth.
@@ -40,6 +45,19 @@ olmOCR-Bench (the official scorer, over a run of the benchmark's PDFs)
     the settings from inference_info. Without Playwright's Chromium the math tests are left
     out and the score is labelled not comparable to published figures.
 
+Look at the pages (--html REPORT.html, with any of the modes above, or with A alone)
+    uv run ocr-compare.py ./scans-ocr --html look.html --show 50     # a first run: its pages
+    uv run ocr-compare.py ./a ./b --html parity.html --show 100       # worst pages first
+    uv run ocr-compare.py ./pdfs-ocr --html look.html --input ./pdfs  # PDF pages: from the input
+    one file that opens offline in any browser: per page, its image (a thumbnail; a click opens
+    the larger view), the Markdown rendered (tables; formulas as written) and as source, its
+    error, skip reason and loop flag, and when comparing, the other run's text (or the
+    reference) with the differences marked and the page's similarity or CER. Pages come worst
+    first when there is a figure to rank by, else in input order; --show bounds them, so the
+    file grows with the pages shown (about 0.3 MB a page with the larger views, 0.04 MB without:
+    --html-page-px 0). A model's answer is untrusted: its HTML passes an allow-list, and the
+    page's Content-Security-Policy lets no script run and nothing load from the network.
+
 A, B and --reference are Hub dataset ids (user/name) or local paths: an output folder of the
 collection (data/*.parquet), a .parquet file or folder of them, or a save_to_disk folder.
 
@@ -64,8 +82,11 @@ olmOCR-Bench scorer could not be installed or failed (each said in one line).
 """
 
 import argparse
+import base64
 import csv
+import hashlib
 import html
+import io
 import json
 import math
 import os
@@ -1145,6 +1166,328 @@ def write_rows(path: str, rows: list[dict]) -> None:
         raise UsageError(f"cannot write --rows {path}: {exc}") from None
 
 
+# ---- the HTML report: each page beside its text, for a browser ---------------------------------
+# One self-contained file that opens offline: the page images are embedded (a thumbnail, and a
+# larger view that opens on a click, with no script: <details>), the Markdown is rendered by
+# markdown-it and passed through nh3's allow-list (a model's answer is untrusted text), and a
+# Content-Security-Policy forbids every script and every load from the network besides.
+
+REPORT_THUMB_PX = 512
+REPORT_ALLOWED_TAGS = {
+    "p", "br", "hr", "h1", "h2", "h3", "h4", "h5", "h6", "ul", "ol", "li", "blockquote", "pre",
+    "code", "em", "strong", "b", "i", "u", "s", "del", "ins", "sub", "sup", "small", "span", "div",
+    "table", "thead", "tbody", "tfoot", "tr", "th", "td", "caption", "colgroup", "col", "a"}
+REPORT_ALLOWED_ATTRIBUTES = {"td": {"colspan", "rowspan", "align"}, "th": {"colspan", "rowspan", "align"},
+                             "span": {"class"}, "div": {"class"}, "ol": {"start"}}
+REPORT_CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
+REPORT_STYLE = """
+body{font:14px/1.45 system-ui,sans-serif;margin:0 auto;max-width:1800px;padding:1em;color:#222}
+header{border-bottom:1px solid #ccc;margin-bottom:1em} header p{margin:.2em 0}
+article{display:grid;grid-template-columns:minmax(180px,512px) 1fr;gap:1em;border-bottom:1px solid #ddd;padding:1em 0}
+article h2{grid-column:1/-1;font-size:1.05em;margin:0} .figure{color:#555;font-weight:normal}
+.page summary{list-style:none} .page summary::-webkit-details-marker{display:none}
+.page img.thumb{max-width:100%;border:1px solid #bbb;cursor:zoom-in} .page img.full{display:none}
+.page details[open] img.full{display:block;position:fixed;inset:0;margin:auto;max-width:98vw;max-height:98vh;
+z-index:10;cursor:zoom-out;box-shadow:0 0 0 100vmax rgba(0,0,0,.65)} .nopage{color:#777;font-style:italic}
+.texts{display:grid;grid-template-columns:repeat(auto-fit,minmax(320px,1fr));gap:1em;min-width:0}
+.text{min-width:0;overflow:auto} .text h3{font-size:.95em;margin:.2em 0;color:#444}
+.rendered{border-left:3px solid #9bd;padding-left:.7em} .rendered table{border-collapse:collapse}
+.rendered td,.rendered th{border:1px solid #999;padding:2px 6px} .math{font-family:monospace;color:#036}
+pre.source{white-space:pre-wrap;word-break:break-word;background:#f6f6f6;padding:.5em;font-size:12px}
+.flag{display:inline-block;background:#fde2e2;color:#900;padding:0 .4em;border-radius:3px;margin:.1em .2em .1em 0}
+.flag.skip{background:#e6eefc;color:#124} del{background:#fcc;text-decoration:line-through} ins{background:#cfc;text-decoration:none}
+"""
+
+
+@dataclass
+class ReportText:
+    """One system's text of one page, and what the row says about it."""
+    label: str
+    text: str | None
+    error: str | None = None
+    skip: str | None = None
+    finish: str | None = None
+    looping: bool = False
+
+
+@dataclass
+class ReportPage:
+    key: str
+    figure: str  # the page's similarity or CER, or "" in a look at one run
+    image_row: int | None  # A's row whose page is shown
+    texts: list[ReportText]
+    diff: tuple[str, str, str] | None = None  # (title, text a, text b) marked word by word
+
+
+def render_markdown(text: str) -> str:
+    """Markdown to HTML that keeps only REPORT_ALLOWED_TAGS: tables render, formulas stay as
+    written (dollarmath wraps them, unrendered), no script, no image, no link target survives."""
+    import nh3
+    from markdown_it import MarkdownIt
+    from mdit_py_plugins.dollarmath import dollarmath_plugin
+
+    md = MarkdownIt("commonmark", {"html": True}).enable("table").enable("strikethrough")
+    md.use(dollarmath_plugin, allow_labels=False, double_inline=True,
+           renderer=lambda content, options: html.escape(content))
+    return nh3.clean(md.render(text), tags=REPORT_ALLOWED_TAGS, attributes=REPORT_ALLOWED_ATTRIBUTES,
+                     url_schemes=set(), link_rel="noopener noreferrer")
+
+
+def marked_diff(a: str, b: str) -> str:
+    """b against a, word by word: words only in a struck through, words only in b marked."""
+    from rapidfuzz.distance import Indel
+
+    words_a, words_b = re.findall(r"\S+|\s+", a), re.findall(r"\S+|\s+", b)
+    parts = []
+    for tag, a0, a1, b0, b1 in Indel.opcodes(words_a, words_b):
+        old, new = html.escape("".join(words_a[a0:a1])), html.escape("".join(words_b[b0:b1]))
+        if tag == "equal":
+            parts.append(old)
+        else:
+            parts.append((f"<del>{old}</del>" if old else "") + (f"<ins>{new}</ins>" if new else ""))
+    return "".join(parts)
+
+
+def page_label(side: Side, i: int) -> str:
+    """A page as a reader knows it: its file (and page number), else its row."""
+    if not side.has("file_name"):
+        return f"row {i}"
+    return _show_key(tuple(side.column(c)[i] for c in DEFAULT_KEY if side.has(c)))
+
+
+def report_pages_look(a: Side, texts: "Texts", args) -> list[ReportPage]:
+    """A look at one run: its pages in input order."""
+    return [ReportPage(page_label(a, i), "", i, [report_text("A", texts, i)])
+            for i in range(min(a.num_rows, args.show))]
+
+
+def report_text(label: str, texts: "Texts", i: int) -> ReportText:
+    return ReportText(label, texts.text[i], texts.error[i], texts.skip[i], texts.finish[i],
+                      texts.text[i] is not None and is_looping(texts.text[i], texts.finish[i]))
+
+
+def report_pages_parity(report: dict, a: Side, args) -> list[ReportPage]:
+    """Worst first: a page one side failed, then by similarity; identical pages last."""
+    ta, tb = report["texts"]
+    rows = sorted(report["rows"], key=lambda r: (
+        not (r["a_failed"] or r["b_failed"]), bool(r["identical"]),
+        r["similarity"] if r["similarity"] is not None else 1.0))
+    pages = []
+    for row in rows[: args.show]:
+        i, j = row["a_row"], row["b_row"]
+        figure = f"similarity {row['similarity']:.4f}" if row["similarity"] is not None else \
+            "one side has no text" if row["a_failed"] or row["b_failed"] else "not sent"
+        if row["identical"]:
+            figure = "byte-identical"
+        diff = None
+        if ta.text[i] is not None and tb.text[j] is not None and not row["identical"]:
+            diff = ("B against A", ta.text[i], tb.text[j])
+        pages.append(ReportPage(page_label(a, i), figure, i, [report_text("A", ta, i),
+                                                         report_text("B", tb, j)], diff))
+    return pages
+
+
+def report_pages_accuracy(shown: dict, a: Side, args) -> list[ReportPage]:
+    """Worst first by A's CER (an error row first of all); B and the reference beside it."""
+    detail = shown["details"]["A"]
+    refs, texts = detail["refs"], detail["texts"]
+    other = shown["details"].get("B")
+    b_by_ref = {r["ref_row"]: r for r in other["rows"]} if other else {}
+    rows = sorted(detail["rows"], key=lambda r: (r["status"] != "error", -(r.get("cer") or 0.0)))
+    pages = []
+    for row in rows[: args.show]:
+        i, j = row["row"], row["ref_row"]
+        figure = f"CER {row['cer']:.4f}" if "cer" in row else row["status"]
+        shown_texts = [report_text("A", texts, i)]
+        diff = ("A against the reference", refs[j] or "", texts.text[i]) if texts.text[i] is not None else None
+        if other and j in b_by_ref:
+            b_row = b_by_ref[j]
+            shown_texts.append(report_text("B", other["texts"], b_row["row"]))
+            if "cer" in b_row:
+                figure += f"; B: CER {b_row['cer']:.4f}"
+        shown_texts.append(ReportText("reference", refs[j]))
+        pages.append(ReportPage(page_label(a, i), figure, i, shown_texts, diff))
+    return pages
+
+
+def page_images(side: Side, rows: list[int], args) -> dict[int, bytes]:
+    """The page image of each row (encoded bytes), read for those rows only: from the image
+    column of A, or for PDF pages (whose bytes an output does not copy) rendered from the input."""
+    column = args.image_column or manifest_option(Path(side.spec), "image_column") or "image"
+    if column in side.available:
+        return {row: cell for row, cell in zip(rows, read_cells(side, column, rows)) if cell}
+    if side.has("page_number") or manifest_option(Path(side.spec), "pdf_column"):
+        return render_pdf_pages(side, rows, args)
+    return {}
+
+
+def read_cells(side: Side, column: str, rows: list[int]) -> list[bytes | None]:
+    """One column's cells for some rows, without reading the others' images."""
+    if is_local(side.spec) and Path(side.spec).expanduser().is_dir() and \
+            local_parquet_files(Path(side.spec).expanduser()):
+        import pyarrow.parquet as pq
+
+        wanted, found, start = sorted(set(rows)), {}, 0
+        for path in local_parquet_files(Path(side.spec).expanduser()):
+            handle = pq.ParquetFile(path)
+            for group in range(handle.num_row_groups):
+                size = handle.metadata.row_group(group).num_rows
+                inside = [r for r in wanted if start <= r < start + size]
+                if inside:
+                    values = handle.read_row_group(group, columns=[column]).column(0)
+                    found.update({r: values[r - start].as_py() for r in inside})
+                start += size
+        cells = [found.get(r) for r in rows]
+    else:
+        import datasets
+
+        if is_local(side.spec):
+            loaded = datasets.load_from_disk(str(Path(side.spec).expanduser()))
+            loaded = loaded[args_split(side)] if isinstance(loaded, datasets.DatasetDict) else loaded
+        else:
+            loaded = datasets.load_dataset(side.spec, split=args_split(side))
+        loaded = loaded.cast_column(column, datasets.Image(decode=False)) \
+            if isinstance(loaded.features.get(column), datasets.Image) else loaded
+        cells = loaded.select_columns([column]).select(rows)[column]
+    return [image_bytes(cell) for cell in cells]
+
+
+def args_split(side: Side) -> str:
+    match = re.search(r"\(split (.+)\)$", side.description)
+    return match.group(1) if match else "train"
+
+
+def image_bytes(cell) -> bytes | None:
+    """An image cell as encoded bytes: datasets' {"bytes", "path"} or plain bytes."""
+    if isinstance(cell, dict):
+        if cell.get("bytes"):
+            return cell["bytes"]
+        path = cell.get("path")
+        return Path(path).read_bytes() if path and Path(path).is_file() else None
+    return cell if isinstance(cell, (bytes, bytearray)) else None
+
+
+def render_pdf_pages(side: Side, rows: list[int], args) -> dict[int, bytes]:
+    """PDF pages rendered from the run's input: --input, a folder or a .pdf on this machine."""
+    source = args.input or manifest_input_path(Path(side.spec))
+    if not source or not Path(source).expanduser().exists():
+        raise UsageError("A holds PDF pages, whose images an output does not keep: pass --input "
+                         "with the run's input (a local folder or .pdf) to show them")
+    import pypdfium2 as pdfium
+
+    source, pages = Path(source).expanduser(), {}
+    names = side.column("file_name") if side.has("file_name") else None
+    numbers = side.column("page_number")
+    for row in rows:
+        path = source / names[row] if names and source.is_dir() else source
+        number = numbers[row]
+        if number is None or not path.is_file():
+            continue
+        document = pdfium.PdfDocument(str(path))
+        try:
+            page = document[number - 1]
+            scale = REPORT_PAGE_DPI / 72
+            image = page.render(scale=scale).to_pil()
+        finally:
+            document.close()
+        buffer = io.BytesIO()
+        image.convert("RGB").save(buffer, "PNG")
+        pages[row] = buffer.getvalue()
+    return pages
+
+
+REPORT_PAGE_DPI = 150
+
+
+def manifest_input_path(path: Path) -> str | None:
+    """The input a local run read, as its manifest records it (none for a Hub input)."""
+    try:
+        recorded = json.loads((path / MANIFEST).read_text()).get("input_path")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return recorded if isinstance(recorded, str) else None
+
+
+def embedded_images(data: bytes, full_px: int) -> tuple[str, str | None]:
+    """A page as data URLs: a thumbnail at most REPORT_THUMB_PX on its long side, and (unless
+    full_px is 0) a view at most full_px, both JPEG."""
+    from PIL import Image, ImageOps
+
+    with Image.open(io.BytesIO(data)) as opened:
+        image = ImageOps.exif_transpose(opened).convert("RGB")
+
+    def encoded(limit: int, quality: int) -> str:
+        copy = image.copy()
+        copy.thumbnail((limit, limit))
+        buffer = io.BytesIO()
+        copy.save(buffer, "JPEG", quality=quality, optimize=True)
+        return "data:image/jpeg;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+    return encoded(REPORT_THUMB_PX, 80), encoded(full_px, 72) if full_px else None
+
+
+def write_html_report(path: str, title: str, lines: list[str], pages: list[ReportPage],
+                      image_side: Side, args) -> None:
+    images = page_images(image_side, [p.image_row for p in pages if p.image_row is not None], args)
+    seen: dict[str, str] = {}  # a page's digest -> the anchor of its first showing
+    body = []
+    for number, page in enumerate(pages, 1):
+        anchor = f"page-{number}"
+        data = images.get(page.image_row)
+        if data is None:
+            picture = '<p class="nopage">no page image in this output</p>'
+        else:
+            digest = hashlib.sha1(data).hexdigest()
+            if digest in seen:
+                picture = f'<p class="nopage">the same page as <a href="#{seen[digest]}">above</a></p>'
+            else:
+                seen[digest] = anchor
+                try:
+                    thumb, full = embedded_images(data, args.html_page_px)
+                except Exception as exc:  # an unreadable image is said, not fatal
+                    picture = f'<p class="nopage">page image unreadable: {html.escape(str(exc)[:200])}</p>'
+                else:
+                    big = f'<img class="full" alt="page {number}, full size" src="{full}">' if full else ""
+                    # the full view is part of the summary: a click on it closes it again
+                    picture = (f'<details><summary><img class="thumb" alt="page {number}" src="{thumb}">'
+                               f'{big}</summary></details>')
+        panels = "".join(text_panel(t) for t in page.texts)
+        if page.diff:
+            panels += (f'<section class="text"><h3>{html.escape(page.diff[0])}</h3>'
+                       f'<pre class="source diff">{marked_diff(page.diff[1], page.diff[2])}</pre></section>')
+        body.append(f'<article id="{anchor}"><h2>{number}. {html.escape(page.key)} '
+                    f'<span class="figure">{html.escape(page.figure)}</span></h2>'
+                    f'<div class="page">{picture}</div><div class="texts">{panels}</div></article>')
+    head = "".join(f"<p>{html.escape(line)}</p>" for line in lines)
+    document = (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
+                f'<meta http-equiv="Content-Security-Policy" content="{REPORT_CSP}">'
+                f'<meta name="viewport" content="width=device-width,initial-scale=1">'
+                f'<title>{html.escape(title)}</title><style>{REPORT_STYLE}</style></head><body>'
+                f'<header><h1>{html.escape(title)}</h1>{head}</header>{"".join(body)}</body></html>\n')
+    try:
+        output_file("--html", path).write_text(document, encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"cannot write --html {path}: {exc}") from None
+
+
+def text_panel(text: ReportText) -> str:
+    flags = []
+    if text.error:
+        flags.append(f'<span class="flag">error: {html.escape(text.error[:500])}</span>')
+    if text.skip:
+        flags.append(f'<span class="flag skip">not sent: {html.escape(text.skip)}</span>')
+    if text.looping:
+        flags.append('<span class="flag">looping</span>')
+    if text.finish and text.finish != "stop":
+        flags.append(f'<span class="flag">finish: {html.escape(text.finish)}</span>')
+    if text.text is None:
+        content = "<p class=\"nopage\">no text</p>"
+    else:
+        content = (f'<div class="rendered">{render_markdown(text.text)}</div><details><summary>source'
+                   f'</summary><pre class="source">{html.escape(text.text)}</pre></details>')
+    return f'<section class="text"><h3>{html.escape(text.label)}</h3>{"".join(flags)}{content}</section>'
+
+
 # ---- olmOCR-Bench: the official scorer over a run of the benchmark's PDFs ----------------------
 # The benchmark (allenai/olmocr, olmocr/bench): DIR holds test files *.jsonl (one test a line,
 # naming its pdf and page), the PDFs under DIR/pdfs, and a folder per candidate with
@@ -1550,7 +1893,20 @@ def build_parser() -> argparse.ArgumentParser:
                         help="write per-row figures (.csv, else JSON lines)")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, metavar="N",
                         help="processes that score rows, on Linux (default: one per core)")
-    parser.add_argument("--show", type=int, default=5, metavar="N", help="worst pairs or pages shown (default: 5)")
+    parser.add_argument("--show", type=int, default=5, metavar="N", help="worst pairs or pages shown, "
+                        "in the terminal and in --html (default: 5)")
+    parser.add_argument("--html", default=None, metavar="PATH",
+                        help="write REPORT.html: each page shown beside its text (rendered and as "
+                        "source), errors and flags, the differences marked; one file that opens "
+                        "offline. With A alone, a look at one run (its first --show pages)")
+    parser.add_argument("--input", default=None, metavar="PATH",
+                        help="--html of PDF pages: the run's input (a local folder or .pdf), to "
+                        "render the pages from (an output keeps no PDF bytes)")
+    parser.add_argument("--image-column", default=None, metavar="COLUMN",
+                        help="--html: A's page image column (default: the run's, else image)")
+    parser.add_argument("--html-page-px", type=int, default=1600, metavar="PX",
+                        help="--html: the long side of the view a thumbnail opens (default: "
+                        "1600; 0: thumbnails only, a smaller file)")
     parser.add_argument("--split", default="train", help="split of Hub or saved datasets (default: train)")
     parser.add_argument("--config", default=None, help="Hub dataset config")
     parser.add_argument("--revision", default=None, help="Hub dataset revision")
@@ -1575,15 +1931,20 @@ def run(args, out=sys.stdout) -> dict:
                          f"(several repeats are for --olmocr-bench)")
     args.b = args.b[0] if args.b else None
     norm = NORMALISATIONS[args.normalise]
+    for option in ("input", "image_column"):
+        if getattr(args, option) is not None and not args.html:
+            raise UsageError(f"--{option.replace('_', '-')} goes with --html")
     accuracy_mode = args.reference is not None or args.reference_column is not None
-    if not accuracy_mode and args.b is None:
+    if not accuracy_mode and args.b is None and not args.html:
         raise UsageError("give B to compare two runs, or --reference-column / --reference for "
-                         "accuracy against ground truth (see --help)")
-    for option, low in (("min_reference_chars", 0), ("workers", 1), ("show", 0)):
+                         "accuracy against ground truth, or --html to look at one run (see --help)")
+    for option, low in (("min_reference_chars", 0), ("workers", 1), ("show", 0), ("html_page_px", 0)):
         if getattr(args, option) < low:
             raise UsageError(f"--{option.replace('_', '-')} must be >= {low}")
-    for option in ("json", "plot", "rows"):  # before the comparison runs, not after it
+    for option in ("json", "plot", "rows", "html"):  # before the comparison runs, not after it
         check_writable(f"--{option}", getattr(args, option))
+    if not accuracy_mode and args.b is None:
+        return look(args, out)
     started = time.perf_counter()
     column_b = args.column_b or args.column
     extra = list(args.key or []) + list(DEFAULT_KEY) + ([args.by] if args.by else [])
@@ -1606,6 +1967,14 @@ def run(args, out=sys.stdout) -> dict:
                                    for r in report["rows"]])
         write_json(args, result)
         print_parity(report, args, out)
+        if args.html:
+            write_html_report(args.html, f"{a.description} against {b.description}", [
+                f"Parity, matched by {result['matched_by']}: {result['identical']} of "
+                f"{result['rows_compared']} pages byte-identical; similarity ({norm.label}) of the "
+                f"others: median {fmt(result['similarity_median'])}, min {fmt(result['similarity_min'])}.",
+                f"The {min(args.show, len(report['rows']))} worst pages of {len(report['rows'])}, "
+                f"worst first (--show)."], report_pages_parity(report, a, args), a, args)
+            print(f"report: {args.html}", file=out)
     else:
         ref_column = args.reference_column or "text"
         a = load_side("A", args.a, side_columns(args.column) + extra
@@ -1663,6 +2032,34 @@ def run(args, out=sys.stdout) -> dict:
             write_rows(args.rows, rows)
         write_json(args, result)
         print_accuracy(shown, args, out)
+        if args.html:
+            rows = len(shown["details"]["A"]["rows"])
+            write_html_report(args.html, f"{a.description} against {ref.description}", [
+                f"Accuracy against [{ref_column}] of {ref.description} ({norm.label}): CER "
+                f"{fmt(result.get('cer_micro'))} (pooled), WER {fmt(result.get('wer_micro'))}.",
+                f"The {min(args.show, rows)} worst pages of {rows} by A's CER, worst first (--show)."],
+                report_pages_accuracy(shown, a, args), a, args)
+            print(f"report: {args.html}", file=out)
+    return result
+
+
+def look(args, out) -> dict:
+    """--html with A alone: its first --show pages beside their text, in input order."""
+    extra = list(DEFAULT_KEY)
+    a = load_side("A", args.a, side_columns(args.column) + extra, args)
+    texts = read_texts(a, args.column)
+    counts = {"rows": a.num_rows, "text": sum(t is not None for t in texts.text),
+              "error": sum(texts.failed(i) for i in range(a.num_rows)),
+              "skipped": sum(texts.skipped(i) for i in range(a.num_rows)),
+              "looping": sum(t is not None and is_looping(t, f) for t, f in zip(texts.text, texts.finish))}
+    result = {"mode": "look", "a": a.description, "column": args.column, **counts}
+    write_json(args, result)
+    summary = (f"{counts['rows']} rows: {counts['text']} with text ({counts['looping']} looping), "
+               f"{counts['error']} errors, {counts['skipped']} not sent")
+    write_html_report(args.html, f"{a.description} [{args.column}]", [
+        summary + ".", f"The first {min(args.show, a.num_rows)} pages, in input order (--show)."],
+        report_pages_look(a, texts, args), a, args)
+    print(f"{a.description} [{args.column}]: {summary}\nreport: {args.html}", file=out)
     return result
 
 

@@ -1,22 +1,50 @@
-"""The model section, as the blocks see it: the one interface between a script's model section
-and its helper blocks. No script carries this file.
+"""The model section, as the blocks, the tests and ocr-jobs.py see it: the one interface between
+a script's model section and everything that reads it. No script carries this file.
 
 A block reaches the model section only through the names below. In a script they are globals
 the model section defines before the blocks run; in a module of blocks/ they are imported from
 here (`from blocks.model import ...`, in the part above the BEGIN line, which the assembler
 leaves out), so that ruff knows every name and a test can import a block. Each value here is a
-placeholder of the right type; a script's model section sets the real one.
+placeholder of the right type; a script's model section sets the real one. The names are
+grouped by who needs them (the comment above each group); tests/test_scripts.py fails when a
+script's model section lacks one its shape needs (test_every_script_defines_what_model_py_lists).
 
 Besides these, a block may read an optional model-section name with a default, at the top of
 the block that uses it: `NAME = globals().get("NAME", default)` (MODEL_REVISION, RESIZE_FILTER,
 LOOP_TEMPERATURE, REPETITION_DETECTION, REPETITION_DETECTION_ON, REPETITION_DETECTION_NOTE,
-IMAGE_TAG_MOVING, PDF_DPI and MODEL_CARD_NOTE (Markdown the card must say of the model: a
-licence term, a warning of what the script leaves out) in the common block; API_SERVER_COUNT in the saturate block). A model section sets one only where its model differs.
+IMAGE_TAG_MOVING, PDF_DPI, MODEL_CARD_NOTE (Markdown the card must say of the model: a
+licence term, a warning of what the script leaves out) and POSTPROCESS_GETS_SIZE (True: server
+scripts call `postprocess(text, args, (width, height))` with the size the page was sent at, for
+a model whose boxes are in its input's pixels) in the common block; API_SERVER_COUNT in the
+saturate block; SEND_AGAIN in the server block: an async function `(send, body, result,
+args) -> RowResult` that, given a page's answer, may send the page again changed (`await
+send(new_body)` sends it with its loop retries) and returns the row's result, its `attempts`
+counting every send and its `resent` the sends it made; olmOCR-2 turns a page the model says is
+rotated). A model section sets one only where its model differs. Optional names read
+outside the blocks: JOB_PAGES_PER_S (ocr-jobs.py reads `^JOB_PAGES_PER_S = <number>` from the
+script's text: the measured rate it plans shards and time with; leave it out when none was
+measured), SERVED_NAME (the tests: the name a server script's `--served-model-name` gives the
+model), DEFAULT_PROMPT_MODE (the tests, where a script has prompt modes).
+
+Not a name, but read the same way: the PEP 723 header at the top of the script, whose
+`dependencies` `uv run` installs (never vllm or torch: the image has them) and whose
+`[tool.hf-jobs]` table (`image` = JOB_IMAGE, `flavor`, `timeout`, `secrets`) `hf jobs uv run`
+and ocr-jobs.py read; models.json repeats image, flavor and timeout (tests/test_registry.py).
+A script whose image has no uv (IMAGE_HAS_UV False) has no such table: its models.json entry's
+`run_command` says how to start it.
 
 The model section's functions may call the helpers of the blocks its script carries (the
 common block's `repeated_tail`, the grounding block's `block_box`): they run after the blocks
 are defined.
 """
+
+# Every script, read by the tests, ocr-jobs.py and models.json's checks (no block reads them)
+IMAGE_TAG = "v0.0.0"  # the tag of JOB_IMAGE: tests/pinned_vllm.py checks that vLLM release's
+# parser, request fields and model registry against the script (a vendor image: its fork's base)
+IMAGE_HAS_UV = True  # False: the image has no uv, so no `hf jobs uv run`; ocr-jobs.py reads
+# `^IMAGE_HAS_UV = False` from the text and starts it with `hf jobs run` instead
+MAX_MODEL_LEN = 32768  # the context SERVE_ARGS or LLM_KWARGS give (the offline block reads it)
+PREFIX_CACHING = False  # what SERVE_ARGS or LLM_KWARGS set (the serve-flag tests hold them equal)
 
 # Every script (common block)
 MODEL_ID = "org/model"  # the Hub id of the weights
@@ -24,7 +52,9 @@ JOB_IMAGE = "vllm/vllm-openai:tag"  # the image a Job runs in
 SCRIPT_SHAPE = "server"  # "server", "saturate" or "offline"
 PAGE_FORMAT = "jpeg"  # the format of pages that must be converted or resized
 DEFAULT_MAX_TOKENS = 4096
-EXTRA_COLUMNS: dict = {}  # column suffix -> "blocks" or "string": model-specific output columns
+EXTRA_COLUMNS: dict = {}  # column suffix -> "blocks", "string", "bool" or "int32": model-specific
+# output columns (a document's row, --per-document: blocks joined, strings marked by page,
+# a bool or an int its pages' one value, else null)
 
 
 def target_size(width: int, height: int, args=None) -> tuple[int, int]:
@@ -75,7 +105,6 @@ def build_request(image_url: str, args) -> dict:
 
 # Offline scripts (offline block)
 VLLM_REQUIREMENT = ">=0"  # what `uv run --with vllm...` asks for where none is installed
-MAX_MODEL_LEN = 32768
 LLM_KWARGS: dict = {}  # vllm.LLM(**LLM_KWARGS)
 CHAT_KWARGS: dict = {}  # llm.chat(..., **CHAT_KWARGS)
 

@@ -40,6 +40,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 
 IMAGE_URL_PLACEHOLDER = "@@PAGE_IMAGE_URL@@"
+SEND_AGAIN = globals().get("SEND_AGAIN")  # the model section's: a page it asks to send again
 RETRY_STATUS = {408, 429, 500, 502, 503, 504}
 RETRY_AFTER_MAX_S = 120.0  # the longest wait a server's Retry-After is granted before a retry
 
@@ -682,15 +683,19 @@ async def run_server_pipeline(run, args, server: ServerManager, window: Window) 
                 if isinstance(page, RowResult):  # not sent: its error, or its text layer
                     result = page
                 else:
-                    layer, digest = page.text_layer, page.digest
+                    layer, digest, size = page.text_layer, page.digest, (page.width, page.height)
                     body = request_body(page, server.model_name, args)
                     del page, cell, held
                     window.body_sizes.append(len(body))
                     sent = time.monotonic()
                     result = await send_until_clean(client, server, body, index, args)
+                    if SEND_AGAIN is not None:  # e.g. olmOCR-2: a page said rotated, turned
+                        result = await SEND_AGAIN(functools.partial(
+                            send_until_clean, client, server, index=index, args=args),
+                            body, result, args)
                     del body
                     latency = time.monotonic() - sent
-                    result.text_layer, result.digest = layer, digest
+                    result.text_layer, result.digest, result.sent_size = layer, digest, size
             except RunAborted as exc:
                 return stop(exc)
             except Exception as exc:  # preparing or sending the page: this row fails, not the run

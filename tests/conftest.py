@@ -107,6 +107,11 @@ class StubServer:
         self.port, self.process, self.log = port, process, log
         self.url = f"http://127.0.0.1:{port}"
 
+    def log_lines(self) -> list[str]:
+        """What the stub printed (a refused request's reason: tests/stub_server.py, refuse)."""
+        path = self.log.with_suffix(".stderr")
+        return path.read_text().splitlines() if path.exists() else []
+
     def requests(self) -> list[dict]:
         import json
         if not self.log.exists():
@@ -127,10 +132,11 @@ def stub_server(tmp_path):
     def start(*extra: str, port: int | None = None, wait: bool = True) -> StubServer:
         port = port or free_port()
         log = tmp_path / f"stub-{port}-{len(started)}.jsonl"
-        process = subprocess.Popen(
-            [sys.executable, str(TESTS / "stub_server.py"), "--port", str(port),
-             "--request-log", str(log), *extra],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        with open(log.with_suffix(".stderr"), "wb") as stderr:  # the child keeps its own copy
+            process = subprocess.Popen(
+                [sys.executable, str(TESTS / "stub_server.py"), "--port", str(port),
+                 "--request-log", str(log), *extra],
+                stdout=subprocess.DEVNULL, stderr=stderr)
         server = StubServer(port, process, log)
         started.append(server)
         if wait:

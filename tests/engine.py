@@ -31,11 +31,12 @@ def engine_or_skip() -> Path:
         pytest.skip(f"CPU vLLM engine unavailable: {exc}")
 
 
-def builder_source(kind: str) -> str:
+def builder_source(kind: str, source: str | None = None) -> str:
     """What tests/tiny_models.py builds `kind` from: its shared statements (everything but the
-    `build_*` functions) and the `build_*` functions its BUILDERS entry reaches. A new builder
-    leaves the other checkpoints' keys, so adding a model does not rebuild the others."""
-    source = (TESTS / "tiny_models.py").read_text()
+    `build_*` functions and the module docstring) and the `build_*` functions its BUILDERS entry
+    reaches. A new builder leaves the other checkpoints' keys, so adding a model does not
+    rebuild the others, and an edit of the docstring's guide rebuilds none."""
+    source = source if source is not None else (TESTS / "tiny_models.py").read_text()
     tree = ast.parse(source)
     builders = {node.name: node for node in tree.body
                 if isinstance(node, ast.FunctionDef) and node.name.startswith("build_")}
@@ -48,8 +49,9 @@ def builder_source(kind: str) -> str:
             if name in builders and name not in reached:
                 reached.append(name)
                 todo.append(builders[name])
+    docstring = tree.body[0] if ast.get_docstring(tree) else None  # prose: builds nothing
     shared = [ast.get_source_segment(source, node) for node in tree.body
-              if node not in builders.values() and node is not table]
+              if node not in builders.values() and node is not table and node is not docstring]
     return "\n".join([*shared, ast.dump(entry), *(ast.get_source_segment(source, builders[name])
                                                   for name in sorted(reached))])
 

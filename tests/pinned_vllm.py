@@ -26,7 +26,8 @@ import engine_env
 WHEELS = engine_env.CACHE_ROOT / "wheels"
 PINNED_ROOT = engine_env.CACHE_ROOT / "pinned"
 # Pure-Python packages a release imports on the checked paths and the engine env lacks.
-RELEASE_DEPS = {"0.17.1": ["gguf==0.19.0", "diskcache==5.6.3"]}
+RELEASE_DEPS = {"0.17.1": ["gguf==0.19.0", "diskcache==5.6.3"],
+                "0.19.0": ["gguf==0.19.0", "diskcache==5.6.3"]}
 # HPD-Parsing's vendor fork (0.17.1+hpdparsing) is not published: it is checked against the
 # upstream release it forks, and its fork-only flags are listed in tests/test_pinned_vllm.py.
 FORK_BASES = {"0.17.1+hpdparsing": "0.17.1"}

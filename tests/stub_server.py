@@ -58,6 +58,21 @@ def mapped_answer(image_bytes: bytes, path: str) -> str | None:
     return mapping[min(mapping, key=distance)]
 
 
+def corner_answer(image_bytes: bytes, path: str) -> str | None:
+    """The answer --corner-answers gives this page: the text of the mapped colour nearest to the
+    page's top-left pixel (JSON {"r,g,b": text}): an answer that depends on which way up the
+    page was sent, for a model that judges a page's rotation."""
+    from PIL import Image
+
+    with open(path, encoding="utf-8") as handle:
+        mapping = json.load(handle)
+    corner = Image.open(io.BytesIO(image_bytes)).convert("RGB").getpixel((0, 0))
+
+    def distance(key: str) -> int:
+        return sum((int(c) - m) ** 2 for c, m in zip(key.split(","), corner))
+    return mapping[min(mapping, key=distance)]
+
+
 def loop_text(text: str, seed) -> str:
     """A page's answer fallen into a repetition loop (cut at max_tokens or by repetition
     detection): the greedy loop runs 40 lines; a seeded one reads one line further before it
@@ -66,6 +81,60 @@ def loop_text(text: str, seed) -> str:
         return text + "\n" + "the same line again\n" * 40
     loop = "the same line again\n" * (20 + int(seed) % 15)
     return text + f"\nread further at seed {seed}.\n" + loop
+
+
+class RequestProblem(Exception):
+    """What a request lacks for the stub to answer it: answered 400 with this text and logged,
+    never a dropped connection (which a driver would retry as a network fault)."""
+
+
+def read_chat_request(raw: bytes) -> tuple[dict, str | None, list[str]]:
+    """(request, the image's base64 or None, the text parts) of a chat-completions body, in
+    the shape the scripts send it (OpenAI's: messages of role and content, content a string
+    or a list of parts). Raises RequestProblem naming what is missing or malformed."""
+    try:
+        request = json.loads(raw)
+    except ValueError:
+        raise RequestProblem(f"body is not JSON ({len(raw)} bytes)") from None
+    if not isinstance(request, dict):
+        raise RequestProblem(f"body is JSON {type(request).__name__}, not an object")
+    messages = request.get("messages")
+    if not isinstance(messages, list):
+        raise RequestProblem("no 'messages' list in the request")
+    image_b64, texts = None, []
+    for i, message in enumerate(messages):
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, str):
+            texts.append(content)
+            continue
+        if not isinstance(content, list):
+            raise RequestProblem(f"messages[{i}] has no 'content' (a string or a list of parts)")
+        for part in content:
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind == "image_url":
+                url = (part.get("image_url") or {}).get("url") \
+                    if isinstance(part.get("image_url"), dict) else None
+                if not isinstance(url, str):
+                    raise RequestProblem(f"messages[{i}]: an image_url part without image_url.url")
+                match = re.match(r"data:image/[a-z]+;base64,(.*)$", url, re.S)
+                image_b64 = match.group(1) if match else None
+            elif kind == "text" and isinstance(part.get("text"), str):
+                texts.append(part["text"])
+            else:
+                raise RequestProblem(f"messages[{i}]: a content part that is neither "
+                                     f"{{type: text, text}} nor {{type: image_url, ...}}")
+    for name in ("max_tokens", "temperature", "seed"):
+        value = request.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise RequestProblem(f"'{name}' is {value!r}, not a number")
+    return request, image_b64, texts
+
+
+def decoded_image(image_b64: str) -> bytes:
+    try:
+        return base64.b64decode(image_b64, validate=True)
+    except ValueError:
+        raise RequestProblem("the image's data URL is not valid base64") from None
 
 
 def elide_images(messages):
@@ -170,7 +239,28 @@ def make_handler(stub: Stub):
             else:
                 self.reply(404, {"error": "not found"})
 
+        def refuse(self, problem: str) -> None:
+            """A request the stub cannot answer: say what it lacks, in the reply and the log."""
+            print(f"stub: 400 for POST {self.path}: {problem}", file=sys.stderr, flush=True)
+            self.reply(400, {"error": {"message": problem, "type": "BadRequestError",
+                                       "code": 400}})
+
         def do_POST(self):
+            if "Content-Length" not in self.headers:  # a chunked body would be read as the next request
+                self.close_connection = True
+                self.refuse("no Content-Length header (the stub reads only sized bodies)")
+                return
+            try:
+                self.answer_post()
+            except RequestProblem as problem:
+                self.refuse(str(problem))
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the client left (a driver's timeout): nothing to answer
+            except Exception as exc:  # the stub's own fault: say it rather than drop the connection
+                print(f"stub: 500 for POST {self.path}: {exc!r}", file=sys.stderr, flush=True)
+                self.reply(500, {"error": f"stub failure: {exc!r}"})
+
+        def answer_post(self):
             length = int(self.headers.get("Content-Length", 0))
             raw = self.rfile.read(length)
             path = self.route()
@@ -191,23 +281,10 @@ def make_handler(stub: Stub):
                 message = {404: f"The model `{opts.model}` does not exist."}.get(status, "refused")
                 self.reply(status, {"error": {"message": message, "code": status}})
                 return
-            try:
-                request = json.loads(raw)
-            except ValueError:
-                self.reply(400, {"error": "body is not JSON"})
-                return
+            request, image_b64, text_parts = read_chat_request(raw)
             if request.get("model") != opts.model:
                 self.reply(404, {"error": f"model {request.get('model')} does not exist"})
                 return
-            image_b64, text_parts = None, []
-            for message in request.get("messages", []):
-                for part in message.get("content", []):
-                    if part.get("type") == "image_url":
-                        url = part["image_url"]["url"]
-                        match = re.match(r"data:image/[a-z]+;base64,(.*)$", url, re.S)
-                        image_b64 = match.group(1) if match else None
-                    elif part.get("type") == "text":
-                        text_parts.append(part["text"])
             if stub.log:
                 with stub.lock:
                     stub.log.write(json.dumps({k: v for k, v in request.items() if k != "messages"}
@@ -216,7 +293,7 @@ def make_handler(stub: Stub):
                                    + "\n")
                     stub.log.flush()
             if image_b64 is None:
-                self.reply(400, {"error": "no image in the request"})
+                self.refuse("no image in the request (an image_url part with a base64 data URL)")
                 return
             if n <= opts.fail_first:
                 self.reply(500, {"error": "injected failure"})
@@ -240,7 +317,7 @@ def make_handler(stub: Stub):
                 return
             if n <= opts.hang_first:
                 time.sleep(opts.hang_seconds)
-            image_bytes = base64.b64decode(image_b64)
+            image_bytes = decoded_image(image_b64)
             text, error = page_text(image_bytes, not opts.no_decode)
             if opts.fail_seeded and request.get("seed") is not None:
                 self.reply(500, {"error": "injected: a request with a seed fails"})
@@ -253,6 +330,8 @@ def make_handler(stub: Stub):
                 if text is None:
                     self.reply(400, {"error": "injected: the answer map refuses this page"})
                     return
+            if opts.corner_answers:
+                text = corner_answer(image_bytes, opts.corner_answers)
             if opts.reject_smaller_than and text and \
                     int(text.split("x")[0].split()[-1]) < opts.reject_smaller_than:
                 self.reply(400, {"error": "image too small: height and width must be larger "
@@ -344,6 +423,9 @@ def parse(argv=None):
     p.add_argument("--answer-file", help="answer every page with this file's text")
     p.add_argument("--answer-map", help="answer each page with the text a JSON file maps its "
                    "mean colour to ({\"r,g,b\": text}, the nearest colour; null refuses the page)")
+    p.add_argument("--corner-answers", help="answer each page with the text a JSON file maps "
+                   "the colour of its top-left pixel to ({\"r,g,b\": text}, the nearest colour): "
+                   "the answer changes as the page is turned")
     p.add_argument("--degenerate", action="store_true", help="answer every page with 'aaaa...'")
     p.add_argument("--loop-below", type=float,
                    help="a request at a temperature below this answers a repetition loop cut at "

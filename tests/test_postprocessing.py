@@ -429,17 +429,25 @@ PARSERS = [
     ("lighton-ocr3-saturate.py", types.SimpleNamespace(mode="grounding", keep_raw=False), 1000),
     ("lighton-ocr3.py", types.SimpleNamespace(mode="plain", keep_raw=True), 1000),
     ("deepseek-ocr-server.py", types.SimpleNamespace(keep_raw=False, prompt=None, prompt_mode="document"), 999),
+    ("deepseek-ocr2-server.py", types.SimpleNamespace(keep_raw=False, prompt=None, prompt_mode="document"), 999),
     ("hpd-parsing-saturate.py", types.SimpleNamespace(keep_raw=True), 1000),
     ("ovis-ocr2-server.py", types.SimpleNamespace(keep_image_tags=False), None),
+    ("paddleocr-vl-server.py", types.SimpleNamespace(task="table", keep_raw=True), None),
+    ("dots-mocr-server.py", types.SimpleNamespace(keep_raw=True, drop_margins=True), 1000),
+    ("glm-ocr-server.py", types.SimpleNamespace(keep_raw=True), None),
 ]
 TOKENS = ["![text](", "![text+](", "](", ")", ",", " ", "\n", "\n\n", "\\$", "$", "`", "```",
           "http://x.y/", "<|ref|>", "<|/ref|>", "<|det|>", "<|/det|>", "[[", "]]", "[", "]",
           "<BLOCK>", "<CHILD>", "<FORK>", "</FORK>", "[Non-Text]", "\\[", "\\]", "<table>",
           "\\left(", "\\right", "\\tag{", "}", "{", "-", ".", "0", "7", "999", "1000", "1001",
-          "99999999999", "9" * 400, "1e999", "nan", "é", "\x00", '<img src="images/bbox_']
+          "99999999999", "9" * 400, "1e999", "nan", "é", "\x00", '<img src="images/bbox_',
+          '{"bbox": ', '"category": ', '"text": ', '"Picture"', '"Formula"', '"', "$$",
+          "\\t", "\t", "·", "_", "\\_", "$ ", "<td>0</td>" * 12]  # GLM-OCR's clean-up
 NASTY = ["", "![", "![text](1,2,3,4", "![" * 5000, "<|ref|>" * 3000, "<|det|>[[" + "9" * 5000,
          "<BLOCK>" * 3000, "\\$" * 3000, "<BLOCK>text [" + "9" * 400 + ",0,0,0]<CHILD>x",
-         "![a](0,0,0,1e5) x", "<|ref|>t<|/ref|><|det|>[[nan, 1, 2, 3]]<|/det|>x"]
+         "![a](0,0,0,1e5) x", "<|ref|>t<|/ref|><|det|>[[nan, 1, 2, 3]]<|/det|>x",
+         "[" * 5000, '{"bbox": [' * 3000, '[{"bbox": [' + "9" * 5000 + ']}]',
+         '{"text": "' * 3000]
 
 
 @pytest.mark.parametrize("script, args, top", PARSERS)
@@ -453,7 +461,9 @@ def test_model_parsers_are_total_and_their_boxes_fit_int32(script, args, top):
                        for _ in range(300)]
     started = time.monotonic()
     for raw in samples:
-        text, extras = module.postprocess(raw, args)
+        # a model whose boxes are in its input's pixels gets the size the page was sent at
+        sized = ((1708, 2212),) if getattr(module, "POSTPROCESS_GETS_SIZE", False) else ()
+        text, extras = module.postprocess(raw, args, *sized)
         assert isinstance(text, str)
         for block in extras.get("blocks", []):
             box = block["box"]

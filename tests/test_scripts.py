@@ -164,6 +164,66 @@ def test_every_name_a_block_or_script_uses_is_defined():
     assert run.returncode == 0, run.stdout + run.stderr
 
 
+MODEL_GROUPS = {"Every script": {"server", "saturate", "offline"},
+                "Server scripts": {"server", "saturate"}, "Offline scripts": {"offline"}}
+
+
+def names_model_py_requires(shape: str) -> set[str]:
+    """blocks/model.py's names for a script of this shape: each group under its comment line
+    (`# Every script...`, `# Server scripts...`, `# Offline scripts...`)."""
+    import ast
+    source = (ROOT / "blocks" / "model.py").read_text()
+    groups = [(number, name) for number, line in enumerate(source.splitlines(), 1)
+              for name in MODEL_GROUPS if line.startswith(f"# {name}")]
+    required = set()
+    for node in ast.parse(source).body:
+        group = [name for number, name in groups if number < node.lineno][-1:]
+        if group and shape in MODEL_GROUPS[group[0]]:
+            targets = [node.target] if isinstance(node, ast.AnnAssign) else \
+                getattr(node, "targets", [])
+            required |= {node.name} if isinstance(node, ast.FunctionDef) else \
+                {t.id for t in targets if isinstance(t, ast.Name)}
+    return required
+
+
+def model_section_names(text: str) -> set[str]:
+    """The top-level names a script defines outside its helper blocks: its model section and
+    a model part it shares with its model's other script (BEGIN ... MODEL)."""
+    import ast
+    own = re.sub(r"^# ==== BEGIN ([A-Z0-9 -]+ HELPERS) .*?^# ==== END \1 ====\n", "", text,
+                 flags=re.S | re.M)
+    names = set()
+    for node in ast.parse(own).body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        for target in getattr(node, "targets", []) + [getattr(node, "target", None)]:
+            if isinstance(target, ast.Name):
+                names.add(target.id)
+    return names
+
+
+@pytest.mark.parametrize("script", ALL_SCRIPTS)
+def test_every_script_defines_what_model_py_lists(script):
+    """A copy adapted to a new model must keep every name blocks/model.py lists for its shape
+    (the blocks, the tests and ocr-jobs.py read them); a name only a block's default provides
+    would not count."""
+    text = (ROOT / script).read_text()
+    required = names_model_py_requires(load_script(script).SCRIPT_SHAPE)
+    assert {"IMAGE_TAG", "MAX_MODEL_LEN", "postprocess"} <= required
+    assert sorted(required - model_section_names(text)) == []
+
+
+def test_a_model_section_without_a_listed_name_is_found():
+    text = (ROOT / "ovis-ocr2-server.py").read_text()
+    for line in ("IMAGE_HAS_UV = True", "PREFIX_CACHING = False", "def build_request("):
+        assert line in text
+        lacking = re.sub(rf"^{re.escape(line)}.*$", "", text, count=1, flags=re.M)
+        if line.startswith("def "):  # its body stays: renamed, not deleted
+            lacking = text.replace(line, "def some_other_name(", 1)
+        name = re.match(r"(?:def )?(\w+)", line).group(1)
+        assert name in names_model_py_requires("server") - model_section_names(lacking)
+
+
 def unreferenced_top_level_names(source: str) -> list[str]:
     """The functions, classes and constants a script defines at its top level and never names
     anywhere in the script (a name read through globals().get("NAME") is named by its block,
@@ -180,7 +240,28 @@ def unreferenced_top_level_names(source: str) -> list[str]:
             defined |= {n.id for target in targets for n in ast.walk(target)
                         if isinstance(n, ast.Name)}
     named = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
-    return sorted(defined - named - launcher)
+    return sorted(defined - named - launcher - used_toolkit_names(tree, source, named))
+
+
+# Blocks that are toolkits for model sections (several helpers, each model calling the ones its
+# processor needs): carried whole, so a helper of one is dead only when the script calls none.
+TOOLKIT_BLOCKS = ["PATCH GRID HELPERS"]
+
+
+def used_toolkit_names(tree, source: str, named: set) -> set:
+    import ast
+    lines = source.splitlines()
+    exempt = set()
+    for block in TOOLKIT_BLOCKS:
+        marks = [i + 1 for i, line in enumerate(lines)
+                 if line.startswith((f"# ==== BEGIN {block} ", f"# ==== END {block} "))]
+        if len(marks) != 2:
+            continue
+        names = {node.name for node in tree.body if marks[0] < node.lineno < marks[1]
+                 and isinstance(node, (ast.FunctionDef, ast.ClassDef))}
+        if names & named:
+            exempt |= names
+    return exempt
 
 
 @pytest.mark.parametrize("script", ALL_SCRIPTS)
@@ -192,6 +273,18 @@ def test_the_unreferenced_names_check_finds_a_dead_helper():
     source = (ROOT / SERVER_SCRIPTS[0]).read_text()
     dead = source.replace("\ndef main(", "\ndef never_called() -> None:\n    pass\n\n\ndef main(")
     assert unreferenced_top_level_names(dead) == ["never_called"]
+
+
+def test_a_toolkit_block_is_dead_when_its_script_calls_none_of_it():
+    """A script carries the PATCH GRID HELPERS block whole when its model section calls one of
+    them; one that calls none carries dead code, and the check names every helper."""
+    toolkit = (ROOT / "blocks" / "patch_grid.py").read_text()
+    toolkit = toolkit[toolkit.index("# ==== BEGIN"):]
+    source = (ROOT / SERVER_SCRIPTS[0]).read_text().replace("\ndef main(", f"\n{toolkit}\n\ndef main(")
+    assert unreferenced_top_level_names(source) == sorted(
+        ["max_patch_grid_tokens", "patch_grid_tokens", "per_frame", "snap_to_patch_grid"])
+    calling = source.replace("\ndef main(", "\nGRID = per_frame(4)\n\n\ndef main(", 1)
+    assert unreferenced_top_level_names(calling) == ["GRID"]
 
 
 @pytest.mark.parametrize("script", ALL_SCRIPTS)
