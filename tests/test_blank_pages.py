@@ -64,7 +64,7 @@ def rendered_pages(pdf: bytes, dpi: int) -> list[Image.Image]:
 @pytest.mark.parametrize("dpi", [72, 150, 400])
 def test_every_test_pdf_page_with_text_is_sent(dpi):
     """The pages the tests' PDFs hold (tests/pdfs.py: 11 pt Helvetica on white or a flat
-    colour), from a single word to full lines, and the flat pages without text (blank)."""
+    colour), from a single word to full lines, and flat pages without text or mark (blank)."""
     from pdfs import colour_of
 
     texts = ["x", "first", "A line of text.", "Short caption", "x" * 200, "secret",
@@ -73,7 +73,8 @@ def test_every_test_pdf_page_with_text_is_sent(dpi):
                                             for i in range(6)]
     for image, page in zip(rendered_pages(make_pdf(pages), dpi), pages):
         assert not blank_page.is_blank(image), (page.text, dpi)
-    flat = [Page(), Page(colour=colour_of(3)), Page(colour=(0.3, 0.3, 0.3))]
+    flat = [Page(mark=False), Page(colour=colour_of(3), mark=False),
+            Page(colour=(0.3, 0.3, 0.3), mark=False)]
     assert all(blank_page.is_blank(image) for image in rendered_pages(make_pdf(flat), dpi))
 
 

@@ -73,7 +73,7 @@ def test_send_blank_sends_every_page_from_the_start(tmp_path, stub_server):
 def test_a_blank_pdf_page_is_not_sent(tmp_path, stub_server):
     (tmp_path / "in").mkdir()
     (tmp_path / "in" / "doc.pdf").write_bytes(make_pdf([
-        Page(text="The first page has a line of text."), Page(), Page(text="12")]))
+        Page(text="The first page has a line of text."), Page(mark=False), Page(text="12")]))
     stub = stub_server()
     stats = run(stub, tmp_path)
     ds = load_output(tmp_path / "out")
