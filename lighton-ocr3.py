@@ -462,7 +462,7 @@ TABLE_EXTENSIONS = {".parquet", ".arrow"}  # a folder of these is read by `datas
 METADATA_NAMES = ("metadata.csv", "metadata.jsonl", "metadata.parquet")  # as imagefolder's
 _PATH_BASE: list = []  # INPUT's folder, where relative path strings in the image column point
 _HUB_FILES: list = []  # a Hub INPUT: the folder of the files `datasets` downloaded for it
-_TEXT_LAYER_COLUMNS: list = []  # "text_layer", "skipped": the PDF text columns this run writes
+_TEXT_LAYER_COLUMNS: list = []  # ["text_layer"] when this run writes a PDF page's text layer
 
 
 def shown_path(path) -> str:
@@ -687,8 +687,7 @@ def open_input(args) -> InputSource:
         ds = ds.select(range(min(args.max_samples, len(ds))))
     n = len(ds)
     lo, hi = n * args.shard_index // args.num_shards, n * (args.shard_index + 1) // args.num_shards
-    _TEXT_LAYER_COLUMNS[:] = ["text_layer"] * bool(args.text_layer or args.skip_text_pages) + \
-        ["skipped"] * bool(args.skip_text_pages)
+    _TEXT_LAYER_COLUMNS[:] = ["text_layer"] * bool(args.text_layer or args.skip_text_pages)
     if pdf_column is None:
         _check_image_column(ds, args.image_column, lo, hi)
         return InputSource(ds, args.image_column, description, lo, hi, rows_full, files=files)
@@ -716,7 +715,7 @@ def check_output_columns(source: InputSource, args) -> None:
 # others <column>_<field>; after them come EXTRA_COLUMNS, then the PDF text columns of this run
 RESULT_FIELDS = {"text": "string", "error": "string", "error_kind": "string",
                  "finish_reason": "string", "prompt_tokens": "int32", "completion_tokens": "int32",
-                 "attempts": "int32"}
+                 "attempts": "int32", "skipped": "string"}
 
 
 # The column naming what each row was made from: row_identity(); a stacked run keeps its input's
@@ -740,6 +739,15 @@ class PreparedPage:
     text_layer: str | None = None  # a PDF page's embedded text, when asked for
     skipped: bool = False  # not to be sent: its text layer has enough text (--skip-text-pages)
     digest: str | None = None  # of the input it was made from: input_digest()
+    blank: bool = False  # not to be sent: no ink on it (BLANK PAGE HELPERS), unless --send-blank
+
+
+BLANK_REASON = "blank page: no ink found (--send-blank sends such pages)"
+
+
+def judges_blank(args) -> bool:
+    """Whether pages are judged for ink before they are sent (not with --send-blank)."""
+    return args is not None and not getattr(args, "send_blank", True)
 
 
 def input_digest(data: bytes) -> str:
@@ -849,15 +857,16 @@ def prepare_page(cell, args=None, decode: bool = True) -> PreparedPage | None:
                 getattr(img, "n_frames", 1) == 1 and img.format in ("JPEG", "PNG"):
             # a complete JPEG is not even decoded
             cheap = raw.rstrip(b"\0").endswith(b"\xff\xd9") if jpeg else len(raw) <= 1 << 20
-            if not (decode or cheap):
+            if not (decode or cheap and not judges_blank(args)):  # judging ink is pixel work
                 return None
             if not jpeg:
                 img.verify()  # every chunk's checksum: truncation
             elif not cheap:  # trailing bytes or truncated? A 1/8-scale decode reads all
                 img.draft("RGB", (max(1, width // 8), max(1, height // 8)))
                 img.load()
+            blank = judges_blank(args) and is_blank(Image.open(io.BytesIO(raw)))
             return PreparedPage(raw, f"image/{img.format.lower()}", width, height, True,
-                                digest=input_digest(raw))
+                                digest=input_digest(raw), blank=blank)
         if not decode:
             return None
         if target != (width, height) and jpeg:
@@ -871,8 +880,9 @@ def prepare_page(cell, args=None, decode: bool = True) -> PreparedPage | None:
             if img.size == (height, width) != (width, height):  # a TIFF: Pillow turned it
                 target = target_size(*img.size, args)  # as it loaded (and, by version, sized)
             # grey is resized as grey, and widened at the model's size
-            return PreparedPage(*encode_page(flatten(img), target), False,
-                                digest=input_digest(raw))
+            flat = flatten(img)
+            return PreparedPage(*encode_page(flat, target), False, digest=input_digest(raw),
+                                blank=judges_blank(args) and is_blank(flat))
     except Exception as exc:  # undecodable, truncated, a bomb: one row fails, not the run
         reason = re.sub(r" <_io\.BytesIO object at 0x[0-9a-f]+>", "", str(exc))  # no address
         if isinstance(exc, Image.DecompressionBombError):  # a real giant scan: the way out
@@ -1080,7 +1090,8 @@ def _render_pdf_page(page, args) -> PreparedPage:
                  PDF_MAX_SIDE / max(width, height))
     target = target_size(max(1, round(width * shrink)), max(1, round(height * shrink)), args)
     img = page.render(scale=target[0] / width_pt, may_draw_forms=True).to_pil()
-    return PreparedPage(*encode_page(img, target), False, text_layer=layer)
+    return PreparedPage(*encode_page(img, target), False, text_layer=layer,
+                        blank=judges_blank(args) and is_blank(img))
 
 
 class PdfRenderer:
@@ -1325,6 +1336,11 @@ class RowResult:
     sent_size: tuple | None = None  # (width, height) of the image sent: a pixel box's space
 
 
+def is_blank_row(result: RowResult) -> bool:
+    """A page not sent because it holds no ink: an empty text, and why (BLANK_REASON)."""
+    return result.text == "" and result.skipped is not None and result.error is None
+
+
 def error_row(message: str, kind: str) -> RowResult:
     return RowResult(error=message, error_kind=kind)
 
@@ -1344,12 +1360,14 @@ def joined_pages(pages: list[tuple[int, RowResult]]) -> RowResult:
         return "\n\n".join(f"<!-- page {n} -->" + (f"\n\n{v}" if v else "")
                            for n, v in values if v is not None) or None
 
-    texts = [(n, "" if r.error is not None else r.text if r.skipped is None else r.text_layer)
-             for n, r in pages]
-    skipped = ", ".join(str(n) for n, r in pages if r.skipped)
+    texts = [(n, "" if r.error is not None else r.text if r.skipped is None or is_blank_row(r)
+              else r.text_layer) for n, r in pages]
+    blank = ", ".join(str(n) for n, r in pages if is_blank_row(r))
+    skipped = ", ".join(str(n) for n, r in pages if r.skipped and not is_blank_row(r))
     digests = {r.digest for _, r in pages}
     return RowResult(
-        text=marked(texts) if any(t for _, t in texts) else None,
+        text=marked(texts) if any(t for _, t in texts) else "" if len(blank) and all(
+            map(is_blank_row, (r for _, r in pages))) else None,
         error="; ".join(f"page {n}: {r.error}" for n, r in failed) or None,
         error_kind=max((r.error_kind for _, r in failed), default=None),  # "server" over "page"
         finish_reason=max((r.finish_reason for _, r in ok if r.finish_reason),
@@ -1362,8 +1380,10 @@ def joined_pages(pages: list[tuple[int, RowResult]]) -> RowResult:
                 if kind == "string" else shared_value(r.extras.get(suffix) for _, r in ok)
                 for suffix, kind in EXTRA_COLUMNS.items()},
         text_layer=marked((n, r.text_layer) for n, r in pages),
-        skipped=f"pages {skipped} not sent: their text layer (in the text too) was enough"
-        if skipped else None,
+        skipped="; ".join(reason for reason in (
+            f"pages {skipped} not sent: their text layer (in the text too) was enough"
+            if skipped else "", f"pages {blank} not sent: blank (no ink found)" if blank else "")
+            if reason) or None,
         digest=digests.pop() if len(digests) == 1 else None)  # the document's, if all pages had it
 
 
@@ -1378,6 +1398,9 @@ def read_page(cell, args, decode: bool = True) -> PreparedPage | RowResult | Non
         page = prepare_page(cell, args, decode)
     except Exception as exc:  # the row fails, not the run
         return error_row(str(exc), PAGE) if isinstance(exc, PageError) else exception_row(exc, PAGE)
+    if page is not None and page.blank:  # written with an empty text: never sent
+        return RowResult(text="", attempts=0, digest=page.digest, skipped=BLANK_REASON,
+                         text_layer=page.text_layer)
     if page is None or not page.skipped:
         return page
     return RowResult(text_layer=page.text_layer, attempts=0, digest=page.digest, skipped=f"not "
@@ -1689,9 +1712,11 @@ def plan_rows(source: InputSource, store: "OutputStore", args) -> RowPlan:
             continue
         again = [int(row) for row, kind in note["errors"].items()
                  if (kind == SERVER or args.retry_errors) and lo <= int(row) < hi]
+        again += [row for row in note["blank"] if lo <= row < hi] if args.send_blank else []
         if again and path is None:  # only on the Hub (a Job's empty disk)
             path = store.fetch_part(name)
-        earlier_ok += stop - start - len(note["errors"])
+        earlier_ok += stop - start - len(note["errors"]) - \
+            (len(note["blank"]) if args.send_blank else 0)
         redo.update((row, path) for row in again)
     store.keep_local.update(path.name for path in redo.values())  # rewritten later
     pdf = source.pdf if source.pdf is not None and source.pdf.per_document else None
@@ -1706,7 +1731,7 @@ def plan_rows(source: InputSource, store: "OutputStore", args) -> RowPlan:
 
     # an error row a part holds already (or a redo that failed again before a kill): redone
     journaled = {i: r for i, r in store.journal.replay(wanted).items()
-                 if not (i in redo and r.error is not None)}
+                 if not (i in redo and r.error is not None or args.send_blank and is_blank_row(r))}
     now = {}  # input_digest() of each journaled row's input now (a PDF's: its own)
     for row, cell in iter_image_cells(source, sorted({input_row(i) for i in journaled})):
         with contextlib.suppress(PageError):  # unreadable: done again
@@ -2114,6 +2139,7 @@ class PartWriter:
         self.complete = set(map(self._group, self.results)) - set(self.left)
         self.lock, self.last_flush = threading.Lock(), time.monotonic()
         self.rows_ok = self.rows_failed = self.rows_text_layer = 0  # rows_ok holds text_layer
+        self.rows_blank = 0  # and blank pages (an empty text: an ok row)
         self.write_errors: list[str] = []
         self.open_documents: dict[int, dict] = {}  # --per-document: doc -> its pages finished
         for index, result in plan.pages.items():
@@ -2180,7 +2206,8 @@ class PartWriter:
                     self.redo.pop(index, None)
             self.rows_ok += sum(r.error is None for r in results)
             self.rows_failed += sum(r.error is not None for r in results)
-            self.rows_text_layer += sum(r.skipped is not None and r.attempts == 0 for r in results)
+            self.rows_text_layer += sum(r.skipped is not None and r.text is None for r in results)
+            self.rows_blank += sum(map(is_blank_row, results))
             self.store.journal.written(run)
             if any(r.error_kind == SERVER for r in results):
                 self.store.keep_local.add(path.name)  # a rerun here redoes them
@@ -2208,7 +2235,8 @@ def iter_image_cells(source: InputSource, indices: list[int], batch: int = 64):
 
 # The version of what OUTPUT records (manifest, journal, notes), bumped by any change to them: a
 # rerun (by URL, it may meet any older OUTPUT) of another version is refused in one line.
-MANIFEST_FORMAT = 2  # 2: the parts hold ROW_IDENTITY, which the manifest names
+MANIFEST_FORMAT = 2  # 2: the parts hold ROW_IDENTITY, which the manifest names, and
+#                      <column>_skipped; a part's note lists its blank rows
 
 # Options that may change between the runs of one OUTPUT (a closed list: any other is identity)
 MAY_CHANGE = set("""input output revision shard_index max_samples concurrency request_timeout
@@ -2216,7 +2244,7 @@ MAY_CHANGE = set("""input output revision shard_index max_samples concurrency re
     abort_after_failures abort_after_seconds min_window max_window adapt_interval
     max_inflight_memory api_server_count batch_size stats_json work_dir hf_token private part_rows
     part_seconds retry_errors restart overwrite no_sanity_check sanity_pages serve_args llm_kwargs
-    pdf_workers pdf_page_timeout check_only loop_retries""".split())  # loop_retries: in settings
+    pdf_workers pdf_page_timeout check_only loop_retries send_blank""".split())  # loop_retries: in settings
 # engine flags that change speed and memory, never the text (the rest of the engine is identity)
 MAY_CHANGE_ENGINE = set("""gpu-memory-utilization data-parallel-size tensor-parallel-size
     pipeline-parallel-size api-server-count speculative-config max-num-seqs max-num-batched-tokens
@@ -2400,6 +2428,7 @@ class RunStats:
         self.rows_total, self.rows_skipped = rows_total, rows_skipped
         self.rows_ok = self.rows_failed = 0  # rows written, error rows included (by the writer)
         self.rows_text_layer = 0  # rows written from their PDF text layer, not sent
+        self.rows_blank = 0  # of rows_ok: blank pages, not sent (an empty text)
         self.rows_recovered = 0  # rows written from a killed run's journal
         self.errors_seen = self.in_flight = self.peak_in_flight = 0
         self.loop_retried = self.still_looping = 0
@@ -2428,7 +2457,7 @@ class RunStats:
         return {
             "rows_total": self.rows_total, "rows_ok": self.rows_ok,
             "rows_failed": self.rows_failed, "rows_skipped": self.rows_skipped,
-            "rows_text_layer": self.rows_text_layer,
+            "rows_text_layer": self.rows_text_layer, "rows_blank": self.rows_blank,
             "rows_not_written": self.rows_total - self.rows_ok - self.rows_failed
             - self.rows_skipped - self.rows_text_layer, "rows_recovered": self.rows_recovered,
             "elapsed_s": round(elapsed, 3), "active_s": rounded(active, 3),
@@ -2663,27 +2692,72 @@ def part_note(path: Path, column: str) -> dict:
     start = ranges_from_names([path.name])[0][0]
     return {"errors": {str(start + i): k for i, (e, k) in enumerate(zip(error, kind))
                        if e is not None},
-            "text_layer": sum(t is None and s is not None for t, s in zip(text, skipped))}
+            "text_layer": sum(t is None and s is not None for t, s in zip(text, skipped)),
+            "blank": [start + i for i, (t, s) in enumerate(zip(text, skipped))
+                      if t == "" and s is not None]}
 
 
 def output_counts(store: OutputStore, column: str) -> str:
     """The whole output's rows, counted from its parts (every shard, every earlier run)."""
-    rows = failed = text_layer = unknown = 0
+    rows = failed = text_layer = blank = unknown = 0
     for (start, stop), path in store.parts():
         rows += stop - start
         try:
             note = part_note(path, column) if path else store.notes[part_name(start, stop)]
             failed, text_layer = failed + len(note["errors"]), text_layer + note["text_layer"]
+            blank += len(note["blank"])
         except Exception:  # only on the Hub, without a note (an older run), or another layout
             unknown += stop - start
     layer = f", {text_layer:,} from their PDF text layer (not sent)" if text_layer else ""
+    layer += f", {blank:,} blank pages (not sent: an empty text, `{column}_skipped` says " \
+        f"why)" if blank else ""
     return (f"This output holds {rows:,} rows: {rows - failed - text_layer - unknown:,} with "
             f"text{layer} and {failed:,} error rows"
             + (f" ({unknown:,} on the Hub were not counted)." if unknown else "."))
 
 
+SIZE_CATEGORIES = ((1_000, "n<1K"), (10_000, "1K<n<10K"), (100_000, "10K<n<100K"),
+                   (1_000_000, "100K<n<1M"), (10_000_000, "1M<n<10M"), (100_000_000, "10M<n<100M"),
+                   (1_000_000_000, "100M<n<1B"))
+
+
+def input_license(args, hub: bool) -> str | None:
+    """The licence the input's own card gives (a Hub dataset's, or a README.md beside a local
+    input), for the output's card; None where it says none or cannot be read."""
+    try:
+        from huggingface_hub import DatasetCard, HfApi
+
+        if hub:
+            data = HfApi(token=args.hf_token or None).dataset_info(
+                args.input, revision=args.revision, timeout=10).card_data
+        else:
+            local = Path(args.input).expanduser()
+            card = (local if local.is_dir() else local.parent) / "README.md"
+            data = DatasetCard.load(card).data if card.is_file() else None
+        licence = getattr(data, "license", None) if data is not None else None
+        return licence if isinstance(licence, (str, list)) and licence else None
+    except Exception:  # offline, private, an unreadable card: the card says no licence
+        return None
+
+
+def card_metadata(source: InputSource, store: OutputStore, args):
+    """What the Hub's search and filters read from the card's YAML (no `configs:`: a local
+    folder's card must not have one, see REFERENCE)."""
+    from huggingface_hub import DatasetCardData
+
+    rows = sum(stop - start for (start, stop), _ in store.parts())
+    hub_input = source.files is None  # as input_identity tells a Hub input from a local one
+    return DatasetCardData(
+        pretty_name=f"{source.description} OCR with {MODEL_ID.split('/')[-1]}"[-120:],
+        task_categories=["image-to-text"], tags=["ocr", "vllm", "uv-script"],
+        size_categories=[next((name for top, name in SIZE_CATEGORIES if rows < top), "n>1B")],
+        source_datasets=[args.input] if hub_input else None, license=input_license(args, hub_input))
+
+
 def build_card(source: InputSource, store: OutputStore, args, stats: dict,
                info_entry: dict) -> str:
+    from huggingface_hub import DatasetCard
+
     column, pdf, settings = args.output_column, source.pdf, info_entry["settings"]
     serve = info_entry.get("serve_args")
     on_jobs = os.environ.get("JOB_ID") or os.environ.get("HF_JOB_ID")
@@ -2696,8 +2770,8 @@ def build_card(source: InputSource, store: OutputStore, args, stats: dict,
         ("page_count", "the pages of its PDF", pdf is not None),
         (f"{column}_text_layer", "the text embedded in the PDF page",
          "text_layer" in _TEXT_LAYER_COLUMNS),
-        (f"{column}_skipped", f"why the page was not sent (its text layer has enough text); "
-         f"`{column}` is null then", "skipped" in _TEXT_LAYER_COLUMNS)) if shown)
+        (f"{column}_skipped", f"why the page was not sent: blank (no ink found; `{column}` is "
+         f"empty) or its text layer had enough text (`{column}` is null); null when sent", True)) if shown)
     looping, detection = stats.get("pages_still_looping") or 0, settings["repetition_detection"]
     shards = [f"The run was split into {args.num_shards} shards: one Job each, with --shard-index "
               f"0 to {args.num_shards - 1}."] if args.num_shards > 1 else []
@@ -2707,13 +2781,7 @@ def build_card(source: InputSource, store: OutputStore, args, stats: dict,
                     f"Looping pages were not sent again (`--loop-retries 0`); {looping:,} loop.") \
         + (f" vLLM's repetition detection ended loops in the engine (`repetition_detection` "
            f"{json.dumps(detection)}){REPETITION_DETECTION_NOTE}." if detection else "")
-    return f"""---
-tags:
-- ocr
-- vllm
-- uv-script
----
-
+    return str(DatasetCard(f"---\n{card_metadata(source, store, args).to_yaml()}\n---\n" + f"""
 # OCR of `{source.description}` with {MODEL_ID}
 
 Each row of the input with its page transcribed into the `{column}` column by
@@ -2761,7 +2829,7 @@ Reproduce on Hugging Face Jobs:
 ```
 
 {chr(10).join("* " + note for note in jobs_notes(in_card=True) + shards)}
-"""
+"""))
 
 
 # ---- arguments -------------------------------------------------------------------------------
@@ -2809,6 +2877,10 @@ def argument_parser(doc: str, add_shape_arguments) -> argparse.ArgumentParser:
     group.add_argument("--restart", action="store_true",
                        help="delete this shard's rows in OUTPUT and start over")
     group.add_argument("--retry-errors", action="store_true", help="redo every error row")
+    group.add_argument("--send-blank", action="store_true",
+                       help="send blank pages too (no ink found: by default written with an empty "
+                       "text and <column>_skipped saying so, never sent); a rerun with it sends "
+                       "the pages an earlier run skipped as blank")
     group.add_argument("--private", action="store_true", help="create the Hub repo private")
     group.add_argument("--hf-token", help="Hub token (default: HF_TOKEN or your login)")
     group.add_argument("--work-dir", help="staging folder for Hub output")
@@ -3077,7 +3149,7 @@ def run_script(args, hub_api, engine: dict, info_entry: dict, ready, work,
     while _RENDERER:
         _RENDERER.pop().close()
     stats.rows_ok, stats.rows_failed = writer.rows_ok - writer.rows_text_layer, writer.rows_failed
-    stats.rows_text_layer = writer.rows_text_layer
+    stats.rows_text_layer, stats.rows_blank = writer.rows_text_layer, writer.rows_blank
     result = stats.as_dict()
     if result["rows_not_written"] and not code:
         code = EXIT_NOT_WRITTEN
@@ -3114,6 +3186,82 @@ def run_script(args, hub_api, engine: dict, info_entry: dict, ready, work,
     interrupts.restore()
     return code
 # ==== END COMMON HELPERS ====
+
+
+# ==== BEGIN BLANK PAGE HELPERS (edit blocks/blank_page.py, then run tools/sync_helpers.py) ====
+# Whether a page holds any ink (see blocks/blank_page.py for the rule and its tests).
+BLANK_JUDGE_SIDE = 900  # a page is judged at most this long on its long side (A4 at 300 dpi: 1/4)
+BLANK_TILE = 24  # the paper's level: the 90th percentile of brightness over tiles of this side
+INK_CONTRAST = 8  # grey levels below the paper, at the judging scale, at the least
+INK_NOISE_FACTOR = 7  # ... and this many times the page's own noise (paper texture, the sensor)
+MIN_INK_PIXELS = 8  # fewer ink pixels than this (each with two ink neighbours): a blank page
+
+
+def judging_grey(img):
+    """The page as grey levels (numpy int16), at most BLANK_JUDGE_SIDE on its long side. An
+    unloaded JPEG is decoded at a DCT scale (1/2, 1/4, 1/8): a fraction of a full decode."""
+    import numpy as np
+
+    scale = -(-max(img.size) // BLANK_JUDGE_SIDE)
+    if scale > 1 and getattr(img, "format", None) == "JPEG":  # a loaded one ignores it
+        img.draft("L", (-(-img.width // scale), -(-img.height // scale)))
+    factor = -(-max(img.size) // BLANK_JUDGE_SIDE)
+    small = img.reduce(factor) if factor > 1 else img  # before any copy: a giant scan stays cheap
+    return np.asarray(small.convert("L"), dtype=np.int16)
+
+
+def paper_level(grey):
+    """The paper's brightness under each pixel: a tile's 90th percentile, smoothed between tiles."""
+    import numpy as np
+    from PIL import Image
+
+    h, w = grey.shape
+    rows, cols = -(-h // BLANK_TILE), -(-w // BLANK_TILE)
+    padded = np.pad(grey, ((0, rows * BLANK_TILE - h), (0, cols * BLANK_TILE - w)), mode="edge")
+    tiles = padded.reshape(rows, BLANK_TILE, cols, BLANK_TILE).transpose(0, 2, 1, 3)
+    tiles = tiles.reshape(rows, cols, -1)
+    k = tiles.shape[2] * 9 // 10
+    level = np.partition(tiles, k, axis=2)[:, :, k].astype(np.float32)
+    return np.asarray(Image.fromarray(level, mode="F").resize((w, h), Image.BILINEAR))
+
+
+def edge_runs(dark, pad: int = 3):
+    """The dark runs that touch the image's edge, row by row and column by column (a scan's
+    border, even skewed), widened by `pad` over their blurred rim."""
+    import numpy as np
+
+    runs = np.zeros_like(dark)
+    for src, dst in ((dark, runs), (dark[:, ::-1], runs[:, ::-1]), (dark.T, runs.T),
+                     (dark.T[:, ::-1], runs.T[:, ::-1])):
+        length = np.where(src.all(axis=1), src.shape[1], np.argmin(src, axis=1))
+        length = np.where(length > 0, length + pad, 0)
+        dst |= np.arange(src.shape[1])[None, :] < length[:, None]
+    return runs
+
+
+def ink_pixels(grey) -> int:
+    """Pixels darker than the paper by more than its noise, in a stroke, not at the border."""
+    import numpy as np
+
+    level = paper_level(grey)
+    below = level - grey
+    sample = below[::3, ::3]  # the noise, from a ninth of the pixels: as good, and cheaper
+    sigma = 1.4826 * np.median(np.abs(sample - np.median(sample)))
+    threshold = max(INK_CONTRAST, INK_NOISE_FACTOR * sigma)
+    ink = below > threshold
+    if not ink.any():
+        return 0
+    ink &= ~edge_runs(grey < np.median(level[::8, ::8]) - threshold)
+    padded = np.pad(ink, 1).astype(np.int8)
+    rows = padded[:-2] + padded[1:-1] + padded[2:]
+    box = rows[:, :-2] + rows[:, 1:-1] + rows[:, 2:]  # the 3x3 sum, the pixel itself included
+    return int(np.count_nonzero(ink & (box >= 3)))
+
+
+def is_blank(img) -> bool:
+    """No ink on the page (a PIL image, loaded or not): the rule above."""
+    return ink_pixels(judging_grey(img)) < MIN_INK_PIXELS
+# ==== END BLANK PAGE HELPERS ====
 
 
 # ==== BEGIN GROUNDING HELPERS (edit blocks/grounding.py, then run tools/sync_helpers.py) ====

@@ -667,8 +667,9 @@ def _show_key(value: tuple) -> str:
 @dataclass
 class Texts:
     """A side's text column and finish reasons; a null text is an error row (whether or not
-    `<column>_error` says why), unless `<column>_skipped` says the page was not sent: a PDF
-    page whose text layer was enough (--skip-text-pages). Neither is scored."""
+    `<column>_error` says why), unless `<column>_skipped` says the page was not sent: a blank
+    page (an empty text) or a PDF page whose text layer was enough (--skip-text-pages, a null
+    text). Neither is scored: a blank page's empty text is no empty answer."""
     text: list
     finish: list
     error: list
@@ -678,7 +679,10 @@ class Texts:
         return self.text[i] is None and self.skip[i] is None
 
     def skipped(self, i: int) -> bool:
-        return self.text[i] is None and self.skip[i] is not None
+        return self.skip[i] is not None
+
+    def scored(self, i: int) -> bool:
+        return self.text[i] is not None and self.skip[i] is None
 
 
 def read_texts(side: Side, column: str) -> Texts:
@@ -787,7 +791,7 @@ def parity(a: Side, b: Side, args, norm: Normalisation) -> dict:
     match = match_rows(a, b, args.key)
     ta, tb = read_texts(a, args.column), read_texts(b, args.column_b or args.column)
     group_of = _group_lookup(args.by, a, b)
-    both = [(i, j) for i, j in match.pairs if ta.text[i] is not None and tb.text[j] is not None]
+    both = [(i, j) for i, j in match.pairs if ta.scored(i) and tb.scored(j)]
     scores = iter(score_rows(score_pair, [[ta.text[i] for i, _ in both], [tb.text[j] for _, j in both],
                                           [ta.finish[i] for i, _ in both], [tb.finish[j] for _, j in both]],
                              (norm.name,), args.workers))
@@ -861,7 +865,8 @@ def accuracy(system: Side, column: str, ref_side: Side, ref_column: str, match: 
         raise UsageError(f"reference column {ref_column!r} not in {ref_side.label} "
                          f"({ref_side.spec}); it has: {', '.join(ref_side.available)}")
     refs = text_values(ref_side, ref_column, "--reference-column")
-    scores = score_rows(score_page, [[texts.text[i] for i, _ in match.pairs],
+    scores = score_rows(score_page, [[None if texts.skipped(i) else texts.text[i]
+                                      for i, _ in match.pairs],
                                      [texts.finish[i] for i, _ in match.pairs],
                                      [refs[j] for _, j in match.pairs]],
                         (norm.name, max(1, args.min_reference_chars)), args.workers)

@@ -59,3 +59,15 @@ def scan_page(seed: int, size=(2480, 3508), fmt="JPEG", quality: int = 90) -> by
     out = io.BytesIO()
     img.save(out, format=fmt, **({"quality": quality} if fmt == "JPEG" else {}))
     return out.getvalue()
+
+
+def with_ink(img):
+    """A flat test page with a short dark bar in its corner: ink, so the blank-page rule sends
+    it (issue #44); the page's mean colour barely moves (the stub's --answer-map reads it)."""
+    from PIL import ImageDraw
+
+    width, height = img.size
+    ImageDraw.Draw(img).rectangle([width // 12, height // 20, width // 12 + max(4, width // 10),
+                                   height // 20 + max(2, height // 150)], fill="black" if img.mode in (
+                                       "RGB", "L") else 0)
+    return img

@@ -13,6 +13,9 @@ class Page:
     rotation: int = 0  # the page's /Rotate
     colour: tuple = (1.0, 1.0, 1.0)  # the page's fill, RGB in 0..1
     text: str | None = None  # drawn as real text: the page's text layer
+    # a short dark bar in the page's corner (drawn, no text layer): ink, so the page is sent;
+    # False: a page of flat colour alone, blank (issue #44: blank pages are not sent)
+    mark: bool = True
 
 
 def make_pdf(pages: list[Page], password: str | None = None) -> bytes:
@@ -27,6 +30,10 @@ def make_pdf(pages: list[Page], password: str | None = None) -> bytes:
         c.setPageRotation(page.rotation)
         c.setFillColorRGB(*page.colour)
         c.rect(0, 0, page.width, page.height, fill=1, stroke=0)
+        if page.mark:
+            c.setFillColorRGB(0, 0, 0)
+            c.rect(page.width * 0.08, page.height * 0.06, page.width * 0.06, page.height * 0.008,
+                   fill=1, stroke=0)
         if page.text:
             c.setFillColorRGB(0, 0, 0)
             c.setFont("Helvetica", 11)
@@ -62,7 +69,11 @@ def raw_image_pdf(colours: list[tuple], side: int = 200) -> bytes:
                    b" ".join(b"%d 0 R" % (3 + 3 * i) for i in range(len(colours))), len(colours))]
     for i, colour in enumerate(colours):
         content = b"q %d 0 0 %d 0 0 cm /Im0 Do Q" % (side, side)
-        pixels = bytes(colour) * side * side
+        pixels = bytearray(bytes(colour) * side * side)
+        for row in range(side // 20, side // 20 + 3):  # a short dark bar: ink (see Page.mark)
+            start = (row * side + side // 10) * 3
+            pixels[start:start + 3 * (side // 8)] = bytes(3 * (side // 8))
+        pixels = bytes(pixels)
         objects += [
             b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 %d %d] /Resources << /XObject << /Im0 "
             b"%d 0 R >> >> /Contents %d 0 R >>" % (side, side, 5 + 3 * i, 4 + 3 * i),

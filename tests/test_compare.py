@@ -680,3 +680,21 @@ def test_hub_loader_selects_columns_through_the_builder(compare, tmp_path, monke
     assert "volume" in side.available and side.column("gt")[0] == R0
     with pytest.raises(compare.UsageError, match="column 'text' not in A"):
         compare._load_hub("A", str(out), ["text"], args)
+
+
+def test_a_blank_page_is_not_sent_and_not_an_empty_answer(tmp_path):
+    """Issue #44: a page the rule judged blank is written with an empty text and its reason in
+    `<column>_skipped`; parity and accuracy leave it out and count it apart, never as a page
+    that came back empty (which would read as a CER of 1, or as a difference)."""
+    blank = "blank page: no ink found (--send-blank sends such pages)"
+    a = write_output(tmp_path / "a", {
+        "file_name": ["f1", "f2", "f3"], "markdown": ["hello world", "", "third page"],
+        "markdown_skipped": [None, blank, None], "gt": ["hello world", "12", "third page"]})
+    b = write_output(tmp_path / "b", {
+        "file_name": ["f1", "f2", "f3"], "markdown": ["hello world", "Invented text", "third page"],
+        "markdown_skipped": [None, None, None]})
+    f = figures(tmp_path, a, b)
+    assert f["rows_compared"] == 2 and f["identical"] == 2 and f["excluded"]["skipped"] == 1
+    assert f["skipped_a"] == 1 and f["skipped_b"] == 0
+    f = figures(tmp_path, a, "--reference-column", "gt", "--min-reference-chars", "0")
+    assert f["rows_compared"] == 2 and f["excluded"]["skipped"] == 1 and f["cer_micro"] == 0

@@ -306,7 +306,7 @@ def ocr_the_one_page(folder, tmp_path, stub_server) -> tuple[str, list[str], int
     stub = stub_server()
     stats = tmp_path / "stats.json"
     run = run_script("ovis-ocr2-server.py", str(folder), str(tmp_path / "out"), "--server",
-                     stub.url, "--stats-json", str(stats))
+                     stub.url, "--stats-json", str(stats), "--send-blank")  # flat pages: no ink
     assert run.returncode == 0, run.stderr
     text = pq.read_table(next((tmp_path / "out" / "data").glob("*.parquet")))["markdown"][0]
     text = text.as_py()

@@ -118,13 +118,15 @@ def test_every_image_file_datasets_reads_is_a_row_whatever_its_extension(tmp_pat
 
     from PIL import Image
 
+    from pages import with_ink
+
     colours = {"a.png": (200, 30, 30), "b.jfif": (30, 200, 30), "c.jpe": (30, 30, 200),
                "d.ppm": (200, 200, 30), "e.pgm": (90, 90, 90)}
     (tmp_path / "in").mkdir()
     for name, colour in colours.items():
         formats = {".jfif": "JPEG", ".jpe": "JPEG", ".pgm": "PPM"}
-        image = Image.new("L" if name.endswith(".pgm") else "RGB", (300, 400),
-                          colour[0] if name.endswith(".pgm") else colour)
+        image = with_ink(Image.new("L" if name.endswith(".pgm") else "RGB", (300, 400),
+                                   colour[0] if name.endswith(".pgm") else colour))
         image.save(tmp_path / "in" / name, format=formats.get(Path(name).suffix, None))
     answers = tmp_path / "answers.json"
     answers.write_text(json.dumps({",".join(map(str, c)): n for n, c in colours.items()}))

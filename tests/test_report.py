@@ -18,6 +18,7 @@ import pytest
 from PIL import Image
 
 from conftest import run_script
+from pages import with_ink
 from pdfs import Page, make_pdf
 from test_compare import run_compare
 
@@ -39,7 +40,7 @@ def make_run(tmp_path: Path, stub_server, answers: dict = ANSWERS, name: str = "
     folder = tmp_path / "in"
     folder.mkdir(exist_ok=True)
     for i, colour in enumerate(answers):
-        Image.new("RGB", (600, 800), colour).save(folder / f"page_{i}.png")
+        with_ink(Image.new("RGB", (600, 800), colour)).save(folder / f"page_{i}.png")
     mapping = tmp_path / f"answers-{name}.json"
     mapping.write_text(json.dumps({",".join(map(str, c)): t for c, t in answers.items()}))
     stub = stub_server("--answer-map", str(mapping))
@@ -79,7 +80,7 @@ def test_thumbnails_are_bounded_and_a_page_is_embedded_once(tmp_path, stub_serve
     folder = tmp_path / "in"
     folder.mkdir()
     for name in ("a.png", "b.png"):
-        Image.new("RGB", (2000, 3000), (220, 60, 60)).save(folder / name)
+        with_ink(Image.new("RGB", (2000, 3000), (220, 60, 60))).save(folder / name)
     mapping = tmp_path / "answers.json"
     mapping.write_text(json.dumps({"220,60,60": "text"}))
     stub = stub_server("--answer-map", str(mapping))

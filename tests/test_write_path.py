@@ -928,3 +928,66 @@ def test_an_exit_raised_inside_the_run_saves_the_finished_rows_first(tmp_path, s
     assert "3 of 6 rows to do" in rerun.stderr
     assert load_output(tmp_path / "out")["markdown"] == \
         [expected_text(p.read_bytes()) for p in paths]
+
+
+# ---- the card's metadata: what the Hub's search reads -------------------------------------------
+
+def test_the_cards_metadata_is_what_the_hub_indexes_and_reads_back(tmp_path, stub_server):
+    """Issue #44: task_categories, size_categories, pretty_name, tags, and the licence the
+    input's own card gives; DatasetCard.load reads every field back; no `configs:` block."""
+    from huggingface_hub import DatasetCard
+
+    stub = stub_server()
+    write_image_folder(tmp_path / "in", 4)
+    (tmp_path / "in" / "README.md").write_text("---\nlicense: cc-by-4.0\n---\n# my scans\n")
+    out = tmp_path / "out"
+    assert run_script(OVIS, str(tmp_path / "in"), str(out), *common(stub)).returncode == 0
+    card = DatasetCard.load(out / "README.md")
+    data = card.data.to_dict()
+    assert data["task_categories"] == ["image-to-text"] and data["size_categories"] == ["n<1K"]
+    assert data["license"] == "cc-by-4.0" and data["tags"] == ["ocr", "vllm", "uv-script"]
+    assert "OvisOCR2" in data["pretty_name"] and "source_datasets" not in data  # a local input
+    assert "configs" not in data and "This output holds 4 rows" in card.text
+    assert "Reproduce on Hugging Face Jobs" in card.text  # the body is kept
+
+
+def test_an_older_card_is_rewritten_with_its_counts_on_the_next_run(tmp_path, stub_server):
+    """An output whose card was written before the metadata (YAML of tags only): the run that
+    continues it writes the new card, counting the rows the earlier run wrote."""
+    from huggingface_hub import DatasetCard
+
+    stub = stub_server()
+    write_image_folder(tmp_path / "in", 5)
+    out = tmp_path / "out"
+    assert run_script(OVIS, str(tmp_path / "in"), str(out),
+                      *common(stub, "--max-samples", "3")).returncode == 0
+    (out / "README.md").write_text("---\ntags:\n- ocr\n- vllm\n- uv-script\n---\n\n# old card\n")
+    assert run_script(OVIS, str(tmp_path / "in"), str(out), *common(stub)).returncode == 0
+    card = DatasetCard.load(out / "README.md")
+    assert card.data.task_categories == ["image-to-text"] and "This output holds 5 rows" in card.text
+
+
+def test_a_hub_inputs_card_names_it_as_its_source_and_carries_its_licence(monkeypatch, tmp_path):
+    """For a Hub input, source_datasets names it and the licence comes from its card on the Hub
+    (read through HfApi.dataset_info, which is faked here: no Hub is reachable)."""
+    from types import SimpleNamespace
+
+    from conftest import load_script
+
+    script = load_script(OVIS)
+
+    class Api:
+        def __init__(self, token=None):
+            pass
+
+        def dataset_info(self, repo, revision=None, timeout=None):
+            assert repo == "user/scans"
+            return SimpleNamespace(card_data=SimpleNamespace(license="mit"))
+
+    monkeypatch.setattr("huggingface_hub.HfApi", Api)
+    store = SimpleNamespace(parts=lambda: [((0, 1500), None)])
+    source = SimpleNamespace(files=None, description="user/scans (train)")
+    args = SimpleNamespace(input="user/scans", hf_token=None, revision=None)
+    data = script.card_metadata(source, store, args).to_dict()
+    assert data["source_datasets"] == ["user/scans"] and data["license"] == "mit"
+    assert data["size_categories"] == ["1K<n<10K"]
