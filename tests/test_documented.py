@@ -114,6 +114,7 @@ def test_blocks_raw_output_and_card_read_back_after_a_layout_run(tmp_path, stub_
         # DeepSeek-OCR, "Figures"), and dots.mocr's two Picture cells become two (MODEL-FACTS.md,
         # dots.mocr, "Authors' Markdown"); no other script leaves an image link
         figures = {"deepseek-ocr-server.py": ["![](images/0.jpg)"],
+                   "deepseek-ocr2-server.py": ["![](images/0.jpg)"],
                    "dots-mocr-server.py": ["![](images/0.jpg)", "![](images/1.jpg)"]}.get(script, [])
         assert re.findall(r"!\[[^\]]*\]\([^)]*\)", text) == figures
         assert text.count("![") == len(figures)
