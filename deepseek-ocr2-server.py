@@ -3161,7 +3161,8 @@ def run_script(args, hub_api, engine: dict, info_entry: dict, ready, work,
     write_stats(result, args)
     text_layer = f"{result['rows_text_layer']} from their text layer, " \
         if result["rows_text_layer"] else ""
-    log(f"done: {result['rows_ok']} ok, {result['rows_failed']} failed, {text_layer}"
+    blank = f" ({result['rows_blank']} blank, not sent)" if result["rows_blank"] else ""
+    log(f"done: {result['rows_ok']} ok{blank}, {result['rows_failed']} failed, {text_layer}"
         f"{result['rows_skipped']} skipped, {result['rows_not_written']} not written in "
         f"{result['elapsed_s']:.1f} s ({result['pages_per_s'] or 0:.2f} pages/s) -> "
         f"{store.location()} (exit {code})")

@@ -38,7 +38,10 @@ def run(stub, tmp_path, *extra):
     done = run_script(SERVER, str(tmp_path / "in"), str(tmp_path / "out"), "--server", stub.url,
                       "--request-timeout", "20", "--stats-json", str(stats), *extra)
     assert done.returncode == 0, done.stderr
-    return json.loads(stats.read_text())
+    figures = json.loads(stats.read_text())
+    said = f" ok ({figures['rows_blank']} blank, not sent)," if figures["rows_blank"] else " ok,"
+    assert said in done.stderr.splitlines()[-1]  # the closing line says it
+    return figures
 
 
 def test_blank_pages_are_not_sent_and_are_rows_with_an_empty_text(tmp_path, stub_server):
