@@ -54,8 +54,8 @@ Look at the pages (--html REPORT.html, with any of the modes above, or with A al
     error, skip reason and loop flag, and when comparing, the other run's text (or the
     reference) with the differences marked and the page's similarity or CER. Pages come worst
     first when there is a figure to rank by, else in input order; --show bounds them, so the
-    file grows with the pages shown (about 0.3 MB a page with the larger views, 0.04 MB without:
-    --html-page-px 0). A model's answer is untrusted: its HTML passes an allow-list, and the
+    file grows with the pages shown (0.56 MB a page with the larger views, 0.07 MB without,
+    --html-page-px 0, on 150 dpi scans: benchmarks/report_size.py). A model's answer is untrusted: its HTML passes an allow-list, and the
     page's Content-Security-Policy lets no script run and nothing load from the network.
 
 A, B and --reference are Hub dataset ids (user/name) or local paths: an output folder of the
