@@ -1378,13 +1378,11 @@ def render_pdf_pages(side: Side, rows: list[int], args) -> dict[int, bytes]:
         number = numbers[row]
         if number is None or not path.is_file():
             continue
-        document = pdfium.PdfDocument(str(path))
         try:
-            page = document[number - 1]
-            scale = REPORT_PAGE_DPI / 72
-            image = page.render(scale=scale).to_pil()
-        finally:
-            document.close()
+            image = render_pdf_page(path, number)
+        except (pdfium.PdfiumError, IndexError, OSError) as exc:  # not the run's input
+            raise UsageError(f"--input: page {number} of {path} cannot be rendered ({exc}); "
+                             f"is this the run's input?") from None
         buffer = io.BytesIO()
         image.convert("RGB").save(buffer, "PNG")
         pages[row] = buffer.getvalue()
@@ -1392,6 +1390,17 @@ def render_pdf_pages(side: Side, rows: list[int], args) -> dict[int, bytes]:
 
 
 REPORT_PAGE_DPI = 150
+
+
+def render_pdf_page(path: Path, number: int):
+    """Page `number` (1-based) of a PDF as a PIL image, at REPORT_PAGE_DPI."""
+    import pypdfium2 as pdfium
+
+    document = pdfium.PdfDocument(str(path))
+    try:
+        return document[number - 1].render(scale=REPORT_PAGE_DPI / 72).to_pil()
+    finally:
+        document.close()
 
 
 def manifest_input_path(path: Path) -> str | None:

@@ -137,6 +137,23 @@ def test_pdf_pages_are_rendered_from_the_input(tmp_path, stub_server):
     assert page.count('class="thumb"') == 2
 
 
+def test_an_input_that_is_not_the_runs_is_a_one_line_error(tmp_path, stub_server):
+    """--input naming another PDF (fewer pages than the run has) or a file that is no PDF."""
+    pdf = tmp_path / "in" / "doc.pdf"
+    pdf.parent.mkdir()
+    pdf.write_bytes(make_pdf([Page(text="first page"), Page(text="second page")]))
+    assert run_script(SCRIPT, str(pdf.parent), str(tmp_path / "out"), "--server",
+                      stub_server().url).returncode == 0
+    (tmp_path / "short").mkdir()
+    (tmp_path / "short" / "doc.pdf").write_bytes(make_pdf([Page(text="only page")]))
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "doc.pdf").write_text("not a PDF")
+    for wrong in ("short", "broken"):
+        run = run_compare(tmp_path / "out", "--input", tmp_path / wrong, "--html", tmp_path / "r.html")
+        assert run.returncode == 2 and "--input" in run.stderr, run.stderr[-2000:]
+        assert "Traceback" not in run.stderr and "doc.pdf" in run.stderr
+
+
 def test_html_options_are_checked_before_anything_runs(tmp_path):
     run = run_compare(tmp_path / "missing", "--input", tmp_path)
     assert run.returncode == 2 and "--input goes with --html" in run.stderr
