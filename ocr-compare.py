@@ -1228,11 +1228,18 @@ def render_markdown(text: str) -> str:
                      url_schemes=set(), link_rel="noopener noreferrer")
 
 
+DIFF_WORDS = 20_000  # words a side the marked diff compares: its table is (a x b) bits
+
+
 def marked_diff(a: str, b: str) -> str:
-    """b against a, word by word: words only in a struck through, words only in b marked."""
+    """b against a, word by word: words only in a struck through, words only in b marked.
+    Past DIFF_WORDS words a side only the start is compared; the rest of b follows unmarked."""
     from rapidfuzz.distance import Indel
 
     words_a, words_b = re.findall(r"\S+|\s+", a), re.findall(r"\S+|\s+", b)
+    rest_of_b = words_b[2 * DIFF_WORDS:]
+    cut = len(words_a) > 2 * DIFF_WORDS or bool(rest_of_b)
+    words_a, words_b = words_a[:2 * DIFF_WORDS], words_b[:2 * DIFF_WORDS]  # words and spaces
     parts = []
     for tag, a0, a1, b0, b1 in Indel.opcodes(words_a, words_b):
         old, new = html.escape("".join(words_a[a0:a1])), html.escape("".join(words_b[b0:b1]))
@@ -1240,6 +1247,9 @@ def marked_diff(a: str, b: str) -> str:
             parts.append(old)
         else:
             parts.append((f"<del>{old}</del>" if old else "") + (f"<ins>{new}</ins>" if new else ""))
+    if cut:
+        parts.append(html.escape(f"\n[differences marked in only the first {DIFF_WORDS:,} words; "
+                                 f"the rest of B follows unmarked]\n") + html.escape("".join(rest_of_b)))
     return "".join(parts)
 
 

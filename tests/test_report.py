@@ -99,6 +99,21 @@ def compare_module():
     return load_script("ocr-compare.py")
 
 
+def test_the_marked_diff_of_long_answers_is_bounded_and_loses_no_text(compare_module):
+    """The word diff's table grows as the product of the two lengths (two answers of 300,000
+    words took 11 GB): past DIFF_WORDS words a side, only the start is compared, said so, and
+    the rest of B follows unmarked."""
+    limit = compare_module.DIFF_WORDS
+    a = " ".join(f"w{i}" for i in range(limit))
+    b = a.replace("w7 ", "changed ", 1) + " tail words"
+    marked = compare_module.marked_diff(a, b)
+    assert "<del>w7</del>" in marked and "<ins>changed</ins>" in marked
+    assert "only the first" in marked and marked.endswith("tail words")
+    assert "<del>" not in marked[marked.index("only the first"):]
+    short = compare_module.marked_diff("one two", "one three")
+    assert "only the first" not in short and "<del>two</del>" in short and "<ins>three</ins>" in short
+
+
 def test_parity_marks_the_differences_worst_first(tmp_path, stub_server):
     a = make_run(tmp_path, stub_server, name="a")
     changed = dict(ANSWERS)
