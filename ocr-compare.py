@@ -2048,7 +2048,7 @@ def run(args, out=sys.stdout) -> dict:
         print_accuracy(shown, args, out)
         if args.html:
             rows = len(shown["details"]["A"]["rows"])
-            write_html_report(args.html, f"{a.description} against {ref.description}", [
+            write_html_report(args.html, f"{a.description} against {ref.description} [{ref_column}]", [
                 f"Accuracy against [{ref_column}] of {ref.description} ({norm.label}): CER "
                 f"{fmt(result.get('cer_micro'))} (pooled), WER {fmt(result.get('wer_micro'))}.",
                 f"The {min(args.show, rows)} worst pages of {rows} by A's CER, worst first (--show)."],

@@ -136,6 +136,8 @@ def test_accuracy_against_a_reference_column_shows_cer_worst_first(tmp_path, stu
     _, page = report(tmp_path, out, "--reference-column", "gt")
     first = page.split("<article")[1]
     assert "page_2.png" in first and "CER" in first and "reference" in first
+    title = page.split("<title>")[1].split("</title>")[0]
+    assert title.endswith(" against " + title.split(" against ")[0] + " [gt]"), title  # not "A against A"
 
 
 def test_pdf_pages_are_rendered_from_the_input(tmp_path, stub_server):
