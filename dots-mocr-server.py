@@ -275,8 +275,10 @@ def answer_cells(raw: str) -> list | None:
     decoder = json.JSONDecoder()
     try:
         whole = json.loads(raw)
-        if isinstance(whole, (list, dict)):
-            return whole if isinstance(whole, list) else [whole]
+        if isinstance(whole, dict):
+            return [whole]
+        if isinstance(whole, list) and (not whole or any(isinstance(c, dict) for c in whole)):
+            return whole  # a list with no cell in it is no layout answer: its text is kept
     except (ValueError, RecursionError):
         pass
     cells, seen, at = [], set(), 0

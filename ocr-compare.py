@@ -1283,11 +1283,18 @@ def render_markdown(text: str) -> str:
                      url_schemes=set(), link_rel="noopener noreferrer")
 
 
+DIFF_WORDS = 20_000  # words a side the marked diff compares: its table is (a x b) bits
+
+
 def marked_diff(a: str, b: str) -> str:
-    """b against a, word by word: words only in a struck through, words only in b marked."""
+    """b against a, word by word: words only in a struck through, words only in b marked.
+    Past DIFF_WORDS words a side only the start is compared; the rest of b follows unmarked."""
     from rapidfuzz.distance import Indel
 
     words_a, words_b = re.findall(r"\S+|\s+", a), re.findall(r"\S+|\s+", b)
+    rest_of_b = words_b[2 * DIFF_WORDS:]
+    cut = len(words_a) > 2 * DIFF_WORDS or bool(rest_of_b)
+    words_a, words_b = words_a[:2 * DIFF_WORDS], words_b[:2 * DIFF_WORDS]  # words and spaces
     parts = []
     for tag, a0, a1, b0, b1 in Indel.opcodes(words_a, words_b):
         old, new = html.escape("".join(words_a[a0:a1])), html.escape("".join(words_b[b0:b1]))
@@ -1295,6 +1302,9 @@ def marked_diff(a: str, b: str) -> str:
             parts.append(old)
         else:
             parts.append((f"<del>{old}</del>" if old else "") + (f"<ins>{new}</ins>" if new else ""))
+    if cut:
+        parts.append(html.escape(f"\n[differences marked in only the first {DIFF_WORDS:,} words; "
+                                 f"the rest of B follows unmarked]\n") + html.escape("".join(rest_of_b)))
     return "".join(parts)
 
 
@@ -1433,13 +1443,11 @@ def render_pdf_pages(side: Side, rows: list[int], args) -> dict[int, bytes]:
         number = numbers[row]
         if number is None or not path.is_file():
             continue
-        document = pdfium.PdfDocument(str(path))
         try:
-            page = document[number - 1]
-            scale = REPORT_PAGE_DPI / 72
-            image = page.render(scale=scale).to_pil()
-        finally:
-            document.close()
+            image = render_pdf_page(path, number)
+        except (pdfium.PdfiumError, IndexError, OSError) as exc:  # not the run's input
+            raise UsageError(f"--input: page {number} of {path} cannot be rendered ({exc}); "
+                             f"is this the run's input?") from None
         buffer = io.BytesIO()
         image.convert("RGB").save(buffer, "PNG")
         pages[row] = buffer.getvalue()
@@ -1447,6 +1455,17 @@ def render_pdf_pages(side: Side, rows: list[int], args) -> dict[int, bytes]:
 
 
 REPORT_PAGE_DPI = 150
+
+
+def render_pdf_page(path: Path, number: int):
+    """Page `number` (1-based) of a PDF as a PIL image, at REPORT_PAGE_DPI."""
+    import pypdfium2 as pdfium
+
+    document = pdfium.PdfDocument(str(path))
+    try:
+        return document[number - 1].render(scale=REPORT_PAGE_DPI / 72).to_pil()
+    finally:
+        document.close()
 
 
 def manifest_input_path(path: Path) -> str | None:
@@ -2085,7 +2104,7 @@ def run(args, out=sys.stdout) -> dict:
         print_accuracy(shown, args, out)
         if args.html:
             rows = len(shown["details"]["A"]["rows"])
-            write_html_report(args.html, f"{a.description} against {ref.description}", [
+            write_html_report(args.html, f"{a.description} against {ref.description} [{ref_column}]", [
                 f"Accuracy against [{ref_column}] of {ref.description} ({norm.label}): CER "
                 f"{fmt(result.get('cer_micro'))} (pooled), WER {fmt(result.get('wer_micro'))}.",
                 f"The {min(args.show, rows)} worst pages of {rows} by A's CER, worst first (--show)."],

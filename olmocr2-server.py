@@ -148,10 +148,13 @@ def image_token_budget(args=None) -> int:
 
 
 def model_argument_problems(args) -> list[str]:
+    problems = []
     if args.rotation_attempts < 1:
-        return [f"--rotation-attempts counts every send of a page, the first included: at "
-                f"least 1 (1 never turns a page), got {args.rotation_attempts}"]
-    return []
+        problems.append(f"--rotation-attempts counts every send of a page, the first included: "
+                        f"at least 1 (1 never turns a page), got {args.rotation_attempts}")
+    if not 0 <= args.temperature < float("inf"):  # vLLM refuses below 0; nan fails this too
+        problems.append(f"--temperature must be a number from 0 up, got {args.temperature}")
+    return problems
 
 
 def add_model_arguments(parser) -> None:

@@ -147,11 +147,13 @@ ORIGINS = {"fcel", "ecel"}  # the cells that start a table cell; the other three
 def otsl_runs(text: str) -> list[tuple[int, int]]:
     """(start, end) of each table written in OTSL inside the text: tags with no blank line
     between them, from the first tag to the last row end (or, for a table cut short, to the
-    end of the line its last cell is on)."""
+    end of the line its last cell is on). Text after a row end belongs to no cell: it ends the
+    table."""
     runs, tags = [], list(OTSL_TAG.finditer(text))
     group: list = []
     for tag in tags + [None]:
-        if group and (tag is None or "\n\n" in text[group[-1].end():tag.start()]):
+        gap = text[group[-1].end():tag.start()] if group and tag else ""
+        if group and (tag is None or "\n\n" in gap or group[-1].group(1) == "nl" and gap.strip()):
             runs.append((group[0].start(), run_end(text, group[-1])))
             group = []
         if tag is not None:

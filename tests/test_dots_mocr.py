@@ -191,6 +191,14 @@ def test_a_malformed_or_empty_answer_keeps_its_text_and_never_raises(dots):
     assert [b["box"] for b in extras["blocks"]] == [[0, 0, 16, 12], None]
 
 
+def test_a_json_list_without_a_cell_keeps_its_text(dots):
+    """A whole JSON list holding no cell object (a list of lines, of numbers) is no layout
+    answer: like any answer with no JSON cell, it is kept as written, not emptied."""
+    for raw in ['["Hello world", "Second line"]', "[1, 2, 3]", '[["a"], null]']:
+        text, extras = dots.postprocess(raw, args(), SENT)
+        assert text == raw and extras["blocks"] == [], raw
+
+
 def test_a_single_cell_object_is_a_page_of_one_cell(dots):
     """The prompt asks for "a single JSON object"; the authors' parser wants a list: one cell
     given as an object is read as a list of one."""

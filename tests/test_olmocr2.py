@@ -14,6 +14,7 @@ import types
 import pytest
 
 from conftest import load_output, load_script, run_script, write_parquet_dataset
+from pages import page_image
 
 SCRIPT = "olmocr2-server.py"
 olm = load_script(SCRIPT)
@@ -197,6 +198,19 @@ def test_rotation_attempts_bounds_the_sends_and_1_never_turns(tmp_path, stub_ser
                          "--rotation-attempts", "0")
     assert refused.returncode == 2 and "--rotation-attempts" in refused.stderr
     assert "Traceback" not in refused.stderr
+
+
+def test_a_temperature_vllm_refuses_is_refused_before_anything_runs(tmp_path):
+    """vLLM refuses a negative temperature (every page would be a 400); nan is no number."""
+    folder = tmp_path / "in"
+    folder.mkdir()
+    (folder / "a.png").write_bytes(page_image(1))
+    for value in ("-0.5", "nan", "inf"):
+        refused = run_script(SCRIPT, str(folder), str(tmp_path / "out"), "--server",
+                             "http://127.0.0.1:9", "--check-only", "--temperature", value)
+        assert refused.returncode == 2 and "--temperature" in refused.stderr, refused.stderr
+        assert "Traceback" not in refused.stderr
+    assert not (tmp_path / "out").exists()
 
 
 def turned_result(text: str, attempts: int = 1):

@@ -66,6 +66,17 @@ def test_an_ocr_answer_keeps_its_text_around_a_table(paddle):
                     "</table>\n\nNotes follow.\n\n<table><tr><td>a</td></tr></table>")
 
 
+def test_text_after_a_row_end_is_kept_between_two_tables(paddle):
+    """Text after an `<nl>` and before the next tag belongs to no cell (OTSL: `<nl>` ends a
+    row, a cell's text follows its tag), even with a single newline around it: it ends the
+    table and stays as the model wrote it, between the two."""
+    for caption in ("Table 2: totals", "  (continued)  "):
+        raw = f"<fcel>a<fcel>b<nl>\n{caption}\n<fcel>c<fcel>d<nl>"
+        text, _ = paddle.postprocess(raw, args("ocr"))
+        assert text == ("<table><tr><td>a</td><td>b</td></tr></table>"
+                        f"\n{caption}\n<table><tr><td>c</td><td>d</td></tr></table>")
+
+
 def test_an_answer_cut_by_max_tokens_keeps_every_cell_it_has(paddle):
     raw = "Intro\n\n<fcel>A<fcel>B<nl><fcel>1<fcel>2<nl><fcel>3<fcel>fou"
     text, _ = paddle.postprocess(raw, args("ocr"))

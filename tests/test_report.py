@@ -100,6 +100,21 @@ def compare_module():
     return load_script("ocr-compare.py")
 
 
+def test_the_marked_diff_of_long_answers_is_bounded_and_loses_no_text(compare_module):
+    """The word diff's table grows as the product of the two lengths (two answers of 300,000
+    words took 11 GB): past DIFF_WORDS words a side, only the start is compared, said so, and
+    the rest of B follows unmarked."""
+    limit = compare_module.DIFF_WORDS
+    a = " ".join(f"w{i}" for i in range(limit))
+    b = a.replace("w7 ", "changed ", 1) + " tail words"
+    marked = compare_module.marked_diff(a, b)
+    assert "<del>w7</del>" in marked and "<ins>changed</ins>" in marked
+    assert "only the first" in marked and marked.endswith("tail words")
+    assert "<del>" not in marked[marked.index("only the first"):]
+    short = compare_module.marked_diff("one two", "one three")
+    assert "only the first" not in short and "<del>two</del>" in short and "<ins>three</ins>" in short
+
+
 def test_parity_marks_the_differences_worst_first(tmp_path, stub_server):
     a = make_run(tmp_path, stub_server, name="a")
     changed = dict(ANSWERS)
@@ -122,6 +137,8 @@ def test_accuracy_against_a_reference_column_shows_cer_worst_first(tmp_path, stu
     _, page = report(tmp_path, out, "--reference-column", "gt")
     first = page.split("<article")[1]
     assert "page_2.png" in first and "CER" in first and "reference" in first
+    title = page.split("<title>")[1].split("</title>")[0]
+    assert title.endswith(" against " + title.split(" against ")[0] + " [gt]"), title  # not "A against A"
 
 
 def test_pdf_pages_are_rendered_from_the_input(tmp_path, stub_server):
@@ -136,6 +153,23 @@ def test_pdf_pages_are_rendered_from_the_input(tmp_path, stub_server):
     assert "Traceback" not in no_input.stderr
     _, page = report(tmp_path, tmp_path / "out", "--input", pdf.parent)
     assert page.count('class="thumb"') == 2
+
+
+def test_an_input_that_is_not_the_runs_is_a_one_line_error(tmp_path, stub_server):
+    """--input naming another PDF (fewer pages than the run has) or a file that is no PDF."""
+    pdf = tmp_path / "in" / "doc.pdf"
+    pdf.parent.mkdir()
+    pdf.write_bytes(make_pdf([Page(text="first page"), Page(text="second page")]))
+    assert run_script(SCRIPT, str(pdf.parent), str(tmp_path / "out"), "--server",
+                      stub_server().url).returncode == 0
+    (tmp_path / "short").mkdir()
+    (tmp_path / "short" / "doc.pdf").write_bytes(make_pdf([Page(text="only page")]))
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "doc.pdf").write_text("not a PDF")
+    for wrong in ("short", "broken"):
+        run = run_compare(tmp_path / "out", "--input", tmp_path / wrong, "--html", tmp_path / "r.html")
+        assert run.returncode == 2 and "--input" in run.stderr, run.stderr[-2000:]
+        assert "Traceback" not in run.stderr and "doc.pdf" in run.stderr
 
 
 def test_html_options_are_checked_before_anything_runs(tmp_path):
