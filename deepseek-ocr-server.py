@@ -1413,6 +1413,7 @@ def finish_row(writer: "PartWriter", stats: "RunStats", held: HeldFailures, inde
     stats.loop_retried += (result.attempts or 1) - result.resent > 1
     stats.still_looping += loops(result.text, result.finish_reason)
     answered = result.error is None and result.skipped is None
+    answer = result.text  # the first-pages check judges the model's answer, not the clean-up's
     if answered:
         try:  # the model's clean-up: what it raises is this row's error
             sized = (result.sent_size,) if POSTPROCESS_GETS_SIZE else ()
@@ -1429,7 +1430,7 @@ def finish_row(writer: "PartWriter", stats: "RunStats", held: HeldFailures, inde
         return held.failed(index, result)
     rows = [(index, result)]
     if answered or latency is not None:  # an answer, or the engine's refusal (a 400)
-        writer.check.observe(result, index)
+        writer.check.observe(replace(result, text=answer) if answered else result, index)
     if answered:  # the rows held before it go too
         rows += held.held
         held.held, held.answered = [], True

@@ -271,3 +271,22 @@ def test_a_run_sends_each_page_once_and_writes_blocks_in_page_space(tmp_path, st
     assert len(stub.requests()) == 2
     card = " ".join((out / "README.md").read_text().split())
     assert "3.3(c)" in card and "bulk scraping of content" in card
+
+
+def test_pages_of_margins_alone_under_drop_margins_are_no_degenerate_first_pages(tmp_path,
+                                                                                stub_server):
+    """Blank versos and covers whose only cells are a running head and a folio (MODEL-FACTS,
+    dots.mocr, output schema [DM-layout]): with --drop-margins their Markdown is empty, but the
+    model answered well. The first-pages check judges the answer, not the clean-up's result: the
+    run writes its rows (it stopped with exit 3, 'all came back degenerate', before)."""
+    answer = json.dumps([
+        {"bbox": [84, 56, 1610, 112], "category": "Page-header", "text": "Journal of Examples"},
+        {"bbox": [800, 2100, 900, 2140], "category": "Page-footer", "text": "12"}])
+    (tmp_path / "answer.txt").write_text(answer)
+    stub = stub_server("--model", "rednote-hilab/dots.mocr", "--answer-file", str(tmp_path / "answer.txt"))
+    write_image_folder(tmp_path / "in", 4)
+    run = run_script(SCRIPT, str(tmp_path / "in"), str(tmp_path / "out"), "--server", stub.url,
+                     "--drop-margins")
+    assert run.returncode == 0, run.stderr
+    ds = load_output(tmp_path / "out")
+    assert ds["markdown"] == [""] * 4 and all(len(b) == 2 for b in ds["markdown_blocks"])
