@@ -67,7 +67,8 @@ def with_ink(img):
     from PIL import ImageDraw
 
     width, height = img.size
-    ImageDraw.Draw(img).rectangle([width // 12, height // 20, width // 12 + max(4, width // 10),
-                                   height // 20 + max(2, height // 150)], fill="black" if img.mode in (
+    top = max(height // 20, min(height // 3, 10))  # off the edge of a thin strip too
+    ImageDraw.Draw(img).rectangle([width // 12, top, width // 12 + max(4, width // 10),
+                                   top + max(3, height // 150)], fill="black" if img.mode in (
                                        "RGB", "L") else 0)
     return img

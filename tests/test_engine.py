@@ -126,10 +126,12 @@ def engine_pages(folder: Path) -> Path:
     from PIL import Image
     import io
 
+    from pages import with_ink
+
     good = iter(page_image(100 + i, size=(480 + 64 * (i % 2), 640), fmt="JPEG" if i % 2 else "PNG")
                 for i in range(6))
-    strip = io.BytesIO()
-    Image.new("RGB", (6020, 28), (255, 255, 255)).save(strip, format="PNG")
+    strip = io.BytesIO()  # white, with a line of ink: a page, not a blank one (issue #44)
+    with_ink(Image.new("RGB", (6020, 28), (255, 255, 255))).save(strip, format="PNG")
     layout = "g.g.gt.g.gsg."  # g good, . empty cell, t truncated, s strip scan
     cells = [next(good) if c == "g" else None if c == "." else
              b"\x89PNG\r\n\x1a\n truncated" if c == "t" else strip.getvalue() for c in layout]
