@@ -43,10 +43,11 @@ the Hub created is kept, never doubled.
 Watching: one `list_jobs` of OUTPUT's Jobs and one listing of OUTPUT's files per poll (every
 30 s: at most 6 API calls a minute, however many shards). A Job with the run's labels that
 this launcher did not submit (another launcher's, before it stopped) is adopted, never
-submitted beside. A shard is done when every row has text, a skip reason or a final
-(page-caused) error: its rows in the parts on the Hub (`data/part-<start>-<stop>.parquet`) and,
-once its Job has ended, none of kind `server` in its notes (`.ocr/notes/shard-i-of-n.json`,
-which the script writes with its parts and reads on a rerun to know what to redo). A shard
+submitted beside (two live Jobs for one shard: the newer is cancelled). A shard is done when
+every row has text, a skip reason or a final (page-caused) error: its rows in the parts on the
+Hub (`data/part-<start>-<stop>.parquet`) and, once its Job has ended, none of kind `server` in
+its notes (`.ocr/notes/shard-i-of-n.json`, which the script writes with its parts and reads on
+a rerun to know what to redo). A shard
 whose Job ended with rows left is submitted again, at most --max-attempts Jobs of this launcher
 (the script redoes only those rows); a Job that stays SCHEDULING for 10 minutes is reported.
 
@@ -475,9 +476,9 @@ class Shard:
 
     @property
     def latest(self):
-        """Its newest live Job (two at once: one adopted while watching), else its newest."""
+        """Its oldest live Job (two at once: the newer is cancelled), else its newest."""
         live = [j for j in self.jobs if stage(j) not in ENDED]
-        return (live or self.jobs or [None])[-1]
+        return (live[:1] or self.jobs[-1:] or [None])[0]
 
     def rows_left(self) -> str:
         """What a rerun of the shard does, in words: rows in no part, server-error rows."""
@@ -792,9 +793,8 @@ def unclear(exc: Exception) -> bool:
     status = http_status(exc)
     if status is not None:
         return status >= 500
-    import httpx
-
-    return isinstance(exc, (httpx.TransportError, TimeoutError, ConnectionError))
+    kinds = {kind.__name__ for kind in type(exc).__mro__}  # httpx's, or huggingface_hub's httpx2
+    return bool(kinds & {"TransportError", "TimeoutException", "TimeoutError", "ConnectionError"})
 
 
 def submitted_already(api: Api, sub: dict):
@@ -969,6 +969,7 @@ def poll(api: Api, ctx: dict, shards: list[Shard]) -> list[str]:
     now = time.time()
     for s in shards:
         s.jobs = [by_id.get(j.id, j) for j in s.jobs]
+        cancel_doubles(api, s)
         s.missing = missing_rows(files, s.lo, s.hi)
         job = s.latest
         s.state = "PENDING" if job is None else stage(job)
@@ -979,6 +980,20 @@ def poll(api: Api, ctx: dict, shards: list[Shard]) -> list[str]:
                 f"{fmt_s(now - created(job))} (no {ctx['spec'].flavor} free?); it is left "
                 f"queued: --cancel and a smaller --shards, or another --flavor, if it stays")
     return files
+
+
+def cancel_doubles(api: Api, s: Shard) -> None:
+    """Two live Jobs for one shard (a submission the Hub recorded late, two launchers at the
+    same instant) would bill its rows twice: the newer ones are cancelled, the oldest kept."""
+    live = [j for j in s.jobs if stage(j) not in ENDED]
+    for job in live[1:]:
+        try:
+            api.jobs("cancel_job", job_id=job.id)
+            log(f"shard {s.index}: Job {job.id} runs beside Job {live[0].id} for the same "
+                f"rows: cancelled (the older one goes on)")
+        except Exception as exc:  # the next poll tries again
+            log(f"shard {s.index}: could not cancel Job {job.id}, which runs beside Job "
+                f"{live[0].id} ({type(exc).__name__}): trying again at the next poll")
 
 
 def judge(api: Api, ctx: dict, s: Shard, files: list[str], shards: int, window: float) -> bool:

@@ -753,3 +753,22 @@ def test_the_shards_advice_counts_each_jobs_start_up(launcher, hub, monkeypatch,
     advised = int(re.search(r"--shards (\d+) or more", dry_run(1)).group(1))
     assert "WARNING" not in dry_run(advised)
     assert "WARNING" in dry_run(advised - 1)  # and no more than it takes
+
+
+def test_two_live_jobs_for_one_shard_keep_the_older_and_cancel_the_newer(
+        launcher, hub, stub_server, monkeypatch, capsys):
+    """Issue #41 (review): two live Jobs for the same rows (a submission the Hub listed only
+    after it was sent again, or two launchers at one instant) bill the rows twice: the
+    launcher watching them cancels the newer, and submits nothing."""
+    jobs, stub = hub(4, hold=3600.0), stub_server()
+    with_rows(launcher, monkeypatch, 4)
+    jobs.interrupt_after_lists = 1
+    assert launch(launcher, jobs, stub, shards=2) == 130
+    resubmit_as_another_launcher(jobs, 0)  # shard 0 twice, both waiting for a GPU
+    capsys.readouterr()
+    jobs.interrupt_after_lists = jobs.lists + 4
+    assert launch(launcher, jobs, stub, shards=2) == 130
+    err = capsys.readouterr().err
+    assert [job.stage() for job in jobs.jobs] == ["SCHEDULING", "SCHEDULING", "CANCELED"], err
+    assert f"Job {jobs.jobs[2].id} runs beside Job {jobs.jobs[0].id} for the same rows" in err
+    assert len(jobs.submitted) == 3
