@@ -47,9 +47,9 @@ submitted beside (two live Jobs for one shard: the newer is cancelled). A shard 
 every row has text, a skip reason or a final (page-caused) error: its rows in the parts on the
 Hub (`data/part-<start>-<stop>.parquet`) and, once its Job has ended, none of kind `server` in
 its notes (`.ocr/notes/shard-i-of-n.json`, which the script writes with its parts and reads on
-a rerun to know what to redo). A shard
-whose Job ended with rows left is submitted again, at most --max-attempts Jobs of this launcher
-(the script redoes only those rows); a Job that stays SCHEDULING for 10 minutes is reported.
+a rerun to know what to redo). A shard whose Job ended with rows left is submitted again, at
+most --max-attempts Jobs of this launcher (the script redoes only those rows); a Job that stays
+SCHEDULING for 10 minutes is reported.
 
 Ctrl-C leaves the Jobs running and prints their ids (one whose submission it cut short too):
 the same command again, with the flags in any spelling, adopts them and submits only what is
