@@ -41,7 +41,8 @@ a timeout, a connection dropped) is looked for by that label before it is sent a
 the Hub created is kept, never doubled.
 
 Watching: one `list_jobs` of OUTPUT's Jobs and one listing of OUTPUT's files per poll (every
-30 s: at most 6 API calls a minute, however many shards). A Job with the run's labels that
+30 s: at most 6 API calls a minute while the Jobs run, however many shards; and one call per
+Job that ends, for its shard's notes). A Job with the run's labels that
 this launcher did not submit (another launcher's, before it stopped) is adopted, never
 submitted beside (two live Jobs for one shard: the newer is cancelled). A shard is done when
 every row has text, a skip reason or a final (page-caused) error: its rows in the parts on the
@@ -88,7 +89,8 @@ PROG = "ocr-jobs.py"
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
 PART_NAME = re.compile(r"^data/part-(\d{9})-(\d{9})\.parquet$")  # the scripts' OutputStore's
 POLL_S = 30.0  # two calls a poll: 4 a minute, and 2 left for notes, logs and resubmissions
-CALLS_PER_MINUTE = 6
+CALLS_PER_MINUTE = 6  # while the Jobs run; and one call per Job that ends (its shard's notes)
+NOTES_PER_POLL = 10  # notes read in one poll at most (a rerun of a finished run reads them all)
 SCHEDULING_REPORT_S = 600.0
 UNANSWERED_POLLS = 10  # polls in a row the Hub does not answer before the watch gives up
 STARTUP_S = 15 * 60  # what the scripts allow for a Job's start (image pull, model download)
@@ -319,10 +321,6 @@ class Api:
             kwargs["namespace"] = self.namespace
         return self.call(method, **kwargs)
 
-    def calls_in_last(self, seconds: float) -> int:
-        now = time.monotonic()
-        return sum(now - t < seconds for t in self.calls)
-
 
 def http_status(exc: Exception) -> int | None:
     response = getattr(exc, "response", None)
@@ -428,17 +426,12 @@ class RunKey:
     "run", what OUTPUT's manifest compares), or a legacy Job's words typed."""
     identity: str
     legacy: str | None = None
-    run_id: str | None = None  # the run id of the Jobs adopted (ocr-jobs label)
 
     def owns(self, job) -> bool:
         mine = job_label(job, IDENTITY)
         if mine is not None:
             return mine == self.identity
         return job_label(job, LEGACY) == self.legacy and self.legacy is not None
-
-    @property
-    def names(self) -> set[str]:
-        return {self.identity, *filter(None, [self.legacy])}
 
 
 def run_of(job) -> str:
@@ -996,7 +989,7 @@ def cancel_doubles(api: Api, s: Shard) -> None:
                 f"{live[0].id} ({type(exc).__name__}): trying again at the next poll")
 
 
-def judge(api: Api, ctx: dict, s: Shard, files: list[str], shards: int, window: float) -> bool:
+def judge(api: Api, ctx: dict, s: Shard, files: list[str], shards: int) -> bool:
     """A shard whose latest Job ended: DONE when every row has text, a skip reason or a final
     (page-caused) error, the script's own rule on the notes it wrote; True when it is not
     (rows in no part, or server-error rows a rerun redoes)."""
@@ -1004,10 +997,11 @@ def judge(api: Api, ctx: dict, s: Shard, files: list[str], shards: int, window: 
     if s.missing:
         s.server_rows = None
         return True
-    if s.notes_read_for != job.id:  # the notes are read once per ended Job, within the budget
-        if api.calls_in_last(window) >= CALLS_PER_MINUTE:
+    if s.notes_read_for != job.id:  # the notes are read once per ended Job
+        if ctx["notes_left"] <= 0:
             s.state = "CHECKING"
             return False
+        ctx["notes_left"] -= 1
         notes = read_notes(api, ctx["args"].output, s, shards)
         if notes is None:  # the Hub did not answer: asked again at the next poll
             s.state = "CHECKING"
@@ -1040,7 +1034,7 @@ def resubmit(api: Api, ctx: dict, s: Shard) -> None:
 def watch(api: Api, ctx: dict, shards: list[Shard], poll_s: float) -> None:
     """Until every shard is done or its attempts are spent. Each poll: one list_jobs of
     OUTPUT's Jobs, one listing of OUTPUT's files; once a shard's Job has ended with its rows in
-    parts, its notes (the error rows a rerun would redo) within CALLS_PER_MINUTE; a failed
+    parts, its notes (the error rows a rerun would redo), NOTES_PER_POLL at most; a failed
     Job's log tail and its resubmission (one each per ended Job) at once."""
     last_table, unanswered = "", 0
     while True:
@@ -1056,10 +1050,9 @@ def watch(api: Api, ctx: dict, shards: list[Shard], poll_s: float) -> None:
             time.sleep(poll_s)
             continue
         unanswered = 0
-        window = 2 * poll_s  # two polls: 60 s at the default, whatever the poll in tests
-        claim_held = None
+        claim_held, ctx["notes_left"] = None, NOTES_PER_POLL
         for s in (s for s in shards if s.latest is not None and s.state in ENDED):
-            if not judge(api, ctx, s, files, len(shards), window):
+            if not judge(api, ctx, s, files, len(shards)):
                 continue
             if claim_held is None and s.spent < ctx["args"].max_attempts:
                 claim_held = ctx["lease"].may_submit()  # a cancelled run's Jobs end too
