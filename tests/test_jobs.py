@@ -410,6 +410,7 @@ def test_the_scripts_check_refuses_before_any_job(launcher, hub, monkeypatch, ca
 
 
 @needs_check_only
+@pytest.mark.timeout(300)  # three launches, each with the script's own check, on a loaded machine
 def test_the_scripts_check_counts_the_rows(launcher, hub, stub_server, monkeypatch):
     jobs, stub = hub(4), stub_server()
     monkeypatch.setattr(launcher, "CHECK_COMMAND", [sys.executable, str(TESTS / "jobs_shard.py")])
