@@ -189,6 +189,8 @@ def refuse_arguments(args, script_args: list[str]) -> None:
             f"`hf download user/name --repo-type dataset --local-dir {args.output}`")
     if args.cancel:  # the run is found by its Jobs' labels: the script's flags are not needed
         return
+    if args.run:
+        raise UsageError("--run names the run to cancel: it goes with --cancel")
     if args.shards is None:
         raise UsageError("--shards N is required: how many Jobs to run (with --cancel, not)")
     for name in LAUNCHER_OPTIONS_NOT_PASSED:

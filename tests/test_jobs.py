@@ -334,6 +334,7 @@ def test_cancel_cancels_every_job_of_the_run(launcher, hub, stub_server, monkeyp
     ([], 2, 402, "the Jobs API refuses this account (402"),
     ([], 2, 403, "the Jobs API refuses this account (403"),
     (["--flavor", "a10g-smal"], 2, None, "flavor 'a10g-smal' is not one the Jobs API offers"),
+    (["--run", "0123abcd"], 2, None, "--run names the run to cancel: it goes with --cancel"),
 ])
 def test_refused_before_any_job(launcher, hub, stub_server, monkeypatch, capsys, extra, shards,
                                 refuse, expected):
