@@ -729,6 +729,20 @@ def _check_image_column(ds, column: str, lo: int, hi: int) -> None:
              f"write absolute paths, or paths relative to INPUT's folder; or {advice}")
 
 
+def _load_hub_split(args):
+    """The Hub dataset's split; `datasets` refuses one of no rows ("... corresponds to no
+    data"): read as empty, as a local one is."""
+    import datasets
+
+    try:
+        return datasets.load_dataset(args.input, args.config, split=args.split,
+                                     revision=args.revision, token=args.hf_token or None)
+    except ValueError as exc:
+        if "corresponds to no data" not in str(exc):
+            raise
+        return datasets.Dataset.from_dict({})
+
+
 def open_input(args) -> InputSource:
     """Open INPUT without decoding a single image: Arrow memory-maps it, rows are read lazily."""
     import datasets
@@ -740,14 +754,14 @@ def open_input(args) -> InputSource:
         description = shown_path(local.resolve())
         _PATH_BASE.append(local.resolve() if local.is_dir() else local.resolve().parent)
     elif REPO_ID.match(args.input):
-        ds = _by_datasets(f"the Hub dataset {args.input}", datasets.load_dataset, args.input,
-                          args.config, split=args.split, revision=args.revision,
-                          token=args.hf_token or None)
+        ds = _by_datasets(f"the Hub dataset {args.input}", _load_hub_split, args)
         _HUB_FILES.append(hub_download_folder(args.input))
     else:
         fail(f"INPUT {args.input!r} is neither an existing path nor a Hub dataset id.")
     if len(ds) == 0:
         log(f"INPUT {description} has no rows: nothing to do (nothing written)")
+        if args.check_only:  # the launcher reads the count, as after any check
+            print(json.dumps({"rows": 0}))
         raise SystemExit(0)
     pdf_column = find_pdf_column(ds, args)
     if isinstance(ds.features.get(pdf_column), getattr(datasets, "Pdf", ())):
@@ -2395,6 +2409,13 @@ def run_identity(args, source: InputSource, engine: dict) -> dict:
         "engine": {k: v for k, v in sorted(flags.items()) if k not in MAY_CHANGE_ENGINE}}, None)
 
 
+def run_digest(identity: dict, args) -> str:
+    """What the manifest compares (the identity, --max-samples), in 16 hex digits: ocr-jobs.py
+    labels a run's Jobs with it, however its flags were spelled."""
+    text = json.dumps({"identity": identity, "max_samples": args.max_samples}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 def identity_differences(old, new, where: str = "") -> list[str]:
     """Each difference between two identities, named (an option by its flag)."""
     if old == new:
@@ -3143,7 +3164,9 @@ def run_script(args, hub_api, engine: dict, info_entry: dict, ready, work,
             log(f"check passed: {rows} rows -> {store.location()}; nothing was written")
             secret: list = []  # the options holding a secret (the launcher keeps them out of Jobs)
             redact_argv(_RUN_ARGV, None, secret)
-            print(json.dumps({"rows": rows, **({"input_revision": revision} if revision else {}),
+            run = run_digest(json.loads(json.dumps(identity)), args)  # as the manifest reads
+            print(json.dumps({"rows": rows, "run": run,
+                              **({"input_revision": revision} if revision else {}),
                               **({"secret_options": secret} if secret else {})}))
             return 0
         plan = plan_rows(source, store, args)

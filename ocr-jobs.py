@@ -7,20 +7,22 @@
 """Run a script of the collection over N Hugging Face Jobs, into one output.
 
 No GPU, no vllm: it checks the run, submits one Job per shard, watches them, submits again the
-shards whose Job ended before their rows were written, and says what the run cost.
+shards whose Job ended before every row was done, and says what the run cost.
 
     uv run ocr-jobs.py lighton-ocr3-saturate.py user/scans user/scans-ocr --shards 16
     uv run ocr-jobs.py ovis-ocr2-server.py user/scans user/scans-ocr --shards 8 --max-tokens 4096
     uv run ocr-jobs.py lighton-ocr3-saturate.py user/scans user/scans-ocr --shards 16 --dry-run
-    uv run ocr-jobs.py lighton-ocr3-saturate.py user/scans user/scans-ocr --shards 16 --cancel
+    uv run ocr-jobs.py lighton-ocr3-saturate.py user/scans user/scans-ocr --cancel
 
 Every option the launcher does not know is the script's, passed to every shard as given.
 
 Before any Job: the script checks the run itself (`SCRIPT INPUT OUTPUT ... --check-only`, run
 once here: the arguments, the input's revision and row count, the OUTPUT's manifest; it
 prints, as its last stdout line, JSON `{"rows": N}` (the rows of the whole run, every shard's,
-after --max-samples, PDF pages counted; `input_revision` too if it resolved one, and
-`secret_options`, the options holding a secret, which a Job's command would show); refused
+after --max-samples, PDF pages counted; `run`, the digest of what OUTPUT's manifest compares
+(the run's identity); `input_revision` too if it resolved one, and `secret_options`, the
+options holding a secret, which a Job's command would show); an INPUT of no rows is nothing to
+do (exit 0, no Job); refused
 are a local INPUT or OUTPUT, a script argument naming a local file or a local folder as
 --model (a Job cannot read them), `--restart`, `--num-shards`/`--shard-index` (the launcher
 sets them), `--shards` below 1 or above the rows, no token, and an account the Jobs API
@@ -31,27 +33,40 @@ timeout and secrets of the script's `[tool.hf-jobs]` header (`--image`, `--flavo
 `--timeout` override them); HPD-Parsing, whose image has no uv, through `HfApi.run_job` with
 the install command its docstring gives, the script shipped into OUTPUT's `.ocr/launcher/` and
 fetched by commit. Every shard reads the input at the revision resolved here. The token travels
-as a Job secret, never in the arguments. Each Job is labelled with the run id, its shard and
-the script, and named `ocr-<script>-<i>-of-<n>`.
+as a Job secret, never in the arguments. Each Job is labelled with the run's identity (the
+script's digest: the same run however its flags are spelled, `--max-tokens=900` or flags in
+another order), the run id, OUTPUT, INPUT, its shard, the script and a label of its own
+submission, and named `ocr-<script>-<i>-of-<n>`. A submission the Hub answers unclearly (a 5xx,
+a timeout, a connection dropped) is looked for by that label before it is sent again: a Job
+the Hub created is kept, never doubled.
 
-Watching: one `list_jobs` by the run's label and one listing of OUTPUT's files per poll (every
-30 s: at most 6 API calls a minute, however many shards); rows done are read from the parts on
-the Hub (`data/part-<start>-<stop>.parquet`) and, once a shard's Job has ended, its notes
-(`.ocr/notes/shard-i-of-n.json`: rows that failed on the server's side are not done). A shard
-whose Job ended with rows missing is submitted again, at most --max-attempts times in all (the
-script resumes where it stopped); a Job that stays SCHEDULING for 10 minutes is reported.
+Watching: one `list_jobs` of OUTPUT's Jobs and one listing of OUTPUT's files per poll (every
+30 s: at most 6 API calls a minute while the Jobs run, however many shards; and one call per
+Job that ends, for its shard's notes). A Job with the run's labels that
+this launcher did not submit (another launcher's, before it stopped) is adopted, never
+submitted beside (two live Jobs for one shard: the newer is cancelled). A shard is done when
+every row has text, a skip reason or a final (page-caused) error: its rows in the parts on the
+Hub (`data/part-<start>-<stop>.parquet`) and, once its Job has ended, none of kind `server` in
+its notes (`.ocr/notes/shard-i-of-n.json`, which the script writes with its parts and reads on
+a rerun to know what to redo). A shard whose Job ended with rows left is submitted again, at
+most --max-attempts Jobs of this launcher (the script redoes only those rows); a Job that stays
+SCHEDULING for 10 minutes is reported.
 
-Ctrl-C leaves the Jobs running and prints their ids: the same command again adopts them and
-submits only what is missing; `--cancel` cancels every Job of the run, and a launcher watching
-it stops rather than submitting them again. A second launcher on the same OUTPUT, from this
+Ctrl-C leaves the Jobs running and prints their ids (one whose submission it cut short too):
+the same command again, with the flags in any spelling, adopts them and submits only what is
+missing; `SCRIPT INPUT OUTPUT --cancel` (no --shards, no script flags) cancels the running Jobs
+of the script's run on OUTPUT (`--run IDENTITY` picks one when several runs have Jobs there;
+Jobs of a launcher older than the run identity are found too), and a launcher watching it stops
+rather than submitting them again. A second launcher on the same OUTPUT, from this
 machine or another, exits 2, naming the first's run id: the launcher watching OUTPUT holds a
 claim in its `.ocr/launcher/` on the Hub (and stops if another launcher took it over).
 
-Exit status: 0 every shard's rows are written; 1 shards still missing rows after
---max-attempts (named, with what to do), or the watch stopped on the Hub's errors (the Jobs
-keep running), or --cancel stopped the run; 2 a usage error or a refused run, or another
-launcher took OUTPUT over; the script's own status when its check refuses the
-run; 130 interrupted, 143 stopped by SIGTERM (the Jobs keep running; the claim on OUTPUT goes).
+Exit status: 0 every shard is done (or INPUT has no rows); 1 shards with rows left after
+--max-attempts (each shard's rows named; the same command goes on with them), or the watch
+stopped on the Hub's errors (the Jobs keep running), or --cancel stopped the run; 2 a usage
+error or a refused run, or another launcher took OUTPUT over; the script's own status when its
+check refuses the run; 130 interrupted, 143 stopped by SIGTERM (the Jobs keep running; the
+claim on OUTPUT goes, a Ctrl-C while it is committed included).
 """
 
 import argparse
@@ -74,7 +89,8 @@ PROG = "ocr-jobs.py"
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
 PART_NAME = re.compile(r"^data/part-(\d{9})-(\d{9})\.parquet$")  # the scripts' OutputStore's
 POLL_S = 30.0  # two calls a poll: 4 a minute, and 2 left for notes, logs and resubmissions
-CALLS_PER_MINUTE = 6
+CALLS_PER_MINUTE = 6  # while the Jobs run; and one call per Job that ends (its shard's notes)
+NOTES_PER_POLL = 10  # notes read in one poll at most (a rerun of a finished run reads them all)
 SCHEDULING_REPORT_S = 600.0
 UNANSWERED_POLLS = 10  # polls in a row the Hub does not answer before the watch gives up
 STARTUP_S = 15 * 60  # what the scripts allow for a Job's start (image pull, model download)
@@ -85,7 +101,11 @@ LAUNCHER_OPTIONS_NOT_PASSED = ("--restart", "--num-shards", "--shard-index")
 LEASE = ".ocr/launcher/watching.json"  # which launcher watches OUTPUT (LauncherLease)
 LEASE_S = 15 * 60  # a claim not renewed for this long is a launcher that died
 RELEASE_WAIT_S = 30.0  # how long a stopping launcher waits for its claim to be deleted
-LABEL = "ocr-jobs"  # label keys: ocr-jobs (run id), ocr-output, ocr-shard, ocr-script, ocr-run
+LABEL = "ocr-jobs"  # label keys: ocr-jobs (run id), ocr-identity (the script's digest of the
+# run), ocr-output, ocr-input, ocr-shard, ocr-script, ocr-submission (one per submission); the
+# launcher before ocr-identity labelled a run by its words typed, ocr-run (legacy_fingerprint)
+IDENTITY, LEGACY = "ocr-identity", "ocr-run"
+REDONE_ERROR_KIND = "server"  # the scripts' SERVER: the error rows a rerun redoes (plan_rows)
 
 
 class UsageError(Exception):
@@ -111,7 +131,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("script", help="a model script of the collection (a path)")
     p.add_argument("input", help="INPUT: a Hub dataset id")
     p.add_argument("output", help="OUTPUT: a Hub dataset id")
-    p.add_argument("--shards", type=int, required=True, help="how many Jobs (shards)")
+    p.add_argument("--shards", type=int, help="how many Jobs (shards); not with --cancel")
     p.add_argument("--max-attempts", type=int, default=3,
                    help="Jobs per shard at most, the first included (default 3)")
     p.add_argument("--flavor", help="the Jobs hardware (default: the script's header)")
@@ -121,7 +141,10 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--hf-token", help="the Hub token (default: HF_TOKEN or the saved login)")
     p.add_argument("--dry-run", action="store_true",
                    help="print the submissions and the estimated time and cost; submit nothing")
-    p.add_argument("--cancel", action="store_true", help="cancel every Job of this run")
+    p.add_argument("--cancel", action="store_true",
+                   help="cancel the running Jobs of SCRIPT on OUTPUT (no --shards, no flags)")
+    p.add_argument("--run", help="with --cancel: the run to cancel (its identity or run id, "
+                                 "as printed) when several runs have Jobs on OUTPUT")
     p.add_argument("--stats-json", help="write the run's figures (shards, rows, cost) here")
     p.add_argument("--poll-seconds", type=float, default=POLL_S, help=argparse.SUPPRESS)
     args, script_args = p.parse_known_args(argv)
@@ -164,6 +187,12 @@ def refuse_arguments(args, script_args: list[str]) -> None:
             f"OUTPUT {args.output!r} is not a Hub dataset id: a Job cannot write to this "
             f"machine. Pass a new Hub dataset id (user/name) as OUTPUT, and afterwards "
             f"`hf download user/name --repo-type dataset --local-dir {args.output}`")
+    if args.cancel:  # the run is found by its Jobs' labels: the script's flags are not needed
+        return
+    if args.run:
+        raise UsageError("--run names the run to cancel: it goes with --cancel")
+    if args.shards is None:
+        raise UsageError("--shards N is required: how many Jobs to run (with --cancel, not)")
     for name in LAUNCHER_OPTIONS_NOT_PASSED:
         if any(w == name or w.startswith(name + "=") for w in script_args):
             why = "a restart deletes what OUTPUT holds: run the script itself with --restart " \
@@ -274,14 +303,16 @@ class Api:
         self.hf, self.token, self.namespace = hf, token, namespace
         self.calls: list[float] = []
 
-    def call(self, method: str, *args, **kwargs):
+    def call(self, method: str, *args, once: bool = False, **kwargs):
+        """The call, asked again after a 429 or a 5xx (not `once`: a submission is not)."""
         for attempt in range(5):
             self.calls.append(time.monotonic())
             try:
                 return getattr(self.hf, method)(*args, **kwargs)
             except Exception as exc:
                 status, wait = http_status(exc), retry_after(exc)
-                if status != 429 and not (status is not None and status >= 500) or attempt == 4:
+                if status != 429 and not (status is not None and status >= 500) or attempt == 4 \
+                        or once and status != 429:  # a 429 refused: no Job was created
                     raise
                 wait = wait if wait is not None else 2.0 * 2 ** attempt
                 log(f"the Hub answered {status} to {method}: waiting {wait:.0f} s")
@@ -291,10 +322,6 @@ class Api:
         if self.namespace:
             kwargs["namespace"] = self.namespace
         return self.call(method, **kwargs)
-
-    def calls_in_last(self, seconds: float) -> int:
-        now = time.monotonic()
-        return sum(now - t < seconds for t in self.calls)
 
 
 def http_status(exc: Exception) -> int | None:
@@ -387,12 +414,31 @@ def resolve_revision(api: Api, args, script_args: list[str]) -> str:
 # ---------------------------------------------------------------------------- the run's Jobs
 
 
-def run_fingerprint(args, script: Path, script_args: list[str]) -> str:
-    """What makes two launches the same run: the same script, input, output, shards and
-    script arguments (a rerun adopts its Jobs; another run on the same OUTPUT is refused)."""
+def legacy_fingerprint(args, script: Path, script_args: list[str]) -> str:
+    """How the launcher before ocr-identity named a run (its ocr-run label): the words typed.
+    Still read, so that the Jobs such a launcher left are found, cancelled and adopted."""
     words = [script.name, args.input, args.output, str(args.shards),
              *without_option(script_args, "--revision")]
     return hashlib.sha1("\0".join(words).encode()).hexdigest()[:12]
+
+
+@dataclass
+class RunKey:
+    """Which Jobs are this run's: the script's digest of what the run is (its --check-only
+    "run", what OUTPUT's manifest compares), or a legacy Job's words typed."""
+    identity: str
+    legacy: str | None = None
+
+    def owns(self, job) -> bool:
+        mine = job_label(job, IDENTITY)
+        if mine is not None:
+            return mine == self.identity
+        return job_label(job, LEGACY) == self.legacy and self.legacy is not None
+
+
+def run_of(job) -> str:
+    """The run a Job belongs to, as a claim or --run names it: its identity, or legacy words."""
+    return job_label(job, IDENTITY) or job_label(job, LEGACY) or job_label(job, LABEL) or "?"
 
 
 @dataclass
@@ -401,8 +447,10 @@ class Shard:
     lo: int
     hi: int
     jobs: list = field(default_factory=list)  # JobInfo, oldest first
-    done_rows: int = 0
-    server_error_rows: int | None = None  # from the shard's notes, once its Job has ended
+    missing: list = field(default_factory=list)  # (start, stop) of its rows in no part
+    server_rows: list | None = None  # error rows the server caused (a rerun redoes them), from
+    # the notes of its latest ended Job; None: not read yet
+    spent: int = 0  # its Jobs this launcher counts against --max-attempts
     state: str = "PENDING"
     reported_scheduling: bool = False
     log_tail_shown: set = field(default_factory=set)
@@ -413,8 +461,34 @@ class Shard:
         return self.hi - self.lo
 
     @property
+    def written(self) -> int:
+        return self.rows - sum(b - a for a, b in self.missing)
+
+    @property
+    def done_rows(self) -> int:
+        """Rows with text, a skip reason or a final (page-caused) error."""
+        return self.written - len(self.server_rows or [])
+
+    @property
     def latest(self):
-        return self.jobs[-1] if self.jobs else None
+        """Its oldest live Job (two at once: the newer is cancelled), else its newest."""
+        live = [j for j in self.jobs if stage(j) not in ENDED]
+        return (live[:1] or self.jobs[-1:] or [None])[0]
+
+    def rows_left(self) -> str:
+        """What a rerun of the shard does, in words: rows in no part, server-error rows."""
+        words = [f"rows {spans(self.missing)} not written"] if self.missing else []
+        if self.server_rows:
+            runs = spans([(r, r + 1) for r in sorted(self.server_rows)])
+            words.append(f"rows {runs} failed on the server's side (error_kind server)")
+        return "; ".join(words) or "none"
+
+    def left_counts(self) -> str:
+        words = [f"{self.rows - self.written} rows not written"] if self.missing else []
+        if self.server_rows:
+            words.append(f"{len(self.server_rows)} rows failed on the server's side "
+                         f"(error_kind server)")
+        return " and ".join(words) or "no rows left"
 
 
 def shard_bounds(rows: int, shards: int, index: int) -> tuple[int, int]:
@@ -450,17 +524,32 @@ def output_jobs(api: Api, output: str) -> list:
     return list(api.jobs("list_jobs", labels={"ocr-output": slug(output)}))
 
 
-def find_run(jobs: list, args, fingerprint: str) -> str | None:
-    """The run id of this command's Jobs still on record among OUTPUT's Jobs (to adopt);
-    refuses when another run's Jobs are writing OUTPUT."""
+def find_run(jobs: list, args, key: RunKey) -> str | None:
+    """The run id of this run's Jobs on record among OUTPUT's Jobs (to adopt); refuses when
+    another run's Jobs are writing OUTPUT."""
     others = sorted({job_label(j, LABEL) for j in jobs if stage(j) not in ENDED
-                     and job_label(j, "ocr-run") != fingerprint} - {None})
+                     and not key.owns(j)} - {None})
     if others:
         raise UsageError(f"another launch (run {others[0]}) has Jobs writing {args.output}: let "
-                         f"it finish, or cancel it (its command with --cancel), or write to "
-                         f"another OUTPUT")
-    ours = sorted((j for j in jobs if job_label(j, "ocr-run") == fingerprint), key=created)
+                         f"it finish, or cancel it (ocr-jobs.py SCRIPT INPUT OUTPUT --cancel), "
+                         f"or write to another OUTPUT")
+    ours = sorted((j for j in jobs if key.owns(j)), key=created)
     return job_label(ours[-1], LABEL) if ours else None
+
+
+def adopt(shards: list, jobs: list, key: RunKey, counted: bool) -> list:
+    """This run's Jobs not yet in their shard's list, added (oldest first); counted: a live
+    one counts as an attempt (one found while watching: another launcher submitted it)."""
+    known = {j.id for s in shards for j in s.jobs}
+    found = []
+    for job in sorted((j for j in jobs if key.owns(j) and j.id not in known), key=created):
+        index = job_label(job, "ocr-shard")
+        if index is not None and index.isdigit() and int(index) < len(shards):
+            shard = shards[int(index)]
+            shard.jobs = sorted([*shard.jobs, job], key=created)
+            shard.spent += counted and stage(job) not in ENDED
+            found.append(job)
+    return found
 
 
 class ClaimLost(Exception):
@@ -487,7 +576,7 @@ class LauncherLease:
         self.api, self.output, self.run_id = api, output, run_id
         self.claim = {"run": run_id, "fingerprint": fingerprint, "host": socket.gethostname(),
                       "pid": os.getpid(), "id": uuid.uuid4().hex, "since": time.time()}
-        self.renewed, self.held = 0.0, False
+        self.renewed, self.held, self.tried = 0.0, False, False
 
     def take(self, private: bool) -> None:
         """Claim OUTPUT (creating it, as the script would: its --private kept), or refuse."""
@@ -582,6 +671,7 @@ class LauncherLease:
         from huggingface_hub import CommitOperationAdd
 
         claim = {**self.claim, "until": time.time() + LEASE_S}
+        self.tried = True  # a Ctrl-C while it commits: release() looks whether it landed
         self.api.call("create_commit", self.output, repo_type="dataset", parent_commit=parent,
                       operations=[CommitOperationAdd(path_in_repo=LEASE, path_or_fileobj=(
                           json.dumps(claim, indent=1) + "\n").encode())],
@@ -611,7 +701,8 @@ class LauncherLease:
 
         def delete() -> None:
             try:
-                if not self.held or (self.read() or {}).get("id") != self.claim["id"]:
+                if not (self.held or self.tried) or \
+                        (self.read() or {}).get("id") != self.claim["id"]:
                     return
                 self.api.call("create_commit", self.output, repo_type="dataset",
                               operations=[CommitOperationDelete(path_in_repo=LEASE)],
@@ -633,13 +724,15 @@ class LauncherLease:
                 f"expires by itself in {LEASE_S // 60:.0f} min, or at once for a launcher on "
                 f"this machine")
 
-    def cancelled(self) -> None:
-        """--cancel: the claim of a launcher watching this run (same fingerprint) becomes
-        --cancel's, so that launcher stops instead of submitting the cancelled shards again."""
+    def cancelled(self, run_ids: set) -> None:
+        """--cancel: the claim of a launcher watching this run (same identity, or one of its
+        run ids) becomes --cancel's, so that launcher stops instead of submitting the cancelled
+        shards again."""
         try:
             claim = self.read()
-            if claim is not None and claim.get("fingerprint") == self.claim["fingerprint"] \
-                    and not claim.get("cancelled"):
+            if claim is not None and not claim.get("cancelled") and (
+                    claim.get("fingerprint") == self.claim["fingerprint"] or
+                    claim.get("run") in run_ids):
                 self.claim.update(run=claim.get("run"), cancelled=True)
                 self.write()
         except Exception as exc:
@@ -648,13 +741,17 @@ class LauncherLease:
 
 
 def submission(spec: JobSpec, script: Path, args, script_args: list[str], revision: str,
-               shard: int, run_id: str, fingerprint: str) -> dict:
-    """What one shard's Job is: run_uv_job's (or run_job's) arguments, no secret value."""
+               shard: int, run_id: str, identity: str) -> dict:
+    """What one shard's Job is: run_uv_job's (or run_job's) arguments, no secret value; its
+    ocr-submission label names this submission alone (found again after an unclear answer)."""
+    import uuid
+
     shard_args = [args.input, args.output, *without_option(script_args, "--revision"),
                   "--revision", revision, "--num-shards", str(args.shards),
                   "--shard-index", str(shard)]
-    labels = {LABEL: run_id, "ocr-run": fingerprint, "ocr-output": slug(args.output),
-              "ocr-shard": str(shard), "ocr-script": slug(script.stem)}
+    labels = {LABEL: run_id, IDENTITY: identity, "ocr-output": slug(args.output),
+              "ocr-input": slug(args.input), "ocr-shard": str(shard),
+              "ocr-script": slug(script.stem), "ocr-submission": uuid.uuid4().hex[:16]}
     name = f"ocr-{slug(script.stem, 40)}-{shard}-of-{args.shards}"
     return {"image": spec.image, "flavor": spec.flavor, "timeout": spec.timeout,
             "labels": labels, "name": name, "script_args": shard_args,
@@ -685,7 +782,27 @@ def install_command(script_args: list[str]) -> list[str]:
     return ["bash", "-lc", inner]
 
 
+def unclear(exc: Exception) -> bool:
+    """An answer that does not say whether the Hub created the Job: a 5xx, a timeout, a
+    connection dropped (after the request may have been sent)."""
+    status = http_status(exc)
+    if status is not None:
+        return status >= 500
+    kinds = {kind.__name__ for kind in type(exc).__mro__}  # httpx's, or huggingface_hub's httpx2
+    return bool(kinds & {"TransportError", "TimeoutException", "TimeoutError", "ConnectionError"})
+
+
+def submitted_already(api: Api, sub: dict):
+    """The Job of this submission, if the Hub created it (its ocr-submission label)."""
+    wanted = {"ocr-submission": sub["labels"]["ocr-submission"],
+              "ocr-output": sub["labels"]["ocr-output"]}
+    found = sorted(api.jobs("list_jobs", labels=wanted), key=created)
+    return found[-1] if found else None
+
+
 def submit(api: Api, spec: JobSpec, script: Path, sub: dict, token: str, script_url: str | None):
+    """One Job, once: after an unclear answer, the run's Jobs are looked at for this
+    submission's before it is sent again (a second Job would run and bill the same rows)."""
     secrets = {name: token if name == "HF_TOKEN" else os.environ.get(name)
                for name in sub["secrets"]}
     missing = [name for name, value in secrets.items() if value is None]
@@ -695,40 +812,72 @@ def submit(api: Api, spec: JobSpec, script: Path, sub: dict, token: str, script_
     common = dict(image=sub["image"], flavor=sub["flavor"], timeout=sub["timeout"], attempts=1,
                   name=sub["name"], labels=sub["labels"], secrets=secrets)
     if spec.has_uv:
-        return api.jobs("run_uv_job", script=str(script), script_args=sub["script_args"],
-                        **common)
-    return api.jobs("run_job", command=install_command(sub["script_args"]),
-                    env={"SCRIPT_URL": script_url}, **common)
+        method, kwargs = "run_uv_job", dict(script=str(script), script_args=sub["script_args"])
+    else:
+        method, kwargs = "run_job", dict(command=install_command(sub["script_args"]),
+                                         env={"SCRIPT_URL": script_url})
+    for attempt in range(5):
+        try:
+            return api.jobs(method, once=True, **kwargs, **common)
+        except Exception as exc:
+            if not unclear(exc) or attempt == 4:
+                raise
+            what = f"{http_status(exc) or type(exc).__name__}"
+            time.sleep(2.0 * 2 ** attempt)  # the Hub's record of a Job it created, in time
+            job = submitted_already(api, sub)
+            if job is not None:
+                log(f"the Hub answered {what} to the submission of {sub['name']}, and created "
+                    f"it: Job {job.id}, not submitted again")
+                return job
+            log(f"the Hub answered {what} to the submission of {sub['name']}, and has no Job "
+                f"of it: submitting it again")
 
 
 # ---------------------------------------------------------------------------- watching
 
 
-def covered_rows(files: list[str], lo: int, hi: int) -> int:
-    """Rows of [lo, hi) that parts on the Hub hold (part names are their row ranges)."""
-    spans = []
+def missing_rows(files: list[str], lo: int, hi: int) -> list[tuple[int, int]]:
+    """Ranges of [lo, hi) that no part on the Hub holds (part names are their row ranges)."""
+    held = []
     for name in files:
         match = PART_NAME.match(name)
         if match:
             a, b = max(int(match.group(1)), lo), min(int(match.group(2)), hi)
             if a < b:
-                spans.append((a, b))
-    total, end = 0, lo
-    for a, b in sorted(spans):
-        a = max(a, end)
-        if a < b:
-            total += b - a
-            end = b
-    return total
+                held.append((a, b))
+    gaps, end = [], lo
+    for a, b in sorted(held):
+        if a > end:
+            gaps.append((end, a))
+        end = max(end, b)
+    return gaps + [(end, hi)] * (end < hi)
 
 
-def server_error_rows(notes: dict, lo: int, hi: int) -> int:
-    """Rows a rerun redoes: error rows the server (not the page) caused, per the notes."""
-    return sum(kind == "server" and lo <= int(row) < hi
-               for note in notes.values() for row, kind in note.get("errors", {}).items())
+def spans(ranges: list[tuple[int, int]]) -> str:
+    """Row ranges as a reader writes them: 3, 5-8 (the last row included), runs joined."""
+    joined: list[list[int]] = []
+    for a, b in sorted(ranges):
+        if joined and a <= joined[-1][1]:
+            joined[-1][1] = max(joined[-1][1], b)
+        else:
+            joined.append([a, b])
+    words = [f"{a}" if b - a == 1 else f"{a}-{b - 1}" for a, b in joined]
+    return ", ".join(words[:8]) + (f", ... ({len(words)} ranges)" if len(words) > 8 else "")
 
 
-def read_notes(api: Api, output: str, shard: Shard, shards: int) -> dict:
+def server_error_rows(notes: dict, files: list[str], lo: int, hi: int) -> list[int]:
+    """The error rows a rerun of the script redoes, read as it reads them (plan_rows): the
+    notes' error kinds of OUTPUT's parts (the page's are final; not --retry-errors' rule)."""
+    parts = {f[len("data/"):] for f in files if PART_NAME.match(f)}
+    return sorted(int(row) for name, note in notes.items() if name in parts
+                  for row, kind in (note.get("errors") or {}).items()
+                  if kind == REDONE_ERROR_KIND and lo <= int(row) < hi)
+
+
+def read_notes(api: Api, output: str, shard: Shard, shards: int) -> dict | None:
+    """The shard's notes (part name -> its error rows and their kind), which the script
+    commits with its parts; {} when there are none (parts written by hand, as the script reads
+    them), None when the Hub did not answer (asked again at the next poll)."""
     import tempfile
 
     name = f".ocr/notes/shard-{shard.index}-of-{shards}.json"
@@ -736,9 +885,17 @@ def read_notes(api: Api, output: str, shard: Shard, shards: int) -> dict:
         try:
             path = api.call("hf_hub_download", output, name, repo_type="dataset",
                             local_dir=folder)
-        except Exception:
+        except Exception as exc:
+            kind = type(exc).__name__
+            if http_status(exc) == 404 or kind.endswith("NotFoundError") and \
+                    not kind.startswith("Local"):
+                return {}
+            return None
+        try:
+            return {k: v for k, v in json.loads(Path(path).read_text()).items()
+                    if PART_NAME.match("data/" + k)}
+        except (ValueError, AttributeError):
             return {}
-        return json.loads(Path(path).read_text())
 
 
 def card_rows(api: Api, output: str) -> int | None:
@@ -795,17 +952,96 @@ def log_tail(api: Api, job) -> str:
     return "\n".join("    " + line.rstrip() for line in lines[-20:])
 
 
+def poll(api: Api, ctx: dict, shards: list[Shard]) -> list[str]:
+    """One poll: OUTPUT's Jobs (this run's adopted: one another launcher submitted is watched,
+    never submitted twice) and OUTPUT's files; each shard's state from them."""
+    listed = output_jobs(api, ctx["args"].output)
+    files = output_files(api, ctx["args"].output)
+    for job in adopt(shards, listed, ctx["key"], counted=True):
+        log(f"shard {job_label(job, 'ocr-shard')}: Job {job.id} ({stage(job)}) carries this "
+            f"run's labels (another launcher submitted it): watched as this run's")
+    by_id = {j.id: j for j in listed}
+    now = time.time()
+    for s in shards:
+        s.jobs = [by_id.get(j.id, j) for j in s.jobs]
+        cancel_doubles(api, s)
+        s.missing = missing_rows(files, s.lo, s.hi)
+        job = s.latest
+        s.state = "PENDING" if job is None else stage(job)
+        if s.state == "SCHEDULING" and not s.reported_scheduling and \
+                now - created(job) > SCHEDULING_REPORT_S:
+            s.reported_scheduling = True
+            log(f"shard {s.index}: Job {job.id} has been SCHEDULING for "
+                f"{fmt_s(now - created(job))} (no {ctx['spec'].flavor} free?); it is left "
+                f"queued: --cancel and a smaller --shards, or another --flavor, if it stays")
+    return files
+
+
+def cancel_doubles(api: Api, s: Shard) -> None:
+    """Two live Jobs for one shard (a submission the Hub recorded late, two launchers at the
+    same instant) would bill its rows twice: the newer ones are cancelled, the oldest kept."""
+    live = [j for j in s.jobs if stage(j) not in ENDED]
+    for job in live[1:]:
+        try:
+            api.jobs("cancel_job", job_id=job.id)
+            log(f"shard {s.index}: Job {job.id} runs beside Job {live[0].id} for the same "
+                f"rows: cancelled (the older one goes on)")
+        except Exception as exc:  # the next poll tries again
+            log(f"shard {s.index}: could not cancel Job {job.id}, which runs beside Job "
+                f"{live[0].id} ({type(exc).__name__}): trying again at the next poll")
+
+
+def judge(api: Api, ctx: dict, s: Shard, files: list[str], shards: int) -> bool:
+    """A shard whose latest Job ended: DONE when every row has text, a skip reason or a final
+    (page-caused) error, the script's own rule on the notes it wrote; True when it is not
+    (rows in no part, or server-error rows a rerun redoes)."""
+    job = s.latest
+    if s.missing:
+        s.server_rows = None
+        return True
+    if s.notes_read_for != job.id:  # the notes are read once per ended Job
+        if ctx["notes_left"] <= 0:
+            s.state = "CHECKING"
+            return False
+        ctx["notes_left"] -= 1
+        notes = read_notes(api, ctx["args"].output, s, shards)
+        if notes is None:  # the Hub did not answer: asked again at the next poll
+            s.state = "CHECKING"
+            return False
+        s.server_rows, s.notes_read_for = server_error_rows(notes, files, s.lo, s.hi), job.id
+    s.state = "LEFT" if s.server_rows else "DONE"
+    return bool(s.server_rows)
+
+
+def resubmit(api: Api, ctx: dict, s: Shard) -> None:
+    """The shard's latest Job ended with rows left: its log's tail, then a Job again (within
+    --max-attempts, counted by this launcher), or FAILED."""
+    job, attempts = s.latest, ctx["args"].max_attempts
+    if job.id not in s.log_tail_shown and stage(job) != "COMPLETED":
+        s.log_tail_shown.add(job.id)
+        message = getattr(getattr(job, "status", None), "message", None)
+        log(f"shard {s.index}: Job {job.id} ended {stage(job)}"
+            f"{' (' + message + ')' if message else ''} with {s.left_counts()}; its log "
+            f"ends:\n{log_tail(api, job)}")
+    if s.spent >= attempts:
+        s.state = "FAILED"
+        return
+    log(f"shard {s.index}: Job {job.id} ended {stage(job)} with {s.left_counts()}: submitting "
+        f"it again (attempt {s.spent + 1} of {attempts}); the script redoes only those rows")
+    s.jobs.append(ctx["submit"](s.index))  # the work itself: outside the watch's budget
+    s.spent += 1
+    s.server_rows, s.state = None, "SCHEDULING"
+
+
 def watch(api: Api, ctx: dict, shards: list[Shard], poll_s: float) -> None:
-    """Until every shard's rows are on the Hub or its attempts are spent. Each poll: one
-    list_jobs by the run's label, one listing of OUTPUT's files; once a shard's Job has ended,
-    its notes (the error rows a rerun would redo) within CALLS_PER_MINUTE; a failed Job's log
-    tail and its resubmission (one each per ended Job) at once."""
-    run_id, output = ctx["run_id"], ctx["args"].output
+    """Until every shard is done or its attempts are spent. Each poll: one list_jobs of
+    OUTPUT's Jobs, one listing of OUTPUT's files; once a shard's Job has ended with its rows in
+    parts, its notes (the error rows a rerun would redo), NOTES_PER_POLL at most; a failed
+    Job's log tail and its resubmission (one each per ended Job) at once."""
     last_table, unanswered = "", 0
     while True:
         try:
-            jobs = {j.id: j for j in api.jobs("list_jobs", labels={LABEL: run_id})}
-            files = output_files(api, output)
+            files = poll(api, ctx, shards)
         except Exception as exc:  # a network blip: the Jobs run on, the next poll asks again
             unanswered += 1
             if unanswered > UNANSWERED_POLLS or http_status(exc) in (401, 403):
@@ -816,52 +1052,16 @@ def watch(api: Api, ctx: dict, shards: list[Shard], poll_s: float) -> None:
             time.sleep(poll_s)
             continue
         unanswered = 0
-        now = time.time()
-        for s in shards:
-            s.jobs = [jobs.get(j.id, j) for j in s.jobs]
-            s.done_rows = covered_rows(files, s.lo, s.hi)
-            job = s.latest
-            if job is None:
-                s.state = "PENDING"
-                continue
-            s.state = stage(job)
-            if s.state == "SCHEDULING" and not s.reported_scheduling and \
-                    now - created(job) > SCHEDULING_REPORT_S:
-                s.reported_scheduling = True
-                log(f"shard {s.index}: Job {job.id} has been SCHEDULING for "
-                    f"{fmt_s(now - created(job))} (no {ctx['spec'].flavor} free?); it is left "
-                    f"queued: --cancel and a smaller --shards, or another --flavor, if it stays")
-        window = 2 * poll_s  # two polls: 60 s at the default, whatever the poll in tests
-        claim_held = None
+        claim_held, ctx["notes_left"] = None, NOTES_PER_POLL
         for s in (s for s in shards if s.latest is not None and s.state in ENDED):
-            job = s.latest
-            if s.done_rows >= s.rows:  # every row is on the Hub (error rows included)
-                s.state = "DONE"
-                if s.notes_read_for != job.id and api.calls_in_last(window) < CALLS_PER_MINUTE:
-                    notes = read_notes(api, output, s, len(shards))
-                    s.server_error_rows = server_error_rows(notes, s.lo, s.hi)
-                    s.notes_read_for = job.id
+            if not judge(api, ctx, s, files, len(shards)):
                 continue
-            if job.id not in s.log_tail_shown and s.state != "COMPLETED":
-                s.log_tail_shown.add(job.id)
-                message = getattr(getattr(job, "status", None), "message", None)
-                log(f"shard {s.index}: Job {job.id} ended {s.state}"
-                    f"{' (' + message + ')' if message else ''} with {s.rows - s.done_rows} "
-                    f"rows not written; its log ends:\n{log_tail(api, job)}")
-            if len(s.jobs) >= ctx["args"].max_attempts:
-                s.state = "FAILED"
-                continue
-            if claim_held is None:  # a cancelled run's Jobs end too: not submitted again
-                claim_held = ctx["lease"].may_submit()
-            if not claim_held:
-                continue
-            log(f"shard {s.index}: Job {job.id} ended {s.state} with {s.rows - s.done_rows} "
-                f"rows not written: submitting it again (attempt {len(s.jobs) + 1} of "
-                f"{ctx['args'].max_attempts}); the script resumes where it stopped")
-            s.jobs.append(ctx["submit"](s.index))  # the work itself: outside the watch's budget
-            s.state = "SCHEDULING"
+            if claim_held is None and s.spent < ctx["args"].max_attempts:
+                claim_held = ctx["lease"].may_submit()  # a cancelled run's Jobs end too
+            if claim_held is not False:
+                resubmit(api, ctx, s)
         ctx["lease"].renew()
-        shown = table(shards, now)
+        shown = table(shards, time.time())
         if shown != last_table:
             log(shown)
             last_table = shown
@@ -890,6 +1090,20 @@ def price_per_minute(api: Api, flavor: str) -> float | None:
     return None
 
 
+def shards_advice(rows: int, pages_per_s: float, timeout: float) -> str:
+    """The fewest shards that each finish within the timeout, their start-up included (every
+    Job pays it, however few rows it has); none when the start-up alone fills the timeout."""
+    working = timeout - STARTUP_S
+    if working <= 0:
+        return f" (the start-up alone takes {STARTUP_S // 60} min)"
+    need = math.ceil(rows / (pages_per_s * working))
+    while need > 1 and STARTUP_S + math.ceil(rows / (need - 1)) / pages_per_s <= timeout:
+        need -= 1  # ceil's rounding: never more than it takes
+    while STARTUP_S + math.ceil(rows / need) / pages_per_s > timeout:
+        need += 1
+    return f", or --shards {need} or more (each Job's {STARTUP_S // 60} min start-up included)"
+
+
 def estimate(spec: JobSpec, rows: int | None, shards: int, price: float | None) -> list[str]:
     lines = []
     if rows is None:
@@ -908,10 +1122,9 @@ def estimate(spec: JobSpec, rows: int | None, shards: int, price: float | None) 
                      f"${1000 * cost / max(rows, 1):.3f} per 1,000 pages")
     timeout = duration_s(spec.timeout)
     if seconds > timeout:
-        need = math.ceil(shards * seconds / timeout)
         lines.append(f"WARNING: a shard needs about {fmt_s(seconds)}, beyond its timeout "
-                     f"{spec.timeout}: pass --timeout {math.ceil(seconds / 3600)}h, or "
-                     f"--shards {need} or more")
+                     f"{spec.timeout}: pass --timeout {math.ceil(seconds / 3600)}h"
+                     + shards_advice(rows, spec.pages_per_s, timeout))
     return lines
 
 
@@ -926,13 +1139,14 @@ def summary(ctx: dict, shards: list[Shard], price: float | None, api: Api,
     cost = seconds / 60 * price if price is not None else None
     watched = max(time.monotonic() - started, 1e-9)
     return {
-        "run_id": ctx["run_id"], "script": ctx["script"].name, "input": ctx["args"].input,
+        "run_id": ctx["run_id"], "run_identity": ctx["key"].identity,
+        "script": ctx["script"].name, "input": ctx["args"].input,
         "input_revision": ctx["revision"], "output": ctx["args"].output,
         "flavor": ctx["spec"].flavor, "shards": len(shards), "rows_total": rows,
         "rows_done": sum(min(s.done_rows, s.rows) for s in shards),
         "shards_failed": [s.index for s in shards if s.state == "FAILED"],
         "jobs": [{"shard": s.index, "state": s.state, "rows": s.rows, "rows_done": s.done_rows,
-                  "server_error_rows": s.server_error_rows,
+                  "server_error_rows": s.server_rows, "rows_left": s.rows_left(),
                   "attempts": len(s.jobs), "job_ids": [j.id for j in s.jobs],
                   "running_s": round(sum(running_seconds(j, now) for j in s.jobs), 1)}
                  for s in shards],
@@ -979,16 +1193,15 @@ def main(argv: list[str] | None = None, hf_api=None) -> int:
 def launch(args, script_args: list[str], hf_api) -> int:
     script = Path(args.script)
     refuse_arguments(args, script_args)
-    spec = job_spec(script, args)
-    duration_s(spec.timeout)
     token = hub_token(args)
     if hf_api is None:
         from huggingface_hub import HfApi
         hf_api = HfApi(token=token)
     api = Api(hf_api, token, args.namespace)
-    fingerprint = run_fingerprint(args, script, script_args)
     if args.cancel:
-        return cancel(api, args, fingerprint)
+        return cancel(api, args, script)
+    spec = job_spec(script, args)
+    duration_s(spec.timeout)
     if not token and not args.dry_run:
         raise UsageError("no Hub token: log in (hf auth login), set HF_TOKEN or pass --hf-token; "
                          "the Jobs get it as a secret")
@@ -1002,58 +1215,86 @@ def launch(args, script_args: list[str], hf_api) -> int:
             f"{'it' if len(secret) == 1 else 'them'} out (a Job gets your Hub token as the secret "
             f"HF_TOKEN, and starts its own vLLM server)")
     rows = checked.get("rows")
+    if rows == 0:  # the script's check said so too: an empty input is done, as a local run's
+        log(f"INPUT {args.input} has no rows: nothing to do, no Job submitted")
+        return 0
     if rows is not None and args.shards > rows:
         raise UsageError(f"--shards {args.shards} is more than the {rows} rows: pass --shards "
                          f"{rows} or fewer")
+    if rows is None or not checked.get("run"):
+        raise UsageError(f"{script.name}'s check did not count the rows or say the run's "
+                         f"identity (its --check-only prints them): use the collection's current "
+                         f"{script.name}")
+    key = RunKey(checked["run"], legacy_fingerprint(args, script, script_args))
     revision = checked.get("input_revision") or resolve_revision(api, args, script_args)
     price = price_per_minute(api, spec.flavor)
-    run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + fingerprint[:6]
+    run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + key.identity[:6]
+    ctx = {"args": args, "script": script, "spec": spec, "run_id": run_id, "key": key,
+           "revision": revision, "token": token, "script_args": script_args}
     if args.dry_run:
-        for i in range(args.shards):
-            sub = submission(spec, script, args, script_args, revision, i, run_id, fingerprint)
-            how = "run_uv_job" if spec.has_uv else "run_job (install uv, fetch the script)"
-            print(f"shard {i}: {how} image={sub['image']} flavor={sub['flavor']} "
-                  f"timeout={sub['timeout']} name={sub['name']}\n"
-                  f"  labels={json.dumps(sub['labels'])}\n"
-                  f"  secrets={','.join(sub['secrets'])} (values not shown)\n"
-                  f"  {script.name} {shlex.join(sub['script_args'])}")
-        for line in estimate(spec, rows, args.shards, price):
-            print(line)
-        print("dry run: nothing was submitted")
-        return 0
-    if rows is None:
-        raise UsageError(f"{script.name}'s check did not count the rows (its --check-only "
-                         f"prints them): use the collection's current {script.name}")
-    adopted = find_run(on_output, args, fingerprint)
-    run_id = adopted or run_id
+        return dry_run(ctx, rows, price)
+    find_run(on_output, args, key)  # another run's Jobs: refused before the claim
     shards = [Shard(i, *shard_bounds(rows, args.shards, i)) for i in range(args.shards)]
-    lease = LauncherLease(api, args.output, run_id, fingerprint)
-    lease.take("--private" in script_args)
-    ctx = {"args": args, "script": script, "spec": spec, "run_id": run_id,
-           "revision": revision, "lease": lease}
+    ctx["lease"] = LauncherLease(api, args.output, run_id, key.identity)
     started = time.monotonic()
-    args.submitting = True  # from here, Ctrl-C leaves Jobs running
+    code = run_jobs(api, ctx, shards)
+    return code if code is not None else finish(api, ctx, shards, price, started)
+
+
+def dry_run(ctx: dict, rows: int, price: float | None) -> int:
+    args, spec, script = ctx["args"], ctx["spec"], ctx["script"]
+    print(f"run identity {ctx['key'].identity} (the script's digest of the run: its Jobs' "
+          f"{IDENTITY} label)")
+    for i in range(args.shards):
+        sub = submission(spec, script, args, ctx["script_args"], ctx["revision"], i,
+                         ctx["run_id"], ctx["key"].identity)
+        how = "run_uv_job" if spec.has_uv else "run_job (install uv, fetch the script)"
+        print(f"shard {i}: {how} image={sub['image']} flavor={sub['flavor']} "
+              f"timeout={sub['timeout']} name={sub['name']}\n"
+              f"  labels={json.dumps(sub['labels'])}\n"
+              f"  secrets={','.join(sub['secrets'])} (values not shown)\n"
+              f"  {script.name} {shlex.join(sub['script_args'])}")
+    for line in estimate(spec, rows, args.shards, price):
+        print(line)
+    print("dry run: nothing was submitted")
+    return 0
+
+
+def take_over(api: Api, ctx: dict, shards: list[Shard]) -> None:
+    """The claim on OUTPUT, then OUTPUT's Jobs listed again (what another launcher submitted
+    while this one checked the run is this run's now), adopted; a Job for each shard without."""
+    args, lease, key = ctx["args"], ctx["lease"], ctx["key"]
+    lease.take("--private" in ctx["script_args"])
+    on_output = output_jobs(api, args.output)
+    run_id = find_run(on_output, args, key) or ctx["run_id"]
+    ctx["run_id"] = lease.run_id = lease.claim["run"] = run_id
+    if adopt(shards, on_output, key, counted=True):
+        log(f"adopting run {run_id}: {sum(len(s.jobs) for s in shards)} Jobs on record; "
+            f"submitting only the shards without one")
+    script_url = None if ctx["spec"].has_uv else ship_script(api, ctx["script"], args.output)
+
+    def submit_shard(i: int):
+        sub = submission(ctx["spec"], ctx["script"], args, ctx["script_args"], ctx["revision"],
+                         i, ctx["run_id"], key.identity)
+        ctx["in_flight"] = sub
+        job = submit(api, ctx["spec"], ctx["script"], sub, ctx["token"], script_url)
+        ctx["in_flight"] = None
+        log(f"shard {i}: Job {job.id} submitted ({sub['name']})")
+        return job
+
+    ctx["submit"] = submit_shard
+    for s in shards:
+        if not s.jobs:
+            s.jobs.append(submit_shard(s.index))
+            s.spent += 1
+
+
+def run_jobs(api: Api, ctx: dict, shards: list[Shard]) -> int | None:
+    """Claim, submit and watch; an exit code when it stops before the end (None: the end)."""
+    args = ctx["args"]
+    args.submitting = True  # from here, Ctrl-C names the Jobs it leaves running
     try:
-        script_url = None if spec.has_uv else ship_script(api, script, args.output)
-
-        def submit_shard(i: int):
-            sub = submission(spec, script, args, script_args, revision, i, run_id, fingerprint)
-            job = submit(api, spec, script, sub, token, script_url)
-            log(f"shard {i}: Job {job.id} submitted ({sub['name']})")
-            return job
-
-        ctx["submit"] = submit_shard
-        if adopted:
-            for job in sorted((j for j in on_output if job_label(j, LABEL) == run_id),
-                              key=created):
-                index = job_label(job, "ocr-shard")
-                if index is not None and index.isdigit() and int(index) < len(shards):
-                    shards[int(index)].jobs.append(job)
-            log(f"adopting run {run_id}: {sum(len(s.jobs) for s in shards)} Jobs on record; "
-                f"submitting only the shards without one")
-        for s in shards:
-            if not s.jobs:
-                s.jobs.append(submit_shard(s.index))
+        take_over(api, ctx, shards)
         watch(api, ctx, shards, args.poll_seconds)
     except UsageError:
         raise
@@ -1068,21 +1309,59 @@ def launch(args, script_args: list[str], hf_api) -> int:
             f"to it")
         return EXIT_USAGE
     except (KeyboardInterrupt, Exception) as exc:
-        running = [j.id for s in shards for j in s.jobs[-1:] if stage(j) not in ENDED]
+        running = running_jobs(api, ctx, shards)
         why = "interrupted" if isinstance(exc, KeyboardInterrupt) else \
             f"the watch stopped ({type(exc).__name__}: {str(exc)[:200]})"
-        log(f"\n{why}: the Jobs keep running ({', '.join(running) or 'none'}). Rerun the "
-            f"same command to watch them again (run {run_id}), or add --cancel to stop them.")
+        if running:
+            log(f"\n{why}: the Jobs keep running ({', '.join(j.id for j in running)}). Rerun "
+                f"the same command to watch them again (run {ctx['run_id']}), or add --cancel "
+                f"to stop them.")
+        else:
+            log(f"\n{why}: no Job of this run is running; rerun the same command to go on")
         return stopped(exc) if isinstance(exc, KeyboardInterrupt) else EXIT_FAILED
     finally:
-        lease.release()
+        ctx["lease"].release()
+    return None
+
+
+def bounded(work, seconds: float):
+    """work()'s result, or None when it raises or takes longer (a stopping launcher waits no
+    longer for a slow Hub; a second Ctrl-C ends the wait)."""
+    import threading
+
+    result: list = []
+    worker = threading.Thread(target=lambda: result.append(work()), daemon=True)
+    worker.start()
+    try:
+        worker.join(seconds)
+    except KeyboardInterrupt:
+        return None
+    return result[0] if result else None
+
+
+def running_jobs(api: Api, ctx: dict, shards: list[Shard]) -> list:
+    """The run's live Jobs, listed once more (a Job whose submission Ctrl-C cut short is one
+    of them), else as last seen; shard by shard."""
+    listed = bounded(lambda: output_jobs(api, ctx["args"].output), RELEASE_WAIT_S)
+    if listed is not None:
+        adopt(shards, listed, ctx["key"], counted=False)
+    jobs = {j.id: j for s in shards for j in s.jobs}
+    jobs.update({j.id: j for j in listed or [] if j.id in jobs})
+    live = [j for j in jobs.values() if stage(j) not in ENDED]
+    return sorted(live, key=lambda j: (int(job_label(j, "ocr-shard") or 0), created(j)))
+
+
+def finish(api: Api, ctx: dict, shards: list[Shard], price: float | None,
+           started: float) -> int:
+    """The run's figures, what it cost, and 0 only when every shard is done."""
+    args, run_id = ctx["args"], ctx["run_id"]
     stats = summary(ctx, shards, price, api, started)
     cost = f"${stats['cost_usd']:.2f} (${stats['cost_per_1000_pages_usd']:.3f} per 1,000 " \
            f"pages)" if stats["cost_usd"] is not None else "unknown (no price for the flavor)"
-    log(f"run {run_id}: {stats['rows_done']}/{stats['rows_total']} rows on {args.output}, "
+    log(f"run {run_id}: {stats['rows_done']}/{stats['rows_total']} rows done on {args.output}, "
         f"{sum(len(s.jobs) for s in shards)} Jobs, {fmt_s(stats['job_seconds'])} of Job time, "
         f"cost {cost}; {stats['api_calls']} API calls")
-    failed = stats["shards_failed"]
+    failed = [s for s in shards if s.state == "FAILED"]
     if not failed:
         counted = card_rows(api, args.output)
         stats["card_rows"] = counted
@@ -1093,23 +1372,43 @@ def launch(args, script_args: list[str], hf_api) -> int:
     if args.stats_json:
         Path(args.stats_json).write_text(json.dumps(stats, indent=2) + "\n")
     if failed:
-        log(f"shards {', '.join(map(str, failed))} still miss rows after {args.max_attempts} "
-            f"attempts each (their logs are above): fix the cause, then rerun this command with "
-            f"a larger --max-attempts; the scripts resume where they stopped")
+        log(f"shards {', '.join(str(s.index) for s in failed)} still miss rows after "
+            f"{args.max_attempts} attempts each (their logs are above):\n" + "\n".join(
+                f"  shard {s.index}: {s.rows_left()}" for s in failed) +
+            "\nfix the cause, then rerun this same command: it goes on with these rows only "
+            "(the scripts resume where they stopped)")
         return EXIT_FAILED
     return 0
 
 
-def cancel(api: Api, args, fingerprint: str) -> int:
-    jobs = [j for j in output_jobs(api, args.output) if job_label(j, "ocr-run") == fingerprint]
-    live = [j for j in jobs if stage(j) not in ENDED]
-    if live:  # first: a launcher watching the run would submit the cancelled shards again
-        LauncherLease(api, args.output, job_label(live[0], LABEL), fingerprint).cancelled()
+def cancel(api: Api, args, script: Path) -> int:
+    """SCRIPT's running Jobs on OUTPUT, cancelled, the run found by its labels (the flags it
+    was launched with are not needed); --run picks one run when several have Jobs there."""
+    live = [j for j in output_jobs(api, args.output) if stage(j) not in ENDED
+            and job_label(j, "ocr-script") == slug(script.stem)
+            and job_label(j, "ocr-input") in (None, slug(args.input))]
+    runs: dict[str, list] = {}
     for job in live:
+        runs.setdefault(run_of(job), []).append(job)
+    if args.run:
+        runs = {k: v for k, v in runs.items() if k.startswith(args.run) or any(
+            (job_label(j, LABEL) or "").startswith(args.run) for j in v)}
+    if len(runs) > 1:
+        listed = "\n".join(f"  --run {name}  (run {job_label(jobs[0], LABEL)}: {len(jobs)} Jobs)"
+                           for name, jobs in sorted(runs.items()))
+        raise UsageError(f"{len(runs)} runs of {script.name} have Jobs running on {args.output}: "
+                         f"pass --cancel with one of\n{listed}")
+    jobs = next(iter(runs.values()), [])
+    if jobs:  # first: a launcher watching the run would submit the cancelled shards again
+        LauncherLease(api, args.output, job_label(jobs[0], LABEL), run_of(jobs[0])).cancelled(
+            {job_label(j, LABEL) for j in jobs})
+    for job in jobs:
         api.jobs("cancel_job", job_id=job.id)
         log(f"cancelled Job {job.id} (shard {job_label(job, 'ocr-shard')})")
-    log(f"{len(live)} Jobs cancelled" + (f" (run {job_label(live[0], LABEL)})" if live else
-                                         ": none of this run was running"))
+    log(f"{len(jobs)} Jobs cancelled" + (f" (run {job_label(jobs[0], LABEL)})" if jobs else
+                                         f": no Job of {script.name} was running on "
+                                         f"{args.output}" + (f" for --run {args.run}"
+                                                             if args.run else "")))
     return 0
 
 

@@ -13,6 +13,9 @@ process: SCHEDULING, RUNNING, then COMPLETED or ERROR. Faults a test sets on the
     server.job_faults[(1, 1)] = "fail"   # shard 1's first Job dies (CUDA out of memory)
     "stuck"                              # ... stays SCHEDULING, created 11 minutes ago
     "incomplete"                         # ... succeeds, and its last part is gone
+    server.submit_faults = ["created-502"]  # the next submissions: the Job created, then 502;
+    "created-drop"                       # ... created, then the connection closed, no answer;
+    "502"                                # ... 502, and no Job created
     server.refuse = 402                  # the Jobs API refuses the account (402/403)
     server.refuse_whoami = 401           # the Hub refuses the token
 
@@ -190,6 +193,7 @@ class FakeHubServer:
         self.requests: list[tuple[float, str, str, int]] = []  # (time, method, route, status)
         self.throttle: dict[str, int] = {}  # route name -> 429s still to answer
         self.job_faults: dict[tuple[int, int], str] = {}
+        self.submit_faults: list[str] = []
         self.refuse: int | None = None
         self.refuse_whoami: int | None = None
         self.scheduling_s, self.stuck_s = 0.3, 3.0
@@ -626,7 +630,16 @@ class Handler(BaseHTTPRequestHandler):
         if self.jobs_refused():
             return
         spec = json.loads(self.body)
+        with self.hub.lock:
+            fault = self.hub.submit_faults.pop(0) if self.hub.submit_faults else None
+        if fault == "502":
+            return self.error(502, "Bad Gateway (injected)")
         job = self.hub.submit_job(spec)
+        if fault == "created-502":
+            return self.error(502, "Bad Gateway (injected, the Job created)")
+        if fault == "created-drop":  # the connection closed before any answer
+            self.status, self.close_connection = 0, True
+            return
         self.json(job.info())
 
     def r_list_jobs(self, ns):

@@ -28,6 +28,12 @@ KEY = "sk-SECRETkeyABCDEF123"
 HF = Path(sys.executable).parent / "hf"
 
 
+def without_run(answer: dict) -> dict:
+    """The check's answer less the run's identity (a digest: issue #41 item 3's tests)."""
+    assert len(answer.pop("run")) == 16
+    return answer
+
+
 def nowhere() -> str:
     return f"http://127.0.0.1:{free_port()}"
 
@@ -643,7 +649,7 @@ def test_a_model_repo_whose_name_looks_like_a_token_is_no_secret(tmp_path):
                      "--model", "acme/sk-ocr-finetune-v2", "--server", nowhere(), "--no-spawn",
                      env={**NO_VLLM, "HF_HUB_OFFLINE": "1"}, timeout=60)
     assert run.returncode == 0, run.stderr
-    assert json.loads(run.stdout.splitlines()[-1]) == {"rows": 1}
+    assert without_run(json.loads(run.stdout.splitlines()[-1])) == {"rows": 1}
 
 
 @pytest.mark.parametrize("serve_args", [["--serve-args", "--enforce-eager"],
@@ -657,7 +663,7 @@ def test_serve_args_of_one_flag_need_no_equals_sign(tmp_path, serve_args):
                      "--check-only", "--server", nowhere(), "--no-spawn",
                      env={**NO_VLLM, "HF_HUB_OFFLINE": "1"}, timeout=60)
     assert run.returncode == 0, run.stderr
-    assert json.loads(run.stdout.splitlines()[-1]) == {"rows": 1}
+    assert without_run(json.loads(run.stdout.splitlines()[-1])) == {"rows": 1}
     offline = run_script("ovis-ocr2.py", str(tmp_path / "in"), str(tmp_path / "out"),
                          *serve_args, "--check-only", env=NO_VLLM, timeout=60)
     assert offline.returncode == 2  # no --serve-args offline: said as the user wrote it
@@ -796,12 +802,29 @@ def test_check_only_counts_the_rows_and_leaves_a_new_output_absent(tmp_path, scr
     server = ["--server", nowhere()] if script in SERVER_SCRIPTS else []
     run = run_script(script, str(tmp_path / "in"), str(out), *server, "--check-only",
                      "--stats-json", str(stats), env=NO_VLLM, timeout=120)
-    assert checked(run) == {"rows": 5}
+    answer = checked(run)
+    assert answer == {"rows": 5, "run": answer["run"]} and len(answer["run"]) == 16
     assert "check passed: 5 rows" in run.stderr and "ocr-jobs.py" not in run.stderr
     assert not out.exists() and not stats.exists()
     run = run_script(script, str(tmp_path / "in"), str(out), *server, "--check-only",
                      "--max-samples", "3", env=NO_VLLM, timeout=120)
     assert checked(run)["rows"] == 3 and not out.exists()
+
+
+def test_check_only_says_the_runs_identity_however_its_flags_are_spelled(tmp_path):
+    """Issue #41 item 3: ocr-jobs.py labels a run's Jobs with the digest the check prints, what
+    OUTPUT's manifest compares: the same for flags spelled or ordered otherwise, or an option
+    that may change within a run (--server), and another for another value."""
+    write_image_folder(tmp_path / "in", 3)
+
+    def digest(*flags: str) -> str:
+        run = run_script(OVIS, str(tmp_path / "in"), str(tmp_path / "out"), "--check-only",
+                         *flags, env=NO_VLLM, timeout=120)
+        return checked(run)["run"]
+
+    same = digest("--max-tokens", "900", "--no-sanity-check", "--server", nowhere())
+    assert digest("--no-sanity-check", "--max-tokens=900", "--server", nowhere()) == same
+    assert digest("--max-tokens", "901", "--no-sanity-check", "--server", nowhere()) != same
 
 
 def test_check_only_counts_pdf_pages(tmp_path):
@@ -836,7 +859,7 @@ def test_check_only_gives_the_rerun_refusal_and_touches_nothing(tmp_path, stub_s
     assert "holds another run" in other.stderr and "--max-tokens: was" in other.stderr
     same = run_script(OVIS, str(tmp_path / "in"), str(out), "--server", nowhere(),
                       "--check-only", env=NO_VLLM, timeout=120)
-    assert checked(same) == {"rows": 3}
+    assert without_run(checked(same)) == {"rows": 3}
     assert every_file(out) == before and len(stub.requests()) == 3
 
 
@@ -860,8 +883,9 @@ def test_check_only_gives_the_refusal_of_a_shard_that_is_being_written(tmp_path,
         assert run.returncode == 2, run.stderr
         assert "is writing this shard" in run.stderr and "Traceback" not in run.stderr
         assert every_file(out) == before
-    assert checked(run_script(OVIS, str(tmp_path / "in"), str(out), "--server", nowhere(),
-                              "--check-only", env=NO_VLLM, timeout=120)) == {"rows": 3}
+    assert without_run(checked(run_script(OVIS, str(tmp_path / "in"), str(out), "--server",
+                                          nowhere(), "--check-only", env=NO_VLLM,
+                                          timeout=120))) == {"rows": 3}
     assert every_file(out) == before
 
 

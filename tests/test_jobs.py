@@ -129,7 +129,7 @@ class FakeJobs(FakeHub):
         self.api_calls.append("list_jobs")
         self.refused()
         labels = labels or {}
-        self.lists += labels.get("ocr-jobs", "none") != "none"  # the watch's polls
+        self.lists += bool(self.submitted)  # the watch's polls (and the lists after a submission)
         if self.interrupt_after_lists is not None and self.lists > self.interrupt_after_lists:
             self.interrupt_after_lists = None
             raise KeyboardInterrupt
@@ -190,10 +190,13 @@ def launcher(monkeypatch, tmp_path):
     return module
 
 
+RUN_DIGEST = "0123456789abcdef"  # the run's identity as a script's check prints it
+
+
 def with_rows(module, monkeypatch, rows: int):
     """The launcher's check, answered as the script's --check-only answers (its own tests run
     it: test_the_scripts_check_*); here `uv run` would install the script's engine."""
-    monkeypatch.setattr(module, "run_check", lambda *a: {"rows": rows})
+    monkeypatch.setattr(module, "run_check", lambda *a: {"rows": rows, "run": RUN_DIGEST})
 
 
 @pytest.fixture
@@ -244,7 +247,7 @@ def test_a_poll_the_hub_does_not_answer_is_asked_again(launcher, hub, stub_serve
     listing, blips = jobs.list_jobs, [2]
 
     def flaky(**kwargs):
-        if kwargs.get("labels", {}).get("ocr-jobs", "none") != "none" and blips[0]:
+        if jobs.submitted and blips[0]:  # a poll while watching
             blips[0] -= 1
             raise httpx.ConnectError("[Errno -3] Temporary failure in name resolution")
         return listing(**kwargs)
@@ -331,6 +334,7 @@ def test_cancel_cancels_every_job_of_the_run(launcher, hub, stub_server, monkeyp
     ([], 2, 402, "the Jobs API refuses this account (402"),
     ([], 2, 403, "the Jobs API refuses this account (403"),
     (["--flavor", "a10g-smal"], 2, None, "flavor 'a10g-smal' is not one the Jobs API offers"),
+    (["--run", "0123abcd"], 2, None, "--run names the run to cancel: it goes with --cancel"),
 ])
 def test_refused_before_any_job(launcher, hub, stub_server, monkeypatch, capsys, extra, shards,
                                 refuse, expected):
@@ -373,7 +377,9 @@ def test_help_shows_the_examples_and_the_exit_status():
     assert run.returncode == 0, run.stderr
     assert "uv run ocr-jobs.py lighton-ocr3-saturate.py user/scans user/scans-ocr --shards 16 " \
         "--dry-run" in run.stdout
-    assert "Exit status: 0 every shard's rows are written; 1 shards still missing" in run.stdout
+    assert "Exit status: 0 every shard is done (or INPUT has no rows); 1 shards with rows " \
+        "left" in run.stdout
+    assert "user/scans user/scans-ocr --cancel" in run.stdout  # no --shards, no flags
 
 
 def test_a_script_without_check_only_is_named(launcher, hub, tmp_path, monkeypatch, capsys):
@@ -405,6 +411,7 @@ def test_the_scripts_check_refuses_before_any_job(launcher, hub, monkeypatch, ca
 
 
 @needs_check_only
+@pytest.mark.timeout(300)  # three launches, each with the script's own check, on a loaded machine
 def test_the_scripts_check_counts_the_rows(launcher, hub, stub_server, monkeypatch):
     jobs, stub = hub(4), stub_server()
     monkeypatch.setattr(launcher, "CHECK_COMMAND", [sys.executable, str(TESTS / "jobs_shard.py")])
@@ -451,7 +458,7 @@ def test_hpd_parsing_runs_through_run_job_with_the_script_shipped(launcher, hub,
         id=f"hpd{len(sent)}", labels=kwargs["labels"], status=types.SimpleNamespace(
             stage="RUNNING", message=None), created_at=utc(), started_at=utc(), finished_at=None)
     jobs.list_jobs = lambda **kwargs: (_ for _ in ()).throw(KeyboardInterrupt) \
-        if len(sent) == 2 and kwargs["labels"].get("ocr-jobs") else []
+        if len(sent) == 2 else []
     code = launcher.main([str(ROOT / "hpd-parsing-saturate.py"), INPUT, OUTPUT, "--shards", "2"],
                          hf_api=jobs)
     assert code == 130 and len(sent) == 2
@@ -497,12 +504,273 @@ def test_watching_50_shards_costs_at_most_6_api_calls_a_minute(launcher, hub, mo
         stamps.append((clock.now, name)), list.append(self, name))})(calls)
     argv = [str(ROOT / SCRIPT), INPUT, OUTPUT, "--shards", "50"]
     assert launcher.main(argv, hf_api=jobs) == 130
-    watching = [t for t, name in stamps if name in ("list_jobs", "list_repo_files",
-                                                    "hf_hub_download", "fetch_job_logs")]
-    start = [t for t, name in stamps if name == "run_uv_job"][-1]
-    watching = [t for t in watching if t >= start]
+    # the calls after the last submission (the fake clock has not moved while it submitted:
+    # the calls before it, at the same time, are no part of watching)
+    start = max(i for i, (t, name) in enumerate(stamps) if name == "run_uv_job")
+    watching = [t for t, name in stamps[start + 1:] if name in (
+        "list_jobs", "list_repo_files", "hf_hub_download", "fetch_job_logs")]
     worst = max(sum(t0 <= t < t0 + 60 for t in watching) for t0 in watching)
     minutes = (watching[-1] - watching[0]) / 60
     assert worst <= 6 and minutes >= 19
     print(f"watching 50 shards: at most {worst} API calls in any minute "
           f"({len(watching)} over {minutes:.0f} min)", file=sys.__stderr__)
+
+
+# ---------------------------------------------------------------------------- issue #41
+
+
+def rows_of_output(jobs) -> list:
+    return load_output(jobs.root / OUTPUT)["markdown"]
+
+
+@pytest.mark.timeout(400)  # Jobs of the script in a row, on a loaded machine
+def test_a_shard_whose_rows_failed_on_the_server_is_submitted_again(
+        launcher, hub, stub_server, monkeypatch, capsys):
+    """Issue #41 item 1: the server fails a page (500, --max-retries 0): its Job ends COMPLETED
+    with an error row of kind `server`, which the launcher called done (exit 0, a row without
+    text). A shard is done when every row has text, a skip reason or a final error; the shard
+    with the server-error row is submitted again, and the run ends with every text."""
+    jobs, stub = hub(4), stub_server("--fail-first", "1")
+    with_rows(launcher, monkeypatch, 4)
+    assert launch(launcher, jobs, stub, "--max-retries", "0", shards=2) == 0
+    err = capsys.readouterr().err
+    assert "with 1 rows failed on the server's side (error_kind server): submitting it " \
+        "again" in err, err
+    assert len(jobs.submitted) == 3  # the shard with the failed row, once more
+    assert_output_complete(jobs)
+
+
+@pytest.mark.timeout(400)  # Jobs of the script in a row, on a loaded machine
+def test_rows_left_after_the_attempts_are_named_and_the_same_command_goes_on(
+        launcher, hub, stub_server, monkeypatch, capsys):
+    """Issue #41 item 1: with the attempts spent and a server-error row left, exit 1 naming the
+    shard's rows; the same command again (the server healthy now) submits that shard only,
+    and ends with every text."""
+    jobs, stub = hub(4), stub_server("--fail-first", "1")
+    with_rows(launcher, monkeypatch, 4)
+    assert launch(launcher, jobs, stub, "--max-retries", "0", "--max-attempts", "1",
+                  shards=2) == 1
+    err = capsys.readouterr().err
+    left = [i for i in (0, 1) if f"  shard {i}: rows " in err]
+    assert len(left) == 1 and "failed on the server's side (error_kind server)" in err, err
+    assert "rerun this same command: it goes on with these rows only" in err
+    assert rows_of_output(jobs).count(None) == 1
+    first = len(jobs.submitted)
+    assert launch(launcher, jobs, stub, "--max-retries", "0", "--max-attempts", "1",
+                  shards=2) == 0
+    again = jobs.submitted[first:]
+    assert sorted(int(s["labels"]["ocr-shard"]) for s in again) == left
+    assert_output_complete(jobs)
+
+
+def resubmit_as_another_launcher(jobs, shard: int):
+    """What launcher A does (its shard's earlier Job, submitted again with the run's labels)."""
+    earlier = next(s for s in jobs.submitted if s["labels"]["ocr-shard"] == str(shard))
+    jobs.run_uv_job(earlier["script"], script_args=earlier["script_args"],
+                    image=earlier["image"], flavor=earlier["flavor"], timeout=earlier["timeout"],
+                    attempts=1, name=earlier["name"],
+                    labels={**earlier["labels"], "ocr-submission": "by-a"},
+                    secrets={"HF_TOKEN": "hf_secretsecretsecret"})
+
+
+@pytest.mark.parametrize("when", ["while_b_checks", "while_b_watches"])
+def test_a_job_another_launcher_submitted_is_adopted_never_doubled(
+        launcher, hub, stub_server, monkeypatch, capsys, when):
+    """Issue #41 item 2: launcher B lists OUTPUT's Jobs; launcher A resubmits its failed shard 0
+    while B checks the run (or after B took the claim, A's submission in flight), then stops.
+    B listed the Jobs before: it submitted shard 0 a second time beside A's live Job. Now B
+    lists them again once it holds the claim, and adopts any Job with the run's labels while
+    it watches."""
+    jobs, stub = hub(4, hold=3600.0), stub_server()
+    with_rows(launcher, monkeypatch, 4)
+    jobs.interrupt_after_lists = 1
+    assert launch(launcher, jobs, stub, shards=2) == 130  # A: 2 Jobs, then Ctrl-C
+    jobs.jobs[0].stage = lambda: "ERROR"  # A's shard 0 dies
+    capsys.readouterr()
+    if when == "while_b_checks":
+        def check(*args):
+            resubmit_as_another_launcher(jobs, 0)
+            return {"rows": 4, "run": RUN_DIGEST}
+        monkeypatch.setattr(launcher, "run_check", check)
+    else:
+        listing, lists = jobs.list_jobs, []
+
+        def list_jobs(**kwargs):
+            lists.append(1)
+            if len(lists) == 3:  # B's first poll (after the check's list and the claim's)
+                resubmit_as_another_launcher(jobs, 0)
+            return listing(**kwargs)
+        monkeypatch.setattr(jobs, "list_jobs", list_jobs)
+    jobs.interrupt_after_lists = jobs.lists + 4  # B: two polls, then Ctrl-C
+    assert launch(launcher, jobs, stub, shards=2) == 130
+    err = capsys.readouterr().err
+    assert len(jobs.submitted) == 3, err  # A's two, A's again: none of B's
+    assert [job.labels["ocr-shard"] for job in jobs.jobs] == ["0", "1", "0"]
+    assert f"interrupted: the Jobs keep running ({jobs.jobs[2].id}, {jobs.jobs[1].id})" in err
+
+
+def test_cancel_needs_only_script_input_and_output(launcher, hub, stub_server, monkeypatch,
+                                                   capsys):
+    """Issue #41 item 3: a run launched with script flags (--max-tokens 900) and the
+    docstring's `--cancel` (no --shards, no flags): "0 Jobs cancelled" before (or argparse's
+    refusal), both Jobs billing on."""
+    jobs, stub = hub(4, hold=3600.0), stub_server()
+    with_rows(launcher, monkeypatch, 4)
+    jobs.interrupt_after_lists = 1
+    assert launch(launcher, jobs, stub, "--max-tokens", "900", shards=2) == 130
+    assert launcher.main([str(ROOT / SCRIPT), INPUT, OUTPUT, "--cancel"], hf_api=jobs) == 0
+    assert [job.stage() for job in jobs.jobs] == ["CANCELED", "CANCELED"]
+    assert "2 Jobs cancelled" in capsys.readouterr().err
+
+
+def legacy_labels(shard: int, script_args: list[str], shards: int = 2) -> dict:
+    """The labels ocr-jobs.py gave a Job before the run's identity (issue #41 item 3): the run
+    named by the words typed (sha1 of script, input, output, shards, script arguments)."""
+    import hashlib
+
+    words = [SCRIPT, INPUT, OUTPUT, str(shards), *script_args]
+    fingerprint = hashlib.sha1("\0".join(words).encode()).hexdigest()[:12]
+    return {"ocr-jobs": f"20260101-000000-{fingerprint[:6]}", "ocr-run": fingerprint,
+            "ocr-output": "user-scans-ocr", "ocr-shard": str(shard),
+            "ocr-script": "ovis-ocr2-server"}
+
+
+def submit_legacy(jobs, stub, shard: int, shards: int = 2) -> None:
+    script_args = ["--server", stub.url, "--part-rows", "2"]
+    jobs.run_uv_job(str(ROOT / SCRIPT), script_args=[INPUT, OUTPUT, *script_args],
+                    image="vllm/vllm-openai:v0.26.0", flavor="l4x1", timeout="4h", attempts=1,
+                    name=f"ocr-ovis-ocr2-server-{shard}-of-{shards}",
+                    labels=legacy_labels(shard, script_args, shards),
+                    secrets={"HF_TOKEN": "hf_secretsecretsecret"})
+
+
+def test_jobs_labelled_before_the_run_identity_are_adopted_and_cancelled(
+        launcher, hub, stub_server, monkeypatch, capsys):
+    """Issue #41 item 3: Jobs an older launcher left (labelled by the words typed) are adopted
+    by the same command, and `--cancel` finds them; beside another run's Jobs, `--cancel`
+    asks which (--run), and cancels only the one named."""
+    jobs, stub = hub(4, hold=3600.0), stub_server()
+    with_rows(launcher, monkeypatch, 4)
+    submit_legacy(jobs, stub, 0)
+    submit_legacy(jobs, stub, 1)
+    jobs.interrupt_after_lists = jobs.lists + 3
+    assert launch(launcher, jobs, stub, shards=2) == 130
+    err = capsys.readouterr().err
+    assert "adopting run 20260101-000000-" in err and len(jobs.submitted) == 2, err
+    # another run of the script on OUTPUT (other flags): its Job
+    jobs.run_uv_job(str(ROOT / SCRIPT), script_args=[INPUT, OUTPUT], image="i", flavor="l4x1",
+                    timeout="4h", attempts=1, name="x", secrets={"HF_TOKEN": "hf_x"},
+                    labels={"ocr-jobs": "20260102-000000-fedcba", "ocr-identity": "f" * 16,
+                            "ocr-output": "user-scans-ocr", "ocr-input": "user-scans",
+                            "ocr-shard": "0", "ocr-script": "ovis-ocr2-server"})
+    cancel = [str(ROOT / SCRIPT), INPUT, OUTPUT, "--cancel"]
+    assert launcher.main(cancel, hf_api=jobs) == 2
+    err = capsys.readouterr().err
+    assert f"2 runs of {SCRIPT} have Jobs running on {OUTPUT}" in err and "--run ffff" in err
+    fingerprint = jobs.jobs[0].labels["ocr-run"]
+    assert launcher.main([*cancel, "--run", fingerprint[:8]], hf_api=jobs) == 0
+    assert [job.stage() for job in jobs.jobs] == ["CANCELED", "CANCELED", "SCHEDULING"]
+    assert launcher.main(cancel, hf_api=jobs) == 0  # one run left: no --run needed
+    assert jobs.jobs[2].stage() == "CANCELED"
+
+
+@needs_check_only
+def test_a_run_is_the_scripts_identity_not_the_words_typed(launcher, hub, stub_server,
+                                                          monkeypatch, capsys):
+    """Issue #41 item 3: `--max-tokens=900` or the flags in another order counted as another
+    run (refused, or every shard submitted again). The run is what the script's manifest
+    compares, its --check-only digest: the same run however spelled is adopted; another value
+    is another run."""
+    jobs, stub = hub(4, hold=3600.0), stub_server()
+    monkeypatch.setattr(launcher, "CHECK_COMMAND", [sys.executable, str(TESTS / "jobs_shard.py")])
+    monkeypatch.setenv("FAKE_HUB_ROOT", str(jobs.root))
+    jobs.interrupt_after_lists = 1
+    assert launch(launcher, jobs, stub, "--max-tokens", "900", "--no-sanity-check",
+                  shards=2) == 130
+    identity = jobs.jobs[0].labels["ocr-identity"]
+    assert len(identity) == 16
+    capsys.readouterr()
+    jobs.interrupt_after_lists = jobs.lists + 3
+    assert launch(launcher, jobs, stub, "--no-sanity-check", "--max-tokens=900", shards=2) == 130
+    err = capsys.readouterr().err
+    assert "adopting run" in err and len(jobs.submitted) == 2, err
+    assert launch(launcher, jobs, stub, "--max-tokens", "901", shards=2) == 2
+    assert "another launch (run" in capsys.readouterr().err and len(jobs.submitted) == 2
+
+
+def test_ctrl_c_while_the_claim_is_committed_leaves_no_claim(launcher, hub, stub_server,
+                                                             monkeypatch, capsys):
+    """Issue #41 (low): Ctrl-C while the claim's commit is on its way (it landed, the answer
+    did not): the claim stayed, holding OUTPUT for 15 minutes on other machines."""
+    jobs, stub = hub(4), stub_server()
+    with_rows(launcher, monkeypatch, 4)
+    commit = jobs.create_commit
+
+    def interrupted_after_landing(repo_id, operations, **kwargs):
+        done = commit(repo_id, operations, **kwargs)
+        if any(getattr(op, "path_in_repo", "").endswith("watching.json") and
+               hasattr(op, "path_or_fileobj") for op in operations):
+            raise KeyboardInterrupt
+        return done
+    monkeypatch.setattr(jobs, "create_commit", interrupted_after_landing)
+    assert launch(launcher, jobs, stub, shards=2) == 130
+    err = capsys.readouterr().err
+    assert not (jobs.root / OUTPUT / ".ocr" / "launcher" / "watching.json").exists(), err
+    assert jobs.submitted == [] and "Traceback" not in err
+
+
+def test_ctrl_c_while_submitting_names_the_job_in_flight(launcher, hub, stub_server,
+                                                         monkeypatch, capsys):
+    """Issue #41 (low): Ctrl-C while shard 1's submission is answered (the Job created): its
+    Job was missing from the Jobs named as left running."""
+    jobs, stub = hub(4, hold=3600.0), stub_server()
+    with_rows(launcher, monkeypatch, 4)
+    submit = jobs.run_uv_job
+
+    def interrupted_on_the_second(*args, **kwargs):
+        job = submit(*args, **kwargs)
+        if len(jobs.jobs) == 2:
+            raise KeyboardInterrupt
+        return job
+    monkeypatch.setattr(jobs, "run_uv_job", interrupted_on_the_second)
+    assert launch(launcher, jobs, stub, shards=2) == 130
+    err = capsys.readouterr().err
+    assert f"the Jobs keep running ({jobs.jobs[0].id}, {jobs.jobs[1].id})" in err, err
+
+
+def test_the_shards_advice_counts_each_jobs_start_up(launcher, hub, monkeypatch, capsys):
+    """Issue #41 (low): 60,500 rows on lighton-ocr3-saturate.py got "--shards 2 or more", and 2
+    shards need 4h04m each (every Job pays its start-up). The shards advised now fit."""
+    jobs = hub(4)
+    with_rows(launcher, monkeypatch, 60_500)
+
+    def dry_run(shards: int) -> str:
+        argv = [str(ROOT / "lighton-ocr3-saturate.py"), INPUT, OUTPUT, "--shards", str(shards),
+                "--dry-run"]
+        assert launcher.main(argv, hf_api=jobs) == 0
+        return capsys.readouterr().out
+
+    import re
+
+    advised = int(re.search(r"--shards (\d+) or more", dry_run(1)).group(1))
+    assert "WARNING" not in dry_run(advised)
+    assert "WARNING" in dry_run(advised - 1)  # and no more than it takes
+
+
+def test_two_live_jobs_for_one_shard_keep_the_older_and_cancel_the_newer(
+        launcher, hub, stub_server, monkeypatch, capsys):
+    """Issue #41 (review): two live Jobs for the same rows (a submission the Hub listed only
+    after it was sent again, or two launchers at one instant) bill the rows twice: the
+    launcher watching them cancels the newer, and submits nothing."""
+    jobs, stub = hub(4, hold=3600.0), stub_server()
+    with_rows(launcher, monkeypatch, 4)
+    jobs.interrupt_after_lists = 1
+    assert launch(launcher, jobs, stub, shards=2) == 130
+    resubmit_as_another_launcher(jobs, 0)  # shard 0 twice, both waiting for a GPU
+    capsys.readouterr()
+    jobs.interrupt_after_lists = jobs.lists + 4
+    assert launch(launcher, jobs, stub, shards=2) == 130
+    err = capsys.readouterr().err
+    assert [job.stage() for job in jobs.jobs] == ["SCHEDULING", "SCHEDULING", "CANCELED"], err
+    assert f"Job {jobs.jobs[2].id} runs beside Job {jobs.jobs[0].id} for the same rows" in err
+    assert len(jobs.submitted) == 3

@@ -230,6 +230,7 @@ def test_a_refused_account_is_stopped_before_any_job(hub, stub_server, jobs_stat
     assert fake.server.jobs == [] and fake.server.repo("dataset", OUTPUT) is None
 
 
+@pytest.mark.timeout(400)  # 50 submissions on a loaded machine: what it counts has no clock
 def test_watching_50_shards_sends_two_requests_a_poll(hub, stub_server):
     """Counted at the Hub: every request the launcher sends while it watches 50 shards (their
     Jobs waiting for GPUs), from its last submission to Ctrl-C. Each poll is one listing of the
@@ -237,9 +238,11 @@ def test_watching_50_shards_sends_two_requests_a_poll(hub, stub_server):
     fake = hub(50)
     fake.server.scheduling_s = 1e9
     launcher = fake.launcher(stub_server(), shards=50)
-    wait_for(lambda: len(fake.server.jobs) == 50, timeout=120)
+    # the fake records a request when it has answered: the 50th submission is over when 50
+    # are recorded (a Job is listed before its submission's answer is written)
+    wait_for(lambda: len(fake.server.calls("run_job")) == 50, timeout=300)
     submitted = fake.server.calls("run_job")[-1][0]
-    wait_for(lambda: len(fake.server.calls("list_jobs", since=submitted)) >= 10)
+    wait_for(lambda: len(fake.server.calls("list_jobs", since=submitted)) >= 10, timeout=300)
     stop = time.monotonic()
     launcher.send_signal(2)
     out, err = launcher.communicate(timeout=60)
@@ -400,3 +403,50 @@ def test_a_launcher_stopped_by_sigterm_leaves_the_jobs_and_no_claim(hub, stub_se
     assert code == 0, err
     assert f"adopting run {run_id}" in err and len(fake.server.jobs) == 2
     fake.assert_output_complete()
+
+
+@pytest.mark.parametrize("fault, created", [("created-502", True), ("created-drop", True),
+                                            ("502", False)])
+def test_a_submission_the_hub_answers_unclearly_is_looked_for_before_it_is_sent_again(
+        hub, stub_server, fault, created):
+    """Issue #41 item 7: the Hub created shard 0's Job, then answered 502 (or closed the
+    connection): the launcher submitted a second Job for shard 0, billed and missing from the
+    cost (or stopped). Now it looks for the submission's Job first, and sends it again only
+    when the Hub has none."""
+    fake, stub = hub(4), stub_server()
+    fake.server.submit_faults.append(fault)
+    code, out, err = fake.run(stub, shards=2)
+    assert code == 0, err
+    assert fake.shard_jobs() == {"0": 1, "1": 1}, err
+    said = "and created it: Job" if created else "and has no Job of it: submitting it again"
+    assert said in err and "Traceback" not in err
+    fake.assert_output_complete()
+
+
+def test_a_hub_input_of_no_rows_is_nothing_to_do(hub, stub_server):
+    """Issue #41 (low): a Hub INPUT with 0 rows exited 2 (`datasets` refuses an empty split,
+    and the launcher refused --shards above 0 rows) where a local one says there is nothing
+    to do and exits 0; the script's own check runs here, over HTTP, as a user's."""
+    fake = hub(1)
+    fake.paths = []
+    fake.push_input()
+    code, out, err = fake.run(stub_server(), shards=2)
+    assert code == 0 and "has no rows: nothing to do" in err, err
+    assert fake.server.jobs == [] and "Traceback" not in err
+
+
+def test_cancel_by_script_input_and_output_over_http(hub, stub_server):
+    """Issue #41 item 3, as a user types it: a run launched with a script flag, cancelled by
+    the docstring's `--cancel` form (no --shards, no flags)."""
+    fake, stub = hub(4), stub_server()
+    fake.server.scheduling_s = 1e9
+    first = fake.launcher(stub, "--max-tokens", "900", shards=2)
+    wait_for(lambda: len(fake.server.calls("run_job")) == 2)
+    first.send_signal(2)
+    first.communicate(timeout=60)
+    command = [sys.executable, str(ROOT / "ocr-jobs.py"), str(ROOT / SCRIPT), INPUT, OUTPUT,
+               "--cancel"]
+    done = subprocess.run(command, env=fake.env("another-machine"), capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0 and "2 Jobs cancelled" in done.stderr, done.stderr
+    assert all(job.stage() == "CANCELED" for job in fake.server.jobs)
