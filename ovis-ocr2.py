@@ -3354,16 +3354,17 @@ def offline_argument_problems(args) -> list[str]:
 def run_offline_script(doc: str, argv: list[str] | None = None, hub_api=None) -> int:
     """The whole run: arguments, input, engine, output. `main()` calls it with the docstring."""
     args = parse_arguments(doc, argv, add_offline_arguments, offline_argument_problems)
-    llm_kwargs = effective_llm_kwargs(args)
+    llm_kwargs, info_entry = {}, {}  # filled once vllm is here: the weights' revision asks the Hub
 
-    def ready(check_only: bool) -> None:  # no vllm: the Jobs command, the input unread
-        check_context_budget(llm_kwargs.get("max_model_len") or MAX_MODEL_LEN, args,
-                             "max_model_len in --llm-kwargs")
+    def ready(check_only: bool) -> None:  # no vllm: the Jobs command, the Hub and input unasked
+        asked = {**LLM_KWARGS, **json.loads(args.llm_kwargs or "{}")}.get("max_model_len")
+        check_context_budget(asked or MAX_MODEL_LEN, args, "max_model_len in --llm-kwargs")
         if not check_only:  # no engine imported
             ensure_vllm(_RUN_ARGV)
+        llm_kwargs.update(effective_llm_kwargs(args))
+        info_entry.update(inference_info_entry(args, resolved_revision(args),
+                                               llm_kwargs=redact_value(llm_kwargs)))
 
-    info_entry = inference_info_entry(args, resolved_revision(args),
-                                      llm_kwargs=redact_value(llm_kwargs))
     return run_script(args, hub_api, llm_kwargs, info_entry, ready,
                       lambda run: run_offline(run, args, llm_kwargs))
 # ==== END OFFLINE HELPERS ====
