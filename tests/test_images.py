@@ -276,10 +276,11 @@ def test_request_body_splices_the_page_exactly(script):
 
     import types
 
-    args = types.SimpleNamespace(  # every model section's own options, at their defaults
-        max_tokens=123, mode="plain", temperature=0.0, prompt=None,
-        prompt_mode=getattr(module, "DEFAULT_PROMPT_MODE", None), no_fork=False,
-        repetition_penalty=None, keep_image_tags=False, keep_raw=False, task="text")
+    import argparse
+
+    own = argparse.ArgumentParser()
+    module.add_model_arguments(own)  # every model section's own options, at their defaults
+    args = types.SimpleNamespace(**{"max_tokens": 123, "temperature": 0.0, **vars(own.parse_args([]))})
     body = json.loads(module.request_body(page, "served-name", args))
     assert body["model"] == "served-name"
     urls = [part["image_url"]["url"] for m in body["messages"] for part in m["content"]
