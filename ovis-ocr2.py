@@ -2099,7 +2099,8 @@ class PartWriter:
                     self.redo.pop(index, None)
             self.rows_ok += sum(r.error is None for r in results)
             self.rows_failed += sum(r.error is not None for r in results)
-            self.rows_text_layer += sum(r.skipped is not None and r.text is None for r in results)
+            self.rows_text_layer += sum(r.skipped is not None and r.attempts == 0 and
+                                        not is_blank_row(r) for r in results)
             self.rows_blank += sum(map(is_blank_row, results))
             self.store.journal.written(run)
             if any(r.error_kind == SERVER for r in results):

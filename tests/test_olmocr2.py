@@ -129,6 +129,8 @@ def quadrants(width=400, height=300, corners=(RED, GREEN, BLUE, YELLOW)) -> byte
              (width // 2, height // 2, width, height), (0, height // 2, width // 2, height)]
     for box, colour in zip(boxes, corners):
         img.paste(tuple(map(int, colour.split(","))), box)
+    # a line of ink at the centre, which no turn moves to a corner: a page, not a blank one
+    img.paste((0, 0, 0), (width // 2 - 20, height // 2 - 2, width // 2 + 20, height // 2 + 2))
     out = io.BytesIO()
     img.save(out, format="PNG")
     return out.getvalue()
