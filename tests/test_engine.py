@@ -435,14 +435,15 @@ def test_ocr_compare_agrees_with_the_parity_test(engine, tmp_path_factory, scrip
     server = load_output(server_out)["markdown"]
     both = [i for i in range(ROWS) if offline[i] is not None and server[i] is not None]
     identical = sum(offline[i] == server[i] for i in both)
-    for key in ([], ["--key", "row_id"]):  # engine_pages() has no file_name: row order, or row_id
+    for key in ([], ["--key", "row_id"]):  # by the page each row was made from, or row_id
         report = offline_out.parent / f"compare{len(key)}.json"
         run = subprocess.run([sys.executable, str(ROOT / "ocr-compare.py"), str(offline_out),
                               str(server_out), "--json", str(report), *key],
                              capture_output=True, text=True, timeout=300)
         assert run.returncode == 0, run.stderr
         figures = json.loads(report.read_text())
-        assert figures["matched_by"] == ("key row_id" if key else "row order")
+        assert figures["matched_by"].startswith("key row_id" if key else
+                                                "the run manifest's row identity (input_digest")
         assert figures["rows_matched"] == ROWS and figures["rows_compared"] == len(both)
         assert figures["identical"] == identical
         assert figures["rows_excluded"] == ROWS - len(both)  # the bad rows fail on both sides
