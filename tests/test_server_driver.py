@@ -100,8 +100,9 @@ def test_bad_cells_become_error_rows_and_unusual_images_are_ocrd(tmp_path, stub_
     stub = stub_server()  # answers 500 to any non-RGB image, like vLLM's loader
     cells, ok = _unusual_and_bad_cells()
     write_parquet_dataset(tmp_path / "in", cells)
+    # --send-blank: some unusual modes are flat pages, and what is tested is that they are sent
     run = run_script(OVIS, str(tmp_path / "in" / "input.parquet"), str(tmp_path / "out"),
-                     *common(stub, "--max-retries", "0"))
+                     *common(stub, "--max-retries", "0", "--send-blank"))
     assert run.returncode == 0, run.stderr
     ds = load_output(tmp_path / "out")
     assert ds["row_id"] == list(range(len(cells)))
