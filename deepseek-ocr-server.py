@@ -262,20 +262,9 @@ def inference_settings(args) -> dict:
 # ==== END DEEPSEEK-OCR MODEL ====
 
 
-# ==== BEGIN COMMON HELPERS (edit blocks/common.py, then run tools/sync_helpers.py) ====
-# The model section above provides what blocks/model.py lists, and may set these:
-MODEL_REVISION = globals().get("MODEL_REVISION")  # a commit sha or tag pins the weights
-RESIZE_FILTER = globals().get("RESIZE_FILTER", "bicubic")  # the model's own resampling filter
-LOOP_TEMPERATURE = globals().get("LOOP_TEMPERATURE", 0.3)  # a looping page's second try
-IMAGE_TAG_MOVING = globals().get("IMAGE_TAG_MOVING", False)  # True: JOB_IMAGE is no fixed build
-PDF_DPI = globals().get("PDF_DPI", 400)  # a PDF page's render DPI, unless the model's bound is less
-REPETITION_DETECTION = globals().get("REPETITION_DETECTION", (32, 64))  # --repetition-detection
-REPETITION_DETECTION_ON = globals().get("REPETITION_DETECTION_ON", False)  # its default
-REPETITION_DETECTION_NOTE = globals().get("REPETITION_DETECTION_NOTE", "")  # the card's, when on
-MODEL_CARD_NOTE = globals().get("MODEL_CARD_NOTE", "")  # Markdown the card must say of the model
-POSTPROCESS_GETS_SIZE = globals().get("POSTPROCESS_GETS_SIZE", False)  # postprocess(.., sent size)
-IMAGE_HAS_UV = globals().get("IMAGE_HAS_UV", True)  # False: Jobs run it with `hf jobs run`
-JOB_PAGES_PER_S = globals().get("JOB_PAGES_PER_S")  # pages/s measured on the header's flavor
+# ==== BEGIN COMMON HELPERS (edit blocks/common/, then run tools/sync_helpers.py) ====
+# The block's imports, once for all its modules (ruff, on every script, finds one missing
+# or unused); each module also imports, below its docstring, what it uses.
 import argparse
 import contextlib
 import hashlib
@@ -295,26 +284,25 @@ import zlib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-# Pillow's 16 MiB blocks stay in each thread's malloc arena once freed; 64 MiB ones are given back
-os.environ.setdefault("PILLOW_BLOCK_SIZE", "64m")
-PART_NAME = re.compile(r"^part-(\d{9})-(\d{9})\.parquet$")
-REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
-UPLOAD_ATTEMPTS, UPLOAD_BACKOFF_S, UPLOAD_MAX_WAIT_S = 5, 2.0, 600.0
-# credential-like values (Hub tokens, OpenAI-style keys) but not a name (vLLM's "hf_overrides",
-# a repo's "org/sk-model");
-# a URL's user information; a value under a name: name=value, or 'name': 'value' (JSON, a dict)
-TOKEN_VALUE = re.compile(r"(?<!/)\b(?:hf_|api_org_|sk-)[A-Za-z0-9_-]{8,}(?![\w-]|['\"]\s*:|\s*=|/)")
-URL_USERINFO = re.compile(r"(?<=://)[^/\s@?#]+@")
-NAMED_VALUE = re.compile(r"""((?<![\w.-])(['"])?([\w.-]+)(?(2)\2\s*:\s*|=)(['"])?)"""
-                         r"""((?(4)(?:\\.|(?!\4)[^\\\n])+|[^\s&#'",}]+))""")  # quoted: to its end
-# names whose value is a secret: options (--hf-token, --a.b.secret-key), JSON keys, URL queries
-SECRET_NAME = re.compile(r"(?:^|[-_.])(?:secret|password|passwd)(?:[-_.]|$)|(?:^|[-_.])(?:token|"
-                         r"credentials?|signature|sig|authorization|(?:api|access|private)[-_]?key)"
-                         r"$|^-*key$", re.I)
-# a word of a command line that is a flag (--x, -x, --x=...), not a value (-1, -, "--x y")
-FLAG = re.compile(r"^--?[A-Za-z][^\s=]*(?:=|$)")
-_RUN_ARGV: list = []  # this run's arguments, one word each (parse_arguments): a rerun's, a Job's
 
+# ---- model_options.py: The model section's optional names, with the defaults used where it sets none.
+
+# The model section above provides what blocks/model.py lists, and may set these:
+MODEL_REVISION = globals().get("MODEL_REVISION")  # a commit sha or tag pins the weights
+RESIZE_FILTER = globals().get("RESIZE_FILTER", "bicubic")  # the model's own resampling filter
+LOOP_TEMPERATURE = globals().get("LOOP_TEMPERATURE", 0.3)  # a looping page's second try
+IMAGE_TAG_MOVING = globals().get("IMAGE_TAG_MOVING", False)  # True: JOB_IMAGE is no fixed build
+PDF_DPI = globals().get("PDF_DPI", 400)  # a PDF page's render DPI, unless the model's bound is less
+REPETITION_DETECTION = globals().get("REPETITION_DETECTION", (32, 64))  # --repetition-detection
+REPETITION_DETECTION_ON = globals().get("REPETITION_DETECTION_ON", False)  # its default
+REPETITION_DETECTION_NOTE = globals().get("REPETITION_DETECTION_NOTE", "")  # the card's, when on
+MODEL_CARD_NOTE = globals().get("MODEL_CARD_NOTE", "")  # Markdown the card must say of the model
+POSTPROCESS_GETS_SIZE = globals().get("POSTPROCESS_GETS_SIZE", False)  # postprocess(.., sent size)
+IMAGE_HAS_UV = globals().get("IMAGE_HAS_UV", True)  # False: Jobs run it with `hf jobs run`
+JOB_PAGES_PER_S = globals().get("JOB_PAGES_PER_S")  # pages/s measured on the header's flavor
+
+
+# ---- errors.py: How the run speaks and stops: its log lines, its exit codes, the errors that end a page or the run.
 
 EXIT_USAGE, EXIT_DEGENERATE, EXIT_REFUSED, EXIT_NOT_WRITTEN, EXIT_NOT_UPLOADED = 2, 3, 4, 5, 6
 EXIT_CODES = """exit codes (the first that applies):
@@ -350,7 +338,97 @@ class RunAborted(Exception):
         self.code = code
 
 
-# ---- where the data comes from and goes to ------------------------------------------------
+# ---- secrets.py: Secrets: the one place that decides which values are secrets and masks them, in logs, argv and records.
+
+# credential-like values (Hub tokens, OpenAI-style keys) but not a name (vLLM's "hf_overrides",
+# a repo's "org/sk-model");
+# a URL's user information; a value under a name: name=value, or 'name': 'value' (JSON, a dict)
+TOKEN_VALUE = re.compile(r"(?<!/)\b(?:hf_|api_org_|sk-)[A-Za-z0-9_-]{8,}(?![\w-]|['\"]\s*:|\s*=|/)")
+URL_USERINFO = re.compile(r"(?<=://)[^/\s@?#]+@")
+NAMED_VALUE = re.compile(r"""((?<![\w.-])(['"])?([\w.-]+)(?(2)\2\s*:\s*|=)(['"])?)"""
+                         r"""((?(4)(?:\\.|(?!\4)[^\\\n])+|[^\s&#'",}]+))""")  # quoted: to its end
+# names whose value is a secret: options (--hf-token, --a.b.secret-key), JSON keys, URL queries
+SECRET_NAME = re.compile(r"(?:^|[-_.])(?:secret|password|passwd)(?:[-_.]|$)|(?:^|[-_.])(?:token|"
+                         r"credentials?|signature|sig|authorization|(?:api|access|private)[-_]?key)"
+                         r"$|^-*key$", re.I)
+# a word of a command line that is a flag (--x, -x, --x=...), not a value (-1, -, "--x y")
+FLAG = re.compile(r"^--?[A-Za-z][^\s=]*(?:=|$)")
+
+
+def is_secret(name, value=None) -> bool:
+    """Whether a value under this name (option, JSON key, URL query) is a secret: not if empty."""
+    return bool(SECRET_NAME.search(str(name))) and value not in (True, False, "", [], {})
+
+
+def redact_text(text: str) -> str:
+    """Text with its secrets masked: token-like values, a URL's user, values named like one."""
+    text = URL_USERINFO.sub("***@", TOKEN_VALUE.sub("***", text))
+    return NAMED_VALUE.sub(lambda m: m[1] + "***" if is_secret(m[3], m[5]) else m[0], text)
+
+
+def redact_value(value, mask: str | None = "***"):
+    """A JSON-like value (or JSON text) with its secrets masked at every depth, or dropped."""
+    if isinstance(value, dict):
+        return {k: mask if is_secret(k, v) else redact_value(v, mask) for k, v in value.items()
+                if mask is not None or not is_secret(k, v)}
+    if isinstance(value, list):
+        return [redact_value(v, mask) for v in value]
+    if isinstance(value, str) and value.lstrip()[:1] in ("{", "["):
+        with contextlib.suppress(ValueError):  # JSON text: its named secrets too
+            parsed = json.loads(value)
+            redacted = redact_value(parsed, mask)
+            return value if redacted == parsed else json.dumps(redacted)
+    return redact_text(value) if isinstance(value, str) else value
+
+
+def flag_items(argv: list[str]) -> list[tuple[str | None, list[str], bool]]:
+    """Every command line here as (flag, values, joined) items: `--flag=value` (joined), `--flag
+    a b` (vLLM's lists), a bare flag, (None, [word], False)."""
+    items = []
+    for word in argv:
+        flag, values, joined = items[-1] if items else (None, [], True)
+        if flag and not joined and not FLAG.match(word) and not flag.startswith("--no-"):
+            values.append(word)
+        elif FLAG.match(word):
+            name, eq, value = word.partition("=")
+            items.append((name, [value] if eq else [], bool(eq)))
+        else:
+            items.append((None, [word], False))
+    return items
+
+
+def flag_words(items) -> list[str]:
+    """flag_items' items back as a command line."""
+    return [word for name, values, joined in items for word in (
+        [f"{name}={values[0]}"] if joined else [name, *values] if name else values)]
+
+
+def redact_argv(argv: list[str], mask: str | None = "***", left_out: list | None = None
+                ) -> list[str]:
+    """A command line with its secrets masked, or dropped (left_out: the options that held one)."""
+    def redacted(name: str | None, value: str) -> str:
+        if name == "--serve-args":
+            with contextlib.suppress(ValueError):  # unbalanced quotes: redacted as text
+                words = shlex.split(value)
+                kept = redact_argv(words, mask)
+                return value if kept == words else shlex.join(kept)
+        return redact_value(value, mask)
+
+    items = []
+    for name, values, joined in flag_items(argv):
+        secret = is_secret(name or "", values)
+        kept = [mask] * len(values) if secret else [redacted(name, v) for v in values]
+        if name and kept != values and left_out is not None:
+            left_out.append(name)
+        if not secret or mask is not None:
+            items.append((name, kept, joined))
+    return flag_words(items)
+
+
+# ---- inputs.py: The input: which files or Hub rows are the pages, opened as a dataset with an image column.
+
+REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
+
 
 def script_name() -> str:
     """This script's file name, also as uv's temp copy for `uv run URL` (<stem> and six random
@@ -708,7 +786,26 @@ def result_column_names(column: str) -> list[str]:
     return [column] + [f"{column}_{suffix}" for suffix in suffixes]
 
 
-# ---- page images --------------------------------------------------------------------------
+def iter_image_cells(source: InputSource, indices: list[int], batch: int = 64):
+    """(index, cell) in order, reading the image column only; a PDF page's cell is a PdfPage."""
+    pdf, column = source.pdf, source.image_column
+    images = source.dataset.select_columns([column]) \
+        if column in source.dataset.column_names else None
+    for offset in range(0, len(indices), batch):
+        chunk = indices[offset:offset + batch]
+        rows = chunk if pdf is None else [int(pdf.doc[i]) for i in chunk]
+        cells = images.select(rows)[column] if images is not None else [None] * len(rows)
+        if pdf is not None:
+            cells = [pdf.page(i) if pdf.is_pdf(row) else cell
+                     for i, row, cell in zip(chunk, rows, cells)]
+        yield from zip(chunk, cells)
+
+
+# ---- pages.py: A page image: read from its cell, flattened, resized to the model's bound and encoded to send.
+
+# Pillow's 16 MiB blocks stay in each thread's malloc arena once freed; 64 MiB ones are given back
+os.environ.setdefault("PILLOW_BLOCK_SIZE", "64m")
+
 
 @dataclass
 class PreparedPage:
@@ -871,7 +968,21 @@ def prepare_page(cell, args=None, decode: bool = True) -> PreparedPage | None:
         raise PageError(f"cannot decode image: {type(exc).__name__}: {reason}") from None
 
 
-# ---- PDF documents ---------------------------------------------------------------------------
+def encode_page(img, size: tuple[int, int]) -> tuple:
+    """(data, mime, width, height) of img resized by the model's own filter, as PNG for models
+    trained on PNG renders (PAGE_FORMAT "png"), else as JPEG quality 95."""
+    from PIL import Image
+
+    if img.size != size:
+        img = img.resize(size, getattr(Image.Resampling, RESIZE_FILTER.upper()))
+    out, img = io.BytesIO(), img if img.mode == "RGB" else img.convert("RGB")
+    img.save(out, **({"format": "PNG", "compress_level": 1} if PAGE_FORMAT == "png" else
+                     {"format": "JPEG", "quality": 95}))
+    return out.getvalue(), f"image/{PAGE_FORMAT}", *size
+
+
+# ---- pdf.py: PDF documents: a row per page, counted without rendering, rendered in a process of their own.
+
 # One output row per page; a page is rendered once, at the size the model wants, in a worker
 # process (PDFium is not thread-safe, and a page that hangs or crashes it must not take the run).
 
@@ -1168,20 +1279,7 @@ class PdfRenderer:
 _RENDERER: list = []  # the run's PdfRenderer, started (run_script) before any page is prepared
 
 
-def encode_page(img, size: tuple[int, int]) -> tuple:
-    """(data, mime, width, height) of img resized by the model's own filter, as PNG for models
-    trained on PNG renders (PAGE_FORMAT "png"), else as JPEG quality 95."""
-    from PIL import Image
-
-    if img.size != size:
-        img = img.resize(size, getattr(Image.Resampling, RESIZE_FILTER.upper()))
-    out, img = io.BytesIO(), img if img.mode == "RGB" else img.convert("RGB")
-    img.save(out, **({"format": "PNG", "compress_level": 1} if PAGE_FORMAT == "png" else
-                     {"format": "JPEG", "quality": 95}))
-    return out.getvalue(), f"image/{PAGE_FORMAT}", *size
-
-
-# ---- text checks ----------------------------------------------------------------------------
+# ---- loops.py: Loop checks: an answer that repeats itself, cut or sent again, and the first pages' sanity check.
 
 CUT = ("length", "repetition")  # an answer the engine ended: at max_tokens, or by its detection
 
@@ -1295,7 +1393,7 @@ class DegenerateCheck:
             f"anyway.", code=EXIT_DEGENERATE)
 
 
-# ---- results, parts and the output store -----------------------------------------------------
+# ---- rows.py: A page's result: the row it becomes, an error row with its cause, a document's pages joined.
 
 PAGE, SERVER = "page", "server"  # an error row's kind: final, or one a rerun redoes
 
@@ -1388,220 +1486,7 @@ def read_page(cell, args, decode: bool = True) -> PreparedPage | RowResult | Non
                      f"sent: its text layer was enough (--skip-text-pages {args.skip_text_pages})")
 
 
-class HeldFailures:
-    """Rows the server (engine) failed, held until a page is answered: `pages` in a row over
-    `seconds`, or none answered in the run, stop it."""
-
-    def __init__(self, who: str, pages: int, seconds: float, streak: str):
-        self.who, self.pages, self.seconds, self.streak = who, pages, seconds, streak
-        self.held: list = []  # (row, result), in the order they failed
-        self.answered, self.since = False, 0.0
-
-    def failed(self, index: int, result: RowResult) -> None:
-        self.since = self.since if self.held else time.monotonic()
-        self.held.append((index, result))
-        took = time.monotonic() - self.since
-        if len(self.held) >= self.pages and took >= self.seconds:
-            self.stop(f"the last {len(self.held)} pages {self.streak.format(took)} "
-                      f"(last: {result.error[:300]})")
-
-    def at_end(self, writer: "PartWriter") -> None:
-        """Write the rows held, or refuse a run that answered none (rows redone excepted: a page
-        the server always fails must not make every rerun exit 4)."""
-        if not self.answered and any(i not in writer.redo for i, _ in self.held):
-            self.stop(f"no page of this run was answered: {len(self.held)} failed on the "
-                      f"{self.who}'s side (last: {self.held[-1][1].error[:300]})")
-        for row in self.held:
-            writer.add(*row)
-
-    def stop(self, what: str) -> "NoReturn":  # noqa: F821
-        raise RunAborted(f"{what}. Unanswered rows stay pending: once the {self.who} works "
-                         f"(its log says why it fails), {rerun_advice()} to send them again.",
-                         EXIT_REFUSED)
-
-
-def finish_row(writer: "PartWriter", stats: "RunStats", held: HeldFailures, index: int,
-               result: RowResult, latency: float | None = None, failed: str | None = None) -> None:
-    """A page's answer: counted, cleaned up, judged, then written, or held (a server's failure;
-    `failed`: offline, the engine's failure it counts as)."""
-    stats.loop_retried += (result.attempts or 1) - result.resent > 1
-    stats.still_looping += loops(result.text, result.finish_reason)
-    answered = result.error is None and result.skipped is None
-    answer = result.text  # the first-pages check judges the model's answer, not the clean-up's
-    if answered:
-        try:  # the model's clean-up: what it raises is this row's error
-            sized = (result.sent_size,) if POSTPROCESS_GETS_SIZE else ()
-            result.text, result.extras = postprocess(result.text, writer.args, *sized)
-        except Exception as exc:
-            result = replace(exception_row(exc, PAGE, "post-processing failed: "),
-                             digest=result.digest)
-            answered = False
-    stats.errors_seen += result.error is not None
-    stats.latencies += [] if latency is None else [latency]
-    stats.finished_at.append(time.monotonic())
-    stats.tokens.append(result.completion_tokens or 0)
-    if failed or result.error_kind == SERVER:
-        return held.failed(index, result)
-    rows = [(index, result)]
-    if answered or latency is not None:  # an answer, or the engine's refusal (a 400)
-        writer.check.observe(replace(result, text=answer) if answered else result, index)
-    if answered:  # the rows held before it go too
-        rows += held.held
-        held.held, held.answered = [], True
-    for row in rows:
-        writer.add(*row)
-
-
-def part_name(start: int, stop: int) -> str:
-    return f"part-{start:09d}-{stop:09d}.parquet"
-
-
-def ranges_from_names(names) -> list[tuple[int, int]]:
-    matches = (PART_NAME.match(Path(name).name) for name in names)
-    return sorted((int(m[1]), int(m[2])) for m in matches if m)
-
-
-def output_features(source: InputSource, args):
-    import datasets
-
-    names, text = result_column_names(args.output_column), datasets.Value("string")
-    features = datasets.Features({k: v for k, v in input_features(source).items()
-                                  if k not in names and k != "inference_info"})
-    image = features.get(source.image_column)  # a {bytes, path} struct: an Image of paths
-    if isinstance(image, datasets.Image) or isinstance(image, dict) and set(image) == {
-            "bytes", "path"}:
-        features[source.image_column] = datasets.Image()
-    if ROW_IDENTITY not in features:  # the input's (a stacked run's) is kept as it is
-        features[ROW_IDENTITY] = text
-    layout = [{"label": text, "box": [datasets.Value("int32")], "text": text}]  # box: x1 y1 x2 y2
-    features.update(zip(names, [datasets.Value(kind) for kind in RESULT_FIELDS.values()] +
-                        [layout if kind == "blocks" else datasets.Value(kind)
-                         for kind in EXTRA_COLUMNS.values()]
-                        + [text] * len(_TEXT_LAYER_COLUMNS)))
-    features["inference_info"] = text
-    return features
-
-
-def result_columns(results: list, column: str) -> dict:
-    values = [[getattr(r, name) for r in results] for name in RESULT_FIELDS] + \
-        [[r.extras.get(suffix) for r in results] for suffix in EXTRA_COLUMNS] + \
-        [[getattr(r, name) for r in results] for name in _TEXT_LAYER_COLUMNS]
-    return dict(zip(result_column_names(column), values))
-
-
-def write_parquet(path: Path, schema, tables) -> None:
-    """Atomically: a kill leaves the old file or the new."""
-    import pyarrow.parquet as pq
-
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with pq.ParquetWriter(str(tmp), schema) as writer:
-            for table in tables:
-                writer.write_table(table)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def row_identity(source: InputSource, index: int, cell, result: RowResult) -> str | None:
-    """What output row `index` was made from, as the journal knows it: an image's input_digest();
-    a PDF page's, its document's and `#page=N` (--per-document: the document's); None: no bytes.
-    Rows of byte-identical pages share it, whatever their order, shard or run."""
-    pdf = source.pdf
-    doc = None if pdf is None else index if pdf.per_document else int(pdf.doc[index])
-    if doc is not None and pdf.is_pdf(doc):
-        number = 0 if pdf.per_document else int(pdf.number[index])
-        digest = pdf.digest(doc)
-        return f"{digest}#page={number}" if digest and number else digest
-    with contextlib.suppress(PageError):  # a failed row's bytes, when it has some
-        return result.digest or input_digest(read_cell_bytes(cell))
-    return None
-
-
-def write_part(path: Path, source: InputSource, indices: list[int], results: list, features,
-               info_entry: dict, args) -> None:
-    import datasets
-    import pyarrow as pa
-
-    def table(rows: dict, results: list):
-        encoded = features.encode_batch({**rows, **result_columns(results, args.output_column)})
-        if isinstance(features.get(source.image_column), datasets.Image):  # as carried_image()
-            encoded[source.image_column] = rows[source.image_column]  # made it, not a path alone
-        return pa.Table.from_pydict(encoded, schema=features.arrow_schema)
-
-    def tables():
-        for at in range(0, len(indices), 32):  # 32 rows' images in memory
-            rows, part = input_rows(source, indices[at:at + 32]), results[at:at + 32]
-            batch = {k: v for k, v in rows.items() if k in features}
-            batch["inference_info"] = [append_info(info, info_entry) for info in
-                                       rows.get("inference_info") or [None] * len(part)]
-            if ROW_IDENTITY not in rows:  # this run's, unless its input (a stacked run) had one
-                cells = rows.get(source.image_column) or [None] * len(part)
-                batch[ROW_IDENTITY] = [row_identity(source, i, cell, result) for i, cell, result
-                                       in zip(indices[at:at + 32], cells, part)]
-            for i, cell in enumerate(batch.get(source.image_column) or []):
-                batch[source.image_column][i], part[i] = carried_image(cell, part[i])
-            try:
-                done = table(batch, part)
-            except Exception:  # find the rows at fault: encode each alone
-                for i, result in enumerate(part):
-                    try:
-                        table({k: v[i:i + 1] for k, v in batch.items()}, [result])
-                    except Exception as exc:
-                        part[i] = exception_row(exc, PAGE, "the result cannot be stored: ")
-                done = table(batch, part)
-            results[at:at + 32] = part
-            yield done
-
-    write_parquet(path, features.arrow_schema, tables())
-
-
-def carried_image(cell, result: RowResult):
-    """The cell with its file embedded, and the result; a failed row's image PIL cannot open is
-    left out: it would break every read of the output."""
-    from PIL import Image
-
-    if isinstance(cell, dict) and cell.get("bytes") is None and cell.get("path"):
-        try:
-            file = _resolve_image_path(cell["path"])
-            cell = {"bytes": file.read_bytes(), "path": file.name}
-        except (OSError, PageError):  # the row's error says why
-            return None, result
-    if result.error is None or not isinstance(cell, dict) or cell.get("bytes") is None:
-        return cell, result
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            Image.open(io.BytesIO(cell["bytes"])).load()
-        return cell, result
-    except Exception:
-        return None, error_row(f"{result.error} (its image cannot be decoded: left out)", PAGE)
-
-
-def replace_rows(path: Path, redone: dict, features, args) -> None:
-    """A part rewritten with redone rows' results: a row is never in two parts."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    table = pq.read_table(str(path))
-    start = ranges_from_names([path.name])[0][0]
-    for name, values in result_columns(list(redone.values()), args.output_column).items():
-        column = table.column(name).to_pylist()
-        for row, value in zip(redone, values):
-            column[row - start] = value
-        at, field = table.column_names.index(name), features.arrow_schema.field(name)
-        table = table.set_column(at, field, pa.array(column, field.type))
-    write_parquet(path, table.schema, [table])
-
-
-def append_info(old, entry: dict) -> str:
-    try:
-        history = json.loads(old) if old and isinstance(old, str) else list(old or [])
-    except (ValueError, TypeError):
-        history = [{"unparsed": str(old)}]
-    return json.dumps((history if isinstance(history, list) else [history]) + [entry],
-                      ensure_ascii=False)
-
+# ---- plan.py: Which rows are done: the journal of written parts, and the plan of the rows still to send.
 
 class Journal:
     """Finished rows, a JSON line each, in a file per run that goes once its rows are in parts."""
@@ -1730,6 +1615,11 @@ def plan_rows(source: InputSource, store: "OutputStore", args) -> RowPlan:
     send = [i for doc in pending for i in pdf.rows_of(doc) if i not in pages] if pdf else pending
     return RowPlan(pending, recovered, redo, source.hi - source.lo - len(pending) - len(recovered),
                    earlier_ok, send, pages)
+
+
+# ---- store.py: The output store: OUTPUT's folder or Hub repo, its lock and claim, its uploads and commits.
+
+UPLOAD_ATTEMPTS, UPLOAD_BACKOFF_S, UPLOAD_MAX_WAIT_S = 5, 2.0, 600.0
 
 
 def lock_holder(handle) -> str | None:
@@ -2105,6 +1995,226 @@ class OutputStore:
             f"{constants.ENDPOINT}/datasets/{self.target}"
 
 
+# ---- saving.py: A finished row's path to disk: held failures, the part writer, the part file and its publication.
+
+PART_NAME = re.compile(r"^part-(\d{9})-(\d{9})\.parquet$")
+
+
+class HeldFailures:
+    """Rows the server (engine) failed, held until a page is answered: `pages` in a row over
+    `seconds`, or none answered in the run, stop it."""
+
+    def __init__(self, who: str, pages: int, seconds: float, streak: str):
+        self.who, self.pages, self.seconds, self.streak = who, pages, seconds, streak
+        self.held: list = []  # (row, result), in the order they failed
+        self.answered, self.since = False, 0.0
+
+    def failed(self, index: int, result: RowResult) -> None:
+        self.since = self.since if self.held else time.monotonic()
+        self.held.append((index, result))
+        took = time.monotonic() - self.since
+        if len(self.held) >= self.pages and took >= self.seconds:
+            self.stop(f"the last {len(self.held)} pages {self.streak.format(took)} "
+                      f"(last: {result.error[:300]})")
+
+    def at_end(self, writer: "PartWriter") -> None:
+        """Write the rows held, or refuse a run that answered none (rows redone excepted: a page
+        the server always fails must not make every rerun exit 4)."""
+        if not self.answered and any(i not in writer.redo for i, _ in self.held):
+            self.stop(f"no page of this run was answered: {len(self.held)} failed on the "
+                      f"{self.who}'s side (last: {self.held[-1][1].error[:300]})")
+        for row in self.held:
+            writer.add(*row)
+
+    def stop(self, what: str) -> "NoReturn":  # noqa: F821
+        raise RunAborted(f"{what}. Unanswered rows stay pending: once the {self.who} works "
+                         f"(its log says why it fails), {rerun_advice()} to send them again.",
+                         EXIT_REFUSED)
+
+
+def finish_row(writer: "PartWriter", stats: "RunStats", held: HeldFailures, index: int,
+               result: RowResult, latency: float | None = None, failed: str | None = None) -> None:
+    """A page's answer: counted, cleaned up, judged, then written, or held (a server's failure;
+    `failed`: offline, the engine's failure it counts as)."""
+    stats.loop_retried += (result.attempts or 1) - result.resent > 1
+    stats.still_looping += loops(result.text, result.finish_reason)
+    answered = result.error is None and result.skipped is None
+    answer = result.text  # the first-pages check judges the model's answer, not the clean-up's
+    if answered:
+        try:  # the model's clean-up: what it raises is this row's error
+            sized = (result.sent_size,) if POSTPROCESS_GETS_SIZE else ()
+            result.text, result.extras = postprocess(result.text, writer.args, *sized)
+        except Exception as exc:
+            result = replace(exception_row(exc, PAGE, "post-processing failed: "),
+                             digest=result.digest)
+            answered = False
+    stats.errors_seen += result.error is not None
+    stats.latencies += [] if latency is None else [latency]
+    stats.finished_at.append(time.monotonic())
+    stats.tokens.append(result.completion_tokens or 0)
+    if failed or result.error_kind == SERVER:
+        return held.failed(index, result)
+    rows = [(index, result)]
+    if answered or latency is not None:  # an answer, or the engine's refusal (a 400)
+        writer.check.observe(replace(result, text=answer) if answered else result, index)
+    if answered:  # the rows held before it go too
+        rows += held.held
+        held.held, held.answered = [], True
+    for row in rows:
+        writer.add(*row)
+
+
+def part_name(start: int, stop: int) -> str:
+    return f"part-{start:09d}-{stop:09d}.parquet"
+
+
+def ranges_from_names(names) -> list[tuple[int, int]]:
+    matches = (PART_NAME.match(Path(name).name) for name in names)
+    return sorted((int(m[1]), int(m[2])) for m in matches if m)
+
+
+def output_features(source: InputSource, args):
+    import datasets
+
+    names, text = result_column_names(args.output_column), datasets.Value("string")
+    features = datasets.Features({k: v for k, v in input_features(source).items()
+                                  if k not in names and k != "inference_info"})
+    image = features.get(source.image_column)  # a {bytes, path} struct: an Image of paths
+    if isinstance(image, datasets.Image) or isinstance(image, dict) and set(image) == {
+            "bytes", "path"}:
+        features[source.image_column] = datasets.Image()
+    if ROW_IDENTITY not in features:  # the input's (a stacked run's) is kept as it is
+        features[ROW_IDENTITY] = text
+    layout = [{"label": text, "box": [datasets.Value("int32")], "text": text}]  # box: x1 y1 x2 y2
+    features.update(zip(names, [datasets.Value(kind) for kind in RESULT_FIELDS.values()] +
+                        [layout if kind == "blocks" else datasets.Value(kind)
+                         for kind in EXTRA_COLUMNS.values()]
+                        + [text] * len(_TEXT_LAYER_COLUMNS)))
+    features["inference_info"] = text
+    return features
+
+
+def result_columns(results: list, column: str) -> dict:
+    values = [[getattr(r, name) for r in results] for name in RESULT_FIELDS] + \
+        [[r.extras.get(suffix) for r in results] for suffix in EXTRA_COLUMNS] + \
+        [[getattr(r, name) for r in results] for name in _TEXT_LAYER_COLUMNS]
+    return dict(zip(result_column_names(column), values))
+
+
+def write_parquet(path: Path, schema, tables) -> None:
+    """Atomically: a kill leaves the old file or the new."""
+    import pyarrow.parquet as pq
+
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with pq.ParquetWriter(str(tmp), schema) as writer:
+            for table in tables:
+                writer.write_table(table)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def row_identity(source: InputSource, index: int, cell, result: RowResult) -> str | None:
+    """What output row `index` was made from, as the journal knows it: an image's input_digest();
+    a PDF page's, its document's and `#page=N` (--per-document: the document's); None: no bytes.
+    Rows of byte-identical pages share it, whatever their order, shard or run."""
+    pdf = source.pdf
+    doc = None if pdf is None else index if pdf.per_document else int(pdf.doc[index])
+    if doc is not None and pdf.is_pdf(doc):
+        number = 0 if pdf.per_document else int(pdf.number[index])
+        digest = pdf.digest(doc)
+        return f"{digest}#page={number}" if digest and number else digest
+    with contextlib.suppress(PageError):  # a failed row's bytes, when it has some
+        return result.digest or input_digest(read_cell_bytes(cell))
+    return None
+
+
+def write_part(path: Path, source: InputSource, indices: list[int], results: list, features,
+               info_entry: dict, args) -> None:
+    import datasets
+    import pyarrow as pa
+
+    def table(rows: dict, results: list):
+        encoded = features.encode_batch({**rows, **result_columns(results, args.output_column)})
+        if isinstance(features.get(source.image_column), datasets.Image):  # as carried_image()
+            encoded[source.image_column] = rows[source.image_column]  # made it, not a path alone
+        return pa.Table.from_pydict(encoded, schema=features.arrow_schema)
+
+    def tables():
+        for at in range(0, len(indices), 32):  # 32 rows' images in memory
+            rows, part = input_rows(source, indices[at:at + 32]), results[at:at + 32]
+            batch = {k: v for k, v in rows.items() if k in features}
+            batch["inference_info"] = [append_info(info, info_entry) for info in
+                                       rows.get("inference_info") or [None] * len(part)]
+            if ROW_IDENTITY not in rows:  # this run's, unless its input (a stacked run) had one
+                cells = rows.get(source.image_column) or [None] * len(part)
+                batch[ROW_IDENTITY] = [row_identity(source, i, cell, result) for i, cell, result
+                                       in zip(indices[at:at + 32], cells, part)]
+            for i, cell in enumerate(batch.get(source.image_column) or []):
+                batch[source.image_column][i], part[i] = carried_image(cell, part[i])
+            try:
+                done = table(batch, part)
+            except Exception:  # find the rows at fault: encode each alone
+                for i, result in enumerate(part):
+                    try:
+                        table({k: v[i:i + 1] for k, v in batch.items()}, [result])
+                    except Exception as exc:
+                        part[i] = exception_row(exc, PAGE, "the result cannot be stored: ")
+                done = table(batch, part)
+            results[at:at + 32] = part
+            yield done
+
+    write_parquet(path, features.arrow_schema, tables())
+
+
+def carried_image(cell, result: RowResult):
+    """The cell with its file embedded, and the result; a failed row's image PIL cannot open is
+    left out: it would break every read of the output."""
+    from PIL import Image
+
+    if isinstance(cell, dict) and cell.get("bytes") is None and cell.get("path"):
+        try:
+            file = _resolve_image_path(cell["path"])
+            cell = {"bytes": file.read_bytes(), "path": file.name}
+        except (OSError, PageError):  # the row's error says why
+            return None, result
+    if result.error is None or not isinstance(cell, dict) or cell.get("bytes") is None:
+        return cell, result
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            Image.open(io.BytesIO(cell["bytes"])).load()
+        return cell, result
+    except Exception:
+        return None, error_row(f"{result.error} (its image cannot be decoded: left out)", PAGE)
+
+
+def replace_rows(path: Path, redone: dict, features, args) -> None:
+    """A part rewritten with redone rows' results: a row is never in two parts."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(str(path))
+    start = ranges_from_names([path.name])[0][0]
+    for name, values in result_columns(list(redone.values()), args.output_column).items():
+        column = table.column(name).to_pylist()
+        for row, value in zip(redone, values):
+            column[row - start] = value
+        at, field = table.column_names.index(name), features.arrow_schema.field(name)
+        table = table.set_column(at, field, pa.array(column, field.type))
+    write_parquet(path, table.schema, [table])
+
+
+def append_info(old, entry: dict) -> str:
+    try:
+        history = json.loads(old) if old and isinstance(old, str) else list(old or [])
+    except (ValueError, TypeError):
+        history = [{"unparsed": str(old)}]
+    return json.dumps((history if isinstance(history, list) else [history]) + [entry],
+                      ensure_ascii=False)
+
+
 class PartWriter:
     """Finished rows go to the journal at once, and to parts once the degenerate check passed:
     a block (or a part with redone rows) once all are finished, the rest every --part-seconds."""
@@ -2199,22 +2309,7 @@ class PartWriter:
             self.last_flush = time.monotonic()
 
 
-def iter_image_cells(source: InputSource, indices: list[int], batch: int = 64):
-    """(index, cell) in order, reading the image column only; a PDF page's cell is a PdfPage."""
-    pdf, column = source.pdf, source.image_column
-    images = source.dataset.select_columns([column]) \
-        if column in source.dataset.column_names else None
-    for offset in range(0, len(indices), batch):
-        chunk = indices[offset:offset + batch]
-        rows = chunk if pdf is None else [int(pdf.doc[i]) for i in chunk]
-        cells = images.select(rows)[column] if images is not None else [None] * len(rows)
-        if pdf is not None:
-            cells = [pdf.page(i) if pdf.is_pdf(row) else cell
-                     for i, row, cell in zip(chunk, rows, cells)]
-        yield from zip(chunk, cells)
-
-
-# ---- what one run is: the run manifest ---------------------------------------------------------
+# ---- manifest.py: What one run is: the identity a rerun must match, recorded in OUTPUT's manifest.
 
 # The version of what OUTPUT records (manifest, journal, notes), bumped by any change to them: a
 # rerun (by URL, it may meet any older OUTPUT) of another version is refused in one line.
@@ -2394,7 +2489,7 @@ def claim_output(store: "OutputStore", identity: dict, args,
                                   "identity": identity}, replace=True)
 
 
-# ---- stats and the card ----------------------------------------------------------------------
+# ---- stats.py: The run's figures: pages, rates, memory; written to --stats-json and the card.
 
 def proc_bytes(path: str, key: str) -> int | None:
     """A "key: N kB" line of a /proc file (Linux), in bytes; None without it."""
@@ -2466,77 +2561,19 @@ class RunStats:
         }
 
 
-# ---- secrets and the Jobs command ------------------------------------------------------------
-
-def is_secret(name, value=None) -> bool:
-    """Whether a value under this name (option, JSON key, URL query) is a secret: not if empty."""
-    return bool(SECRET_NAME.search(str(name))) and value not in (True, False, "", [], {})
-
-
-def redact_text(text: str) -> str:
-    """Text with its secrets masked: token-like values, a URL's user, values named like one."""
-    text = URL_USERINFO.sub("***@", TOKEN_VALUE.sub("***", text))
-    return NAMED_VALUE.sub(lambda m: m[1] + "***" if is_secret(m[3], m[5]) else m[0], text)
-
-
-def redact_value(value, mask: str | None = "***"):
-    """A JSON-like value (or JSON text) with its secrets masked at every depth, or dropped."""
-    if isinstance(value, dict):
-        return {k: mask if is_secret(k, v) else redact_value(v, mask) for k, v in value.items()
-                if mask is not None or not is_secret(k, v)}
-    if isinstance(value, list):
-        return [redact_value(v, mask) for v in value]
-    if isinstance(value, str) and value.lstrip()[:1] in ("{", "["):
-        with contextlib.suppress(ValueError):  # JSON text: its named secrets too
-            parsed = json.loads(value)
-            redacted = redact_value(parsed, mask)
-            return value if redacted == parsed else json.dumps(redacted)
-    return redact_text(value) if isinstance(value, str) else value
+def write_stats(stats: dict, args) -> None:
+    """--stats-json; a file that cannot be written is a warning with the stats in the log."""
+    if args.stats_json:
+        path = Path(args.stats_json).expanduser()
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(stats, indent=2))
+        except OSError as exc:
+            log(f"warning: cannot write --stats-json {args.stats_json} ({exc.strerror or exc}); "
+                f"the stats: {json.dumps(stats)}")
 
 
-def flag_items(argv: list[str]) -> list[tuple[str | None, list[str], bool]]:
-    """Every command line here as (flag, values, joined) items: `--flag=value` (joined), `--flag
-    a b` (vLLM's lists), a bare flag, (None, [word], False)."""
-    items = []
-    for word in argv:
-        flag, values, joined = items[-1] if items else (None, [], True)
-        if flag and not joined and not FLAG.match(word) and not flag.startswith("--no-"):
-            values.append(word)
-        elif FLAG.match(word):
-            name, eq, value = word.partition("=")
-            items.append((name, [value] if eq else [], bool(eq)))
-        else:
-            items.append((None, [word], False))
-    return items
-
-
-def flag_words(items) -> list[str]:
-    """flag_items' items back as a command line."""
-    return [word for name, values, joined in items for word in (
-        [f"{name}={values[0]}"] if joined else [name, *values] if name else values)]
-
-
-def redact_argv(argv: list[str], mask: str | None = "***", left_out: list | None = None
-                ) -> list[str]:
-    """A command line with its secrets masked, or dropped (left_out: the options that held one)."""
-    def redacted(name: str | None, value: str) -> str:
-        if name == "--serve-args":
-            with contextlib.suppress(ValueError):  # unbalanced quotes: redacted as text
-                words = shlex.split(value)
-                kept = redact_argv(words, mask)
-                return value if kept == words else shlex.join(kept)
-        return redact_value(value, mask)
-
-    items = []
-    for name, values, joined in flag_items(argv):
-        secret = is_secret(name or "", values)
-        kept = [mask] * len(values) if secret else [redacted(name, v) for v in values]
-        if name and kept != values and left_out is not None:
-            left_out.append(name)
-        if not secret or mask is not None:
-            items.append((name, kept, joined))
-    return flag_words(items)
-
+# ---- jobs_command.py: The Hugging Face Jobs command that runs this script, as printed and as the card gives it.
 
 def rerun_advice() -> str:
     """How to finish a run that has written rows: the same command, but not --restart."""
@@ -2668,6 +2705,8 @@ def jobs_advice(argv: list[str] | None = None) -> str:
     same two, in a code block and a list)."""
     return "\n".join([f"  {jobs_command(argv)}", *(f"* {note}" for note in jobs_notes(argv))])
 
+
+# ---- card.py: The dataset card: what was run, on what, with what result, and its metadata for the Hub's search.
 
 def part_note(path: Path, column: str) -> dict:
     """A part's error rows (row -> kind) and count of text-layer rows: what a rerun and the card
@@ -2822,7 +2861,10 @@ Reproduce on Hugging Face Jobs:
 """))
 
 
-# ---- arguments -------------------------------------------------------------------------------
+# ---- arguments.py: The command line: the options every script shares, their checks, and the run's own words.
+
+_RUN_ARGV: list = []  # this run's arguments, one word each (parse_arguments): a rerun's, a Job's
+
 
 def argument_parser(doc: str, add_shape_arguments) -> argparse.ArgumentParser:
     """Every option of a script: input and output, its shape's (server or engine), the model's.
@@ -2968,19 +3010,7 @@ def parse_arguments(doc: str, argv: list[str] | None, add_shape_arguments, shape
     return args
 
 
-def write_stats(stats: dict, args) -> None:
-    """--stats-json; a file that cannot be written is a warning with the stats in the log."""
-    if args.stats_json:
-        path = Path(args.stats_json).expanduser()
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(stats, indent=2))
-        except OSError as exc:
-            log(f"warning: cannot write --stats-json {args.stats_json} ({exc.strerror or exc}); "
-                f"the stats: {json.dumps(stats)}")
-
-
-# ---- one run, whatever ends it ---------------------------------------------------------------
+# ---- run.py: One run from start to end: its interrupts, the output opened, the steps and the exit code.
 
 class Interrupts:
     """SIGINT and SIGTERM (a cancelled Job) stop the run as KeyboardInterrupt, but never while
@@ -3178,6 +3208,7 @@ def run_script(args, hub_api, engine: dict, info_entry: dict, ready, work,
         f"{store.location()} (exit {code})")
     interrupts.restore()
     return code
+
 # ==== END COMMON HELPERS ====
 
 
@@ -3273,9 +3304,8 @@ def block_box(values, top: int) -> list[int] | None:
 # ==== END GROUNDING HELPERS ====
 
 
-# ==== BEGIN SERVER HELPERS (edit blocks/server.py, then run tools/sync_helpers.py) ====
-# The vLLM server's life cycle, the request loop and its window (a -saturate.py script's
-# SATURATE block replaces WINDOW). Model section: SERVE_ARGS .. spawn_args().
+# ==== BEGIN SERVER HELPERS (edit blocks/server/, then run tools/sync_helpers.py) ====
+# The block's imports not already in the common block (see blocks/common/__init__.py).
 import asyncio
 import base64
 import contextlib
@@ -3290,11 +3320,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
-IMAGE_URL_PLACEHOLDER = "@@PAGE_IMAGE_URL@@"
-SEND_AGAIN = globals().get("SEND_AGAIN")  # the model section's: a page it asks to send again
-RETRY_STATUS = {408, 429, 500, 502, 503, 504}
-RETRY_AFTER_MAX_S = 120.0  # the longest wait a server's Retry-After is granted before a retry
 
+# ---- serve_args.py: The vLLM server's flags: the script's own, the user's --serve-args, and what they say.
 
 def option_name(flag) -> str:
     return str(flag).replace("_", "-")  # like vLLM, an option may be spelled with underscores
@@ -3371,6 +3398,8 @@ def server_argument_problems(args) -> list[str]:
         problems.append(f"--serve-args --max-model-len: {exc}")
     return problems
 
+
+# ---- process.py: The vLLM server's process: reused, or started under a watchdog, waited for, watched, stopped.
 
 # Runs `vllm serve` in its own process group. When the driver dies without stopping it (kill -9,
 # OOM), it notices within half a second, stops the group, then kills what is left (itself too).
@@ -3686,6 +3715,14 @@ class ServerManager:
             os.killpg(self.process.pid, signal.SIGKILL)
 
 
+# ---- requests.py: One page's request: its JSON body built once, sent with retries, its answer read.
+
+IMAGE_URL_PLACEHOLDER = "@@PAGE_IMAGE_URL@@"
+SEND_AGAIN = globals().get("SEND_AGAIN")  # the model section's: a page it asks to send again
+RETRY_STATUS = {408, 429, 500, 502, 503, 504}
+RETRY_AFTER_MAX_S = 120.0  # the longest wait a server's Retry-After is granted before a retry
+
+
 def request_json(model_name: str, args, seed: int | None = None) -> tuple[bytes, bytes]:
     """The JSON body's text before and after the image URL; with a seed, a loop retry's."""
     request = {**build_request(IMAGE_URL_PLACEHOLDER, args), "model": model_name}
@@ -3792,6 +3829,8 @@ async def send_page(client, server: "ServerManager", body: bytes, args) -> RowRe
             await asyncio.sleep(max(asked, min(30.0, 2 ** attempt) * random.uniform(0.5, 1.0)))
     return error_row(f"gave up after {args.max_retries + 1} attempts: {last_error}", SERVER)
 
+
+# ---- pipeline.py: The send loop: a window of pages in flight over a group of clients, until every row is done.
 
 class ClientGroup(contextlib.AsyncExitStack):
     """httpx clients behind one `post`/`get`, each with at most 16 requests: httpx scans its whole
@@ -3989,6 +4028,8 @@ async def run_server_pipeline(run, args, server: ServerManager, window: Window) 
         await window.sample(client, server)
 
 
+# ---- arguments.py: The server scripts' options and the run of a server script.
+
 def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("server")
     group.add_argument("--server", default=DEFAULT_SERVER, help="vLLM server URL: reused when it "
@@ -4056,6 +4097,7 @@ def run_server_script(doc: str, argv: list[str] | None = None, hub_api=None) -> 
 
     info_entry = inference_info_entry(args, None, serve_args=redact_argv(serve_args))
     return run_script(args, hub_api, settings, info_entry, ready, work, server.stop)
+
 # ==== END SERVER HELPERS ====
 
 

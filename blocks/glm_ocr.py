@@ -9,8 +9,9 @@ line on) into the script that carries it. Its functions call the PATCH GRID HELP
 import json
 import re
 
-from blocks.patch_grid import (max_patch_grid_tokens, patch_grid_tokens, per_frame,
-                               snap_to_patch_grid)
+from blocks.patch_grid import (
+    max_patch_grid_tokens, patch_grid_tokens, per_frame, snap_to_patch_grid,
+)
 
 # ==== BEGIN GLM-OCR MODEL (source: blocks/glm_ocr.py) ====
 # The model section of glm-ocr-server.py (edit the source, then run tools/sync_helpers.py).

@@ -12,17 +12,22 @@ import sys
 import time
 from pathlib import Path
 
+from blocks.common.arguments import _RUN_ARGV, parse_arguments
+from blocks.common.errors import fail, log
+from blocks.common.inputs import iter_image_cells, requested_revision, resolved_revision
+from blocks.common.jobs_command import jobs_advice
+from blocks.common.loops import cut_at_loop, kept_attempt, loop_seed, loops, repetition_detection
+from blocks.common.manifest import check_context_budget, inference_info_entry
+from blocks.common.model_options import LOOP_TEMPERATURE
+from blocks.common.pages import PreparedPage
+from blocks.common.rows import exception_row, PAGE, read_page, RowResult
+from blocks.common.run import run_script
+from blocks.common.saving import finish_row, HeldFailures
+from blocks.common.secrets import redact_value
 from blocks.model import (
-    build_messages, CHAT_KWARGS, JOB_IMAGE, LLM_KWARGS,
-    MAX_MODEL_LEN, sampling_kwargs, VLLM_REQUIREMENT,
+    build_messages, CHAT_KWARGS, JOB_IMAGE, LLM_KWARGS, MAX_MODEL_LEN, sampling_kwargs,
+    VLLM_REQUIREMENT,
 )
-from blocks.common import (
-    check_context_budget, exception_row, fail, finish_row, HeldFailures, inference_info_entry,
-    iter_image_cells, jobs_advice, kept_attempt, log, loop_seed, LOOP_TEMPERATURE,
-    loops, PAGE, parse_arguments, PreparedPage, read_page, redact_value, requested_revision,
-    resolved_revision, RowResult, _RUN_ARGV, run_script,
-)
-from blocks.common import cut_at_loop, repetition_detection
 
 # ==== BEGIN OFFLINE HELPERS (edit blocks/offline.py, then run tools/sync_helpers.py) ====
 # vllm.LLM in fixed batches. The model section provides LLM_KWARGS, CHAT_KWARGS,

@@ -11,7 +11,8 @@ import asyncio
 import base64
 import io
 
-from blocks.common import encode_page, error_row, RowResult, SERVER
+from blocks.common.pages import encode_page
+from blocks.common.rows import error_row, RowResult, SERVER
 from blocks.patch_grid import max_patch_grid_tokens
 
 # ==== BEGIN OLMOCR-2 MODEL (source: blocks/olmocr2.py) ====

@@ -8,7 +8,7 @@ line on) into the scripts that carry it. Its functions may call the common block
 
 import math
 
-from blocks.common import repeated_tail
+from blocks.common.loops import repeated_tail
 
 # ==== BEGIN OVISOCR2 MODEL (source: blocks/ovis_ocr2.py) ====
 # Shared by the two OvisOCR2 scripts (edit the source, then run tools/sync_helpers.py). In a

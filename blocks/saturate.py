@@ -12,8 +12,10 @@ from pathlib import Path
 
 import httpx
 
-from blocks.common import proc_bytes, RunStats
-from blocks.server import PAGES_PER_ENGINE, serve_arg_value, ServerManager, Window
+from blocks.common.stats import proc_bytes, RunStats
+from blocks.server.pipeline import PAGES_PER_ENGINE, Window
+from blocks.server.process import ServerManager
+from blocks.server.serve_args import serve_arg_value
 
 # ==== BEGIN SATURATE HELPERS (edit blocks/saturate.py, then run tools/sync_helpers.py) ====
 # The adaptive window of the -saturate.py scripts (read from vLLM's /metrics), its telemetry and

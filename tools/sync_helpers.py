@@ -14,11 +14,19 @@ one block, from its `# ==== BEGIN NAME` line to its `# ==== END NAME ====` line;
 before that line (the docstring, the imports that tell ruff where names come from) stays out of
 the scripts. A script carries the blocks whose BEGIN/END lines it has, each replaced whole by
 its module's; the rest of the script (header, docstring, model section, main) is its own.
+
+A large block is a package of blocks/ (blocks/common/, blocks/server/): modules of one concern
+each, which its __init__.py names in order (MODULES) under the block's name (BLOCK). The block is
+its modules joined, each under a banner line (`# ---- name.py: ` and its docstring's first line),
+each without its docstring and the imports below it (those say, for ruff and the tests, where
+each name comes from). The block's own imports, once for all its modules, open its first module
+below a comment line; ruff, on every script, finds one missing or unused.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import re
 import sys
 from pathlib import Path
@@ -34,15 +42,93 @@ def block_pattern(name: str) -> re.Pattern:
 
 
 def block_modules() -> dict[str, Path]:
-    """Block name -> the module of blocks/ that holds it."""
-    return {begin.group(1): module for module in sorted(BLOCKS_DIR.glob("*.py"))
-            if (begin := BEGIN.search(module.read_text()))}
+    """Block name -> the module of blocks/ that holds it, or the package whose modules it joins."""
+    modules = {begin.group(1): module for module in sorted(BLOCKS_DIR.glob("*.py"))
+               if (begin := BEGIN.search(module.read_text()))}
+    return modules | {package_layout(package)[0]: package for package in packages()}
+
+
+def packages() -> list[Path]:
+    return sorted(init.parent for init in BLOCKS_DIR.glob("*/__init__.py"))
+
+
+def package_layout(package: Path) -> tuple[str, list[str]]:
+    """A package's block name and its modules in order, from its __init__.py."""
+    values = {node.targets[0].id: ast.literal_eval(node.value)
+              for node in ast.parse((package / "__init__.py").read_text()).body
+              if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)}
+    return values["BLOCK"], values["MODULES"]
+
+
+BANNER = re.compile(r"^# ---- (\w+)\.py: .*\n", re.M)
+
+
+def split_module(path: Path) -> tuple[str, str, str]:
+    """(the first line of its docstring, its header: docstring and imports from blocks/, its body)."""
+    text = path.read_text()
+    tree = ast.parse(text)
+    doc = ast.get_docstring(tree)
+    if not doc:
+        sys.exit(f"{path.relative_to(ROOT)}: a module of a block opens with a docstring whose "
+                 f"first line says what it is responsible for")
+    lines = text.splitlines(keepends=True)
+    end = tree.body[0].end_lineno
+    for node in tree.body[1:]:  # the imports right below the docstring, up to a comment line
+        if not isinstance(node, (ast.Import, ast.ImportFrom)) or any(
+                line.startswith("#") for line in lines[end:node.lineno - 1]):
+            break
+        end = node.end_lineno
+    return doc.splitlines()[0], "".join(lines[:end]), "".join(lines[end:]).strip("\n") + "\n"
+
+
+def package_source(package: Path) -> str:
+    name, modules = package_layout(package)
+    where = f"blocks/{package.name}/"
+    parts = [block_imports(package)]
+    for module in modules:
+        first_line, _, body = split_module(package / f"{module}.py")
+        parts.append(f"# ---- {module}.py: {first_line}\n\n{body}")
+    return (f"# ==== BEGIN {name} (edit {where}, then run tools/sync_helpers.py) ====\n"
+            + "\n\n".join(parts) + f"\n# ==== END {name} ====\n")
+
+
+def block_imports(package: Path) -> str:
+    """The package's __init__.py from below its docstring to its BLOCK line: the block's imports."""
+    text = (package / "__init__.py").read_text()
+    tree = ast.parse(text)
+    lines = text.splitlines(keepends=True)
+    block_line = next(node.lineno for node in tree.body if isinstance(node, ast.Assign)
+                      and getattr(node.targets[0], "id", "") == "BLOCK")
+    return "".join(lines[tree.body[0].end_lineno:block_line - 1]).strip("\n") + "\n"
+
+
+def adopt_package(package: Path, block: str) -> list[str]:
+    """Write each module's part of a script's copy of a package's block back into the module."""
+    chunks = BANNER.split(block.split("\n", 1)[1].rsplit("# ==== END", 1)[0])
+    init, changed = package / "__init__.py", []
+    text, imports = init.read_text(), block_imports(package)
+    if chunks[0].strip("\n") + "\n" != imports:
+        init.write_text(text.replace(imports, chunks[0].strip("\n") + "\n", 1))
+        changed.append(str(init.relative_to(ROOT)))
+    chunks = chunks[1:]
+    for module, body in zip(chunks[::2], chunks[1::2]):
+        path = package / f"{module}.py"
+        if not path.exists():
+            sys.exit(f"no module {path.relative_to(ROOT)} for the banner of {module}.py")
+        _, header, _ = split_module(path)
+        new = header.rstrip("\n") + "\n\n" + body.strip("\n") + "\n"
+        if new != path.read_text():
+            path.write_text(new)
+            changed.append(str(path.relative_to(ROOT)))
+    return changed
 
 
 def block_sources() -> dict[str, str]:
     """Block name -> its text, from every module of blocks/ that holds a block."""
-    sources = {}
+    sources = {package_layout(package)[0]: package_source(package) for package in packages()}
     for module in block_modules().values():
+        if module.is_dir():
+            continue
         text = module.read_text()
         begin = BEGIN.search(text)
         block = block_pattern(begin.group(1)).search(text, begin.start())
@@ -84,6 +170,9 @@ def adopt(script: Path) -> list[str]:
         if name not in modules:
             sys.exit(f"{script.name}: no module of blocks/ holds the block {name}")
         module = modules[name]
+        if module.is_dir():
+            changed += adopt_package(module, block.group(0))
+            continue
         source = module.read_text()
         new = source[:BEGIN.search(source).start()] + block.group(0)
         if new != source:

@@ -1,0 +1,50 @@
+"""The COMMON HELPERS block of every script: the input, page images and PDFs, the output and its
+parts, the run's identity, stats and card, the command line, the run's life cycle.
+
+Edit a module here, then run `python tools/sync_helpers.py`: it joins the modules, in the order
+below, into the block each script carries (one banner line per module, its docstring's first
+line). A module's docstring and its imports from blocks/ stay out of the scripts: they tell ruff
+and the tests where each name comes from (the model section's names from blocks/model.py).
+"""
+
+# The block's imports, once for all its modules (ruff, on every script, finds one missing
+# or unused); each module also imports, below its docstring, what it uses.
+import argparse
+import contextlib
+import hashlib
+import io
+import json
+import math
+import os
+import random
+import resource
+import shlex
+import signal
+import sys
+import threading
+import time
+import warnings
+import zlib
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+BLOCK = "COMMON HELPERS"
+MODULES = [
+    "model_options",
+    "errors",
+    "secrets",
+    "inputs",
+    "pages",
+    "pdf",
+    "loops",
+    "rows",
+    "plan",
+    "store",
+    "saving",
+    "manifest",
+    "stats",
+    "jobs_command",
+    "card",
+    "arguments",
+    "run",
+]

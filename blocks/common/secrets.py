@@ -1,0 +1,90 @@
+"""Secrets: the one place that decides which values are secrets and masks them, in logs, argv and records."""
+
+import contextlib
+import json
+import re
+import shlex
+
+# credential-like values (Hub tokens, OpenAI-style keys) but not a name (vLLM's "hf_overrides",
+# a repo's "org/sk-model");
+# a URL's user information; a value under a name: name=value, or 'name': 'value' (JSON, a dict)
+TOKEN_VALUE = re.compile(r"(?<!/)\b(?:hf_|api_org_|sk-)[A-Za-z0-9_-]{8,}(?![\w-]|['\"]\s*:|\s*=|/)")
+URL_USERINFO = re.compile(r"(?<=://)[^/\s@?#]+@")
+NAMED_VALUE = re.compile(r"""((?<![\w.-])(['"])?([\w.-]+)(?(2)\2\s*:\s*|=)(['"])?)"""
+                         r"""((?(4)(?:\\.|(?!\4)[^\\\n])+|[^\s&#'",}]+))""")  # quoted: to its end
+# names whose value is a secret: options (--hf-token, --a.b.secret-key), JSON keys, URL queries
+SECRET_NAME = re.compile(r"(?:^|[-_.])(?:secret|password|passwd)(?:[-_.]|$)|(?:^|[-_.])(?:token|"
+                         r"credentials?|signature|sig|authorization|(?:api|access|private)[-_]?key)"
+                         r"$|^-*key$", re.I)
+# a word of a command line that is a flag (--x, -x, --x=...), not a value (-1, -, "--x y")
+FLAG = re.compile(r"^--?[A-Za-z][^\s=]*(?:=|$)")
+
+
+def is_secret(name, value=None) -> bool:
+    """Whether a value under this name (option, JSON key, URL query) is a secret: not if empty."""
+    return bool(SECRET_NAME.search(str(name))) and value not in (True, False, "", [], {})
+
+
+def redact_text(text: str) -> str:
+    """Text with its secrets masked: token-like values, a URL's user, values named like one."""
+    text = URL_USERINFO.sub("***@", TOKEN_VALUE.sub("***", text))
+    return NAMED_VALUE.sub(lambda m: m[1] + "***" if is_secret(m[3], m[5]) else m[0], text)
+
+
+def redact_value(value, mask: str | None = "***"):
+    """A JSON-like value (or JSON text) with its secrets masked at every depth, or dropped."""
+    if isinstance(value, dict):
+        return {k: mask if is_secret(k, v) else redact_value(v, mask) for k, v in value.items()
+                if mask is not None or not is_secret(k, v)}
+    if isinstance(value, list):
+        return [redact_value(v, mask) for v in value]
+    if isinstance(value, str) and value.lstrip()[:1] in ("{", "["):
+        with contextlib.suppress(ValueError):  # JSON text: its named secrets too
+            parsed = json.loads(value)
+            redacted = redact_value(parsed, mask)
+            return value if redacted == parsed else json.dumps(redacted)
+    return redact_text(value) if isinstance(value, str) else value
+
+
+def flag_items(argv: list[str]) -> list[tuple[str | None, list[str], bool]]:
+    """Every command line here as (flag, values, joined) items: `--flag=value` (joined), `--flag
+    a b` (vLLM's lists), a bare flag, (None, [word], False)."""
+    items = []
+    for word in argv:
+        flag, values, joined = items[-1] if items else (None, [], True)
+        if flag and not joined and not FLAG.match(word) and not flag.startswith("--no-"):
+            values.append(word)
+        elif FLAG.match(word):
+            name, eq, value = word.partition("=")
+            items.append((name, [value] if eq else [], bool(eq)))
+        else:
+            items.append((None, [word], False))
+    return items
+
+
+def flag_words(items) -> list[str]:
+    """flag_items' items back as a command line."""
+    return [word for name, values, joined in items for word in (
+        [f"{name}={values[0]}"] if joined else [name, *values] if name else values)]
+
+
+def redact_argv(argv: list[str], mask: str | None = "***", left_out: list | None = None
+                ) -> list[str]:
+    """A command line with its secrets masked, or dropped (left_out: the options that held one)."""
+    def redacted(name: str | None, value: str) -> str:
+        if name == "--serve-args":
+            with contextlib.suppress(ValueError):  # unbalanced quotes: redacted as text
+                words = shlex.split(value)
+                kept = redact_argv(words, mask)
+                return value if kept == words else shlex.join(kept)
+        return redact_value(value, mask)
+
+    items = []
+    for name, values, joined in flag_items(argv):
+        secret = is_secret(name or "", values)
+        kept = [mask] * len(values) if secret else [redacted(name, v) for v in values]
+        if name and kept != values and left_out is not None:
+            left_out.append(name)
+        if not secret or mask is not None:
+            items.append((name, kept, joined))
+    return flag_words(items)

@@ -1,0 +1,86 @@
+"""The server scripts' options and the run of a server script."""
+
+import argparse
+import contextlib
+import os
+import subprocess
+from pathlib import Path
+
+from blocks.common.arguments import parse_arguments
+from blocks.common.manifest import check_context_budget, inference_info_entry
+from blocks.common.run import run_script
+from blocks.common.secrets import flag_items, redact_argv
+from blocks.model import DEFAULT_SERVER
+from blocks.server.pipeline import run_async, run_server_pipeline, WINDOW
+from blocks.server.process import ServerManager
+from blocks.server.serve_args import (
+    effective_serve_args, serve_max_model_len, server_argument_problems,
+)
+
+def add_server_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("server")
+    group.add_argument("--server", default=DEFAULT_SERVER, help="vLLM server URL: reused when it "
+                       "answers, else started here if local (default: %(default)s)")
+    group.add_argument("--api-key", help="server API key (default: VLLM_API_KEY)")
+    group.add_argument("--serve-args", default="", help="extra `vllm serve` arguments, appended "
+                       "after the script's own so they override them, e.g. \"--max-model-len "
+                       "16384\"")
+    group.add_argument("--no-spawn", action="store_true",
+                       help="never start a server: wait for --server (up to --server-timeout)")
+    group.add_argument("--server-timeout", type=float, default=1800.0,
+                       help="seconds to wait for a server to be ready (default: 1800)")
+    group.add_argument("--server-down-timeout", type=float, default=300.0, help="seconds a "
+                       "server may go without answering (/health, a page) mid-run before the run "
+                       "stops (default: 300; rerun to resume)")
+    group.add_argument("--max-restarts", type=int, default=3,
+                       help="restarts of a spawned server that dies mid-run (default: 3)")
+    group.add_argument("--request-timeout", type=float, default=900.0,
+                       help="seconds for one page's answer (default: 900)")
+    group.add_argument("--max-retries", type=int, default=4,
+                       help="retries of a page after a timeout, 429 or 5xx (default: 4)")
+    group.add_argument("--abort-after-failures", type=int, default=20, help="stop after this "
+                       "many pages in a row fail on the server's side (5xx, timeouts) over "
+                       "--abort-after-seconds (default: 20)")
+    group.add_argument("--abort-after-seconds", type=float, default=60.0,
+                       help="see --abort-after-failures (default: 60)")
+    WINDOW.add_arguments(parser, group)
+
+
+PARALLEL_FLAGS = ("--data-parallel-size", "--tensor-parallel-size", "--pipeline-parallel-size",
+                  "-dp", "-tp", "-pp")
+
+
+def visible_gpus() -> int:
+    """GPUs this process may use: CUDA_VISIBLE_DEVICES when set, else `nvidia-smi -L`."""
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is not None:
+        return len([d for d in listed.split(",") if d.strip() not in ("", "-1")])
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
+        return sum(line.startswith("GPU ") for line in listing.stdout.splitlines())
+    return 0
+
+
+def run_server_script(doc: str, argv: list[str] | None = None, hub_api=None) -> int:
+    """The whole run: arguments, input, server, output. `main()` calls it with the docstring."""
+    args = parse_arguments(doc, argv, add_server_arguments, server_argument_problems)
+    serve_args = effective_serve_args(args)
+    settings = {flag: values[0] if len(values) == 1 else values or True  # a bare flag is True
+                for flag, values, _ in flag_items(serve_args) if flag}
+    server = ServerManager(args, Path("."))
+
+    def ready(check_only: bool) -> None:  # before the input is read and the repo created
+        if check_only:  # no server planned or started; a Job's own server's context checked
+            return check_context_budget(serve_max_model_len(args), args)
+        run_async(server.plan())
+
+    def work(run) -> None:
+        server.log_path = run.store.meta / "logs" / server.log_path.name
+        window = WINDOW(args, run)
+        try:
+            run_async(run_server_pipeline(run, args, server, window))
+        finally:
+            run.stats.extra.update(window.summary())
+
+    info_entry = inference_info_entry(args, None, serve_args=redact_argv(serve_args))
+    return run_script(args, hub_api, settings, info_entry, ready, work, server.stop)
