@@ -302,7 +302,7 @@ IMAGE_HAS_UV = globals().get("IMAGE_HAS_UV", True)  # False: Jobs run it with `h
 JOB_PAGES_PER_S = globals().get("JOB_PAGES_PER_S")  # pages/s measured on the header's flavor
 
 
-# ---- errors.py: How the run speaks and stops: its log lines, its exit codes, the errors that end a page or the run.
+# ---- errors.py: How the run speaks and stops: log lines, exit codes, page and run errors.
 
 EXIT_USAGE, EXIT_DEGENERATE, EXIT_REFUSED, EXIT_NOT_WRITTEN, EXIT_NOT_UPLOADED = 2, 3, 4, 5, 6
 EXIT_CODES = """exit codes (the first that applies):
@@ -338,7 +338,7 @@ class RunAborted(Exception):
         self.code = code
 
 
-# ---- secrets.py: Secrets: the one place that decides which values are secrets and masks them, in logs, argv and records.
+# ---- secrets.py: Secrets: which values are secrets, and their masks in logs, argv and records.
 
 # credential-like values (Hub tokens, OpenAI-style keys) but not a name (vLLM's "hf_overrides",
 # a repo's "org/sk-model");
@@ -425,7 +425,7 @@ def redact_argv(argv: list[str], mask: str | None = "***", left_out: list | None
     return flag_words(items)
 
 
-# ---- inputs.py: The input: which files or Hub rows are the pages, opened as a dataset with an image column.
+# ---- inputs.py: The input: which files or Hub rows are the pages, opened as one dataset.
 
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
 
@@ -801,7 +801,7 @@ def iter_image_cells(source: InputSource, indices: list[int], batch: int = 64):
         yield from zip(chunk, cells)
 
 
-# ---- pages.py: A page image: read from its cell, flattened, resized to the model's bound and encoded to send.
+# ---- pages.py: A page image: read from its cell, flattened, resized, encoded to send.
 
 # Pillow's 16 MiB blocks stay in each thread's malloc arena once freed; 64 MiB ones are given back
 os.environ.setdefault("PILLOW_BLOCK_SIZE", "64m")
@@ -981,7 +981,7 @@ def encode_page(img, size: tuple[int, int]) -> tuple:
     return out.getvalue(), f"image/{PAGE_FORMAT}", *size
 
 
-# ---- pdf.py: PDF documents: a row per page, counted without rendering, rendered in a process of their own.
+# ---- pdf.py: PDF documents: a row per page, counted unrendered, rendered in their own process.
 
 # One output row per page; a page is rendered once, at the size the model wants, in a worker
 # process (PDFium is not thread-safe, and a page that hangs or crashes it must not take the run).
@@ -1279,7 +1279,7 @@ class PdfRenderer:
 _RENDERER: list = []  # the run's PdfRenderer, started (run_script) before any page is prepared
 
 
-# ---- loops.py: Loop checks: an answer that repeats itself, cut or sent again, and the first pages' sanity check.
+# ---- loops.py: Loop checks: an answer repeating itself, cut or sent again; the first pages' check.
 
 CUT = ("length", "repetition")  # an answer the engine ended: at max_tokens, or by its detection
 
@@ -1393,7 +1393,7 @@ class DegenerateCheck:
             f"anyway.", code=EXIT_DEGENERATE)
 
 
-# ---- rows.py: A page's result: the row it becomes, an error row with its cause, a document's pages joined.
+# ---- rows.py: A page's result: its row, an error row with its cause, a document's pages joined.
 
 PAGE, SERVER = "page", "server"  # an error row's kind: final, or one a rerun redoes
 
@@ -1486,7 +1486,7 @@ def read_page(cell, args, decode: bool = True) -> PreparedPage | RowResult | Non
                      f"sent: its text layer was enough (--skip-text-pages {args.skip_text_pages})")
 
 
-# ---- plan.py: Which rows are done: the journal of written parts, and the plan of the rows still to send.
+# ---- plan.py: Which rows are done: the journal of written parts, the plan of the rows to send.
 
 class Journal:
     """Finished rows, a JSON line each, in a file per run that goes once its rows are in parts."""
@@ -1617,7 +1617,7 @@ def plan_rows(source: InputSource, store: "OutputStore", args) -> RowPlan:
                    earlier_ok, send, pages)
 
 
-# ---- store.py: The output store: OUTPUT's folder or Hub repo, its lock and claim, its uploads and commits.
+# ---- store.py: The output store: OUTPUT's folder or Hub repo, its lock, claim, uploads, commits.
 
 UPLOAD_ATTEMPTS, UPLOAD_BACKOFF_S, UPLOAD_MAX_WAIT_S = 5, 2.0, 600.0
 
@@ -1995,7 +1995,7 @@ class OutputStore:
             f"{constants.ENDPOINT}/datasets/{self.target}"
 
 
-# ---- saving.py: A finished row's path to disk: held failures, the part writer, the part file and its publication.
+# ---- saving.py: A finished row's path to disk: held failures, the part writer, the part files.
 
 PART_NAME = re.compile(r"^part-(\d{9})-(\d{9})\.parquet$")
 
@@ -2309,7 +2309,7 @@ class PartWriter:
             self.last_flush = time.monotonic()
 
 
-# ---- manifest.py: What one run is: the identity a rerun must match, recorded in OUTPUT's manifest.
+# ---- manifest.py: What one run is: the identity a rerun must match, in OUTPUT's manifest.
 
 # The version of what OUTPUT records (manifest, journal, notes), bumped by any change to them: a
 # rerun (by URL, it may meet any older OUTPUT) of another version is refused in one line.
@@ -2489,7 +2489,7 @@ def claim_output(store: "OutputStore", identity: dict, args,
                                   "identity": identity}, replace=True)
 
 
-# ---- stats.py: The run's figures: pages, rates, memory; written to --stats-json and the card.
+# ---- stats.py: The run's figures: pages, rates, memory; for --stats-json and the card.
 
 def proc_bytes(path: str, key: str) -> int | None:
     """A "key: N kB" line of a /proc file (Linux), in bytes; None without it."""
@@ -2573,7 +2573,7 @@ def write_stats(stats: dict, args) -> None:
                 f"the stats: {json.dumps(stats)}")
 
 
-# ---- jobs_command.py: The Hugging Face Jobs command that runs this script, as printed and as the card gives it.
+# ---- jobs_command.py: The Hugging Face Jobs command that runs this script, printed or in the card.
 
 def rerun_advice() -> str:
     """How to finish a run that has written rows: the same command, but not --restart."""
@@ -2706,7 +2706,7 @@ def jobs_advice(argv: list[str] | None = None) -> str:
     return "\n".join([f"  {jobs_command(argv)}", *(f"* {note}" for note in jobs_notes(argv))])
 
 
-# ---- card.py: The dataset card: what was run, on what, with what result, and its metadata for the Hub's search.
+# ---- card.py: The dataset card: what ran, on what, with what result; metadata for Hub search.
 
 def part_note(path: Path, column: str) -> dict:
     """A part's error rows (row -> kind) and count of text-layer rows: what a rerun and the card
@@ -2861,7 +2861,7 @@ Reproduce on Hugging Face Jobs:
 """))
 
 
-# ---- arguments.py: The command line: the options every script shares, their checks, and the run's own words.
+# ---- arguments.py: The command line: the options every script shares, their checks, the argv.
 
 _RUN_ARGV: list = []  # this run's arguments, one word each (parse_arguments): a rerun's, a Job's
 
@@ -3010,7 +3010,7 @@ def parse_arguments(doc: str, argv: list[str] | None, add_shape_arguments, shape
     return args
 
 
-# ---- run.py: One run from start to end: its interrupts, the output opened, the steps and the exit code.
+# ---- run.py: One run from start to end: interrupts, the output opened, steps, exit code.
 
 class Interrupts:
     """SIGINT and SIGTERM (a cancelled Job) stop the run as KeyboardInterrupt, but never while
@@ -3321,7 +3321,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 
 
-# ---- serve_args.py: The vLLM server's flags: the script's own, the user's --serve-args, and what they say.
+# ---- serve_args.py: The vLLM server's flags: the script's own, --serve-args, what they say.
 
 def option_name(flag) -> str:
     return str(flag).replace("_", "-")  # like vLLM, an option may be spelled with underscores
@@ -3399,7 +3399,7 @@ def server_argument_problems(args) -> list[str]:
     return problems
 
 
-# ---- process.py: The vLLM server's process: reused, or started under a watchdog, waited for, watched, stopped.
+# ---- process.py: The vLLM server process: reused, or started under a watchdog, watched, stopped.
 
 # Runs `vllm serve` in its own process group. When the driver dies without stopping it (kill -9,
 # OOM), it notices within half a second, stops the group, then kills what is left (itself too).
@@ -3715,7 +3715,7 @@ class ServerManager:
             os.killpg(self.process.pid, signal.SIGKILL)
 
 
-# ---- requests.py: One page's request: its JSON body built once, sent with retries, its answer read.
+# ---- requests.py: One page's request: its body built once, sent with retries, its answer read.
 
 IMAGE_URL_PLACEHOLDER = "@@PAGE_IMAGE_URL@@"
 SEND_AGAIN = globals().get("SEND_AGAIN")  # the model section's: a page it asks to send again
@@ -3830,7 +3830,7 @@ async def send_page(client, server: "ServerManager", body: bytes, args) -> RowRe
     return error_row(f"gave up after {args.max_retries + 1} attempts: {last_error}", SERVER)
 
 
-# ---- pipeline.py: The send loop: a window of pages in flight over a group of clients, until every row is done.
+# ---- pipeline.py: The send loop: a window of pages in flight over a client group.
 
 class ClientGroup(contextlib.AsyncExitStack):
     """httpx clients behind one `post`/`get`, each with at most 16 requests: httpx scans its whole
@@ -4028,7 +4028,7 @@ async def run_server_pipeline(run, args, server: ServerManager, window: Window) 
         await window.sample(client, server)
 
 
-# ---- arguments.py: The server scripts' options and the run of a server script.
+# ---- arguments.py: The server scripts' options, and the run of a server script.
 
 def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("server")

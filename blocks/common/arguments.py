@@ -1,4 +1,4 @@
-"""The command line: the options every script shares, their checks, and the run's own words."""
+"""The command line: the options every script shares, their checks, the argv."""
 
 import argparse
 import os

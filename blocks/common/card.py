@@ -1,4 +1,4 @@
-"""The dataset card: what was run, on what, with what result, and its metadata for the Hub's search."""
+"""The dataset card: what ran, on what, with what result; metadata for Hub search."""
 
 import json
 import os

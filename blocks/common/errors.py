@@ -1,4 +1,4 @@
-"""How the run speaks and stops: its log lines, its exit codes, the errors that end a page or the run."""
+"""How the run speaks and stops: log lines, exit codes, page and run errors."""
 
 import sys
 

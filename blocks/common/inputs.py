@@ -1,4 +1,4 @@
-"""The input: which files or Hub rows are the pages, opened as a dataset with an image column."""
+"""The input: which files or Hub rows are the pages, opened as one dataset."""
 
 import contextlib
 import json

@@ -1,4 +1,4 @@
-"""The Hugging Face Jobs command that runs this script, as printed and as the card gives it."""
+"""The Hugging Face Jobs command that runs this script, printed or in the card."""
 
 import contextlib
 import json

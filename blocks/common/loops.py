@@ -1,4 +1,4 @@
-"""Loop checks: an answer that repeats itself, cut or sent again, and the first pages' sanity check."""
+"""Loop checks: an answer repeating itself, cut or sent again; the first pages' check."""
 
 import zlib
 

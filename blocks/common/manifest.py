@@ -1,4 +1,4 @@
-"""What one run is: the identity a rerun must match, recorded in OUTPUT's manifest."""
+"""What one run is: the identity a rerun must match, in OUTPUT's manifest."""
 
 import contextlib
 import hashlib

@@ -1,4 +1,4 @@
-"""A page image: read from its cell, flattened, resized to the model's bound and encoded to send."""
+"""A page image: read from its cell, flattened, resized, encoded to send."""
 
 import contextlib
 import hashlib

@@ -1,4 +1,4 @@
-"""PDF documents: a row per page, counted without rendering, rendered in a process of their own."""
+"""PDF documents: a row per page, counted unrendered, rendered in their own process."""
 
 import contextlib
 import hashlib

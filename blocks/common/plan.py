@@ -1,4 +1,4 @@
-"""Which rows are done: the journal of written parts, and the plan of the rows still to send."""
+"""Which rows are done: the journal of written parts, the plan of the rows to send."""
 
 import contextlib
 import json

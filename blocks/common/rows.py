@@ -1,4 +1,4 @@
-"""A page's result: the row it becomes, an error row with its cause, a document's pages joined."""
+"""A page's result: its row, an error row with its cause, a document's pages joined."""
 
 from dataclasses import dataclass
 from dataclasses import field

@@ -1,4 +1,4 @@
-"""One run from start to end: its interrupts, the output opened, the steps and the exit code."""
+"""One run from start to end: interrupts, the output opened, steps, exit code."""
 
 import argparse
 import contextlib

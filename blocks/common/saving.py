@@ -1,4 +1,4 @@
-"""A finished row's path to disk: held failures, the part writer, the part file and its publication."""
+"""A finished row's path to disk: held failures, the part writer, the part files."""
 
 import contextlib
 import io

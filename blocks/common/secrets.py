@@ -1,4 +1,4 @@
-"""Secrets: the one place that decides which values are secrets and masks them, in logs, argv and records."""
+"""Secrets: which values are secrets, and their masks in logs, argv and records."""
 
 import contextlib
 import json

@@ -1,4 +1,4 @@
-"""The run's figures: pages, rates, memory; written to --stats-json and the card."""
+"""The run's figures: pages, rates, memory; for --stats-json and the card."""
 
 import json
 import re

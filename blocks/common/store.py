@@ -1,4 +1,4 @@
-"""The output store: OUTPUT's folder or Hub repo, its lock and claim, its uploads and commits."""
+"""The output store: OUTPUT's folder or Hub repo, its lock, claim, uploads, commits."""
 
 import contextlib
 import json

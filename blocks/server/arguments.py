@@ -1,4 +1,4 @@
-"""The server scripts' options and the run of a server script."""
+"""The server scripts' options, and the run of a server script."""
 
 import argparse
 import contextlib

@@ -1,4 +1,4 @@
-"""The send loop: a window of pages in flight over a group of clients, until every row is done."""
+"""The send loop: a window of pages in flight over a client group."""
 
 import argparse
 import asyncio

@@ -1,4 +1,4 @@
-"""The vLLM server's process: reused, or started under a watchdog, waited for, watched, stopped."""
+"""The vLLM server process: reused, or started under a watchdog, watched, stopped."""
 
 import asyncio
 import contextlib

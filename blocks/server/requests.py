@@ -1,4 +1,4 @@
-"""One page's request: its JSON body built once, sent with retries, its answer read."""
+"""One page's request: its body built once, sent with retries, its answer read."""
 
 import asyncio
 import base64

@@ -1,4 +1,4 @@
-"""The vLLM server's flags: the script's own, the user's --serve-args, and what they say."""
+"""The vLLM server's flags: the script's own, --serve-args, what they say."""
 
 import json
 import re
