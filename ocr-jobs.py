@@ -48,7 +48,8 @@ submitted beside (two live Jobs for one shard: the newer is cancelled). A shard 
 every row has text, a skip reason or a final (page-caused) error: its rows in the parts on the
 Hub (`data/part-<start>-<stop>.parquet`) and, once its Job has ended, none of kind `server` in
 its notes (`.ocr/notes/shard-i-of-n.json`, which the script writes with its parts and reads on
-a rerun to know what to redo). A shard whose Job ended with rows left is submitted again, at
+a rerun to know what to redo), judged by the script's own `rows_to_redo`, run from its
+text. A shard whose Job ended with rows left is submitted again, at
 most --max-attempts Jobs of this launcher (the script redoes only those rows); a Job that stays
 SCHEDULING for 10 minutes is reported.
 
@@ -70,6 +71,8 @@ claim on OUTPUT goes, a Ctrl-C while it is committed included).
 """
 
 import argparse
+import ast
+import contextlib
 import hashlib
 import json
 import math
@@ -105,7 +108,6 @@ LABEL = "ocr-jobs"  # label keys: ocr-jobs (run id), ocr-identity (the script's 
 # run), ocr-output, ocr-input, ocr-shard, ocr-script, ocr-submission (one per submission); the
 # launcher before ocr-identity labelled a run by its words typed, ocr-run (legacy_fingerprint)
 IDENTITY, LEGACY = "ocr-identity", "ocr-run"
-REDONE_ERROR_KIND = "server"  # the scripts' SERVER: the error rows a rerun redoes (plan_rows)
 
 
 class UsageError(Exception):
@@ -865,13 +867,32 @@ def spans(ranges: list[tuple[int, int]]) -> str:
     return ", ".join(words[:8]) + (f", ... ({len(words)} ranges)" if len(words) > 8 else "")
 
 
-def server_error_rows(notes: dict, files: list[str], lo: int, hi: int) -> list[int]:
-    """The error rows a rerun of the script redoes, read as it reads them (plan_rows): the
-    notes' error kinds of OUTPUT's parts (the page's are final; not --retry-errors' rule)."""
+def script_function(text: str, name: str):
+    """A function of the script, run here from its text: the script's own rule, not a copy (its
+    top-level literal constants are given to it; nothing of the script is imported)."""
+    tree = ast.parse(text)
+    namespace: dict = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign):
+            with contextlib.suppress(ValueError, TypeError, SyntaxError):
+                value = ast.literal_eval(node.value)
+                targets = node.targets[0]
+                names = targets.elts if isinstance(targets, ast.Tuple) else [targets]
+                values = value if isinstance(targets, ast.Tuple) else [value]
+                namespace.update((n.id, v) for n, v in zip(names, values) if isinstance(n, ast.Name))
+    found = [node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == name]
+    if not found:
+        raise UsageError(f"the script defines no {name}(): use the collection's current script")
+    exec(compile(ast.Module(body=found, type_ignores=[]), "<script>", "exec"), namespace)
+    return namespace[name]
+
+
+def server_error_rows(notes: dict, files: list[str], lo: int, hi: int, rows_to_redo) -> list[int]:
+    """The error rows a rerun of the script redoes, by the script's own rows_to_redo() on the
+    notes of OUTPUT's parts, with its defaults (not --retry-errors: a page's errors are final)."""
     parts = {f[len("data/"):] for f in files if PART_NAME.match(f)}
-    return sorted(int(row) for name, note in notes.items() if name in parts
-                  for row, kind in (note.get("errors") or {}).items()
-                  if kind == REDONE_ERROR_KIND and lo <= int(row) < hi)
+    return sorted(row for name, note in notes.items() if name in parts
+                  for row in rows_to_redo(note, lo, hi))
 
 
 def read_notes(api: Api, output: str, shard: Shard, shards: int) -> dict | None:
@@ -1008,7 +1029,8 @@ def judge(api: Api, ctx: dict, s: Shard, files: list[str], shards: int) -> bool:
         if notes is None:  # the Hub did not answer: asked again at the next poll
             s.state = "CHECKING"
             return False
-        s.server_rows, s.notes_read_for = server_error_rows(notes, files, s.lo, s.hi), job.id
+        s.server_rows = server_error_rows(notes, files, s.lo, s.hi, ctx["rows_to_redo"])
+        s.notes_read_for = job.id
     s.state = "LEFT" if s.server_rows else "DONE"
     return bool(s.server_rows)
 
@@ -1230,7 +1252,8 @@ def launch(args, script_args: list[str], hf_api) -> int:
     price = price_per_minute(api, spec.flavor)
     run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + key.identity[:6]
     ctx = {"args": args, "script": script, "spec": spec, "run_id": run_id, "key": key,
-           "revision": revision, "token": token, "script_args": script_args}
+           "revision": revision, "token": token, "script_args": script_args,
+           "rows_to_redo": script_function(script.read_text(), "rows_to_redo")}
     if args.dry_run:
         return dry_run(ctx, rows, price)
     find_run(on_output, args, key)  # another run's Jobs: refused before the claim

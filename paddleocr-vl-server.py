@@ -1649,6 +1649,17 @@ class RowPlan:
     pages: dict  # --per-document: page -> its result in the journal
 
 
+def rows_to_redo(note: dict, lo: int, hi: int, retry_errors: bool = False,
+                 send_blank: bool = False) -> list[int]:
+    """The rows in [lo, hi) of a part a rerun sends again, from its note: the rows the server
+    failed (every error row with --retry-errors), the blank ones with --send-blank. ocr-jobs.py
+    runs this very function, read from the script, to judge a shard done: it reads only its
+    arguments and the script's literal constants (SERVER)."""
+    again = [int(row) for row, kind in note["errors"].items()
+             if (kind == SERVER or retry_errors) and lo <= int(row) < hi]
+    return again + ([row for row in note.get("blank", []) if lo <= row < hi] if send_blank else [])
+
+
 def plan_rows(source: InputSource, store: "OutputStore", args) -> RowPlan:
     """Rows in no part and error rows to redo (SERVER; all: --retry-errors), less the journal's."""
     covered, redo, earlier_ok = bytearray(source.hi - source.lo), {}, 0
@@ -1661,9 +1672,7 @@ def plan_rows(source: InputSource, store: "OutputStore", args) -> RowPlan:
         if note is None:  # another shard's part, or one sent by hand (`hf upload`): as it is
             earlier_ok += stop - start
             continue
-        again = [int(row) for row, kind in note["errors"].items()
-                 if (kind == SERVER or args.retry_errors) and lo <= int(row) < hi]
-        again += [row for row in note["blank"] if lo <= row < hi] if args.send_blank else []
+        again = rows_to_redo(note, lo, hi, args.retry_errors, args.send_blank)
         if again and path is None:  # only on the Hub (a Job's empty disk)
             path = store.fetch_part(name)
         earlier_ok += stop - start - len(note["errors"]) - \

@@ -540,6 +540,28 @@ def test_a_shard_whose_rows_failed_on_the_server_is_submitted_again(
     assert_output_complete(jobs)
 
 
+@pytest.mark.parametrize("script", ["ovis-ocr2-server.py", "lighton-ocr3.py"])
+def test_the_launcher_judges_a_shard_by_the_scripts_own_rule(launcher, script):
+    """One question, one answer (which rows a rerun redoes): the launcher runs the script's own
+    rows_to_redo, read from the script's text, not a copy of its rule; an edit of the rule in the
+    script changes the launcher's judgement too."""
+    text = (ROOT / script).read_text()
+    note = {"errors": {"3": "server", "4": "page"}, "blank": [5], "text_layer": 0}
+    notes, files = {"part-000000000-000000008.parquet": note}, \
+        ["data/part-000000000-000000008.parquet", "data/part-000000008-000000016.parquet"]
+    rule = launcher.script_function(text, "rows_to_redo")
+    assert launcher.server_error_rows(notes, files, 0, 8, rule) == [3]
+    assert launcher.server_error_rows(notes, files, 4, 8, rule) == []  # another shard's row
+    assert load_script(script).rows_to_redo(note, 0, 8) == [3]  # what the script's plan redoes
+    assert load_script(script).rows_to_redo(note, 0, 8, True, True) == [3, 4, 5]
+    edited = text.replace("(kind == SERVER or retry_errors)", '(kind in (SERVER, "page") or retry_errors)')
+    assert edited != text
+    assert launcher.server_error_rows(
+        notes, files, 0, 8, launcher.script_function(edited, "rows_to_redo")) == [3, 4]
+    with pytest.raises(launcher.UsageError, match="defines no rows_to_redo"):
+        launcher.script_function(text.replace("def rows_to_redo(", "def other_rule("), "rows_to_redo")
+
+
 @pytest.mark.timeout(400)  # Jobs of the script in a row, on a loaded machine
 def test_rows_left_after_the_attempts_are_named_and_the_same_command_goes_on(
         launcher, hub, stub_server, monkeypatch, capsys):
