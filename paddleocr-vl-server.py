@@ -96,6 +96,7 @@ Where the settings come from, and the choices where sources differ
     parties (the 1.6 card's text was not reachable).
 """
 
+import html
 import re
 
 # ============================================================================================
@@ -311,7 +312,7 @@ def otsl_to_html(otsl: str) -> str:
             covered.update((r + i, c + j) for i in range(rowspan) for j in range(colspan))
             attrs = (f' rowspan="{rowspan}"' if rowspan > 1 else "") + \
                 (f' colspan="{colspan}"' if colspan > 1 else "")
-            cells.append(f"<td{attrs}>{text}</td>")
+            cells.append(f"<td{attrs}>{html.escape(text, quote=False)}</td>")
         html_rows.append("<tr>" + "".join(cells) + "</tr>")
     if not any(tag in ORIGINS for row in grid for tag in row):
         return ""

@@ -6,6 +6,7 @@ line on) into the script that carries it. Its functions call the PATCH GRID HELP
 (imported below), which the script carries too and defines before they run.
 """
 
+import html
 import re
 
 from blocks.patch_grid import max_patch_grid_tokens, snap_to_patch_grid
@@ -212,7 +213,7 @@ def otsl_to_html(otsl: str) -> str:
             covered.update((r + i, c + j) for i in range(rowspan) for j in range(colspan))
             attrs = (f' rowspan="{rowspan}"' if rowspan > 1 else "") + \
                 (f' colspan="{colspan}"' if colspan > 1 else "")
-            cells.append(f"<td{attrs}>{text}</td>")
+            cells.append(f"<td{attrs}>{html.escape(text, quote=False)}</td>")
         html_rows.append("<tr>" + "".join(cells) + "</tr>")
     if not any(tag in ORIGINS for row in grid for tag in row):
         return ""

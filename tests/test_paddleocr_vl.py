@@ -40,6 +40,15 @@ def test_a_table_answer_in_otsl_becomes_an_html_table(paddle):
     assert extras == {}
 
 
+def test_a_cells_text_is_text_in_the_html_table(paddle):
+    """A cell reading `x < 5 & y > 2` (a comparison in a table of conditions) is the cell's text:
+    written into the HTML table as is, its `<` would open a tag and hide the rest of the row."""
+    raw = "<fcel>x < 5 & y > 2<fcel><b>bold?</b><nl>"
+    text, _ = paddle.postprocess(raw, args("table"))
+    assert text == ("<table><tr><td>x &lt; 5 &amp; y &gt; 2</td>"
+                    "<td>&lt;b&gt;bold?&lt;/b&gt;</td></tr></table>")
+
+
 def test_merged_cells_become_colspan_and_rowspan(paddle):
     """lcel extends the cell on its left, ucel the one above, xcel both: a header over two
     columns, a label over two rows, and a 2 x 2 block."""
