@@ -4297,6 +4297,11 @@ def parse_metrics(text: str) -> dict:
     return out
 
 
+# the best tokens/s seen shrinks by this much a sample: growth stops when tokens/s fall, but
+# a burst of short pages early on does not stop it for the rest of the run
+RATE_MEMORY = 0.9
+
+
 class AdaptiveWindow(Window):
     """Starts at --min-window, grows while the engine has no queue and tokens/s rise, shrinks
     when requests wait or the KV cache is near full, within the host-memory budget."""
@@ -4414,7 +4419,7 @@ class AdaptiveWindow(Window):
                 not (self.best_rate and rate < self.best_rate * 0.95):
             # a full window, no queue, answers back through it, tokens/s still rising: widen
             new = min(cap, self.args.max_window, int(math.ceil(limit * 1.5)))
-        self.best_rate = max(self.best_rate, rate)
+        self.best_rate = max(rate, self.best_rate * RATE_MEMORY)  # an old burst fades
         if new != limit:
             self.resized_at = len(self.stats.finished_at)
             self.resize(new)

@@ -5,12 +5,14 @@ and what must hold for all of them: --help, the copied blocks, the PEP 723 heade
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import re
 import shlex
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -361,6 +363,27 @@ def test_saturate_window_grows_past_its_start_when_the_engine_has_no_queue(tmp_p
     assert windows == sorted(windows), "no queue, no memory limit: it never gives pages back"
     assert result["bound_by"] != "memory"  # a quarter of this machine's memory: far away
     assert load_output(tmp_path / "out").num_rows == 120
+
+
+def test_saturate_window_grows_again_after_an_early_burst_of_tokens(monkeypatch):
+    """The growth rule asks that tokens/s still rise. A burst early on (the first pages short)
+    must not stop the window growing for the rest of the run: once tokens/s hold steady, lower
+    than the burst, with the window full and no queue, the window widens again."""
+    module = load_script(SATURATE)
+    window = object.__new__(module.AdaptiveWindow)
+    args = types.SimpleNamespace(concurrency=None, min_window=4, max_window=1024)
+    stats = types.SimpleNamespace(in_flight=0, finished_at=[])
+    window.__dict__.update(limit=8, args=args, stats=stats, budget=8 << 30, seen=0, resized_at=0,
+                           best_rate=0.0, samples=[], preparing=0, input_done=False,
+                           body_sizes=[100_000])
+    monkeypatch.setattr(window, "resize", lambda new: setattr(window, "limit", new), raising=False)
+    no_queue = {"waiting": 0, "running": 8, "kv": 0.1}
+    rates = [5000.0] + [1000.0] * 60  # the burst, then a steady rate a fifth of it
+    for rate in rates:
+        stats.in_flight = window.limit  # the window full
+        stats.finished_at += [0.0] * window.limit  # its pages answered since the last resize
+        asyncio.run(window.tick(no_queue, rate))
+    assert window.limit > 8 * 1.5, window.limit
 
 
 def telemetry_so_far(stats: Path) -> list[dict]:
