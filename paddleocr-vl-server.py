@@ -96,6 +96,35 @@ Where the settings come from, and the choices where sources differ
     parties (the 1.6 card's text was not reachable).
 """
 
+# ==== MAP (written by tools/sync_helpers.py) ====
+# Its parts (edit a block in its source, then run the assembler):
+#   model section  L131
+#   PADDLEOCR-VL MODEL  blocks/paddleocr_vl.py  L141-375
+#   COMMON HELPERS  blocks/common/  L378-3325
+#     model_options.py L401  errors.py L418         secrets.py L454
+#     inputs.py L541         pages.py L917          pdf.py L1097
+#     loops.py L1395         rows.py L1509          plan.py L1602
+#     store.py L1733         saving.py L2111        manifest.py L2425
+#     stats.py L2605         jobs_command.py L2689  card.py L2822
+#     arguments.py L2977     run.py L3126
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3328-3401
+#   PATCH GRID HELPERS  blocks/patch_grid.py  L3404-3437
+#   SERVER HELPERS  blocks/server/  L3440-4234
+#     serve_args.py L3457  process.py L3535     requests.py L3851
+#     pipeline.py L3966    arguments.py L4164
+#   main()  L4241
+# A page's path, by the functions that take it:
+#   cell           iter_image_cells L902
+#   prepared page  read_page L1588, prepare_page L1031
+#   request        request_body L3870
+#   answer         send_page L3919, read_completion L3899
+#   finished row   finish_row L2148
+#   journal        Journal.append L1629
+#   part           write_part L2246
+#   commit         OutputStore.publish L2005, OutputStore.commit L2024
+#   card           build_card L2899
+# ==== END MAP ====
+
 import re
 
 # ============================================================================================

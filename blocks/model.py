@@ -6,8 +6,9 @@ the model section defines before the blocks run; in a module of blocks/ they are
 here (`from blocks.model import ...`, in the part above the BEGIN line, which the assembler
 leaves out), so that ruff knows every name and a test can import a block. Each value here is a
 placeholder of the right type; a script's model section sets the real one. The names are
-grouped by who needs them (the comment above each group); tests/test_scripts.py fails when a
-script's model section lacks one its shape needs (test_every_script_defines_what_model_py_lists).
+grouped by who needs them (the comment above each group); tools/sync_helpers.py refuses to write
+(and --check fails on) a script whose model section lacks one its shape needs, naming it with
+its comment here.
 
 Besides these, a block may read an optional model-section name with a default, at the top of
 the block that uses it: `NAME = globals().get("NAME", default)` (MODEL_REVISION, RESIZE_FILTER,
@@ -53,7 +54,7 @@ MODEL_ID = "org/model"  # the Hub id of the weights
 JOB_IMAGE = "vllm/vllm-openai:tag"  # the image a Job runs in
 SCRIPT_SHAPE = "server"  # "server", "saturate" or "offline"
 PAGE_FORMAT = "jpeg"  # the format of pages that must be converted or resized
-DEFAULT_MAX_TOKENS = 4096
+DEFAULT_MAX_TOKENS = 4096  # --max-tokens when none is given
 EXTRA_COLUMNS: dict = {}  # column suffix -> "blocks", "string", "bool" or "int32": model-specific
 # output columns (a document's row, --per-document: blocks joined, strings marked by page,
 # a bool or an int its pages' one value, else null)
@@ -92,7 +93,7 @@ def inference_settings(args) -> dict:
 # Server scripts (server block)
 SERVE_ARGS: list = []  # `vllm serve` arguments after the model id
 SERVE_ENV: dict = {}  # environment variables the spawned `vllm serve` needs
-DEFAULT_SERVER = "http://127.0.0.1:8000"
+DEFAULT_SERVER = "http://127.0.0.1:8000"  # --server's default
 
 
 def spawn_args(args) -> list[str]:
