@@ -254,6 +254,95 @@ def test_the_assembler_refuses_a_model_section_that_lacks_a_listed_name(tmp_path
            "llm.chat(..., **CHAT_KWARGS))" in run.stdout
 
 
+def names_taken_from_the_blocks(text: str) -> list[str]:
+    """The names a script's model section (its own text with its model parts, main() left out)
+    uses but neither defines nor imports, as ruff finds them: the ones its blocks define."""
+    import ast
+    own = ASSEMBLER.own_text(text)
+    lines = own.splitlines(keepends=True)
+    for node in reversed(ast.parse(own).body):
+        if getattr(node, "name", "") == "main" or (
+                isinstance(node, ast.If) and "__main__" in ast.unparse(node.test)):
+            del lines[node.lineno - 1:node.end_lineno]
+    run = subprocess.run([sys.executable, "-m", "ruff", "check", "--isolated", "--no-cache",
+                          "--select", "F821", "--output-format", "json", "--stdin-filename",
+                          "model_section.py", "-"], input="".join(lines), capture_output=True,
+                         text=True)
+    assert run.stderr == "", run.stderr
+    return sorted({re.search(r"`(.+)`", problem["message"]).group(1)
+                   for problem in json.loads(run.stdout)})
+
+
+def helpers_listed() -> dict[str, str]:
+    """blocks/model.py's MODEL_SECTION_HELPERS: name -> the block that defines it."""
+    sys.path.insert(0, str(ROOT))
+    try:
+        from blocks.model import MODEL_SECTION_HELPERS
+    finally:
+        sys.path.remove(str(ROOT))
+    return MODEL_SECTION_HELPERS
+
+
+@pytest.mark.parametrize("script", ALL_SCRIPTS)
+def test_a_model_section_calls_only_the_helpers_model_py_lists(script):
+    """Issue #43 item 4: what a model section takes from the blocks is the list in
+    blocks/model.py, not whatever a block happens to define."""
+    taken = names_taken_from_the_blocks((ROOT / script).read_text())
+    assert sorted(set(taken) - set(helpers_listed())) == []
+
+
+def test_a_helper_a_model_section_takes_unlisted_is_found():
+    text = (ROOT / "ovis-ocr2-server.py").read_text()
+    assert names_taken_from_the_blocks(text)
+    taking = text.replace("\ndef spawn_args(", "\ndef masked(args):\n    return redact_argv(args)"
+                          "\n\n\ndef spawn_args(", 1)
+    assert set(names_taken_from_the_blocks(taking)) - set(helpers_listed()) == {"redact_argv"}
+
+
+def block_of(module: str) -> str:
+    """The block a module of blocks/ (dotted, as an import names it) is part of."""
+    path = ROOT / (module.replace(".", "/") + ".py")
+    return next(name for name, source in ASSEMBLER.block_modules().items()
+                if source in (path, path.parent))
+
+
+MODEL_PARTS = [path.name for path in sorted((ROOT / "blocks").glob("*.py"))
+               if re.search(r"^# ==== BEGIN [A-Z0-9 -]+ MODEL ", path.read_text(), re.M)]
+
+
+@pytest.mark.parametrize("part", MODEL_PARTS)
+def test_a_model_part_imports_only_listed_helpers_from_the_blocks(part):
+    """A model part (blocks/<model>.py) imports from the blocks the helpers blocks/model.py
+    lists, from the block the list names (blocks.model's names are the model section's)."""
+    import ast
+    listed = helpers_listed()
+    imported = [(alias.name, block_of(node.module))
+                for node in ast.parse((ROOT / "blocks" / part).read_text()).body
+                if isinstance(node, ast.ImportFrom) and node.module.startswith("blocks.")
+                and node.module != "blocks.model" for alias in node.names]
+    assert imported and [(name, block) for name, block in imported
+                         if listed.get(name) != block] == []
+
+
+def test_every_listed_helper_is_in_the_block_the_list_names():
+    """What blocks/model.py lists a model section may use is there, in the text the scripts
+    carry of that block (a function, a class, a constant or one of the block's imports)."""
+    import ast
+    sources = ASSEMBLER.block_sources()
+    missing = []
+    for name, block in helpers_listed().items():
+        defined = set()
+        for node in ast.parse(sources[block]).body:
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                defined |= {(alias.asname or alias.name).split(".")[0] for alias in node.names}
+            for target in getattr(node, "targets", []) + [getattr(node, "target", None)]:
+                defined |= {n.id for n in ast.walk(target) if isinstance(n, ast.Name)} \
+                    if target else set()
+            defined |= {node.name} if isinstance(node, (ast.FunctionDef, ast.ClassDef)) else set()
+        missing += [f"{name} ({block})"] if name not in defined else []
+    assert missing == []
+
+
 MAP_ENTRY = {  # a kind of line in a map, and what the line it points at starts with
     "block": (re.compile(r"#   ([A-Z0-9 -]+?)  (?:blocks/\S+  )?L(\d+)-(\d+)$"), "# ==== BEGIN "),
     "section": (re.compile(r"#   model section  L(\d+)$"), "# Model section"),
