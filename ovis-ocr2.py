@@ -43,6 +43,32 @@ Where the engine arguments come from
     caching, no multimodal processor cache). Thinking off, greedy, max_tokens 16384.
 """
 
+# ==== MAP (written by tools/sync_helpers.py) ====
+# Its parts (edit a block in its source, then run the assembler):
+#   model section  L75
+#   OVISOCR2 MODEL  blocks/ovis_ocr2.py  L87-173
+#   COMMON HELPERS  blocks/common/  L202-3149
+#     model_options.py L225  errors.py L242         secrets.py L278
+#     inputs.py L365         pages.py L741          pdf.py L921
+#     loops.py L1219         rows.py L1333          plan.py L1426
+#     store.py L1557         saving.py L1935        manifest.py L2249
+#     stats.py L2429         jobs_command.py L2513  card.py L2646
+#     arguments.py L2801     run.py L2950
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3152-3225
+#   OFFLINE HELPERS  blocks/offline.py  L3228-3428
+#   main()  L3435
+# A page's path, by the functions that take it:
+#   cell           iter_image_cells L726
+#   prepared page  read_page L1412, prepare_page L855
+#   request        generate_batch L3284
+#   answer         generate_batch L3284
+#   finished row   finish_row L1972
+#   journal        Journal.append L1453
+#   part           write_part L2070
+#   commit         OutputStore.publish L1829, OutputStore.commit L1848
+#   card           build_card L2723
+# ==== END MAP ====
+
 import re
 
 # ============================================================================================

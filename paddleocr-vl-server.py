@@ -96,6 +96,35 @@ Where the settings come from, and the choices where sources differ
     parties (the 1.6 card's text was not reachable).
 """
 
+# ==== MAP (written by tools/sync_helpers.py) ====
+# Its parts (edit a block in its source, then run the assembler):
+#   model section  L132
+#   PADDLEOCR-VL MODEL  blocks/paddleocr_vl.py  L142-376
+#   COMMON HELPERS  blocks/common/  L379-3335
+#     model_options.py L402  errors.py L419         secrets.py L455
+#     inputs.py L542         pages.py L918          pdf.py L1098
+#     loops.py L1396         rows.py L1510          plan.py L1603
+#     store.py L1743         saving.py L2121        manifest.py L2435
+#     stats.py L2615         jobs_command.py L2699  card.py L2832
+#     arguments.py L2987     run.py L3136
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3338-3411
+#   PATCH GRID HELPERS  blocks/patch_grid.py  L3414-3447
+#   SERVER HELPERS  blocks/server/  L3450-4244
+#     serve_args.py L3467  process.py L3545     requests.py L3861
+#     pipeline.py L3976    arguments.py L4174
+#   main()  L4251
+# A page's path, by the functions that take it:
+#   cell           iter_image_cells L903
+#   prepared page  read_page L1589, prepare_page L1032
+#   request        request_body L3880
+#   answer         send_page L3929, read_completion L3909
+#   finished row   finish_row L2158
+#   journal        Journal.append L1630
+#   part           write_part L2256
+#   commit         OutputStore.publish L2015, OutputStore.commit L2034
+#   card           build_card L2909
+# ==== END MAP ====
+
 import html
 import re
 

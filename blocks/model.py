@@ -6,8 +6,9 @@ the model section defines before the blocks run; in a module of blocks/ they are
 here (`from blocks.model import ...`, in the part above the BEGIN line, which the assembler
 leaves out), so that ruff knows every name and a test can import a block. Each value here is a
 placeholder of the right type; a script's model section sets the real one. The names are
-grouped by who needs them (the comment above each group); tests/test_scripts.py fails when a
-script's model section lacks one its shape needs (test_every_script_defines_what_model_py_lists).
+grouped by who needs them (the comment above each group); tools/sync_helpers.py refuses to write
+(and --check fails on) a script whose model section lacks one its shape needs, naming it with
+its comment here.
 
 Besides these, a block may read an optional model-section name with a default, at the top of
 the block that uses it: `NAME = globals().get("NAME", default)` (MODEL_REVISION, RESIZE_FILTER,
@@ -35,10 +36,31 @@ and ocr-jobs.py read; models.json repeats image, flavor and timeout (tests/test_
 A script whose image has no uv (IMAGE_HAS_UV False) has no such table: its models.json entry's
 `run_command` says how to start it.
 
-The model section's functions may call the helpers of the blocks its script carries (the
-common block's `repeated_tail`, the grounding block's `block_box`): they run after the blocks
-are defined.
+The other way, a model section (and a model part, blocks/<model>.py) reaches the blocks only
+through MODEL_SECTION_HELPERS below: its functions call them at run time, after the blocks are
+defined (a section that calls one at import, as dots.mocr's counts its context with the patch
+grid helpers, carries that block above it).
 """
+
+# The blocks' names a model section or model part may use besides builtins, its own names and
+# its own imports, with the block that defines them (tests/test_scripts.py holds every script
+# and model part to this list). The modules a block imports are among them: imported again in
+# a model section that uses them only in functions, ruff would call it a redefinition (F811).
+MODEL_SECTION_HELPERS = {
+    **dict.fromkeys([
+        "repeated_tail",  # (period, repeats) of a run repeated at the end of a text
+        "RowResult", "error_row", "SERVER",  # a page's result, an error row, its rerun kind
+        "encode_page",  # a page resized and encoded: (data, mime, width, height)
+        "log", "fail",  # a line to stderr, secrets masked; an error that stops the run
+        "requested_revision", "resolved_revision",  # the weights' revision asked for; its sha
+        "argparse", "io", "json", "math", "Path",  # the block's imports
+    ], "COMMON HELPERS"),
+    **dict.fromkeys(["asyncio", "base64"], "SERVER HELPERS"),  # the block's imports
+    "block_box": "GROUNDING HELPERS",  # a parsed box as four ints in [0, top], or None
+    **dict.fromkeys([  # a Qwen2-VL-style processor's image sizes and tokens
+        "patch_grid_tokens", "max_patch_grid_tokens", "snap_to_patch_grid", "per_frame",
+    ], "PATCH GRID HELPERS"),
+}
 
 # Every script, read by the tests, ocr-jobs.py and models.json's checks (no block reads them)
 IMAGE_TAG = "v0.0.0"  # the tag of JOB_IMAGE: tests/pinned_vllm.py checks that vLLM release's
@@ -53,7 +75,7 @@ MODEL_ID = "org/model"  # the Hub id of the weights
 JOB_IMAGE = "vllm/vllm-openai:tag"  # the image a Job runs in
 SCRIPT_SHAPE = "server"  # "server", "saturate" or "offline"
 PAGE_FORMAT = "jpeg"  # the format of pages that must be converted or resized
-DEFAULT_MAX_TOKENS = 4096
+DEFAULT_MAX_TOKENS = 4096  # --max-tokens when none is given
 EXTRA_COLUMNS: dict = {}  # column suffix -> "blocks", "string", "bool" or "int32": model-specific
 # output columns (a document's row, --per-document: blocks joined, strings marked by page,
 # a bool or an int its pages' one value, else null)
@@ -92,7 +114,7 @@ def inference_settings(args) -> dict:
 # Server scripts (server block)
 SERVE_ARGS: list = []  # `vllm serve` arguments after the model id
 SERVE_ENV: dict = {}  # environment variables the spawned `vllm serve` needs
-DEFAULT_SERVER = "http://127.0.0.1:8000"
+DEFAULT_SERVER = "http://127.0.0.1:8000"  # --server's default
 
 
 def spawn_args(args) -> list[str]:

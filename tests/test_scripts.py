@@ -125,7 +125,10 @@ def test_a_copy_for_a_new_model_keeps_its_edited_model_section(tmp_path):
     new.write_text(own)
     run = subprocess.run(tool, capture_output=True, text=True)
     assert run.returncode == 0, run.stdout
-    assert new.read_text() == own
+    # the script as it was, but for its map, which no longer lists the part as a block
+    assert ASSEMBLER.MAP.sub("", new.read_text()) == ASSEMBLER.MAP.sub("", own)
+    assert "OVISOCR2 MODEL  blocks/" in own and "OVISOCR2 MODEL" not in new.read_text()
+    assert map_errors(new.read_text()) == []
     assert subprocess.run(tool + ["--check"], capture_output=True).returncode == 0
 
     # a block the new script needs: its BEGIN and END lines, which the assembler fills in
@@ -185,42 +188,16 @@ def test_every_name_a_block_or_script_uses_is_defined():
     assert run.returncode == 0, run.stdout + run.stderr
 
 
-MODEL_GROUPS = {"Every script": {"server", "saturate", "offline"},
-                "Server scripts": {"server", "saturate"}, "Offline scripts": {"offline"}}
+def load_assembler():
+    """tools/sync_helpers.py as a module: its checks of the model section and the map."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("sync_helpers", ROOT / "tools" / "sync_helpers.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def names_model_py_requires(shape: str) -> set[str]:
-    """blocks/model.py's names for a script of this shape: each group under its comment line
-    (`# Every script...`, `# Server scripts...`, `# Offline scripts...`)."""
-    import ast
-    source = (ROOT / "blocks" / "model.py").read_text()
-    groups = [(number, name) for number, line in enumerate(source.splitlines(), 1)
-              for name in MODEL_GROUPS if line.startswith(f"# {name}")]
-    required = set()
-    for node in ast.parse(source).body:
-        group = [name for number, name in groups if number < node.lineno][-1:]
-        if group and shape in MODEL_GROUPS[group[0]]:
-            targets = [node.target] if isinstance(node, ast.AnnAssign) else \
-                getattr(node, "targets", [])
-            required |= {node.name} if isinstance(node, ast.FunctionDef) else \
-                {t.id for t in targets if isinstance(t, ast.Name)}
-    return required
-
-
-def model_section_names(text: str) -> set[str]:
-    """The top-level names a script defines outside its helper blocks: its model section and
-    a model part it shares with its model's other script (BEGIN ... MODEL)."""
-    import ast
-    own = re.sub(r"^# ==== BEGIN ([A-Z0-9 -]+ HELPERS) .*?^# ==== END \1 ====\n", "", text,
-                 flags=re.S | re.M)
-    names = set()
-    for node in ast.parse(own).body:
-        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
-            names.add(node.name)
-        for target in getattr(node, "targets", []) + [getattr(node, "target", None)]:
-            if isinstance(target, ast.Name):
-                names.add(target.id)
-    return names
+ASSEMBLER = load_assembler()
 
 
 @pytest.mark.parametrize("script", ALL_SCRIPTS)
@@ -229,9 +206,10 @@ def test_every_script_defines_what_model_py_lists(script):
     (the blocks, the tests and ocr-jobs.py read them); a name only a block's default provides
     would not count."""
     text = (ROOT / script).read_text()
-    required = names_model_py_requires(load_script(script).SCRIPT_SHAPE)
-    assert {"IMAGE_TAG", "MAX_MODEL_LEN", "postprocess"} <= required
-    assert sorted(required - model_section_names(text)) == []
+    assert ASSEMBLER.script_shape(text) == load_script(script).SCRIPT_SHAPE
+    required = ASSEMBLER.names_model_py_requires(load_script(script).SCRIPT_SHAPE)
+    assert {"IMAGE_TAG", "MAX_MODEL_LEN", "postprocess"} <= set(required)
+    assert ASSEMBLER.lacking_model_names(text) == {}
 
 
 def test_a_model_section_without_a_listed_name_is_found():
@@ -242,7 +220,215 @@ def test_a_model_section_without_a_listed_name_is_found():
         if line.startswith("def "):  # its body stays: renamed, not deleted
             lacking = text.replace(line, "def some_other_name(", 1)
         name = re.match(r"(?:def )?(\w+)", line).group(1)
-        assert name in names_model_py_requires("server") - model_section_names(lacking)
+        assert list(ASSEMBLER.lacking_model_names(lacking)) == [name]
+
+
+def scratch_copy(tmp_path) -> list[str]:
+    """The scripts, tools/ and blocks/ copied to tmp_path; the command that runs its assembler."""
+    import shutil
+    for script in ALL_SCRIPTS:
+        shutil.copy(ROOT / script, tmp_path / script)
+    shutil.copytree(ROOT / "tools", tmp_path / "tools")
+    shutil.copytree(ROOT / "blocks", tmp_path / "blocks")
+    return [sys.executable, str(tmp_path / "tools" / "sync_helpers.py")]
+
+
+def test_the_assembler_refuses_a_model_section_that_lacks_a_listed_name(tmp_path):
+    """blocks/model.py names what a model section must define; writing and --check both stop on
+    a script that lacks one, naming it with what blocks/model.py says of it, and write nothing."""
+    tool = scratch_copy(tmp_path)
+    script = tmp_path / "ovis-ocr2-server.py"
+    lacking = script.read_text().replace("def build_request(", "def request_for(", 1)
+    lacking = re.sub(r"^IMAGE_HAS_UV = .*\n", "", lacking, count=1, flags=re.M)
+    script.write_text(lacking)
+    for extra in ([], ["--check"]):
+        run = subprocess.run(tool + extra, capture_output=True, text=True)
+        assert run.returncode == 1 and run.stderr == "", (extra, run.stdout, run.stderr)
+        assert ("ovis-ocr2-server.py: its model section lacks build_request (blocks/model.py: "
+                "One chat-completions request body for one page.)") in run.stdout.splitlines()
+        assert ("ovis-ocr2-server.py: its model section lacks IMAGE_HAS_UV (blocks/model.py: "
+                "False: the image has no uv, so no `hf jobs uv run`;") in run.stdout
+        assert script.read_text() == lacking
+    offline = tmp_path / "ovis-ocr2.py"  # the offline names, for an offline script
+    offline.write_text(re.sub(r"^CHAT_KWARGS = .*\n", "", offline.read_text(), flags=re.M))
+    run = subprocess.run(tool + ["--check"], capture_output=True, text=True)
+    assert "ovis-ocr2.py: its model section lacks CHAT_KWARGS (blocks/model.py: " \
+           "llm.chat(..., **CHAT_KWARGS))" in run.stdout
+
+
+def names_taken_from_the_blocks(text: str) -> list[str]:
+    """The names a script's model section (its own text with its model parts, main() left out)
+    uses but neither defines nor imports, as ruff finds them: the ones its blocks define."""
+    import ast
+    own = ASSEMBLER.own_text(text)
+    lines = own.splitlines(keepends=True)
+    for node in reversed(ast.parse(own).body):
+        if getattr(node, "name", "") == "main" or (
+                isinstance(node, ast.If) and "__main__" in ast.unparse(node.test)):
+            del lines[node.lineno - 1:node.end_lineno]
+    run = subprocess.run([sys.executable, "-m", "ruff", "check", "--isolated", "--no-cache",
+                          "--select", "F821", "--output-format", "json", "--stdin-filename",
+                          "model_section.py", "-"], input="".join(lines), capture_output=True,
+                         text=True)
+    assert run.stderr == "", run.stderr
+    return sorted({re.search(r"`(.+)`", problem["message"]).group(1)
+                   for problem in json.loads(run.stdout)})
+
+
+def helpers_listed() -> dict[str, str]:
+    """blocks/model.py's MODEL_SECTION_HELPERS: name -> the block that defines it."""
+    sys.path.insert(0, str(ROOT))
+    try:
+        from blocks.model import MODEL_SECTION_HELPERS
+    finally:
+        sys.path.remove(str(ROOT))
+    return MODEL_SECTION_HELPERS
+
+
+@pytest.mark.parametrize("script", ALL_SCRIPTS)
+def test_a_model_section_calls_only_the_helpers_model_py_lists(script):
+    """Issue #43 item 4: what a model section takes from the blocks is the list in
+    blocks/model.py, not whatever a block happens to define."""
+    taken = names_taken_from_the_blocks((ROOT / script).read_text())
+    assert sorted(set(taken) - set(helpers_listed())) == []
+
+
+def test_a_helper_a_model_section_takes_unlisted_is_found():
+    text = (ROOT / "ovis-ocr2-server.py").read_text()
+    assert names_taken_from_the_blocks(text)
+    taking = text.replace("\ndef spawn_args(", "\ndef masked(args):\n    return redact_argv(args)"
+                          "\n\n\ndef spawn_args(", 1)
+    assert set(names_taken_from_the_blocks(taking)) - set(helpers_listed()) == {"redact_argv"}
+
+
+def block_of(module: str) -> str:
+    """The block a module of blocks/ (dotted, as an import names it) is part of."""
+    path = ROOT / (module.replace(".", "/") + ".py")
+    return next(name for name, source in ASSEMBLER.block_modules().items()
+                if source in (path, path.parent))
+
+
+MODEL_PARTS = [path.name for path in sorted((ROOT / "blocks").glob("*.py"))
+               if re.search(r"^# ==== BEGIN [A-Z0-9 -]+ MODEL ", path.read_text(), re.M)]
+
+
+@pytest.mark.parametrize("part", MODEL_PARTS)
+def test_a_model_part_imports_only_listed_helpers_from_the_blocks(part):
+    """A model part (blocks/<model>.py) imports from the blocks the helpers blocks/model.py
+    lists, from the block the list names (blocks.model's names are the model section's)."""
+    import ast
+    listed = helpers_listed()
+    imported = [(alias.name, block_of(node.module))
+                for node in ast.parse((ROOT / "blocks" / part).read_text()).body
+                if isinstance(node, ast.ImportFrom) and node.module.startswith("blocks.")
+                and node.module != "blocks.model" for alias in node.names]
+    assert imported and [(name, block) for name, block in imported
+                         if listed.get(name) != block] == []
+
+
+def test_every_listed_helper_is_in_the_block_the_list_names():
+    """What blocks/model.py lists a model section may use is there, in the text the scripts
+    carry of that block (a function, a class, a constant or one of the block's imports)."""
+    import ast
+    sources = ASSEMBLER.block_sources()
+    missing = []
+    for name, block in helpers_listed().items():
+        defined = set()
+        for node in ast.parse(sources[block]).body:
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                defined |= {(alias.asname or alias.name).split(".")[0] for alias in node.names}
+            for target in getattr(node, "targets", []) + [getattr(node, "target", None)]:
+                defined |= {n.id for n in ast.walk(target) if isinstance(n, ast.Name)} \
+                    if target else set()
+            defined |= {node.name} if isinstance(node, (ast.FunctionDef, ast.ClassDef)) else set()
+        missing += [f"{name} ({block})"] if name not in defined else []
+    assert missing == []
+
+
+MAP_ENTRY = {  # a kind of line in a map, and what the line it points at starts with
+    "block": (re.compile(r"#   ([A-Z0-9 -]+?)  (?:blocks/\S+  )?L(\d+)-(\d+)$"), "# ==== BEGIN "),
+    "section": (re.compile(r"#   model section  L(\d+)$"), "# Model section"),
+    "main": (re.compile(r"#   main\(\)  L(\d+)$"), "def main("),
+}
+
+
+def map_errors(text: str) -> list[str]:
+    """What a script's map says that its lines do not: each block, module, main() and step of a
+    page's path at the line the map gives, every block and module listed, the map short."""
+    lines = text.splitlines()
+    begin, end = lines.index(ASSEMBLER.MAP_BEGIN), lines.index(ASSEMBLER.MAP_END)
+    wrong, named = [], []
+
+    def expect(number: str, start: str, entry: str):
+        if not re.match(start, lines[int(number) - 1].lstrip()):
+            wrong.append(f"{entry}: line {number} is {lines[int(number) - 1]!r}")
+
+    path = lines.index("# A page's path, by the functions that take it:", begin)
+    for entry in lines[begin + 2:path]:
+        if match := MAP_ENTRY["block"][0].match(entry):
+            named.append(f"# ==== BEGIN {match.group(1)} ")
+            expect(match.group(2), re.escape(named[-1]), entry)
+            expect(match.group(3), re.escape(f"# ==== END {match.group(1)} ===="), entry)
+        elif match := MAP_ENTRY["section"][0].match(entry):
+            expect(match.group(1), re.escape(MAP_ENTRY["section"][1]), entry)
+        elif match := MAP_ENTRY["main"][0].match(entry):
+            expect(match.group(1), re.escape(MAP_ENTRY["main"][1]), entry)
+        else:
+            cells = re.findall(r"(\w+\.py) L(\d+)", entry)
+            assert cells and entry.startswith("#     "), entry
+            for module, number in cells:
+                named.append(f"# ---- {module}: ")
+                expect(number, re.escape(named[-1]), entry)
+    for entry in lines[path + 1:end]:
+        for name, number in re.findall(r"([\w.]+) L(\d+)", entry):
+            expect(number, rf"(async )?def {re.escape(name.split('.')[-1])}\(", entry)
+    headers = [line for line in lines[end:]
+               if line.startswith("# ==== BEGIN ") or re.match(r"# ---- \w+\.py: ", line)]
+    wrong += [f"not in the map: {line}" for line in headers
+              if not any(line.startswith(name) for name in named)]
+    return wrong + ([f"the map has {end - begin + 1} lines"] if end - begin + 1 > 35 else [])
+
+
+@pytest.mark.parametrize("script", ALL_SCRIPTS)
+def test_the_map_points_at_the_lines_it_names(script):
+    """Issue #43 item 6: below the docstring, each script's map gives the line of its model
+    section, of each block and module, of main(), and of each step of a page's path."""
+    text = (ROOT / script).read_text()
+    tree = __import__("ast").parse(text)
+    assert text.splitlines()[tree.body[0].end_lineno + 1] == ASSEMBLER.MAP_BEGIN
+    assert map_errors(text) == []
+    steps = text.split("# A page's path, by the functions that take it:\n")[1]
+    assert [line.split()[1] for line in steps.splitlines()[:3]] == ["cell", "prepared", "request"]
+
+
+def test_the_map_follows_an_edit_and_check_finds_a_stale_one(tmp_path):
+    """The assembler rewrites each map from the lines of the script it writes; --check fails on
+    a map left stale; a step of a page's path whose function is gone stops it, naming both."""
+    tool = scratch_copy(tmp_path)
+    script = tmp_path / SERVER_SCRIPTS[0]
+    original = script.read_text()
+    script.write_text(original.replace("model section  L", "model section  L1", 1))
+    check = subprocess.run(tool + ["--check"], capture_output=True, text=True)
+    assert check.returncode == 1 and f"{SERVER_SCRIPTS[0]} differs" in check.stdout
+    assert subprocess.run(tool, capture_output=True).returncode == 0
+    assert script.read_text() == original
+
+    pages = tmp_path / "blocks" / "common" / "pages.py"  # lines added above most of the path
+    pages.write_text(pages.read_text() + "\n\ndef one_more() -> None:\n    pass\n")
+    assert subprocess.run(tool, capture_output=True).returncode == 0
+    for name in ALL_SCRIPTS:
+        moved = (tmp_path / name).read_text()
+        assert "def one_more(" in moved and map_errors(moved) == []
+    assert script.read_text() != original
+
+    card = tmp_path / "blocks" / "common" / "card.py"
+    card.write_text(card.read_text().replace("def build_card(", "def make_card(", 1))
+    before = script.read_text()
+    for extra in ([], ["--check"]):
+        run = subprocess.run(tool + extra, capture_output=True, text=True)
+        assert run.returncode == 1 and run.stderr == "", run.stdout + run.stderr
+        assert "step 'card' names build_card" in run.stdout and "PAGE_PATH" in run.stdout
+        assert script.read_text() == before
 
 
 def unreferenced_top_level_names(source: str) -> list[str]:

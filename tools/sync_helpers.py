@@ -21,6 +21,11 @@ its modules joined, each under a banner line (`# ---- name.py: ` and its docstri
 each without its docstring and the imports below it (those say, for ruff and the tests, where
 each name comes from). The block's own imports, once for all its modules, open its first module
 below a comment line; ruff, on every script, finds one missing or unused.
+
+Writing and --check also refuse a script whose model section (its own text and its model parts,
+`BEGIN ... MODEL`) lacks a name blocks/model.py requires of its shape, naming it; and write,
+below each script's docstring, its map: the model section, each block and module, main(), and
+the functions a page passes through (PAGE_PATH), with their lines in the script.
 """
 
 from __future__ import annotations
@@ -149,15 +154,194 @@ def scripts() -> list[Path]:
     return sorted(p for p in ROOT.glob("*.py") if not TOOL_MARKER.search(p.read_text()))
 
 
+class Refused(Exception):
+    """What stops the assembler for one script: each argument a line to print after its name."""
+
+
 def assemble(text: str, sources: dict[str, str]) -> str:
-    """The script text with each of its blocks replaced by its source."""
+    """The script text with each of its blocks replaced by its source, and its map rewritten."""
+    text = MAP.sub("", text, count=1)
     for name in BEGIN.findall(text):
         if name not in sources:
-            raise KeyError(f"no module of blocks/ holds the block {name}")
+            raise Refused(f"no module of blocks/ holds the block {name}")
         text, found = block_pattern(name).subn(lambda _m: sources[name], text, count=1)
         if not found:
-            raise KeyError(f"its BEGIN {name} line has no END {name} ==== line after it")
+            raise Refused(f"its BEGIN {name} line has no END {name} ==== line after it")
+    lacking = lacking_model_names(text)
+    if lacking:
+        raise Refused(*(f"its model section lacks {name} (blocks/model.py: {comment})"
+                        for name, comment in lacking.items()))
+    return with_map(text)
+
+
+# blocks/model.py's groups of names (the comment line that opens each) and the shapes they are for
+MODEL_GROUPS = {"Every script": {"server", "saturate", "offline"},
+                "Server scripts": {"server", "saturate"}, "Offline scripts": {"offline"}}
+
+
+def names_model_py_requires(shape: str | None) -> dict[str, str]:
+    """blocks/model.py's names for a script of this shape (None: unknown, the names every script
+    needs), each with its comment (a function's: its docstring's first line)."""
+    source = (BLOCKS_DIR / "model.py").read_text()
+    lines = source.splitlines()
+    groups = [(number, name) for number, line in enumerate(lines, 1)
+              for name in MODEL_GROUPS if line.startswith(f"# {name}")]
+    required = {}
+    for node in ast.parse(source).body:
+        group = [name for number, name in groups if number < node.lineno][-1:]
+        if group and (shape in MODEL_GROUPS[group[0]] or group[0] == "Every script"):
+            required |= dict.fromkeys(bound_names(node), name_comment(node, lines))
+    return required
+
+
+def bound_names(node: ast.stmt) -> set[str]:
+    """The top-level names a statement defines: a function, a class, an assignment's targets."""
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return {node.name}
+    targets = [node.target] if isinstance(node, ast.AnnAssign) else getattr(node, "targets", [])
+    return {target.id for target in targets if isinstance(target, ast.Name)}
+
+
+def name_comment(node: ast.stmt, lines: list[str]) -> str:
+    """What blocks/model.py says of a name: a function's docstring's first line; an assignment's
+    comment on its line and the comment lines right below it."""
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return (ast.get_docstring(node) or "").split("\n")[0]
+    _, _, comment = lines[node.end_lineno - 1].partition("  # ")
+    said = [comment] if comment else []
+    for line in lines[node.end_lineno:] if said else []:
+        if not line.startswith("#"):
+            break
+        said.append(line.lstrip("# "))
+    return " ".join(said)
+
+
+def own_text(text: str) -> str:
+    """A script without its helper blocks: its header, docstring, model section (with the part
+    it shares with its model's other script, BEGIN ... MODEL) and main()."""
+    for name in BEGIN.findall(text):
+        if not name.endswith(" MODEL"):
+            text = block_pattern(name).sub("", text, count=1)
     return text
+
+
+def model_section_names(text: str) -> set[str]:
+    """The top-level names a script defines outside its helper blocks."""
+    return {name for node in ast.parse(own_text(text)).body for name in bound_names(node)}
+
+
+def script_shape(text: str) -> str | None:
+    """The SCRIPT_SHAPE a script's model section sets, if it sets one."""
+    for node in ast.parse(own_text(text)).body:
+        if "SCRIPT_SHAPE" in bound_names(node) and isinstance(node.value, ast.Constant):
+            return node.value.value
+    return None
+
+
+def lacking_model_names(text: str) -> dict[str, str]:
+    """The names blocks/model.py requires of the script's shape that its model section lacks,
+    each with what blocks/model.py says of it."""
+    required = names_model_py_requires(script_shape(text))
+    defined = model_section_names(text)
+    return {name: comment for name, comment in sorted(required.items()) if name not in defined}
+
+
+MAP_BEGIN, MAP_END = "# ==== MAP (written by tools/sync_helpers.py) ====", "# ==== END MAP ===="
+MAP = re.compile(rf"(?:^\n)?^{re.escape(MAP_BEGIN)}\n.*?^{re.escape(MAP_END)}\n", re.S | re.M)
+
+# A page's path through a script, for its map: each step and the functions that take it, in a
+# server or saturate script and in an offline one (`Class.method` for a method). The assembler
+# refuses a script that lacks one: a function renamed in blocks/ is renamed here too.
+PAGE_PATH = {
+    "cell": (["iter_image_cells"], ["iter_image_cells"]),
+    "prepared page": (["read_page", "prepare_page"], ["read_page", "prepare_page"]),
+    "request": (["request_body"], ["generate_batch"]),
+    "answer": (["send_page", "read_completion"], ["generate_batch"]),
+    "finished row": (["finish_row"], ["finish_row"]),
+    "journal": (["Journal.append"], ["Journal.append"]),
+    "part": (["write_part"], ["write_part"]),
+    "commit": (["OutputStore.publish", "OutputStore.commit"],) * 2,
+    "card": (["build_card"], ["build_card"]),
+}
+MODULES_A_LINE = 3
+
+
+def with_map(text: str) -> str:
+    """The script with its map below its docstring, its line numbers those of the result."""
+    try:
+        tree = ast.parse(text)
+    except SyntaxError as error:
+        raise Refused(f"line {error.lineno}: {error.msg}") from None
+    if not (tree.body and isinstance(tree.body[0], ast.Expr)
+            and isinstance(tree.body[0].value, ast.Constant)):
+        raise Refused("no docstring for the map to follow")
+    below = tree.body[0].end_lineno
+    lines = text.splitlines(keepends=True)
+    size = len(map_lines(text, tree, 0)) + 1  # the map and the blank line above it
+    page_map = "\n" + "\n".join(map_lines(text, tree, size)) + "\n"
+    return "".join(lines[:below]) + page_map + "".join(lines[below:])
+
+
+def map_lines(text: str, tree: ast.Module, shift: int) -> list[str]:
+    return [MAP_BEGIN, "# Its parts (edit a block in its source, then run the assembler):",
+            *part_lines(text, tree, shift),
+            "# A page's path, by the functions that take it:",
+            *path_lines(tree, script_shape(text), shift), MAP_END]
+
+
+def part_lines(text: str, tree: ast.Module, shift: int) -> list[str]:
+    """The model section, each block (its source, its modules) and main(), in the script's order."""
+    lines = text.splitlines()
+    starts = [(number, f"model section  L{number + shift}")
+              for number, line in enumerate(lines, 1) if line.startswith("# Model section")][:1]
+    for begin in BEGIN.finditer(text):
+        first = text.count("\n", 0, begin.start()) + 1
+        end = first + block_pattern(begin.group(1)).search(text, begin.start()).group(0).count("\n")
+        source = re.findall(r"blocks/[\w/.]*", lines[first - 1])[:1]
+        where = [begin.group(1), *source, f"L{first + shift}-{end - 1 + shift}"]
+        starts.append((first, "  ".join(where)))
+        starts += [(first, line) for line in module_lines(lines[first:end - 1], first, shift)]
+    mains = [node.lineno for node in tree.body if isinstance(node, ast.FunctionDef)
+             and node.name == "main"]
+    starts += [(number, f"main()  L{number + shift}") for number in mains[-1:]]
+    return [f"#   {entry}" for _, entry in sorted(starts, key=lambda start: start[0])]
+
+
+def module_lines(block: list[str], first: int, shift: int) -> list[str]:
+    """A package's modules, by their banners: `name.py L123`, a few to a line."""
+    cells = [f"{banner.group(1)}.py L{first + offset + 1 + shift}"
+             for offset, line in enumerate(block) if (banner := BANNER.match(line + "\n"))]
+    width = max(map(len, cells), default=0) + 2
+    return ["  " + "".join(cell.ljust(width) for cell in cells[i:i + MODULES_A_LINE]).rstrip()
+            for i in range(0, len(cells), MODULES_A_LINE)]
+
+
+def path_lines(tree: ast.Module, shape: str | None, shift: int) -> list[str]:
+    defs = def_lines(tree)
+    width = max(map(len, PAGE_PATH)) + 2
+    lines = []
+    for step, (server, offline) in PAGE_PATH.items():
+        names = offline if shape == "offline" else server
+        missing = [name for name in names if name not in defs]
+        if missing:
+            raise Refused(f"the map's step {step!r} names {', '.join(missing)}, which the script "
+                          f"does not define (PAGE_PATH in tools/sync_helpers.py)")
+        where = ", ".join(f"{name} L{defs[name] + shift}" for name in names)
+        lines.append(f"#   {step.ljust(width)}{where}")
+    return lines
+
+
+def def_lines(tree: ast.Module) -> dict[str, int]:
+    """Each top-level function and class, and each method as Class.method -> its def line (the
+    last definition of a name: the one that runs)."""
+    defs = {}
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            defs[node.name] = node.lineno
+        for method in node.body if isinstance(node, ast.ClassDef) else []:
+            if isinstance(method, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                defs[f"{node.name}.{method.name}"] = method.lineno
+    return defs
 
 
 def adopt(script: Path) -> list[str]:
@@ -196,6 +380,20 @@ def edited_copies(texts: dict[str, str], sources: dict[str, str]) -> list[tuple[
             for script in holders]
 
 
+def assemble_all(sources: dict[str, str]) -> dict[Path, str] | None:
+    """Each script -> what its sources assemble to; None, each refusal printed, if one is refused."""
+    assembled, refused = {}, []
+    for script in scripts():
+        try:
+            assembled[script] = assemble(script.read_text(), sources)
+        except Refused as problem:
+            refused += [f"{script.name}: {line}" for line in problem.args]
+    if refused:
+        print("\n".join(refused))
+        return None
+    return assembled
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true",
@@ -219,27 +417,22 @@ def main() -> int:
               f"to make a model part the script's own.")
     if edited:
         return 1
-    stale = []
-    for script in scripts():
-        text = script.read_text()
-        try:
-            assembled = assemble(text, sources)
-        except KeyError as problem:
-            print(f"{script.name}: {problem.args[0]}")
-            return 1
-        if assembled != text:
-            stale.append(script.name)
-            if not args.check:
-                script.write_text(assembled)
+    assembled = assemble_all(sources)
+    if assembled is None:
+        return 1
+    stale = [script for script, text in assembled.items() if text != script.read_text()]
     if args.check:
-        for name in stale:
-            print(f"{name} differs from what its sources assemble to")
+        for script in stale:
+            print(f"{script.name} differs from what its sources assemble to")
         print("run: python tools/sync_helpers.py (after an edit in blocks/), or python "
               "tools/sync_helpers.py SCRIPT (after an edit of SCRIPT's blocks, e.g. by a merge: "
               "a bare run would put the sources back over it)" if stale
               else "every script matches its sources")
         return 1 if stale else 0
-    print("assembled: " + ", ".join(stale) if stale else "every script already matches")
+    for script in stale:
+        script.write_text(assembled[script])
+    print("assembled: " + ", ".join(script.name for script in stale) if stale
+          else "every script already matches")
     return 0
 
 
