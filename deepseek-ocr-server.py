@@ -74,29 +74,29 @@ Where the settings come from (vLLM's DeepSeek-OCR recipe)
 # Its parts (edit a block in its source, then run the assembler):
 #   model section  L105
 #   DEEPSEEK-OCR MODEL  blocks/deepseek_ocr.py  L128-291
-#   COMMON HELPERS  blocks/common/  L294-3241
+#   COMMON HELPERS  blocks/common/  L294-3250
 #     model_options.py L317  errors.py L334         secrets.py L370
 #     inputs.py L457         pages.py L833          pdf.py L1013
 #     loops.py L1311         rows.py L1425          plan.py L1518
-#     store.py L1649         saving.py L2027        manifest.py L2341
-#     stats.py L2521         jobs_command.py L2605  card.py L2738
-#     arguments.py L2893     run.py L3042
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3244-3317
-#   GROUNDING HELPERS  blocks/grounding.py  L3320-3333
-#   SERVER HELPERS  blocks/server/  L3336-4130
-#     serve_args.py L3353  process.py L3431     requests.py L3747
-#     pipeline.py L3862    arguments.py L4060
-#   main()  L4137
+#     store.py L1658         saving.py L2036        manifest.py L2350
+#     stats.py L2530         jobs_command.py L2614  card.py L2747
+#     arguments.py L2902     run.py L3051
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3253-3326
+#   GROUNDING HELPERS  blocks/grounding.py  L3329-3342
+#   SERVER HELPERS  blocks/server/  L3345-4139
+#     serve_args.py L3362  process.py L3440     requests.py L3756
+#     pipeline.py L3871    arguments.py L4069
+#   main()  L4146
 # A page's path, by the functions that take it:
 #   cell           iter_image_cells L818
 #   prepared page  read_page L1504, prepare_page L947
-#   request        request_body L3766
-#   answer         send_page L3815, read_completion L3795
-#   finished row   finish_row L2064
+#   request        request_body L3775
+#   answer         send_page L3824, read_completion L3804
+#   finished row   finish_row L2073
 #   journal        Journal.append L1545
-#   part           write_part L2162
-#   commit         OutputStore.publish L1921, OutputStore.commit L1940
-#   card           build_card L2815
+#   part           write_part L2171
+#   commit         OutputStore.publish L1930, OutputStore.commit L1949
+#   card           build_card L2824
 # ==== END MAP ====
 
 import re

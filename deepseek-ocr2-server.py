@@ -90,29 +90,29 @@ and vLLM's DeepSeek-OCR-2 recipe)
 # Its parts (edit a block in its source, then run the assembler):
 #   model section  L121
 #   DEEPSEEK-OCR MODEL  blocks/deepseek_ocr.py  L143-306
-#   COMMON HELPERS  blocks/common/  L309-3256
+#   COMMON HELPERS  blocks/common/  L309-3265
 #     model_options.py L332  errors.py L349         secrets.py L385
 #     inputs.py L472         pages.py L848          pdf.py L1028
 #     loops.py L1326         rows.py L1440          plan.py L1533
-#     store.py L1664         saving.py L2042        manifest.py L2356
-#     stats.py L2536         jobs_command.py L2620  card.py L2753
-#     arguments.py L2908     run.py L3057
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3259-3332
-#   GROUNDING HELPERS  blocks/grounding.py  L3335-3348
-#   SERVER HELPERS  blocks/server/  L3351-4145
-#     serve_args.py L3368  process.py L3446     requests.py L3762
-#     pipeline.py L3877    arguments.py L4075
-#   main()  L4152
+#     store.py L1673         saving.py L2051        manifest.py L2365
+#     stats.py L2545         jobs_command.py L2629  card.py L2762
+#     arguments.py L2917     run.py L3066
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3268-3341
+#   GROUNDING HELPERS  blocks/grounding.py  L3344-3357
+#   SERVER HELPERS  blocks/server/  L3360-4154
+#     serve_args.py L3377  process.py L3455     requests.py L3771
+#     pipeline.py L3886    arguments.py L4084
+#   main()  L4161
 # A page's path, by the functions that take it:
 #   cell           iter_image_cells L833
 #   prepared page  read_page L1519, prepare_page L962
-#   request        request_body L3781
-#   answer         send_page L3830, read_completion L3810
-#   finished row   finish_row L2079
+#   request        request_body L3790
+#   answer         send_page L3839, read_completion L3819
+#   finished row   finish_row L2088
 #   journal        Journal.append L1560
-#   part           write_part L2177
-#   commit         OutputStore.publish L1936, OutputStore.commit L1955
-#   card           build_card L2830
+#   part           write_part L2186
+#   commit         OutputStore.publish L1945, OutputStore.commit L1964
+#   card           build_card L2839
 # ==== END MAP ====
 
 import re

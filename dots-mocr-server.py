@@ -90,29 +90,29 @@ Post-processing, as the authors' formatter builds Markdown (dots_mocr/utils/form
 #   model section  L122
 #   PATCH GRID HELPERS  blocks/patch_grid.py  L135-168
 #   DOTS-MOCR MODEL  blocks/dots_mocr.py  L171-399
-#   COMMON HELPERS  blocks/common/  L402-3349
+#   COMMON HELPERS  blocks/common/  L402-3358
 #     model_options.py L425  errors.py L442         secrets.py L478
 #     inputs.py L565         pages.py L941          pdf.py L1121
 #     loops.py L1419         rows.py L1533          plan.py L1626
-#     store.py L1757         saving.py L2135        manifest.py L2449
-#     stats.py L2629         jobs_command.py L2713  card.py L2846
-#     arguments.py L3001     run.py L3150
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3352-3425
-#   GROUNDING HELPERS  blocks/grounding.py  L3428-3441
-#   SERVER HELPERS  blocks/server/  L3444-4238
-#     serve_args.py L3461  process.py L3539     requests.py L3855
-#     pipeline.py L3970    arguments.py L4168
-#   main()  L4245
+#     store.py L1766         saving.py L2144        manifest.py L2458
+#     stats.py L2638         jobs_command.py L2722  card.py L2855
+#     arguments.py L3010     run.py L3159
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3361-3434
+#   GROUNDING HELPERS  blocks/grounding.py  L3437-3450
+#   SERVER HELPERS  blocks/server/  L3453-4247
+#     serve_args.py L3470  process.py L3548     requests.py L3864
+#     pipeline.py L3979    arguments.py L4177
+#   main()  L4254
 # A page's path, by the functions that take it:
 #   cell           iter_image_cells L926
 #   prepared page  read_page L1612, prepare_page L1055
-#   request        request_body L3874
-#   answer         send_page L3923, read_completion L3903
-#   finished row   finish_row L2172
+#   request        request_body L3883
+#   answer         send_page L3932, read_completion L3912
+#   finished row   finish_row L2181
 #   journal        Journal.append L1653
-#   part           write_part L2270
-#   commit         OutputStore.publish L2029, OutputStore.commit L2048
-#   card           build_card L2923
+#   part           write_part L2279
+#   commit         OutputStore.publish L2038, OutputStore.commit L2057
+#   card           build_card L2932
 # ==== END MAP ====
 
 import argparse

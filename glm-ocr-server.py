@@ -91,29 +91,29 @@ Where the settings come from (the authors' README and SDK, the card, vLLM's reci
 # Its parts (edit a block in its source, then run the assembler):
 #   model section  L123
 #   GLM-OCR MODEL  blocks/glm_ocr.py  L134-332
-#   COMMON HELPERS  blocks/common/  L335-3282
+#   COMMON HELPERS  blocks/common/  L335-3291
 #     model_options.py L358  errors.py L375         secrets.py L411
 #     inputs.py L498         pages.py L874          pdf.py L1054
 #     loops.py L1352         rows.py L1466          plan.py L1559
-#     store.py L1690         saving.py L2068        manifest.py L2382
-#     stats.py L2562         jobs_command.py L2646  card.py L2779
-#     arguments.py L2934     run.py L3083
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3285-3358
-#   PATCH GRID HELPERS  blocks/patch_grid.py  L3361-3394
-#   SERVER HELPERS  blocks/server/  L3397-4191
-#     serve_args.py L3414  process.py L3492     requests.py L3808
-#     pipeline.py L3923    arguments.py L4121
-#   main()  L4198
+#     store.py L1699         saving.py L2077        manifest.py L2391
+#     stats.py L2571         jobs_command.py L2655  card.py L2788
+#     arguments.py L2943     run.py L3092
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3294-3367
+#   PATCH GRID HELPERS  blocks/patch_grid.py  L3370-3403
+#   SERVER HELPERS  blocks/server/  L3406-4200
+#     serve_args.py L3423  process.py L3501     requests.py L3817
+#     pipeline.py L3932    arguments.py L4130
+#   main()  L4207
 # A page's path, by the functions that take it:
 #   cell           iter_image_cells L859
 #   prepared page  read_page L1545, prepare_page L988
-#   request        request_body L3827
-#   answer         send_page L3876, read_completion L3856
-#   finished row   finish_row L2105
+#   request        request_body L3836
+#   answer         send_page L3885, read_completion L3865
+#   finished row   finish_row L2114
 #   journal        Journal.append L1586
-#   part           write_part L2203
-#   commit         OutputStore.publish L1962, OutputStore.commit L1981
-#   card           build_card L2856
+#   part           write_part L2212
+#   commit         OutputStore.publish L1971, OutputStore.commit L1990
+#   card           build_card L2865
 # ==== END MAP ====
 
 import json

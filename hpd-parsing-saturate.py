@@ -75,30 +75,30 @@ very complex layouts. No client-side downscale: the tile grid is chosen from the
 # ==== MAP (written by tools/sync_helpers.py) ====
 # Its parts (edit a block in its source, then run the assembler):
 #   model section  L107
-#   COMMON HELPERS  blocks/common/  L448-3395
+#   COMMON HELPERS  blocks/common/  L448-3404
 #     model_options.py L471  errors.py L488         secrets.py L524
 #     inputs.py L611         pages.py L987          pdf.py L1167
 #     loops.py L1465         rows.py L1579          plan.py L1672
-#     store.py L1803         saving.py L2181        manifest.py L2495
-#     stats.py L2675         jobs_command.py L2759  card.py L2892
-#     arguments.py L3047     run.py L3196
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3398-3471
-#   GROUNDING HELPERS  blocks/grounding.py  L3474-3487
-#   SERVER HELPERS  blocks/server/  L3490-4284
-#     serve_args.py L3507  process.py L3585     requests.py L3901
-#     pipeline.py L4016    arguments.py L4214
-#   SATURATE HELPERS  blocks/saturate.py  L4287-4455
-#   main()  L4462
+#     store.py L1812         saving.py L2190        manifest.py L2504
+#     stats.py L2684         jobs_command.py L2768  card.py L2901
+#     arguments.py L3056     run.py L3205
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3407-3480
+#   GROUNDING HELPERS  blocks/grounding.py  L3483-3496
+#   SERVER HELPERS  blocks/server/  L3499-4293
+#     serve_args.py L3516  process.py L3594     requests.py L3910
+#     pipeline.py L4025    arguments.py L4223
+#   SATURATE HELPERS  blocks/saturate.py  L4296-4469
+#   main()  L4476
 # A page's path, by the functions that take it:
 #   cell           iter_image_cells L972
 #   prepared page  read_page L1658, prepare_page L1101
-#   request        request_body L3920
-#   answer         send_page L3969, read_completion L3949
-#   finished row   finish_row L2218
+#   request        request_body L3929
+#   answer         send_page L3978, read_completion L3958
+#   finished row   finish_row L2227
 #   journal        Journal.append L1699
-#   part           write_part L2316
-#   commit         OutputStore.publish L2075, OutputStore.commit L2094
-#   card           build_card L2969
+#   part           write_part L2325
+#   commit         OutputStore.publish L2084, OutputStore.commit L2103
+#   card           build_card L2978
 # ==== END MAP ====
 
 import re

@@ -88,30 +88,30 @@ The authors' olmOCR-Bench settings (84.7): `--mode grounding --drop-margins --ma
 # Its parts (edit a block in its source, then run the assembler):
 #   model section  L120
 #   LIGHTONOCR-3 MODEL  blocks/lighton_ocr3.py  L132-328
-#   COMMON HELPERS  blocks/common/  L356-3303
+#   COMMON HELPERS  blocks/common/  L356-3312
 #     model_options.py L379  errors.py L396         secrets.py L432
 #     inputs.py L519         pages.py L895          pdf.py L1075
 #     loops.py L1373         rows.py L1487          plan.py L1580
-#     store.py L1711         saving.py L2089        manifest.py L2403
-#     stats.py L2583         jobs_command.py L2667  card.py L2800
-#     arguments.py L2955     run.py L3104
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3306-3379
-#   GROUNDING HELPERS  blocks/grounding.py  L3382-3395
-#   SERVER HELPERS  blocks/server/  L3398-4192
-#     serve_args.py L3415  process.py L3493     requests.py L3809
-#     pipeline.py L3924    arguments.py L4122
-#   SATURATE HELPERS  blocks/saturate.py  L4195-4363
-#   main()  L4370
+#     store.py L1720         saving.py L2098        manifest.py L2412
+#     stats.py L2592         jobs_command.py L2676  card.py L2809
+#     arguments.py L2964     run.py L3113
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3315-3388
+#   GROUNDING HELPERS  blocks/grounding.py  L3391-3404
+#   SERVER HELPERS  blocks/server/  L3407-4201
+#     serve_args.py L3424  process.py L3502     requests.py L3818
+#     pipeline.py L3933    arguments.py L4131
+#   SATURATE HELPERS  blocks/saturate.py  L4204-4377
+#   main()  L4384
 # A page's path, by the functions that take it:
 #   cell           iter_image_cells L880
 #   prepared page  read_page L1566, prepare_page L1009
-#   request        request_body L3828
-#   answer         send_page L3877, read_completion L3857
-#   finished row   finish_row L2126
+#   request        request_body L3837
+#   answer         send_page L3886, read_completion L3866
+#   finished row   finish_row L2135
 #   journal        Journal.append L1607
-#   part           write_part L2224
-#   commit         OutputStore.publish L1983, OutputStore.commit L2002
-#   card           build_card L2877
+#   part           write_part L2233
+#   commit         OutputStore.publish L1992, OutputStore.commit L2011
+#   card           build_card L2886
 # ==== END MAP ====
 
 import re

@@ -65,27 +65,27 @@ The authors' olmOCR-Bench settings (84.7): `--mode grounding --drop-margins --ma
 # Its parts (edit a block in its source, then run the assembler):
 #   model section  L94
 #   LIGHTONOCR-3 MODEL  blocks/lighton_ocr3.py  L106-302
-#   COMMON HELPERS  blocks/common/  L325-3272
+#   COMMON HELPERS  blocks/common/  L325-3281
 #     model_options.py L348  errors.py L365         secrets.py L401
 #     inputs.py L488         pages.py L864          pdf.py L1044
 #     loops.py L1342         rows.py L1456          plan.py L1549
-#     store.py L1680         saving.py L2058        manifest.py L2372
-#     stats.py L2552         jobs_command.py L2636  card.py L2769
-#     arguments.py L2924     run.py L3073
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3275-3348
-#   GROUNDING HELPERS  blocks/grounding.py  L3351-3364
-#   OFFLINE HELPERS  blocks/offline.py  L3367-3567
-#   main()  L3574
+#     store.py L1689         saving.py L2067        manifest.py L2381
+#     stats.py L2561         jobs_command.py L2645  card.py L2778
+#     arguments.py L2933     run.py L3082
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3284-3357
+#   GROUNDING HELPERS  blocks/grounding.py  L3360-3373
+#   OFFLINE HELPERS  blocks/offline.py  L3376-3576
+#   main()  L3583
 # A page's path, by the functions that take it:
 #   cell           iter_image_cells L849
 #   prepared page  read_page L1535, prepare_page L978
-#   request        generate_batch L3423
-#   answer         generate_batch L3423
-#   finished row   finish_row L2095
+#   request        generate_batch L3432
+#   answer         generate_batch L3432
+#   finished row   finish_row L2104
 #   journal        Journal.append L1576
-#   part           write_part L2193
-#   commit         OutputStore.publish L1952, OutputStore.commit L1971
-#   card           build_card L2846
+#   part           write_part L2202
+#   commit         OutputStore.publish L1961, OutputStore.commit L1980
+#   card           build_card L2855
 # ==== END MAP ====
 
 import re

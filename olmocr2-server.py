@@ -77,28 +77,28 @@ Where the settings come from (the olmOCR toolkit, allenai/olmocr v0.4.27, unless
 #   model section  L107
 #   OLMOCR-2 MODEL  blocks/olmocr2.py  L111-308
 #   PATCH GRID HELPERS  blocks/patch_grid.py  L311-344
-#   COMMON HELPERS  blocks/common/  L347-3294
+#   COMMON HELPERS  blocks/common/  L347-3303
 #     model_options.py L370  errors.py L387         secrets.py L423
 #     inputs.py L510         pages.py L886          pdf.py L1066
 #     loops.py L1364         rows.py L1478          plan.py L1571
-#     store.py L1702         saving.py L2080        manifest.py L2394
-#     stats.py L2574         jobs_command.py L2658  card.py L2791
-#     arguments.py L2946     run.py L3095
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3297-3370
-#   SERVER HELPERS  blocks/server/  L3373-4167
-#     serve_args.py L3390  process.py L3468     requests.py L3784
-#     pipeline.py L3899    arguments.py L4097
-#   main()  L4174
+#     store.py L1711         saving.py L2089        manifest.py L2403
+#     stats.py L2583         jobs_command.py L2667  card.py L2800
+#     arguments.py L2955     run.py L3104
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3306-3379
+#   SERVER HELPERS  blocks/server/  L3382-4176
+#     serve_args.py L3399  process.py L3477     requests.py L3793
+#     pipeline.py L3908    arguments.py L4106
+#   main()  L4183
 # A page's path, by the functions that take it:
 #   cell           iter_image_cells L871
 #   prepared page  read_page L1557, prepare_page L1000
-#   request        request_body L3803
-#   answer         send_page L3852, read_completion L3832
-#   finished row   finish_row L2117
+#   request        request_body L3812
+#   answer         send_page L3861, read_completion L3841
+#   finished row   finish_row L2126
 #   journal        Journal.append L1598
-#   part           write_part L2215
-#   commit         OutputStore.publish L1974, OutputStore.commit L1993
-#   card           build_card L2868
+#   part           write_part L2224
+#   commit         OutputStore.publish L1983, OutputStore.commit L2002
+#   card           build_card L2877
 # ==== END MAP ====
 
 import re

@@ -56,28 +56,28 @@ retry policy (connection errors, timeouts, 429 and 5xx retried with backoff; oth
 # Its parts (edit a block in its source, then run the assembler):
 #   model section  L86
 #   OVISOCR2 MODEL  blocks/ovis_ocr2.py  L97-183
-#   COMMON HELPERS  blocks/common/  L219-3166
+#   COMMON HELPERS  blocks/common/  L219-3175
 #     model_options.py L242  errors.py L259         secrets.py L295
 #     inputs.py L382         pages.py L758          pdf.py L938
 #     loops.py L1236         rows.py L1350          plan.py L1443
-#     store.py L1574         saving.py L1952        manifest.py L2266
-#     stats.py L2446         jobs_command.py L2530  card.py L2663
-#     arguments.py L2818     run.py L2967
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3169-3242
-#   SERVER HELPERS  blocks/server/  L3245-4039
-#     serve_args.py L3262  process.py L3340     requests.py L3656
-#     pipeline.py L3771    arguments.py L3969
-#   main()  L4046
+#     store.py L1583         saving.py L1961        manifest.py L2275
+#     stats.py L2455         jobs_command.py L2539  card.py L2672
+#     arguments.py L2827     run.py L2976
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3178-3251
+#   SERVER HELPERS  blocks/server/  L3254-4048
+#     serve_args.py L3271  process.py L3349     requests.py L3665
+#     pipeline.py L3780    arguments.py L3978
+#   main()  L4055
 # A page's path, by the functions that take it:
 #   cell           iter_image_cells L743
 #   prepared page  read_page L1429, prepare_page L872
-#   request        request_body L3675
-#   answer         send_page L3724, read_completion L3704
-#   finished row   finish_row L1989
+#   request        request_body L3684
+#   answer         send_page L3733, read_completion L3713
+#   finished row   finish_row L1998
 #   journal        Journal.append L1470
-#   part           write_part L2087
-#   commit         OutputStore.publish L1846, OutputStore.commit L1865
-#   card           build_card L2740
+#   part           write_part L2096
+#   commit         OutputStore.publish L1855, OutputStore.commit L1874
+#   card           build_card L2749
 # ==== END MAP ====
 
 import re

@@ -47,26 +47,26 @@ Where the engine arguments come from
 # Its parts (edit a block in its source, then run the assembler):
 #   model section  L75
 #   OVISOCR2 MODEL  blocks/ovis_ocr2.py  L87-173
-#   COMMON HELPERS  blocks/common/  L202-3149
+#   COMMON HELPERS  blocks/common/  L202-3158
 #     model_options.py L225  errors.py L242         secrets.py L278
 #     inputs.py L365         pages.py L741          pdf.py L921
 #     loops.py L1219         rows.py L1333          plan.py L1426
-#     store.py L1557         saving.py L1935        manifest.py L2249
-#     stats.py L2429         jobs_command.py L2513  card.py L2646
-#     arguments.py L2801     run.py L2950
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3152-3225
-#   OFFLINE HELPERS  blocks/offline.py  L3228-3428
-#   main()  L3435
+#     store.py L1566         saving.py L1944        manifest.py L2258
+#     stats.py L2438         jobs_command.py L2522  card.py L2655
+#     arguments.py L2810     run.py L2959
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3161-3234
+#   OFFLINE HELPERS  blocks/offline.py  L3237-3437
+#   main()  L3444
 # A page's path, by the functions that take it:
 #   cell           iter_image_cells L726
 #   prepared page  read_page L1412, prepare_page L855
-#   request        generate_batch L3284
-#   answer         generate_batch L3284
-#   finished row   finish_row L1972
+#   request        generate_batch L3293
+#   answer         generate_batch L3293
+#   finished row   finish_row L1981
 #   journal        Journal.append L1453
-#   part           write_part L2070
-#   commit         OutputStore.publish L1829, OutputStore.commit L1848
-#   card           build_card L2723
+#   part           write_part L2079
+#   commit         OutputStore.publish L1838, OutputStore.commit L1857
+#   card           build_card L2732
 # ==== END MAP ====
 
 import re
