@@ -2968,10 +2968,10 @@ _RUN_ARGV: list = []  # this run's arguments, one word each (parse_arguments): a
 _IDENTITY: dict = {}  # each option's dest: whether option() declared it part of the run's identity
 
 
-def option(group, *flags: str, identity: bool, **kwargs) -> argparse.Action:
-    """group.add_argument, saying if the option is part of the run's identity (run_identity)."""
+def option(group, *flags, identity: bool, at_least=None, above=None, **kwargs) -> argparse.Action:
+    """add_argument, saying if the option is part of the run's identity; at_least, above: bounds."""
     action = group.add_argument(*flags, **kwargs)
-    action.identity = identity
+    action.identity, action.at_least, action.above = identity, at_least, above
     return action
 
 
@@ -2984,21 +2984,20 @@ def argument_parser(doc: str, add_shape_arguments) -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     option(parser, "input", identity=False, help="Hub dataset id, or a local folder of images "
            "and/or PDFs, a .pdf, .parquet or save_to_disk folder")  # input_identity says it
-    option(parser, "output", identity=False,
-           help="Hub dataset id, or a local folder (./name or /path)")
+    option(parser, "output", identity=False, help="Hub dataset id or local folder (./name, /path)")
     group = parser.add_argument_group("input")
     option(group, "--config", identity=True, help="dataset config (subset) of a Hub INPUT")
     option(group, "--split", identity=True, default="train", help="split to read (default: train)")
     option(group, "--revision", identity=False, help="Hub INPUT revision (branch, tag or commit)")
     option(group, "--image-column", identity=True, default="image", help="the page image's column")
-    option(group, "--max-samples", identity=False, type=int,
+    option(group, "--max-samples", type=int, at_least=1, identity=False,
            help="the first N rows (PDFs: N documents)")
     option(group, "--shuffle", identity=True, action="store_true",
            help="shuffle rows before --max-samples")
     option(group, "--seed", identity=True, type=int, default=42, help="shuffle seed (default: 42)")
-    option(group, "--num-shards", identity=True, type=int, default=1,
+    option(group, "--num-shards", identity=True, type=int, at_least=1, default=1,
            help="N contiguous ranges, one a Job")
-    option(group, "--shard-index", identity=False, type=int, default=0,
+    option(group, "--shard-index", type=int, at_least=0, default=0, identity=False,
            help="which range this run does")
     group = parser.add_argument_group("PDF input", "each page of a PDF is one row")
     option(group, "--pdf-column", identity=True, help="the column holding PDFs, when not detected")
@@ -3010,11 +3009,11 @@ def argument_parser(doc: str, add_shape_arguments) -> argparse.ArgumentParser:
            help="one row per PDF: its pages' texts, each after <!-- page N -->")
     option(group, "--text-layer", action="store_true", identity=True,
            help="add <column>_text_layer: the text embedded in each PDF page")
-    option(group, "--skip-text-pages", type=int, metavar="N", identity=True,
+    option(group, "--skip-text-pages", type=int, at_least=1, metavar="N", identity=True,
            help="keep the text layer of a page with N non-space characters, unsent")
-    option(group, "--pdf-workers", type=int, default=max(1, min(4, os.cpu_count() or 1)),
+    option(group, "--pdf-workers", type=int, at_least=1, default=min(4, os.cpu_count() or 1),
            identity=False, help="processes rendering PDF pages (default: up to 4)")
-    option(group, "--pdf-page-timeout", type=float, default=120.0, identity=False,
+    option(group, "--pdf-page-timeout", type=float, above=0, default=120.0, identity=False,
            help="seconds a page may render before it is an error row (default: 120)")
     group = parser.add_argument_group("output")
     option(group, "--output-column", default="markdown", identity=True,
@@ -3028,13 +3027,12 @@ def argument_parser(doc: str, add_shape_arguments) -> argparse.ArgumentParser:
            help="send blank pages too (no ink found: by default written with an empty text and "
            "<column>_skipped saying so, never sent); a rerun with it sends the pages an earlier "
            "run skipped as blank")
-    option(group, "--private", action="store_true", identity=False,
-           help="create the Hub repo private")
+    option(group, "--private", action="store_true", identity=False, help="create the repo private")
     option(group, "--hf-token", identity=False, help="Hub token (default: HF_TOKEN or your login)")
     option(group, "--work-dir", identity=False, help="staging folder for Hub output")
-    option(group, "--part-rows", type=int, default=250, identity=False,
+    option(group, "--part-rows", type=int, at_least=1, default=250, identity=False,
            help="rows per parquet part (default: 250)")
-    option(group, "--part-seconds", type=float, default=300.0, identity=False,
+    option(group, "--part-seconds", type=float, above=0, default=300.0, identity=False,
            help="write (and commit) finished rows at least this often (default: 300)")
     option(group, "--stats-json", identity=False, help="write the run's stats as JSON to this path")
     option(group, "--check-only", action="store_true", identity=False,
@@ -3043,28 +3041,19 @@ def argument_parser(doc: str, add_shape_arguments) -> argparse.ArgumentParser:
     option(group, "--model", default=MODEL_ID, identity=True,
            help=f"model id or path (default: {MODEL_ID})")
     option(group, "--model-revision", identity=True, help="sha, tag or branch of the weights")
-    option(group, "--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, identity=True,
+    option(group, "--max-tokens", type=int, at_least=1, default=DEFAULT_MAX_TOKENS, identity=True,
            help=f"generation budget per page (default: {DEFAULT_MAX_TOKENS})")
     option(group, "--no-sanity-check", action="store_true", identity=False,
            help="do not stop when the first pages all come back degenerate")
-    option(group, "--sanity-pages", type=int, default=8, identity=False,
+    option(group, "--sanity-pages", type=int, at_least=1, default=8, identity=False,
            help="pages the degenerate-output check looks at (default: 8)")
-    option(group, "--loop-retries", type=int, default=1, identity=False,  # in run_settings
+    option(group, "--loop-retries", type=int, at_least=0, default=1, identity=False,  # settings
            help="send a looping page again, up to N times (default: 1)")
-    option(group, "--repetition-detection", action=argparse.BooleanOptionalAction,
-           default=REPETITION_DETECTION_ON, identity=True,
-           help="let vLLM end a loop (it costs engine time)")
+    option(group, "--repetition-detection", action=argparse.BooleanOptionalAction, identity=True,
+           default=REPETITION_DETECTION_ON, help="let vLLM end a loop (it costs engine time)")
     add_shape_arguments(parser)
     add_model_arguments(parser)
     return parser
-
-
-AT_LEAST = {"num_shards": 1, "part_rows": 1, "max_tokens": 1, "sanity_pages": 1, "max_samples": 1,
-            "shard_index": 0, "concurrency": 1, "max_retries": 0, "max_restarts": 0,
-            "min_window": 1, "max_window": 1, "api_server_count": 1, "batch_size": 1,
-            "skip_text_pages": 1, "pdf_workers": 1, "loop_retries": 0}
-ABOVE_0 = ("part_seconds", "server_timeout", "server_down_timeout", "request_timeout",
-           "adapt_interval", "max_inflight_memory", "pdf_page_timeout")
 
 
 def argument_word(action: argparse.Action, value) -> str:
@@ -3100,11 +3089,11 @@ def parse_arguments(doc: str, argv: list[str] | None, add_shape_arguments, shape
     parsed = vars(parser.parse_args(argv))
     _RUN_ARGV[:] = [argument_word(actions[dest], parsed[dest]) for dest in
                     sorted(parsed, key=lambda dest: bool(actions[dest].option_strings))]
-    given = {name: value for name, value in vars(args).items() if value is not None}
-    problems = [f"--{name.replace('_', '-')} must be at least {low}, got {given[name]}"
-                for name, low in AT_LEAST.items() if name in given and given[name] < low]
-    problems += [f"--{name.replace('_', '-')} must be above 0, got {given[name]}"
-                 for name in ABOVE_0 if name in given and not given[name] > 0]
+    given = [(actions[dest], value) for dest, value in vars(args).items() if value is not None]
+    problems = [f"{a.option_strings[0]} must be at least {a.at_least}, got {value}"
+                for a, value in given if a.at_least is not None and value < a.at_least]
+    problems += [f"{a.option_strings[0]} must be above {a.above}, got {value}"
+                 for a, value in given if a.above is not None and not value > a.above]
     if args.shuffle and args.seed < 0:
         problems.append(f"--seed must be at least 0 to --shuffle, got {args.seed}")
     if not args.output_column.strip():
@@ -3989,7 +3978,7 @@ class Window:
 
     @staticmethod
     def add_arguments(parser: argparse.ArgumentParser, group) -> None:
-        option(group, "--concurrency", type=int, default=None, identity=False,
+        option(group, "--concurrency", type=int, at_least=1, default=None, identity=False,
                help=f"pages in flight (default: {PAGES_PER_ENGINE} per engine of the server, the "
                f"measured setting)")
 
@@ -4158,16 +4147,16 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
            "them, e.g. \"--max-model-len 16384\"")
     option(group, "--no-spawn", action="store_true", identity=False,
            help="never start a server: wait for --server (up to --server-timeout)")
-    option(group, "--server-timeout", type=float, default=1800.0, identity=False,
+    option(group, "--server-timeout", type=float, above=0, default=1800.0, identity=False,
            help="seconds to wait for a server to be ready (default: 1800)")
-    option(group, "--server-down-timeout", type=float, default=300.0, identity=False,
+    option(group, "--server-down-timeout", type=float, above=0, default=300.0, identity=False,
            help="seconds a server may go without answering (/health, a page) mid-run before "
            "the run stops (default: 300; rerun to resume)")
-    option(group, "--max-restarts", type=int, default=3, identity=False,
+    option(group, "--max-restarts", type=int, at_least=0, default=3, identity=False,
            help="restarts of a spawned server that dies mid-run (default: 3)")
-    option(group, "--request-timeout", type=float, default=900.0, identity=False,
+    option(group, "--request-timeout", type=float, above=0, default=900.0, identity=False,
            help="seconds for one page's answer (default: 900)")
-    option(group, "--max-retries", type=int, default=4, identity=False,
+    option(group, "--max-retries", type=int, at_least=0, default=4, identity=False,
            help="retries of a page after a timeout, 429 or 5xx (default: 4)")
     option(group, "--abort-after-failures", type=int, default=20, identity=False,
            help="stop after this many pages in a row fail on the server's side (5xx, timeouts) "

@@ -199,11 +199,10 @@ def run_offline(run, args, llm_kwargs: dict) -> None:
 
 def add_offline_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("engine")
-    option(group, "--batch-size", type=int, default=16, identity=False,
+    option(group, "--batch-size", type=int, at_least=1, default=16, identity=False,
            help="pages per generate call (default: 16)")
-    option(group, "--llm-kwargs", default="", identity=False,  # its keys: run_identity
-           help="JSON over the script's vllm.LLM arguments, e.g. '{\"max_model_len\": 16384}'; "
-           "null removes one")
+    option(group, "--llm-kwargs", default="", identity=False, help="JSON over the script's "
+           "vllm.LLM arguments, e.g. '{\"max_model_len\": 16384}'; null removes one")
 
 
 def offline_argument_problems(args) -> list[str]:

@@ -27,16 +27,16 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
            "them, e.g. \"--max-model-len 16384\"")
     option(group, "--no-spawn", action="store_true", identity=False,
            help="never start a server: wait for --server (up to --server-timeout)")
-    option(group, "--server-timeout", type=float, default=1800.0, identity=False,
+    option(group, "--server-timeout", type=float, above=0, default=1800.0, identity=False,
            help="seconds to wait for a server to be ready (default: 1800)")
-    option(group, "--server-down-timeout", type=float, default=300.0, identity=False,
+    option(group, "--server-down-timeout", type=float, above=0, default=300.0, identity=False,
            help="seconds a server may go without answering (/health, a page) mid-run before "
            "the run stops (default: 300; rerun to resume)")
-    option(group, "--max-restarts", type=int, default=3, identity=False,
+    option(group, "--max-restarts", type=int, at_least=0, default=3, identity=False,
            help="restarts of a spawned server that dies mid-run (default: 3)")
-    option(group, "--request-timeout", type=float, default=900.0, identity=False,
+    option(group, "--request-timeout", type=float, above=0, default=900.0, identity=False,
            help="seconds for one page's answer (default: 900)")
-    option(group, "--max-retries", type=int, default=4, identity=False,
+    option(group, "--max-retries", type=int, at_least=0, default=4, identity=False,
            help="retries of a page after a timeout, 429 or 5xx (default: 4)")
     option(group, "--abort-after-failures", type=int, default=20, identity=False,
            help="stop after this many pages in a row fail on the server's side (5xx, timeouts) "

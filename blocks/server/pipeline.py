@@ -58,7 +58,7 @@ class Window:
 
     @staticmethod
     def add_arguments(parser: argparse.ArgumentParser, group) -> None:
-        option(group, "--concurrency", type=int, default=None, identity=False,
+        option(group, "--concurrency", type=int, at_least=1, default=None, identity=False,
                help=f"pages in flight (default: {PAGES_PER_ENGINE} per engine of the server, the "
                f"measured setting)")
 
