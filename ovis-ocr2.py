@@ -135,8 +135,8 @@ def model_argument_problems(args) -> list[str]:
 
 
 def add_model_arguments(parser) -> None:
-    parser.add_argument(
-        "--keep-image-tags", action="store_true",
+    option(
+        parser, "--keep-image-tags", identity=True, action="store_true",
         help="keep the <img src=\"images/bbox_...\"> figure placeholders in the Markdown "
              "(the card's clean-up drops them)")
 
@@ -2262,15 +2262,8 @@ class PartWriter:
 MANIFEST_FORMAT = 2  # 2: the parts hold ROW_IDENTITY, which the manifest names, and
 #                      <column>_skipped; a part's note lists its blank rows
 
-# Options that may change between the runs of one OUTPUT (a closed list: any other is identity)
-MAY_CHANGE = set("""input output revision shard_index max_samples concurrency request_timeout
-    max_retries server api_key no_spawn server_timeout server_down_timeout max_restarts
-    abort_after_failures abort_after_seconds min_window max_window adapt_interval
-    max_inflight_memory api_server_count batch_size stats_json work_dir hf_token private part_rows
-    part_seconds retry_errors restart overwrite no_sanity_check sanity_pages serve_args llm_kwargs
-    pdf_workers pdf_page_timeout check_only loop_retries send_blank""".split())  # loop_retries: in settings
-# engine flags that change speed and memory, never the text (the rest of the engine is identity)
-MAY_CHANGE_ENGINE = set("""gpu-memory-utilization data-parallel-size tensor-parallel-size
+# Engine flags that change speed and memory, never the text: the rest of the engine is identity
+SPEED_ONLY_ENGINE_FLAGS = set("""gpu-memory-utilization data-parallel-size tensor-parallel-size
     pipeline-parallel-size api-server-count speculative-config max-num-seqs max-num-batched-tokens
     host port enforce-eager swap-space kv-cache-memory""".split())
 
@@ -2334,14 +2327,15 @@ def run_settings(args) -> dict:
 
 
 def run_identity(args, source: InputSource, engine: dict) -> dict:
-    options = {k: v for k, v in sorted(vars(args).items()) if k not in MAY_CHANGE
+    """What a rerun must repeat: the input, options declared identity=True, the engine's flags."""
+    options = {k: v for k, v in sorted(vars(args).items()) if _IDENTITY[k]
                and (k != "seed" or args.shuffle)}
     flags = {k.lstrip("-").replace("_", "-"): v for k, v in engine.items()}
     pdf = {"pdf": source.pdf.fingerprint()} if source.pdf is not None else {}
     return redact_value({  # a secret is no part of what the run is: a new token, the same run
         "script": script_name(), "input": input_identity(args, source.files), **pdf,
-        "rows": source.rows_full, "options": options, "settings": run_settings(args),
-        "engine": {k: v for k, v in sorted(flags.items()) if k not in MAY_CHANGE_ENGINE}}, None)
+        "rows": source.rows_full, "options": options, "settings": run_settings(args), "engine": {
+            k: v for k, v in sorted(flags.items()) if k not in SPEED_ONLY_ENGINE_FLAGS}}, None)
 
 
 def run_digest(identity: dict, args) -> str:
@@ -2810,6 +2804,14 @@ Reproduce on Hugging Face Jobs:
 # ---- arguments.py: The command line: the options every script shares, their checks, the argv.
 
 _RUN_ARGV: list = []  # this run's arguments, one word each (parse_arguments): a rerun's, a Job's
+_IDENTITY: dict = {}  # each option's dest: whether option() declared it part of the run's identity
+
+
+def option(group, *flags, identity: bool, at_least=None, above=None, **kwargs) -> argparse.Action:
+    """add_argument, saying if the option is part of the run's identity; at_least, above: bounds."""
+    action = group.add_argument(*flags, **kwargs)
+    action.identity, action.at_least, action.above = identity, at_least, above
+    return action
 
 
 def argument_parser(doc: str, add_shape_arguments) -> argparse.ArgumentParser:
@@ -2819,81 +2821,78 @@ def argument_parser(doc: str, add_shape_arguments) -> argparse.ArgumentParser:
         allow_abbrev=False, description=doc.split("\n\n")[0],
         epilog=doc.split("\n\n", 1)[1] + "\n" + EXIT_CODES,
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("input", help="Hub dataset id, or a local folder of images and/or PDFs, "
-                        "a .pdf, .parquet or save_to_disk folder")
-    parser.add_argument("output", help="Hub dataset id, or a local folder (./name or /path)")
+    option(parser, "input", identity=False, help="Hub dataset id, or a local folder of images "
+           "and/or PDFs, a .pdf, .parquet or save_to_disk folder")  # input_identity says it
+    option(parser, "output", identity=False, help="Hub dataset id or local folder (./name, /path)")
     group = parser.add_argument_group("input")
-    group.add_argument("--config", help="dataset config (subset) of a Hub INPUT")
-    group.add_argument("--split", default="train", help="split to read (default: train)")
-    group.add_argument("--revision", help="Hub INPUT revision (branch, tag or commit)")
-    group.add_argument("--image-column", default="image", help="column holding the page image")
-    group.add_argument("--max-samples", type=int, help="the first N rows (PDFs: N documents)")
-    group.add_argument("--shuffle", action="store_true", help="shuffle rows before --max-samples")
-    group.add_argument("--seed", type=int, default=42, help="shuffle seed (default: 42)")
-    group.add_argument("--num-shards", type=int, default=1, help="N contiguous ranges, one a Job")
-    group.add_argument("--shard-index", type=int, default=0, help="which range this run does")
+    option(group, "--config", identity=True, help="dataset config (subset) of a Hub INPUT")
+    option(group, "--split", identity=True, default="train", help="split to read (default: train)")
+    option(group, "--revision", identity=False, help="Hub INPUT revision (branch, tag or commit)")
+    option(group, "--image-column", identity=True, default="image", help="the page image's column")
+    option(group, "--max-samples", type=int, at_least=1, identity=False,
+           help="the first N rows (PDFs: N documents)")
+    option(group, "--shuffle", identity=True, action="store_true",
+           help="shuffle rows before --max-samples")
+    option(group, "--seed", identity=True, type=int, default=42, help="shuffle seed (default: 42)")
+    option(group, "--num-shards", identity=True, type=int, at_least=1, default=1,
+           help="N contiguous ranges, one a Job")
+    option(group, "--shard-index", type=int, at_least=0, default=0, identity=False,
+           help="which range this run does")
     group = parser.add_argument_group("PDF input", "each page of a PDF is one row")
-    group.add_argument("--pdf-column", help="the column holding PDFs, when not detected")
-    group.add_argument("--pages", help="pages of each PDF, 1-based, e.g. 1-5,8,10- (default: all)")
-    group.add_argument("--pdf-dpi", type=float, default=PDF_DPI,
-                       help=f"render DPI, {PDF_MIN_DPI} to {PDF_MAX_DPI} (default: {PDF_DPI})")
-    group.add_argument("--per-document", action="store_true",
-                       help="one row per PDF: its pages' texts, each after <!-- page N -->")
-    group.add_argument("--text-layer", action="store_true",
-                       help="add <column>_text_layer: the text embedded in each PDF page")
-    group.add_argument("--skip-text-pages", type=int, metavar="N",
-                       help="keep the text layer of a page with N non-space characters, unsent")
-    group.add_argument("--pdf-workers", type=int, default=max(1, min(4, os.cpu_count() or 1)),
-                       help="processes rendering PDF pages (default: up to 4)")
-    group.add_argument("--pdf-page-timeout", type=float, default=120.0,
-                       help="seconds a page may render before it is an error row (default: 120)")
+    option(group, "--pdf-column", identity=True, help="the column holding PDFs, when not detected")
+    option(group, "--pages", identity=True,
+           help="pages of each PDF, 1-based, e.g. 1-5,8,10- (default: all)")
+    option(group, "--pdf-dpi", type=float, default=PDF_DPI, identity=True,
+           help=f"render DPI, {PDF_MIN_DPI} to {PDF_MAX_DPI} (default: {PDF_DPI})")
+    option(group, "--per-document", action="store_true", identity=True,
+           help="one row per PDF: its pages' texts, each after <!-- page N -->")
+    option(group, "--text-layer", action="store_true", identity=True,
+           help="add <column>_text_layer: the text embedded in each PDF page")
+    option(group, "--skip-text-pages", type=int, at_least=1, metavar="N", identity=True,
+           help="keep the text layer of a page with N non-space characters, unsent")
+    option(group, "--pdf-workers", type=int, at_least=1, default=min(4, os.cpu_count() or 1),
+           identity=False, help="processes rendering PDF pages (default: up to 4)")
+    option(group, "--pdf-page-timeout", type=float, above=0, default=120.0, identity=False,
+           help="seconds a page may render before it is an error row (default: 120)")
     group = parser.add_argument_group("output")
-    group.add_argument("--output-column", default="markdown",
-                       help="column for the text, and its diagnostics' prefix (default: markdown)")
-    group.add_argument("--overwrite", action="store_true",
-                       help="replace result columns that the input already has")
-    group.add_argument("--restart", action="store_true",
-                       help="delete this shard's rows in OUTPUT and start over")
-    group.add_argument("--retry-errors", action="store_true", help="redo every error row")
-    group.add_argument("--send-blank", action="store_true",
-                       help="send blank pages too (no ink found: by default written with an empty "
-                       "text and <column>_skipped saying so, never sent); a rerun with it sends "
-                       "the pages an earlier run skipped as blank")
-    group.add_argument("--private", action="store_true", help="create the Hub repo private")
-    group.add_argument("--hf-token", help="Hub token (default: HF_TOKEN or your login)")
-    group.add_argument("--work-dir", help="staging folder for Hub output")
-    group.add_argument("--part-rows", type=int, default=250,
-                       help="rows per parquet part (default: 250)")
-    group.add_argument("--part-seconds", type=float, default=300.0,
-                       help="write (and commit) finished rows at least this often (default: 300)")
-    group.add_argument("--stats-json", help="write the run's stats as JSON to this path")
-    group.add_argument("--check-only", action="store_true",
-                       help="check the arguments, INPUT and OUTPUT; write nothing")
+    option(group, "--output-column", default="markdown", identity=True,
+           help="column for the text, and its diagnostics' prefix (default: markdown)")
+    option(group, "--overwrite", action="store_true", identity=False,
+           help="replace result columns that the input already has")
+    option(group, "--restart", action="store_true", identity=False,
+           help="delete this shard's rows in OUTPUT and start over")
+    option(group, "--retry-errors", action="store_true", identity=False, help="redo the error rows")
+    option(group, "--send-blank", action="store_true", identity=False,
+           help="send blank pages too (no ink found: by default written with an empty text and "
+           "<column>_skipped saying so, never sent); a rerun with it sends the pages an earlier "
+           "run skipped as blank")
+    option(group, "--private", action="store_true", identity=False, help="create the repo private")
+    option(group, "--hf-token", identity=False, help="Hub token (default: HF_TOKEN or your login)")
+    option(group, "--work-dir", identity=False, help="staging folder for Hub output")
+    option(group, "--part-rows", type=int, at_least=1, default=250, identity=False,
+           help="rows per parquet part (default: 250)")
+    option(group, "--part-seconds", type=float, above=0, default=300.0, identity=False,
+           help="write (and commit) finished rows at least this often (default: 300)")
+    option(group, "--stats-json", identity=False, help="write the run's stats as JSON to this path")
+    option(group, "--check-only", action="store_true", identity=False,
+           help="check the arguments, INPUT and OUTPUT; write nothing")
     group = parser.add_argument_group("model")
-    group.add_argument("--model", default=MODEL_ID, help=f"model id or path (default: {MODEL_ID})")
-    group.add_argument("--model-revision", help="sha, tag or branch of the weights")
-    group.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS,
-                       help=f"generation budget per page (default: {DEFAULT_MAX_TOKENS})")
-    group.add_argument("--no-sanity-check", action="store_true",
-                       help="do not stop when the first pages all come back degenerate")
-    group.add_argument("--sanity-pages", type=int, default=8,
-                       help="pages the degenerate-output check looks at (default: 8)")
-    group.add_argument("--loop-retries", type=int, default=1,
-                       help="send a looping page again, up to N times (default: 1)")
-    group.add_argument("--repetition-detection", action=argparse.BooleanOptionalAction,
-                       default=REPETITION_DETECTION_ON,
-                       help="let vLLM end a loop (it costs engine time)")
+    option(group, "--model", default=MODEL_ID, identity=True,
+           help=f"model id or path (default: {MODEL_ID})")
+    option(group, "--model-revision", identity=True, help="sha, tag or branch of the weights")
+    option(group, "--max-tokens", type=int, at_least=1, default=DEFAULT_MAX_TOKENS, identity=True,
+           help=f"generation budget per page (default: {DEFAULT_MAX_TOKENS})")
+    option(group, "--no-sanity-check", action="store_true", identity=False,
+           help="do not stop when the first pages all come back degenerate")
+    option(group, "--sanity-pages", type=int, at_least=1, default=8, identity=False,
+           help="pages the degenerate-output check looks at (default: 8)")
+    option(group, "--loop-retries", type=int, at_least=0, default=1, identity=False,  # settings
+           help="send a looping page again, up to N times (default: 1)")
+    option(group, "--repetition-detection", action=argparse.BooleanOptionalAction, identity=True,
+           default=REPETITION_DETECTION_ON, help="let vLLM end a loop (it costs engine time)")
     add_shape_arguments(parser)
     add_model_arguments(parser)
     return parser
-
-
-AT_LEAST = {"num_shards": 1, "part_rows": 1, "max_tokens": 1, "sanity_pages": 1, "max_samples": 1,
-            "shard_index": 0, "concurrency": 1, "max_retries": 0, "max_restarts": 0,
-            "min_window": 1, "max_window": 1, "api_server_count": 1, "batch_size": 1,
-            "skip_text_pages": 1, "pdf_workers": 1, "loop_retries": 0}
-ABOVE_0 = ("part_seconds", "server_timeout", "server_down_timeout", "request_timeout",
-           "adapt_interval", "max_inflight_memory", "pdf_page_timeout")
 
 
 def argument_word(action: argparse.Action, value) -> str:
@@ -2925,14 +2924,15 @@ def parse_arguments(doc: str, argv: list[str] | None, add_shape_arguments, shape
     for action in parser._actions:  # parsed again without defaults: only the arguments given,
         action.default = argparse.SUPPRESS  # INPUT and OUTPUT, then the options in their order
     actions = {action.dest: action for action in parser._actions}
+    _IDENTITY.update({dest: actions[dest].identity for dest in vars(args)})  # each declared
     parsed = vars(parser.parse_args(argv))
     _RUN_ARGV[:] = [argument_word(actions[dest], parsed[dest]) for dest in
                     sorted(parsed, key=lambda dest: bool(actions[dest].option_strings))]
-    given = {name: value for name, value in vars(args).items() if value is not None}
-    problems = [f"--{name.replace('_', '-')} must be at least {low}, got {given[name]}"
-                for name, low in AT_LEAST.items() if name in given and given[name] < low]
-    problems += [f"--{name.replace('_', '-')} must be above 0, got {given[name]}"
-                 for name in ABOVE_0 if name in given and not given[name] > 0]
+    given = [(actions[dest], value) for dest, value in vars(args).items() if value is not None]
+    problems = [f"{a.option_strings[0]} must be at least {a.at_least}, got {value}"
+                for a, value in given if a.at_least is not None and value < a.at_least]
+    problems += [f"{a.option_strings[0]} must be above {a.above}, got {value}"
+                 for a, value in given if a.above is not None and not value > a.above]
     if args.shuffle and args.seed < 0:
         problems.append(f"--seed must be at least 0 to --shuffle, got {args.seed}")
     if not args.output_column.strip():
@@ -3404,10 +3404,10 @@ def run_offline(run, args, llm_kwargs: dict) -> None:
 
 def add_offline_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("engine")
-    group.add_argument("--batch-size", type=int, default=16,
-                       help="pages per generate call (default: 16)")
-    group.add_argument("--llm-kwargs", default="", help="JSON over the script's vllm.LLM "
-                       "arguments, e.g. '{\"max_model_len\": 16384}'; null removes one")
+    option(group, "--batch-size", type=int, at_least=1, default=16, identity=False,
+           help="pages per generate call (default: 16)")
+    option(group, "--llm-kwargs", default="", identity=False, help="JSON over the script's "
+           "vllm.LLM arguments, e.g. '{\"max_model_len\": 16384}'; null removes one")
 
 
 def offline_argument_problems(args) -> list[str]:

@@ -11,6 +11,7 @@ line on) into the scripts that carry it. Its functions may call the grounding bl
 
 import re
 
+from blocks.common.arguments import option
 from blocks.grounding import block_box
 
 # Set by each script above the block (placeholders here, for ruff and for tests that import it)
@@ -77,13 +78,13 @@ def model_argument_problems(args) -> list[str]:
 
 
 def add_model_arguments(parser) -> None:
-    parser.add_argument("--prompt-mode", choices=sorted(PROMPTS), default=DEFAULT_PROMPT_MODE,
-                        help=f"which of the model's prompts (default: {DEFAULT_PROMPT_MODE})")
-    parser.add_argument("--prompt", help="a custom prompt instead (without the <image> prefix); "
-                        "one longer than the built-in ones needs a lower --max-tokens, which "
-                        "the start-up check names")
-    parser.add_argument("--keep-raw", action="store_true",
-                        help="also keep the raw output, grounding tags and all, in <column>_raw")
+    option(parser, "--prompt-mode", choices=sorted(PROMPTS), default=DEFAULT_PROMPT_MODE,
+           identity=True, help=f"which of the model's prompts (default: {DEFAULT_PROMPT_MODE})")
+    option(parser, "--prompt", identity=True, help="a custom prompt instead (without the <image> "
+           "prefix); one longer than the built-in ones needs a lower --max-tokens, which the "
+           "start-up check names")
+    option(parser, "--keep-raw", identity=True, action="store_true",
+           help="also keep the raw output, grounding tags and all, in <column>_raw")
 
 
 def prompt_text(args) -> str:

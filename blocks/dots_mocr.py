@@ -10,6 +10,7 @@ import argparse
 import json
 import re
 
+from blocks.common.arguments import option
 from blocks.grounding import block_box
 from blocks.patch_grid import max_patch_grid_tokens, patch_grid_tokens, snap_to_patch_grid
 
@@ -109,15 +110,15 @@ def model_argument_problems(args) -> list[str]:
 
 
 def add_model_arguments(parser) -> None:
-    parser.add_argument("--max-pixels", type=pixel_cap, default=None, metavar="N",
-                        help=f"downscale pages above N pixels (default: {MAX_PIXELS:,}, 8,000 "
-                             f"image tokens; the authors' bound {SERVER_MAX_PIXELS:,} needs "
-                             f"--max-tokens {MAX_MODEL_LEN - image_token_budget(FULL_BOUND)} or less)")
-    parser.add_argument("--drop-margins", action="store_true",
-                        help="leave Page-header and Page-footer cells out of the Markdown (the "
-                             "blocks column keeps them), as the authors' olmOCR-Bench runs did")
-    parser.add_argument("--keep-raw", action="store_true",
-                        help="also keep the model's raw JSON answer in <column>_raw")
+    option(parser, "--max-pixels", identity=True, type=pixel_cap, default=None, metavar="N",
+           help=f"downscale pages above N pixels (default: {MAX_PIXELS:,}, 8,000 "
+                f"image tokens; the authors' bound {SERVER_MAX_PIXELS:,} needs "
+                f"--max-tokens {MAX_MODEL_LEN - image_token_budget(FULL_BOUND)} or less)")
+    option(parser, "--drop-margins", identity=True, action="store_true",
+           help="leave Page-header and Page-footer cells out of the Markdown (the "
+                "blocks column keeps them), as the authors' olmOCR-Bench runs did")
+    option(parser, "--keep-raw", identity=True, action="store_true",
+           help="also keep the model's raw JSON answer in <column>_raw")
 
 
 def build_request(image_url: str, args) -> dict:

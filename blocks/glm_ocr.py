@@ -9,6 +9,7 @@ line on) into the script that carries it. Its functions call the PATCH GRID HELP
 import json
 import re
 
+from blocks.common.arguments import option
 from blocks.patch_grid import (
     max_patch_grid_tokens, patch_grid_tokens, per_frame, snap_to_patch_grid,
 )
@@ -83,12 +84,12 @@ def model_argument_problems(args) -> list[str]:
 
 
 def add_model_arguments(parser) -> None:
-    parser.add_argument("--task", choices=sorted(PROMPTS), default="text",
-                        help="which of the card's document-parsing prompts: text (whole pages, "
-                             "the default), table or formula (pages that are one table or "
-                             "one formula, as the SDK's layout stage crops them)")
-    parser.add_argument("--keep-raw", action="store_true",
-                        help="also keep the answer before the authors' clean-up in <column>_raw")
+    option(parser, "--task", identity=True, choices=sorted(PROMPTS), default="text",
+           help="which of the card's document-parsing prompts: text (whole pages, "
+                "the default), table or formula (pages that are one table or "
+                "one formula, as the SDK's layout stage crops them)")
+    option(parser, "--keep-raw", identity=True, action="store_true",
+           help="also keep the answer before the authors' clean-up in <column>_raw")
 
 
 def build_request(image_url: str, args) -> dict:

@@ -10,6 +10,7 @@ import argparse
 import math
 import re
 
+from blocks.common.arguments import option
 from blocks.grounding import block_box
 
 # ==== BEGIN LIGHTONOCR-3 MODEL (source: blocks/lighton_ocr3.py) ====
@@ -72,20 +73,20 @@ def model_argument_problems(args) -> list[str]:
 
 
 def add_model_arguments(parser) -> None:
-    parser.add_argument("--mode", choices=MODES, default="plain",
-                        help="plain: Markdown; grounding: Markdown plus a box per block, parsed "
-                             "into the <column>_blocks column (default: plain)")
-    parser.add_argument("--temperature", type=float, default=TEMPERATURE,
-                        help=f"sampling temperature (default: {TEMPERATURE}; the model card says 0.1)")
-    parser.add_argument("--max-pixels", type=pixel_count, default=None, metavar="N",
-                        help="downscale pages to at most N pixels instead of a 2048 px longest "
-                             "edge (the authors' olmOCR-Bench setting: 5000000 at --pdf-dpi 400)")
-    parser.add_argument("--drop-margins", action="store_true",
-                        help="grounding mode: leave header, footer and page-number blocks out "
-                             "of the Markdown (the blocks column keeps them), as the authors' "
-                             "olmOCR-Bench runs did")
-    parser.add_argument("--keep-raw", action="store_true",
-                        help="also keep the raw output (grounding markers and all) in <column>_raw")
+    option(parser, "--mode", identity=True, choices=MODES, default="plain",
+           help="plain: Markdown; grounding: Markdown plus a box per block, parsed "
+                "into the <column>_blocks column (default: plain)")
+    option(parser, "--temperature", identity=True, type=float, default=TEMPERATURE,
+           help=f"sampling temperature (default: {TEMPERATURE}; the model card says 0.1)")
+    option(parser, "--max-pixels", identity=True, type=pixel_count, default=None, metavar="N",
+           help="downscale pages to at most N pixels instead of a 2048 px longest "
+                "edge (the authors' olmOCR-Bench setting: 5000000 at --pdf-dpi 400)")
+    option(parser, "--drop-margins", identity=True, action="store_true",
+           help="grounding mode: leave header, footer and page-number blocks out "
+                "of the Markdown (the blocks column keeps them), as the authors' "
+                "olmOCR-Bench runs did")
+    option(parser, "--keep-raw", identity=True, action="store_true",
+           help="also keep the raw output (grounding markers and all) in <column>_raw")
 
 
 def message_content(image_url: str, args) -> list[dict]:

@@ -97,7 +97,10 @@ def model_argument_problems(args) -> list[str]:
 
 
 def add_model_arguments(parser) -> None:
-    """The model's own command-line options."""
+    """The model's own command-line options, each added by the common block's
+    `option(parser, *flags, identity=..., **add_argument_kwargs)`: identity=True when a rerun
+    into the same OUTPUT must repeat it (it changes the text), False when it may change; a
+    number may declare its bounds too (at_least=, above=), checked with the other arguments."""
     raise NotImplementedError
 
 

@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from blocks.common.arguments import _RUN_ARGV, parse_arguments
+from blocks.common.arguments import _RUN_ARGV, option, parse_arguments
 from blocks.common.errors import fail, log
 from blocks.common.inputs import iter_image_cells, requested_revision, resolved_revision
 from blocks.common.jobs_command import jobs_advice
@@ -199,10 +199,10 @@ def run_offline(run, args, llm_kwargs: dict) -> None:
 
 def add_offline_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("engine")
-    group.add_argument("--batch-size", type=int, default=16,
-                       help="pages per generate call (default: 16)")
-    group.add_argument("--llm-kwargs", default="", help="JSON over the script's vllm.LLM "
-                       "arguments, e.g. '{\"max_model_len\": 16384}'; null removes one")
+    option(group, "--batch-size", type=int, at_least=1, default=16, identity=False,
+           help="pages per generate call (default: 16)")
+    option(group, "--llm-kwargs", default="", identity=False, help="JSON over the script's "
+           "vllm.LLM arguments, e.g. '{\"max_model_len\": 16384}'; null removes one")
 
 
 def offline_argument_problems(args) -> list[str]:

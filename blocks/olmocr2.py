@@ -11,6 +11,7 @@ import asyncio
 import base64
 import io
 
+from blocks.common.arguments import option
 from blocks.common.pages import encode_page
 from blocks.common.rows import error_row, RowResult, SERVER
 from blocks.patch_grid import max_patch_grid_tokens
@@ -94,15 +95,15 @@ def model_argument_problems(args) -> list[str]:
 
 
 def add_model_arguments(parser) -> None:
-    parser.add_argument("--temperature", type=float, default=TEMPERATURE,
-                        help=f"sampling temperature (default: {TEMPERATURE}, the toolkit's)")
-    parser.add_argument("--rotation-attempts", type=int, default=ROTATION_ATTEMPTS, metavar="N",
-                        help="sends of one page in all while the model says it is rotated, each "
-                             "turned by the corrections so far (default: "
-                             f"{ROTATION_ATTEMPTS}, the toolkit's; 1: never turn a page)")
-    parser.add_argument("--keep-raw", action="store_true",
-                        help="also keep the answer as the model wrote it, front matter and all, "
-                             "in <column>_raw")
+    option(parser, "--temperature", identity=True, type=float, default=TEMPERATURE,
+           help=f"sampling temperature (default: {TEMPERATURE}, the toolkit's)")
+    option(parser, "--rotation-attempts", type=int, default=ROTATION_ATTEMPTS, metavar="N",
+           identity=True, help="sends of one page in all while the model says it is rotated, each "
+                "turned by the corrections so far (default: "
+                f"{ROTATION_ATTEMPTS}, the toolkit's; 1: never turn a page)")
+    option(parser, "--keep-raw", identity=True, action="store_true",
+           help="also keep the answer as the model wrote it, front matter and all, "
+                "in <column>_raw")
 
 
 def build_request(image_url: str, args) -> dict:

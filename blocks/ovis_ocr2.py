@@ -8,6 +8,7 @@ line on) into the scripts that carry it. Its functions may call the common block
 
 import math
 
+from blocks.common.arguments import option
 from blocks.common.loops import repeated_tail
 
 # ==== BEGIN OVISOCR2 MODEL (source: blocks/ovis_ocr2.py) ====
@@ -61,8 +62,8 @@ def model_argument_problems(args) -> list[str]:
 
 
 def add_model_arguments(parser) -> None:
-    parser.add_argument(
-        "--keep-image-tags", action="store_true",
+    option(
+        parser, "--keep-image-tags", identity=True, action="store_true",
         help="keep the <img src=\"images/bbox_...\"> figure placeholders in the Markdown "
              "(the card's clean-up drops them)")
 

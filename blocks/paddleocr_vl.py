@@ -9,6 +9,7 @@ line on) into the script that carries it. Its functions call the PATCH GRID HELP
 import html
 import re
 
+from blocks.common.arguments import option
 from blocks.patch_grid import max_patch_grid_tokens, snap_to_patch_grid
 
 # ==== BEGIN PADDLEOCR-VL MODEL (source: blocks/paddleocr_vl.py) ====
@@ -111,14 +112,14 @@ def model_argument_problems(args) -> list[str]:
 
 
 def add_model_arguments(parser) -> None:
-    parser.add_argument(
-        "--task", choices=list(TASKS), default=DEFAULT_TASK,
+    option(
+        parser, "--task", identity=True, choices=list(TASKS), default=DEFAULT_TASK,
         help=f"the model's task prompt for the whole page (default: {DEFAULT_TASK}): "
              + ", ".join(f"{k} '{v}'" for k, v in TASKS.items())
              + "; chart answers are kept as written (their format is not documented here); "
                "the model's spotting and seal tasks are left out until theirs is")
-    parser.add_argument("--keep-raw", action="store_true",
-                        help="also keep the model's answer as written (OTSL and all) in <column>_raw")
+    option(parser, "--keep-raw", identity=True, action="store_true",
+           help="also keep the model's answer as written (OTSL and all) in <column>_raw")
 
 
 def build_request(image_url: str, args) -> dict:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import httpx
 
+from blocks.common.arguments import option
 from blocks.common.stats import proc_bytes, RunStats
 from blocks.server.pipeline import PAGES_PER_ENGINE, Window
 from blocks.server.process import ServerManager
@@ -76,21 +77,21 @@ class AdaptiveWindow(Window):
     @staticmethod
     def add_arguments(parser: argparse.ArgumentParser, group) -> None:
         group = parser.add_argument_group("saturation (the window adapts to keep the engine busy)")
-        group.add_argument("--concurrency", type=int, default=None,
-                           help="a fixed window of N pages instead of the adaptive one")
-        group.add_argument("--max-inflight-memory", type=float, default=None,
-                           help="MiB of host memory that pages in flight may hold (default: a "
-                                "quarter of the memory available at start)")
-        group.add_argument("--min-window", type=int, default=PAGES_PER_ENGINE,
-                           help="smallest window, and the one it starts from (default: "
-                                "%(default)s, the server scripts' fixed window)")
-        group.add_argument("--max-window", type=int, default=1024,
-                           help="largest window (default: 1024)")
-        group.add_argument("--adapt-interval", type=float, default=2.0,
-                           help="seconds between window decisions (default: 2)")
-        group.add_argument("--api-server-count", type=int, default=None,
-                           help=f"API server processes of a spawned server (default: "
-                                f"{API_SERVER_COUNT} with {API_SERVERS_MIN_CPUS}+ CPUs, else 1)")
+        option(group, "--concurrency", type=int, at_least=1, default=None, identity=False,
+               help="a fixed window of N pages instead of the adaptive one")
+        option(group, "--max-inflight-memory", type=float, above=0, default=None, identity=False,
+               help="MiB of host memory that pages in flight may hold (default: a quarter of "
+               "the memory available at start)")
+        option(group, "--min-window", type=int, at_least=1, default=PAGES_PER_ENGINE,
+               identity=False, help="smallest window, and the one it starts from (default: "
+               "%(default)s, the server scripts' fixed window)")
+        option(group, "--max-window", type=int, at_least=1, default=1024, identity=False,
+               help="largest window (default: 1024)")
+        option(group, "--adapt-interval", type=float, above=0, default=2.0, identity=False,
+               help="seconds between window decisions (default: 2)")
+        option(group, "--api-server-count", type=int, at_least=1, default=None, identity=False,
+               help=f"API server processes of a spawned server (default: {API_SERVER_COUNT} "
+               f"with {API_SERVERS_MIN_CPUS}+ CPUs, else 1)")
 
     @staticmethod
     def serve_args(args, serve_args: list[str]) -> list[str]:

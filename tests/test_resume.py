@@ -3,6 +3,7 @@ truth for a Hub OUTPUT. Against the stub server, as a user reruns a command."""
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import os
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import (ROOT, FakeHub, expected_text, load_output, load_script, run_script,
+from conftest import (ALL_SCRIPTS, ROOT, FakeHub, expected_text, load_output, load_script, run_script,
                       write_image_folder)
 from test_write_path import journal_rows, part_rows, start_driver, stats_of, wait_for
 
@@ -897,3 +898,55 @@ def test_a_card_that_cannot_be_staged_for_the_hub_exits_6_and_the_rerun_sends_it
     (stage / "README.md").unlink()
     assert hub_run(module, hub, tmp_path, stub, "laptop") == 0
     assert (tmp_path / "hub" / "user/ocr-out" / "README.md").exists()
+
+
+def shape_parts(module) -> tuple:
+    """The script's shape's options and their checks, as its main() passes them."""
+    if module.SCRIPT_SHAPE == "offline":
+        return module.add_offline_arguments, module.offline_argument_problems
+    return module.add_server_arguments, module.server_argument_problems
+
+
+@pytest.mark.parametrize("script", ALL_SCRIPTS)
+def test_every_option_of_every_script_says_whether_it_is_part_of_the_runs_identity(script):
+    """Issue #43 item 5: where an option is added it declares `identity=` (no default), so a
+    forgotten one can neither leave the identity (mixing two runs) nor join it (refusing a
+    resume) silently. Every script, every option: the shared ones, the shape's, the model's."""
+    module = load_script(script)
+    parser = module.argument_parser(module.__doc__, shape_parts(module)[0])
+    parsed = vars(parser.parse_args(["in", "./out"]))
+    options = [action for action in parser._actions if action.dest in parsed]
+    assert len(options) == len(parsed) > 40
+    assert [action.option_strings or action.dest for action in options
+            if not isinstance(getattr(action, "identity", None), bool)] == []
+
+
+# The options a rerun could change when the identity was every option but a closed list
+# (blocks/common.py's MAY_CHANGE at commit c6ff1f5): existing OUTPUTs recorded what it left.
+MAY_CHANGE_AT_C6FF1F5 = set("""input output revision shard_index max_samples concurrency
+    request_timeout max_retries server api_key no_spawn server_timeout server_down_timeout
+    max_restarts abort_after_failures abort_after_seconds min_window max_window adapt_interval
+    max_inflight_memory api_server_count batch_size stats_json work_dir hf_token private part_rows
+    part_seconds retry_errors restart overwrite no_sanity_check sanity_pages serve_args llm_kwargs
+    pdf_workers pdf_page_timeout check_only loop_retries send_blank""".split())
+
+
+@pytest.mark.parametrize("script", ALL_SCRIPTS)
+def test_a_runs_identity_is_the_options_declared_part_of_it_as_before(script, tmp_path):
+    """The manifest's `options` are exactly the options declared identity=True (--seed with
+    --shuffle only), the same ones as before the declarations (MAY_CHANGE_AT_C6FF1F5), so an
+    OUTPUT written before resumes; engine flags are identity but for the speed-only ones."""
+    module = load_script(script)
+    (tmp_path / "in").mkdir()
+    parts = shape_parts(module)
+    declared = {action.dest for action in module.argument_parser(module.__doc__, parts[0])._actions
+                if getattr(action, "identity", False)}
+    source = argparse.Namespace(files=[], pdf=None, rows_full=0)  # a folder of no files
+    for shuffle in ([], ["--shuffle"]):
+        args = module.parse_arguments(module.__doc__, [str(tmp_path / "in"), str(tmp_path / "out"),
+                                                       *shuffle], *parts)
+        identity = module.run_identity(args, source, {"--gpu-memory-utilization": 0.5,
+                                                      "--max-model-len": 8192})
+        assert set(identity["options"]) == declared - ({"seed"} if not shuffle else set())
+        assert set(vars(args)) - declared == MAY_CHANGE_AT_C6FF1F5 & set(vars(args))
+        assert identity["engine"] == {"max-model-len": 8192}

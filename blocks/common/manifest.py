@@ -7,6 +7,7 @@ import os
 import time
 from pathlib import Path
 
+from blocks.common.arguments import _IDENTITY
 from blocks.common.errors import EXIT_USAGE, fail, RunAborted
 from blocks.common.inputs import image_extensions, InputSource, ROW_IDENTITY, script_name
 from blocks.common.loops import repetition_detection
@@ -21,15 +22,8 @@ from blocks.model import image_token_budget, inference_settings, JOB_IMAGE, SCRI
 MANIFEST_FORMAT = 2  # 2: the parts hold ROW_IDENTITY, which the manifest names, and
 #                      <column>_skipped; a part's note lists its blank rows
 
-# Options that may change between the runs of one OUTPUT (a closed list: any other is identity)
-MAY_CHANGE = set("""input output revision shard_index max_samples concurrency request_timeout
-    max_retries server api_key no_spawn server_timeout server_down_timeout max_restarts
-    abort_after_failures abort_after_seconds min_window max_window adapt_interval
-    max_inflight_memory api_server_count batch_size stats_json work_dir hf_token private part_rows
-    part_seconds retry_errors restart overwrite no_sanity_check sanity_pages serve_args llm_kwargs
-    pdf_workers pdf_page_timeout check_only loop_retries send_blank""".split())  # loop_retries: in settings
-# engine flags that change speed and memory, never the text (the rest of the engine is identity)
-MAY_CHANGE_ENGINE = set("""gpu-memory-utilization data-parallel-size tensor-parallel-size
+# Engine flags that change speed and memory, never the text: the rest of the engine is identity
+SPEED_ONLY_ENGINE_FLAGS = set("""gpu-memory-utilization data-parallel-size tensor-parallel-size
     pipeline-parallel-size api-server-count speculative-config max-num-seqs max-num-batched-tokens
     host port enforce-eager swap-space kv-cache-memory""".split())
 
@@ -93,14 +87,15 @@ def run_settings(args) -> dict:
 
 
 def run_identity(args, source: InputSource, engine: dict) -> dict:
-    options = {k: v for k, v in sorted(vars(args).items()) if k not in MAY_CHANGE
+    """What a rerun must repeat: the input, options declared identity=True, the engine's flags."""
+    options = {k: v for k, v in sorted(vars(args).items()) if _IDENTITY[k]
                and (k != "seed" or args.shuffle)}
     flags = {k.lstrip("-").replace("_", "-"): v for k, v in engine.items()}
     pdf = {"pdf": source.pdf.fingerprint()} if source.pdf is not None else {}
     return redact_value({  # a secret is no part of what the run is: a new token, the same run
         "script": script_name(), "input": input_identity(args, source.files), **pdf,
-        "rows": source.rows_full, "options": options, "settings": run_settings(args),
-        "engine": {k: v for k, v in sorted(flags.items()) if k not in MAY_CHANGE_ENGINE}}, None)
+        "rows": source.rows_full, "options": options, "settings": run_settings(args), "engine": {
+            k: v for k, v in sorted(flags.items()) if k not in SPEED_ONLY_ENGINE_FLAGS}}, None)
 
 
 def run_digest(identity: dict, args) -> str:

@@ -6,7 +6,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from blocks.common.arguments import parse_arguments
+from blocks.common.arguments import option, parse_arguments
 from blocks.common.manifest import check_context_budget, inference_info_entry
 from blocks.common.run import run_script
 from blocks.common.secrets import flag_items, redact_argv
@@ -19,30 +19,30 @@ from blocks.server.serve_args import (
 
 def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("server")
-    group.add_argument("--server", default=DEFAULT_SERVER, help="vLLM server URL: reused when it "
-                       "answers, else started here if local (default: %(default)s)")
-    group.add_argument("--api-key", help="server API key (default: VLLM_API_KEY)")
-    group.add_argument("--serve-args", default="", help="extra `vllm serve` arguments, appended "
-                       "after the script's own so they override them, e.g. \"--max-model-len "
-                       "16384\"")
-    group.add_argument("--no-spawn", action="store_true",
-                       help="never start a server: wait for --server (up to --server-timeout)")
-    group.add_argument("--server-timeout", type=float, default=1800.0,
-                       help="seconds to wait for a server to be ready (default: 1800)")
-    group.add_argument("--server-down-timeout", type=float, default=300.0, help="seconds a "
-                       "server may go without answering (/health, a page) mid-run before the run "
-                       "stops (default: 300; rerun to resume)")
-    group.add_argument("--max-restarts", type=int, default=3,
-                       help="restarts of a spawned server that dies mid-run (default: 3)")
-    group.add_argument("--request-timeout", type=float, default=900.0,
-                       help="seconds for one page's answer (default: 900)")
-    group.add_argument("--max-retries", type=int, default=4,
-                       help="retries of a page after a timeout, 429 or 5xx (default: 4)")
-    group.add_argument("--abort-after-failures", type=int, default=20, help="stop after this "
-                       "many pages in a row fail on the server's side (5xx, timeouts) over "
-                       "--abort-after-seconds (default: 20)")
-    group.add_argument("--abort-after-seconds", type=float, default=60.0,
-                       help="see --abort-after-failures (default: 60)")
+    option(group, "--server", default=DEFAULT_SERVER, identity=False, help="vLLM server URL: "
+           "reused when it answers, else started here if local (default: %(default)s)")
+    option(group, "--api-key", identity=False, help="server API key (default: VLLM_API_KEY)")
+    option(group, "--serve-args", default="", identity=False,  # its flags: run_identity
+           help="extra `vllm serve` arguments, appended after the script's own so they override "
+           "them, e.g. \"--max-model-len 16384\"")
+    option(group, "--no-spawn", action="store_true", identity=False,
+           help="never start a server: wait for --server (up to --server-timeout)")
+    option(group, "--server-timeout", type=float, above=0, default=1800.0, identity=False,
+           help="seconds to wait for a server to be ready (default: 1800)")
+    option(group, "--server-down-timeout", type=float, above=0, default=300.0, identity=False,
+           help="seconds a server may go without answering (/health, a page) mid-run before "
+           "the run stops (default: 300; rerun to resume)")
+    option(group, "--max-restarts", type=int, at_least=0, default=3, identity=False,
+           help="restarts of a spawned server that dies mid-run (default: 3)")
+    option(group, "--request-timeout", type=float, above=0, default=900.0, identity=False,
+           help="seconds for one page's answer (default: 900)")
+    option(group, "--max-retries", type=int, at_least=0, default=4, identity=False,
+           help="retries of a page after a timeout, 429 or 5xx (default: 4)")
+    option(group, "--abort-after-failures", type=int, default=20, identity=False,
+           help="stop after this many pages in a row fail on the server's side (5xx, timeouts) "
+           "over --abort-after-seconds (default: 20)")
+    option(group, "--abort-after-seconds", type=float, default=60.0, identity=False,
+           help="see --abort-after-failures (default: 60)")
     WINDOW.add_arguments(parser, group)
 
 

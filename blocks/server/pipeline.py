@@ -11,6 +11,7 @@ import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 
+from blocks.common.arguments import option
 from blocks.common.errors import EXIT_USAGE, RunAborted
 from blocks.common.inputs import iter_image_cells
 from blocks.common.rows import exception_row, PAGE, read_page, RowResult, SERVER
@@ -57,9 +58,9 @@ class Window:
 
     @staticmethod
     def add_arguments(parser: argparse.ArgumentParser, group) -> None:
-        group.add_argument("--concurrency", type=int, default=None,
-                           help=f"pages in flight (default: {PAGES_PER_ENGINE} per engine of the "
-                                f"server, the measured setting)")
+        option(group, "--concurrency", type=int, at_least=1, default=None, identity=False,
+               help=f"pages in flight (default: {PAGES_PER_ENGINE} per engine of the server, the "
+               f"measured setting)")
 
     @staticmethod
     def serve_args(args, serve_args: list[str]) -> list[str]:  # for a server started here
