@@ -79,8 +79,8 @@ Where the settings come from (vLLM's DeepSeek-OCR recipe)
 #     inputs.py L457         pages.py L833          pdf.py L1013
 #     loops.py L1311         rows.py L1425          plan.py L1518
 #     store.py L1658         saving.py L2036        manifest.py L2350
-#     stats.py L2530         jobs_command.py L2614  card.py L2747
-#     arguments.py L2902     run.py L3051
+#     stats.py L2524         jobs_command.py L2608  card.py L2741
+#     arguments.py L2896     run.py L3051
 #   BLANK PAGE HELPERS  blocks/blank_page.py  L3253-3326
 #   GROUNDING HELPERS  blocks/grounding.py  L3329-3342
 #   SERVER HELPERS  blocks/server/  L3345-4139
@@ -96,7 +96,7 @@ Where the settings come from (vLLM's DeepSeek-OCR recipe)
 #   journal        Journal.append L1545
 #   part           write_part L2171
 #   commit         OutputStore.publish L1930, OutputStore.commit L1949
-#   card           build_card L2824
+#   card           build_card L2818
 # ==== END MAP ====
 
 import re

@@ -95,8 +95,8 @@ and vLLM's DeepSeek-OCR-2 recipe)
 #     inputs.py L472         pages.py L848          pdf.py L1028
 #     loops.py L1326         rows.py L1440          plan.py L1533
 #     store.py L1673         saving.py L2051        manifest.py L2365
-#     stats.py L2545         jobs_command.py L2629  card.py L2762
-#     arguments.py L2917     run.py L3066
+#     stats.py L2539         jobs_command.py L2623  card.py L2756
+#     arguments.py L2911     run.py L3066
 #   BLANK PAGE HELPERS  blocks/blank_page.py  L3268-3341
 #   GROUNDING HELPERS  blocks/grounding.py  L3344-3357
 #   SERVER HELPERS  blocks/server/  L3360-4154
@@ -112,7 +112,7 @@ and vLLM's DeepSeek-OCR-2 recipe)
 #   journal        Journal.append L1560
 #   part           write_part L2186
 #   commit         OutputStore.publish L1945, OutputStore.commit L1964
-#   card           build_card L2839
+#   card           build_card L2833
 # ==== END MAP ====
 
 import re

@@ -95,8 +95,8 @@ Post-processing, as the authors' formatter builds Markdown (dots_mocr/utils/form
 #     inputs.py L565         pages.py L941          pdf.py L1121
 #     loops.py L1419         rows.py L1533          plan.py L1626
 #     store.py L1766         saving.py L2144        manifest.py L2458
-#     stats.py L2638         jobs_command.py L2722  card.py L2855
-#     arguments.py L3010     run.py L3159
+#     stats.py L2632         jobs_command.py L2716  card.py L2849
+#     arguments.py L3004     run.py L3159
 #   BLANK PAGE HELPERS  blocks/blank_page.py  L3361-3434
 #   GROUNDING HELPERS  blocks/grounding.py  L3437-3450
 #   SERVER HELPERS  blocks/server/  L3453-4247
@@ -112,7 +112,7 @@ Post-processing, as the authors' formatter builds Markdown (dots_mocr/utils/form
 #   journal        Journal.append L1653
 #   part           write_part L2279
 #   commit         OutputStore.publish L2038, OutputStore.commit L2057
-#   card           build_card L2932
+#   card           build_card L2926
 # ==== END MAP ====
 
 import argparse

@@ -96,8 +96,8 @@ Where the settings come from (the authors' README and SDK, the card, vLLM's reci
 #     inputs.py L498         pages.py L874          pdf.py L1054
 #     loops.py L1352         rows.py L1466          plan.py L1559
 #     store.py L1699         saving.py L2077        manifest.py L2391
-#     stats.py L2571         jobs_command.py L2655  card.py L2788
-#     arguments.py L2943     run.py L3092
+#     stats.py L2565         jobs_command.py L2649  card.py L2782
+#     arguments.py L2937     run.py L3092
 #   BLANK PAGE HELPERS  blocks/blank_page.py  L3294-3367
 #   PATCH GRID HELPERS  blocks/patch_grid.py  L3370-3403
 #   SERVER HELPERS  blocks/server/  L3406-4200
@@ -113,7 +113,7 @@ Where the settings come from (the authors' README and SDK, the card, vLLM's reci
 #   journal        Journal.append L1586
 #   part           write_part L2212
 #   commit         OutputStore.publish L1971, OutputStore.commit L1990
-#   card           build_card L2865
+#   card           build_card L2859
 # ==== END MAP ====
 
 import json

@@ -80,8 +80,8 @@ very complex layouts. No client-side downscale: the tile grid is chosen from the
 #     inputs.py L611         pages.py L987          pdf.py L1167
 #     loops.py L1465         rows.py L1579          plan.py L1672
 #     store.py L1812         saving.py L2190        manifest.py L2504
-#     stats.py L2684         jobs_command.py L2768  card.py L2901
-#     arguments.py L3056     run.py L3205
+#     stats.py L2678         jobs_command.py L2762  card.py L2895
+#     arguments.py L3050     run.py L3205
 #   BLANK PAGE HELPERS  blocks/blank_page.py  L3407-3480
 #   GROUNDING HELPERS  blocks/grounding.py  L3483-3496
 #   SERVER HELPERS  blocks/server/  L3499-4293
@@ -98,7 +98,7 @@ very complex layouts. No client-side downscale: the tile grid is chosen from the
 #   journal        Journal.append L1699
 #   part           write_part L2325
 #   commit         OutputStore.publish L2084, OutputStore.commit L2103
-#   card           build_card L2978
+#   card           build_card L2972
 # ==== END MAP ====
 
 import re

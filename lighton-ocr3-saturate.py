@@ -93,8 +93,8 @@ The authors' olmOCR-Bench settings (84.7): `--mode grounding --drop-margins --ma
 #     inputs.py L519         pages.py L895          pdf.py L1075
 #     loops.py L1373         rows.py L1487          plan.py L1580
 #     store.py L1720         saving.py L2098        manifest.py L2412
-#     stats.py L2592         jobs_command.py L2676  card.py L2809
-#     arguments.py L2964     run.py L3113
+#     stats.py L2586         jobs_command.py L2670  card.py L2803
+#     arguments.py L2958     run.py L3113
 #   BLANK PAGE HELPERS  blocks/blank_page.py  L3315-3388
 #   GROUNDING HELPERS  blocks/grounding.py  L3391-3404
 #   SERVER HELPERS  blocks/server/  L3407-4201
@@ -111,7 +111,7 @@ The authors' olmOCR-Bench settings (84.7): `--mode grounding --drop-margins --ma
 #   journal        Journal.append L1607
 #   part           write_part L2233
 #   commit         OutputStore.publish L1992, OutputStore.commit L2011
-#   card           build_card L2886
+#   card           build_card L2880
 # ==== END MAP ====
 
 import re

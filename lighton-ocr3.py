@@ -70,8 +70,8 @@ The authors' olmOCR-Bench settings (84.7): `--mode grounding --drop-margins --ma
 #     inputs.py L488         pages.py L864          pdf.py L1044
 #     loops.py L1342         rows.py L1456          plan.py L1549
 #     store.py L1689         saving.py L2067        manifest.py L2381
-#     stats.py L2561         jobs_command.py L2645  card.py L2778
-#     arguments.py L2933     run.py L3082
+#     stats.py L2555         jobs_command.py L2639  card.py L2772
+#     arguments.py L2927     run.py L3082
 #   BLANK PAGE HELPERS  blocks/blank_page.py  L3284-3357
 #   GROUNDING HELPERS  blocks/grounding.py  L3360-3373
 #   OFFLINE HELPERS  blocks/offline.py  L3376-3576
@@ -85,7 +85,7 @@ The authors' olmOCR-Bench settings (84.7): `--mode grounding --drop-margins --ma
 #   journal        Journal.append L1576
 #   part           write_part L2202
 #   commit         OutputStore.publish L1961, OutputStore.commit L1980
-#   card           build_card L2855
+#   card           build_card L2849
 # ==== END MAP ====
 
 import re

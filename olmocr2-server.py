@@ -82,8 +82,8 @@ Where the settings come from (the olmOCR toolkit, allenai/olmocr v0.4.27, unless
 #     inputs.py L510         pages.py L886          pdf.py L1066
 #     loops.py L1364         rows.py L1478          plan.py L1571
 #     store.py L1711         saving.py L2089        manifest.py L2403
-#     stats.py L2583         jobs_command.py L2667  card.py L2800
-#     arguments.py L2955     run.py L3104
+#     stats.py L2577         jobs_command.py L2661  card.py L2794
+#     arguments.py L2949     run.py L3104
 #   BLANK PAGE HELPERS  blocks/blank_page.py  L3306-3379
 #   SERVER HELPERS  blocks/server/  L3382-4176
 #     serve_args.py L3399  process.py L3477     requests.py L3793
@@ -98,7 +98,7 @@ Where the settings come from (the olmOCR toolkit, allenai/olmocr v0.4.27, unless
 #   journal        Journal.append L1598
 #   part           write_part L2224
 #   commit         OutputStore.publish L1983, OutputStore.commit L2002
-#   card           build_card L2877
+#   card           build_card L2871
 # ==== END MAP ====
 
 import re

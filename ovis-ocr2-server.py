@@ -61,8 +61,8 @@ retry policy (connection errors, timeouts, 429 and 5xx retried with backoff; oth
 #     inputs.py L382         pages.py L758          pdf.py L938
 #     loops.py L1236         rows.py L1350          plan.py L1443
 #     store.py L1583         saving.py L1961        manifest.py L2275
-#     stats.py L2455         jobs_command.py L2539  card.py L2672
-#     arguments.py L2827     run.py L2976
+#     stats.py L2449         jobs_command.py L2533  card.py L2666
+#     arguments.py L2821     run.py L2976
 #   BLANK PAGE HELPERS  blocks/blank_page.py  L3178-3251
 #   SERVER HELPERS  blocks/server/  L3254-4048
 #     serve_args.py L3271  process.py L3349     requests.py L3665
@@ -77,7 +77,7 @@ retry policy (connection errors, timeouts, 429 and 5xx retried with backoff; oth
 #   journal        Journal.append L1470
 #   part           write_part L2096
 #   commit         OutputStore.publish L1855, OutputStore.commit L1874
-#   card           build_card L2749
+#   card           build_card L2743
 # ==== END MAP ====
 
 import re

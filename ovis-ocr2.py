@@ -52,8 +52,8 @@ Where the engine arguments come from
 #     inputs.py L365         pages.py L741          pdf.py L921
 #     loops.py L1219         rows.py L1333          plan.py L1426
 #     store.py L1566         saving.py L1944        manifest.py L2258
-#     stats.py L2438         jobs_command.py L2522  card.py L2655
-#     arguments.py L2810     run.py L2959
+#     stats.py L2432         jobs_command.py L2516  card.py L2649
+#     arguments.py L2804     run.py L2959
 #   BLANK PAGE HELPERS  blocks/blank_page.py  L3161-3234
 #   OFFLINE HELPERS  blocks/offline.py  L3237-3437
 #   main()  L3444
@@ -66,7 +66,7 @@ Where the engine arguments come from
 #   journal        Journal.append L1453
 #   part           write_part L2079
 #   commit         OutputStore.publish L1838, OutputStore.commit L1857
-#   card           build_card L2732
+#   card           build_card L2726
 # ==== END MAP ====
 
 import re

@@ -105,8 +105,8 @@ Where the settings come from, and the choices where sources differ
 #     inputs.py L542         pages.py L918          pdf.py L1098
 #     loops.py L1396         rows.py L1510          plan.py L1603
 #     store.py L1743         saving.py L2121        manifest.py L2435
-#     stats.py L2615         jobs_command.py L2699  card.py L2832
-#     arguments.py L2987     run.py L3136
+#     stats.py L2609         jobs_command.py L2693  card.py L2826
+#     arguments.py L2981     run.py L3136
 #   BLANK PAGE HELPERS  blocks/blank_page.py  L3338-3411
 #   PATCH GRID HELPERS  blocks/patch_grid.py  L3414-3447
 #   SERVER HELPERS  blocks/server/  L3450-4244
@@ -122,7 +122,7 @@ Where the settings come from, and the choices where sources differ
 #   journal        Journal.append L1630
 #   part           write_part L2256
 #   commit         OutputStore.publish L2015, OutputStore.commit L2034
-#   card           build_card L2909
+#   card           build_card L2903
 # ==== END MAP ====
 
 import html
