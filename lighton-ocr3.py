@@ -420,8 +420,10 @@ def is_secret(name, value=None) -> bool:
     return bool(SECRET_NAME.search(str(name))) and value not in (True, False, "", [], {})
 
 
-def redact_text(text: str) -> str:
-    """Text with its secrets masked: token-like values, a URL's user, values named like one."""
+def redact_text(text: str, known=()) -> str:
+    """Text with its secrets masked: those known, token-like values, a URL's user, named ones."""
+    for secret in sorted(known, key=len, reverse=True):
+        text = text.replace(secret, "***")
     text = URL_USERINFO.sub("***@", TOKEN_VALUE.sub("***", text))
     return NAMED_VALUE.sub(lambda m: m[1] + "***" if is_secret(m[3], m[5]) else m[0], text)
 
@@ -439,6 +441,19 @@ def redact_value(value, mask: str | None = "***"):
             redacted = redact_value(parsed, mask)
             return value if redacted == parsed else json.dumps(redacted)
     return redact_text(value) if isinstance(value, str) else value
+
+
+def secret_literals(value, secret: bool = False) -> set[str]:
+    """The secrets in a value as given (a JSON value's at every depth): the values under a
+    secret's name, and token-like ones; what a server's log must not show."""
+    if isinstance(value, str) and value.lstrip()[:1] in ("{", "["):
+        with contextlib.suppress(ValueError):
+            value = json.loads(value)
+    if isinstance(value, (dict, list)):  # a list's indexes are no secret's name
+        pairs = value.items() if isinstance(value, dict) else enumerate(value)
+        return set().union(*(secret_literals(v, secret or is_secret(k, v)) for k, v in pairs))
+    text = str(value)
+    return ({text} if secret and len(text) >= 4 else set()) | set(TOKEN_VALUE.findall(text))
 
 
 def flag_items(argv: list[str]) -> list[tuple[str | None, list[str], bool]]:
@@ -865,6 +880,8 @@ def iter_image_cells(source: InputSource, indices: list[int], batch: int = 64):
 
 # Pillow's 16 MiB blocks stay in each thread's malloc arena once freed; 64 MiB ones are given back
 os.environ.setdefault("PILLOW_BLOCK_SIZE", "64m")
+PDF_MAX_PIXELS = 12_000_000  # above any model's input here: a poster-sized page shrinks to it
+PDF_MAX_SIDE = 16384  # pixels: above it, no encoder (JPEG stops at 65,535) or processor will do
 
 
 @dataclass
@@ -990,7 +1007,7 @@ def prepare_page(cell, args=None, decode: bool = True) -> PreparedPage | None:
         orientation = img.getexif().get(0x0112, 1) if exif else 1
         upright, turned = orientation in (None, 1), orientation in (5, 6, 7, 8)
         width, height = img.size[::-1] if turned else img.size
-        target, jpeg = target_size(width, height, args), img.format == "JPEG"
+        target, jpeg = sent_size(width, height, args), img.format == "JPEG"
         if target == (width, height) and upright and img.mode == "RGB" and \
                 getattr(img, "n_frames", 1) == 1 and img.format in ("JPEG", "PNG"):
             # a complete JPEG is not even decoded
@@ -1016,7 +1033,7 @@ def prepare_page(cell, args=None, decode: bool = True) -> PreparedPage | None:
             if not upright:
                 img = ImageOps.exif_transpose(img)
             if img.size == (height, width) != (width, height):  # a TIFF: Pillow turned it
-                target = target_size(*img.size, args)  # as it loaded (and, by version, sized)
+                target = sent_size(*img.size, args)  # as it loaded (and, by version, sized)
             # grey is resized as grey, and widened at the model's size
             flat = flatten(img)
             return PreparedPage(*encode_page(flat, target), False, digest=input_digest(raw),
@@ -1026,6 +1043,14 @@ def prepare_page(cell, args=None, decode: bool = True) -> PreparedPage | None:
         if isinstance(exc, Image.DecompressionBombError):  # a real giant scan: the way out
             reason += " Scale it down below that (datasets would refuse it in the output too)."
         raise PageError(f"cannot decode image: {type(exc).__name__}: {reason}") from None
+
+
+def sent_size(width: float, height: float, args, pixels: float = 0) -> tuple[int, int]:
+    """The size an image or PDF page is sent at (encode_page resizes): the model's target_size."""
+    if pixels:  # a PDF page at --pdf-dpi, first shrunk to at most `pixels`
+        shrink = min(1.0, math.sqrt(pixels / (width * height)), PDF_MAX_SIDE / max(width, height))
+        width, height = max(1, round(width * shrink)), max(1, round(height * shrink))
+    return target_size(width, height, args)
 
 
 def encode_page(img, size: tuple[int, int]) -> tuple:
@@ -1047,9 +1072,7 @@ def encode_page(img, size: tuple[int, int]) -> tuple:
 # process (PDFium is not thread-safe, and a page that hangs or crashes it must not take the run).
 
 PDF_MIN_DPI, PDF_MAX_DPI = 72, 400
-PDF_MAX_PIXELS = 12_000_000  # above any model's input here: a poster-sized page shrinks to it
 PDF_COLUMNS = {"page_number": "int32", "page_count": "int32"}
-PDF_MAX_SIDE = 16384  # pixels: above it, no encoder (JPEG stops at 65,535) or processor will do
 
 
 def find_pdf_column(ds, args) -> str | None:
@@ -1237,10 +1260,8 @@ def _render_pdf_page(page, args) -> PreparedPage:
     width_pt, height_pt = page.get_size()
     if not (width_pt > 0 and height_pt > 0):
         raise PageError(f"the page has no area ({width_pt} x {height_pt} pt)")
-    width, height = width_pt * args.pdf_dpi / 72, height_pt * args.pdf_dpi / 72
-    shrink = min(1.0, math.sqrt(PDF_MAX_PIXELS / (width * height)),
-                 PDF_MAX_SIDE / max(width, height))
-    target = target_size(max(1, round(width * shrink)), max(1, round(height * shrink)), args)
+    dots = args.pdf_dpi / 72  # pixels a point
+    target = sent_size(width_pt * dots, height_pt * dots, args, PDF_MAX_PIXELS)
     img = page.render(scale=target[0] / width_pt, may_draw_forms=True).to_pil()
     return PreparedPage(*encode_page(img, target), False, text_layer=layer,
                         blank=judges_blank(args) and is_blank(img))

@@ -442,8 +442,10 @@ def is_secret(name, value=None) -> bool:
     return bool(SECRET_NAME.search(str(name))) and value not in (True, False, "", [], {})
 
 
-def redact_text(text: str) -> str:
-    """Text with its secrets masked: token-like values, a URL's user, values named like one."""
+def redact_text(text: str, known=()) -> str:
+    """Text with its secrets masked: those known, token-like values, a URL's user, named ones."""
+    for secret in sorted(known, key=len, reverse=True):
+        text = text.replace(secret, "***")
     text = URL_USERINFO.sub("***@", TOKEN_VALUE.sub("***", text))
     return NAMED_VALUE.sub(lambda m: m[1] + "***" if is_secret(m[3], m[5]) else m[0], text)
 
@@ -461,6 +463,19 @@ def redact_value(value, mask: str | None = "***"):
             redacted = redact_value(parsed, mask)
             return value if redacted == parsed else json.dumps(redacted)
     return redact_text(value) if isinstance(value, str) else value
+
+
+def secret_literals(value, secret: bool = False) -> set[str]:
+    """The secrets in a value as given (a JSON value's at every depth): the values under a
+    secret's name, and token-like ones; what a server's log must not show."""
+    if isinstance(value, str) and value.lstrip()[:1] in ("{", "["):
+        with contextlib.suppress(ValueError):
+            value = json.loads(value)
+    if isinstance(value, (dict, list)):  # a list's indexes are no secret's name
+        pairs = value.items() if isinstance(value, dict) else enumerate(value)
+        return set().union(*(secret_literals(v, secret or is_secret(k, v)) for k, v in pairs))
+    text = str(value)
+    return ({text} if secret and len(text) >= 4 else set()) | set(TOKEN_VALUE.findall(text))
 
 
 def flag_items(argv: list[str]) -> list[tuple[str | None, list[str], bool]]:
@@ -887,6 +902,8 @@ def iter_image_cells(source: InputSource, indices: list[int], batch: int = 64):
 
 # Pillow's 16 MiB blocks stay in each thread's malloc arena once freed; 64 MiB ones are given back
 os.environ.setdefault("PILLOW_BLOCK_SIZE", "64m")
+PDF_MAX_PIXELS = 12_000_000  # above any model's input here: a poster-sized page shrinks to it
+PDF_MAX_SIDE = 16384  # pixels: above it, no encoder (JPEG stops at 65,535) or processor will do
 
 
 @dataclass
@@ -1012,7 +1029,7 @@ def prepare_page(cell, args=None, decode: bool = True) -> PreparedPage | None:
         orientation = img.getexif().get(0x0112, 1) if exif else 1
         upright, turned = orientation in (None, 1), orientation in (5, 6, 7, 8)
         width, height = img.size[::-1] if turned else img.size
-        target, jpeg = target_size(width, height, args), img.format == "JPEG"
+        target, jpeg = sent_size(width, height, args), img.format == "JPEG"
         if target == (width, height) and upright and img.mode == "RGB" and \
                 getattr(img, "n_frames", 1) == 1 and img.format in ("JPEG", "PNG"):
             # a complete JPEG is not even decoded
@@ -1038,7 +1055,7 @@ def prepare_page(cell, args=None, decode: bool = True) -> PreparedPage | None:
             if not upright:
                 img = ImageOps.exif_transpose(img)
             if img.size == (height, width) != (width, height):  # a TIFF: Pillow turned it
-                target = target_size(*img.size, args)  # as it loaded (and, by version, sized)
+                target = sent_size(*img.size, args)  # as it loaded (and, by version, sized)
             # grey is resized as grey, and widened at the model's size
             flat = flatten(img)
             return PreparedPage(*encode_page(flat, target), False, digest=input_digest(raw),
@@ -1048,6 +1065,14 @@ def prepare_page(cell, args=None, decode: bool = True) -> PreparedPage | None:
         if isinstance(exc, Image.DecompressionBombError):  # a real giant scan: the way out
             reason += " Scale it down below that (datasets would refuse it in the output too)."
         raise PageError(f"cannot decode image: {type(exc).__name__}: {reason}") from None
+
+
+def sent_size(width: float, height: float, args, pixels: float = 0) -> tuple[int, int]:
+    """The size an image or PDF page is sent at (encode_page resizes): the model's target_size."""
+    if pixels:  # a PDF page at --pdf-dpi, first shrunk to at most `pixels`
+        shrink = min(1.0, math.sqrt(pixels / (width * height)), PDF_MAX_SIDE / max(width, height))
+        width, height = max(1, round(width * shrink)), max(1, round(height * shrink))
+    return target_size(width, height, args)
 
 
 def encode_page(img, size: tuple[int, int]) -> tuple:
@@ -1069,9 +1094,7 @@ def encode_page(img, size: tuple[int, int]) -> tuple:
 # process (PDFium is not thread-safe, and a page that hangs or crashes it must not take the run).
 
 PDF_MIN_DPI, PDF_MAX_DPI = 72, 400
-PDF_MAX_PIXELS = 12_000_000  # above any model's input here: a poster-sized page shrinks to it
 PDF_COLUMNS = {"page_number": "int32", "page_count": "int32"}
-PDF_MAX_SIDE = 16384  # pixels: above it, no encoder (JPEG stops at 65,535) or processor will do
 
 
 def find_pdf_column(ds, args) -> str | None:
@@ -1259,10 +1282,8 @@ def _render_pdf_page(page, args) -> PreparedPage:
     width_pt, height_pt = page.get_size()
     if not (width_pt > 0 and height_pt > 0):
         raise PageError(f"the page has no area ({width_pt} x {height_pt} pt)")
-    width, height = width_pt * args.pdf_dpi / 72, height_pt * args.pdf_dpi / 72
-    shrink = min(1.0, math.sqrt(PDF_MAX_PIXELS / (width * height)),
-                 PDF_MAX_SIDE / max(width, height))
-    target = target_size(max(1, round(width * shrink)), max(1, round(height * shrink)), args)
+    dots = args.pdf_dpi / 72  # pixels a point
+    target = sent_size(width_pt * dots, height_pt * dots, args, PDF_MAX_PIXELS)
     img = page.render(scale=target[0] / width_pt, may_draw_forms=True).to_pil()
     return PreparedPage(*encode_page(img, target), False, text_layer=layer,
                         blank=judges_blank(args) and is_blank(img))
@@ -3476,29 +3497,14 @@ def server_argument_problems(args) -> list[str]:
 
 # ---- process.py: The vLLM server process: reused, or started under a watchdog, watched, stopped.
 
-# Runs `vllm serve` in its own process group. When the driver dies without stopping it (kill -9,
-# OOM), it notices within half a second, stops the group, then kills what is left (itself too).
+# Runs `vllm serve` in its own process group, its output to the driver (relay_log). When the
+# driver dies without stopping it (kill -9, OOM), it notices within half a second, stops the
+# group, then kills what is left (itself too).
 SERVER_WATCHDOG = r"""
-import json, os, signal, subprocess, sys, threading, time
+import os, signal, subprocess, sys, time
 driver = os.getppid()
 signal.signal(signal.SIGTERM, lambda *_: None)  # the driver's stop() signals the whole group
-masked = [s.encode() for s in json.loads(os.environ.pop("OCR_LOG_MASK", "[]"))]
-server = subprocess.Popen(sys.argv[1:], stdin=subprocess.DEVNULL, stderr=subprocess.STDOUT,
-                          stdout=subprocess.PIPE if masked else None)
-
-def pump():  # the server's log, the secrets it prints (its non-default args) masked
-    for line in server.stdout:
-        for secret in masked:
-            line = line.replace(secret, b"***")
-        try:
-            sys.stdout.buffer.write(line)
-            sys.stdout.buffer.flush()
-        except OSError:  # a full disk: the line is lost, but the server must not block on it
-            pass
-
-reader = threading.Thread(target=pump, daemon=True)
-if masked:
-    reader.start()
+server = subprocess.Popen(sys.argv[1:], stdin=subprocess.DEVNULL, stderr=subprocess.STDOUT)
 while server.poll() is None and os.getppid() == driver:
     time.sleep(0.5)
 if server.poll() is None:  # the driver is gone
@@ -3507,26 +3513,18 @@ if server.poll() is None:  # the driver is gone
         server.wait(timeout=20)
     finally:
         os.killpg(0, signal.SIGKILL)
-if masked:
-    reader.join(timeout=5)
 sys.exit(server.returncode if server.returncode >= 0 else 128 - server.returncode)
 """
 
 
-def secret_literals(value, secret: bool = False) -> set[str]:
-    """The secrets in a value as given (a JSON value's at every depth): the values under a
-    secret's name, and token-like ones; what a server's log must not show."""
-    if isinstance(value, str) and value.lstrip()[:1] in ("{", "["):
-        with contextlib.suppress(ValueError):
-            value = json.loads(value)
-    if isinstance(value, dict):
-        return set().union(*(secret_literals(v, secret or is_secret(k, v))
-                             for k, v in value.items()))
-    if isinstance(value, list):
-        return set().union(*(secret_literals(v, secret) for v in value))
-    text = str(value)
-    found = {text} if secret and len(text) >= 4 else set()
-    return found | set(TOKEN_VALUE.findall(text))
+def relay_log(output, log_file, known: set[str]) -> None:
+    """The server's output into its log, its secrets masked; a line a full disk refuses is lost,
+    so that the server never blocks on its own logging."""
+    with output, log_file:
+        for line in output:
+            with contextlib.suppress(OSError):
+                log_file.write(redact_text(line.decode(errors="surrogateescape"), known)
+                               .encode(errors="surrogateescape"))
 
 
 UNKNOWN_HOST = (socket.EAI_NONAME, getattr(socket, "EAI_NODATA", None))  # not a DNS hiccup
@@ -3715,20 +3713,23 @@ class ServerManager:
                    "HF_TOKEN": self.args.hf_token or serve_arg_value(argv, "--hf-token")}
         command = flag_words([item for item in flag_items(argv)  # argv is public
                               if option_name(item[0]) not in ("--api-key", "--hf-token")])
-        masked = set().union(*(secret_literals(v, is_secret(name or "", values))
-                               for name, values, _ in flag_items(argv) for v in values))
-        masked |= {v for v in secrets.values() if v and len(v) >= 4}
-        env = {**os.environ, **SERVE_ENV, **{k: v for k, v in secrets.items() if v},
-               "OCR_LOG_MASK": json.dumps(sorted(masked, key=len, reverse=True))}
+        known = set().union(*(secret_literals(v, is_secret(name or "", values))
+                              for name, values, _ in flag_items(argv) for v in values))
+        known |= {v for v in secrets.values() if v and len(v) >= 4}
+        env = {**os.environ, **SERVE_ENV, **{k: v for k, v in secrets.items() if v}}
         log(f"starting: {shlex.join(redact_argv(command))}\n  (server log: {self.log_path})")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "ab") as log_file:
-            self.process = subprocess.Popen([sys.executable, "-c", SERVER_WATCHDOG, *command],
-                                            stdout=log_file, stderr=subprocess.STDOUT,
-                                            stdin=subprocess.DEVNULL, start_new_session=True,
-                                            env=env)
+        log_file = open(self.log_path, "ab", buffering=0)  # a line each write: none held back
+        self.process = subprocess.Popen([sys.executable, "-c", SERVER_WATCHDOG, *command],
+                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                        stdin=subprocess.DEVNULL, start_new_session=True, env=env)
+        self.relay = threading.Thread(target=relay_log, daemon=True,
+                                      args=(self.process.stdout, log_file, known))
+        self.relay.start()
 
     def log_tail(self) -> str:
+        if self.process is not None and self.process.poll() is not None:
+            self.relay.join(timeout=5)  # its last lines, unless what it started holds the pipe
         with contextlib.suppress(OSError):
             lines = self.log_path.read_text(errors="replace").splitlines()[-40:]
             return f"Last lines of {self.log_path}:\n" + "\n".join("  | " + s for s in lines)
@@ -3788,6 +3789,7 @@ class ServerManager:
                 self.process.wait(timeout=30)  # the watchdog waits for the server
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.process.pid, signal.SIGKILL)
+        self.relay.join(timeout=5)  # the log complete
 
 
 # ---- requests.py: One page's request: its body built once, sent with retries, its answer read.

@@ -10,22 +10,39 @@ grouped by who needs them (the comment above each group); tools/sync_helpers.py 
 (and --check fails on) a script whose model section lacks one its shape needs, naming it with
 its comment here.
 
-Besides these, a block may read an optional model-section name with a default, at the top of
-the block that uses it: `NAME = globals().get("NAME", default)` (MODEL_REVISION, RESIZE_FILTER,
-LOOP_TEMPERATURE, REPETITION_DETECTION, REPETITION_DETECTION_ON, REPETITION_DETECTION_NOTE,
-IMAGE_TAG_MOVING, PDF_DPI, MODEL_CARD_NOTE (Markdown the card must say of the model: a
-licence term, a warning of what the script leaves out), POSTPROCESS_GETS_SIZE (True: server
-scripts call `postprocess(text, args, (width, height))` with the size the page was sent at, for
-a model whose boxes are in its input's pixels), IMAGE_HAS_UV (False: JOB_IMAGE has no uv, so
-the Jobs command is the docstring's `hf jobs run` form) and JOB_PAGES_PER_S (pages/s measured
-on the header's flavor: what the Jobs timeout covers; ocr-jobs.py also reads
-`^JOB_PAGES_PER_S = <number>` from the script's text to plan shards; leave it out when none was
-measured) in the common block; API_SERVER_COUNT in the saturate block; SEND_AGAIN in the server
-block: an async function `(send, body, result, args) -> RowResult` that, given a page's answer,
-may send the page again changed (`await send(new_body)` sends it with its loop retries) and
-returns the row's result, its `attempts` counting every send and its `resent` the sends it
-made; olmOCR-2 turns a page the model says is rotated). A model section sets one only where its
-model differs. Optional names read outside the blocks: SERVED_NAME (the tests: the name a server
+Besides these, a block reads an optional model-section name with its default, at the top of
+the block that uses it: `NAME = globals().get("NAME", default)`. A model section sets one only
+where its model differs. Every one, with its default, the block that reads it and its meaning
+(tests/test_block_interface.py holds this list equal to the blocks' reads):
+
+    MODEL_REVISION = None  # common: a commit sha or tag that pins the weights
+    RESIZE_FILTER = "bicubic"  # common: the model's own resampling filter (a PIL name)
+    LOOP_TEMPERATURE = 0.3  # common: the temperature of a looping page's second try
+    IMAGE_TAG_MOVING = False  # common: True: JOB_IMAGE's tag is no fixed build
+    PDF_DPI = 400  # common: a PDF page's render DPI (--pdf-dpi's default)
+    REPETITION_DETECTION = (32, 64)  # common: vLLM's (max_pattern_size, min_count) for
+        --repetition-detection
+    REPETITION_DETECTION_ON = False  # common: True: --repetition-detection is on by default
+    REPETITION_DETECTION_NOTE = ""  # common: what the card says of it, when on
+    MODEL_CARD_NOTE = ""  # common: Markdown the card must say of the model (a licence term, a
+        warning of what the script leaves out)
+    POSTPROCESS_GETS_SIZE = False  # common: True: server scripts call `postprocess(text, args,
+        (width, height))` with the size the page was sent at, for a model whose boxes are in
+        its input's pixels
+    IMAGE_HAS_UV = True  # common: False: JOB_IMAGE has no uv, so the Jobs command is the
+        docstring's `hf jobs run` form
+    JOB_PAGES_PER_S = None  # common: pages/s measured on the header's flavor, what the Jobs
+        timeout covers (ocr-jobs.py also reads `^JOB_PAGES_PER_S = <number>` from the script's
+        text to plan shards); left out when none was measured
+    API_SERVER_COUNT = 1  # saturate: the API servers a server started here runs, on a flavor
+        of 12+ CPUs (measured for the model)
+    SEND_AGAIN = None  # server: an async function `(send, body, result, args) -> RowResult`
+        that, given a page's answer, may send the page again changed (`await send(new_body)`
+        sends it with its loop retries) and returns the row's result, its `attempts` counting
+        every send and its `resent` the sends it made (olmOCR-2 turns a page the model says is
+        rotated)
+
+Optional names read outside the blocks: SERVED_NAME (the tests: the name a server
 script's `--served-model-name` gives the model), DEFAULT_PROMPT_MODE (the tests, where a script
 has prompt modes).
 

@@ -11,6 +11,7 @@ import re
 import shlex
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -575,16 +576,37 @@ def test_the_server_logs_tail_printed_on_a_failed_start_masks_named_secrets(tmp_
 
 
 def test_a_server_log_that_cannot_be_written_never_blocks_the_server():
-    """The watchdog relays vLLM's output to its log, masking secrets; a log on a full disk
-    (/dev/full: every write fails) killed the relay, the pipe filled and vLLM blocked on its own
-    logging. Here a 'server' prints 20 MB, then exits 7: the watchdog ends with its code."""
-    watchdog = load_script(OVIS).SERVER_WATCHDOG
+    """The driver relays vLLM's output (through its watchdog) to its log, masking secrets; a log
+    on a full disk (/dev/full: every write fails) killed the relay, the pipe filled and vLLM
+    blocked on its own logging. Here a 'server' prints 20 MB, then exits 7: the watchdog ends
+    with its code, and the relay at its end."""
+    script = load_script(OVIS)
     talker = "import sys\nfor _ in range(200_000): print('x' * 100)\nsys.exit(7)"
-    with open("/dev/full", "wb") as full:
-        run = subprocess.run([sys.executable, "-c", watchdog, sys.executable, "-c", talker],
-                             stdout=full, stderr=subprocess.DEVNULL, timeout=60,
-                             env={**os.environ, "OCR_LOG_MASK": json.dumps(["s3cr3t"])})
-    assert run.returncode == 7
+    watchdog = subprocess.Popen([sys.executable, "-c", script.SERVER_WATCHDOG, sys.executable,
+                                 "-c", talker], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    relay = threading.Thread(target=script.relay_log, args=(
+        watchdog.stdout, open("/dev/full", "ab", buffering=0), {"s3cr3t"}))
+    relay.start()
+    assert watchdog.wait(timeout=60) == 7
+    relay.join(timeout=60)
+    assert not relay.is_alive()
+
+
+def test_a_secret_the_server_prints_from_its_serve_args_never_reaches_its_log(tmp_path):
+    """vLLM logs its non-default args. The server's log masked only the secrets found by value
+    (under a secret's name, token-like): a URL's password and a presigned URL's signature given
+    in --serve-args reached OUTPUT/.ocr/logs as given (the printed lines were masked)."""
+    env = {**fake_vllm_env(tmp_path), "FAKE_VLLM_ECHO_AND_EXIT": "1"}
+    write_image_folder(tmp_path / "in", 2)
+    url = "https://reader:pw-SECRET-9@files.example/t.jinja?X-Amz-Signature=SIG0123456789abc"
+    run = run_script(OVIS, str(tmp_path / "in"), str(tmp_path / "out"), "--server",
+                     f"http://127.0.0.1:{free_port()}", "--serve-args",
+                     shlex.join(["--chat-template", url]), env=env, timeout=120)
+    assert run.returncode != 0 and "non-default args" in run.stderr, run.stderr
+    (log_file,) = (tmp_path / "out" / ".ocr" / "logs").iterdir()
+    assert "--chat-template https://***@files.example/" in log_file.read_text()
+    for text in (run.stderr + run.stdout, log_file.read_text()):
+        assert "pw-SECRET-9" not in text and "SIG0123456789abc" not in text, text
 
 
 def test_the_server_log_in_output_and_its_tail_mask_nested_secrets_with_spaces(tmp_path):

@@ -3,6 +3,7 @@
 import contextlib
 import hashlib
 import io
+import math
 import os
 import re
 import threading
@@ -19,6 +20,8 @@ from blocks.model import PAGE_FORMAT, target_size
 
 # Pillow's 16 MiB blocks stay in each thread's malloc arena once freed; 64 MiB ones are given back
 os.environ.setdefault("PILLOW_BLOCK_SIZE", "64m")
+PDF_MAX_PIXELS = 12_000_000  # above any model's input here: a poster-sized page shrinks to it
+PDF_MAX_SIDE = 16384  # pixels: above it, no encoder (JPEG stops at 65,535) or processor will do
 
 
 @dataclass
@@ -144,7 +147,7 @@ def prepare_page(cell, args=None, decode: bool = True) -> PreparedPage | None:
         orientation = img.getexif().get(0x0112, 1) if exif else 1
         upright, turned = orientation in (None, 1), orientation in (5, 6, 7, 8)
         width, height = img.size[::-1] if turned else img.size
-        target, jpeg = target_size(width, height, args), img.format == "JPEG"
+        target, jpeg = sent_size(width, height, args), img.format == "JPEG"
         if target == (width, height) and upright and img.mode == "RGB" and \
                 getattr(img, "n_frames", 1) == 1 and img.format in ("JPEG", "PNG"):
             # a complete JPEG is not even decoded
@@ -170,7 +173,7 @@ def prepare_page(cell, args=None, decode: bool = True) -> PreparedPage | None:
             if not upright:
                 img = ImageOps.exif_transpose(img)
             if img.size == (height, width) != (width, height):  # a TIFF: Pillow turned it
-                target = target_size(*img.size, args)  # as it loaded (and, by version, sized)
+                target = sent_size(*img.size, args)  # as it loaded (and, by version, sized)
             # grey is resized as grey, and widened at the model's size
             flat = flatten(img)
             return PreparedPage(*encode_page(flat, target), False, digest=input_digest(raw),
@@ -180,6 +183,14 @@ def prepare_page(cell, args=None, decode: bool = True) -> PreparedPage | None:
         if isinstance(exc, Image.DecompressionBombError):  # a real giant scan: the way out
             reason += " Scale it down below that (datasets would refuse it in the output too)."
         raise PageError(f"cannot decode image: {type(exc).__name__}: {reason}") from None
+
+
+def sent_size(width: float, height: float, args, pixels: float = 0) -> tuple[int, int]:
+    """The size an image or PDF page is sent at (encode_page resizes): the model's target_size."""
+    if pixels:  # a PDF page at --pdf-dpi, first shrunk to at most `pixels`
+        shrink = min(1.0, math.sqrt(pixels / (width * height)), PDF_MAX_SIDE / max(width, height))
+        width, height = max(1, round(width * shrink)), max(1, round(height * shrink))
+    return target_size(width, height, args)
 
 
 def encode_page(img, size: tuple[int, int]) -> tuple:

@@ -2,7 +2,6 @@
 
 import contextlib
 import hashlib
-import math
 import os
 import re
 import signal
@@ -13,16 +12,16 @@ from dataclasses import field
 from blocks.blank_page import is_blank
 from blocks.common.errors import fail, PageError
 from blocks.common.inputs import InputSource
-from blocks.common.pages import cell_source, encode_page, input_digest, judges_blank, PreparedPage
-from blocks.model import target_size
+from blocks.common.pages import (
+    cell_source, encode_page, input_digest, judges_blank, PDF_MAX_PIXELS, PreparedPage,
+    sent_size,
+)
 
 # One output row per page; a page is rendered once, at the size the model wants, in a worker
 # process (PDFium is not thread-safe, and a page that hangs or crashes it must not take the run).
 
 PDF_MIN_DPI, PDF_MAX_DPI = 72, 400
-PDF_MAX_PIXELS = 12_000_000  # above any model's input here: a poster-sized page shrinks to it
 PDF_COLUMNS = {"page_number": "int32", "page_count": "int32"}
-PDF_MAX_SIDE = 16384  # pixels: above it, no encoder (JPEG stops at 65,535) or processor will do
 
 
 def find_pdf_column(ds, args) -> str | None:
@@ -210,10 +209,8 @@ def _render_pdf_page(page, args) -> PreparedPage:
     width_pt, height_pt = page.get_size()
     if not (width_pt > 0 and height_pt > 0):
         raise PageError(f"the page has no area ({width_pt} x {height_pt} pt)")
-    width, height = width_pt * args.pdf_dpi / 72, height_pt * args.pdf_dpi / 72
-    shrink = min(1.0, math.sqrt(PDF_MAX_PIXELS / (width * height)),
-                 PDF_MAX_SIDE / max(width, height))
-    target = target_size(max(1, round(width * shrink)), max(1, round(height * shrink)), args)
+    dots = args.pdf_dpi / 72  # pixels a point
+    target = sent_size(width_pt * dots, height_pt * dots, args, PDF_MAX_PIXELS)
     img = page.render(scale=target[0] / width_pt, may_draw_forms=True).to_pil()
     return PreparedPage(*encode_page(img, target), False, text_layer=layer,
                         blank=judges_blank(args) and is_blank(img))

@@ -25,8 +25,10 @@ def is_secret(name, value=None) -> bool:
     return bool(SECRET_NAME.search(str(name))) and value not in (True, False, "", [], {})
 
 
-def redact_text(text: str) -> str:
-    """Text with its secrets masked: token-like values, a URL's user, values named like one."""
+def redact_text(text: str, known=()) -> str:
+    """Text with its secrets masked: those known, token-like values, a URL's user, named ones."""
+    for secret in sorted(known, key=len, reverse=True):
+        text = text.replace(secret, "***")
     text = URL_USERINFO.sub("***@", TOKEN_VALUE.sub("***", text))
     return NAMED_VALUE.sub(lambda m: m[1] + "***" if is_secret(m[3], m[5]) else m[0], text)
 
@@ -44,6 +46,19 @@ def redact_value(value, mask: str | None = "***"):
             redacted = redact_value(parsed, mask)
             return value if redacted == parsed else json.dumps(redacted)
     return redact_text(value) if isinstance(value, str) else value
+
+
+def secret_literals(value, secret: bool = False) -> set[str]:
+    """The secrets in a value as given (a JSON value's at every depth): the values under a
+    secret's name, and token-like ones; what a server's log must not show."""
+    if isinstance(value, str) and value.lstrip()[:1] in ("{", "["):
+        with contextlib.suppress(ValueError):
+            value = json.loads(value)
+    if isinstance(value, (dict, list)):  # a list's indexes are no secret's name
+        pairs = value.items() if isinstance(value, dict) else enumerate(value)
+        return set().union(*(secret_literals(v, secret or is_secret(k, v)) for k, v in pairs))
+    text = str(value)
+    return ({text} if secret and len(text) >= 4 else set()) | set(TOKEN_VALUE.findall(text))
 
 
 def flag_items(argv: list[str]) -> list[tuple[str | None, list[str], bool]]:

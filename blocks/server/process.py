@@ -3,7 +3,6 @@
 import asyncio
 import contextlib
 import httpx
-import json
 import os
 import shlex
 import shutil
@@ -12,6 +11,7 @@ import socket
 import ssl
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -20,7 +20,9 @@ from blocks.common.inputs import requested_revision, resolved_revision
 from blocks.common.jobs_command import jobs_advice, rerun_advice
 from blocks.common.manifest import check_context_budget
 from blocks.common.saving import HeldFailures
-from blocks.common.secrets import flag_items, flag_words, is_secret, redact_argv, TOKEN_VALUE
+from blocks.common.secrets import (
+    flag_items, flag_words, is_secret, redact_argv, redact_text, secret_literals,
+)
 from blocks.common.stats import RunStats
 from blocks.model import SERVE_ENV, spawn_args
 from blocks.model import JOB_IMAGE
@@ -30,29 +32,14 @@ from blocks.server.serve_args import (
     effective_serve_args, option_name, serve_arg_value, serve_max_model_len, server_url_parts,
 )
 
-# Runs `vllm serve` in its own process group. When the driver dies without stopping it (kill -9,
-# OOM), it notices within half a second, stops the group, then kills what is left (itself too).
+# Runs `vllm serve` in its own process group, its output to the driver (relay_log). When the
+# driver dies without stopping it (kill -9, OOM), it notices within half a second, stops the
+# group, then kills what is left (itself too).
 SERVER_WATCHDOG = r"""
-import json, os, signal, subprocess, sys, threading, time
+import os, signal, subprocess, sys, time
 driver = os.getppid()
 signal.signal(signal.SIGTERM, lambda *_: None)  # the driver's stop() signals the whole group
-masked = [s.encode() for s in json.loads(os.environ.pop("OCR_LOG_MASK", "[]"))]
-server = subprocess.Popen(sys.argv[1:], stdin=subprocess.DEVNULL, stderr=subprocess.STDOUT,
-                          stdout=subprocess.PIPE if masked else None)
-
-def pump():  # the server's log, the secrets it prints (its non-default args) masked
-    for line in server.stdout:
-        for secret in masked:
-            line = line.replace(secret, b"***")
-        try:
-            sys.stdout.buffer.write(line)
-            sys.stdout.buffer.flush()
-        except OSError:  # a full disk: the line is lost, but the server must not block on it
-            pass
-
-reader = threading.Thread(target=pump, daemon=True)
-if masked:
-    reader.start()
+server = subprocess.Popen(sys.argv[1:], stdin=subprocess.DEVNULL, stderr=subprocess.STDOUT)
 while server.poll() is None and os.getppid() == driver:
     time.sleep(0.5)
 if server.poll() is None:  # the driver is gone
@@ -61,26 +48,18 @@ if server.poll() is None:  # the driver is gone
         server.wait(timeout=20)
     finally:
         os.killpg(0, signal.SIGKILL)
-if masked:
-    reader.join(timeout=5)
 sys.exit(server.returncode if server.returncode >= 0 else 128 - server.returncode)
 """
 
 
-def secret_literals(value, secret: bool = False) -> set[str]:
-    """The secrets in a value as given (a JSON value's at every depth): the values under a
-    secret's name, and token-like ones; what a server's log must not show."""
-    if isinstance(value, str) and value.lstrip()[:1] in ("{", "["):
-        with contextlib.suppress(ValueError):
-            value = json.loads(value)
-    if isinstance(value, dict):
-        return set().union(*(secret_literals(v, secret or is_secret(k, v))
-                             for k, v in value.items()))
-    if isinstance(value, list):
-        return set().union(*(secret_literals(v, secret) for v in value))
-    text = str(value)
-    found = {text} if secret and len(text) >= 4 else set()
-    return found | set(TOKEN_VALUE.findall(text))
+def relay_log(output, log_file, known: set[str]) -> None:
+    """The server's output into its log, its secrets masked; a line a full disk refuses is lost,
+    so that the server never blocks on its own logging."""
+    with output, log_file:
+        for line in output:
+            with contextlib.suppress(OSError):
+                log_file.write(redact_text(line.decode(errors="surrogateescape"), known)
+                               .encode(errors="surrogateescape"))
 
 
 UNKNOWN_HOST = (socket.EAI_NONAME, getattr(socket, "EAI_NODATA", None))  # not a DNS hiccup
@@ -269,20 +248,23 @@ class ServerManager:
                    "HF_TOKEN": self.args.hf_token or serve_arg_value(argv, "--hf-token")}
         command = flag_words([item for item in flag_items(argv)  # argv is public
                               if option_name(item[0]) not in ("--api-key", "--hf-token")])
-        masked = set().union(*(secret_literals(v, is_secret(name or "", values))
-                               for name, values, _ in flag_items(argv) for v in values))
-        masked |= {v for v in secrets.values() if v and len(v) >= 4}
-        env = {**os.environ, **SERVE_ENV, **{k: v for k, v in secrets.items() if v},
-               "OCR_LOG_MASK": json.dumps(sorted(masked, key=len, reverse=True))}
+        known = set().union(*(secret_literals(v, is_secret(name or "", values))
+                              for name, values, _ in flag_items(argv) for v in values))
+        known |= {v for v in secrets.values() if v and len(v) >= 4}
+        env = {**os.environ, **SERVE_ENV, **{k: v for k, v in secrets.items() if v}}
         log(f"starting: {shlex.join(redact_argv(command))}\n  (server log: {self.log_path})")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "ab") as log_file:
-            self.process = subprocess.Popen([sys.executable, "-c", SERVER_WATCHDOG, *command],
-                                            stdout=log_file, stderr=subprocess.STDOUT,
-                                            stdin=subprocess.DEVNULL, start_new_session=True,
-                                            env=env)
+        log_file = open(self.log_path, "ab", buffering=0)  # a line each write: none held back
+        self.process = subprocess.Popen([sys.executable, "-c", SERVER_WATCHDOG, *command],
+                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                        stdin=subprocess.DEVNULL, start_new_session=True, env=env)
+        self.relay = threading.Thread(target=relay_log, daemon=True,
+                                      args=(self.process.stdout, log_file, known))
+        self.relay.start()
 
     def log_tail(self) -> str:
+        if self.process is not None and self.process.poll() is not None:
+            self.relay.join(timeout=5)  # its last lines, unless what it started holds the pipe
         with contextlib.suppress(OSError):
             lines = self.log_path.read_text(errors="replace").splitlines()[-40:]
             return f"Last lines of {self.log_path}:\n" + "\n".join("  | " + s for s in lines)
@@ -342,3 +324,4 @@ class ServerManager:
                 self.process.wait(timeout=30)  # the watchdog waits for the server
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.process.pid, signal.SIGKILL)
+        self.relay.join(timeout=5)  # the log complete
