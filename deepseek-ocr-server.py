@@ -74,29 +74,29 @@ Where the settings come from (vLLM's DeepSeek-OCR recipe)
 # Its parts (edit a block in its source, then run the assembler):
 #   model section  L105
 #   DEEPSEEK-OCR MODEL  blocks/deepseek_ocr.py  L128-291
-#   COMMON HELPERS  blocks/common/  L294-3250
+#   COMMON HELPERS  blocks/common/  L294-3271
 #     model_options.py L317  errors.py L334         secrets.py L370
-#     inputs.py L457         pages.py L833          pdf.py L1013
-#     loops.py L1311         rows.py L1425          plan.py L1518
-#     store.py L1658         saving.py L2036        manifest.py L2350
-#     stats.py L2524         jobs_command.py L2608  card.py L2741
-#     arguments.py L2896     run.py L3051
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3253-3326
-#   GROUNDING HELPERS  blocks/grounding.py  L3329-3342
-#   SERVER HELPERS  blocks/server/  L3345-4139
-#     serve_args.py L3362  process.py L3440     requests.py L3756
-#     pipeline.py L3871    arguments.py L4069
-#   main()  L4146
+#     inputs.py L472         pages.py L848          pdf.py L1038
+#     loops.py L1332         rows.py L1446          plan.py L1539
+#     store.py L1679         saving.py L2057        manifest.py L2371
+#     stats.py L2545         jobs_command.py L2629  card.py L2762
+#     arguments.py L2917     run.py L3072
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3274-3347
+#   GROUNDING HELPERS  blocks/grounding.py  L3350-3363
+#   SERVER HELPERS  blocks/server/  L3366-4141
+#     serve_args.py L3383  process.py L3461     requests.py L3758
+#     pipeline.py L3873    arguments.py L4071
+#   main()  L4148
 # A page's path, by the functions that take it:
-#   cell           iter_image_cells L818
-#   prepared page  read_page L1504, prepare_page L947
-#   request        request_body L3775
-#   answer         send_page L3824, read_completion L3804
-#   finished row   finish_row L2073
-#   journal        Journal.append L1545
-#   part           write_part L2171
-#   commit         OutputStore.publish L1930, OutputStore.commit L1949
-#   card           build_card L2818
+#   cell           iter_image_cells L833
+#   prepared page  read_page L1525, prepare_page L964
+#   request        request_body L3777
+#   answer         send_page L3826, read_completion L3806
+#   finished row   finish_row L2094
+#   journal        Journal.append L1566
+#   part           write_part L2192
+#   commit         OutputStore.publish L1951, OutputStore.commit L1970
+#   card           build_card L2839
 # ==== END MAP ====
 
 import re

@@ -90,29 +90,29 @@ and vLLM's DeepSeek-OCR-2 recipe)
 # Its parts (edit a block in its source, then run the assembler):
 #   model section  L121
 #   DEEPSEEK-OCR MODEL  blocks/deepseek_ocr.py  L143-306
-#   COMMON HELPERS  blocks/common/  L309-3265
+#   COMMON HELPERS  blocks/common/  L309-3286
 #     model_options.py L332  errors.py L349         secrets.py L385
-#     inputs.py L472         pages.py L848          pdf.py L1028
-#     loops.py L1326         rows.py L1440          plan.py L1533
-#     store.py L1673         saving.py L2051        manifest.py L2365
-#     stats.py L2539         jobs_command.py L2623  card.py L2756
-#     arguments.py L2911     run.py L3066
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3268-3341
-#   GROUNDING HELPERS  blocks/grounding.py  L3344-3357
-#   SERVER HELPERS  blocks/server/  L3360-4154
-#     serve_args.py L3377  process.py L3455     requests.py L3771
-#     pipeline.py L3886    arguments.py L4084
-#   main()  L4161
+#     inputs.py L487         pages.py L863          pdf.py L1053
+#     loops.py L1347         rows.py L1461          plan.py L1554
+#     store.py L1694         saving.py L2072        manifest.py L2386
+#     stats.py L2560         jobs_command.py L2644  card.py L2777
+#     arguments.py L2932     run.py L3087
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3289-3362
+#   GROUNDING HELPERS  blocks/grounding.py  L3365-3378
+#   SERVER HELPERS  blocks/server/  L3381-4156
+#     serve_args.py L3398  process.py L3476     requests.py L3773
+#     pipeline.py L3888    arguments.py L4086
+#   main()  L4163
 # A page's path, by the functions that take it:
-#   cell           iter_image_cells L833
-#   prepared page  read_page L1519, prepare_page L962
-#   request        request_body L3790
-#   answer         send_page L3839, read_completion L3819
-#   finished row   finish_row L2088
-#   journal        Journal.append L1560
-#   part           write_part L2186
-#   commit         OutputStore.publish L1945, OutputStore.commit L1964
-#   card           build_card L2833
+#   cell           iter_image_cells L848
+#   prepared page  read_page L1540, prepare_page L979
+#   request        request_body L3792
+#   answer         send_page L3841, read_completion L3821
+#   finished row   finish_row L2109
+#   journal        Journal.append L1581
+#   part           write_part L2207
+#   commit         OutputStore.publish L1966, OutputStore.commit L1985
+#   card           build_card L2854
 # ==== END MAP ====
 
 import re

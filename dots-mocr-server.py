@@ -90,29 +90,29 @@ Post-processing, as the authors' formatter builds Markdown (dots_mocr/utils/form
 #   model section  L122
 #   PATCH GRID HELPERS  blocks/patch_grid.py  L135-168
 #   DOTS-MOCR MODEL  blocks/dots_mocr.py  L171-399
-#   COMMON HELPERS  blocks/common/  L402-3358
+#   COMMON HELPERS  blocks/common/  L402-3379
 #     model_options.py L425  errors.py L442         secrets.py L478
-#     inputs.py L565         pages.py L941          pdf.py L1121
-#     loops.py L1419         rows.py L1533          plan.py L1626
-#     store.py L1766         saving.py L2144        manifest.py L2458
-#     stats.py L2632         jobs_command.py L2716  card.py L2849
-#     arguments.py L3004     run.py L3159
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3361-3434
-#   GROUNDING HELPERS  blocks/grounding.py  L3437-3450
-#   SERVER HELPERS  blocks/server/  L3453-4247
-#     serve_args.py L3470  process.py L3548     requests.py L3864
-#     pipeline.py L3979    arguments.py L4177
-#   main()  L4254
+#     inputs.py L580         pages.py L956          pdf.py L1146
+#     loops.py L1440         rows.py L1554          plan.py L1647
+#     store.py L1787         saving.py L2165        manifest.py L2479
+#     stats.py L2653         jobs_command.py L2737  card.py L2870
+#     arguments.py L3025     run.py L3180
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3382-3455
+#   GROUNDING HELPERS  blocks/grounding.py  L3458-3471
+#   SERVER HELPERS  blocks/server/  L3474-4249
+#     serve_args.py L3491  process.py L3569     requests.py L3866
+#     pipeline.py L3981    arguments.py L4179
+#   main()  L4256
 # A page's path, by the functions that take it:
-#   cell           iter_image_cells L926
-#   prepared page  read_page L1612, prepare_page L1055
-#   request        request_body L3883
-#   answer         send_page L3932, read_completion L3912
-#   finished row   finish_row L2181
-#   journal        Journal.append L1653
-#   part           write_part L2279
-#   commit         OutputStore.publish L2038, OutputStore.commit L2057
-#   card           build_card L2926
+#   cell           iter_image_cells L941
+#   prepared page  read_page L1633, prepare_page L1072
+#   request        request_body L3885
+#   answer         send_page L3934, read_completion L3914
+#   finished row   finish_row L2202
+#   journal        Journal.append L1674
+#   part           write_part L2300
+#   commit         OutputStore.publish L2059, OutputStore.commit L2078
+#   card           build_card L2947
 # ==== END MAP ====
 
 import argparse

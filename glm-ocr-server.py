@@ -91,29 +91,29 @@ Where the settings come from (the authors' README and SDK, the card, vLLM's reci
 # Its parts (edit a block in its source, then run the assembler):
 #   model section  L123
 #   GLM-OCR MODEL  blocks/glm_ocr.py  L134-332
-#   COMMON HELPERS  blocks/common/  L335-3291
+#   COMMON HELPERS  blocks/common/  L335-3312
 #     model_options.py L358  errors.py L375         secrets.py L411
-#     inputs.py L498         pages.py L874          pdf.py L1054
-#     loops.py L1352         rows.py L1466          plan.py L1559
-#     store.py L1699         saving.py L2077        manifest.py L2391
-#     stats.py L2565         jobs_command.py L2649  card.py L2782
-#     arguments.py L2937     run.py L3092
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3294-3367
-#   PATCH GRID HELPERS  blocks/patch_grid.py  L3370-3403
-#   SERVER HELPERS  blocks/server/  L3406-4200
-#     serve_args.py L3423  process.py L3501     requests.py L3817
-#     pipeline.py L3932    arguments.py L4130
-#   main()  L4207
+#     inputs.py L513         pages.py L889          pdf.py L1079
+#     loops.py L1373         rows.py L1487          plan.py L1580
+#     store.py L1720         saving.py L2098        manifest.py L2412
+#     stats.py L2586         jobs_command.py L2670  card.py L2803
+#     arguments.py L2958     run.py L3113
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3315-3388
+#   PATCH GRID HELPERS  blocks/patch_grid.py  L3391-3424
+#   SERVER HELPERS  blocks/server/  L3427-4202
+#     serve_args.py L3444  process.py L3522     requests.py L3819
+#     pipeline.py L3934    arguments.py L4132
+#   main()  L4209
 # A page's path, by the functions that take it:
-#   cell           iter_image_cells L859
-#   prepared page  read_page L1545, prepare_page L988
-#   request        request_body L3836
-#   answer         send_page L3885, read_completion L3865
-#   finished row   finish_row L2114
-#   journal        Journal.append L1586
-#   part           write_part L2212
-#   commit         OutputStore.publish L1971, OutputStore.commit L1990
-#   card           build_card L2859
+#   cell           iter_image_cells L874
+#   prepared page  read_page L1566, prepare_page L1005
+#   request        request_body L3838
+#   answer         send_page L3887, read_completion L3867
+#   finished row   finish_row L2135
+#   journal        Journal.append L1607
+#   part           write_part L2233
+#   commit         OutputStore.publish L1992, OutputStore.commit L2011
+#   card           build_card L2880
 # ==== END MAP ====
 
 import json

@@ -75,30 +75,30 @@ very complex layouts. No client-side downscale: the tile grid is chosen from the
 # ==== MAP (written by tools/sync_helpers.py) ====
 # Its parts (edit a block in its source, then run the assembler):
 #   model section  L107
-#   COMMON HELPERS  blocks/common/  L448-3404
+#   COMMON HELPERS  blocks/common/  L448-3425
 #     model_options.py L471  errors.py L488         secrets.py L524
-#     inputs.py L611         pages.py L987          pdf.py L1167
-#     loops.py L1465         rows.py L1579          plan.py L1672
-#     store.py L1812         saving.py L2190        manifest.py L2504
-#     stats.py L2678         jobs_command.py L2762  card.py L2895
-#     arguments.py L3050     run.py L3205
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3407-3480
-#   GROUNDING HELPERS  blocks/grounding.py  L3483-3496
-#   SERVER HELPERS  blocks/server/  L3499-4293
-#     serve_args.py L3516  process.py L3594     requests.py L3910
-#     pipeline.py L4025    arguments.py L4223
-#   SATURATE HELPERS  blocks/saturate.py  L4296-4469
-#   main()  L4476
+#     inputs.py L626         pages.py L1002         pdf.py L1192
+#     loops.py L1486         rows.py L1600          plan.py L1693
+#     store.py L1833         saving.py L2211        manifest.py L2525
+#     stats.py L2699         jobs_command.py L2783  card.py L2916
+#     arguments.py L3071     run.py L3226
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3428-3501
+#   GROUNDING HELPERS  blocks/grounding.py  L3504-3517
+#   SERVER HELPERS  blocks/server/  L3520-4295
+#     serve_args.py L3537  process.py L3615     requests.py L3912
+#     pipeline.py L4027    arguments.py L4225
+#   SATURATE HELPERS  blocks/saturate.py  L4298-4471
+#   main()  L4478
 # A page's path, by the functions that take it:
-#   cell           iter_image_cells L972
-#   prepared page  read_page L1658, prepare_page L1101
-#   request        request_body L3929
-#   answer         send_page L3978, read_completion L3958
-#   finished row   finish_row L2227
-#   journal        Journal.append L1699
-#   part           write_part L2325
-#   commit         OutputStore.publish L2084, OutputStore.commit L2103
-#   card           build_card L2972
+#   cell           iter_image_cells L987
+#   prepared page  read_page L1679, prepare_page L1118
+#   request        request_body L3931
+#   answer         send_page L3980, read_completion L3960
+#   finished row   finish_row L2248
+#   journal        Journal.append L1720
+#   part           write_part L2346
+#   commit         OutputStore.publish L2105, OutputStore.commit L2124
+#   card           build_card L2993
 # ==== END MAP ====
 
 import re

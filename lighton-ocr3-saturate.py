@@ -88,30 +88,30 @@ The authors' olmOCR-Bench settings (84.7): `--mode grounding --drop-margins --ma
 # Its parts (edit a block in its source, then run the assembler):
 #   model section  L120
 #   LIGHTONOCR-3 MODEL  blocks/lighton_ocr3.py  L132-328
-#   COMMON HELPERS  blocks/common/  L356-3312
+#   COMMON HELPERS  blocks/common/  L356-3333
 #     model_options.py L379  errors.py L396         secrets.py L432
-#     inputs.py L519         pages.py L895          pdf.py L1075
-#     loops.py L1373         rows.py L1487          plan.py L1580
-#     store.py L1720         saving.py L2098        manifest.py L2412
-#     stats.py L2586         jobs_command.py L2670  card.py L2803
-#     arguments.py L2958     run.py L3113
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3315-3388
-#   GROUNDING HELPERS  blocks/grounding.py  L3391-3404
-#   SERVER HELPERS  blocks/server/  L3407-4201
-#     serve_args.py L3424  process.py L3502     requests.py L3818
-#     pipeline.py L3933    arguments.py L4131
-#   SATURATE HELPERS  blocks/saturate.py  L4204-4377
-#   main()  L4384
+#     inputs.py L534         pages.py L910          pdf.py L1100
+#     loops.py L1394         rows.py L1508          plan.py L1601
+#     store.py L1741         saving.py L2119        manifest.py L2433
+#     stats.py L2607         jobs_command.py L2691  card.py L2824
+#     arguments.py L2979     run.py L3134
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3336-3409
+#   GROUNDING HELPERS  blocks/grounding.py  L3412-3425
+#   SERVER HELPERS  blocks/server/  L3428-4203
+#     serve_args.py L3445  process.py L3523     requests.py L3820
+#     pipeline.py L3935    arguments.py L4133
+#   SATURATE HELPERS  blocks/saturate.py  L4206-4379
+#   main()  L4386
 # A page's path, by the functions that take it:
-#   cell           iter_image_cells L880
-#   prepared page  read_page L1566, prepare_page L1009
-#   request        request_body L3837
-#   answer         send_page L3886, read_completion L3866
-#   finished row   finish_row L2135
-#   journal        Journal.append L1607
-#   part           write_part L2233
-#   commit         OutputStore.publish L1992, OutputStore.commit L2011
-#   card           build_card L2880
+#   cell           iter_image_cells L895
+#   prepared page  read_page L1587, prepare_page L1026
+#   request        request_body L3839
+#   answer         send_page L3888, read_completion L3868
+#   finished row   finish_row L2156
+#   journal        Journal.append L1628
+#   part           write_part L2254
+#   commit         OutputStore.publish L2013, OutputStore.commit L2032
+#   card           build_card L2901
 # ==== END MAP ====
 
 import re

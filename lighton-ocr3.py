@@ -65,27 +65,27 @@ The authors' olmOCR-Bench settings (84.7): `--mode grounding --drop-margins --ma
 # Its parts (edit a block in its source, then run the assembler):
 #   model section  L94
 #   LIGHTONOCR-3 MODEL  blocks/lighton_ocr3.py  L106-302
-#   COMMON HELPERS  blocks/common/  L325-3281
+#   COMMON HELPERS  blocks/common/  L325-3302
 #     model_options.py L348  errors.py L365         secrets.py L401
-#     inputs.py L488         pages.py L864          pdf.py L1044
-#     loops.py L1342         rows.py L1456          plan.py L1549
-#     store.py L1689         saving.py L2067        manifest.py L2381
-#     stats.py L2555         jobs_command.py L2639  card.py L2772
-#     arguments.py L2927     run.py L3082
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3284-3357
-#   GROUNDING HELPERS  blocks/grounding.py  L3360-3373
-#   OFFLINE HELPERS  blocks/offline.py  L3376-3576
-#   main()  L3583
+#     inputs.py L503         pages.py L879          pdf.py L1069
+#     loops.py L1363         rows.py L1477          plan.py L1570
+#     store.py L1710         saving.py L2088        manifest.py L2402
+#     stats.py L2576         jobs_command.py L2660  card.py L2793
+#     arguments.py L2948     run.py L3103
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3305-3378
+#   GROUNDING HELPERS  blocks/grounding.py  L3381-3394
+#   OFFLINE HELPERS  blocks/offline.py  L3397-3597
+#   main()  L3604
 # A page's path, by the functions that take it:
-#   cell           iter_image_cells L849
-#   prepared page  read_page L1535, prepare_page L978
-#   request        generate_batch L3432
-#   answer         generate_batch L3432
-#   finished row   finish_row L2104
-#   journal        Journal.append L1576
-#   part           write_part L2202
-#   commit         OutputStore.publish L1961, OutputStore.commit L1980
-#   card           build_card L2849
+#   cell           iter_image_cells L864
+#   prepared page  read_page L1556, prepare_page L995
+#   request        generate_batch L3453
+#   answer         generate_batch L3453
+#   finished row   finish_row L2125
+#   journal        Journal.append L1597
+#   part           write_part L2223
+#   commit         OutputStore.publish L1982, OutputStore.commit L2001
+#   card           build_card L2870
 # ==== END MAP ====
 
 import re

@@ -77,28 +77,28 @@ Where the settings come from (the olmOCR toolkit, allenai/olmocr v0.4.27, unless
 #   model section  L107
 #   OLMOCR-2 MODEL  blocks/olmocr2.py  L111-308
 #   PATCH GRID HELPERS  blocks/patch_grid.py  L311-344
-#   COMMON HELPERS  blocks/common/  L347-3303
+#   COMMON HELPERS  blocks/common/  L347-3324
 #     model_options.py L370  errors.py L387         secrets.py L423
-#     inputs.py L510         pages.py L886          pdf.py L1066
-#     loops.py L1364         rows.py L1478          plan.py L1571
-#     store.py L1711         saving.py L2089        manifest.py L2403
-#     stats.py L2577         jobs_command.py L2661  card.py L2794
-#     arguments.py L2949     run.py L3104
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3306-3379
-#   SERVER HELPERS  blocks/server/  L3382-4176
-#     serve_args.py L3399  process.py L3477     requests.py L3793
-#     pipeline.py L3908    arguments.py L4106
-#   main()  L4183
+#     inputs.py L525         pages.py L901          pdf.py L1091
+#     loops.py L1385         rows.py L1499          plan.py L1592
+#     store.py L1732         saving.py L2110        manifest.py L2424
+#     stats.py L2598         jobs_command.py L2682  card.py L2815
+#     arguments.py L2970     run.py L3125
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3327-3400
+#   SERVER HELPERS  blocks/server/  L3403-4178
+#     serve_args.py L3420  process.py L3498     requests.py L3795
+#     pipeline.py L3910    arguments.py L4108
+#   main()  L4185
 # A page's path, by the functions that take it:
-#   cell           iter_image_cells L871
-#   prepared page  read_page L1557, prepare_page L1000
-#   request        request_body L3812
-#   answer         send_page L3861, read_completion L3841
-#   finished row   finish_row L2126
-#   journal        Journal.append L1598
-#   part           write_part L2224
-#   commit         OutputStore.publish L1983, OutputStore.commit L2002
-#   card           build_card L2871
+#   cell           iter_image_cells L886
+#   prepared page  read_page L1578, prepare_page L1017
+#   request        request_body L3814
+#   answer         send_page L3863, read_completion L3843
+#   finished row   finish_row L2147
+#   journal        Journal.append L1619
+#   part           write_part L2245
+#   commit         OutputStore.publish L2004, OutputStore.commit L2023
+#   card           build_card L2892
 # ==== END MAP ====
 
 import re

@@ -56,28 +56,28 @@ retry policy (connection errors, timeouts, 429 and 5xx retried with backoff; oth
 # Its parts (edit a block in its source, then run the assembler):
 #   model section  L86
 #   OVISOCR2 MODEL  blocks/ovis_ocr2.py  L97-183
-#   COMMON HELPERS  blocks/common/  L219-3175
+#   COMMON HELPERS  blocks/common/  L219-3196
 #     model_options.py L242  errors.py L259         secrets.py L295
-#     inputs.py L382         pages.py L758          pdf.py L938
-#     loops.py L1236         rows.py L1350          plan.py L1443
-#     store.py L1583         saving.py L1961        manifest.py L2275
-#     stats.py L2449         jobs_command.py L2533  card.py L2666
-#     arguments.py L2821     run.py L2976
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3178-3251
-#   SERVER HELPERS  blocks/server/  L3254-4048
-#     serve_args.py L3271  process.py L3349     requests.py L3665
-#     pipeline.py L3780    arguments.py L3978
-#   main()  L4055
+#     inputs.py L397         pages.py L773          pdf.py L963
+#     loops.py L1257         rows.py L1371          plan.py L1464
+#     store.py L1604         saving.py L1982        manifest.py L2296
+#     stats.py L2470         jobs_command.py L2554  card.py L2687
+#     arguments.py L2842     run.py L2997
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3199-3272
+#   SERVER HELPERS  blocks/server/  L3275-4050
+#     serve_args.py L3292  process.py L3370     requests.py L3667
+#     pipeline.py L3782    arguments.py L3980
+#   main()  L4057
 # A page's path, by the functions that take it:
-#   cell           iter_image_cells L743
-#   prepared page  read_page L1429, prepare_page L872
-#   request        request_body L3684
-#   answer         send_page L3733, read_completion L3713
-#   finished row   finish_row L1998
-#   journal        Journal.append L1470
-#   part           write_part L2096
-#   commit         OutputStore.publish L1855, OutputStore.commit L1874
-#   card           build_card L2743
+#   cell           iter_image_cells L758
+#   prepared page  read_page L1450, prepare_page L889
+#   request        request_body L3686
+#   answer         send_page L3735, read_completion L3715
+#   finished row   finish_row L2019
+#   journal        Journal.append L1491
+#   part           write_part L2117
+#   commit         OutputStore.publish L1876, OutputStore.commit L1895
+#   card           build_card L2764
 # ==== END MAP ====
 
 import re

@@ -47,26 +47,26 @@ Where the engine arguments come from
 # Its parts (edit a block in its source, then run the assembler):
 #   model section  L75
 #   OVISOCR2 MODEL  blocks/ovis_ocr2.py  L87-173
-#   COMMON HELPERS  blocks/common/  L202-3158
+#   COMMON HELPERS  blocks/common/  L202-3179
 #     model_options.py L225  errors.py L242         secrets.py L278
-#     inputs.py L365         pages.py L741          pdf.py L921
-#     loops.py L1219         rows.py L1333          plan.py L1426
-#     store.py L1566         saving.py L1944        manifest.py L2258
-#     stats.py L2432         jobs_command.py L2516  card.py L2649
-#     arguments.py L2804     run.py L2959
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3161-3234
-#   OFFLINE HELPERS  blocks/offline.py  L3237-3437
-#   main()  L3444
+#     inputs.py L380         pages.py L756          pdf.py L946
+#     loops.py L1240         rows.py L1354          plan.py L1447
+#     store.py L1587         saving.py L1965        manifest.py L2279
+#     stats.py L2453         jobs_command.py L2537  card.py L2670
+#     arguments.py L2825     run.py L2980
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3182-3255
+#   OFFLINE HELPERS  blocks/offline.py  L3258-3458
+#   main()  L3465
 # A page's path, by the functions that take it:
-#   cell           iter_image_cells L726
-#   prepared page  read_page L1412, prepare_page L855
-#   request        generate_batch L3293
-#   answer         generate_batch L3293
-#   finished row   finish_row L1981
-#   journal        Journal.append L1453
-#   part           write_part L2079
-#   commit         OutputStore.publish L1838, OutputStore.commit L1857
-#   card           build_card L2726
+#   cell           iter_image_cells L741
+#   prepared page  read_page L1433, prepare_page L872
+#   request        generate_batch L3314
+#   answer         generate_batch L3314
+#   finished row   finish_row L2002
+#   journal        Journal.append L1474
+#   part           write_part L2100
+#   commit         OutputStore.publish L1859, OutputStore.commit L1878
+#   card           build_card L2747
 # ==== END MAP ====
 
 import re

@@ -100,29 +100,29 @@ Where the settings come from, and the choices where sources differ
 # Its parts (edit a block in its source, then run the assembler):
 #   model section  L132
 #   PADDLEOCR-VL MODEL  blocks/paddleocr_vl.py  L142-376
-#   COMMON HELPERS  blocks/common/  L379-3335
+#   COMMON HELPERS  blocks/common/  L379-3356
 #     model_options.py L402  errors.py L419         secrets.py L455
-#     inputs.py L542         pages.py L918          pdf.py L1098
-#     loops.py L1396         rows.py L1510          plan.py L1603
-#     store.py L1743         saving.py L2121        manifest.py L2435
-#     stats.py L2609         jobs_command.py L2693  card.py L2826
-#     arguments.py L2981     run.py L3136
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3338-3411
-#   PATCH GRID HELPERS  blocks/patch_grid.py  L3414-3447
-#   SERVER HELPERS  blocks/server/  L3450-4244
-#     serve_args.py L3467  process.py L3545     requests.py L3861
-#     pipeline.py L3976    arguments.py L4174
-#   main()  L4251
+#     inputs.py L557         pages.py L933          pdf.py L1123
+#     loops.py L1417         rows.py L1531          plan.py L1624
+#     store.py L1764         saving.py L2142        manifest.py L2456
+#     stats.py L2630         jobs_command.py L2714  card.py L2847
+#     arguments.py L3002     run.py L3157
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3359-3432
+#   PATCH GRID HELPERS  blocks/patch_grid.py  L3435-3468
+#   SERVER HELPERS  blocks/server/  L3471-4246
+#     serve_args.py L3488  process.py L3566     requests.py L3863
+#     pipeline.py L3978    arguments.py L4176
+#   main()  L4253
 # A page's path, by the functions that take it:
-#   cell           iter_image_cells L903
-#   prepared page  read_page L1589, prepare_page L1032
-#   request        request_body L3880
-#   answer         send_page L3929, read_completion L3909
-#   finished row   finish_row L2158
-#   journal        Journal.append L1630
-#   part           write_part L2256
-#   commit         OutputStore.publish L2015, OutputStore.commit L2034
-#   card           build_card L2903
+#   cell           iter_image_cells L918
+#   prepared page  read_page L1610, prepare_page L1049
+#   request        request_body L3882
+#   answer         send_page L3931, read_completion L3911
+#   finished row   finish_row L2179
+#   journal        Journal.append L1651
+#   part           write_part L2277
+#   commit         OutputStore.publish L2036, OutputStore.commit L2055
+#   card           build_card L2924
 # ==== END MAP ====
 
 import html
