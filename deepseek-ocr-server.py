@@ -74,29 +74,29 @@ Where the settings come from (vLLM's DeepSeek-OCR recipe)
 # Its parts (edit a block in its source, then run the assembler):
 #   model section  L105
 #   DEEPSEEK-OCR MODEL  blocks/deepseek_ocr.py  L128-291
-#   COMMON HELPERS  blocks/common/  L294-3271
-#     model_options.py L317  errors.py L334         secrets.py L370
-#     inputs.py L472         pages.py L848          pdf.py L1038
-#     loops.py L1332         rows.py L1446          plan.py L1539
-#     store.py L1679         saving.py L2057        manifest.py L2371
-#     stats.py L2545         jobs_command.py L2629  card.py L2762
-#     arguments.py L2917     run.py L3072
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3274-3347
-#   GROUNDING HELPERS  blocks/grounding.py  L3350-3363
-#   SERVER HELPERS  blocks/server/  L3366-4141
-#     serve_args.py L3383  process.py L3461     requests.py L3758
-#     pipeline.py L3873    arguments.py L4071
-#   main()  L4148
+#   COMMON HELPERS  blocks/common/  L294-3254
+#     model_options.py L317  errors.py L333         secrets.py L368
+#     inputs.py L469         pages.py L844          pdf.py L1033
+#     loops.py L1326         rows.py L1439          plan.py L1531
+#     store.py L1670         saving.py L2047        manifest.py L2360
+#     stats.py L2533         jobs_command.py L2616  card.py L2748
+#     arguments.py L2902     run.py L3056
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3257-3330
+#   GROUNDING HELPERS  blocks/grounding.py  L3333-3346
+#   SERVER HELPERS  blocks/server/  L3349-4119
+#     serve_args.py L3366  process.py L3443     requests.py L3739
+#     pipeline.py L3853    arguments.py L4050
+#   main()  L4126
 # A page's path, by the functions that take it:
-#   cell           iter_image_cells L833
-#   prepared page  read_page L1525, prepare_page L964
-#   request        request_body L3777
-#   answer         send_page L3826, read_completion L3806
-#   finished row   finish_row L2094
-#   journal        Journal.append L1566
-#   part           write_part L2192
-#   commit         OutputStore.publish L1951, OutputStore.commit L1970
-#   card           build_card L2839
+#   cell           iter_image_cells L829
+#   prepared page  read_page L1517, prepare_page L959
+#   request        request_body L3757
+#   answer         send_page L3806, read_completion L3786
+#   finished row   finish_row L2083
+#   journal        Journal.append L1557
+#   part           write_part L2181
+#   commit         OutputStore.publish L1941, OutputStore.commit L1960
+#   card           build_card L2824
 # ==== END MAP ====
 
 import re
@@ -315,7 +315,6 @@ from pathlib import Path
 
 
 # ---- model_options.py: The model section's optional names, with the defaults used where it sets none.
-
 # The model section above provides what blocks/model.py lists, and may set these:
 MODEL_REVISION = globals().get("MODEL_REVISION")  # a commit sha or tag pins the weights
 RESIZE_FILTER = globals().get("RESIZE_FILTER", "bicubic")  # the model's own resampling filter
@@ -332,7 +331,6 @@ JOB_PAGES_PER_S = globals().get("JOB_PAGES_PER_S")  # pages/s measured on the he
 
 
 # ---- errors.py: How the run speaks and stops: log lines, exit codes, page and run errors.
-
 EXIT_USAGE, EXIT_DEGENERATE, EXIT_REFUSED, EXIT_NOT_WRITTEN, EXIT_NOT_UPLOADED = 2, 3, 4, 5, 6
 EXIT_CODES = """exit codes (the first that applies):
   0    every pending row was written where OUTPUT says (error rows included)
@@ -368,7 +366,6 @@ class RunAborted(Exception):
 
 
 # ---- secrets.py: Secrets: which values are secrets, and their masks in logs, argv and records.
-
 # credential-like values (Hub tokens, OpenAI-style keys) but not a name (vLLM's "hf_overrides",
 # a repo's "org/sk-model");
 # a URL's user information; a value under a name: name=value, or 'name': 'value' (JSON, a dict)
@@ -470,7 +467,6 @@ def redact_argv(argv: list[str], mask: str | None = "***", left_out: list | None
 
 
 # ---- inputs.py: The input: which files or Hub rows are the pages, opened as one dataset.
-
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
 
 
@@ -846,7 +842,6 @@ def iter_image_cells(source: InputSource, indices: list[int], batch: int = 64):
 
 
 # ---- pages.py: A page image: read from its cell, flattened, resized, encoded to send.
-
 # Pillow's 16 MiB blocks stay in each thread's malloc arena once freed; 64 MiB ones are given back
 os.environ.setdefault("PILLOW_BLOCK_SIZE", "64m")
 PDF_MAX_PIXELS = 12_000_000  # above any model's input here: a poster-sized page shrinks to it
@@ -1036,7 +1031,6 @@ def encode_page(img, size: tuple[int, int]) -> tuple:
 
 
 # ---- pdf.py: PDF documents: a row per page, counted unrendered, rendered in their own process.
-
 # One output row per page; a page is rendered once, at the size the model wants, in a worker
 # process (PDFium is not thread-safe, and a page that hangs or crashes it must not take the run).
 
@@ -1330,7 +1324,6 @@ _RENDERER: list = []  # the run's PdfRenderer, started (run_script) before any p
 
 
 # ---- loops.py: Loop checks: an answer repeating itself, cut or sent again; the first pages' check.
-
 CUT = ("length", "repetition")  # an answer the engine ended: at max_tokens, or by its detection
 
 
@@ -1444,7 +1437,6 @@ class DegenerateCheck:
 
 
 # ---- rows.py: A page's result: its row, an error row with its cause, a document's pages joined.
-
 PAGE, SERVER = "page", "server"  # an error row's kind: final, or one a rerun redoes
 
 
@@ -1537,7 +1529,6 @@ def read_page(cell, args, decode: bool = True) -> PreparedPage | RowResult | Non
 
 
 # ---- plan.py: Which rows are done: the journal of written parts, the plan of the rows to send.
-
 class Journal:
     """Finished rows, a JSON line each, in a file per run that goes once its rows are in parts."""
 
@@ -1677,7 +1668,6 @@ def plan_rows(source: InputSource, store: "OutputStore", args) -> RowPlan:
 
 
 # ---- store.py: The output store: OUTPUT's folder or Hub repo, its lock, claim, uploads, commits.
-
 UPLOAD_ATTEMPTS, UPLOAD_BACKOFF_S, UPLOAD_MAX_WAIT_S = 5, 2.0, 600.0
 
 
@@ -2055,7 +2045,6 @@ class OutputStore:
 
 
 # ---- saving.py: A finished row's path to disk: held failures, the part writer, the part files.
-
 PART_NAME = re.compile(r"^part-(\d{9})-(\d{9})\.parquet$")
 
 
@@ -2369,7 +2358,6 @@ class PartWriter:
 
 
 # ---- manifest.py: What one run is: the identity a rerun must match, in OUTPUT's manifest.
-
 # The version of what OUTPUT records (manifest, journal, notes), bumped by any change to them: a
 # rerun (by URL, it may meet any older OUTPUT) of another version is refused in one line.
 MANIFEST_FORMAT = 2  # 2: the parts hold ROW_IDENTITY, which the manifest names, and
@@ -2543,7 +2531,6 @@ def claim_output(store: "OutputStore", identity: dict, args,
 
 
 # ---- stats.py: The run's figures: pages, rates, memory; for --stats-json and the card.
-
 def proc_bytes(path: str, key: str) -> int | None:
     """A "key: N kB" line of a /proc file (Linux), in bytes; None without it."""
     try:
@@ -2627,7 +2614,6 @@ def write_stats(stats: dict, args) -> None:
 
 
 # ---- jobs_command.py: The Hugging Face Jobs command that runs this script, printed or in the card.
-
 def rerun_advice() -> str:
     """How to finish a run that has written rows: the same command, but not --restart."""
     return "rerun the same command" + (" without --restart (with it, the run starts over)"
@@ -2760,7 +2746,6 @@ def jobs_advice(argv: list[str] | None = None) -> str:
 
 
 # ---- card.py: The dataset card: what ran, on what, with what result; metadata for Hub search.
-
 def part_note(path: Path, column: str) -> dict:
     """A part's error rows (row -> kind) and count of text-layer rows: what a rerun and the card
     read of a part on the Hub."""
@@ -2915,7 +2900,6 @@ Reproduce on Hugging Face Jobs:
 
 
 # ---- arguments.py: The command line: the options every script shares, their checks, the argv.
-
 _RUN_ARGV: list = []  # this run's arguments, one word each (parse_arguments): a rerun's, a Job's
 _IDENTITY: dict = {}  # each option's dest: whether option() declared it part of the run's identity
 
@@ -3070,7 +3054,6 @@ def parse_arguments(doc: str, argv: list[str] | None, add_shape_arguments, shape
 
 
 # ---- run.py: One run from start to end: interrupts, the output opened, steps, exit code.
-
 class Interrupts:
     """SIGINT and SIGTERM (a cancelled Job) stop the run as KeyboardInterrupt, but never while
     the finished rows are saved: a signal then waits for them (the run stops once they are)."""
@@ -3381,7 +3364,6 @@ import httpx
 
 
 # ---- serve_args.py: The vLLM server's flags: the script's own, --serve-args, what they say.
-
 def option_name(flag) -> str:
     return str(flag).replace("_", "-")  # like vLLM, an option may be spelled with underscores
 
@@ -3459,7 +3441,6 @@ def server_argument_problems(args) -> list[str]:
 
 
 # ---- process.py: The vLLM server process: reused, or started under a watchdog, watched, stopped.
-
 # Runs `vllm serve` in its own process group, its output to the driver (relay_log). When the
 # driver dies without stopping it (kill -9, OOM), it notices within half a second, stops the
 # group, then kills what is left (itself too).
@@ -3756,7 +3737,6 @@ class ServerManager:
 
 
 # ---- requests.py: One page's request: its body built once, sent with retries, its answer read.
-
 IMAGE_URL_PLACEHOLDER = "@@PAGE_IMAGE_URL@@"
 SEND_AGAIN = globals().get("SEND_AGAIN")  # the model section's: a page it asks to send again
 RETRY_STATUS = {408, 429, 500, 502, 503, 504}
@@ -3871,7 +3851,6 @@ async def send_page(client, server: "ServerManager", body: bytes, args) -> RowRe
 
 
 # ---- pipeline.py: The send loop: a window of pages in flight over a client group.
-
 class ClientGroup(contextlib.AsyncExitStack):
     """httpx clients behind one `post`/`get`, each with at most 16 requests: httpx scans its whole
     pool on each request (256 in one pool cost 14-16 ms of driver CPU per page, 4-5 ms at 32)."""
@@ -4069,7 +4048,6 @@ async def run_server_pipeline(run, args, server: ServerManager, window: Window) 
 
 
 # ---- arguments.py: The server scripts' options, and the run of a server script.
-
 def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("server")
     option(group, "--server", default=DEFAULT_SERVER, identity=False, help="vLLM server URL: "

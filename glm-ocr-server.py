@@ -91,29 +91,29 @@ Where the settings come from (the authors' README and SDK, the card, vLLM's reci
 # Its parts (edit a block in its source, then run the assembler):
 #   model section  L123
 #   GLM-OCR MODEL  blocks/glm_ocr.py  L134-332
-#   COMMON HELPERS  blocks/common/  L335-3312
-#     model_options.py L358  errors.py L375         secrets.py L411
-#     inputs.py L513         pages.py L889          pdf.py L1079
-#     loops.py L1373         rows.py L1487          plan.py L1580
-#     store.py L1720         saving.py L2098        manifest.py L2412
-#     stats.py L2586         jobs_command.py L2670  card.py L2803
-#     arguments.py L2958     run.py L3113
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3315-3388
-#   PATCH GRID HELPERS  blocks/patch_grid.py  L3391-3424
-#   SERVER HELPERS  blocks/server/  L3427-4202
-#     serve_args.py L3444  process.py L3522     requests.py L3819
-#     pipeline.py L3934    arguments.py L4132
-#   main()  L4209
+#   COMMON HELPERS  blocks/common/  L335-3295
+#     model_options.py L358  errors.py L374         secrets.py L409
+#     inputs.py L510         pages.py L885          pdf.py L1074
+#     loops.py L1367         rows.py L1480          plan.py L1572
+#     store.py L1711         saving.py L2088        manifest.py L2401
+#     stats.py L2574         jobs_command.py L2657  card.py L2789
+#     arguments.py L2943     run.py L3097
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3298-3371
+#   PATCH GRID HELPERS  blocks/patch_grid.py  L3374-3407
+#   SERVER HELPERS  blocks/server/  L3410-4180
+#     serve_args.py L3427  process.py L3504     requests.py L3800
+#     pipeline.py L3914    arguments.py L4111
+#   main()  L4187
 # A page's path, by the functions that take it:
-#   cell           iter_image_cells L874
-#   prepared page  read_page L1566, prepare_page L1005
-#   request        request_body L3838
-#   answer         send_page L3887, read_completion L3867
-#   finished row   finish_row L2135
-#   journal        Journal.append L1607
-#   part           write_part L2233
-#   commit         OutputStore.publish L1992, OutputStore.commit L2011
-#   card           build_card L2880
+#   cell           iter_image_cells L870
+#   prepared page  read_page L1558, prepare_page L1000
+#   request        request_body L3818
+#   answer         send_page L3867, read_completion L3847
+#   finished row   finish_row L2124
+#   journal        Journal.append L1598
+#   part           write_part L2222
+#   commit         OutputStore.publish L1982, OutputStore.commit L2001
+#   card           build_card L2865
 # ==== END MAP ====
 
 import json
@@ -356,7 +356,6 @@ from pathlib import Path
 
 
 # ---- model_options.py: The model section's optional names, with the defaults used where it sets none.
-
 # The model section above provides what blocks/model.py lists, and may set these:
 MODEL_REVISION = globals().get("MODEL_REVISION")  # a commit sha or tag pins the weights
 RESIZE_FILTER = globals().get("RESIZE_FILTER", "bicubic")  # the model's own resampling filter
@@ -373,7 +372,6 @@ JOB_PAGES_PER_S = globals().get("JOB_PAGES_PER_S")  # pages/s measured on the he
 
 
 # ---- errors.py: How the run speaks and stops: log lines, exit codes, page and run errors.
-
 EXIT_USAGE, EXIT_DEGENERATE, EXIT_REFUSED, EXIT_NOT_WRITTEN, EXIT_NOT_UPLOADED = 2, 3, 4, 5, 6
 EXIT_CODES = """exit codes (the first that applies):
   0    every pending row was written where OUTPUT says (error rows included)
@@ -409,7 +407,6 @@ class RunAborted(Exception):
 
 
 # ---- secrets.py: Secrets: which values are secrets, and their masks in logs, argv and records.
-
 # credential-like values (Hub tokens, OpenAI-style keys) but not a name (vLLM's "hf_overrides",
 # a repo's "org/sk-model");
 # a URL's user information; a value under a name: name=value, or 'name': 'value' (JSON, a dict)
@@ -511,7 +508,6 @@ def redact_argv(argv: list[str], mask: str | None = "***", left_out: list | None
 
 
 # ---- inputs.py: The input: which files or Hub rows are the pages, opened as one dataset.
-
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
 
 
@@ -887,7 +883,6 @@ def iter_image_cells(source: InputSource, indices: list[int], batch: int = 64):
 
 
 # ---- pages.py: A page image: read from its cell, flattened, resized, encoded to send.
-
 # Pillow's 16 MiB blocks stay in each thread's malloc arena once freed; 64 MiB ones are given back
 os.environ.setdefault("PILLOW_BLOCK_SIZE", "64m")
 PDF_MAX_PIXELS = 12_000_000  # above any model's input here: a poster-sized page shrinks to it
@@ -1077,7 +1072,6 @@ def encode_page(img, size: tuple[int, int]) -> tuple:
 
 
 # ---- pdf.py: PDF documents: a row per page, counted unrendered, rendered in their own process.
-
 # One output row per page; a page is rendered once, at the size the model wants, in a worker
 # process (PDFium is not thread-safe, and a page that hangs or crashes it must not take the run).
 
@@ -1371,7 +1365,6 @@ _RENDERER: list = []  # the run's PdfRenderer, started (run_script) before any p
 
 
 # ---- loops.py: Loop checks: an answer repeating itself, cut or sent again; the first pages' check.
-
 CUT = ("length", "repetition")  # an answer the engine ended: at max_tokens, or by its detection
 
 
@@ -1485,7 +1478,6 @@ class DegenerateCheck:
 
 
 # ---- rows.py: A page's result: its row, an error row with its cause, a document's pages joined.
-
 PAGE, SERVER = "page", "server"  # an error row's kind: final, or one a rerun redoes
 
 
@@ -1578,7 +1570,6 @@ def read_page(cell, args, decode: bool = True) -> PreparedPage | RowResult | Non
 
 
 # ---- plan.py: Which rows are done: the journal of written parts, the plan of the rows to send.
-
 class Journal:
     """Finished rows, a JSON line each, in a file per run that goes once its rows are in parts."""
 
@@ -1718,7 +1709,6 @@ def plan_rows(source: InputSource, store: "OutputStore", args) -> RowPlan:
 
 
 # ---- store.py: The output store: OUTPUT's folder or Hub repo, its lock, claim, uploads, commits.
-
 UPLOAD_ATTEMPTS, UPLOAD_BACKOFF_S, UPLOAD_MAX_WAIT_S = 5, 2.0, 600.0
 
 
@@ -2096,7 +2086,6 @@ class OutputStore:
 
 
 # ---- saving.py: A finished row's path to disk: held failures, the part writer, the part files.
-
 PART_NAME = re.compile(r"^part-(\d{9})-(\d{9})\.parquet$")
 
 
@@ -2410,7 +2399,6 @@ class PartWriter:
 
 
 # ---- manifest.py: What one run is: the identity a rerun must match, in OUTPUT's manifest.
-
 # The version of what OUTPUT records (manifest, journal, notes), bumped by any change to them: a
 # rerun (by URL, it may meet any older OUTPUT) of another version is refused in one line.
 MANIFEST_FORMAT = 2  # 2: the parts hold ROW_IDENTITY, which the manifest names, and
@@ -2584,7 +2572,6 @@ def claim_output(store: "OutputStore", identity: dict, args,
 
 
 # ---- stats.py: The run's figures: pages, rates, memory; for --stats-json and the card.
-
 def proc_bytes(path: str, key: str) -> int | None:
     """A "key: N kB" line of a /proc file (Linux), in bytes; None without it."""
     try:
@@ -2668,7 +2655,6 @@ def write_stats(stats: dict, args) -> None:
 
 
 # ---- jobs_command.py: The Hugging Face Jobs command that runs this script, printed or in the card.
-
 def rerun_advice() -> str:
     """How to finish a run that has written rows: the same command, but not --restart."""
     return "rerun the same command" + (" without --restart (with it, the run starts over)"
@@ -2801,7 +2787,6 @@ def jobs_advice(argv: list[str] | None = None) -> str:
 
 
 # ---- card.py: The dataset card: what ran, on what, with what result; metadata for Hub search.
-
 def part_note(path: Path, column: str) -> dict:
     """A part's error rows (row -> kind) and count of text-layer rows: what a rerun and the card
     read of a part on the Hub."""
@@ -2956,7 +2941,6 @@ Reproduce on Hugging Face Jobs:
 
 
 # ---- arguments.py: The command line: the options every script shares, their checks, the argv.
-
 _RUN_ARGV: list = []  # this run's arguments, one word each (parse_arguments): a rerun's, a Job's
 _IDENTITY: dict = {}  # each option's dest: whether option() declared it part of the run's identity
 
@@ -3111,7 +3095,6 @@ def parse_arguments(doc: str, argv: list[str] | None, add_shape_arguments, shape
 
 
 # ---- run.py: One run from start to end: interrupts, the output opened, steps, exit code.
-
 class Interrupts:
     """SIGINT and SIGTERM (a cancelled Job) stop the run as KeyboardInterrupt, but never while
     the finished rows are saved: a signal then waits for them (the run stops once they are)."""
@@ -3442,7 +3425,6 @@ import httpx
 
 
 # ---- serve_args.py: The vLLM server's flags: the script's own, --serve-args, what they say.
-
 def option_name(flag) -> str:
     return str(flag).replace("_", "-")  # like vLLM, an option may be spelled with underscores
 
@@ -3520,7 +3502,6 @@ def server_argument_problems(args) -> list[str]:
 
 
 # ---- process.py: The vLLM server process: reused, or started under a watchdog, watched, stopped.
-
 # Runs `vllm serve` in its own process group, its output to the driver (relay_log). When the
 # driver dies without stopping it (kill -9, OOM), it notices within half a second, stops the
 # group, then kills what is left (itself too).
@@ -3817,7 +3798,6 @@ class ServerManager:
 
 
 # ---- requests.py: One page's request: its body built once, sent with retries, its answer read.
-
 IMAGE_URL_PLACEHOLDER = "@@PAGE_IMAGE_URL@@"
 SEND_AGAIN = globals().get("SEND_AGAIN")  # the model section's: a page it asks to send again
 RETRY_STATUS = {408, 429, 500, 502, 503, 504}
@@ -3932,7 +3912,6 @@ async def send_page(client, server: "ServerManager", body: bytes, args) -> RowRe
 
 
 # ---- pipeline.py: The send loop: a window of pages in flight over a client group.
-
 class ClientGroup(contextlib.AsyncExitStack):
     """httpx clients behind one `post`/`get`, each with at most 16 requests: httpx scans its whole
     pool on each request (256 in one pool cost 14-16 ms of driver CPU per page, 4-5 ms at 32)."""
@@ -4130,7 +4109,6 @@ async def run_server_pipeline(run, args, server: ServerManager, window: Window) 
 
 
 # ---- arguments.py: The server scripts' options, and the run of a server script.
-
 def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("server")
     option(group, "--server", default=DEFAULT_SERVER, identity=False, help="vLLM server URL: "

@@ -75,30 +75,30 @@ very complex layouts. No client-side downscale: the tile grid is chosen from the
 # ==== MAP (written by tools/sync_helpers.py) ====
 # Its parts (edit a block in its source, then run the assembler):
 #   model section  L107
-#   COMMON HELPERS  blocks/common/  L448-3425
-#     model_options.py L471  errors.py L488         secrets.py L524
-#     inputs.py L626         pages.py L1002         pdf.py L1192
-#     loops.py L1486         rows.py L1600          plan.py L1693
-#     store.py L1833         saving.py L2211        manifest.py L2525
-#     stats.py L2699         jobs_command.py L2783  card.py L2916
-#     arguments.py L3071     run.py L3226
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3428-3501
-#   GROUNDING HELPERS  blocks/grounding.py  L3504-3517
-#   SERVER HELPERS  blocks/server/  L3520-4295
-#     serve_args.py L3537  process.py L3615     requests.py L3912
-#     pipeline.py L4027    arguments.py L4225
-#   SATURATE HELPERS  blocks/saturate.py  L4298-4471
-#   main()  L4478
+#   COMMON HELPERS  blocks/common/  L448-3408
+#     model_options.py L471  errors.py L487         secrets.py L522
+#     inputs.py L623         pages.py L998          pdf.py L1187
+#     loops.py L1480         rows.py L1593          plan.py L1685
+#     store.py L1824         saving.py L2201        manifest.py L2514
+#     stats.py L2687         jobs_command.py L2770  card.py L2902
+#     arguments.py L3056     run.py L3210
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3411-3484
+#   GROUNDING HELPERS  blocks/grounding.py  L3487-3500
+#   SERVER HELPERS  blocks/server/  L3503-4273
+#     serve_args.py L3520  process.py L3597     requests.py L3893
+#     pipeline.py L4007    arguments.py L4204
+#   SATURATE HELPERS  blocks/saturate.py  L4276-4449
+#   main()  L4456
 # A page's path, by the functions that take it:
-#   cell           iter_image_cells L987
-#   prepared page  read_page L1679, prepare_page L1118
-#   request        request_body L3931
-#   answer         send_page L3980, read_completion L3960
-#   finished row   finish_row L2248
-#   journal        Journal.append L1720
-#   part           write_part L2346
-#   commit         OutputStore.publish L2105, OutputStore.commit L2124
-#   card           build_card L2993
+#   cell           iter_image_cells L983
+#   prepared page  read_page L1671, prepare_page L1113
+#   request        request_body L3911
+#   answer         send_page L3960, read_completion L3940
+#   finished row   finish_row L2237
+#   journal        Journal.append L1711
+#   part           write_part L2335
+#   commit         OutputStore.publish L2095, OutputStore.commit L2114
+#   card           build_card L2978
 # ==== END MAP ====
 
 import re
@@ -469,7 +469,6 @@ from pathlib import Path
 
 
 # ---- model_options.py: The model section's optional names, with the defaults used where it sets none.
-
 # The model section above provides what blocks/model.py lists, and may set these:
 MODEL_REVISION = globals().get("MODEL_REVISION")  # a commit sha or tag pins the weights
 RESIZE_FILTER = globals().get("RESIZE_FILTER", "bicubic")  # the model's own resampling filter
@@ -486,7 +485,6 @@ JOB_PAGES_PER_S = globals().get("JOB_PAGES_PER_S")  # pages/s measured on the he
 
 
 # ---- errors.py: How the run speaks and stops: log lines, exit codes, page and run errors.
-
 EXIT_USAGE, EXIT_DEGENERATE, EXIT_REFUSED, EXIT_NOT_WRITTEN, EXIT_NOT_UPLOADED = 2, 3, 4, 5, 6
 EXIT_CODES = """exit codes (the first that applies):
   0    every pending row was written where OUTPUT says (error rows included)
@@ -522,7 +520,6 @@ class RunAborted(Exception):
 
 
 # ---- secrets.py: Secrets: which values are secrets, and their masks in logs, argv and records.
-
 # credential-like values (Hub tokens, OpenAI-style keys) but not a name (vLLM's "hf_overrides",
 # a repo's "org/sk-model");
 # a URL's user information; a value under a name: name=value, or 'name': 'value' (JSON, a dict)
@@ -624,7 +621,6 @@ def redact_argv(argv: list[str], mask: str | None = "***", left_out: list | None
 
 
 # ---- inputs.py: The input: which files or Hub rows are the pages, opened as one dataset.
-
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
 
 
@@ -1000,7 +996,6 @@ def iter_image_cells(source: InputSource, indices: list[int], batch: int = 64):
 
 
 # ---- pages.py: A page image: read from its cell, flattened, resized, encoded to send.
-
 # Pillow's 16 MiB blocks stay in each thread's malloc arena once freed; 64 MiB ones are given back
 os.environ.setdefault("PILLOW_BLOCK_SIZE", "64m")
 PDF_MAX_PIXELS = 12_000_000  # above any model's input here: a poster-sized page shrinks to it
@@ -1190,7 +1185,6 @@ def encode_page(img, size: tuple[int, int]) -> tuple:
 
 
 # ---- pdf.py: PDF documents: a row per page, counted unrendered, rendered in their own process.
-
 # One output row per page; a page is rendered once, at the size the model wants, in a worker
 # process (PDFium is not thread-safe, and a page that hangs or crashes it must not take the run).
 
@@ -1484,7 +1478,6 @@ _RENDERER: list = []  # the run's PdfRenderer, started (run_script) before any p
 
 
 # ---- loops.py: Loop checks: an answer repeating itself, cut or sent again; the first pages' check.
-
 CUT = ("length", "repetition")  # an answer the engine ended: at max_tokens, or by its detection
 
 
@@ -1598,7 +1591,6 @@ class DegenerateCheck:
 
 
 # ---- rows.py: A page's result: its row, an error row with its cause, a document's pages joined.
-
 PAGE, SERVER = "page", "server"  # an error row's kind: final, or one a rerun redoes
 
 
@@ -1691,7 +1683,6 @@ def read_page(cell, args, decode: bool = True) -> PreparedPage | RowResult | Non
 
 
 # ---- plan.py: Which rows are done: the journal of written parts, the plan of the rows to send.
-
 class Journal:
     """Finished rows, a JSON line each, in a file per run that goes once its rows are in parts."""
 
@@ -1831,7 +1822,6 @@ def plan_rows(source: InputSource, store: "OutputStore", args) -> RowPlan:
 
 
 # ---- store.py: The output store: OUTPUT's folder or Hub repo, its lock, claim, uploads, commits.
-
 UPLOAD_ATTEMPTS, UPLOAD_BACKOFF_S, UPLOAD_MAX_WAIT_S = 5, 2.0, 600.0
 
 
@@ -2209,7 +2199,6 @@ class OutputStore:
 
 
 # ---- saving.py: A finished row's path to disk: held failures, the part writer, the part files.
-
 PART_NAME = re.compile(r"^part-(\d{9})-(\d{9})\.parquet$")
 
 
@@ -2523,7 +2512,6 @@ class PartWriter:
 
 
 # ---- manifest.py: What one run is: the identity a rerun must match, in OUTPUT's manifest.
-
 # The version of what OUTPUT records (manifest, journal, notes), bumped by any change to them: a
 # rerun (by URL, it may meet any older OUTPUT) of another version is refused in one line.
 MANIFEST_FORMAT = 2  # 2: the parts hold ROW_IDENTITY, which the manifest names, and
@@ -2697,7 +2685,6 @@ def claim_output(store: "OutputStore", identity: dict, args,
 
 
 # ---- stats.py: The run's figures: pages, rates, memory; for --stats-json and the card.
-
 def proc_bytes(path: str, key: str) -> int | None:
     """A "key: N kB" line of a /proc file (Linux), in bytes; None without it."""
     try:
@@ -2781,7 +2768,6 @@ def write_stats(stats: dict, args) -> None:
 
 
 # ---- jobs_command.py: The Hugging Face Jobs command that runs this script, printed or in the card.
-
 def rerun_advice() -> str:
     """How to finish a run that has written rows: the same command, but not --restart."""
     return "rerun the same command" + (" without --restart (with it, the run starts over)"
@@ -2914,7 +2900,6 @@ def jobs_advice(argv: list[str] | None = None) -> str:
 
 
 # ---- card.py: The dataset card: what ran, on what, with what result; metadata for Hub search.
-
 def part_note(path: Path, column: str) -> dict:
     """A part's error rows (row -> kind) and count of text-layer rows: what a rerun and the card
     read of a part on the Hub."""
@@ -3069,7 +3054,6 @@ Reproduce on Hugging Face Jobs:
 
 
 # ---- arguments.py: The command line: the options every script shares, their checks, the argv.
-
 _RUN_ARGV: list = []  # this run's arguments, one word each (parse_arguments): a rerun's, a Job's
 _IDENTITY: dict = {}  # each option's dest: whether option() declared it part of the run's identity
 
@@ -3224,7 +3208,6 @@ def parse_arguments(doc: str, argv: list[str] | None, add_shape_arguments, shape
 
 
 # ---- run.py: One run from start to end: interrupts, the output opened, steps, exit code.
-
 class Interrupts:
     """SIGINT and SIGTERM (a cancelled Job) stop the run as KeyboardInterrupt, but never while
     the finished rows are saved: a signal then waits for them (the run stops once they are)."""
@@ -3535,7 +3518,6 @@ import httpx
 
 
 # ---- serve_args.py: The vLLM server's flags: the script's own, --serve-args, what they say.
-
 def option_name(flag) -> str:
     return str(flag).replace("_", "-")  # like vLLM, an option may be spelled with underscores
 
@@ -3613,7 +3595,6 @@ def server_argument_problems(args) -> list[str]:
 
 
 # ---- process.py: The vLLM server process: reused, or started under a watchdog, watched, stopped.
-
 # Runs `vllm serve` in its own process group, its output to the driver (relay_log). When the
 # driver dies without stopping it (kill -9, OOM), it notices within half a second, stops the
 # group, then kills what is left (itself too).
@@ -3910,7 +3891,6 @@ class ServerManager:
 
 
 # ---- requests.py: One page's request: its body built once, sent with retries, its answer read.
-
 IMAGE_URL_PLACEHOLDER = "@@PAGE_IMAGE_URL@@"
 SEND_AGAIN = globals().get("SEND_AGAIN")  # the model section's: a page it asks to send again
 RETRY_STATUS = {408, 429, 500, 502, 503, 504}
@@ -4025,7 +4005,6 @@ async def send_page(client, server: "ServerManager", body: bytes, args) -> RowRe
 
 
 # ---- pipeline.py: The send loop: a window of pages in flight over a client group.
-
 class ClientGroup(contextlib.AsyncExitStack):
     """httpx clients behind one `post`/`get`, each with at most 16 requests: httpx scans its whole
     pool on each request (256 in one pool cost 14-16 ms of driver CPU per page, 4-5 ms at 32)."""
@@ -4223,7 +4202,6 @@ async def run_server_pipeline(run, args, server: ServerManager, window: Window) 
 
 
 # ---- arguments.py: The server scripts' options, and the run of a server script.
-
 def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("server")
     option(group, "--server", default=DEFAULT_SERVER, identity=False, help="vLLM server URL: "

@@ -88,30 +88,30 @@ The authors' olmOCR-Bench settings (84.7): `--mode grounding --drop-margins --ma
 # Its parts (edit a block in its source, then run the assembler):
 #   model section  L120
 #   LIGHTONOCR-3 MODEL  blocks/lighton_ocr3.py  L132-328
-#   COMMON HELPERS  blocks/common/  L356-3333
-#     model_options.py L379  errors.py L396         secrets.py L432
-#     inputs.py L534         pages.py L910          pdf.py L1100
-#     loops.py L1394         rows.py L1508          plan.py L1601
-#     store.py L1741         saving.py L2119        manifest.py L2433
-#     stats.py L2607         jobs_command.py L2691  card.py L2824
-#     arguments.py L2979     run.py L3134
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3336-3409
-#   GROUNDING HELPERS  blocks/grounding.py  L3412-3425
-#   SERVER HELPERS  blocks/server/  L3428-4203
-#     serve_args.py L3445  process.py L3523     requests.py L3820
-#     pipeline.py L3935    arguments.py L4133
-#   SATURATE HELPERS  blocks/saturate.py  L4206-4379
-#   main()  L4386
+#   COMMON HELPERS  blocks/common/  L356-3316
+#     model_options.py L379  errors.py L395         secrets.py L430
+#     inputs.py L531         pages.py L906          pdf.py L1095
+#     loops.py L1388         rows.py L1501          plan.py L1593
+#     store.py L1732         saving.py L2109        manifest.py L2422
+#     stats.py L2595         jobs_command.py L2678  card.py L2810
+#     arguments.py L2964     run.py L3118
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3319-3392
+#   GROUNDING HELPERS  blocks/grounding.py  L3395-3408
+#   SERVER HELPERS  blocks/server/  L3411-4181
+#     serve_args.py L3428  process.py L3505     requests.py L3801
+#     pipeline.py L3915    arguments.py L4112
+#   SATURATE HELPERS  blocks/saturate.py  L4184-4357
+#   main()  L4364
 # A page's path, by the functions that take it:
-#   cell           iter_image_cells L895
-#   prepared page  read_page L1587, prepare_page L1026
-#   request        request_body L3839
-#   answer         send_page L3888, read_completion L3868
-#   finished row   finish_row L2156
-#   journal        Journal.append L1628
-#   part           write_part L2254
-#   commit         OutputStore.publish L2013, OutputStore.commit L2032
-#   card           build_card L2901
+#   cell           iter_image_cells L891
+#   prepared page  read_page L1579, prepare_page L1021
+#   request        request_body L3819
+#   answer         send_page L3868, read_completion L3848
+#   finished row   finish_row L2145
+#   journal        Journal.append L1619
+#   part           write_part L2243
+#   commit         OutputStore.publish L2003, OutputStore.commit L2022
+#   card           build_card L2886
 # ==== END MAP ====
 
 import re
@@ -377,7 +377,6 @@ from pathlib import Path
 
 
 # ---- model_options.py: The model section's optional names, with the defaults used where it sets none.
-
 # The model section above provides what blocks/model.py lists, and may set these:
 MODEL_REVISION = globals().get("MODEL_REVISION")  # a commit sha or tag pins the weights
 RESIZE_FILTER = globals().get("RESIZE_FILTER", "bicubic")  # the model's own resampling filter
@@ -394,7 +393,6 @@ JOB_PAGES_PER_S = globals().get("JOB_PAGES_PER_S")  # pages/s measured on the he
 
 
 # ---- errors.py: How the run speaks and stops: log lines, exit codes, page and run errors.
-
 EXIT_USAGE, EXIT_DEGENERATE, EXIT_REFUSED, EXIT_NOT_WRITTEN, EXIT_NOT_UPLOADED = 2, 3, 4, 5, 6
 EXIT_CODES = """exit codes (the first that applies):
   0    every pending row was written where OUTPUT says (error rows included)
@@ -430,7 +428,6 @@ class RunAborted(Exception):
 
 
 # ---- secrets.py: Secrets: which values are secrets, and their masks in logs, argv and records.
-
 # credential-like values (Hub tokens, OpenAI-style keys) but not a name (vLLM's "hf_overrides",
 # a repo's "org/sk-model");
 # a URL's user information; a value under a name: name=value, or 'name': 'value' (JSON, a dict)
@@ -532,7 +529,6 @@ def redact_argv(argv: list[str], mask: str | None = "***", left_out: list | None
 
 
 # ---- inputs.py: The input: which files or Hub rows are the pages, opened as one dataset.
-
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
 
 
@@ -908,7 +904,6 @@ def iter_image_cells(source: InputSource, indices: list[int], batch: int = 64):
 
 
 # ---- pages.py: A page image: read from its cell, flattened, resized, encoded to send.
-
 # Pillow's 16 MiB blocks stay in each thread's malloc arena once freed; 64 MiB ones are given back
 os.environ.setdefault("PILLOW_BLOCK_SIZE", "64m")
 PDF_MAX_PIXELS = 12_000_000  # above any model's input here: a poster-sized page shrinks to it
@@ -1098,7 +1093,6 @@ def encode_page(img, size: tuple[int, int]) -> tuple:
 
 
 # ---- pdf.py: PDF documents: a row per page, counted unrendered, rendered in their own process.
-
 # One output row per page; a page is rendered once, at the size the model wants, in a worker
 # process (PDFium is not thread-safe, and a page that hangs or crashes it must not take the run).
 
@@ -1392,7 +1386,6 @@ _RENDERER: list = []  # the run's PdfRenderer, started (run_script) before any p
 
 
 # ---- loops.py: Loop checks: an answer repeating itself, cut or sent again; the first pages' check.
-
 CUT = ("length", "repetition")  # an answer the engine ended: at max_tokens, or by its detection
 
 
@@ -1506,7 +1499,6 @@ class DegenerateCheck:
 
 
 # ---- rows.py: A page's result: its row, an error row with its cause, a document's pages joined.
-
 PAGE, SERVER = "page", "server"  # an error row's kind: final, or one a rerun redoes
 
 
@@ -1599,7 +1591,6 @@ def read_page(cell, args, decode: bool = True) -> PreparedPage | RowResult | Non
 
 
 # ---- plan.py: Which rows are done: the journal of written parts, the plan of the rows to send.
-
 class Journal:
     """Finished rows, a JSON line each, in a file per run that goes once its rows are in parts."""
 
@@ -1739,7 +1730,6 @@ def plan_rows(source: InputSource, store: "OutputStore", args) -> RowPlan:
 
 
 # ---- store.py: The output store: OUTPUT's folder or Hub repo, its lock, claim, uploads, commits.
-
 UPLOAD_ATTEMPTS, UPLOAD_BACKOFF_S, UPLOAD_MAX_WAIT_S = 5, 2.0, 600.0
 
 
@@ -2117,7 +2107,6 @@ class OutputStore:
 
 
 # ---- saving.py: A finished row's path to disk: held failures, the part writer, the part files.
-
 PART_NAME = re.compile(r"^part-(\d{9})-(\d{9})\.parquet$")
 
 
@@ -2431,7 +2420,6 @@ class PartWriter:
 
 
 # ---- manifest.py: What one run is: the identity a rerun must match, in OUTPUT's manifest.
-
 # The version of what OUTPUT records (manifest, journal, notes), bumped by any change to them: a
 # rerun (by URL, it may meet any older OUTPUT) of another version is refused in one line.
 MANIFEST_FORMAT = 2  # 2: the parts hold ROW_IDENTITY, which the manifest names, and
@@ -2605,7 +2593,6 @@ def claim_output(store: "OutputStore", identity: dict, args,
 
 
 # ---- stats.py: The run's figures: pages, rates, memory; for --stats-json and the card.
-
 def proc_bytes(path: str, key: str) -> int | None:
     """A "key: N kB" line of a /proc file (Linux), in bytes; None without it."""
     try:
@@ -2689,7 +2676,6 @@ def write_stats(stats: dict, args) -> None:
 
 
 # ---- jobs_command.py: The Hugging Face Jobs command that runs this script, printed or in the card.
-
 def rerun_advice() -> str:
     """How to finish a run that has written rows: the same command, but not --restart."""
     return "rerun the same command" + (" without --restart (with it, the run starts over)"
@@ -2822,7 +2808,6 @@ def jobs_advice(argv: list[str] | None = None) -> str:
 
 
 # ---- card.py: The dataset card: what ran, on what, with what result; metadata for Hub search.
-
 def part_note(path: Path, column: str) -> dict:
     """A part's error rows (row -> kind) and count of text-layer rows: what a rerun and the card
     read of a part on the Hub."""
@@ -2977,7 +2962,6 @@ Reproduce on Hugging Face Jobs:
 
 
 # ---- arguments.py: The command line: the options every script shares, their checks, the argv.
-
 _RUN_ARGV: list = []  # this run's arguments, one word each (parse_arguments): a rerun's, a Job's
 _IDENTITY: dict = {}  # each option's dest: whether option() declared it part of the run's identity
 
@@ -3132,7 +3116,6 @@ def parse_arguments(doc: str, argv: list[str] | None, add_shape_arguments, shape
 
 
 # ---- run.py: One run from start to end: interrupts, the output opened, steps, exit code.
-
 class Interrupts:
     """SIGINT and SIGTERM (a cancelled Job) stop the run as KeyboardInterrupt, but never while
     the finished rows are saved: a signal then waits for them (the run stops once they are)."""
@@ -3443,7 +3426,6 @@ import httpx
 
 
 # ---- serve_args.py: The vLLM server's flags: the script's own, --serve-args, what they say.
-
 def option_name(flag) -> str:
     return str(flag).replace("_", "-")  # like vLLM, an option may be spelled with underscores
 
@@ -3521,7 +3503,6 @@ def server_argument_problems(args) -> list[str]:
 
 
 # ---- process.py: The vLLM server process: reused, or started under a watchdog, watched, stopped.
-
 # Runs `vllm serve` in its own process group, its output to the driver (relay_log). When the
 # driver dies without stopping it (kill -9, OOM), it notices within half a second, stops the
 # group, then kills what is left (itself too).
@@ -3818,7 +3799,6 @@ class ServerManager:
 
 
 # ---- requests.py: One page's request: its body built once, sent with retries, its answer read.
-
 IMAGE_URL_PLACEHOLDER = "@@PAGE_IMAGE_URL@@"
 SEND_AGAIN = globals().get("SEND_AGAIN")  # the model section's: a page it asks to send again
 RETRY_STATUS = {408, 429, 500, 502, 503, 504}
@@ -3933,7 +3913,6 @@ async def send_page(client, server: "ServerManager", body: bytes, args) -> RowRe
 
 
 # ---- pipeline.py: The send loop: a window of pages in flight over a client group.
-
 class ClientGroup(contextlib.AsyncExitStack):
     """httpx clients behind one `post`/`get`, each with at most 16 requests: httpx scans its whole
     pool on each request (256 in one pool cost 14-16 ms of driver CPU per page, 4-5 ms at 32)."""
@@ -4131,7 +4110,6 @@ async def run_server_pipeline(run, args, server: ServerManager, window: Window) 
 
 
 # ---- arguments.py: The server scripts' options, and the run of a server script.
-
 def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("server")
     option(group, "--server", default=DEFAULT_SERVER, identity=False, help="vLLM server URL: "

@@ -65,27 +65,27 @@ The authors' olmOCR-Bench settings (84.7): `--mode grounding --drop-margins --ma
 # Its parts (edit a block in its source, then run the assembler):
 #   model section  L94
 #   LIGHTONOCR-3 MODEL  blocks/lighton_ocr3.py  L106-302
-#   COMMON HELPERS  blocks/common/  L325-3302
-#     model_options.py L348  errors.py L365         secrets.py L401
-#     inputs.py L503         pages.py L879          pdf.py L1069
-#     loops.py L1363         rows.py L1477          plan.py L1570
-#     store.py L1710         saving.py L2088        manifest.py L2402
-#     stats.py L2576         jobs_command.py L2660  card.py L2793
-#     arguments.py L2948     run.py L3103
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3305-3378
-#   GROUNDING HELPERS  blocks/grounding.py  L3381-3394
-#   OFFLINE HELPERS  blocks/offline.py  L3397-3597
-#   main()  L3604
+#   COMMON HELPERS  blocks/common/  L325-3285
+#     model_options.py L348  errors.py L364         secrets.py L399
+#     inputs.py L500         pages.py L875          pdf.py L1064
+#     loops.py L1357         rows.py L1470          plan.py L1562
+#     store.py L1701         saving.py L2078        manifest.py L2391
+#     stats.py L2564         jobs_command.py L2647  card.py L2779
+#     arguments.py L2933     run.py L3087
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3288-3361
+#   GROUNDING HELPERS  blocks/grounding.py  L3364-3377
+#   OFFLINE HELPERS  blocks/offline.py  L3380-3580
+#   main()  L3587
 # A page's path, by the functions that take it:
-#   cell           iter_image_cells L864
-#   prepared page  read_page L1556, prepare_page L995
-#   request        generate_batch L3453
-#   answer         generate_batch L3453
-#   finished row   finish_row L2125
-#   journal        Journal.append L1597
-#   part           write_part L2223
-#   commit         OutputStore.publish L1982, OutputStore.commit L2001
-#   card           build_card L2870
+#   cell           iter_image_cells L860
+#   prepared page  read_page L1548, prepare_page L990
+#   request        generate_batch L3436
+#   answer         generate_batch L3436
+#   finished row   finish_row L2114
+#   journal        Journal.append L1588
+#   part           write_part L2212
+#   commit         OutputStore.publish L1972, OutputStore.commit L1991
+#   card           build_card L2855
 # ==== END MAP ====
 
 import re
@@ -346,7 +346,6 @@ from pathlib import Path
 
 
 # ---- model_options.py: The model section's optional names, with the defaults used where it sets none.
-
 # The model section above provides what blocks/model.py lists, and may set these:
 MODEL_REVISION = globals().get("MODEL_REVISION")  # a commit sha or tag pins the weights
 RESIZE_FILTER = globals().get("RESIZE_FILTER", "bicubic")  # the model's own resampling filter
@@ -363,7 +362,6 @@ JOB_PAGES_PER_S = globals().get("JOB_PAGES_PER_S")  # pages/s measured on the he
 
 
 # ---- errors.py: How the run speaks and stops: log lines, exit codes, page and run errors.
-
 EXIT_USAGE, EXIT_DEGENERATE, EXIT_REFUSED, EXIT_NOT_WRITTEN, EXIT_NOT_UPLOADED = 2, 3, 4, 5, 6
 EXIT_CODES = """exit codes (the first that applies):
   0    every pending row was written where OUTPUT says (error rows included)
@@ -399,7 +397,6 @@ class RunAborted(Exception):
 
 
 # ---- secrets.py: Secrets: which values are secrets, and their masks in logs, argv and records.
-
 # credential-like values (Hub tokens, OpenAI-style keys) but not a name (vLLM's "hf_overrides",
 # a repo's "org/sk-model");
 # a URL's user information; a value under a name: name=value, or 'name': 'value' (JSON, a dict)
@@ -501,7 +498,6 @@ def redact_argv(argv: list[str], mask: str | None = "***", left_out: list | None
 
 
 # ---- inputs.py: The input: which files or Hub rows are the pages, opened as one dataset.
-
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
 
 
@@ -877,7 +873,6 @@ def iter_image_cells(source: InputSource, indices: list[int], batch: int = 64):
 
 
 # ---- pages.py: A page image: read from its cell, flattened, resized, encoded to send.
-
 # Pillow's 16 MiB blocks stay in each thread's malloc arena once freed; 64 MiB ones are given back
 os.environ.setdefault("PILLOW_BLOCK_SIZE", "64m")
 PDF_MAX_PIXELS = 12_000_000  # above any model's input here: a poster-sized page shrinks to it
@@ -1067,7 +1062,6 @@ def encode_page(img, size: tuple[int, int]) -> tuple:
 
 
 # ---- pdf.py: PDF documents: a row per page, counted unrendered, rendered in their own process.
-
 # One output row per page; a page is rendered once, at the size the model wants, in a worker
 # process (PDFium is not thread-safe, and a page that hangs or crashes it must not take the run).
 
@@ -1361,7 +1355,6 @@ _RENDERER: list = []  # the run's PdfRenderer, started (run_script) before any p
 
 
 # ---- loops.py: Loop checks: an answer repeating itself, cut or sent again; the first pages' check.
-
 CUT = ("length", "repetition")  # an answer the engine ended: at max_tokens, or by its detection
 
 
@@ -1475,7 +1468,6 @@ class DegenerateCheck:
 
 
 # ---- rows.py: A page's result: its row, an error row with its cause, a document's pages joined.
-
 PAGE, SERVER = "page", "server"  # an error row's kind: final, or one a rerun redoes
 
 
@@ -1568,7 +1560,6 @@ def read_page(cell, args, decode: bool = True) -> PreparedPage | RowResult | Non
 
 
 # ---- plan.py: Which rows are done: the journal of written parts, the plan of the rows to send.
-
 class Journal:
     """Finished rows, a JSON line each, in a file per run that goes once its rows are in parts."""
 
@@ -1708,7 +1699,6 @@ def plan_rows(source: InputSource, store: "OutputStore", args) -> RowPlan:
 
 
 # ---- store.py: The output store: OUTPUT's folder or Hub repo, its lock, claim, uploads, commits.
-
 UPLOAD_ATTEMPTS, UPLOAD_BACKOFF_S, UPLOAD_MAX_WAIT_S = 5, 2.0, 600.0
 
 
@@ -2086,7 +2076,6 @@ class OutputStore:
 
 
 # ---- saving.py: A finished row's path to disk: held failures, the part writer, the part files.
-
 PART_NAME = re.compile(r"^part-(\d{9})-(\d{9})\.parquet$")
 
 
@@ -2400,7 +2389,6 @@ class PartWriter:
 
 
 # ---- manifest.py: What one run is: the identity a rerun must match, in OUTPUT's manifest.
-
 # The version of what OUTPUT records (manifest, journal, notes), bumped by any change to them: a
 # rerun (by URL, it may meet any older OUTPUT) of another version is refused in one line.
 MANIFEST_FORMAT = 2  # 2: the parts hold ROW_IDENTITY, which the manifest names, and
@@ -2574,7 +2562,6 @@ def claim_output(store: "OutputStore", identity: dict, args,
 
 
 # ---- stats.py: The run's figures: pages, rates, memory; for --stats-json and the card.
-
 def proc_bytes(path: str, key: str) -> int | None:
     """A "key: N kB" line of a /proc file (Linux), in bytes; None without it."""
     try:
@@ -2658,7 +2645,6 @@ def write_stats(stats: dict, args) -> None:
 
 
 # ---- jobs_command.py: The Hugging Face Jobs command that runs this script, printed or in the card.
-
 def rerun_advice() -> str:
     """How to finish a run that has written rows: the same command, but not --restart."""
     return "rerun the same command" + (" without --restart (with it, the run starts over)"
@@ -2791,7 +2777,6 @@ def jobs_advice(argv: list[str] | None = None) -> str:
 
 
 # ---- card.py: The dataset card: what ran, on what, with what result; metadata for Hub search.
-
 def part_note(path: Path, column: str) -> dict:
     """A part's error rows (row -> kind) and count of text-layer rows: what a rerun and the card
     read of a part on the Hub."""
@@ -2946,7 +2931,6 @@ Reproduce on Hugging Face Jobs:
 
 
 # ---- arguments.py: The command line: the options every script shares, their checks, the argv.
-
 _RUN_ARGV: list = []  # this run's arguments, one word each (parse_arguments): a rerun's, a Job's
 _IDENTITY: dict = {}  # each option's dest: whether option() declared it part of the run's identity
 
@@ -3101,7 +3085,6 @@ def parse_arguments(doc: str, argv: list[str] | None, add_shape_arguments, shape
 
 
 # ---- run.py: One run from start to end: interrupts, the output opened, steps, exit code.
-
 class Interrupts:
     """SIGINT and SIGTERM (a cancelled Job) stop the run as KeyboardInterrupt, but never while
     the finished rows are saved: a signal then waits for them (the run stops once they are)."""

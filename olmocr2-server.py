@@ -77,28 +77,28 @@ Where the settings come from (the olmOCR toolkit, allenai/olmocr v0.4.27, unless
 #   model section  L107
 #   OLMOCR-2 MODEL  blocks/olmocr2.py  L111-308
 #   PATCH GRID HELPERS  blocks/patch_grid.py  L311-344
-#   COMMON HELPERS  blocks/common/  L347-3324
-#     model_options.py L370  errors.py L387         secrets.py L423
-#     inputs.py L525         pages.py L901          pdf.py L1091
-#     loops.py L1385         rows.py L1499          plan.py L1592
-#     store.py L1732         saving.py L2110        manifest.py L2424
-#     stats.py L2598         jobs_command.py L2682  card.py L2815
-#     arguments.py L2970     run.py L3125
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3327-3400
-#   SERVER HELPERS  blocks/server/  L3403-4178
-#     serve_args.py L3420  process.py L3498     requests.py L3795
-#     pipeline.py L3910    arguments.py L4108
-#   main()  L4185
+#   COMMON HELPERS  blocks/common/  L347-3307
+#     model_options.py L370  errors.py L386         secrets.py L421
+#     inputs.py L522         pages.py L897          pdf.py L1086
+#     loops.py L1379         rows.py L1492          plan.py L1584
+#     store.py L1723         saving.py L2100        manifest.py L2413
+#     stats.py L2586         jobs_command.py L2669  card.py L2801
+#     arguments.py L2955     run.py L3109
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3310-3383
+#   SERVER HELPERS  blocks/server/  L3386-4156
+#     serve_args.py L3403  process.py L3480     requests.py L3776
+#     pipeline.py L3890    arguments.py L4087
+#   main()  L4163
 # A page's path, by the functions that take it:
-#   cell           iter_image_cells L886
-#   prepared page  read_page L1578, prepare_page L1017
-#   request        request_body L3814
-#   answer         send_page L3863, read_completion L3843
-#   finished row   finish_row L2147
-#   journal        Journal.append L1619
-#   part           write_part L2245
-#   commit         OutputStore.publish L2004, OutputStore.commit L2023
-#   card           build_card L2892
+#   cell           iter_image_cells L882
+#   prepared page  read_page L1570, prepare_page L1012
+#   request        request_body L3794
+#   answer         send_page L3843, read_completion L3823
+#   finished row   finish_row L2136
+#   journal        Journal.append L1610
+#   part           write_part L2234
+#   commit         OutputStore.publish L1994, OutputStore.commit L2013
+#   card           build_card L2877
 # ==== END MAP ====
 
 import re
@@ -368,7 +368,6 @@ from pathlib import Path
 
 
 # ---- model_options.py: The model section's optional names, with the defaults used where it sets none.
-
 # The model section above provides what blocks/model.py lists, and may set these:
 MODEL_REVISION = globals().get("MODEL_REVISION")  # a commit sha or tag pins the weights
 RESIZE_FILTER = globals().get("RESIZE_FILTER", "bicubic")  # the model's own resampling filter
@@ -385,7 +384,6 @@ JOB_PAGES_PER_S = globals().get("JOB_PAGES_PER_S")  # pages/s measured on the he
 
 
 # ---- errors.py: How the run speaks and stops: log lines, exit codes, page and run errors.
-
 EXIT_USAGE, EXIT_DEGENERATE, EXIT_REFUSED, EXIT_NOT_WRITTEN, EXIT_NOT_UPLOADED = 2, 3, 4, 5, 6
 EXIT_CODES = """exit codes (the first that applies):
   0    every pending row was written where OUTPUT says (error rows included)
@@ -421,7 +419,6 @@ class RunAborted(Exception):
 
 
 # ---- secrets.py: Secrets: which values are secrets, and their masks in logs, argv and records.
-
 # credential-like values (Hub tokens, OpenAI-style keys) but not a name (vLLM's "hf_overrides",
 # a repo's "org/sk-model");
 # a URL's user information; a value under a name: name=value, or 'name': 'value' (JSON, a dict)
@@ -523,7 +520,6 @@ def redact_argv(argv: list[str], mask: str | None = "***", left_out: list | None
 
 
 # ---- inputs.py: The input: which files or Hub rows are the pages, opened as one dataset.
-
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
 
 
@@ -899,7 +895,6 @@ def iter_image_cells(source: InputSource, indices: list[int], batch: int = 64):
 
 
 # ---- pages.py: A page image: read from its cell, flattened, resized, encoded to send.
-
 # Pillow's 16 MiB blocks stay in each thread's malloc arena once freed; 64 MiB ones are given back
 os.environ.setdefault("PILLOW_BLOCK_SIZE", "64m")
 PDF_MAX_PIXELS = 12_000_000  # above any model's input here: a poster-sized page shrinks to it
@@ -1089,7 +1084,6 @@ def encode_page(img, size: tuple[int, int]) -> tuple:
 
 
 # ---- pdf.py: PDF documents: a row per page, counted unrendered, rendered in their own process.
-
 # One output row per page; a page is rendered once, at the size the model wants, in a worker
 # process (PDFium is not thread-safe, and a page that hangs or crashes it must not take the run).
 
@@ -1383,7 +1377,6 @@ _RENDERER: list = []  # the run's PdfRenderer, started (run_script) before any p
 
 
 # ---- loops.py: Loop checks: an answer repeating itself, cut or sent again; the first pages' check.
-
 CUT = ("length", "repetition")  # an answer the engine ended: at max_tokens, or by its detection
 
 
@@ -1497,7 +1490,6 @@ class DegenerateCheck:
 
 
 # ---- rows.py: A page's result: its row, an error row with its cause, a document's pages joined.
-
 PAGE, SERVER = "page", "server"  # an error row's kind: final, or one a rerun redoes
 
 
@@ -1590,7 +1582,6 @@ def read_page(cell, args, decode: bool = True) -> PreparedPage | RowResult | Non
 
 
 # ---- plan.py: Which rows are done: the journal of written parts, the plan of the rows to send.
-
 class Journal:
     """Finished rows, a JSON line each, in a file per run that goes once its rows are in parts."""
 
@@ -1730,7 +1721,6 @@ def plan_rows(source: InputSource, store: "OutputStore", args) -> RowPlan:
 
 
 # ---- store.py: The output store: OUTPUT's folder or Hub repo, its lock, claim, uploads, commits.
-
 UPLOAD_ATTEMPTS, UPLOAD_BACKOFF_S, UPLOAD_MAX_WAIT_S = 5, 2.0, 600.0
 
 
@@ -2108,7 +2098,6 @@ class OutputStore:
 
 
 # ---- saving.py: A finished row's path to disk: held failures, the part writer, the part files.
-
 PART_NAME = re.compile(r"^part-(\d{9})-(\d{9})\.parquet$")
 
 
@@ -2422,7 +2411,6 @@ class PartWriter:
 
 
 # ---- manifest.py: What one run is: the identity a rerun must match, in OUTPUT's manifest.
-
 # The version of what OUTPUT records (manifest, journal, notes), bumped by any change to them: a
 # rerun (by URL, it may meet any older OUTPUT) of another version is refused in one line.
 MANIFEST_FORMAT = 2  # 2: the parts hold ROW_IDENTITY, which the manifest names, and
@@ -2596,7 +2584,6 @@ def claim_output(store: "OutputStore", identity: dict, args,
 
 
 # ---- stats.py: The run's figures: pages, rates, memory; for --stats-json and the card.
-
 def proc_bytes(path: str, key: str) -> int | None:
     """A "key: N kB" line of a /proc file (Linux), in bytes; None without it."""
     try:
@@ -2680,7 +2667,6 @@ def write_stats(stats: dict, args) -> None:
 
 
 # ---- jobs_command.py: The Hugging Face Jobs command that runs this script, printed or in the card.
-
 def rerun_advice() -> str:
     """How to finish a run that has written rows: the same command, but not --restart."""
     return "rerun the same command" + (" without --restart (with it, the run starts over)"
@@ -2813,7 +2799,6 @@ def jobs_advice(argv: list[str] | None = None) -> str:
 
 
 # ---- card.py: The dataset card: what ran, on what, with what result; metadata for Hub search.
-
 def part_note(path: Path, column: str) -> dict:
     """A part's error rows (row -> kind) and count of text-layer rows: what a rerun and the card
     read of a part on the Hub."""
@@ -2968,7 +2953,6 @@ Reproduce on Hugging Face Jobs:
 
 
 # ---- arguments.py: The command line: the options every script shares, their checks, the argv.
-
 _RUN_ARGV: list = []  # this run's arguments, one word each (parse_arguments): a rerun's, a Job's
 _IDENTITY: dict = {}  # each option's dest: whether option() declared it part of the run's identity
 
@@ -3123,7 +3107,6 @@ def parse_arguments(doc: str, argv: list[str] | None, add_shape_arguments, shape
 
 
 # ---- run.py: One run from start to end: interrupts, the output opened, steps, exit code.
-
 class Interrupts:
     """SIGINT and SIGTERM (a cancelled Job) stop the run as KeyboardInterrupt, but never while
     the finished rows are saved: a signal then waits for them (the run stops once they are)."""
@@ -3418,7 +3401,6 @@ import httpx
 
 
 # ---- serve_args.py: The vLLM server's flags: the script's own, --serve-args, what they say.
-
 def option_name(flag) -> str:
     return str(flag).replace("_", "-")  # like vLLM, an option may be spelled with underscores
 
@@ -3496,7 +3478,6 @@ def server_argument_problems(args) -> list[str]:
 
 
 # ---- process.py: The vLLM server process: reused, or started under a watchdog, watched, stopped.
-
 # Runs `vllm serve` in its own process group, its output to the driver (relay_log). When the
 # driver dies without stopping it (kill -9, OOM), it notices within half a second, stops the
 # group, then kills what is left (itself too).
@@ -3793,7 +3774,6 @@ class ServerManager:
 
 
 # ---- requests.py: One page's request: its body built once, sent with retries, its answer read.
-
 IMAGE_URL_PLACEHOLDER = "@@PAGE_IMAGE_URL@@"
 SEND_AGAIN = globals().get("SEND_AGAIN")  # the model section's: a page it asks to send again
 RETRY_STATUS = {408, 429, 500, 502, 503, 504}
@@ -3908,7 +3888,6 @@ async def send_page(client, server: "ServerManager", body: bytes, args) -> RowRe
 
 
 # ---- pipeline.py: The send loop: a window of pages in flight over a client group.
-
 class ClientGroup(contextlib.AsyncExitStack):
     """httpx clients behind one `post`/`get`, each with at most 16 requests: httpx scans its whole
     pool on each request (256 in one pool cost 14-16 ms of driver CPU per page, 4-5 ms at 32)."""
@@ -4106,7 +4085,6 @@ async def run_server_pipeline(run, args, server: ServerManager, window: Window) 
 
 
 # ---- arguments.py: The server scripts' options, and the run of a server script.
-
 def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("server")
     option(group, "--server", default=DEFAULT_SERVER, identity=False, help="vLLM server URL: "

@@ -47,26 +47,26 @@ Where the engine arguments come from
 # Its parts (edit a block in its source, then run the assembler):
 #   model section  L75
 #   OVISOCR2 MODEL  blocks/ovis_ocr2.py  L87-173
-#   COMMON HELPERS  blocks/common/  L202-3179
-#     model_options.py L225  errors.py L242         secrets.py L278
-#     inputs.py L380         pages.py L756          pdf.py L946
-#     loops.py L1240         rows.py L1354          plan.py L1447
-#     store.py L1587         saving.py L1965        manifest.py L2279
-#     stats.py L2453         jobs_command.py L2537  card.py L2670
-#     arguments.py L2825     run.py L2980
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3182-3255
-#   OFFLINE HELPERS  blocks/offline.py  L3258-3458
-#   main()  L3465
+#   COMMON HELPERS  blocks/common/  L202-3162
+#     model_options.py L225  errors.py L241         secrets.py L276
+#     inputs.py L377         pages.py L752          pdf.py L941
+#     loops.py L1234         rows.py L1347          plan.py L1439
+#     store.py L1578         saving.py L1955        manifest.py L2268
+#     stats.py L2441         jobs_command.py L2524  card.py L2656
+#     arguments.py L2810     run.py L2964
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3165-3238
+#   OFFLINE HELPERS  blocks/offline.py  L3241-3441
+#   main()  L3448
 # A page's path, by the functions that take it:
-#   cell           iter_image_cells L741
-#   prepared page  read_page L1433, prepare_page L872
-#   request        generate_batch L3314
-#   answer         generate_batch L3314
-#   finished row   finish_row L2002
-#   journal        Journal.append L1474
-#   part           write_part L2100
-#   commit         OutputStore.publish L1859, OutputStore.commit L1878
-#   card           build_card L2747
+#   cell           iter_image_cells L737
+#   prepared page  read_page L1425, prepare_page L867
+#   request        generate_batch L3297
+#   answer         generate_batch L3297
+#   finished row   finish_row L1991
+#   journal        Journal.append L1465
+#   part           write_part L2089
+#   commit         OutputStore.publish L1849, OutputStore.commit L1868
+#   card           build_card L2732
 # ==== END MAP ====
 
 import re
@@ -223,7 +223,6 @@ from pathlib import Path
 
 
 # ---- model_options.py: The model section's optional names, with the defaults used where it sets none.
-
 # The model section above provides what blocks/model.py lists, and may set these:
 MODEL_REVISION = globals().get("MODEL_REVISION")  # a commit sha or tag pins the weights
 RESIZE_FILTER = globals().get("RESIZE_FILTER", "bicubic")  # the model's own resampling filter
@@ -240,7 +239,6 @@ JOB_PAGES_PER_S = globals().get("JOB_PAGES_PER_S")  # pages/s measured on the he
 
 
 # ---- errors.py: How the run speaks and stops: log lines, exit codes, page and run errors.
-
 EXIT_USAGE, EXIT_DEGENERATE, EXIT_REFUSED, EXIT_NOT_WRITTEN, EXIT_NOT_UPLOADED = 2, 3, 4, 5, 6
 EXIT_CODES = """exit codes (the first that applies):
   0    every pending row was written where OUTPUT says (error rows included)
@@ -276,7 +274,6 @@ class RunAborted(Exception):
 
 
 # ---- secrets.py: Secrets: which values are secrets, and their masks in logs, argv and records.
-
 # credential-like values (Hub tokens, OpenAI-style keys) but not a name (vLLM's "hf_overrides",
 # a repo's "org/sk-model");
 # a URL's user information; a value under a name: name=value, or 'name': 'value' (JSON, a dict)
@@ -378,7 +375,6 @@ def redact_argv(argv: list[str], mask: str | None = "***", left_out: list | None
 
 
 # ---- inputs.py: The input: which files or Hub rows are the pages, opened as one dataset.
-
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
 
 
@@ -754,7 +750,6 @@ def iter_image_cells(source: InputSource, indices: list[int], batch: int = 64):
 
 
 # ---- pages.py: A page image: read from its cell, flattened, resized, encoded to send.
-
 # Pillow's 16 MiB blocks stay in each thread's malloc arena once freed; 64 MiB ones are given back
 os.environ.setdefault("PILLOW_BLOCK_SIZE", "64m")
 PDF_MAX_PIXELS = 12_000_000  # above any model's input here: a poster-sized page shrinks to it
@@ -944,7 +939,6 @@ def encode_page(img, size: tuple[int, int]) -> tuple:
 
 
 # ---- pdf.py: PDF documents: a row per page, counted unrendered, rendered in their own process.
-
 # One output row per page; a page is rendered once, at the size the model wants, in a worker
 # process (PDFium is not thread-safe, and a page that hangs or crashes it must not take the run).
 
@@ -1238,7 +1232,6 @@ _RENDERER: list = []  # the run's PdfRenderer, started (run_script) before any p
 
 
 # ---- loops.py: Loop checks: an answer repeating itself, cut or sent again; the first pages' check.
-
 CUT = ("length", "repetition")  # an answer the engine ended: at max_tokens, or by its detection
 
 
@@ -1352,7 +1345,6 @@ class DegenerateCheck:
 
 
 # ---- rows.py: A page's result: its row, an error row with its cause, a document's pages joined.
-
 PAGE, SERVER = "page", "server"  # an error row's kind: final, or one a rerun redoes
 
 
@@ -1445,7 +1437,6 @@ def read_page(cell, args, decode: bool = True) -> PreparedPage | RowResult | Non
 
 
 # ---- plan.py: Which rows are done: the journal of written parts, the plan of the rows to send.
-
 class Journal:
     """Finished rows, a JSON line each, in a file per run that goes once its rows are in parts."""
 
@@ -1585,7 +1576,6 @@ def plan_rows(source: InputSource, store: "OutputStore", args) -> RowPlan:
 
 
 # ---- store.py: The output store: OUTPUT's folder or Hub repo, its lock, claim, uploads, commits.
-
 UPLOAD_ATTEMPTS, UPLOAD_BACKOFF_S, UPLOAD_MAX_WAIT_S = 5, 2.0, 600.0
 
 
@@ -1963,7 +1953,6 @@ class OutputStore:
 
 
 # ---- saving.py: A finished row's path to disk: held failures, the part writer, the part files.
-
 PART_NAME = re.compile(r"^part-(\d{9})-(\d{9})\.parquet$")
 
 
@@ -2277,7 +2266,6 @@ class PartWriter:
 
 
 # ---- manifest.py: What one run is: the identity a rerun must match, in OUTPUT's manifest.
-
 # The version of what OUTPUT records (manifest, journal, notes), bumped by any change to them: a
 # rerun (by URL, it may meet any older OUTPUT) of another version is refused in one line.
 MANIFEST_FORMAT = 2  # 2: the parts hold ROW_IDENTITY, which the manifest names, and
@@ -2451,7 +2439,6 @@ def claim_output(store: "OutputStore", identity: dict, args,
 
 
 # ---- stats.py: The run's figures: pages, rates, memory; for --stats-json and the card.
-
 def proc_bytes(path: str, key: str) -> int | None:
     """A "key: N kB" line of a /proc file (Linux), in bytes; None without it."""
     try:
@@ -2535,7 +2522,6 @@ def write_stats(stats: dict, args) -> None:
 
 
 # ---- jobs_command.py: The Hugging Face Jobs command that runs this script, printed or in the card.
-
 def rerun_advice() -> str:
     """How to finish a run that has written rows: the same command, but not --restart."""
     return "rerun the same command" + (" without --restart (with it, the run starts over)"
@@ -2668,7 +2654,6 @@ def jobs_advice(argv: list[str] | None = None) -> str:
 
 
 # ---- card.py: The dataset card: what ran, on what, with what result; metadata for Hub search.
-
 def part_note(path: Path, column: str) -> dict:
     """A part's error rows (row -> kind) and count of text-layer rows: what a rerun and the card
     read of a part on the Hub."""
@@ -2823,7 +2808,6 @@ Reproduce on Hugging Face Jobs:
 
 
 # ---- arguments.py: The command line: the options every script shares, their checks, the argv.
-
 _RUN_ARGV: list = []  # this run's arguments, one word each (parse_arguments): a rerun's, a Job's
 _IDENTITY: dict = {}  # each option's dest: whether option() declared it part of the run's identity
 
@@ -2978,7 +2962,6 @@ def parse_arguments(doc: str, argv: list[str] | None, add_shape_arguments, shape
 
 
 # ---- run.py: One run from start to end: interrupts, the output opened, steps, exit code.
-
 class Interrupts:
     """SIGINT and SIGTERM (a cancelled Job) stop the run as KeyboardInterrupt, but never while
     the finished rows are saved: a signal then waits for them (the run stops once they are)."""

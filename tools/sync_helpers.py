@@ -92,7 +92,7 @@ def package_source(package: Path) -> str:
     parts = [block_imports(package)]
     for module in modules:
         first_line, _, body = split_module(package / f"{module}.py")
-        parts.append(f"# ---- {module}.py: {first_line}\n\n{body}")
+        parts.append(f"# ---- {module}.py: {first_line}\n{body}")
     return (f"# ==== BEGIN {name} (edit {where}, then run tools/sync_helpers.py) ====\n"
             + "\n\n".join(parts) + f"\n# ==== END {name} ====\n")
 
