@@ -272,7 +272,7 @@ def main(argv: list[str] | None = None, hub_api=None) -> int:
     server = ServerManager(args, Path("."), window_type)
     run = Run(args, serve_settings(serve_args),
               inference_info_entry(args, None, serve_args=redact_argv(serve_args)))
-    with any_stop_said(run):  # said, as the exit code; before the plan, no trace left
+    with any_stop_said(run):  # what stops a step is said, and is the exit code
         if args.check_only:  # a Job's own server: its context checked, nothing asked
             check_context_budget(serve_max_model_len(args), args)
         else:  # a server to use or wait for, else `vllm` here to start one
@@ -284,9 +284,9 @@ def main(argv: list[str] | None = None, hub_api=None) -> int:
         plan_run(run)
         if run.plan.send:  # the server started if planned, then the window kept full
             run_async(run_server_pipeline(run, args, server, window_type(args, run)))
-    if run.writer is None:  # refused before the plan
+    if run.writer is None:  # stopped before the plan: no trace of this run is left
         return run.exit_code
-    save_rows(run, stop_engine=server.stop)
+    save_rows(run, stop_engine=server.stop)  # whatever stopped the run
     write_card(run)
     return finish_run(run)
 # ==== END SERVER MAIN ====

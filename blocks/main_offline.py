@@ -24,8 +24,8 @@ from blocks.offline import (
 def main(argv: list[str] | None = None, hub_api=None) -> int:
     """One run, step by step in the failure policy's order: every check before a side effect."""
     args = parse_arguments(__doc__, argv, add_offline_arguments, offline_argument_problems)
-    run = Run(args, engine={}, info_entry={})  # the engine's, once vllm is here
-    with any_stop_said(run):  # said, as the exit code; before the plan, no trace left
+    run = Run(args, engine={}, info_entry={})  # both filled once vllm is here
+    with any_stop_said(run):  # what stops a step is said, and is the exit code
         asked = {**LLM_KWARGS, **json.loads(args.llm_kwargs or "{}")}.get("max_model_len")
         check_context_budget(asked or MAX_MODEL_LEN, args, "max_model_len in --llm-kwargs")
         if not args.check_only:  # vllm importable here, else this script where it is
@@ -40,9 +40,9 @@ def main(argv: list[str] | None = None, hub_api=None) -> int:
         plan_run(run)
         if run.plan.send:
             run_offline(run, args, run.engine)  # vllm.LLM started, then the pages in batches
-    if run.writer is None:  # refused before the plan
+    if run.writer is None:  # stopped before the plan: no trace of this run is left
         return run.exit_code
-    save_rows(run)
+    save_rows(run)  # whatever stopped the run
     write_card(run)
     return finish_run(run)
 # ==== END OFFLINE MAIN ====
