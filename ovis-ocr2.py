@@ -45,28 +45,29 @@ Where the engine arguments come from
 
 # ==== MAP (written by tools/sync_helpers.py) ====
 # Its parts (edit a block in its source, then run the assembler):
-#   model section  L75
-#   OVISOCR2 MODEL  blocks/ovis_ocr2.py  L87-173
-#   COMMON HELPERS  blocks/common/  L202-3162
-#     model_options.py L225  errors.py L241         secrets.py L276
-#     inputs.py L377         pages.py L752          pdf.py L941
-#     loops.py L1234         rows.py L1347          plan.py L1439
-#     store.py L1578         saving.py L1955        manifest.py L2268
-#     stats.py L2441         jobs_command.py L2524  card.py L2656
-#     arguments.py L2810     run.py L2964
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3165-3238
-#   OFFLINE HELPERS  blocks/offline.py  L3241-3441
-#   main()  L3448
+#   model section  L76
+#   OVISOCR2 MODEL  blocks/ovis_ocr2.py  L88-174
+#   OFFLINE MAIN  blocks/main_offline.py  L203-228
+#   main()  L204
+#   COMMON HELPERS  blocks/common/  L231-3228
+#     model_options.py L254  errors.py L270         secrets.py L305
+#     inputs.py L406         pages.py L781          pdf.py L968
+#     loops.py L1258         rows.py L1371          plan.py L1464
+#     store.py L1603         saving.py L1980        manifest.py L2293
+#     stats.py L2466         jobs_command.py L2549  card.py L2681
+#     arguments.py L2835     run.py L2989
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3231-3304
+#   OFFLINE HELPERS  blocks/offline.py  L3307-3489
 # A page's path, by the functions that take it:
-#   cell           iter_image_cells L737
-#   prepared page  read_page L1425, prepare_page L867
-#   request        generate_batch L3297
-#   answer         generate_batch L3297
-#   finished row   finish_row L1991
-#   journal        Journal.append L1465
-#   part           write_part L2089
-#   commit         OutputStore.publish L1849, OutputStore.commit L1868
-#   card           build_card L2732
+#   cell           iter_image_cells L766
+#   prepared page  read_page L1449, prepare_page L896
+#   request        generate_batch L3363
+#   answer         generate_batch L3363
+#   finished row   finish_row L2016
+#   journal        Journal.append L1490
+#   part           write_part L2114
+#   commit         OutputStore.publish L1874, OutputStore.commit L1893
+#   card           build_card L2757
 # ==== END MAP ====
 
 import re
@@ -197,6 +198,34 @@ def build_messages(image_url: str, args) -> list[dict]:
 
 def sampling_kwargs(args) -> dict:
     return {"temperature": TEMPERATURE, "max_tokens": args.max_tokens}
+
+
+# ==== BEGIN OFFLINE MAIN (edit blocks/main_offline.py, then run tools/sync_helpers.py) ====
+def main(argv: list[str] | None = None, hub_api=None) -> int:
+    """One run, step by step in the failure policy's order: every check before a side effect."""
+    args = parse_arguments(__doc__, argv, add_offline_arguments, offline_argument_problems)
+    run = Run(args, engine={}, info_entry={})  # both filled once vllm is here
+    with any_stop_said(run):  # what stops a step is said, and is the exit code
+        asked = {**LLM_KWARGS, **json.loads(args.llm_kwargs or "{}")}.get("max_model_len")
+        check_context_budget(asked or MAX_MODEL_LEN, args, "max_model_len in --llm-kwargs")
+        if not args.check_only:  # vllm importable here, else this script where it is
+            ensure_vllm(_RUN_ARGV)
+        run.engine = effective_llm_kwargs(args)  # the weights' revision asks the Hub
+        run.info_entry = inference_info_entry(args, resolved_revision(args),
+                                              llm_kwargs=redact_value(run.engine))
+        open_output_and_input(run, hub_api)
+        claim_run_output(run)
+        if args.check_only:
+            return report_check(run)
+        plan_run(run)
+        if run.plan.send:
+            run_offline(run, args, run.engine)  # vllm.LLM started, then the pages in batches
+    if run.writer is None:  # stopped before the plan: no trace of this run is left
+        return run.exit_code
+    save_rows(run)  # whatever stopped the run
+    write_card(run)
+    return finish_run(run)
+# ==== END OFFLINE MAIN ====
 
 
 # ==== BEGIN COMMON HELPERS (edit blocks/common/, then run tools/sync_helpers.py) ====
@@ -869,8 +898,6 @@ def prepare_page(cell, args=None, decode: bool = True) -> PreparedPage | None:
     None rather than pixel work). A JPEG or PNG that needs no change is sent as it is."""
     from PIL import Image, ImageOps
 
-    if isinstance(cell, PdfPage):
-        return _RENDERER[0].render(cell)
     raw = read_cell_bytes(cell)
     try:
         img = Image.open(io.BytesIO(raw))
@@ -1228,9 +1255,6 @@ class PdfRenderer:
             self.idle.get()[0].kill()
 
 
-_RENDERER: list = []  # the run's PdfRenderer, started (run_script) before any page is prepared
-
-
 # ---- loops.py: Loop checks: an answer repeating itself, cut or sent again; the first pages' check.
 CUT = ("length", "repetition")  # an answer the engine ended: at max_tokens, or by its detection
 
@@ -1422,9 +1446,10 @@ def shared_value(values):
     return distinct.pop() if len(distinct) == 1 else None
 
 
-def read_page(cell, args, decode: bool = True) -> PreparedPage | RowResult | None:
+def read_page(cell, args, renderer=None, decode: bool = True) -> PreparedPage | RowResult | None:
     try:
-        page = prepare_page(cell, args, decode)
+        page = renderer.render(cell) if isinstance(cell, PdfPage) else \
+            prepare_page(cell, args, decode)
     except Exception as exc:  # the row fails, not the run
         return error_row(str(exc), PAGE) if isinstance(exc, PageError) else exception_row(exc, PAGE)
     if page is not None and page.blank:  # written with an empty text: never sent
@@ -2325,7 +2350,7 @@ def inference_info_entry(args, model_revision: str | None, **engine) -> dict:
     """This run's inference_info entry; engine: the shape's serve_args or llm_kwargs, redacted."""
     return {"model": args.model, "model_revision": model_revision, "script": script_name(),
             "shape": SCRIPT_SHAPE, "image": JOB_IMAGE, **engine,
-            "column": args.output_column, "settings": run_settings(args)}  # run_script stamps it
+            "column": args.output_column, "settings": run_settings(args)}  # plan_run stamps it
 
 
 def run_settings(args) -> dict:
@@ -2961,7 +2986,7 @@ def parse_arguments(doc: str, argv: list[str] | None, add_shape_arguments, shape
     return args
 
 
-# ---- run.py: One run from start to end: interrupts, the output opened, steps, exit code.
+# ---- run.py: The steps of a run, which main() calls in order: its state, the exits it may take, its end.
 class Interrupts:
     """SIGINT and SIGTERM (a cancelled Job) stop the run as KeyboardInterrupt, but never while
     the finished rows are saved: a signal then waits for them (the run stops once they are)."""
@@ -2992,10 +3017,66 @@ class Interrupts:
             signal.signal(sig, handler)
 
 
-def open_output(args, hub_api) -> OutputStore:
-    """The output and its lock; a Hub that refuses or fails is one line, exit 5."""
+@dataclass
+class Run:
+    """One run's state, which main()'s steps fill in their order."""
+    args: argparse.Namespace
+    engine: dict  # the engine's settings: part of the run's identity
+    info_entry: dict  # the inference's record, in the card and OUTPUT's info
+    interrupts: Interrupts = field(default_factory=Interrupts)  # SIGINT, SIGTERM from here on
+    store: OutputStore | None = None
+    source: InputSource | None = None
+    identity: dict | None = None
+    plan: RowPlan | None = None
+    stats: RunStats | None = None
+    check: DegenerateCheck | None = None
+    writer: PartWriter | None = None
+    renderer: PdfRenderer | None = None  # PDF input: the processes that render its pages
+    result: dict | None = None  # the stats, as written
+    exit_code: int | None = None
+
+
+@contextlib.contextmanager
+def any_stop_said(run: Run):
+    """What stops the steps inside is said, as the exit code; before plan_run, with no trace of
+    the run left but its stats (and fail()'s exit goes on)."""
     try:
-        store = OutputStore(args.output, args, hub_api)
+        yield
+        run.exit_code = 0 if run.writer is not None else None
+    except SystemExit as exc:  # fail() said why
+        run.exit_code = exc.code if isinstance(exc.code, int) else EXIT_USAGE
+        if run.writer is None:
+            raise
+    except RunAborted as exc:
+        log(f"error: {exc}")
+        run.exit_code = exc.code
+    except KeyboardInterrupt:
+        log("interrupted" + (": saving the finished rows" if run.writer is not None else
+                             " before any page was sent"))
+        run.exit_code = run.interrupts.exit_code()
+    except Exception as exc:
+        run.exit_code, started = EXIT_NOT_WRITTEN, run.writer is not None
+        if not started and isinstance(exc, OSError):  # a full or read-only disk, say
+            log(f"error: cannot write to OUTPUT {run.args.output}: {exc}. Nothing was sent; free "
+                f"space (or choose another OUTPUT), then rerun the same command.")
+        else:  # a bug or an unforeseen failure: keep what is finished, then say what
+            import traceback
+            traceback.print_exc()
+            log("error: the run failed" + ("; saving the finished rows" if started else ""))
+    finally:
+        if run.writer is None:  # refused, or only a check: no trace of this run
+            run.interrupts.restore()
+            if run.store is not None:
+                run.store.abandon()
+            if run.exit_code is not None and not run.args.check_only:  # every run's stats keys
+                write_stats({**RunStats(0, 0).as_dict(), "exit_code": run.exit_code}, run.args)
+
+
+def open_output_and_input(run: Run, hub_api=None) -> None:
+    """OUTPUT and its lock (a Hub's refusal: exit 5), then INPUT as OUTPUT's run read it."""
+    args = run.args
+    try:
+        run.store = store = OutputStore(args.output, args, hub_api)  # hub_api: a test's
     except Exception as exc:
         local_disk = isinstance(exc, OSError) and not isinstance(exc, ConnectionError) \
             and not hasattr(exc, "response")  # HfHubHTTPError is an OSError too
@@ -3012,103 +3093,77 @@ def open_output(args, hub_api) -> OutputStore:
             if store.api.repo_info(store.target, repo_type="dataset").private is False:
                 log(f"warning: {store.target} exists and is public: --private applies only to a "
                     f"repo it creates, so this one stays public (make it private in its settings)")
-    return store
+    run.source = open_input(pinned_input(store, args))
+    check_output_columns(run.source, args)
+    store.shard_range = (run.source.lo, run.source.hi)
 
 
-def run_script(args, hub_api, engine: dict, info_entry: dict, ready, work,
-               stop_engine=lambda force: None) -> int:
-    """Either shape's run: ready(check_only), the output, input and manifest (--check-only stops
-    there), then work(run). Whatever ends it, the finished rows are saved (signals wait), the
-    engine stopped, then the card, the stats (every exit's) and an exit code telling the truth."""
-    interrupts, code, run, store = Interrupts(), None, None, None
-    try:
-        ready(args.check_only)
-        store = open_output(args, hub_api)
-        source = open_input(pinned_input(store, args))  # at the revision OUTPUT's run read
-        check_output_columns(source, args)
-        store.shard_range = (source.lo, source.hi)
-        identity = run_identity(args, source, engine)
-        if not args.check_only:  # a read-only store: claim_output compares, records nothing
-            store.drop_stale_staged_parts()
-        claim_output(store, identity, args, source.pdf)
-        if args.check_only:  # the last stdout line is JSON: every shard's rows (PDF pages)
-            n = len(source.dataset)
-            rows = n if source.pdf is None or source.pdf.per_document else source.pdf.first_row(n)
-            revision = identity["input"].get("revision")
-            log(f"check passed: {rows} rows -> {store.location()}; nothing was written")
-            secret: list = []  # the options holding a secret (the launcher keeps them out of Jobs)
-            redact_argv(_RUN_ARGV, None, secret)
-            run = run_digest(json.loads(json.dumps(identity)), args)  # as the manifest reads
-            print(json.dumps({"rows": rows, "run": run,
-                              **({"input_revision": revision} if revision else {}),
-                              **({"secret_options": secret} if secret else {})}))
-            return 0
-        plan = plan_rows(source, store, args)
-        store.resend_local_parts()
-        stats = RunStats(rows_total=source.hi - source.lo, rows_skipped=plan.skipped)
-        stats.rows_recovered = len(plan.recovered)
-        check = DegenerateCheck(not args.no_sanity_check and not plan.earlier_ok,
+def claim_run_output(run: Run) -> None:
+    """OUTPUT's manifest records this run, or a rerun is checked to be the same run."""
+    run.identity = run_identity(run.args, run.source, run.engine)
+    if not run.args.check_only:  # a read-only store: claim_output compares, records nothing
+        run.store.drop_stale_staged_parts()
+    claim_output(run.store, run.identity, run.args, run.source.pdf)
+
+
+def report_check(run: Run) -> int:
+    """--check-only: the last stdout line is JSON: every shard's rows (PDF pages), the run."""
+    source, identity = run.source, run.identity
+    n = len(source.dataset)
+    rows = n if source.pdf is None or source.pdf.per_document else source.pdf.first_row(n)
+    revision = identity["input"].get("revision")
+    log(f"check passed: {rows} rows -> {run.store.location()}; nothing was written")
+    secret: list = []  # the options holding a secret (the launcher keeps them out of Jobs)
+    redact_argv(_RUN_ARGV, None, secret)
+    digest = run_digest(json.loads(json.dumps(identity)), run.args)  # as the manifest reads
+    print(json.dumps({"rows": rows, "run": digest,
+                      **({"input_revision": revision} if revision else {}),
+                      **({"secret_options": secret} if secret else {})}))
+    return 0
+
+
+def plan_run(run: Run) -> None:
+    """The rows to send and what writes them (PDF: render processes, forked before any thread);
+    from here on the finished rows are saved whatever stops the run."""
+    args, source, store = run.args, run.source, run.store
+    run.plan = plan = plan_rows(source, store, args)
+    store.resend_local_parts()
+    run.stats = RunStats(rows_total=source.hi - source.lo, rows_skipped=plan.skipped)
+    run.stats.rows_recovered = len(plan.recovered)
+    run.check = DegenerateCheck(not args.no_sanity_check and not plan.earlier_ok,
                                 args.sanity_pages, plan.send)
-        info_entry["timestamp"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        writer = PartWriter(store, source, plan, output_features(source, args), info_entry,
-                            check, args)
-        run = argparse.Namespace(args=args, store=store, source=source, plan=plan, stats=stats,
-                                 writer=writer, check=check, info_entry=info_entry)
-        log(f"{len(plan.pending)} of {stats.rows_total} rows to do, {len(plan.send)} pages to "
-            f"send ({stats.rows_skipped} already done, {len(plan.recovered)} recovered from the "
-            f"journal; {len(plan.redo)} error rows redone) -> {store.location()}")
-        if source.pdf is not None and plan.send:
-            _RENDERER[:] = [PdfRenderer(source.pdf, args)]  # forked before the driver's threads
-        for result in plan.recovered.values():  # journaled by a killed run: judged first
-            if result.error is None and result.skipped is None:
-                check.observe(result)
-        if plan.send:
-            work(run)
-        code = 0
-    except SystemExit as exc:  # fail() said why; inside the run, its finished rows are saved
-        code = exc.code if isinstance(exc.code, int) else EXIT_USAGE
-        if run is None:
-            raise
-    except RunAborted as exc:
-        log(f"error: {exc}")
-        code = exc.code
-    except KeyboardInterrupt:
-        log("interrupted" + (": saving the finished rows" if run else " before any page was sent"))
-        code = interrupts.exit_code()
-    except Exception as exc:
-        code = EXIT_NOT_WRITTEN
-        if run is None and isinstance(exc, OSError):  # a full or read-only disk, say
-            log(f"error: cannot write to OUTPUT {args.output}: {exc}. Nothing was sent; free "
-                f"space (or choose another OUTPUT), then rerun the same command.")
-        else:  # a bug or an unforeseen failure: keep what is finished, then say what
-            import traceback
-            traceback.print_exc()
-            log("error: the run failed" + ("; saving the finished rows" if run else ""))
-    finally:
-        if run is None:  # refused, nothing to do, or a failure: no trace of this run
-            interrupts.restore()
-            if store is not None:
-                store.abandon()
-            if code is not None and not args.check_only:  # the keys of every run's stats
-                write_stats({**RunStats(0, 0).as_dict(), "exit_code": code}, args)
-    if run is None:
-        return code
+    run.info_entry["timestamp"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    run.writer = PartWriter(store, source, plan, output_features(source, args), run.info_entry,
+                            run.check, args)
+    log(f"{len(plan.pending)} of {run.stats.rows_total} rows to do, {len(plan.send)} pages to "
+        f"send ({plan.skipped} already done, {len(plan.recovered)} recovered from the "
+        f"journal; {len(plan.redo)} error rows redone) -> {store.location()}")
+    if source.pdf is not None and plan.send:
+        run.renderer = PdfRenderer(source.pdf, args)
+    for result in plan.recovered.values():  # journaled by a killed run: judged first
+        if result.error is None and result.skipped is None:
+            run.check.observe(result)
+
+
+def save_rows(run: Run, stop_engine=lambda force: None) -> None:
+    """The finished rows saved (a signal waits), unless all degenerate; then the engine stopped."""
+    interrupts, check, writer, store = run.interrupts, run.check, run.writer, run.store
     interrupts.saving = True  # from here a signal waits for the finished rows to be saved
     try:
         check.finish()
     except RunAborted as exc:
         log(f"error: {exc}")
-        code = code or exc.code
+        run.exit_code = run.exit_code or exc.code
     if check.tripped:
         store.journal.close(discard=True)
         log("the pages finished so far are all degenerate: nothing is written")
     else:
         writer.flush(final=True)
         store.journal.close()
-    if interrupts.signum and not code:  # a signal while the rows were saved
-        code = interrupts.exit_code()
+    if interrupts.signum and not run.exit_code:  # a signal while the rows were saved
+        run.exit_code = interrupts.exit_code()
     pages = sum(map(len, writer.open_documents.values()))
-    if code and not check.tripped and (writer.rows_ok + writer.rows_failed or pages):
+    if run.exit_code and not check.tripped and (writer.rows_ok + writer.rows_failed or pages):
         pages = f" (and {pages} pages of unfinished documents)" if pages else ""
         log(f"saved: {writer.rows_ok + writer.rows_failed} finished rows{pages} are in "
             f"{store.location()}; to resume, {rerun_advice()}")
@@ -3118,14 +3173,19 @@ def run_script(args, hub_api, engine: dict, info_entry: dict, ready, work,
     except KeyboardInterrupt:
         stop_engine(True)
         interrupts.saving = False
-    while _RENDERER:
-        _RENDERER.pop().close()
+    if run.renderer is not None:
+        run.renderer.close()
+
+
+def write_card(run: Run) -> None:
+    """The rows counted (one not written: exit 5), then the card and the last commit."""
+    stats, writer, store = run.stats, run.writer, run.store
     stats.rows_ok, stats.rows_failed = writer.rows_ok - writer.rows_text_layer, writer.rows_failed
     stats.rows_text_layer, stats.rows_blank = writer.rows_text_layer, writer.rows_blank
-    result = stats.as_dict()
-    if result["rows_not_written"] and not code:
-        code = EXIT_NOT_WRITTEN
-        log(f"error: {result['rows_not_written']} row(s) were not written"
+    run.result = stats.as_dict()
+    if run.result["rows_not_written"] and not run.exit_code:
+        run.exit_code = EXIT_NOT_WRITTEN
+        log(f"error: {run.result['rows_not_written']} row(s) were not written"
             + (f" ({writer.write_errors[-1]})" if writer.write_errors else "")
             + f"; to finish them, {rerun_advice()}")
     wrote = writer.rows_ok + writer.rows_failed or store.sent_parts
@@ -3137,18 +3197,24 @@ def run_script(args, hub_api, engine: dict, info_entry: dict, ready, work,
                 store.read_hub(others_only=True)
         card_missing = store.parts() and not (store.card_on_hub if store.api is not None else
                                               (store.root / "README.md").exists())
-        store.finish((lambda: build_card(source, store, args, result, info_entry))
-                     if (wrote or card_missing) and not check.tripped else None)
+        store.finish((lambda: build_card(run.source, store, run.args, run.result, run.info_entry))
+                     if (wrote or card_missing) and not run.check.tripped else None)
     except (KeyboardInterrupt, OSError) as exc:  # the rows are saved: a rerun ends the output
         stopped = isinstance(exc, KeyboardInterrupt)
-        code = code or (interrupts.exit_code() if stopped else
-                        EXIT_NOT_UPLOADED if store.api is not None else EXIT_NOT_WRITTEN)
+        run.exit_code = run.exit_code or (run.interrupts.exit_code() if stopped else
+                                          EXIT_NOT_UPLOADED if store.api is not None else
+                                          EXIT_NOT_WRITTEN)
         log(f"{'interrupted' if stopped else f'error: {exc}'} before the card and the last "
             f"commit; the finished rows are in {store.root}: to finish, {rerun_advice()}")
-    if not code:
-        code = EXIT_USAGE if store.conflict else EXIT_NOT_UPLOADED if store.upload_failures else 0
+
+
+def finish_run(run: Run) -> int:
+    """The exit code, the stats (every exit's) and the closing line."""
+    store, result = run.store, run.result
+    code = run.exit_code or (EXIT_USAGE if store.conflict else
+                             EXIT_NOT_UPLOADED if store.upload_failures else 0)
     result["exit_code"] = code
-    write_stats(result, args)
+    write_stats(result, run.args)
     text_layer = f"{result['rows_text_layer']} from their text layer, " \
         if result["rows_text_layer"] else ""
     blank = f" ({result['rows_blank']} blank, not sent)" if result["rows_blank"] else ""
@@ -3156,7 +3222,7 @@ def run_script(args, hub_api, engine: dict, info_entry: dict, ready, work,
         f"{result['rows_skipped']} skipped, {result['rows_not_written']} not written in "
         f"{result['elapsed_s']:.1f} s ({result['pages_per_s'] or 0:.2f} pages/s) -> "
         f"{store.location()} (exit {code})")
-    interrupts.restore()
+    run.interrupts.restore()
     return code
 
 # ==== END COMMON HELPERS ====
@@ -3361,7 +3427,7 @@ def run_offline(run, args, llm_kwargs: dict) -> None:
     cells = iter_image_cells(run.source, pending)
 
     def submit_next():
-        return [(index, pool.submit(read_page, cell, args))
+        return [(index, pool.submit(read_page, cell, args, run.renderer))
                 for index, cell in itertools.islice(cells, args.batch_size)]
 
     # 16 pages in a row failing alone (the engine raised), none answered between, stop the run
@@ -3420,33 +3486,7 @@ def offline_argument_problems(args) -> list[str]:
         if isinstance(json.loads(args.llm_kwargs or "{}"), dict):
             return []
     return ["--llm-kwargs must be a JSON object"]
-
-
-def run_offline_script(doc: str, argv: list[str] | None = None, hub_api=None) -> int:
-    """The whole run: arguments, input, engine, output. `main()` calls it with the docstring."""
-    args = parse_arguments(doc, argv, add_offline_arguments, offline_argument_problems)
-    llm_kwargs, info_entry = {}, {}  # filled once vllm is here: the weights' revision asks the Hub
-
-    def ready(check_only: bool) -> None:  # no vllm: the Jobs command, the Hub and input unasked
-        asked = {**LLM_KWARGS, **json.loads(args.llm_kwargs or "{}")}.get("max_model_len")
-        check_context_budget(asked or MAX_MODEL_LEN, args, "max_model_len in --llm-kwargs")
-        if not check_only:  # no engine imported
-            ensure_vllm(_RUN_ARGV)
-        llm_kwargs.update(effective_llm_kwargs(args))
-        info_entry.update(inference_info_entry(args, resolved_revision(args),
-                                               llm_kwargs=redact_value(llm_kwargs)))
-
-    return run_script(args, hub_api, llm_kwargs, info_entry, ready,
-                      lambda run: run_offline(run, args, llm_kwargs))
 # ==== END OFFLINE HELPERS ====
-
-
-# ============================================================================================
-# main
-# ============================================================================================
-
-def main(argv: list[str] | None = None, hub_api=None) -> int:
-    return run_offline_script(__doc__, argv, hub_api)
 
 
 if __name__ == "__main__":

@@ -98,31 +98,32 @@ Where the settings come from, and the choices where sources differ
 
 # ==== MAP (written by tools/sync_helpers.py) ====
 # Its parts (edit a block in its source, then run the assembler):
-#   model section  L132
-#   PADDLEOCR-VL MODEL  blocks/paddleocr_vl.py  L142-376
-#   COMMON HELPERS  blocks/common/  L379-3339
-#     model_options.py L402  errors.py L418         secrets.py L453
-#     inputs.py L554         pages.py L929          pdf.py L1118
-#     loops.py L1411         rows.py L1524          plan.py L1616
-#     store.py L1755         saving.py L2132        manifest.py L2445
-#     stats.py L2618         jobs_command.py L2701  card.py L2833
-#     arguments.py L2987     run.py L3141
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3342-3415
-#   PATCH GRID HELPERS  blocks/patch_grid.py  L3418-3451
-#   SERVER HELPERS  blocks/server/  L3454-4224
-#     serve_args.py L3471  process.py L3548     requests.py L3844
-#     pipeline.py L3958    arguments.py L4155
-#   main()  L4231
+#   model section  L133
+#   PADDLEOCR-VL MODEL  blocks/paddleocr_vl.py  L143-377
+#   SERVER MAIN  blocks/main_server.py  L380-407
+#   main()  L381
+#   COMMON HELPERS  blocks/common/  L410-3407
+#     model_options.py L433  errors.py L449         secrets.py L484
+#     inputs.py L585         pages.py L960          pdf.py L1147
+#     loops.py L1437         rows.py L1550          plan.py L1643
+#     store.py L1782         saving.py L2159        manifest.py L2472
+#     stats.py L2645         jobs_command.py L2728  card.py L2860
+#     arguments.py L3014     run.py L3168
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3410-3483
+#   PATCH GRID HELPERS  blocks/patch_grid.py  L3486-3519
+#   SERVER HELPERS  blocks/server/  L3522-4273
+#     serve_args.py L3539  process.py L3616     requests.py L3913
+#     pipeline.py L4027    arguments.py L4223
 # A page's path, by the functions that take it:
-#   cell           iter_image_cells L914
-#   prepared page  read_page L1602, prepare_page L1044
-#   request        request_body L3862
-#   answer         send_page L3911, read_completion L3891
-#   finished row   finish_row L2168
-#   journal        Journal.append L1642
-#   part           write_part L2266
-#   commit         OutputStore.publish L2026, OutputStore.commit L2045
-#   card           build_card L2909
+#   cell           iter_image_cells L945
+#   prepared page  read_page L1628, prepare_page L1075
+#   request        request_body L3931
+#   answer         send_page L3980, read_completion L3960
+#   finished row   finish_row L2195
+#   journal        Journal.append L1669
+#   part           write_part L2293
+#   commit         OutputStore.publish L2053, OutputStore.commit L2072
+#   card           build_card L2936
 # ==== END MAP ====
 
 import html
@@ -374,6 +375,36 @@ def inference_settings(args) -> dict:
             "max_tokens": args.max_tokens,
             "mm_processor_kwargs": {"min_pixels": MIN_PIXELS, "max_pixels": MAX_PIXELS}}
 # ==== END PADDLEOCR-VL MODEL ====
+
+
+# ==== BEGIN SERVER MAIN (edit blocks/main_server.py, then run tools/sync_helpers.py) ====
+def main(argv: list[str] | None = None, hub_api=None) -> int:
+    """One run, step by step in the failure policy's order: every check before a side effect."""
+    window_type = Window  # pages in flight: a fixed window (-saturate.py: AdaptiveWindow)
+    args = parse_arguments(__doc__, argv, lambda parser: add_server_arguments(parser, window_type),
+                           server_argument_problems)
+    serve_args = effective_serve_args(args)
+    server = ServerManager(args, Path("."), window_type)
+    run = Run(args, serve_settings(serve_args),
+              inference_info_entry(args, None, serve_args=redact_argv(serve_args)))
+    with any_stop_said(run):  # what stops a step is said, and is the exit code
+        if args.check_only:  # a Job's own server: its context checked, nothing asked
+            check_context_budget(serve_max_model_len(args), args)
+        else:  # a server to use or wait for, else `vllm` here to start one
+            run_async(server.plan())
+        open_output_and_input(run, hub_api)
+        claim_run_output(run)
+        if args.check_only:
+            return report_check(run)
+        plan_run(run)
+        if run.plan.send:  # the server started if planned, then the window kept full
+            run_async(run_server_pipeline(run, args, server, window_type(args, run)))
+    if run.writer is None:  # stopped before the plan: no trace of this run is left
+        return run.exit_code
+    save_rows(run, stop_engine=server.stop)  # whatever stopped the run
+    write_card(run)
+    return finish_run(run)
+# ==== END SERVER MAIN ====
 
 
 # ==== BEGIN COMMON HELPERS (edit blocks/common/, then run tools/sync_helpers.py) ====
@@ -1046,8 +1077,6 @@ def prepare_page(cell, args=None, decode: bool = True) -> PreparedPage | None:
     None rather than pixel work). A JPEG or PNG that needs no change is sent as it is."""
     from PIL import Image, ImageOps
 
-    if isinstance(cell, PdfPage):
-        return _RENDERER[0].render(cell)
     raw = read_cell_bytes(cell)
     try:
         img = Image.open(io.BytesIO(raw))
@@ -1405,9 +1434,6 @@ class PdfRenderer:
             self.idle.get()[0].kill()
 
 
-_RENDERER: list = []  # the run's PdfRenderer, started (run_script) before any page is prepared
-
-
 # ---- loops.py: Loop checks: an answer repeating itself, cut or sent again; the first pages' check.
 CUT = ("length", "repetition")  # an answer the engine ended: at max_tokens, or by its detection
 
@@ -1599,9 +1625,10 @@ def shared_value(values):
     return distinct.pop() if len(distinct) == 1 else None
 
 
-def read_page(cell, args, decode: bool = True) -> PreparedPage | RowResult | None:
+def read_page(cell, args, renderer=None, decode: bool = True) -> PreparedPage | RowResult | None:
     try:
-        page = prepare_page(cell, args, decode)
+        page = renderer.render(cell) if isinstance(cell, PdfPage) else \
+            prepare_page(cell, args, decode)
     except Exception as exc:  # the row fails, not the run
         return error_row(str(exc), PAGE) if isinstance(exc, PageError) else exception_row(exc, PAGE)
     if page is not None and page.blank:  # written with an empty text: never sent
@@ -2502,7 +2529,7 @@ def inference_info_entry(args, model_revision: str | None, **engine) -> dict:
     """This run's inference_info entry; engine: the shape's serve_args or llm_kwargs, redacted."""
     return {"model": args.model, "model_revision": model_revision, "script": script_name(),
             "shape": SCRIPT_SHAPE, "image": JOB_IMAGE, **engine,
-            "column": args.output_column, "settings": run_settings(args)}  # run_script stamps it
+            "column": args.output_column, "settings": run_settings(args)}  # plan_run stamps it
 
 
 def run_settings(args) -> dict:
@@ -3138,7 +3165,7 @@ def parse_arguments(doc: str, argv: list[str] | None, add_shape_arguments, shape
     return args
 
 
-# ---- run.py: One run from start to end: interrupts, the output opened, steps, exit code.
+# ---- run.py: The steps of a run, which main() calls in order: its state, the exits it may take, its end.
 class Interrupts:
     """SIGINT and SIGTERM (a cancelled Job) stop the run as KeyboardInterrupt, but never while
     the finished rows are saved: a signal then waits for them (the run stops once they are)."""
@@ -3169,10 +3196,66 @@ class Interrupts:
             signal.signal(sig, handler)
 
 
-def open_output(args, hub_api) -> OutputStore:
-    """The output and its lock; a Hub that refuses or fails is one line, exit 5."""
+@dataclass
+class Run:
+    """One run's state, which main()'s steps fill in their order."""
+    args: argparse.Namespace
+    engine: dict  # the engine's settings: part of the run's identity
+    info_entry: dict  # the inference's record, in the card and OUTPUT's info
+    interrupts: Interrupts = field(default_factory=Interrupts)  # SIGINT, SIGTERM from here on
+    store: OutputStore | None = None
+    source: InputSource | None = None
+    identity: dict | None = None
+    plan: RowPlan | None = None
+    stats: RunStats | None = None
+    check: DegenerateCheck | None = None
+    writer: PartWriter | None = None
+    renderer: PdfRenderer | None = None  # PDF input: the processes that render its pages
+    result: dict | None = None  # the stats, as written
+    exit_code: int | None = None
+
+
+@contextlib.contextmanager
+def any_stop_said(run: Run):
+    """What stops the steps inside is said, as the exit code; before plan_run, with no trace of
+    the run left but its stats (and fail()'s exit goes on)."""
     try:
-        store = OutputStore(args.output, args, hub_api)
+        yield
+        run.exit_code = 0 if run.writer is not None else None
+    except SystemExit as exc:  # fail() said why
+        run.exit_code = exc.code if isinstance(exc.code, int) else EXIT_USAGE
+        if run.writer is None:
+            raise
+    except RunAborted as exc:
+        log(f"error: {exc}")
+        run.exit_code = exc.code
+    except KeyboardInterrupt:
+        log("interrupted" + (": saving the finished rows" if run.writer is not None else
+                             " before any page was sent"))
+        run.exit_code = run.interrupts.exit_code()
+    except Exception as exc:
+        run.exit_code, started = EXIT_NOT_WRITTEN, run.writer is not None
+        if not started and isinstance(exc, OSError):  # a full or read-only disk, say
+            log(f"error: cannot write to OUTPUT {run.args.output}: {exc}. Nothing was sent; free "
+                f"space (or choose another OUTPUT), then rerun the same command.")
+        else:  # a bug or an unforeseen failure: keep what is finished, then say what
+            import traceback
+            traceback.print_exc()
+            log("error: the run failed" + ("; saving the finished rows" if started else ""))
+    finally:
+        if run.writer is None:  # refused, or only a check: no trace of this run
+            run.interrupts.restore()
+            if run.store is not None:
+                run.store.abandon()
+            if run.exit_code is not None and not run.args.check_only:  # every run's stats keys
+                write_stats({**RunStats(0, 0).as_dict(), "exit_code": run.exit_code}, run.args)
+
+
+def open_output_and_input(run: Run, hub_api=None) -> None:
+    """OUTPUT and its lock (a Hub's refusal: exit 5), then INPUT as OUTPUT's run read it."""
+    args = run.args
+    try:
+        run.store = store = OutputStore(args.output, args, hub_api)  # hub_api: a test's
     except Exception as exc:
         local_disk = isinstance(exc, OSError) and not isinstance(exc, ConnectionError) \
             and not hasattr(exc, "response")  # HfHubHTTPError is an OSError too
@@ -3189,103 +3272,77 @@ def open_output(args, hub_api) -> OutputStore:
             if store.api.repo_info(store.target, repo_type="dataset").private is False:
                 log(f"warning: {store.target} exists and is public: --private applies only to a "
                     f"repo it creates, so this one stays public (make it private in its settings)")
-    return store
+    run.source = open_input(pinned_input(store, args))
+    check_output_columns(run.source, args)
+    store.shard_range = (run.source.lo, run.source.hi)
 
 
-def run_script(args, hub_api, engine: dict, info_entry: dict, ready, work,
-               stop_engine=lambda force: None) -> int:
-    """Either shape's run: ready(check_only), the output, input and manifest (--check-only stops
-    there), then work(run). Whatever ends it, the finished rows are saved (signals wait), the
-    engine stopped, then the card, the stats (every exit's) and an exit code telling the truth."""
-    interrupts, code, run, store = Interrupts(), None, None, None
-    try:
-        ready(args.check_only)
-        store = open_output(args, hub_api)
-        source = open_input(pinned_input(store, args))  # at the revision OUTPUT's run read
-        check_output_columns(source, args)
-        store.shard_range = (source.lo, source.hi)
-        identity = run_identity(args, source, engine)
-        if not args.check_only:  # a read-only store: claim_output compares, records nothing
-            store.drop_stale_staged_parts()
-        claim_output(store, identity, args, source.pdf)
-        if args.check_only:  # the last stdout line is JSON: every shard's rows (PDF pages)
-            n = len(source.dataset)
-            rows = n if source.pdf is None or source.pdf.per_document else source.pdf.first_row(n)
-            revision = identity["input"].get("revision")
-            log(f"check passed: {rows} rows -> {store.location()}; nothing was written")
-            secret: list = []  # the options holding a secret (the launcher keeps them out of Jobs)
-            redact_argv(_RUN_ARGV, None, secret)
-            run = run_digest(json.loads(json.dumps(identity)), args)  # as the manifest reads
-            print(json.dumps({"rows": rows, "run": run,
-                              **({"input_revision": revision} if revision else {}),
-                              **({"secret_options": secret} if secret else {})}))
-            return 0
-        plan = plan_rows(source, store, args)
-        store.resend_local_parts()
-        stats = RunStats(rows_total=source.hi - source.lo, rows_skipped=plan.skipped)
-        stats.rows_recovered = len(plan.recovered)
-        check = DegenerateCheck(not args.no_sanity_check and not plan.earlier_ok,
+def claim_run_output(run: Run) -> None:
+    """OUTPUT's manifest records this run, or a rerun is checked to be the same run."""
+    run.identity = run_identity(run.args, run.source, run.engine)
+    if not run.args.check_only:  # a read-only store: claim_output compares, records nothing
+        run.store.drop_stale_staged_parts()
+    claim_output(run.store, run.identity, run.args, run.source.pdf)
+
+
+def report_check(run: Run) -> int:
+    """--check-only: the last stdout line is JSON: every shard's rows (PDF pages), the run."""
+    source, identity = run.source, run.identity
+    n = len(source.dataset)
+    rows = n if source.pdf is None or source.pdf.per_document else source.pdf.first_row(n)
+    revision = identity["input"].get("revision")
+    log(f"check passed: {rows} rows -> {run.store.location()}; nothing was written")
+    secret: list = []  # the options holding a secret (the launcher keeps them out of Jobs)
+    redact_argv(_RUN_ARGV, None, secret)
+    digest = run_digest(json.loads(json.dumps(identity)), run.args)  # as the manifest reads
+    print(json.dumps({"rows": rows, "run": digest,
+                      **({"input_revision": revision} if revision else {}),
+                      **({"secret_options": secret} if secret else {})}))
+    return 0
+
+
+def plan_run(run: Run) -> None:
+    """The rows to send and what writes them (PDF: render processes, forked before any thread);
+    from here on the finished rows are saved whatever stops the run."""
+    args, source, store = run.args, run.source, run.store
+    run.plan = plan = plan_rows(source, store, args)
+    store.resend_local_parts()
+    run.stats = RunStats(rows_total=source.hi - source.lo, rows_skipped=plan.skipped)
+    run.stats.rows_recovered = len(plan.recovered)
+    run.check = DegenerateCheck(not args.no_sanity_check and not plan.earlier_ok,
                                 args.sanity_pages, plan.send)
-        info_entry["timestamp"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        writer = PartWriter(store, source, plan, output_features(source, args), info_entry,
-                            check, args)
-        run = argparse.Namespace(args=args, store=store, source=source, plan=plan, stats=stats,
-                                 writer=writer, check=check, info_entry=info_entry)
-        log(f"{len(plan.pending)} of {stats.rows_total} rows to do, {len(plan.send)} pages to "
-            f"send ({stats.rows_skipped} already done, {len(plan.recovered)} recovered from the "
-            f"journal; {len(plan.redo)} error rows redone) -> {store.location()}")
-        if source.pdf is not None and plan.send:
-            _RENDERER[:] = [PdfRenderer(source.pdf, args)]  # forked before the driver's threads
-        for result in plan.recovered.values():  # journaled by a killed run: judged first
-            if result.error is None and result.skipped is None:
-                check.observe(result)
-        if plan.send:
-            work(run)
-        code = 0
-    except SystemExit as exc:  # fail() said why; inside the run, its finished rows are saved
-        code = exc.code if isinstance(exc.code, int) else EXIT_USAGE
-        if run is None:
-            raise
-    except RunAborted as exc:
-        log(f"error: {exc}")
-        code = exc.code
-    except KeyboardInterrupt:
-        log("interrupted" + (": saving the finished rows" if run else " before any page was sent"))
-        code = interrupts.exit_code()
-    except Exception as exc:
-        code = EXIT_NOT_WRITTEN
-        if run is None and isinstance(exc, OSError):  # a full or read-only disk, say
-            log(f"error: cannot write to OUTPUT {args.output}: {exc}. Nothing was sent; free "
-                f"space (or choose another OUTPUT), then rerun the same command.")
-        else:  # a bug or an unforeseen failure: keep what is finished, then say what
-            import traceback
-            traceback.print_exc()
-            log("error: the run failed" + ("; saving the finished rows" if run else ""))
-    finally:
-        if run is None:  # refused, nothing to do, or a failure: no trace of this run
-            interrupts.restore()
-            if store is not None:
-                store.abandon()
-            if code is not None and not args.check_only:  # the keys of every run's stats
-                write_stats({**RunStats(0, 0).as_dict(), "exit_code": code}, args)
-    if run is None:
-        return code
+    run.info_entry["timestamp"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    run.writer = PartWriter(store, source, plan, output_features(source, args), run.info_entry,
+                            run.check, args)
+    log(f"{len(plan.pending)} of {run.stats.rows_total} rows to do, {len(plan.send)} pages to "
+        f"send ({plan.skipped} already done, {len(plan.recovered)} recovered from the "
+        f"journal; {len(plan.redo)} error rows redone) -> {store.location()}")
+    if source.pdf is not None and plan.send:
+        run.renderer = PdfRenderer(source.pdf, args)
+    for result in plan.recovered.values():  # journaled by a killed run: judged first
+        if result.error is None and result.skipped is None:
+            run.check.observe(result)
+
+
+def save_rows(run: Run, stop_engine=lambda force: None) -> None:
+    """The finished rows saved (a signal waits), unless all degenerate; then the engine stopped."""
+    interrupts, check, writer, store = run.interrupts, run.check, run.writer, run.store
     interrupts.saving = True  # from here a signal waits for the finished rows to be saved
     try:
         check.finish()
     except RunAborted as exc:
         log(f"error: {exc}")
-        code = code or exc.code
+        run.exit_code = run.exit_code or exc.code
     if check.tripped:
         store.journal.close(discard=True)
         log("the pages finished so far are all degenerate: nothing is written")
     else:
         writer.flush(final=True)
         store.journal.close()
-    if interrupts.signum and not code:  # a signal while the rows were saved
-        code = interrupts.exit_code()
+    if interrupts.signum and not run.exit_code:  # a signal while the rows were saved
+        run.exit_code = interrupts.exit_code()
     pages = sum(map(len, writer.open_documents.values()))
-    if code and not check.tripped and (writer.rows_ok + writer.rows_failed or pages):
+    if run.exit_code and not check.tripped and (writer.rows_ok + writer.rows_failed or pages):
         pages = f" (and {pages} pages of unfinished documents)" if pages else ""
         log(f"saved: {writer.rows_ok + writer.rows_failed} finished rows{pages} are in "
             f"{store.location()}; to resume, {rerun_advice()}")
@@ -3295,14 +3352,19 @@ def run_script(args, hub_api, engine: dict, info_entry: dict, ready, work,
     except KeyboardInterrupt:
         stop_engine(True)
         interrupts.saving = False
-    while _RENDERER:
-        _RENDERER.pop().close()
+    if run.renderer is not None:
+        run.renderer.close()
+
+
+def write_card(run: Run) -> None:
+    """The rows counted (one not written: exit 5), then the card and the last commit."""
+    stats, writer, store = run.stats, run.writer, run.store
     stats.rows_ok, stats.rows_failed = writer.rows_ok - writer.rows_text_layer, writer.rows_failed
     stats.rows_text_layer, stats.rows_blank = writer.rows_text_layer, writer.rows_blank
-    result = stats.as_dict()
-    if result["rows_not_written"] and not code:
-        code = EXIT_NOT_WRITTEN
-        log(f"error: {result['rows_not_written']} row(s) were not written"
+    run.result = stats.as_dict()
+    if run.result["rows_not_written"] and not run.exit_code:
+        run.exit_code = EXIT_NOT_WRITTEN
+        log(f"error: {run.result['rows_not_written']} row(s) were not written"
             + (f" ({writer.write_errors[-1]})" if writer.write_errors else "")
             + f"; to finish them, {rerun_advice()}")
     wrote = writer.rows_ok + writer.rows_failed or store.sent_parts
@@ -3314,18 +3376,24 @@ def run_script(args, hub_api, engine: dict, info_entry: dict, ready, work,
                 store.read_hub(others_only=True)
         card_missing = store.parts() and not (store.card_on_hub if store.api is not None else
                                               (store.root / "README.md").exists())
-        store.finish((lambda: build_card(source, store, args, result, info_entry))
-                     if (wrote or card_missing) and not check.tripped else None)
+        store.finish((lambda: build_card(run.source, store, run.args, run.result, run.info_entry))
+                     if (wrote or card_missing) and not run.check.tripped else None)
     except (KeyboardInterrupt, OSError) as exc:  # the rows are saved: a rerun ends the output
         stopped = isinstance(exc, KeyboardInterrupt)
-        code = code or (interrupts.exit_code() if stopped else
-                        EXIT_NOT_UPLOADED if store.api is not None else EXIT_NOT_WRITTEN)
+        run.exit_code = run.exit_code or (run.interrupts.exit_code() if stopped else
+                                          EXIT_NOT_UPLOADED if store.api is not None else
+                                          EXIT_NOT_WRITTEN)
         log(f"{'interrupted' if stopped else f'error: {exc}'} before the card and the last "
             f"commit; the finished rows are in {store.root}: to finish, {rerun_advice()}")
-    if not code:
-        code = EXIT_USAGE if store.conflict else EXIT_NOT_UPLOADED if store.upload_failures else 0
+
+
+def finish_run(run: Run) -> int:
+    """The exit code, the stats (every exit's) and the closing line."""
+    store, result = run.store, run.result
+    code = run.exit_code or (EXIT_USAGE if store.conflict else
+                             EXIT_NOT_UPLOADED if store.upload_failures else 0)
     result["exit_code"] = code
-    write_stats(result, args)
+    write_stats(result, run.args)
     text_layer = f"{result['rows_text_layer']} from their text layer, " \
         if result["rows_text_layer"] else ""
     blank = f" ({result['rows_blank']} blank, not sent)" if result["rows_blank"] else ""
@@ -3333,7 +3401,7 @@ def run_script(args, hub_api, engine: dict, info_entry: dict, ready, work,
         f"{result['rows_skipped']} skipped, {result['rows_not_written']} not written in "
         f"{result['elapsed_s']:.1f} s ({result['pages_per_s'] or 0:.2f} pages/s) -> "
         f"{store.location()} (exit {code})")
-    interrupts.restore()
+    run.interrupts.restore()
     return code
 
 # ==== END COMMON HELPERS ====
@@ -3585,8 +3653,9 @@ REPORT_EVERY_S = 60.0  # while waiting for a server, a line this often
 class ServerManager:
     """Reuse a server, wait for one that is starting, or start `vllm serve` and own it."""
 
-    def __init__(self, args, log_dir: Path):
+    def __init__(self, args, log_dir: Path, window):  # window: its class, its serve flags
         self.args, (self.base, self.host, self.port) = args, server_url_parts(args.server)
+        self.window = window
         self.log_path = log_dir / f"vllm-serve-{self.port}.log"
         self.may_spawn = self.host in ("127.0.0.1", "localhost", "::1", "0.0.0.0") and \
             not args.no_spawn
@@ -3753,7 +3822,7 @@ class ServerManager:
         told = any(serve_arg_value(serve_args, flag) for flag in PARALLEL_FLAGS)
         self.engines = 1 if told else max(1, visible_gpus())
         parallel = ["--data-parallel-size", str(self.engines)] if self.engines > 1 else []
-        return command + WINDOW.serve_args(self.args, serve_args) + parallel + serve_args
+        return command + self.window.serve_args(self.args, serve_args) + parallel + serve_args
 
     def spawn(self) -> None:
         """Start `vllm serve` under SERVER_WATCHDOG; secrets go through its env, not its argv."""
@@ -3985,7 +4054,7 @@ PAGES_PER_ENGINE = 32  # the measured window: on l4x1 the KV cache was under 10%
 
 class Window:
     """Pages in flight, taken before a page is prepared, given back when its answer is in. This
-    one stays at --concurrency; a -saturate.py script's WINDOW adapts."""
+    one stays at --concurrency; a -saturate.py script's AdaptiveWindow adapts."""
 
     def __init__(self, args, run):
         self.limit, self.used, self.preparing = max(1, args.concurrency or PAGES_PER_ENGINE), 0, 0
@@ -4029,9 +4098,6 @@ class Window:
         return {}
 
 
-WINDOW = Window
-
-
 def holds_interrupt(exc) -> bool:
     """A KeyboardInterrupt, or an exception group holding one (a signal in anyio's connect)."""
     return isinstance(exc, KeyboardInterrupt) or any(map(holds_interrupt,
@@ -4039,7 +4105,7 @@ def holds_interrupt(exc) -> bool:
 
 
 def run_async(work) -> None:
-    """asyncio.run; a Ctrl-C landing in a task is said once (run_script), not as its traceback."""
+    """asyncio.run; a Ctrl-C landing in a task is said once (any_stop_said), not its traceback."""
     async def quietly():
         asyncio.get_running_loop().set_exception_handler(
             lambda loop, context: holds_interrupt(context.get("exception")) or
@@ -4067,8 +4133,10 @@ async def run_server_pipeline(run, args, server: ServerManager, window: Window) 
         for task in tasks - {asyncio.current_task()}:
             task.cancel()
 
+    server.log_path = run.store.meta / "logs" / server.log_path.name
     async with ClientGroup(timeout=httpx.Timeout(args.request_timeout, connect=30.0)) as client:
-        # what the exit undoes, last first: the tasks, the bar, the pools
+        # what the exit undoes, last first: the tasks, the bar, the pools, the window's stats
+        client.callback(lambda: stats.extra.update(window.summary()))
         write_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="write")
         client.callback(write_pool.shutdown, wait=True)
         prep_pool = ThreadPoolExecutor(max_workers=max(2, min(8, os.cpu_count() or 2)),
@@ -4092,7 +4160,7 @@ async def run_server_pipeline(run, args, server: ServerManager, window: Window) 
                 window.preparing += 1  # bytes in memory go out as they are: no pool hop
                 page = isinstance(held, (bytes, bytearray, memoryview)) and \
                     read_page(cell, args, decode=False) or \
-                    await loop.run_in_executor(prep_pool, read_page, cell, args)
+                    await loop.run_in_executor(prep_pool, read_page, cell, args, run.renderer)
                 window.preparing -= 1
                 if isinstance(page, RowResult):  # not sent: its error, or its text layer
                     result = page
@@ -4152,8 +4220,8 @@ async def run_server_pipeline(run, args, server: ServerManager, window: Window) 
         await window.sample(client, server)
 
 
-# ---- arguments.py: The server scripts' options, and the run of a server script.
-def add_server_arguments(parser: argparse.ArgumentParser) -> None:
+# ---- arguments.py: The server scripts' options, and the server's settings a run records.
+def add_server_arguments(parser: argparse.ArgumentParser, window=Window) -> None:
     group = parser.add_argument_group("server")
     option(group, "--server", default=DEFAULT_SERVER, identity=False, help="vLLM server URL: "
            "reused when it answers, else started here if local (default: %(default)s)")
@@ -4179,7 +4247,7 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
            "over --abort-after-seconds (default: 20)")
     option(group, "--abort-after-seconds", type=float, default=60.0, identity=False,
            help="see --abort-after-failures (default: 60)")
-    WINDOW.add_arguments(parser, group)
+    window.add_arguments(parser, group)
 
 
 PARALLEL_FLAGS = ("--data-parallel-size", "--tensor-parallel-size", "--pipeline-parallel-size",
@@ -4197,39 +4265,12 @@ def visible_gpus() -> int:
     return 0
 
 
-def run_server_script(doc: str, argv: list[str] | None = None, hub_api=None) -> int:
-    """The whole run: arguments, input, server, output. `main()` calls it with the docstring."""
-    args = parse_arguments(doc, argv, add_server_arguments, server_argument_problems)
-    serve_args = effective_serve_args(args)
-    settings = {flag: values[0] if len(values) == 1 else values or True  # a bare flag is True
-                for flag, values, _ in flag_items(serve_args) if flag}
-    server = ServerManager(args, Path("."))
-
-    def ready(check_only: bool) -> None:  # before the input is read and the repo created
-        if check_only:  # no server planned or started; a Job's own server's context checked
-            return check_context_budget(serve_max_model_len(args), args)
-        run_async(server.plan())
-
-    def work(run) -> None:
-        server.log_path = run.store.meta / "logs" / server.log_path.name
-        window = WINDOW(args, run)
-        try:
-            run_async(run_server_pipeline(run, args, server, window))
-        finally:
-            run.stats.extra.update(window.summary())
-
-    info_entry = inference_info_entry(args, None, serve_args=redact_argv(serve_args))
-    return run_script(args, hub_api, settings, info_entry, ready, work, server.stop)
+def serve_settings(serve_args: list[str]) -> dict:
+    """The server's flags as the run's identity holds them (a bare flag: True)."""
+    return {flag: values[0] if len(values) == 1 else values or True
+            for flag, values, _ in flag_items(serve_args) if flag}
 
 # ==== END SERVER HELPERS ====
-
-
-# ============================================================================================
-# main
-# ============================================================================================
-
-def main(argv: list[str] | None = None, hub_api=None) -> int:
-    return run_server_script(__doc__, argv, hub_api)
 
 
 if __name__ == "__main__":

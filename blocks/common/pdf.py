@@ -304,6 +304,3 @@ class PdfRenderer:
             process.kill()
         while not self.idle.empty():
             self.idle.get()[0].kill()
-
-
-_RENDERER: list = []  # the run's PdfRenderer, started (run_script) before any page is prepared

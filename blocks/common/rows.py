@@ -6,6 +6,7 @@ from dataclasses import field
 from blocks.common.errors import PageError
 from blocks.common.loops import CUT
 from blocks.common.pages import BLANK_REASON, prepare_page, PreparedPage
+from blocks.common.pdf import PdfPage
 from blocks.model import EXTRA_COLUMNS
 
 PAGE, SERVER = "page", "server"  # an error row's kind: final, or one a rerun redoes
@@ -85,9 +86,10 @@ def shared_value(values):
     return distinct.pop() if len(distinct) == 1 else None
 
 
-def read_page(cell, args, decode: bool = True) -> PreparedPage | RowResult | None:
+def read_page(cell, args, renderer=None, decode: bool = True) -> PreparedPage | RowResult | None:
     try:
-        page = prepare_page(cell, args, decode)
+        page = renderer.render(cell) if isinstance(cell, PdfPage) else \
+            prepare_page(cell, args, decode)
     except Exception as exc:  # the row fails, not the run
         return error_row(str(exc), PAGE) if isinstance(exc, PageError) else exception_row(exc, PAGE)
     if page is not None and page.blank:  # written with an empty text: never sent

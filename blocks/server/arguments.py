@@ -1,23 +1,16 @@
-"""The server scripts' options, and the run of a server script."""
+"""The server scripts' options, and the server's settings a run records."""
 
 import argparse
 import contextlib
 import os
 import subprocess
-from pathlib import Path
 
-from blocks.common.arguments import option, parse_arguments
-from blocks.common.manifest import check_context_budget, inference_info_entry
-from blocks.common.run import run_script
-from blocks.common.secrets import flag_items, redact_argv
+from blocks.common.arguments import option
+from blocks.common.secrets import flag_items
 from blocks.model import DEFAULT_SERVER
-from blocks.server.pipeline import run_async, run_server_pipeline, WINDOW
-from blocks.server.process import ServerManager
-from blocks.server.serve_args import (
-    effective_serve_args, serve_max_model_len, server_argument_problems,
-)
+from blocks.server.pipeline import Window
 
-def add_server_arguments(parser: argparse.ArgumentParser) -> None:
+def add_server_arguments(parser: argparse.ArgumentParser, window=Window) -> None:
     group = parser.add_argument_group("server")
     option(group, "--server", default=DEFAULT_SERVER, identity=False, help="vLLM server URL: "
            "reused when it answers, else started here if local (default: %(default)s)")
@@ -43,7 +36,7 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
            "over --abort-after-seconds (default: 20)")
     option(group, "--abort-after-seconds", type=float, default=60.0, identity=False,
            help="see --abort-after-failures (default: 60)")
-    WINDOW.add_arguments(parser, group)
+    window.add_arguments(parser, group)
 
 
 PARALLEL_FLAGS = ("--data-parallel-size", "--tensor-parallel-size", "--pipeline-parallel-size",
@@ -61,26 +54,7 @@ def visible_gpus() -> int:
     return 0
 
 
-def run_server_script(doc: str, argv: list[str] | None = None, hub_api=None) -> int:
-    """The whole run: arguments, input, server, output. `main()` calls it with the docstring."""
-    args = parse_arguments(doc, argv, add_server_arguments, server_argument_problems)
-    serve_args = effective_serve_args(args)
-    settings = {flag: values[0] if len(values) == 1 else values or True  # a bare flag is True
-                for flag, values, _ in flag_items(serve_args) if flag}
-    server = ServerManager(args, Path("."))
-
-    def ready(check_only: bool) -> None:  # before the input is read and the repo created
-        if check_only:  # no server planned or started; a Job's own server's context checked
-            return check_context_budget(serve_max_model_len(args), args)
-        run_async(server.plan())
-
-    def work(run) -> None:
-        server.log_path = run.store.meta / "logs" / server.log_path.name
-        window = WINDOW(args, run)
-        try:
-            run_async(run_server_pipeline(run, args, server, window))
-        finally:
-            run.stats.extra.update(window.summary())
-
-    info_entry = inference_info_entry(args, None, serve_args=redact_argv(serve_args))
-    return run_script(args, hub_api, settings, info_entry, ready, work, server.stop)
+def serve_settings(serve_args: list[str]) -> dict:
+    """The server's flags as the run's identity holds them (a bare flag: True)."""
+    return {flag: values[0] if len(values) == 1 else values or True
+            for flag, values, _ in flag_items(serve_args) if flag}

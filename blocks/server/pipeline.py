@@ -48,7 +48,7 @@ PAGES_PER_ENGINE = 32  # the measured window: on l4x1 the KV cache was under 10%
 
 class Window:
     """Pages in flight, taken before a page is prepared, given back when its answer is in. This
-    one stays at --concurrency; a -saturate.py script's WINDOW adapts."""
+    one stays at --concurrency; a -saturate.py script's AdaptiveWindow adapts."""
 
     def __init__(self, args, run):
         self.limit, self.used, self.preparing = max(1, args.concurrency or PAGES_PER_ENGINE), 0, 0
@@ -92,9 +92,6 @@ class Window:
         return {}
 
 
-WINDOW = Window
-
-
 def holds_interrupt(exc) -> bool:
     """A KeyboardInterrupt, or an exception group holding one (a signal in anyio's connect)."""
     return isinstance(exc, KeyboardInterrupt) or any(map(holds_interrupt,
@@ -102,7 +99,7 @@ def holds_interrupt(exc) -> bool:
 
 
 def run_async(work) -> None:
-    """asyncio.run; a Ctrl-C landing in a task is said once (run_script), not as its traceback."""
+    """asyncio.run; a Ctrl-C landing in a task is said once (any_stop_said), not its traceback."""
     async def quietly():
         asyncio.get_running_loop().set_exception_handler(
             lambda loop, context: holds_interrupt(context.get("exception")) or
@@ -130,8 +127,10 @@ async def run_server_pipeline(run, args, server: ServerManager, window: Window) 
         for task in tasks - {asyncio.current_task()}:
             task.cancel()
 
+    server.log_path = run.store.meta / "logs" / server.log_path.name
     async with ClientGroup(timeout=httpx.Timeout(args.request_timeout, connect=30.0)) as client:
-        # what the exit undoes, last first: the tasks, the bar, the pools
+        # what the exit undoes, last first: the tasks, the bar, the pools, the window's stats
+        client.callback(lambda: stats.extra.update(window.summary()))
         write_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="write")
         client.callback(write_pool.shutdown, wait=True)
         prep_pool = ThreadPoolExecutor(max_workers=max(2, min(8, os.cpu_count() or 2)),
@@ -155,7 +154,7 @@ async def run_server_pipeline(run, args, server: ServerManager, window: Window) 
                 window.preparing += 1  # bytes in memory go out as they are: no pool hop
                 page = isinstance(held, (bytes, bytearray, memoryview)) and \
                     read_page(cell, args, decode=False) or \
-                    await loop.run_in_executor(prep_pool, read_page, cell, args)
+                    await loop.run_in_executor(prep_pool, read_page, cell, args, run.renderer)
                 window.preparing -= 1
                 if isinstance(page, RowResult):  # not sent: its error, or its text layer
                     result = page

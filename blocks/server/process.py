@@ -27,7 +27,6 @@ from blocks.common.stats import RunStats
 from blocks.model import SERVE_ENV, spawn_args
 from blocks.model import JOB_IMAGE
 from blocks.server.arguments import PARALLEL_FLAGS, visible_gpus
-from blocks.server.pipeline import WINDOW
 from blocks.server.serve_args import (
     effective_serve_args, option_name, serve_arg_value, serve_max_model_len, server_url_parts,
 )
@@ -71,8 +70,9 @@ REPORT_EVERY_S = 60.0  # while waiting for a server, a line this often
 class ServerManager:
     """Reuse a server, wait for one that is starting, or start `vllm serve` and own it."""
 
-    def __init__(self, args, log_dir: Path):
+    def __init__(self, args, log_dir: Path, window):  # window: its class, its serve flags
         self.args, (self.base, self.host, self.port) = args, server_url_parts(args.server)
+        self.window = window
         self.log_path = log_dir / f"vllm-serve-{self.port}.log"
         self.may_spawn = self.host in ("127.0.0.1", "localhost", "::1", "0.0.0.0") and \
             not args.no_spawn
@@ -239,7 +239,7 @@ class ServerManager:
         told = any(serve_arg_value(serve_args, flag) for flag in PARALLEL_FLAGS)
         self.engines = 1 if told else max(1, visible_gpus())
         parallel = ["--data-parallel-size", str(self.engines)] if self.engines > 1 else []
-        return command + WINDOW.serve_args(self.args, serve_args) + parallel + serve_args
+        return command + self.window.serve_args(self.args, serve_args) + parallel + serve_args
 
     def spawn(self) -> None:
         """Start `vllm serve` under SERVER_WATCHDOG; secrets go through its env, not its argv."""
