@@ -69,6 +69,7 @@ MODEL_SECTION_HELPERS = {
         "RowResult", "error_row", "SERVER",  # a page's result, an error row, its rerun kind
         "encode_page",  # a page resized and encoded: (data, mime, width, height)
         "log", "fail",  # a line to stderr, secrets masked; an error that stops the run
+        "option",  # add_argument that says whether the option is part of the run's identity
         "requested_revision", "resolved_revision",  # the weights' revision asked for; its sha
         "argparse", "io", "json", "math", "Path",  # the block's imports
     ], "COMMON HELPERS"),
