@@ -178,9 +178,19 @@ class Stub:
                 self.latency = self.controlled.get("latency", self.latency)
 
     def count(self) -> int:
-        with self.lock:
+        with self.slots:
             self.requests += 1
+            self.slots.notify_all()  # --barrier: the held answers may go
             return self.requests
+
+    def hold(self, n: int) -> None:
+        """--barrier: answers wait until that many requests have arrived; --hold-after with
+        --release-file: request n waits, past the first K, until the test creates the file."""
+        with self.slots:
+            self.slots.wait_for(lambda: self.requests >= self.opts.barrier)
+        if self.opts.hold_after is not None and n > self.opts.hold_after:
+            while not os.path.exists(self.opts.release_file):
+                time.sleep(0.05)
 
     def wedged(self) -> bool:
         """--wedge-after: past request N, every request and /health hangs (a stuck engine)."""
@@ -352,6 +362,7 @@ def make_handler(stub: Stub):
             if error:
                 self.reply(500, {"error": error})
                 return
+            stub.hold(n)
             stub.read_control()
             with stub.slots:  # at most `capacity` run at once; the rest wait, and are counted
                 stub.waiting += 1
@@ -412,6 +423,12 @@ def parse(argv=None):
     p.add_argument("--fail-every", type=int, default=0, help="answer 503 to every Nth request")
     p.add_argument("--hang-first", type=int, default=0, help="the first N requests hang")
     p.add_argument("--hang-seconds", type=float, default=30.0)
+    p.add_argument("--barrier", type=int, default=0, help="hold every answer until N "
+                   "requests have arrived: a client that waits for answers before sending more "
+                   "never gets one")
+    p.add_argument("--hold-after", type=int, help="answer the first K requests; hold the others "
+                   "until --release-file exists")
+    p.add_argument("--release-file", help="the file whose creation releases --hold-after's requests")
     p.add_argument("--die-after", type=int, default=0, help="exit hard at request N+1")
     p.add_argument("--wedge-after", type=int, default=0,
                    help="answer N requests, then hang every request and /health")
@@ -472,6 +489,8 @@ def parse(argv=None):
                    help="accept connections and read them, never answering (a wedged process)")
     p.add_argument("--request-log", help="append each request's fields (no image) as JSON lines")
     opts, _unknown = p.parse_known_args(argv)
+    if opts.hold_after is not None and not opts.release_file:
+        p.error("--hold-after needs --release-file")
     return opts
 
 

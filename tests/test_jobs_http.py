@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -22,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, expected_text, write_image_folder
+from conftest import ROOT, expected_text, load_script, write_image_folder
 from fake_hub_server import FakeHubServer
 
 pytestmark = pytest.mark.timeout(150)
@@ -82,7 +83,8 @@ class Hub:
                    "--shards", str(shards), "--poll-seconds", "0.3", *extra]
         if stub is not None:
             command += ["--server", stub.url, "--part-rows", "2"]
-        return subprocess.Popen(command, env=self.env(machine), cwd=self.tmp / machine,
+        env = {**self.env(machine), "PYTHONFAULTHANDLER": "1"}  # its threads, if it hangs
+        return subprocess.Popen(command, env=env, cwd=self.tmp / machine,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def run(self, stub, *extra, timeout: float = 120, **kwargs) -> tuple[int, str, str]:
@@ -126,6 +128,29 @@ def hub(tmp_path):
     yield make
     for one in made:
         one.server.stop()
+
+
+def submitted(fake: Hub, launcher: subprocess.Popen, jobs: int) -> None:
+    """Until the Hub has recorded that many submissions, while the launcher runs (it checks
+    the run with the script's --check-only first: a minute and more on a loaded machine)."""
+    wait_for(lambda: len(fake.server.calls("run_job")) >= jobs or launcher.poll() is not None,
+             timeout=300)
+    if launcher.poll() is not None:
+        pytest.fail(f"the launcher exited ({launcher.returncode}) before submitting {jobs} "
+                    f"Jobs:\n{launcher.communicate()[1][-3000:]}")
+
+
+def interrupted(launcher: subprocess.Popen) -> tuple[str, str]:
+    """A launcher's output once it has stopped after Ctrl-C. A stopping launcher waits for the
+    Hub twice, RELEASE_WAIT_S at most each (its Jobs listed, its claim deleted): the bound is
+    above that, and past it the launcher's threads are shown (faulthandler, on SIGABRT)."""
+    bound = 2 * load_script("ocr-jobs.py").RELEASE_WAIT_S + 30
+    try:
+        return launcher.communicate(timeout=bound)
+    except subprocess.TimeoutExpired:
+        launcher.send_signal(signal.SIGABRT)
+        _, err = launcher.communicate(timeout=30)
+        pytest.fail(f"the launcher did not stop within {bound:.0f} s of Ctrl-C:\n{err[-6000:]}")
 
 
 def wait_for(condition, timeout: float = 60.0) -> None:
@@ -435,18 +460,19 @@ def test_a_hub_input_of_no_rows_is_nothing_to_do(hub, stub_server):
     assert fake.server.jobs == [] and "Traceback" not in err
 
 
+@pytest.mark.timeout(600)  # the module's 150 s, past which load alone can carry this test
 def test_cancel_by_script_input_and_output_over_http(hub, stub_server):
     """Issue #41 item 3, as a user types it: a run launched with a script flag, cancelled by
     the docstring's `--cancel` form (no --shards, no flags)."""
     fake, stub = hub(4), stub_server()
     fake.server.scheduling_s = 1e9
     first = fake.launcher(stub, "--max-tokens", "900", shards=2)
-    wait_for(lambda: len(fake.server.calls("run_job")) == 2)
+    submitted(fake, first, 2)
     first.send_signal(2)
-    first.communicate(timeout=60)
+    interrupted(first)
     command = [sys.executable, str(ROOT / "ocr-jobs.py"), str(ROOT / SCRIPT), INPUT, OUTPUT,
                "--cancel"]
     done = subprocess.run(command, env=fake.env("another-machine"), capture_output=True,
-                          text=True, timeout=120)
+                          text=True, timeout=300)  # for a loaded machine; it exits by itself
     assert done.returncode == 0 and "2 Jobs cancelled" in done.stderr, done.stderr
     assert all(job.stage() == "CANCELED" for job in fake.server.jobs)

@@ -139,12 +139,15 @@ def test_a_restart_that_changes_the_run_beside_other_shards_rows_is_refused(tmp_
 
 
 def test_a_restart_beside_a_running_shard_touches_its_own_rows_only(tmp_path, stub_server):
-    """A whole-run restart (--num-shards 1) is still refused while a shard writes, naming it."""
-    slow, fast = stub_server("--latency", "1.0"), stub_server()
+    """A whole-run restart (--num-shards 1) is still refused while a shard writes, naming it.
+    Shard 0's server answers its first page, then holds every answer until the test releases
+    them: shard 0 is still running, whatever the machine's load, when shard 1 restarts."""
+    release = tmp_path / "release-shard-0"
+    held, fast = stub_server("--hold-after", "1", "--release-file", str(release)), stub_server()
     paths = write_image_folder(tmp_path / "in", 40)
     out = tmp_path / "out"
     shard0 = subprocess.Popen([sys.executable, str(ROOT / OVIS), str(tmp_path / "in"), str(out),
-                               *common(slow, *shard(0), "--concurrency", "1")],
+                               *common(held, *shard(0), "--concurrency", "1")],
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         wait_for(lambda: journal_rows(out) >= 1, process=shard0)
@@ -153,7 +156,8 @@ def test_a_restart_beside_a_running_shard_touches_its_own_rows_only(tmp_path, st
         run = run_script(OVIS, str(tmp_path / "in"), str(out),
                          *common(fast, *shard(1, "--restart")))
         assert run.returncode == 0, run.stderr
-        assert shard0.poll() is None  # it ran beside shard 0 all along
+        assert shard0.poll() is None, shard0.stderr.read()  # it ran beside shard 0 all along
+        release.touch()
         assert shard0.wait(timeout=120) == 0, shard0.stderr.read()
     finally:
         if shard0.poll() is None:
