@@ -82,8 +82,7 @@ def effective_llm_kwargs(args) -> dict:
 
 
 def generate_batch(llm, sampling, items: list, args, held: HeldFailures) -> list[tuple]:
-    """[(result, the exception's name when it counts in the streak)]; a batch that raises is split
-    until the bad row is alone. A ValueError is that page's input refused, like a server's 400."""
+    """[(result, counted exception name)]; a raising batch is split till the bad row is alone."""
     try:
         urls = [f"data:{page.mime};base64,{base64.b64encode(page.data).decode()}"
                 for _, page in items]

@@ -57,8 +57,7 @@ RATE_MEMORY = 0.9
 
 
 class AdaptiveWindow(Window):
-    """Starts at --min-window, grows while the engine has no queue and tokens/s rise, shrinks
-    when requests wait or the KV cache is near full, within the host-memory budget."""
+    """Grows while tokens/s rise with no queue; shrinks on a queue or a near-full KV cache."""
 
     def __init__(self, args, run):
         super().__init__(args, run)
@@ -138,8 +137,7 @@ class AdaptiveWindow(Window):
                 "bound_by": self.samples[-1]}) + "\n")
 
     async def tick(self, metrics: dict, rate: float) -> None:
-        """One decision. Continuous batching always keeps a few requests waiting for their
-        prefill; a queue is "long" only when as many wait as run."""
+        """One decision; a queue is "long" only when as many wait as run."""
         limit, cap = self.limit, self.memory_cap()
         waiting, running, kv = metrics.get("waiting"), metrics.get("running") or 0, \
             metrics.get("kv") or 0

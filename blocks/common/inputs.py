@@ -18,8 +18,7 @@ REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
 
 
 def script_name() -> str:
-    """This script's file name, also as uv's temp copy for `uv run URL` (<stem> and six random
-    letters and digits, one a capital or a digit): a rerun by URL is the same run."""
+    """This script's file name, also as uv's temp copy for `uv run URL` (<stem> + 6 chars)."""
     import tempfile
 
     path = Path(sys.argv[0])
@@ -65,8 +64,7 @@ _RESOLVED_REVISIONS: dict = {}
 
 
 def resolved_revision(args) -> str | None:
-    """The commit sha of the weights this run loads, asked once: a full sha stands for itself;
-    None for a local folder, or when the Hub cannot be asked."""
+    """The commit sha of the weights loaded, asked once; None for a folder or an unreachable Hub."""
     requested = requested_revision(args)
     key = (args.model, requested)
     if key not in _RESOLVED_REVISIONS:
@@ -113,8 +111,7 @@ def _by_datasets(what: str, read, *args, **kwargs):
 
 
 def _split_of(splits: dict, what: str, args, configs: bool = False):
-    """splits[--split], the default (train) taking a lone split of any name; a --split or a
-    --config that INPUT cannot honour is refused, never ignored."""
+    """splits[--split] (default: a lone split); an unhonoured --split or --config fails."""
     lone = next(iter(splits)) if len(splits) == 1 else None
     split = lone if lone and args.split == "train" else args.split
     if not configs and args.config not in (None, "", "default"):
@@ -140,16 +137,14 @@ def check_output_outside_input(args) -> None:
 
 
 def image_extensions() -> set[str]:
-    """The files of a folder that are images: those `datasets`' imagefolder reads (.jfif, .ppm
-    from a scanner...), so that none is left out."""
+    """The image extensions `datasets`' imagefolder reads (.jfif, .ppm...), so none is left out."""
     from datasets.packaged_modules.imagefolder.imagefolder import ImageFolder
 
     return {extension.lower() for extension in ImageFolder.EXTENSIONS}
 
 
 def _walk_folder(root: Path, args) -> list[Path]:
-    """Every file under root, in path order: symlinked folders followed, each real folder once
-    (not a loop, not OUTPUT); hidden names (.git, macOS ._x) left out, as `datasets` does."""
+    """Every file under root, sorted: symlinks followed, each real folder once, no hidden names."""
     seen = {os.path.realpath(root), os.path.realpath(Path(args.output).expanduser())}
     files = []
     for folder, dirs, names in os.walk(root, followlinks=True, onerror=lambda exc: fail(
@@ -162,8 +157,7 @@ def _walk_folder(root: Path, args) -> list[Path]:
 
 
 def _read_metadata(root: Path, metadata_files: list[Path], relative: list[str]):
-    """imagefolder's metadata files (`file_name` relative to their folder) as one row per image:
-    the first row naming an image counts; an image named in none has empty metadata."""
+    """imagefolder's metadata as one row per image (the first naming it counts; else empty)."""
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.dataset as pads
@@ -230,8 +224,7 @@ def _load_tables(reader: str, data_files: dict, what: str, args, configs: bool =
 
 
 def _load_local_dataset(path: Path, args):
-    """A local INPUT as what it is (a table, a saved dataset, a folder of tables or of scans),
-    never two at once; with the files it is read from."""
+    """A local INPUT as what it is (table, saved dataset, folder), with the files it reads."""
     import datasets
 
     if path.suffix.lower() == ".pdf" and path.is_file():
@@ -288,8 +281,7 @@ def _check_image_column(ds, column: str, lo: int, hi: int) -> None:
 
 
 def _load_hub_split(args):
-    """The Hub dataset's split; `datasets` refuses one of no rows ("... corresponds to no
-    data"): read as empty, as a local one is."""
+    """The Hub dataset's split; one of no rows ("corresponds to no data") read as empty."""
     import datasets
 
     try:

@@ -79,8 +79,7 @@ def kept_attempt(kept: "RowResult", retry: "RowResult") -> "RowResult":
 
 
 class DegenerateCheck:
-    """Stops the run when the first pages (at least 3) all came back broken, were sent again or
-    were refused: a wrong model / image pair looks like normal load from outside."""
+    """Stops the run when the first pages (at least 3) all came back broken, resent or refused."""
 
     def __init__(self, enabled: bool, pages: int, send: list):
         self.pages, self.seen, self.broken, self.cut = max(3, pages), 0, 0, 0

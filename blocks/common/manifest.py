@@ -29,8 +29,7 @@ SPEED_ONLY_ENGINE_FLAGS = set("""gpu-memory-utilization data-parallel-size tenso
 
 
 def input_identity(args, files: list | None) -> dict:
-    """A Hub dataset at the revision read, or the files read: names, sizes, and hashes but of
-    images (an image replaced is caught by its row's digest: plan_rows)."""
+    """A Hub dataset at its revision, or the files read: names, sizes, hashes (not of images)."""
     if files is None:
         return {"hub": args.input, "revision": hub_dataset_sha(args) or args.revision}
     local, entries, images = Path(args.input).expanduser(), [], image_extensions()
@@ -60,8 +59,7 @@ def hub_dataset_sha(args) -> str | None:
 
 def check_context_budget(max_model_len, args, option: str = "--max-model-len in --serve-args"
                          ) -> None:
-    """Image tokens + max_tokens must fit the context (None: unknown), or every page is refused;
-    option: what raises max_model_len (a server's flag, or offline its --llm-kwargs key)."""
+    """Image tokens + max_tokens must fit the context (None: unknown), else every page fails."""
     budget = image_token_budget(args)
     need, room = budget + args.max_tokens, int(max_model_len or 0) - budget
     if max_model_len and need > int(max_model_len):
@@ -99,8 +97,7 @@ def run_identity(args, source: InputSource, engine: dict) -> dict:
 
 
 def run_digest(identity: dict, args) -> str:
-    """What the manifest compares (the identity, --max-samples), in 16 hex digits: ocr-jobs.py
-    labels a run's Jobs with it, however its flags were spelled."""
+    """The manifest's identity and --max-samples in 16 hex digits (ocr-jobs.py's Jobs label)."""
     text = json.dumps({"identity": identity, "max_samples": args.max_samples}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -132,8 +129,7 @@ def pinned_input(store: "OutputStore", args):
 
 def check_same_run(recorded: dict | None, identity: dict, store: "OutputStore", args,
                    pdf: "PdfPages | None" = None) -> None:
-    """Refused, each difference named, unless OUTPUT's manifest `recorded` (None: rows without
-    one, format 0) is of this MANIFEST_FORMAT and this run."""
+    """Refused, each difference named, unless OUTPUT's manifest is of this format and run."""
     def way_out(restart: str) -> str:  # no --restart deletes other shards' rows
         others = store.other_shards_rows() + store.other_writers() if args.num_shards > 1 else []
         return f"write to a new OUTPUT (other shards' rows are in it: {others[0]}, and a " \

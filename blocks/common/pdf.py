@@ -25,8 +25,7 @@ PDF_COLUMNS = {"page_number": "int32", "page_count": "int32"}
 
 
 def find_pdf_column(ds, args) -> str | None:
-    """--pdf-column; else the `datasets.Pdf` column, the folder reader's `pdf`, or the image
-    column if its first cells are PDFs (bytes starting %PDF-, or paths to PDF files)."""
+    """--pdf-column; else a `datasets.Pdf` column, `pdf`, or the image column if it holds PDFs."""
     import datasets
 
     typed = [name for name, feature in ds.features.items()
@@ -96,8 +95,7 @@ class PdfPages:
     digests: dict = field(default_factory=dict)  # doc row -> input_digest(): see digest()
 
     def fingerprint(self, docs: int | None = None) -> dict:
-        """The first `docs` documents' pages, each file's size and file_tail(): a PDF replaced
-        is another run; a rerun over more documents compares the first ones."""
+        """The first `docs` documents' pages, sizes and file_tail()s."""
         docs = len(self.names) if docs is None else min(docs, len(self.names))
         end = self.first_row(docs)
         digest = hashlib.sha256(self.doc[:end].tobytes() + self.number[:end].tobytes() +

@@ -32,8 +32,7 @@ PART_NAME = re.compile(r"^part-(\d{9})-(\d{9})\.parquet$")
 
 
 class HeldFailures:
-    """Rows the server (engine) failed, held until a page is answered: `pages` in a row over
-    `seconds`, or none answered in the run, stop it."""
+    """Server failures held until a page is answered; too many in a row stop the run."""
 
     def __init__(self, who: str, pages: int, seconds: float, streak: str):
         self.who, self.pages, self.seconds, self.streak = who, pages, seconds, streak
@@ -49,8 +48,7 @@ class HeldFailures:
                       f"(last: {result.error[:300]})")
 
     def at_end(self, writer: "PartWriter") -> None:
-        """Write the rows held, or refuse a run that answered none (rows redone excepted: a page
-        the server always fails must not make every rerun exit 4)."""
+        """Write the rows held, or refuse a run that answered none (redone rows excepted)."""
         if not self.answered and any(i not in writer.redo for i, _ in self.held):
             self.stop(f"no page of this run was answered: {len(self.held)} failed on the "
                       f"{self.who}'s side (last: {self.held[-1][1].error[:300]})")
@@ -65,8 +63,7 @@ class HeldFailures:
 
 def finish_row(writer: "PartWriter", stats: "RunStats", held: HeldFailures, index: int,
                result: RowResult, latency: float | None = None, failed: str | None = None) -> None:
-    """A page's answer: counted, cleaned up, judged, then written, or held (a server's failure;
-    `failed`: offline, the engine's failure it counts as)."""
+    """A page's answer: counted, cleaned up, judged, then written or held."""
     stats.loop_retried += (result.attempts or 1) - result.resent > 1
     stats.still_looping += loops(result.text, result.finish_reason)
     answered = result.error is None and result.skipped is None
@@ -200,8 +197,7 @@ def write_part(path: Path, source: InputSource, indices: list[int], results: lis
 
 
 def carried_image(cell, result: RowResult):
-    """The cell with its file embedded, and the result; a failed row's image PIL cannot open is
-    left out: it would break every read of the output."""
+    """The cell with its file embedded; a failed row's unreadable image is left out."""
     from PIL import Image
 
     if isinstance(cell, dict) and cell.get("bytes") is None and cell.get("path"):
@@ -247,8 +243,7 @@ def append_info(old, entry: dict) -> str:
 
 
 class PartWriter:
-    """Finished rows go to the journal at once, and to parts once the degenerate check passed:
-    a block (or a part with redone rows) once all are finished, the rest every --part-seconds."""
+    """Finished rows go to the journal at once, to parts once the degenerate check passed."""
 
     def __init__(self, store: OutputStore, source: InputSource, plan: RowPlan, features,
                  info_entry: dict, check: "DegenerateCheck", args):
@@ -299,8 +294,7 @@ class PartWriter:
             bool(self.complete) or time.monotonic() - self.last_flush >= self.args.part_seconds)
 
     def flush(self, final: bool = False) -> None:
-        """The complete groups, each as a part (a new one, or the one its redone rows replace);
-        every finished row once --part-seconds passed, or final. A part not written waits."""
+        """The complete groups, each as a part; every finished row once due, or final."""
         from itertools import groupby
 
         everything = final or time.monotonic() - self.last_flush >= self.args.part_seconds

@@ -21,8 +21,7 @@ UPLOAD_ATTEMPTS, UPLOAD_BACKOFF_S, UPLOAD_MAX_WAIT_S = 5, 2.0, 600.0
 
 
 def lock_holder(handle) -> str | None:
-    """Lock an open file until this process dies, however; else who holds it. lockf, as forked
-    children (PDF renderers, vLLM's engine) do not inherit it, unlike flock."""
+    """Lock an open file until this process dies, else who holds it (lockf: not inherited)."""
     import fcntl
 
     try:
@@ -53,8 +52,7 @@ def take_lock(path: Path, location: str, probe: bool = False):
 
 
 class OutputStore:
-    """Parts under data/ of a folder, or of a staging folder sent to a Hub repo in batched
-    commits; the rest under .ocr/, which `datasets` skips."""
+    """Parts under data/ of a folder (or staged for a Hub repo); the rest under .ocr/."""
 
     def __init__(self, target: str, args, hub_api=None):
         self.kind, self.target = resolve_output(target)
@@ -211,8 +209,7 @@ class OutputStore:
         return running
 
     def restart(self, shard: str | None = None) -> None:
-        """--restart: OUTPUT's rows, card and manifest go, unless another shard runs; given
-        `shard` (beside other shards' rows), only its parts and journal."""
+        """--restart: OUTPUT's rows, card and manifest go (only `shard`'s beside other shards)."""
         import shutil
 
         if self.read_only:
