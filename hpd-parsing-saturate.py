@@ -77,29 +77,29 @@ very complex layouts. No client-side downscale: the tile grid is chosen from the
 #   model section  L108
 #   SATURATE MAIN  blocks/main_saturate.py  L449-476
 #   main()  L450
-#   COMMON HELPERS  blocks/common/  L479-3429
-#     model_options.py L502  errors.py L518         secrets.py L553
-#     inputs.py L652         pages.py L1019         pdf.py L1198
-#     loops.py L1486         rows.py L1598          plan.py L1691
-#     store.py L1830         saving.py L2204        manifest.py L2511
-#     stats.py L2680         jobs_command.py L2763  card.py L2887
-#     arguments.py L3038     run.py L3190
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3432-3503
-#   GROUNDING HELPERS  blocks/grounding.py  L3506-3517
-#   SERVER HELPERS  blocks/server/  L3520-4265
-#     serve_args.py L3537  process.py L3614     requests.py L3908
-#     pipeline.py L4021    arguments.py L4215
-#   SATURATE HELPERS  blocks/saturate.py  L4268-4438
+#   COMMON HELPERS  blocks/common/  L479-3418
+#     model_options.py L501  errors.py L517         secrets.py L552
+#     inputs.py L650         pages.py L1014         pdf.py L1193
+#     loops.py L1481         rows.py L1593          plan.py L1686
+#     store.py L1823         saving.py L2195        manifest.py L2501
+#     stats.py L2669         jobs_command.py L2752  card.py L2876
+#     arguments.py L3027     run.py L3179
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3421-3492
+#   GROUNDING HELPERS  blocks/grounding.py  L3495-3506
+#   SERVER HELPERS  blocks/server/  L3509-4254
+#     serve_args.py L3526  process.py L3603     requests.py L3897
+#     pipeline.py L4010    arguments.py L4204
+#   SATURATE HELPERS  blocks/saturate.py  L4257-4424
 # A page's path, by the functions that take it:
-#   cell           iter_image_cells L1004
-#   prepared page  read_page L1676, prepare_page L1128
-#   request        request_body L3926
-#   answer         send_page L3974, read_completion L3954
-#   finished row   finish_row L2238
-#   journal        Journal.append L1717
-#   part           write_part L2335
-#   commit         OutputStore.publish L2098, OutputStore.commit L2117
-#   card           build_card L2960
+#   cell           iter_image_cells L999
+#   prepared page  read_page L1671, prepare_page L1123
+#   request        request_body L3915
+#   answer         send_page L3963, read_completion L3943
+#   finished row   finish_row L2229
+#   journal        Journal.append L1712
+#   part           write_part L2325
+#   commit         OutputStore.publish L2090, OutputStore.commit L2109
+#   card           build_card L2949
 # ==== END MAP ====
 
 import re
@@ -477,8 +477,7 @@ def main(argv: list[str] | None = None, hub_api=None) -> int:
 
 
 # ==== BEGIN COMMON HELPERS (edit blocks/common/, then run tools/sync_helpers.py) ====
-# The block's imports, once for all its modules (ruff, on every script, finds one missing
-# or unused); each module also imports, below its docstring, what it uses.
+# The imports of all the block's modules (ruff checks them on every script).
 import argparse
 import contextlib
 import hashlib
@@ -551,9 +550,8 @@ class RunAborted(Exception):
 
 
 # ---- secrets.py: Secrets: which values are secrets, and their masks in logs, argv and records.
-# credential-like values (Hub tokens, OpenAI-style keys) but not a name (vLLM's "hf_overrides",
-# a repo's "org/sk-model");
-# a URL's user information; a value under a name: name=value, or 'name': 'value' (JSON, a dict)
+# Hub tokens, OpenAI-style keys (not a name: "hf_overrides", "org/sk-model"); a URL's user
+# information; a value under a name: name=value, or 'name': 'value' (JSON, a dict)
 TOKEN_VALUE = re.compile(r"(?<!/)\b(?:hf_|api_org_|sk-)[A-Za-z0-9_-]{8,}(?![\w-]|['\"]\s*:|\s*=|/)")
 URL_USERINFO = re.compile(r"(?<=://)[^/\s@?#]+@")
 NAMED_VALUE = re.compile(r"""((?<![\w.-])(['"])?([\w.-]+)(?(2)\2\s*:\s*|=)(['"])?)"""
@@ -885,8 +883,7 @@ def _load_local_dataset(path: Path, args):
     if images:
         _split_of({"train": None}, f"folder {path}", args)
         return _image_folder(path, images, metadata), sorted(images + metadata)
-    # else a folder of tables as `datasets.load_dataset(folder)` reads it (a Hub snapshot,
-    # configs), or says that it holds no data files
+    # else a folder of tables, as `datasets.load_dataset(folder)` reads it (or finds none)
     builder = _by_datasets(f"{path}" + " (--config NAME picks a config)" * bool(files),
                            datasets.load_dataset_builder, str(path), args.config)
     return _load_tables(str(path), builder.config.data_files or {},
@@ -967,8 +964,7 @@ def open_input(args) -> InputSource:
         return InputSource(ds, args.image_column, description, lo, hi, rows_full, files=files)
     pages = count_pdf_pages(ds, pdf_column, args)
     pages.per_document = bool(args.per_document)
-    # the output names each document (a folder's file_name does), never its bytes; the name is
-    # added before the PDF column goes (a dataset of no columns has no rows)
+    # a document's name, not its bytes, goes out (added first: no columns would be no rows)
     named = "file_name" in ds.column_names
     shown = ds.add_column(" name", pages.names).remove_columns([pdf_column, *[" name"] * named])
     shown = shown if named else shown.rename_column(" name", pdf_column)
@@ -985,8 +981,7 @@ def check_output_columns(source: InputSource, args) -> None:
              f"them, or --output-column NAME")
 
 
-# RowResult's fields that are result columns, and their type: `text` is the output column, the
-# others <column>_<field>; after them come EXTRA_COLUMNS, then the PDF text columns of this run
+# RowResult's result columns and types: `text` is the output column, the others <column>_<field>
 RESULT_FIELDS = {"text": "string", "error": "string", "error_kind": "string",
                  "finish_reason": "string", "prompt_tokens": "int32", "completion_tokens": "int32",
                  "attempts": "int32", "skipped": "string"}
@@ -1768,10 +1763,8 @@ class RowPlan:
 
 def rows_to_redo(note: dict, lo: int, hi: int, retry_errors: bool = False,
                  send_blank: bool = False) -> list[int]:
-    """The rows in [lo, hi) of a part a rerun sends again, from its note: the rows the server
-    failed (every error row with --retry-errors), the blank ones with --send-blank. ocr-jobs.py
-    runs this very function, read from the script, to judge a shard done: it reads only its
-    arguments and the script's literal constants (SERVER)."""
+    """The rows in [lo, hi) a rerun sends again, from a part's note. ocr-jobs.py runs this very
+    function, read from the script: it reads only its arguments and literal constants (SERVER)."""
     again = [int(row) for row, kind in note["errors"].items()
              if (kind == SERVER or retry_errors) and lo <= int(row) < hi]
     return again + ([row for row in note.get("blank", []) if lo <= row < hi] if send_blank else [])
@@ -1914,8 +1907,7 @@ class OutputStore:
             self.sync_from_hub()
 
     def refuse_foreign(self, files) -> None:
-        """Refused: OUTPUT's `files` beside .gitattributes, .ocr/, the parts and (beside a run's
-        manifest or parts) its card: a dataset whose card would go, or whose rows would mix."""
+        """Refused: an OUTPUT holding files besides ours: its card would go, or its rows mix."""
         ours = any(f == ".ocr/manifest.json" or f.startswith("data/part-") for f in files)
         if other := sorted(f for f in files if not (
                 f == ".gitattributes" or f.startswith(".ocr/") or (f == "README.md" and ours)
@@ -2175,8 +2167,7 @@ class OutputStore:
         files, self.queued = self.queued, {}
         if self.api is not None and files and not self.conflict and not self.commit(files):
             self.upload_failures = sorted(self.queued)
-        # two shards ending at once each list the other's rows before its commit: the card is
-        # made again while another shard's parts appeared, so the last to finish counts them all
+        # two shards ending at once: the card is remade till the last to finish counts them all
         for _ in range(3 if self.sharded and "README.md" in files and not (
                 self.upload_failures or self.conflict) else 0):
             seen = set(self.remote_names)
@@ -2318,9 +2309,8 @@ def write_parquet(path: Path, schema, tables) -> None:
 
 
 def row_identity(source: InputSource, index: int, cell, result: RowResult) -> str | None:
-    """What output row `index` was made from, as the journal knows it: an image's input_digest();
-    a PDF page's, its document's and `#page=N` (--per-document: the document's); None: no bytes.
-    Rows of byte-identical pages share it, whatever their order, shard or run."""
+    """What row `index` was made from: an image's input_digest(), a PDF page's, its document's and
+    `#page=N`; None: no bytes. Byte-identical pages share it, whatever their order or run."""
     pdf = source.pdf
     doc = None if pdf is None else index if pdf.per_document else int(pdf.doc[index])
     if doc is not None and pdf.is_pdf(doc):
@@ -2509,8 +2499,7 @@ class PartWriter:
 
 
 # ---- manifest.py: What one run is: the identity a rerun must match, in OUTPUT's manifest.
-# The version of what OUTPUT records (manifest, journal, notes), bumped by any change to them: a
-# rerun (by URL, it may meet any older OUTPUT) of another version is refused in one line.
+# The version of what OUTPUT records (manifest, journal, notes): another version is refused.
 MANIFEST_FORMAT = 2  # 2: the parts hold ROW_IDENTITY, which the manifest names, and
 #                      <column>_skipped; a part's note lists its blank rows
 
@@ -4266,8 +4255,7 @@ def serve_settings(serve_args: list[str]) -> dict:
 
 
 # ==== BEGIN SATURATE HELPERS (edit blocks/saturate.py, then run tools/sync_helpers.py) ====
-# The adaptive window of the -saturate.py scripts (read from vLLM's /metrics), its telemetry and
-# options; the API servers of a server they start. A model section may set API_SERVER_COUNT.
+# The adaptive window (read from vLLM's /metrics), its telemetry and options; the API servers.
 API_SERVER_COUNT = globals().get("API_SERVER_COUNT", 1)  # a model section's measured count
 API_SERVERS_MIN_CPUS = 12  # where more API servers helped (one preprocesses on one core); on
 # smaller flavors they ran out of memory
@@ -4298,8 +4286,7 @@ def parse_metrics(text: str) -> dict:
     return out
 
 
-# the best tokens/s seen shrinks by this much a sample: growth stops when tokens/s fall, but
-# a burst of short pages early on does not stop it for the rest of the run
+# the best tokens/s decays by this a sample: an early burst of short pages does not stop growth
 RATE_MEMORY = 0.9
 
 
@@ -4424,8 +4411,7 @@ class AdaptiveWindow(Window):
             self.resize(new)
 
     def summary(self) -> dict:
-        """The stats: bound_by is the most frequent verdict of the steady state; "window" (full,
-        no queue, still growing) counts as the engine only when nothing else was seen."""
+        """The stats; bound_by: the steady state's commonest verdict ("window" only if alone)."""
         steady = [s for s in self.samples if s not in ("start", "tail")]
         bounded = [s for s in steady if s != "window"] or ["engine"]
         bound_by = max(set(bounded), key=bounded.count) if steady else \

@@ -90,29 +90,29 @@ The authors' olmOCR-Bench settings (84.7): `--mode grounding --drop-margins --ma
 #   LIGHTONOCR-3 MODEL  blocks/lighton_ocr3.py  L133-329
 #   SATURATE MAIN  blocks/main_saturate.py  L357-384
 #   main()  L358
-#   COMMON HELPERS  blocks/common/  L387-3337
-#     model_options.py L410  errors.py L426         secrets.py L461
-#     inputs.py L560         pages.py L927          pdf.py L1106
-#     loops.py L1394         rows.py L1506          plan.py L1599
-#     store.py L1738         saving.py L2112        manifest.py L2419
-#     stats.py L2588         jobs_command.py L2671  card.py L2795
-#     arguments.py L2946     run.py L3098
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3340-3411
-#   GROUNDING HELPERS  blocks/grounding.py  L3414-3425
-#   SERVER HELPERS  blocks/server/  L3428-4173
-#     serve_args.py L3445  process.py L3522     requests.py L3816
-#     pipeline.py L3929    arguments.py L4123
-#   SATURATE HELPERS  blocks/saturate.py  L4176-4346
+#   COMMON HELPERS  blocks/common/  L387-3326
+#     model_options.py L409  errors.py L425         secrets.py L460
+#     inputs.py L558         pages.py L922          pdf.py L1101
+#     loops.py L1389         rows.py L1501          plan.py L1594
+#     store.py L1731         saving.py L2103        manifest.py L2409
+#     stats.py L2577         jobs_command.py L2660  card.py L2784
+#     arguments.py L2935     run.py L3087
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3329-3400
+#   GROUNDING HELPERS  blocks/grounding.py  L3403-3414
+#   SERVER HELPERS  blocks/server/  L3417-4162
+#     serve_args.py L3434  process.py L3511     requests.py L3805
+#     pipeline.py L3918    arguments.py L4112
+#   SATURATE HELPERS  blocks/saturate.py  L4165-4332
 # A page's path, by the functions that take it:
-#   cell           iter_image_cells L912
-#   prepared page  read_page L1584, prepare_page L1036
-#   request        request_body L3834
-#   answer         send_page L3882, read_completion L3862
-#   finished row   finish_row L2146
-#   journal        Journal.append L1625
-#   part           write_part L2243
-#   commit         OutputStore.publish L2006, OutputStore.commit L2025
-#   card           build_card L2868
+#   cell           iter_image_cells L907
+#   prepared page  read_page L1579, prepare_page L1031
+#   request        request_body L3823
+#   answer         send_page L3871, read_completion L3851
+#   finished row   finish_row L2137
+#   journal        Journal.append L1620
+#   part           write_part L2233
+#   commit         OutputStore.publish L1998, OutputStore.commit L2017
+#   card           build_card L2857
 # ==== END MAP ====
 
 import re
@@ -385,8 +385,7 @@ def main(argv: list[str] | None = None, hub_api=None) -> int:
 
 
 # ==== BEGIN COMMON HELPERS (edit blocks/common/, then run tools/sync_helpers.py) ====
-# The block's imports, once for all its modules (ruff, on every script, finds one missing
-# or unused); each module also imports, below its docstring, what it uses.
+# The imports of all the block's modules (ruff checks them on every script).
 import argparse
 import contextlib
 import hashlib
@@ -459,9 +458,8 @@ class RunAborted(Exception):
 
 
 # ---- secrets.py: Secrets: which values are secrets, and their masks in logs, argv and records.
-# credential-like values (Hub tokens, OpenAI-style keys) but not a name (vLLM's "hf_overrides",
-# a repo's "org/sk-model");
-# a URL's user information; a value under a name: name=value, or 'name': 'value' (JSON, a dict)
+# Hub tokens, OpenAI-style keys (not a name: "hf_overrides", "org/sk-model"); a URL's user
+# information; a value under a name: name=value, or 'name': 'value' (JSON, a dict)
 TOKEN_VALUE = re.compile(r"(?<!/)\b(?:hf_|api_org_|sk-)[A-Za-z0-9_-]{8,}(?![\w-]|['\"]\s*:|\s*=|/)")
 URL_USERINFO = re.compile(r"(?<=://)[^/\s@?#]+@")
 NAMED_VALUE = re.compile(r"""((?<![\w.-])(['"])?([\w.-]+)(?(2)\2\s*:\s*|=)(['"])?)"""
@@ -793,8 +791,7 @@ def _load_local_dataset(path: Path, args):
     if images:
         _split_of({"train": None}, f"folder {path}", args)
         return _image_folder(path, images, metadata), sorted(images + metadata)
-    # else a folder of tables as `datasets.load_dataset(folder)` reads it (a Hub snapshot,
-    # configs), or says that it holds no data files
+    # else a folder of tables, as `datasets.load_dataset(folder)` reads it (or finds none)
     builder = _by_datasets(f"{path}" + " (--config NAME picks a config)" * bool(files),
                            datasets.load_dataset_builder, str(path), args.config)
     return _load_tables(str(path), builder.config.data_files or {},
@@ -875,8 +872,7 @@ def open_input(args) -> InputSource:
         return InputSource(ds, args.image_column, description, lo, hi, rows_full, files=files)
     pages = count_pdf_pages(ds, pdf_column, args)
     pages.per_document = bool(args.per_document)
-    # the output names each document (a folder's file_name does), never its bytes; the name is
-    # added before the PDF column goes (a dataset of no columns has no rows)
+    # a document's name, not its bytes, goes out (added first: no columns would be no rows)
     named = "file_name" in ds.column_names
     shown = ds.add_column(" name", pages.names).remove_columns([pdf_column, *[" name"] * named])
     shown = shown if named else shown.rename_column(" name", pdf_column)
@@ -893,8 +889,7 @@ def check_output_columns(source: InputSource, args) -> None:
              f"them, or --output-column NAME")
 
 
-# RowResult's fields that are result columns, and their type: `text` is the output column, the
-# others <column>_<field>; after them come EXTRA_COLUMNS, then the PDF text columns of this run
+# RowResult's result columns and types: `text` is the output column, the others <column>_<field>
 RESULT_FIELDS = {"text": "string", "error": "string", "error_kind": "string",
                  "finish_reason": "string", "prompt_tokens": "int32", "completion_tokens": "int32",
                  "attempts": "int32", "skipped": "string"}
@@ -1676,10 +1671,8 @@ class RowPlan:
 
 def rows_to_redo(note: dict, lo: int, hi: int, retry_errors: bool = False,
                  send_blank: bool = False) -> list[int]:
-    """The rows in [lo, hi) of a part a rerun sends again, from its note: the rows the server
-    failed (every error row with --retry-errors), the blank ones with --send-blank. ocr-jobs.py
-    runs this very function, read from the script, to judge a shard done: it reads only its
-    arguments and the script's literal constants (SERVER)."""
+    """The rows in [lo, hi) a rerun sends again, from a part's note. ocr-jobs.py runs this very
+    function, read from the script: it reads only its arguments and literal constants (SERVER)."""
     again = [int(row) for row, kind in note["errors"].items()
              if (kind == SERVER or retry_errors) and lo <= int(row) < hi]
     return again + ([row for row in note.get("blank", []) if lo <= row < hi] if send_blank else [])
@@ -1822,8 +1815,7 @@ class OutputStore:
             self.sync_from_hub()
 
     def refuse_foreign(self, files) -> None:
-        """Refused: OUTPUT's `files` beside .gitattributes, .ocr/, the parts and (beside a run's
-        manifest or parts) its card: a dataset whose card would go, or whose rows would mix."""
+        """Refused: an OUTPUT holding files besides ours: its card would go, or its rows mix."""
         ours = any(f == ".ocr/manifest.json" or f.startswith("data/part-") for f in files)
         if other := sorted(f for f in files if not (
                 f == ".gitattributes" or f.startswith(".ocr/") or (f == "README.md" and ours)
@@ -2083,8 +2075,7 @@ class OutputStore:
         files, self.queued = self.queued, {}
         if self.api is not None and files and not self.conflict and not self.commit(files):
             self.upload_failures = sorted(self.queued)
-        # two shards ending at once each list the other's rows before its commit: the card is
-        # made again while another shard's parts appeared, so the last to finish counts them all
+        # two shards ending at once: the card is remade till the last to finish counts them all
         for _ in range(3 if self.sharded and "README.md" in files and not (
                 self.upload_failures or self.conflict) else 0):
             seen = set(self.remote_names)
@@ -2226,9 +2217,8 @@ def write_parquet(path: Path, schema, tables) -> None:
 
 
 def row_identity(source: InputSource, index: int, cell, result: RowResult) -> str | None:
-    """What output row `index` was made from, as the journal knows it: an image's input_digest();
-    a PDF page's, its document's and `#page=N` (--per-document: the document's); None: no bytes.
-    Rows of byte-identical pages share it, whatever their order, shard or run."""
+    """What row `index` was made from: an image's input_digest(), a PDF page's, its document's and
+    `#page=N`; None: no bytes. Byte-identical pages share it, whatever their order or run."""
     pdf = source.pdf
     doc = None if pdf is None else index if pdf.per_document else int(pdf.doc[index])
     if doc is not None and pdf.is_pdf(doc):
@@ -2417,8 +2407,7 @@ class PartWriter:
 
 
 # ---- manifest.py: What one run is: the identity a rerun must match, in OUTPUT's manifest.
-# The version of what OUTPUT records (manifest, journal, notes), bumped by any change to them: a
-# rerun (by URL, it may meet any older OUTPUT) of another version is refused in one line.
+# The version of what OUTPUT records (manifest, journal, notes): another version is refused.
 MANIFEST_FORMAT = 2  # 2: the parts hold ROW_IDENTITY, which the manifest names, and
 #                      <column>_skipped; a part's note lists its blank rows
 
@@ -4174,8 +4163,7 @@ def serve_settings(serve_args: list[str]) -> dict:
 
 
 # ==== BEGIN SATURATE HELPERS (edit blocks/saturate.py, then run tools/sync_helpers.py) ====
-# The adaptive window of the -saturate.py scripts (read from vLLM's /metrics), its telemetry and
-# options; the API servers of a server they start. A model section may set API_SERVER_COUNT.
+# The adaptive window (read from vLLM's /metrics), its telemetry and options; the API servers.
 API_SERVER_COUNT = globals().get("API_SERVER_COUNT", 1)  # a model section's measured count
 API_SERVERS_MIN_CPUS = 12  # where more API servers helped (one preprocesses on one core); on
 # smaller flavors they ran out of memory
@@ -4206,8 +4194,7 @@ def parse_metrics(text: str) -> dict:
     return out
 
 
-# the best tokens/s seen shrinks by this much a sample: growth stops when tokens/s fall, but
-# a burst of short pages early on does not stop it for the rest of the run
+# the best tokens/s decays by this a sample: an early burst of short pages does not stop growth
 RATE_MEMORY = 0.9
 
 
@@ -4332,8 +4319,7 @@ class AdaptiveWindow(Window):
             self.resize(new)
 
     def summary(self) -> dict:
-        """The stats: bound_by is the most frequent verdict of the steady state; "window" (full,
-        no queue, still growing) counts as the engine only when nothing else was seen."""
+        """The stats; bound_by: the steady state's commonest verdict ("window" only if alone)."""
         steady = [s for s in self.samples if s not in ("start", "tail")]
         bounded = [s for s in steady if s != "window"] or ["engine"]
         bound_by = max(set(bounded), key=bounded.count) if steady else \

@@ -49,25 +49,25 @@ Where the engine arguments come from
 #   OVISOCR2 MODEL  blocks/ovis_ocr2.py  L88-174
 #   OFFLINE MAIN  blocks/main_offline.py  L203-228
 #   main()  L204
-#   COMMON HELPERS  blocks/common/  L231-3181
-#     model_options.py L254  errors.py L270         secrets.py L305
-#     inputs.py L404         pages.py L771          pdf.py L950
-#     loops.py L1238         rows.py L1350          plan.py L1443
-#     store.py L1582         saving.py L1956        manifest.py L2263
-#     stats.py L2432         jobs_command.py L2515  card.py L2639
-#     arguments.py L2790     run.py L2942
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3184-3255
-#   OFFLINE HELPERS  blocks/offline.py  L3258-3439
+#   COMMON HELPERS  blocks/common/  L231-3170
+#     model_options.py L253  errors.py L269         secrets.py L304
+#     inputs.py L402         pages.py L766          pdf.py L945
+#     loops.py L1233         rows.py L1345          plan.py L1438
+#     store.py L1575         saving.py L1947        manifest.py L2253
+#     stats.py L2421         jobs_command.py L2504  card.py L2628
+#     arguments.py L2779     run.py L2931
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3173-3244
+#   OFFLINE HELPERS  blocks/offline.py  L3247-3425
 # A page's path, by the functions that take it:
-#   cell           iter_image_cells L756
-#   prepared page  read_page L1428, prepare_page L880
-#   request        generate_batch L3314
-#   answer         generate_batch L3314
-#   finished row   finish_row L1990
-#   journal        Journal.append L1469
-#   part           write_part L2087
-#   commit         OutputStore.publish L1850, OutputStore.commit L1869
-#   card           build_card L2712
+#   cell           iter_image_cells L751
+#   prepared page  read_page L1423, prepare_page L875
+#   request        generate_batch L3300
+#   answer         generate_batch L3300
+#   finished row   finish_row L1981
+#   journal        Journal.append L1464
+#   part           write_part L2077
+#   commit         OutputStore.publish L1842, OutputStore.commit L1861
+#   card           build_card L2701
 # ==== END MAP ====
 
 import re
@@ -229,8 +229,7 @@ def main(argv: list[str] | None = None, hub_api=None) -> int:
 
 
 # ==== BEGIN COMMON HELPERS (edit blocks/common/, then run tools/sync_helpers.py) ====
-# The block's imports, once for all its modules (ruff, on every script, finds one missing
-# or unused); each module also imports, below its docstring, what it uses.
+# The imports of all the block's modules (ruff checks them on every script).
 import argparse
 import contextlib
 import hashlib
@@ -303,9 +302,8 @@ class RunAborted(Exception):
 
 
 # ---- secrets.py: Secrets: which values are secrets, and their masks in logs, argv and records.
-# credential-like values (Hub tokens, OpenAI-style keys) but not a name (vLLM's "hf_overrides",
-# a repo's "org/sk-model");
-# a URL's user information; a value under a name: name=value, or 'name': 'value' (JSON, a dict)
+# Hub tokens, OpenAI-style keys (not a name: "hf_overrides", "org/sk-model"); a URL's user
+# information; a value under a name: name=value, or 'name': 'value' (JSON, a dict)
 TOKEN_VALUE = re.compile(r"(?<!/)\b(?:hf_|api_org_|sk-)[A-Za-z0-9_-]{8,}(?![\w-]|['\"]\s*:|\s*=|/)")
 URL_USERINFO = re.compile(r"(?<=://)[^/\s@?#]+@")
 NAMED_VALUE = re.compile(r"""((?<![\w.-])(['"])?([\w.-]+)(?(2)\2\s*:\s*|=)(['"])?)"""
@@ -637,8 +635,7 @@ def _load_local_dataset(path: Path, args):
     if images:
         _split_of({"train": None}, f"folder {path}", args)
         return _image_folder(path, images, metadata), sorted(images + metadata)
-    # else a folder of tables as `datasets.load_dataset(folder)` reads it (a Hub snapshot,
-    # configs), or says that it holds no data files
+    # else a folder of tables, as `datasets.load_dataset(folder)` reads it (or finds none)
     builder = _by_datasets(f"{path}" + " (--config NAME picks a config)" * bool(files),
                            datasets.load_dataset_builder, str(path), args.config)
     return _load_tables(str(path), builder.config.data_files or {},
@@ -719,8 +716,7 @@ def open_input(args) -> InputSource:
         return InputSource(ds, args.image_column, description, lo, hi, rows_full, files=files)
     pages = count_pdf_pages(ds, pdf_column, args)
     pages.per_document = bool(args.per_document)
-    # the output names each document (a folder's file_name does), never its bytes; the name is
-    # added before the PDF column goes (a dataset of no columns has no rows)
+    # a document's name, not its bytes, goes out (added first: no columns would be no rows)
     named = "file_name" in ds.column_names
     shown = ds.add_column(" name", pages.names).remove_columns([pdf_column, *[" name"] * named])
     shown = shown if named else shown.rename_column(" name", pdf_column)
@@ -737,8 +733,7 @@ def check_output_columns(source: InputSource, args) -> None:
              f"them, or --output-column NAME")
 
 
-# RowResult's fields that are result columns, and their type: `text` is the output column, the
-# others <column>_<field>; after them come EXTRA_COLUMNS, then the PDF text columns of this run
+# RowResult's result columns and types: `text` is the output column, the others <column>_<field>
 RESULT_FIELDS = {"text": "string", "error": "string", "error_kind": "string",
                  "finish_reason": "string", "prompt_tokens": "int32", "completion_tokens": "int32",
                  "attempts": "int32", "skipped": "string"}
@@ -1520,10 +1515,8 @@ class RowPlan:
 
 def rows_to_redo(note: dict, lo: int, hi: int, retry_errors: bool = False,
                  send_blank: bool = False) -> list[int]:
-    """The rows in [lo, hi) of a part a rerun sends again, from its note: the rows the server
-    failed (every error row with --retry-errors), the blank ones with --send-blank. ocr-jobs.py
-    runs this very function, read from the script, to judge a shard done: it reads only its
-    arguments and the script's literal constants (SERVER)."""
+    """The rows in [lo, hi) a rerun sends again, from a part's note. ocr-jobs.py runs this very
+    function, read from the script: it reads only its arguments and literal constants (SERVER)."""
     again = [int(row) for row, kind in note["errors"].items()
              if (kind == SERVER or retry_errors) and lo <= int(row) < hi]
     return again + ([row for row in note.get("blank", []) if lo <= row < hi] if send_blank else [])
@@ -1666,8 +1659,7 @@ class OutputStore:
             self.sync_from_hub()
 
     def refuse_foreign(self, files) -> None:
-        """Refused: OUTPUT's `files` beside .gitattributes, .ocr/, the parts and (beside a run's
-        manifest or parts) its card: a dataset whose card would go, or whose rows would mix."""
+        """Refused: an OUTPUT holding files besides ours: its card would go, or its rows mix."""
         ours = any(f == ".ocr/manifest.json" or f.startswith("data/part-") for f in files)
         if other := sorted(f for f in files if not (
                 f == ".gitattributes" or f.startswith(".ocr/") or (f == "README.md" and ours)
@@ -1927,8 +1919,7 @@ class OutputStore:
         files, self.queued = self.queued, {}
         if self.api is not None and files and not self.conflict and not self.commit(files):
             self.upload_failures = sorted(self.queued)
-        # two shards ending at once each list the other's rows before its commit: the card is
-        # made again while another shard's parts appeared, so the last to finish counts them all
+        # two shards ending at once: the card is remade till the last to finish counts them all
         for _ in range(3 if self.sharded and "README.md" in files and not (
                 self.upload_failures or self.conflict) else 0):
             seen = set(self.remote_names)
@@ -2070,9 +2061,8 @@ def write_parquet(path: Path, schema, tables) -> None:
 
 
 def row_identity(source: InputSource, index: int, cell, result: RowResult) -> str | None:
-    """What output row `index` was made from, as the journal knows it: an image's input_digest();
-    a PDF page's, its document's and `#page=N` (--per-document: the document's); None: no bytes.
-    Rows of byte-identical pages share it, whatever their order, shard or run."""
+    """What row `index` was made from: an image's input_digest(), a PDF page's, its document's and
+    `#page=N`; None: no bytes. Byte-identical pages share it, whatever their order or run."""
     pdf = source.pdf
     doc = None if pdf is None else index if pdf.per_document else int(pdf.doc[index])
     if doc is not None and pdf.is_pdf(doc):
@@ -2261,8 +2251,7 @@ class PartWriter:
 
 
 # ---- manifest.py: What one run is: the identity a rerun must match, in OUTPUT's manifest.
-# The version of what OUTPUT records (manifest, journal, notes), bumped by any change to them: a
-# rerun (by URL, it may meet any older OUTPUT) of another version is refused in one line.
+# The version of what OUTPUT records (manifest, journal, notes): another version is refused.
 MANIFEST_FORMAT = 2  # 2: the parts hold ROW_IDENTITY, which the manifest names, and
 #                      <column>_skipped; a part's note lists its blank rows
 
@@ -3256,8 +3245,7 @@ def is_blank(img) -> bool:
 
 
 # ==== BEGIN OFFLINE HELPERS (edit blocks/offline.py, then run tools/sync_helpers.py) ====
-# vllm.LLM in fixed batches. The model section provides LLM_KWARGS, CHAT_KWARGS,
-# build_messages(), sampling_kwargs(), VLLM_REQUIREMENT; the common block provides the rest.
+# vllm.LLM in fixed batches, with the model section's LLM_KWARGS, CHAT_KWARGS, build_messages().
 import base64
 import itertools
 import shutil
@@ -3277,10 +3265,8 @@ def gpu_visible() -> bool:
 
 
 def ensure_vllm(argv: list[str]) -> None:
-    """Before the input is read and the repo created: vllm importable here (a CPU build too),
-    else this script again under the machine's Python that has it (the vLLM image's: no second
-    vllm and torch), else under uv with vllm where a GPU is visible; else exit 2: the Jobs
-    command."""
+    """Before anything is read or created: vllm here, else this script under the Python that has
+    it (the vLLM image's), else under uv with vllm where a GPU is; else exit 2 with Jobs advice."""
     import importlib.util
 
     with contextlib.suppress(ImportError, ValueError):

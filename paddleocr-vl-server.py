@@ -102,28 +102,28 @@ Where the settings come from, and the choices where sources differ
 #   PADDLEOCR-VL MODEL  blocks/paddleocr_vl.py  L143-377
 #   SERVER MAIN  blocks/main_server.py  L380-407
 #   main()  L381
-#   COMMON HELPERS  blocks/common/  L410-3360
-#     model_options.py L433  errors.py L449         secrets.py L484
-#     inputs.py L583         pages.py L950          pdf.py L1129
-#     loops.py L1417         rows.py L1529          plan.py L1622
-#     store.py L1761         saving.py L2135        manifest.py L2442
-#     stats.py L2611         jobs_command.py L2694  card.py L2818
-#     arguments.py L2969     run.py L3121
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3363-3434
-#   PATCH GRID HELPERS  blocks/patch_grid.py  L3437-3470
-#   SERVER HELPERS  blocks/server/  L3473-4218
-#     serve_args.py L3490  process.py L3567     requests.py L3861
-#     pipeline.py L3974    arguments.py L4168
+#   COMMON HELPERS  blocks/common/  L410-3349
+#     model_options.py L432  errors.py L448         secrets.py L483
+#     inputs.py L581         pages.py L945          pdf.py L1124
+#     loops.py L1412         rows.py L1524          plan.py L1617
+#     store.py L1754         saving.py L2126        manifest.py L2432
+#     stats.py L2600         jobs_command.py L2683  card.py L2807
+#     arguments.py L2958     run.py L3110
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3352-3423
+#   PATCH GRID HELPERS  blocks/patch_grid.py  L3426-3459
+#   SERVER HELPERS  blocks/server/  L3462-4207
+#     serve_args.py L3479  process.py L3556     requests.py L3850
+#     pipeline.py L3963    arguments.py L4157
 # A page's path, by the functions that take it:
-#   cell           iter_image_cells L935
-#   prepared page  read_page L1607, prepare_page L1059
-#   request        request_body L3879
-#   answer         send_page L3927, read_completion L3907
-#   finished row   finish_row L2169
-#   journal        Journal.append L1648
-#   part           write_part L2266
-#   commit         OutputStore.publish L2029, OutputStore.commit L2048
-#   card           build_card L2891
+#   cell           iter_image_cells L930
+#   prepared page  read_page L1602, prepare_page L1054
+#   request        request_body L3868
+#   answer         send_page L3916, read_completion L3896
+#   finished row   finish_row L2160
+#   journal        Journal.append L1643
+#   part           write_part L2256
+#   commit         OutputStore.publish L2021, OutputStore.commit L2040
+#   card           build_card L2880
 # ==== END MAP ====
 
 import html
@@ -408,8 +408,7 @@ def main(argv: list[str] | None = None, hub_api=None) -> int:
 
 
 # ==== BEGIN COMMON HELPERS (edit blocks/common/, then run tools/sync_helpers.py) ====
-# The block's imports, once for all its modules (ruff, on every script, finds one missing
-# or unused); each module also imports, below its docstring, what it uses.
+# The imports of all the block's modules (ruff checks them on every script).
 import argparse
 import contextlib
 import hashlib
@@ -482,9 +481,8 @@ class RunAborted(Exception):
 
 
 # ---- secrets.py: Secrets: which values are secrets, and their masks in logs, argv and records.
-# credential-like values (Hub tokens, OpenAI-style keys) but not a name (vLLM's "hf_overrides",
-# a repo's "org/sk-model");
-# a URL's user information; a value under a name: name=value, or 'name': 'value' (JSON, a dict)
+# Hub tokens, OpenAI-style keys (not a name: "hf_overrides", "org/sk-model"); a URL's user
+# information; a value under a name: name=value, or 'name': 'value' (JSON, a dict)
 TOKEN_VALUE = re.compile(r"(?<!/)\b(?:hf_|api_org_|sk-)[A-Za-z0-9_-]{8,}(?![\w-]|['\"]\s*:|\s*=|/)")
 URL_USERINFO = re.compile(r"(?<=://)[^/\s@?#]+@")
 NAMED_VALUE = re.compile(r"""((?<![\w.-])(['"])?([\w.-]+)(?(2)\2\s*:\s*|=)(['"])?)"""
@@ -816,8 +814,7 @@ def _load_local_dataset(path: Path, args):
     if images:
         _split_of({"train": None}, f"folder {path}", args)
         return _image_folder(path, images, metadata), sorted(images + metadata)
-    # else a folder of tables as `datasets.load_dataset(folder)` reads it (a Hub snapshot,
-    # configs), or says that it holds no data files
+    # else a folder of tables, as `datasets.load_dataset(folder)` reads it (or finds none)
     builder = _by_datasets(f"{path}" + " (--config NAME picks a config)" * bool(files),
                            datasets.load_dataset_builder, str(path), args.config)
     return _load_tables(str(path), builder.config.data_files or {},
@@ -898,8 +895,7 @@ def open_input(args) -> InputSource:
         return InputSource(ds, args.image_column, description, lo, hi, rows_full, files=files)
     pages = count_pdf_pages(ds, pdf_column, args)
     pages.per_document = bool(args.per_document)
-    # the output names each document (a folder's file_name does), never its bytes; the name is
-    # added before the PDF column goes (a dataset of no columns has no rows)
+    # a document's name, not its bytes, goes out (added first: no columns would be no rows)
     named = "file_name" in ds.column_names
     shown = ds.add_column(" name", pages.names).remove_columns([pdf_column, *[" name"] * named])
     shown = shown if named else shown.rename_column(" name", pdf_column)
@@ -916,8 +912,7 @@ def check_output_columns(source: InputSource, args) -> None:
              f"them, or --output-column NAME")
 
 
-# RowResult's fields that are result columns, and their type: `text` is the output column, the
-# others <column>_<field>; after them come EXTRA_COLUMNS, then the PDF text columns of this run
+# RowResult's result columns and types: `text` is the output column, the others <column>_<field>
 RESULT_FIELDS = {"text": "string", "error": "string", "error_kind": "string",
                  "finish_reason": "string", "prompt_tokens": "int32", "completion_tokens": "int32",
                  "attempts": "int32", "skipped": "string"}
@@ -1699,10 +1694,8 @@ class RowPlan:
 
 def rows_to_redo(note: dict, lo: int, hi: int, retry_errors: bool = False,
                  send_blank: bool = False) -> list[int]:
-    """The rows in [lo, hi) of a part a rerun sends again, from its note: the rows the server
-    failed (every error row with --retry-errors), the blank ones with --send-blank. ocr-jobs.py
-    runs this very function, read from the script, to judge a shard done: it reads only its
-    arguments and the script's literal constants (SERVER)."""
+    """The rows in [lo, hi) a rerun sends again, from a part's note. ocr-jobs.py runs this very
+    function, read from the script: it reads only its arguments and literal constants (SERVER)."""
     again = [int(row) for row, kind in note["errors"].items()
              if (kind == SERVER or retry_errors) and lo <= int(row) < hi]
     return again + ([row for row in note.get("blank", []) if lo <= row < hi] if send_blank else [])
@@ -1845,8 +1838,7 @@ class OutputStore:
             self.sync_from_hub()
 
     def refuse_foreign(self, files) -> None:
-        """Refused: OUTPUT's `files` beside .gitattributes, .ocr/, the parts and (beside a run's
-        manifest or parts) its card: a dataset whose card would go, or whose rows would mix."""
+        """Refused: an OUTPUT holding files besides ours: its card would go, or its rows mix."""
         ours = any(f == ".ocr/manifest.json" or f.startswith("data/part-") for f in files)
         if other := sorted(f for f in files if not (
                 f == ".gitattributes" or f.startswith(".ocr/") or (f == "README.md" and ours)
@@ -2106,8 +2098,7 @@ class OutputStore:
         files, self.queued = self.queued, {}
         if self.api is not None and files and not self.conflict and not self.commit(files):
             self.upload_failures = sorted(self.queued)
-        # two shards ending at once each list the other's rows before its commit: the card is
-        # made again while another shard's parts appeared, so the last to finish counts them all
+        # two shards ending at once: the card is remade till the last to finish counts them all
         for _ in range(3 if self.sharded and "README.md" in files and not (
                 self.upload_failures or self.conflict) else 0):
             seen = set(self.remote_names)
@@ -2249,9 +2240,8 @@ def write_parquet(path: Path, schema, tables) -> None:
 
 
 def row_identity(source: InputSource, index: int, cell, result: RowResult) -> str | None:
-    """What output row `index` was made from, as the journal knows it: an image's input_digest();
-    a PDF page's, its document's and `#page=N` (--per-document: the document's); None: no bytes.
-    Rows of byte-identical pages share it, whatever their order, shard or run."""
+    """What row `index` was made from: an image's input_digest(), a PDF page's, its document's and
+    `#page=N`; None: no bytes. Byte-identical pages share it, whatever their order or run."""
     pdf = source.pdf
     doc = None if pdf is None else index if pdf.per_document else int(pdf.doc[index])
     if doc is not None and pdf.is_pdf(doc):
@@ -2440,8 +2430,7 @@ class PartWriter:
 
 
 # ---- manifest.py: What one run is: the identity a rerun must match, in OUTPUT's manifest.
-# The version of what OUTPUT records (manifest, journal, notes), bumped by any change to them: a
-# rerun (by URL, it may meet any older OUTPUT) of another version is refused in one line.
+# The version of what OUTPUT records (manifest, journal, notes): another version is refused.
 MANIFEST_FORMAT = 2  # 2: the parts hold ROW_IDENTITY, which the manifest names, and
 #                      <column>_skipped; a part's note lists its blank rows
 

@@ -26,8 +26,7 @@ from blocks.model import (
 )
 
 # ==== BEGIN OFFLINE HELPERS (edit blocks/offline.py, then run tools/sync_helpers.py) ====
-# vllm.LLM in fixed batches. The model section provides LLM_KWARGS, CHAT_KWARGS,
-# build_messages(), sampling_kwargs(), VLLM_REQUIREMENT; the common block provides the rest.
+# vllm.LLM in fixed batches, with the model section's LLM_KWARGS, CHAT_KWARGS, build_messages().
 import base64
 import itertools
 import shutil
@@ -47,10 +46,8 @@ def gpu_visible() -> bool:
 
 
 def ensure_vllm(argv: list[str]) -> None:
-    """Before the input is read and the repo created: vllm importable here (a CPU build too),
-    else this script again under the machine's Python that has it (the vLLM image's: no second
-    vllm and torch), else under uv with vllm where a GPU is visible; else exit 2: the Jobs
-    command."""
+    """Before anything is read or created: vllm here, else this script under the Python that has
+    it (the vLLM image's), else under uv with vllm where a GPU is; else exit 2 with Jobs advice."""
     import importlib.util
 
     with contextlib.suppress(ImportError, ValueError):

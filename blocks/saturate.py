@@ -19,8 +19,7 @@ from blocks.server.process import ServerManager
 from blocks.server.serve_args import serve_arg_value
 
 # ==== BEGIN SATURATE HELPERS (edit blocks/saturate.py, then run tools/sync_helpers.py) ====
-# The adaptive window of the -saturate.py scripts (read from vLLM's /metrics), its telemetry and
-# options; the API servers of a server they start. A model section may set API_SERVER_COUNT.
+# The adaptive window (read from vLLM's /metrics), its telemetry and options; the API servers.
 API_SERVER_COUNT = globals().get("API_SERVER_COUNT", 1)  # a model section's measured count
 API_SERVERS_MIN_CPUS = 12  # where more API servers helped (one preprocesses on one core); on
 # smaller flavors they ran out of memory
@@ -51,8 +50,7 @@ def parse_metrics(text: str) -> dict:
     return out
 
 
-# the best tokens/s seen shrinks by this much a sample: growth stops when tokens/s fall, but
-# a burst of short pages early on does not stop it for the rest of the run
+# the best tokens/s decays by this a sample: an early burst of short pages does not stop growth
 RATE_MEMORY = 0.9
 
 
@@ -177,8 +175,7 @@ class AdaptiveWindow(Window):
             self.resize(new)
 
     def summary(self) -> dict:
-        """The stats: bound_by is the most frequent verdict of the steady state; "window" (full,
-        no queue, still growing) counts as the engine only when nothing else was seen."""
+        """The stats; bound_by: the steady state's commonest verdict ("window" only if alone)."""
         steady = [s for s in self.samples if s not in ("start", "tail")]
         bounded = [s for s in steady if s != "window"] or ["engine"]
         bound_by = max(set(bounded), key=bounded.count) if steady else \

@@ -7,8 +7,7 @@ line). A module's docstring and its imports from blocks/ stay out of the scripts
 and the tests where each name comes from (the model section's names from blocks/model.py).
 """
 
-# The block's imports, once for all its modules (ruff, on every script, finds one missing
-# or unused); each module also imports, below its docstring, what it uses.
+# The imports of all the block's modules (ruff checks them on every script).
 import argparse
 import contextlib
 import hashlib

@@ -249,8 +249,7 @@ def _load_local_dataset(path: Path, args):
     if images:
         _split_of({"train": None}, f"folder {path}", args)
         return _image_folder(path, images, metadata), sorted(images + metadata)
-    # else a folder of tables as `datasets.load_dataset(folder)` reads it (a Hub snapshot,
-    # configs), or says that it holds no data files
+    # else a folder of tables, as `datasets.load_dataset(folder)` reads it (or finds none)
     builder = _by_datasets(f"{path}" + " (--config NAME picks a config)" * bool(files),
                            datasets.load_dataset_builder, str(path), args.config)
     return _load_tables(str(path), builder.config.data_files or {},
@@ -331,8 +330,7 @@ def open_input(args) -> InputSource:
         return InputSource(ds, args.image_column, description, lo, hi, rows_full, files=files)
     pages = count_pdf_pages(ds, pdf_column, args)
     pages.per_document = bool(args.per_document)
-    # the output names each document (a folder's file_name does), never its bytes; the name is
-    # added before the PDF column goes (a dataset of no columns has no rows)
+    # a document's name, not its bytes, goes out (added first: no columns would be no rows)
     named = "file_name" in ds.column_names
     shown = ds.add_column(" name", pages.names).remove_columns([pdf_column, *[" name"] * named])
     shown = shown if named else shown.rename_column(" name", pdf_column)
@@ -349,8 +347,7 @@ def check_output_columns(source: InputSource, args) -> None:
              f"them, or --output-column NAME")
 
 
-# RowResult's fields that are result columns, and their type: `text` is the output column, the
-# others <column>_<field>; after them come EXTRA_COLUMNS, then the PDF text columns of this run
+# RowResult's result columns and types: `text` is the output column, the others <column>_<field>
 RESULT_FIELDS = {"text": "string", "error": "string", "error_kind": "string",
                  "finish_reason": "string", "prompt_tokens": "int32", "completion_tokens": "int32",
                  "attempts": "int32", "skipped": "string"}

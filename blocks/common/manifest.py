@@ -17,8 +17,7 @@ from blocks.common.secrets import redact_value
 from blocks.common.store import OutputStore
 from blocks.model import image_token_budget, inference_settings, JOB_IMAGE, SCRIPT_SHAPE
 
-# The version of what OUTPUT records (manifest, journal, notes), bumped by any change to them: a
-# rerun (by URL, it may meet any older OUTPUT) of another version is refused in one line.
+# The version of what OUTPUT records (manifest, journal, notes): another version is refused.
 MANIFEST_FORMAT = 2  # 2: the parts hold ROW_IDENTITY, which the manifest names, and
 #                      <column>_skipped; a part's note lists its blank rows
 

@@ -144,9 +144,8 @@ def write_parquet(path: Path, schema, tables) -> None:
 
 
 def row_identity(source: InputSource, index: int, cell, result: RowResult) -> str | None:
-    """What output row `index` was made from, as the journal knows it: an image's input_digest();
-    a PDF page's, its document's and `#page=N` (--per-document: the document's); None: no bytes.
-    Rows of byte-identical pages share it, whatever their order, shard or run."""
+    """What row `index` was made from: an image's input_digest(), a PDF page's, its document's and
+    `#page=N`; None: no bytes. Byte-identical pages share it, whatever their order or run."""
     pdf = source.pdf
     doc = None if pdf is None else index if pdf.per_document else int(pdf.doc[index])
     if doc is not None and pdf.is_pdf(doc):

@@ -5,9 +5,8 @@ import json
 import re
 import shlex
 
-# credential-like values (Hub tokens, OpenAI-style keys) but not a name (vLLM's "hf_overrides",
-# a repo's "org/sk-model");
-# a URL's user information; a value under a name: name=value, or 'name': 'value' (JSON, a dict)
+# Hub tokens, OpenAI-style keys (not a name: "hf_overrides", "org/sk-model"); a URL's user
+# information; a value under a name: name=value, or 'name': 'value' (JSON, a dict)
 TOKEN_VALUE = re.compile(r"(?<!/)\b(?:hf_|api_org_|sk-)[A-Za-z0-9_-]{8,}(?![\w-]|['\"]\s*:|\s*=|/)")
 URL_USERINFO = re.compile(r"(?<=://)[^/\s@?#]+@")
 NAMED_VALUE = re.compile(r"""((?<![\w.-])(['"])?([\w.-]+)(?(2)\2\s*:\s*|=)(['"])?)"""

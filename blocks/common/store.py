@@ -103,8 +103,7 @@ class OutputStore:
             self.sync_from_hub()
 
     def refuse_foreign(self, files) -> None:
-        """Refused: OUTPUT's `files` beside .gitattributes, .ocr/, the parts and (beside a run's
-        manifest or parts) its card: a dataset whose card would go, or whose rows would mix."""
+        """Refused: an OUTPUT holding files besides ours: its card would go, or its rows mix."""
         ours = any(f == ".ocr/manifest.json" or f.startswith("data/part-") for f in files)
         if other := sorted(f for f in files if not (
                 f == ".gitattributes" or f.startswith(".ocr/") or (f == "README.md" and ours)
@@ -364,8 +363,7 @@ class OutputStore:
         files, self.queued = self.queued, {}
         if self.api is not None and files and not self.conflict and not self.commit(files):
             self.upload_failures = sorted(self.queued)
-        # two shards ending at once each list the other's rows before its commit: the card is
-        # made again while another shard's parts appeared, so the last to finish counts them all
+        # two shards ending at once: the card is remade till the last to finish counts them all
         for _ in range(3 if self.sharded and "README.md" in files and not (
                 self.upload_failures or self.conflict) else 0):
             seen = set(self.remote_names)
