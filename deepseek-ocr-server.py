@@ -76,28 +76,28 @@ Where the settings come from (vLLM's DeepSeek-OCR recipe)
 #   DEEPSEEK-OCR MODEL  blocks/deepseek_ocr.py  L129-292
 #   SERVER MAIN  blocks/main_server.py  L295-322
 #   main()  L296
-#   COMMON HELPERS  blocks/common/  L325-3264
-#     model_options.py L347  errors.py L363         secrets.py L398
-#     inputs.py L496         pages.py L860          pdf.py L1039
+#   COMMON HELPERS  blocks/common/  L325-3250
+#     model_options.py L353  errors.py L369         secrets.py L404
+#     inputs.py L502         pages.py L864          pdf.py L1043
 #     loops.py L1327         rows.py L1439          plan.py L1532
-#     store.py L1669         saving.py L2041        manifest.py L2347
-#     stats.py L2515         jobs_command.py L2598  card.py L2722
-#     arguments.py L2873     run.py L3025
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3267-3338
-#   GROUNDING HELPERS  blocks/grounding.py  L3341-3352
-#   SERVER HELPERS  blocks/server/  L3355-4100
-#     serve_args.py L3372  process.py L3449     requests.py L3743
-#     pipeline.py L3856    arguments.py L4050
+#     store.py L1669         saving.py L2033        manifest.py L2335
+#     stats.py L2503         jobs_command.py L2586  card.py L2708
+#     arguments.py L2859     run.py L3011
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3253-3324
+#   GROUNDING HELPERS  blocks/grounding.py  L3327-3338
+#   SERVER HELPERS  blocks/server/  L3341-4083
+#     serve_args.py L3355  process.py L3432     requests.py L3726
+#     pipeline.py L3839    arguments.py L4033
 # A page's path, by the functions that take it:
-#   cell           iter_image_cells L845
-#   prepared page  read_page L1517, prepare_page L969
-#   request        request_body L3761
-#   answer         send_page L3809, read_completion L3789
-#   finished row   finish_row L2075
+#   cell           iter_image_cells L849
+#   prepared page  read_page L1517, prepare_page L973
+#   request        request_body L3744
+#   answer         send_page L3792, read_completion L3772
+#   finished row   finish_row L2067
 #   journal        Journal.append L1558
-#   part           write_part L2171
-#   commit         OutputStore.publish L1936, OutputStore.commit L1955
-#   card           build_card L2795
+#   part           write_part L2163
+#   commit         OutputStore.publish L1928, OutputStore.commit L1947
+#   card           build_card L2781
 # ==== END MAP ====
 
 import re
@@ -328,18 +328,24 @@ import argparse
 import contextlib
 import hashlib
 import io
+import itertools
 import json
 import math
 import os
+import queue
 import random
 import resource
 import shlex
+import shutil
 import signal
+import subprocess
 import sys
+import tempfile
 import threading
 import time
 import warnings
 import zlib
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -499,8 +505,6 @@ REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
 
 def script_name() -> str:
     """This script's file name, also as uv's temp copy for `uv run URL` (<stem> + 6 chars)."""
-    import tempfile
-
     path = Path(sys.argv[0])
     copy = path.resolve().parent == Path(tempfile.gettempdir()).resolve() and re.fullmatch(
         r".+(?=[a-z]*[A-Z0-9])[A-Za-z0-9]{6}\.py", path.name)
@@ -1238,8 +1242,6 @@ class PdfRenderer:
     """Render processes, thread-safe: a page that hangs or crashes one is its error row."""
 
     def __init__(self, pdf: PdfPages, args):
-        import queue
-
         self.pdf, self.args, self.idle, self.driver = pdf, args, queue.Queue(), os.getpid()
         self.busy, self.closed = set(), False  # close() kills a busy one too: no wait at exit
         for _ in range(max(1, args.pdf_workers)):
@@ -1288,8 +1290,6 @@ class PdfRenderer:
     def render(self, page: PdfPage) -> PreparedPage:
         if page.doc_row in self.pdf.errors:
             raise PageError(self.pdf.errors[page.doc_row])
-        import queue
-
         while True:  # a worker, unless the run is over (close: none comes back)
             with contextlib.suppress(queue.Empty):
                 process, pipe = self.idle.get(timeout=1.0)
@@ -1720,8 +1720,6 @@ class OutputStore:
             self.api = hub_api or HfApi(token=args.hf_token or None)
             base = Path(args.work_dir or "~/.cache/ocr-vllm-scripts/outputs").expanduser()
             if self.read_only:  # a folder that goes at exit
-                import tempfile
-
                 self.scratch = tempfile.TemporaryDirectory(prefix="ocr-check-")
                 base = Path(self.scratch.name)
             self.root = base / self.target.replace("/", "__")
@@ -1823,16 +1821,12 @@ class OutputStore:
 
     def abandon(self) -> None:
         """A refused run removes the folder it made, if only its lock is in it."""
-        import shutil
-
         if self.made_root and self.lock is not None and [
                 p for p in self.root.rglob("*") if not p.is_dir()] == [Path(self.lock.name)]:
             shutil.rmtree(self.root, ignore_errors=True)
 
     def clear_local(self) -> None:
         """Journal first, manifest last: a kill half-way leaves no old rows to a new run."""
-        import shutil
-
         shutil.rmtree(self.meta / "journal", ignore_errors=True)
         for path in self.local_parts() + [self.root / "README.md", self.meta / "manifest.json"]:
             path.unlink(missing_ok=True)
@@ -1859,8 +1853,6 @@ class OutputStore:
 
     def restart(self, shard: str | None = None) -> None:
         """--restart: OUTPUT's rows, card and manifest go (only `shard`'s beside other shards)."""
-        import shutil
-
         if self.read_only:
             return
         if shard is None and (running := self.other_writers()):
@@ -2257,8 +2249,6 @@ class PartWriter:
 
     def __init__(self, store: OutputStore, source: InputSource, plan: RowPlan, features,
                  info_entry: dict, check: "DegenerateCheck", args):
-        from collections import Counter
-
         self.store, self.source, self.features = store, source, features
         self.info_entry, self.check, self.args = info_entry, check, args
         self.redo = dict(plan.redo)  # row -> part holding its error row, until replaced
@@ -2305,13 +2295,11 @@ class PartWriter:
 
     def flush(self, final: bool = False) -> None:
         """The complete groups, each as a part; every finished row once due, or final."""
-        from itertools import groupby
-
         everything = final or time.monotonic() - self.last_flush >= self.args.part_seconds
         with self.lock:
             groups, self.complete = self.complete, set()
             rows = sorted(i for i in self.results if everything or self._group(i) in groups)
-        for path, run in groupby(enumerate(rows), lambda p: self.redo.get(p[1]) or (
+        for path, run in itertools.groupby(enumerate(rows), lambda p: self.redo.get(p[1]) or (
                 p[1] - p[0], p[1] // self.args.part_rows)):
             run = [i for _, i in run]
             results = [self.results[i] for i in run]  # one no column can hold becomes its error
@@ -2622,8 +2610,6 @@ def jobs_spec() -> dict:
 
 def script_url() -> str | None:
     """The URL of `uv run URL` when this is uv's temp copy (uv still holds it), unless secret."""
-    import subprocess
-
     if script_name() == Path(sys.argv[0]).name:
         return None
     words: list[str] = []
@@ -3356,12 +3342,9 @@ def block_box(values, top: int) -> list[int] | None:
 # The block's imports not already in the common block (see blocks/common/__init__.py).
 import asyncio
 import base64
-import contextlib
 import functools
-import shutil
 import socket
 import ssl
-import subprocess
 import urllib.parse
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor

@@ -92,28 +92,28 @@ and vLLM's DeepSeek-OCR-2 recipe)
 #   DEEPSEEK-OCR MODEL  blocks/deepseek_ocr.py  L144-307
 #   SERVER MAIN  blocks/main_server.py  L310-337
 #   main()  L311
-#   COMMON HELPERS  blocks/common/  L340-3279
-#     model_options.py L362  errors.py L378         secrets.py L413
-#     inputs.py L511         pages.py L875          pdf.py L1054
+#   COMMON HELPERS  blocks/common/  L340-3265
+#     model_options.py L368  errors.py L384         secrets.py L419
+#     inputs.py L517         pages.py L879          pdf.py L1058
 #     loops.py L1342         rows.py L1454          plan.py L1547
-#     store.py L1684         saving.py L2056        manifest.py L2362
-#     stats.py L2530         jobs_command.py L2613  card.py L2737
-#     arguments.py L2888     run.py L3040
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3282-3353
-#   GROUNDING HELPERS  blocks/grounding.py  L3356-3367
-#   SERVER HELPERS  blocks/server/  L3370-4115
-#     serve_args.py L3387  process.py L3464     requests.py L3758
-#     pipeline.py L3871    arguments.py L4065
+#     store.py L1684         saving.py L2048        manifest.py L2350
+#     stats.py L2518         jobs_command.py L2601  card.py L2723
+#     arguments.py L2874     run.py L3026
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3268-3339
+#   GROUNDING HELPERS  blocks/grounding.py  L3342-3353
+#   SERVER HELPERS  blocks/server/  L3356-4098
+#     serve_args.py L3370  process.py L3447     requests.py L3741
+#     pipeline.py L3854    arguments.py L4048
 # A page's path, by the functions that take it:
-#   cell           iter_image_cells L860
-#   prepared page  read_page L1532, prepare_page L984
-#   request        request_body L3776
-#   answer         send_page L3824, read_completion L3804
-#   finished row   finish_row L2090
+#   cell           iter_image_cells L864
+#   prepared page  read_page L1532, prepare_page L988
+#   request        request_body L3759
+#   answer         send_page L3807, read_completion L3787
+#   finished row   finish_row L2082
 #   journal        Journal.append L1573
-#   part           write_part L2186
-#   commit         OutputStore.publish L1951, OutputStore.commit L1970
-#   card           build_card L2810
+#   part           write_part L2178
+#   commit         OutputStore.publish L1943, OutputStore.commit L1962
+#   card           build_card L2796
 # ==== END MAP ====
 
 import re
@@ -343,18 +343,24 @@ import argparse
 import contextlib
 import hashlib
 import io
+import itertools
 import json
 import math
 import os
+import queue
 import random
 import resource
 import shlex
+import shutil
 import signal
+import subprocess
 import sys
+import tempfile
 import threading
 import time
 import warnings
 import zlib
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -514,8 +520,6 @@ REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
 
 def script_name() -> str:
     """This script's file name, also as uv's temp copy for `uv run URL` (<stem> + 6 chars)."""
-    import tempfile
-
     path = Path(sys.argv[0])
     copy = path.resolve().parent == Path(tempfile.gettempdir()).resolve() and re.fullmatch(
         r".+(?=[a-z]*[A-Z0-9])[A-Za-z0-9]{6}\.py", path.name)
@@ -1253,8 +1257,6 @@ class PdfRenderer:
     """Render processes, thread-safe: a page that hangs or crashes one is its error row."""
 
     def __init__(self, pdf: PdfPages, args):
-        import queue
-
         self.pdf, self.args, self.idle, self.driver = pdf, args, queue.Queue(), os.getpid()
         self.busy, self.closed = set(), False  # close() kills a busy one too: no wait at exit
         for _ in range(max(1, args.pdf_workers)):
@@ -1303,8 +1305,6 @@ class PdfRenderer:
     def render(self, page: PdfPage) -> PreparedPage:
         if page.doc_row in self.pdf.errors:
             raise PageError(self.pdf.errors[page.doc_row])
-        import queue
-
         while True:  # a worker, unless the run is over (close: none comes back)
             with contextlib.suppress(queue.Empty):
                 process, pipe = self.idle.get(timeout=1.0)
@@ -1735,8 +1735,6 @@ class OutputStore:
             self.api = hub_api or HfApi(token=args.hf_token or None)
             base = Path(args.work_dir or "~/.cache/ocr-vllm-scripts/outputs").expanduser()
             if self.read_only:  # a folder that goes at exit
-                import tempfile
-
                 self.scratch = tempfile.TemporaryDirectory(prefix="ocr-check-")
                 base = Path(self.scratch.name)
             self.root = base / self.target.replace("/", "__")
@@ -1838,16 +1836,12 @@ class OutputStore:
 
     def abandon(self) -> None:
         """A refused run removes the folder it made, if only its lock is in it."""
-        import shutil
-
         if self.made_root and self.lock is not None and [
                 p for p in self.root.rglob("*") if not p.is_dir()] == [Path(self.lock.name)]:
             shutil.rmtree(self.root, ignore_errors=True)
 
     def clear_local(self) -> None:
         """Journal first, manifest last: a kill half-way leaves no old rows to a new run."""
-        import shutil
-
         shutil.rmtree(self.meta / "journal", ignore_errors=True)
         for path in self.local_parts() + [self.root / "README.md", self.meta / "manifest.json"]:
             path.unlink(missing_ok=True)
@@ -1874,8 +1868,6 @@ class OutputStore:
 
     def restart(self, shard: str | None = None) -> None:
         """--restart: OUTPUT's rows, card and manifest go (only `shard`'s beside other shards)."""
-        import shutil
-
         if self.read_only:
             return
         if shard is None and (running := self.other_writers()):
@@ -2272,8 +2264,6 @@ class PartWriter:
 
     def __init__(self, store: OutputStore, source: InputSource, plan: RowPlan, features,
                  info_entry: dict, check: "DegenerateCheck", args):
-        from collections import Counter
-
         self.store, self.source, self.features = store, source, features
         self.info_entry, self.check, self.args = info_entry, check, args
         self.redo = dict(plan.redo)  # row -> part holding its error row, until replaced
@@ -2320,13 +2310,11 @@ class PartWriter:
 
     def flush(self, final: bool = False) -> None:
         """The complete groups, each as a part; every finished row once due, or final."""
-        from itertools import groupby
-
         everything = final or time.monotonic() - self.last_flush >= self.args.part_seconds
         with self.lock:
             groups, self.complete = self.complete, set()
             rows = sorted(i for i in self.results if everything or self._group(i) in groups)
-        for path, run in groupby(enumerate(rows), lambda p: self.redo.get(p[1]) or (
+        for path, run in itertools.groupby(enumerate(rows), lambda p: self.redo.get(p[1]) or (
                 p[1] - p[0], p[1] // self.args.part_rows)):
             run = [i for _, i in run]
             results = [self.results[i] for i in run]  # one no column can hold becomes its error
@@ -2637,8 +2625,6 @@ def jobs_spec() -> dict:
 
 def script_url() -> str | None:
     """The URL of `uv run URL` when this is uv's temp copy (uv still holds it), unless secret."""
-    import subprocess
-
     if script_name() == Path(sys.argv[0]).name:
         return None
     words: list[str] = []
@@ -3371,12 +3357,9 @@ def block_box(values, top: int) -> list[int] | None:
 # The block's imports not already in the common block (see blocks/common/__init__.py).
 import asyncio
 import base64
-import contextlib
 import functools
-import shutil
 import socket
 import ssl
-import subprocess
 import urllib.parse
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor

@@ -92,28 +92,28 @@ Post-processing, as the authors' formatter builds Markdown (dots_mocr/utils/form
 #   DOTS-MOCR MODEL  blocks/dots_mocr.py  L172-400
 #   SERVER MAIN  blocks/main_server.py  L403-430
 #   main()  L404
-#   COMMON HELPERS  blocks/common/  L433-3372
-#     model_options.py L455  errors.py L471         secrets.py L506
-#     inputs.py L604         pages.py L968          pdf.py L1147
+#   COMMON HELPERS  blocks/common/  L433-3358
+#     model_options.py L461  errors.py L477         secrets.py L512
+#     inputs.py L610         pages.py L972          pdf.py L1151
 #     loops.py L1435         rows.py L1547          plan.py L1640
-#     store.py L1777         saving.py L2149        manifest.py L2455
-#     stats.py L2623         jobs_command.py L2706  card.py L2830
-#     arguments.py L2981     run.py L3133
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3375-3446
-#   GROUNDING HELPERS  blocks/grounding.py  L3449-3460
-#   SERVER HELPERS  blocks/server/  L3463-4208
-#     serve_args.py L3480  process.py L3557     requests.py L3851
-#     pipeline.py L3964    arguments.py L4158
+#     store.py L1777         saving.py L2141        manifest.py L2443
+#     stats.py L2611         jobs_command.py L2694  card.py L2816
+#     arguments.py L2967     run.py L3119
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3361-3432
+#   GROUNDING HELPERS  blocks/grounding.py  L3435-3446
+#   SERVER HELPERS  blocks/server/  L3449-4191
+#     serve_args.py L3463  process.py L3540     requests.py L3834
+#     pipeline.py L3947    arguments.py L4141
 # A page's path, by the functions that take it:
-#   cell           iter_image_cells L953
-#   prepared page  read_page L1625, prepare_page L1077
-#   request        request_body L3869
-#   answer         send_page L3917, read_completion L3897
-#   finished row   finish_row L2183
+#   cell           iter_image_cells L957
+#   prepared page  read_page L1625, prepare_page L1081
+#   request        request_body L3852
+#   answer         send_page L3900, read_completion L3880
+#   finished row   finish_row L2175
 #   journal        Journal.append L1666
-#   part           write_part L2279
-#   commit         OutputStore.publish L2044, OutputStore.commit L2063
-#   card           build_card L2903
+#   part           write_part L2271
+#   commit         OutputStore.publish L2036, OutputStore.commit L2055
+#   card           build_card L2889
 # ==== END MAP ====
 
 import argparse
@@ -436,18 +436,24 @@ import argparse
 import contextlib
 import hashlib
 import io
+import itertools
 import json
 import math
 import os
+import queue
 import random
 import resource
 import shlex
+import shutil
 import signal
+import subprocess
 import sys
+import tempfile
 import threading
 import time
 import warnings
 import zlib
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -607,8 +613,6 @@ REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
 
 def script_name() -> str:
     """This script's file name, also as uv's temp copy for `uv run URL` (<stem> + 6 chars)."""
-    import tempfile
-
     path = Path(sys.argv[0])
     copy = path.resolve().parent == Path(tempfile.gettempdir()).resolve() and re.fullmatch(
         r".+(?=[a-z]*[A-Z0-9])[A-Za-z0-9]{6}\.py", path.name)
@@ -1346,8 +1350,6 @@ class PdfRenderer:
     """Render processes, thread-safe: a page that hangs or crashes one is its error row."""
 
     def __init__(self, pdf: PdfPages, args):
-        import queue
-
         self.pdf, self.args, self.idle, self.driver = pdf, args, queue.Queue(), os.getpid()
         self.busy, self.closed = set(), False  # close() kills a busy one too: no wait at exit
         for _ in range(max(1, args.pdf_workers)):
@@ -1396,8 +1398,6 @@ class PdfRenderer:
     def render(self, page: PdfPage) -> PreparedPage:
         if page.doc_row in self.pdf.errors:
             raise PageError(self.pdf.errors[page.doc_row])
-        import queue
-
         while True:  # a worker, unless the run is over (close: none comes back)
             with contextlib.suppress(queue.Empty):
                 process, pipe = self.idle.get(timeout=1.0)
@@ -1828,8 +1828,6 @@ class OutputStore:
             self.api = hub_api or HfApi(token=args.hf_token or None)
             base = Path(args.work_dir or "~/.cache/ocr-vllm-scripts/outputs").expanduser()
             if self.read_only:  # a folder that goes at exit
-                import tempfile
-
                 self.scratch = tempfile.TemporaryDirectory(prefix="ocr-check-")
                 base = Path(self.scratch.name)
             self.root = base / self.target.replace("/", "__")
@@ -1931,16 +1929,12 @@ class OutputStore:
 
     def abandon(self) -> None:
         """A refused run removes the folder it made, if only its lock is in it."""
-        import shutil
-
         if self.made_root and self.lock is not None and [
                 p for p in self.root.rglob("*") if not p.is_dir()] == [Path(self.lock.name)]:
             shutil.rmtree(self.root, ignore_errors=True)
 
     def clear_local(self) -> None:
         """Journal first, manifest last: a kill half-way leaves no old rows to a new run."""
-        import shutil
-
         shutil.rmtree(self.meta / "journal", ignore_errors=True)
         for path in self.local_parts() + [self.root / "README.md", self.meta / "manifest.json"]:
             path.unlink(missing_ok=True)
@@ -1967,8 +1961,6 @@ class OutputStore:
 
     def restart(self, shard: str | None = None) -> None:
         """--restart: OUTPUT's rows, card and manifest go (only `shard`'s beside other shards)."""
-        import shutil
-
         if self.read_only:
             return
         if shard is None and (running := self.other_writers()):
@@ -2365,8 +2357,6 @@ class PartWriter:
 
     def __init__(self, store: OutputStore, source: InputSource, plan: RowPlan, features,
                  info_entry: dict, check: "DegenerateCheck", args):
-        from collections import Counter
-
         self.store, self.source, self.features = store, source, features
         self.info_entry, self.check, self.args = info_entry, check, args
         self.redo = dict(plan.redo)  # row -> part holding its error row, until replaced
@@ -2413,13 +2403,11 @@ class PartWriter:
 
     def flush(self, final: bool = False) -> None:
         """The complete groups, each as a part; every finished row once due, or final."""
-        from itertools import groupby
-
         everything = final or time.monotonic() - self.last_flush >= self.args.part_seconds
         with self.lock:
             groups, self.complete = self.complete, set()
             rows = sorted(i for i in self.results if everything or self._group(i) in groups)
-        for path, run in groupby(enumerate(rows), lambda p: self.redo.get(p[1]) or (
+        for path, run in itertools.groupby(enumerate(rows), lambda p: self.redo.get(p[1]) or (
                 p[1] - p[0], p[1] // self.args.part_rows)):
             run = [i for _, i in run]
             results = [self.results[i] for i in run]  # one no column can hold becomes its error
@@ -2730,8 +2718,6 @@ def jobs_spec() -> dict:
 
 def script_url() -> str | None:
     """The URL of `uv run URL` when this is uv's temp copy (uv still holds it), unless secret."""
-    import subprocess
-
     if script_name() == Path(sys.argv[0]).name:
         return None
     words: list[str] = []
@@ -3464,12 +3450,9 @@ def block_box(values, top: int) -> list[int] | None:
 # The block's imports not already in the common block (see blocks/common/__init__.py).
 import asyncio
 import base64
-import contextlib
 import functools
-import shutil
 import socket
 import ssl
-import subprocess
 import urllib.parse
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor

@@ -93,28 +93,28 @@ Where the settings come from (the authors' README and SDK, the card, vLLM's reci
 #   GLM-OCR MODEL  blocks/glm_ocr.py  L135-333
 #   SERVER MAIN  blocks/main_server.py  L336-363
 #   main()  L337
-#   COMMON HELPERS  blocks/common/  L366-3305
-#     model_options.py L388  errors.py L404         secrets.py L439
-#     inputs.py L537         pages.py L901          pdf.py L1080
+#   COMMON HELPERS  blocks/common/  L366-3291
+#     model_options.py L394  errors.py L410         secrets.py L445
+#     inputs.py L543         pages.py L905          pdf.py L1084
 #     loops.py L1368         rows.py L1480          plan.py L1573
-#     store.py L1710         saving.py L2082        manifest.py L2388
-#     stats.py L2556         jobs_command.py L2639  card.py L2763
-#     arguments.py L2914     run.py L3066
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3308-3379
-#   PATCH GRID HELPERS  blocks/patch_grid.py  L3382-3415
-#   SERVER HELPERS  blocks/server/  L3418-4163
-#     serve_args.py L3435  process.py L3512     requests.py L3806
-#     pipeline.py L3919    arguments.py L4113
+#     store.py L1710         saving.py L2074        manifest.py L2376
+#     stats.py L2544         jobs_command.py L2627  card.py L2749
+#     arguments.py L2900     run.py L3052
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3294-3365
+#   PATCH GRID HELPERS  blocks/patch_grid.py  L3368-3401
+#   SERVER HELPERS  blocks/server/  L3404-4146
+#     serve_args.py L3418  process.py L3495     requests.py L3789
+#     pipeline.py L3902    arguments.py L4096
 # A page's path, by the functions that take it:
-#   cell           iter_image_cells L886
-#   prepared page  read_page L1558, prepare_page L1010
-#   request        request_body L3824
-#   answer         send_page L3872, read_completion L3852
-#   finished row   finish_row L2116
+#   cell           iter_image_cells L890
+#   prepared page  read_page L1558, prepare_page L1014
+#   request        request_body L3807
+#   answer         send_page L3855, read_completion L3835
+#   finished row   finish_row L2108
 #   journal        Journal.append L1599
-#   part           write_part L2212
-#   commit         OutputStore.publish L1977, OutputStore.commit L1996
-#   card           build_card L2836
+#   part           write_part L2204
+#   commit         OutputStore.publish L1969, OutputStore.commit L1988
+#   card           build_card L2822
 # ==== END MAP ====
 
 import json
@@ -369,18 +369,24 @@ import argparse
 import contextlib
 import hashlib
 import io
+import itertools
 import json
 import math
 import os
+import queue
 import random
 import resource
 import shlex
+import shutil
 import signal
+import subprocess
 import sys
+import tempfile
 import threading
 import time
 import warnings
 import zlib
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -540,8 +546,6 @@ REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
 
 def script_name() -> str:
     """This script's file name, also as uv's temp copy for `uv run URL` (<stem> + 6 chars)."""
-    import tempfile
-
     path = Path(sys.argv[0])
     copy = path.resolve().parent == Path(tempfile.gettempdir()).resolve() and re.fullmatch(
         r".+(?=[a-z]*[A-Z0-9])[A-Za-z0-9]{6}\.py", path.name)
@@ -1279,8 +1283,6 @@ class PdfRenderer:
     """Render processes, thread-safe: a page that hangs or crashes one is its error row."""
 
     def __init__(self, pdf: PdfPages, args):
-        import queue
-
         self.pdf, self.args, self.idle, self.driver = pdf, args, queue.Queue(), os.getpid()
         self.busy, self.closed = set(), False  # close() kills a busy one too: no wait at exit
         for _ in range(max(1, args.pdf_workers)):
@@ -1329,8 +1331,6 @@ class PdfRenderer:
     def render(self, page: PdfPage) -> PreparedPage:
         if page.doc_row in self.pdf.errors:
             raise PageError(self.pdf.errors[page.doc_row])
-        import queue
-
         while True:  # a worker, unless the run is over (close: none comes back)
             with contextlib.suppress(queue.Empty):
                 process, pipe = self.idle.get(timeout=1.0)
@@ -1761,8 +1761,6 @@ class OutputStore:
             self.api = hub_api or HfApi(token=args.hf_token or None)
             base = Path(args.work_dir or "~/.cache/ocr-vllm-scripts/outputs").expanduser()
             if self.read_only:  # a folder that goes at exit
-                import tempfile
-
                 self.scratch = tempfile.TemporaryDirectory(prefix="ocr-check-")
                 base = Path(self.scratch.name)
             self.root = base / self.target.replace("/", "__")
@@ -1864,16 +1862,12 @@ class OutputStore:
 
     def abandon(self) -> None:
         """A refused run removes the folder it made, if only its lock is in it."""
-        import shutil
-
         if self.made_root and self.lock is not None and [
                 p for p in self.root.rglob("*") if not p.is_dir()] == [Path(self.lock.name)]:
             shutil.rmtree(self.root, ignore_errors=True)
 
     def clear_local(self) -> None:
         """Journal first, manifest last: a kill half-way leaves no old rows to a new run."""
-        import shutil
-
         shutil.rmtree(self.meta / "journal", ignore_errors=True)
         for path in self.local_parts() + [self.root / "README.md", self.meta / "manifest.json"]:
             path.unlink(missing_ok=True)
@@ -1900,8 +1894,6 @@ class OutputStore:
 
     def restart(self, shard: str | None = None) -> None:
         """--restart: OUTPUT's rows, card and manifest go (only `shard`'s beside other shards)."""
-        import shutil
-
         if self.read_only:
             return
         if shard is None and (running := self.other_writers()):
@@ -2298,8 +2290,6 @@ class PartWriter:
 
     def __init__(self, store: OutputStore, source: InputSource, plan: RowPlan, features,
                  info_entry: dict, check: "DegenerateCheck", args):
-        from collections import Counter
-
         self.store, self.source, self.features = store, source, features
         self.info_entry, self.check, self.args = info_entry, check, args
         self.redo = dict(plan.redo)  # row -> part holding its error row, until replaced
@@ -2346,13 +2336,11 @@ class PartWriter:
 
     def flush(self, final: bool = False) -> None:
         """The complete groups, each as a part; every finished row once due, or final."""
-        from itertools import groupby
-
         everything = final or time.monotonic() - self.last_flush >= self.args.part_seconds
         with self.lock:
             groups, self.complete = self.complete, set()
             rows = sorted(i for i in self.results if everything or self._group(i) in groups)
-        for path, run in groupby(enumerate(rows), lambda p: self.redo.get(p[1]) or (
+        for path, run in itertools.groupby(enumerate(rows), lambda p: self.redo.get(p[1]) or (
                 p[1] - p[0], p[1] // self.args.part_rows)):
             run = [i for _, i in run]
             results = [self.results[i] for i in run]  # one no column can hold becomes its error
@@ -2663,8 +2651,6 @@ def jobs_spec() -> dict:
 
 def script_url() -> str | None:
     """The URL of `uv run URL` when this is uv's temp copy (uv still holds it), unless secret."""
-    import subprocess
-
     if script_name() == Path(sys.argv[0]).name:
         return None
     words: list[str] = []
@@ -3419,12 +3405,9 @@ def max_patch_grid_tokens(max_pixels: int, factor: int) -> int:
 # The block's imports not already in the common block (see blocks/common/__init__.py).
 import asyncio
 import base64
-import contextlib
 import functools
-import shutil
 import socket
 import ssl
-import subprocess
 import urllib.parse
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor

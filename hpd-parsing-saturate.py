@@ -77,29 +77,29 @@ very complex layouts. No client-side downscale: the tile grid is chosen from the
 #   model section  L108
 #   SATURATE MAIN  blocks/main_saturate.py  L449-476
 #   main()  L450
-#   COMMON HELPERS  blocks/common/  L479-3418
-#     model_options.py L501  errors.py L517         secrets.py L552
-#     inputs.py L650         pages.py L1014         pdf.py L1193
+#   COMMON HELPERS  blocks/common/  L479-3404
+#     model_options.py L507  errors.py L523         secrets.py L558
+#     inputs.py L656         pages.py L1018         pdf.py L1197
 #     loops.py L1481         rows.py L1593          plan.py L1686
-#     store.py L1823         saving.py L2195        manifest.py L2501
-#     stats.py L2669         jobs_command.py L2752  card.py L2876
-#     arguments.py L3027     run.py L3179
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3421-3492
-#   GROUNDING HELPERS  blocks/grounding.py  L3495-3506
-#   SERVER HELPERS  blocks/server/  L3509-4254
-#     serve_args.py L3526  process.py L3603     requests.py L3897
-#     pipeline.py L4010    arguments.py L4204
-#   SATURATE HELPERS  blocks/saturate.py  L4257-4424
+#     store.py L1823         saving.py L2187        manifest.py L2489
+#     stats.py L2657         jobs_command.py L2740  card.py L2862
+#     arguments.py L3013     run.py L3165
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3407-3478
+#   GROUNDING HELPERS  blocks/grounding.py  L3481-3492
+#   SERVER HELPERS  blocks/server/  L3495-4237
+#     serve_args.py L3509  process.py L3586     requests.py L3880
+#     pipeline.py L3993    arguments.py L4187
+#   SATURATE HELPERS  blocks/saturate.py  L4240-4407
 # A page's path, by the functions that take it:
-#   cell           iter_image_cells L999
-#   prepared page  read_page L1671, prepare_page L1123
-#   request        request_body L3915
-#   answer         send_page L3963, read_completion L3943
-#   finished row   finish_row L2229
+#   cell           iter_image_cells L1003
+#   prepared page  read_page L1671, prepare_page L1127
+#   request        request_body L3898
+#   answer         send_page L3946, read_completion L3926
+#   finished row   finish_row L2221
 #   journal        Journal.append L1712
-#   part           write_part L2325
-#   commit         OutputStore.publish L2090, OutputStore.commit L2109
-#   card           build_card L2949
+#   part           write_part L2317
+#   commit         OutputStore.publish L2082, OutputStore.commit L2101
+#   card           build_card L2935
 # ==== END MAP ====
 
 import re
@@ -482,18 +482,24 @@ import argparse
 import contextlib
 import hashlib
 import io
+import itertools
 import json
 import math
 import os
+import queue
 import random
 import resource
 import shlex
+import shutil
 import signal
+import subprocess
 import sys
+import tempfile
 import threading
 import time
 import warnings
 import zlib
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -653,8 +659,6 @@ REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
 
 def script_name() -> str:
     """This script's file name, also as uv's temp copy for `uv run URL` (<stem> + 6 chars)."""
-    import tempfile
-
     path = Path(sys.argv[0])
     copy = path.resolve().parent == Path(tempfile.gettempdir()).resolve() and re.fullmatch(
         r".+(?=[a-z]*[A-Z0-9])[A-Za-z0-9]{6}\.py", path.name)
@@ -1392,8 +1396,6 @@ class PdfRenderer:
     """Render processes, thread-safe: a page that hangs or crashes one is its error row."""
 
     def __init__(self, pdf: PdfPages, args):
-        import queue
-
         self.pdf, self.args, self.idle, self.driver = pdf, args, queue.Queue(), os.getpid()
         self.busy, self.closed = set(), False  # close() kills a busy one too: no wait at exit
         for _ in range(max(1, args.pdf_workers)):
@@ -1442,8 +1444,6 @@ class PdfRenderer:
     def render(self, page: PdfPage) -> PreparedPage:
         if page.doc_row in self.pdf.errors:
             raise PageError(self.pdf.errors[page.doc_row])
-        import queue
-
         while True:  # a worker, unless the run is over (close: none comes back)
             with contextlib.suppress(queue.Empty):
                 process, pipe = self.idle.get(timeout=1.0)
@@ -1874,8 +1874,6 @@ class OutputStore:
             self.api = hub_api or HfApi(token=args.hf_token or None)
             base = Path(args.work_dir or "~/.cache/ocr-vllm-scripts/outputs").expanduser()
             if self.read_only:  # a folder that goes at exit
-                import tempfile
-
                 self.scratch = tempfile.TemporaryDirectory(prefix="ocr-check-")
                 base = Path(self.scratch.name)
             self.root = base / self.target.replace("/", "__")
@@ -1977,16 +1975,12 @@ class OutputStore:
 
     def abandon(self) -> None:
         """A refused run removes the folder it made, if only its lock is in it."""
-        import shutil
-
         if self.made_root and self.lock is not None and [
                 p for p in self.root.rglob("*") if not p.is_dir()] == [Path(self.lock.name)]:
             shutil.rmtree(self.root, ignore_errors=True)
 
     def clear_local(self) -> None:
         """Journal first, manifest last: a kill half-way leaves no old rows to a new run."""
-        import shutil
-
         shutil.rmtree(self.meta / "journal", ignore_errors=True)
         for path in self.local_parts() + [self.root / "README.md", self.meta / "manifest.json"]:
             path.unlink(missing_ok=True)
@@ -2013,8 +2007,6 @@ class OutputStore:
 
     def restart(self, shard: str | None = None) -> None:
         """--restart: OUTPUT's rows, card and manifest go (only `shard`'s beside other shards)."""
-        import shutil
-
         if self.read_only:
             return
         if shard is None and (running := self.other_writers()):
@@ -2411,8 +2403,6 @@ class PartWriter:
 
     def __init__(self, store: OutputStore, source: InputSource, plan: RowPlan, features,
                  info_entry: dict, check: "DegenerateCheck", args):
-        from collections import Counter
-
         self.store, self.source, self.features = store, source, features
         self.info_entry, self.check, self.args = info_entry, check, args
         self.redo = dict(plan.redo)  # row -> part holding its error row, until replaced
@@ -2459,13 +2449,11 @@ class PartWriter:
 
     def flush(self, final: bool = False) -> None:
         """The complete groups, each as a part; every finished row once due, or final."""
-        from itertools import groupby
-
         everything = final or time.monotonic() - self.last_flush >= self.args.part_seconds
         with self.lock:
             groups, self.complete = self.complete, set()
             rows = sorted(i for i in self.results if everything or self._group(i) in groups)
-        for path, run in groupby(enumerate(rows), lambda p: self.redo.get(p[1]) or (
+        for path, run in itertools.groupby(enumerate(rows), lambda p: self.redo.get(p[1]) or (
                 p[1] - p[0], p[1] // self.args.part_rows)):
             run = [i for _, i in run]
             results = [self.results[i] for i in run]  # one no column can hold becomes its error
@@ -2776,8 +2764,6 @@ def jobs_spec() -> dict:
 
 def script_url() -> str | None:
     """The URL of `uv run URL` when this is uv's temp copy (uv still holds it), unless secret."""
-    import subprocess
-
     if script_name() == Path(sys.argv[0]).name:
         return None
     words: list[str] = []
@@ -3510,12 +3496,9 @@ def block_box(values, top: int) -> list[int] | None:
 # The block's imports not already in the common block (see blocks/common/__init__.py).
 import asyncio
 import base64
-import contextlib
 import functools
-import shutil
 import socket
 import ssl
-import subprocess
 import urllib.parse
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor

@@ -90,29 +90,29 @@ The authors' olmOCR-Bench settings (84.7): `--mode grounding --drop-margins --ma
 #   LIGHTONOCR-3 MODEL  blocks/lighton_ocr3.py  L133-329
 #   SATURATE MAIN  blocks/main_saturate.py  L357-384
 #   main()  L358
-#   COMMON HELPERS  blocks/common/  L387-3326
-#     model_options.py L409  errors.py L425         secrets.py L460
-#     inputs.py L558         pages.py L922          pdf.py L1101
+#   COMMON HELPERS  blocks/common/  L387-3312
+#     model_options.py L415  errors.py L431         secrets.py L466
+#     inputs.py L564         pages.py L926          pdf.py L1105
 #     loops.py L1389         rows.py L1501          plan.py L1594
-#     store.py L1731         saving.py L2103        manifest.py L2409
-#     stats.py L2577         jobs_command.py L2660  card.py L2784
-#     arguments.py L2935     run.py L3087
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3329-3400
-#   GROUNDING HELPERS  blocks/grounding.py  L3403-3414
-#   SERVER HELPERS  blocks/server/  L3417-4162
-#     serve_args.py L3434  process.py L3511     requests.py L3805
-#     pipeline.py L3918    arguments.py L4112
-#   SATURATE HELPERS  blocks/saturate.py  L4165-4332
+#     store.py L1731         saving.py L2095        manifest.py L2397
+#     stats.py L2565         jobs_command.py L2648  card.py L2770
+#     arguments.py L2921     run.py L3073
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3315-3386
+#   GROUNDING HELPERS  blocks/grounding.py  L3389-3400
+#   SERVER HELPERS  blocks/server/  L3403-4145
+#     serve_args.py L3417  process.py L3494     requests.py L3788
+#     pipeline.py L3901    arguments.py L4095
+#   SATURATE HELPERS  blocks/saturate.py  L4148-4315
 # A page's path, by the functions that take it:
-#   cell           iter_image_cells L907
-#   prepared page  read_page L1579, prepare_page L1031
-#   request        request_body L3823
-#   answer         send_page L3871, read_completion L3851
-#   finished row   finish_row L2137
+#   cell           iter_image_cells L911
+#   prepared page  read_page L1579, prepare_page L1035
+#   request        request_body L3806
+#   answer         send_page L3854, read_completion L3834
+#   finished row   finish_row L2129
 #   journal        Journal.append L1620
-#   part           write_part L2233
-#   commit         OutputStore.publish L1998, OutputStore.commit L2017
-#   card           build_card L2857
+#   part           write_part L2225
+#   commit         OutputStore.publish L1990, OutputStore.commit L2009
+#   card           build_card L2843
 # ==== END MAP ====
 
 import re
@@ -390,18 +390,24 @@ import argparse
 import contextlib
 import hashlib
 import io
+import itertools
 import json
 import math
 import os
+import queue
 import random
 import resource
 import shlex
+import shutil
 import signal
+import subprocess
 import sys
+import tempfile
 import threading
 import time
 import warnings
 import zlib
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -561,8 +567,6 @@ REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
 
 def script_name() -> str:
     """This script's file name, also as uv's temp copy for `uv run URL` (<stem> + 6 chars)."""
-    import tempfile
-
     path = Path(sys.argv[0])
     copy = path.resolve().parent == Path(tempfile.gettempdir()).resolve() and re.fullmatch(
         r".+(?=[a-z]*[A-Z0-9])[A-Za-z0-9]{6}\.py", path.name)
@@ -1300,8 +1304,6 @@ class PdfRenderer:
     """Render processes, thread-safe: a page that hangs or crashes one is its error row."""
 
     def __init__(self, pdf: PdfPages, args):
-        import queue
-
         self.pdf, self.args, self.idle, self.driver = pdf, args, queue.Queue(), os.getpid()
         self.busy, self.closed = set(), False  # close() kills a busy one too: no wait at exit
         for _ in range(max(1, args.pdf_workers)):
@@ -1350,8 +1352,6 @@ class PdfRenderer:
     def render(self, page: PdfPage) -> PreparedPage:
         if page.doc_row in self.pdf.errors:
             raise PageError(self.pdf.errors[page.doc_row])
-        import queue
-
         while True:  # a worker, unless the run is over (close: none comes back)
             with contextlib.suppress(queue.Empty):
                 process, pipe = self.idle.get(timeout=1.0)
@@ -1782,8 +1782,6 @@ class OutputStore:
             self.api = hub_api or HfApi(token=args.hf_token or None)
             base = Path(args.work_dir or "~/.cache/ocr-vllm-scripts/outputs").expanduser()
             if self.read_only:  # a folder that goes at exit
-                import tempfile
-
                 self.scratch = tempfile.TemporaryDirectory(prefix="ocr-check-")
                 base = Path(self.scratch.name)
             self.root = base / self.target.replace("/", "__")
@@ -1885,16 +1883,12 @@ class OutputStore:
 
     def abandon(self) -> None:
         """A refused run removes the folder it made, if only its lock is in it."""
-        import shutil
-
         if self.made_root and self.lock is not None and [
                 p for p in self.root.rglob("*") if not p.is_dir()] == [Path(self.lock.name)]:
             shutil.rmtree(self.root, ignore_errors=True)
 
     def clear_local(self) -> None:
         """Journal first, manifest last: a kill half-way leaves no old rows to a new run."""
-        import shutil
-
         shutil.rmtree(self.meta / "journal", ignore_errors=True)
         for path in self.local_parts() + [self.root / "README.md", self.meta / "manifest.json"]:
             path.unlink(missing_ok=True)
@@ -1921,8 +1915,6 @@ class OutputStore:
 
     def restart(self, shard: str | None = None) -> None:
         """--restart: OUTPUT's rows, card and manifest go (only `shard`'s beside other shards)."""
-        import shutil
-
         if self.read_only:
             return
         if shard is None and (running := self.other_writers()):
@@ -2319,8 +2311,6 @@ class PartWriter:
 
     def __init__(self, store: OutputStore, source: InputSource, plan: RowPlan, features,
                  info_entry: dict, check: "DegenerateCheck", args):
-        from collections import Counter
-
         self.store, self.source, self.features = store, source, features
         self.info_entry, self.check, self.args = info_entry, check, args
         self.redo = dict(plan.redo)  # row -> part holding its error row, until replaced
@@ -2367,13 +2357,11 @@ class PartWriter:
 
     def flush(self, final: bool = False) -> None:
         """The complete groups, each as a part; every finished row once due, or final."""
-        from itertools import groupby
-
         everything = final or time.monotonic() - self.last_flush >= self.args.part_seconds
         with self.lock:
             groups, self.complete = self.complete, set()
             rows = sorted(i for i in self.results if everything or self._group(i) in groups)
-        for path, run in groupby(enumerate(rows), lambda p: self.redo.get(p[1]) or (
+        for path, run in itertools.groupby(enumerate(rows), lambda p: self.redo.get(p[1]) or (
                 p[1] - p[0], p[1] // self.args.part_rows)):
             run = [i for _, i in run]
             results = [self.results[i] for i in run]  # one no column can hold becomes its error
@@ -2684,8 +2672,6 @@ def jobs_spec() -> dict:
 
 def script_url() -> str | None:
     """The URL of `uv run URL` when this is uv's temp copy (uv still holds it), unless secret."""
-    import subprocess
-
     if script_name() == Path(sys.argv[0]).name:
         return None
     words: list[str] = []
@@ -3418,12 +3404,9 @@ def block_box(values, top: int) -> list[int] | None:
 # The block's imports not already in the common block (see blocks/common/__init__.py).
 import asyncio
 import base64
-import contextlib
 import functools
-import shutil
 import socket
 import ssl
-import subprocess
 import urllib.parse
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor

@@ -79,27 +79,27 @@ Where the settings come from (the olmOCR toolkit, allenai/olmocr v0.4.27, unless
 #   PATCH GRID HELPERS  blocks/patch_grid.py  L312-345
 #   SERVER MAIN  blocks/main_server.py  L348-375
 #   main()  L349
-#   COMMON HELPERS  blocks/common/  L378-3317
-#     model_options.py L400  errors.py L416         secrets.py L451
-#     inputs.py L549         pages.py L913          pdf.py L1092
+#   COMMON HELPERS  blocks/common/  L378-3303
+#     model_options.py L406  errors.py L422         secrets.py L457
+#     inputs.py L555         pages.py L917          pdf.py L1096
 #     loops.py L1380         rows.py L1492          plan.py L1585
-#     store.py L1722         saving.py L2094        manifest.py L2400
-#     stats.py L2568         jobs_command.py L2651  card.py L2775
-#     arguments.py L2926     run.py L3078
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3320-3391
-#   SERVER HELPERS  blocks/server/  L3394-4139
-#     serve_args.py L3411  process.py L3488     requests.py L3782
-#     pipeline.py L3895    arguments.py L4089
+#     store.py L1722         saving.py L2086        manifest.py L2388
+#     stats.py L2556         jobs_command.py L2639  card.py L2761
+#     arguments.py L2912     run.py L3064
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3306-3377
+#   SERVER HELPERS  blocks/server/  L3380-4122
+#     serve_args.py L3394  process.py L3471     requests.py L3765
+#     pipeline.py L3878    arguments.py L4072
 # A page's path, by the functions that take it:
-#   cell           iter_image_cells L898
-#   prepared page  read_page L1570, prepare_page L1022
-#   request        request_body L3800
-#   answer         send_page L3848, read_completion L3828
-#   finished row   finish_row L2128
+#   cell           iter_image_cells L902
+#   prepared page  read_page L1570, prepare_page L1026
+#   request        request_body L3783
+#   answer         send_page L3831, read_completion L3811
+#   finished row   finish_row L2120
 #   journal        Journal.append L1611
-#   part           write_part L2224
-#   commit         OutputStore.publish L1989, OutputStore.commit L2008
-#   card           build_card L2848
+#   part           write_part L2216
+#   commit         OutputStore.publish L1981, OutputStore.commit L2000
+#   card           build_card L2834
 # ==== END MAP ====
 
 import re
@@ -381,18 +381,24 @@ import argparse
 import contextlib
 import hashlib
 import io
+import itertools
 import json
 import math
 import os
+import queue
 import random
 import resource
 import shlex
+import shutil
 import signal
+import subprocess
 import sys
+import tempfile
 import threading
 import time
 import warnings
 import zlib
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -552,8 +558,6 @@ REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
 
 def script_name() -> str:
     """This script's file name, also as uv's temp copy for `uv run URL` (<stem> + 6 chars)."""
-    import tempfile
-
     path = Path(sys.argv[0])
     copy = path.resolve().parent == Path(tempfile.gettempdir()).resolve() and re.fullmatch(
         r".+(?=[a-z]*[A-Z0-9])[A-Za-z0-9]{6}\.py", path.name)
@@ -1291,8 +1295,6 @@ class PdfRenderer:
     """Render processes, thread-safe: a page that hangs or crashes one is its error row."""
 
     def __init__(self, pdf: PdfPages, args):
-        import queue
-
         self.pdf, self.args, self.idle, self.driver = pdf, args, queue.Queue(), os.getpid()
         self.busy, self.closed = set(), False  # close() kills a busy one too: no wait at exit
         for _ in range(max(1, args.pdf_workers)):
@@ -1341,8 +1343,6 @@ class PdfRenderer:
     def render(self, page: PdfPage) -> PreparedPage:
         if page.doc_row in self.pdf.errors:
             raise PageError(self.pdf.errors[page.doc_row])
-        import queue
-
         while True:  # a worker, unless the run is over (close: none comes back)
             with contextlib.suppress(queue.Empty):
                 process, pipe = self.idle.get(timeout=1.0)
@@ -1773,8 +1773,6 @@ class OutputStore:
             self.api = hub_api or HfApi(token=args.hf_token or None)
             base = Path(args.work_dir or "~/.cache/ocr-vllm-scripts/outputs").expanduser()
             if self.read_only:  # a folder that goes at exit
-                import tempfile
-
                 self.scratch = tempfile.TemporaryDirectory(prefix="ocr-check-")
                 base = Path(self.scratch.name)
             self.root = base / self.target.replace("/", "__")
@@ -1876,16 +1874,12 @@ class OutputStore:
 
     def abandon(self) -> None:
         """A refused run removes the folder it made, if only its lock is in it."""
-        import shutil
-
         if self.made_root and self.lock is not None and [
                 p for p in self.root.rglob("*") if not p.is_dir()] == [Path(self.lock.name)]:
             shutil.rmtree(self.root, ignore_errors=True)
 
     def clear_local(self) -> None:
         """Journal first, manifest last: a kill half-way leaves no old rows to a new run."""
-        import shutil
-
         shutil.rmtree(self.meta / "journal", ignore_errors=True)
         for path in self.local_parts() + [self.root / "README.md", self.meta / "manifest.json"]:
             path.unlink(missing_ok=True)
@@ -1912,8 +1906,6 @@ class OutputStore:
 
     def restart(self, shard: str | None = None) -> None:
         """--restart: OUTPUT's rows, card and manifest go (only `shard`'s beside other shards)."""
-        import shutil
-
         if self.read_only:
             return
         if shard is None and (running := self.other_writers()):
@@ -2310,8 +2302,6 @@ class PartWriter:
 
     def __init__(self, store: OutputStore, source: InputSource, plan: RowPlan, features,
                  info_entry: dict, check: "DegenerateCheck", args):
-        from collections import Counter
-
         self.store, self.source, self.features = store, source, features
         self.info_entry, self.check, self.args = info_entry, check, args
         self.redo = dict(plan.redo)  # row -> part holding its error row, until replaced
@@ -2358,13 +2348,11 @@ class PartWriter:
 
     def flush(self, final: bool = False) -> None:
         """The complete groups, each as a part; every finished row once due, or final."""
-        from itertools import groupby
-
         everything = final or time.monotonic() - self.last_flush >= self.args.part_seconds
         with self.lock:
             groups, self.complete = self.complete, set()
             rows = sorted(i for i in self.results if everything or self._group(i) in groups)
-        for path, run in groupby(enumerate(rows), lambda p: self.redo.get(p[1]) or (
+        for path, run in itertools.groupby(enumerate(rows), lambda p: self.redo.get(p[1]) or (
                 p[1] - p[0], p[1] // self.args.part_rows)):
             run = [i for _, i in run]
             results = [self.results[i] for i in run]  # one no column can hold becomes its error
@@ -2675,8 +2663,6 @@ def jobs_spec() -> dict:
 
 def script_url() -> str | None:
     """The URL of `uv run URL` when this is uv's temp copy (uv still holds it), unless secret."""
-    import subprocess
-
     if script_name() == Path(sys.argv[0]).name:
         return None
     words: list[str] = []
@@ -3395,12 +3381,9 @@ def is_blank(img) -> bool:
 # The block's imports not already in the common block (see blocks/common/__init__.py).
 import asyncio
 import base64
-import contextlib
 import functools
-import shutil
 import socket
 import ssl
-import subprocess
 import urllib.parse
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor

@@ -58,27 +58,27 @@ retry policy (connection errors, timeouts, 429 and 5xx retried with backoff; oth
 #   OVISOCR2 MODEL  blocks/ovis_ocr2.py  L98-184
 #   SERVER MAIN  blocks/main_server.py  L220-247
 #   main()  L221
-#   COMMON HELPERS  blocks/common/  L250-3189
-#     model_options.py L272  errors.py L288         secrets.py L323
-#     inputs.py L421         pages.py L785          pdf.py L964
+#   COMMON HELPERS  blocks/common/  L250-3175
+#     model_options.py L278  errors.py L294         secrets.py L329
+#     inputs.py L427         pages.py L789          pdf.py L968
 #     loops.py L1252         rows.py L1364          plan.py L1457
-#     store.py L1594         saving.py L1966        manifest.py L2272
-#     stats.py L2440         jobs_command.py L2523  card.py L2647
-#     arguments.py L2798     run.py L2950
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3192-3263
-#   SERVER HELPERS  blocks/server/  L3266-4011
-#     serve_args.py L3283  process.py L3360     requests.py L3654
-#     pipeline.py L3767    arguments.py L3961
+#     store.py L1594         saving.py L1958        manifest.py L2260
+#     stats.py L2428         jobs_command.py L2511  card.py L2633
+#     arguments.py L2784     run.py L2936
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3178-3249
+#   SERVER HELPERS  blocks/server/  L3252-3994
+#     serve_args.py L3266  process.py L3343     requests.py L3637
+#     pipeline.py L3750    arguments.py L3944
 # A page's path, by the functions that take it:
-#   cell           iter_image_cells L770
-#   prepared page  read_page L1442, prepare_page L894
-#   request        request_body L3672
-#   answer         send_page L3720, read_completion L3700
-#   finished row   finish_row L2000
+#   cell           iter_image_cells L774
+#   prepared page  read_page L1442, prepare_page L898
+#   request        request_body L3655
+#   answer         send_page L3703, read_completion L3683
+#   finished row   finish_row L1992
 #   journal        Journal.append L1483
-#   part           write_part L2096
-#   commit         OutputStore.publish L1861, OutputStore.commit L1880
-#   card           build_card L2720
+#   part           write_part L2088
+#   commit         OutputStore.publish L1853, OutputStore.commit L1872
+#   card           build_card L2706
 # ==== END MAP ====
 
 import re
@@ -253,18 +253,24 @@ import argparse
 import contextlib
 import hashlib
 import io
+import itertools
 import json
 import math
 import os
+import queue
 import random
 import resource
 import shlex
+import shutil
 import signal
+import subprocess
 import sys
+import tempfile
 import threading
 import time
 import warnings
 import zlib
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -424,8 +430,6 @@ REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
 
 def script_name() -> str:
     """This script's file name, also as uv's temp copy for `uv run URL` (<stem> + 6 chars)."""
-    import tempfile
-
     path = Path(sys.argv[0])
     copy = path.resolve().parent == Path(tempfile.gettempdir()).resolve() and re.fullmatch(
         r".+(?=[a-z]*[A-Z0-9])[A-Za-z0-9]{6}\.py", path.name)
@@ -1163,8 +1167,6 @@ class PdfRenderer:
     """Render processes, thread-safe: a page that hangs or crashes one is its error row."""
 
     def __init__(self, pdf: PdfPages, args):
-        import queue
-
         self.pdf, self.args, self.idle, self.driver = pdf, args, queue.Queue(), os.getpid()
         self.busy, self.closed = set(), False  # close() kills a busy one too: no wait at exit
         for _ in range(max(1, args.pdf_workers)):
@@ -1213,8 +1215,6 @@ class PdfRenderer:
     def render(self, page: PdfPage) -> PreparedPage:
         if page.doc_row in self.pdf.errors:
             raise PageError(self.pdf.errors[page.doc_row])
-        import queue
-
         while True:  # a worker, unless the run is over (close: none comes back)
             with contextlib.suppress(queue.Empty):
                 process, pipe = self.idle.get(timeout=1.0)
@@ -1645,8 +1645,6 @@ class OutputStore:
             self.api = hub_api or HfApi(token=args.hf_token or None)
             base = Path(args.work_dir or "~/.cache/ocr-vllm-scripts/outputs").expanduser()
             if self.read_only:  # a folder that goes at exit
-                import tempfile
-
                 self.scratch = tempfile.TemporaryDirectory(prefix="ocr-check-")
                 base = Path(self.scratch.name)
             self.root = base / self.target.replace("/", "__")
@@ -1748,16 +1746,12 @@ class OutputStore:
 
     def abandon(self) -> None:
         """A refused run removes the folder it made, if only its lock is in it."""
-        import shutil
-
         if self.made_root and self.lock is not None and [
                 p for p in self.root.rglob("*") if not p.is_dir()] == [Path(self.lock.name)]:
             shutil.rmtree(self.root, ignore_errors=True)
 
     def clear_local(self) -> None:
         """Journal first, manifest last: a kill half-way leaves no old rows to a new run."""
-        import shutil
-
         shutil.rmtree(self.meta / "journal", ignore_errors=True)
         for path in self.local_parts() + [self.root / "README.md", self.meta / "manifest.json"]:
             path.unlink(missing_ok=True)
@@ -1784,8 +1778,6 @@ class OutputStore:
 
     def restart(self, shard: str | None = None) -> None:
         """--restart: OUTPUT's rows, card and manifest go (only `shard`'s beside other shards)."""
-        import shutil
-
         if self.read_only:
             return
         if shard is None and (running := self.other_writers()):
@@ -2182,8 +2174,6 @@ class PartWriter:
 
     def __init__(self, store: OutputStore, source: InputSource, plan: RowPlan, features,
                  info_entry: dict, check: "DegenerateCheck", args):
-        from collections import Counter
-
         self.store, self.source, self.features = store, source, features
         self.info_entry, self.check, self.args = info_entry, check, args
         self.redo = dict(plan.redo)  # row -> part holding its error row, until replaced
@@ -2230,13 +2220,11 @@ class PartWriter:
 
     def flush(self, final: bool = False) -> None:
         """The complete groups, each as a part; every finished row once due, or final."""
-        from itertools import groupby
-
         everything = final or time.monotonic() - self.last_flush >= self.args.part_seconds
         with self.lock:
             groups, self.complete = self.complete, set()
             rows = sorted(i for i in self.results if everything or self._group(i) in groups)
-        for path, run in groupby(enumerate(rows), lambda p: self.redo.get(p[1]) or (
+        for path, run in itertools.groupby(enumerate(rows), lambda p: self.redo.get(p[1]) or (
                 p[1] - p[0], p[1] // self.args.part_rows)):
             run = [i for _, i in run]
             results = [self.results[i] for i in run]  # one no column can hold becomes its error
@@ -2547,8 +2535,6 @@ def jobs_spec() -> dict:
 
 def script_url() -> str | None:
     """The URL of `uv run URL` when this is uv's temp copy (uv still holds it), unless secret."""
-    import subprocess
-
     if script_name() == Path(sys.argv[0]).name:
         return None
     words: list[str] = []
@@ -3267,12 +3253,9 @@ def is_blank(img) -> bool:
 # The block's imports not already in the common block (see blocks/common/__init__.py).
 import asyncio
 import base64
-import contextlib
 import functools
-import shutil
 import socket
 import ssl
-import subprocess
 import urllib.parse
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor

@@ -102,28 +102,28 @@ Where the settings come from, and the choices where sources differ
 #   PADDLEOCR-VL MODEL  blocks/paddleocr_vl.py  L143-377
 #   SERVER MAIN  blocks/main_server.py  L380-407
 #   main()  L381
-#   COMMON HELPERS  blocks/common/  L410-3349
-#     model_options.py L432  errors.py L448         secrets.py L483
-#     inputs.py L581         pages.py L945          pdf.py L1124
+#   COMMON HELPERS  blocks/common/  L410-3335
+#     model_options.py L438  errors.py L454         secrets.py L489
+#     inputs.py L587         pages.py L949          pdf.py L1128
 #     loops.py L1412         rows.py L1524          plan.py L1617
-#     store.py L1754         saving.py L2126        manifest.py L2432
-#     stats.py L2600         jobs_command.py L2683  card.py L2807
-#     arguments.py L2958     run.py L3110
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3352-3423
-#   PATCH GRID HELPERS  blocks/patch_grid.py  L3426-3459
-#   SERVER HELPERS  blocks/server/  L3462-4207
-#     serve_args.py L3479  process.py L3556     requests.py L3850
-#     pipeline.py L3963    arguments.py L4157
+#     store.py L1754         saving.py L2118        manifest.py L2420
+#     stats.py L2588         jobs_command.py L2671  card.py L2793
+#     arguments.py L2944     run.py L3096
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3338-3409
+#   PATCH GRID HELPERS  blocks/patch_grid.py  L3412-3445
+#   SERVER HELPERS  blocks/server/  L3448-4190
+#     serve_args.py L3462  process.py L3539     requests.py L3833
+#     pipeline.py L3946    arguments.py L4140
 # A page's path, by the functions that take it:
-#   cell           iter_image_cells L930
-#   prepared page  read_page L1602, prepare_page L1054
-#   request        request_body L3868
-#   answer         send_page L3916, read_completion L3896
-#   finished row   finish_row L2160
+#   cell           iter_image_cells L934
+#   prepared page  read_page L1602, prepare_page L1058
+#   request        request_body L3851
+#   answer         send_page L3899, read_completion L3879
+#   finished row   finish_row L2152
 #   journal        Journal.append L1643
-#   part           write_part L2256
-#   commit         OutputStore.publish L2021, OutputStore.commit L2040
-#   card           build_card L2880
+#   part           write_part L2248
+#   commit         OutputStore.publish L2013, OutputStore.commit L2032
+#   card           build_card L2866
 # ==== END MAP ====
 
 import html
@@ -413,18 +413,24 @@ import argparse
 import contextlib
 import hashlib
 import io
+import itertools
 import json
 import math
 import os
+import queue
 import random
 import resource
 import shlex
+import shutil
 import signal
+import subprocess
 import sys
+import tempfile
 import threading
 import time
 import warnings
 import zlib
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -584,8 +590,6 @@ REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
 
 def script_name() -> str:
     """This script's file name, also as uv's temp copy for `uv run URL` (<stem> + 6 chars)."""
-    import tempfile
-
     path = Path(sys.argv[0])
     copy = path.resolve().parent == Path(tempfile.gettempdir()).resolve() and re.fullmatch(
         r".+(?=[a-z]*[A-Z0-9])[A-Za-z0-9]{6}\.py", path.name)
@@ -1323,8 +1327,6 @@ class PdfRenderer:
     """Render processes, thread-safe: a page that hangs or crashes one is its error row."""
 
     def __init__(self, pdf: PdfPages, args):
-        import queue
-
         self.pdf, self.args, self.idle, self.driver = pdf, args, queue.Queue(), os.getpid()
         self.busy, self.closed = set(), False  # close() kills a busy one too: no wait at exit
         for _ in range(max(1, args.pdf_workers)):
@@ -1373,8 +1375,6 @@ class PdfRenderer:
     def render(self, page: PdfPage) -> PreparedPage:
         if page.doc_row in self.pdf.errors:
             raise PageError(self.pdf.errors[page.doc_row])
-        import queue
-
         while True:  # a worker, unless the run is over (close: none comes back)
             with contextlib.suppress(queue.Empty):
                 process, pipe = self.idle.get(timeout=1.0)
@@ -1805,8 +1805,6 @@ class OutputStore:
             self.api = hub_api or HfApi(token=args.hf_token or None)
             base = Path(args.work_dir or "~/.cache/ocr-vllm-scripts/outputs").expanduser()
             if self.read_only:  # a folder that goes at exit
-                import tempfile
-
                 self.scratch = tempfile.TemporaryDirectory(prefix="ocr-check-")
                 base = Path(self.scratch.name)
             self.root = base / self.target.replace("/", "__")
@@ -1908,16 +1906,12 @@ class OutputStore:
 
     def abandon(self) -> None:
         """A refused run removes the folder it made, if only its lock is in it."""
-        import shutil
-
         if self.made_root and self.lock is not None and [
                 p for p in self.root.rglob("*") if not p.is_dir()] == [Path(self.lock.name)]:
             shutil.rmtree(self.root, ignore_errors=True)
 
     def clear_local(self) -> None:
         """Journal first, manifest last: a kill half-way leaves no old rows to a new run."""
-        import shutil
-
         shutil.rmtree(self.meta / "journal", ignore_errors=True)
         for path in self.local_parts() + [self.root / "README.md", self.meta / "manifest.json"]:
             path.unlink(missing_ok=True)
@@ -1944,8 +1938,6 @@ class OutputStore:
 
     def restart(self, shard: str | None = None) -> None:
         """--restart: OUTPUT's rows, card and manifest go (only `shard`'s beside other shards)."""
-        import shutil
-
         if self.read_only:
             return
         if shard is None and (running := self.other_writers()):
@@ -2342,8 +2334,6 @@ class PartWriter:
 
     def __init__(self, store: OutputStore, source: InputSource, plan: RowPlan, features,
                  info_entry: dict, check: "DegenerateCheck", args):
-        from collections import Counter
-
         self.store, self.source, self.features = store, source, features
         self.info_entry, self.check, self.args = info_entry, check, args
         self.redo = dict(plan.redo)  # row -> part holding its error row, until replaced
@@ -2390,13 +2380,11 @@ class PartWriter:
 
     def flush(self, final: bool = False) -> None:
         """The complete groups, each as a part; every finished row once due, or final."""
-        from itertools import groupby
-
         everything = final or time.monotonic() - self.last_flush >= self.args.part_seconds
         with self.lock:
             groups, self.complete = self.complete, set()
             rows = sorted(i for i in self.results if everything or self._group(i) in groups)
-        for path, run in groupby(enumerate(rows), lambda p: self.redo.get(p[1]) or (
+        for path, run in itertools.groupby(enumerate(rows), lambda p: self.redo.get(p[1]) or (
                 p[1] - p[0], p[1] // self.args.part_rows)):
             run = [i for _, i in run]
             results = [self.results[i] for i in run]  # one no column can hold becomes its error
@@ -2707,8 +2695,6 @@ def jobs_spec() -> dict:
 
 def script_url() -> str | None:
     """The URL of `uv run URL` when this is uv's temp copy (uv still holds it), unless secret."""
-    import subprocess
-
     if script_name() == Path(sys.argv[0]).name:
         return None
     words: list[str] = []
@@ -3463,12 +3449,9 @@ def max_patch_grid_tokens(max_pixels: int, factor: int) -> int:
 # The block's imports not already in the common block (see blocks/common/__init__.py).
 import asyncio
 import base64
-import contextlib
 import functools
-import shutil
 import socket
 import ssl
-import subprocess
 import urllib.parse
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor

@@ -6,8 +6,11 @@ from its model section (blocks/model.py) or an earlier block.
 
 import argparse
 import contextlib
+import itertools
 import json
 import os
+import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -28,10 +31,7 @@ from blocks.model import (
 # ==== BEGIN OFFLINE HELPERS (edit blocks/offline.py, then run tools/sync_helpers.py) ====
 # vllm.LLM in fixed batches, with the model section's LLM_KWARGS, CHAT_KWARGS, build_messages().
 import base64
-import itertools
-import shutil
 import site
-import subprocess
 from concurrent.futures import ThreadPoolExecutor
 
 for _extra_site in filter(None, os.environ.get("OCR_SCRIPT_EXTRA_SITE", "").split(os.pathsep)):

@@ -5,6 +5,8 @@ import json
 import math
 import os
 import random
+import shutil
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -70,8 +72,6 @@ class OutputStore:
             self.api = hub_api or HfApi(token=args.hf_token or None)
             base = Path(args.work_dir or "~/.cache/ocr-vllm-scripts/outputs").expanduser()
             if self.read_only:  # a folder that goes at exit
-                import tempfile
-
                 self.scratch = tempfile.TemporaryDirectory(prefix="ocr-check-")
                 base = Path(self.scratch.name)
             self.root = base / self.target.replace("/", "__")
@@ -173,16 +173,12 @@ class OutputStore:
 
     def abandon(self) -> None:
         """A refused run removes the folder it made, if only its lock is in it."""
-        import shutil
-
         if self.made_root and self.lock is not None and [
                 p for p in self.root.rglob("*") if not p.is_dir()] == [Path(self.lock.name)]:
             shutil.rmtree(self.root, ignore_errors=True)
 
     def clear_local(self) -> None:
         """Journal first, manifest last: a kill half-way leaves no old rows to a new run."""
-        import shutil
-
         shutil.rmtree(self.meta / "journal", ignore_errors=True)
         for path in self.local_parts() + [self.root / "README.md", self.meta / "manifest.json"]:
             path.unlink(missing_ok=True)
@@ -209,8 +205,6 @@ class OutputStore:
 
     def restart(self, shard: str | None = None) -> None:
         """--restart: OUTPUT's rows, card and manifest go (only `shard`'s beside other shards)."""
-        import shutil
-
         if self.read_only:
             return
         if shard is None and (running := self.other_writers()):
