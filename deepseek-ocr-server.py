@@ -76,28 +76,28 @@ Where the settings come from (vLLM's DeepSeek-OCR recipe)
 #   DEEPSEEK-OCR MODEL  blocks/deepseek_ocr.py  L129-292
 #   SERVER MAIN  blocks/main_server.py  L295-322
 #   main()  L296
-#   COMMON HELPERS  blocks/common/  L325-3250
-#     model_options.py L353  errors.py L369         secrets.py L404
-#     inputs.py L502         pages.py L864          pdf.py L1043
-#     loops.py L1327         rows.py L1439          plan.py L1532
-#     store.py L1669         saving.py L2033        manifest.py L2335
-#     stats.py L2503         jobs_command.py L2586  card.py L2708
-#     arguments.py L2859     run.py L3011
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3253-3324
-#   GROUNDING HELPERS  blocks/grounding.py  L3327-3338
-#   SERVER HELPERS  blocks/server/  L3341-4083
-#     serve_args.py L3355  process.py L3432     requests.py L3726
-#     pipeline.py L3839    arguments.py L4033
+#   COMMON HELPERS  blocks/common/  L325-3247
+#     model_options.py L355  errors.py L371         secrets.py L406
+#     inputs.py L504         pages.py L866          pdf.py L1045
+#     loops.py L1324         rows.py L1436          plan.py L1529
+#     store.py L1666         saving.py L2030        manifest.py L2332
+#     stats.py L2500         jobs_command.py L2583  card.py L2705
+#     arguments.py L2856     run.py L3008
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3250-3321
+#   GROUNDING HELPERS  blocks/grounding.py  L3324-3335
+#   SERVER HELPERS  blocks/server/  L3338-4080
+#     serve_args.py L3352  process.py L3429     requests.py L3723
+#     pipeline.py L3836    arguments.py L4030
 # A page's path, by the functions that take it:
-#   cell           iter_image_cells L849
-#   prepared page  read_page L1517, prepare_page L973
-#   request        request_body L3744
-#   answer         send_page L3792, read_completion L3772
-#   finished row   finish_row L2067
-#   journal        Journal.append L1558
-#   part           write_part L2163
-#   commit         OutputStore.publish L1928, OutputStore.commit L1947
-#   card           build_card L2781
+#   cell           iter_image_cells L851
+#   prepared page  read_page L1514, prepare_page L975
+#   request        request_body L3741
+#   answer         send_page L3789, read_completion L3769
+#   finished row   finish_row L2064
+#   journal        Journal.append L1555
+#   part           write_part L2160
+#   commit         OutputStore.publish L1925, OutputStore.commit L1944
+#   card           build_card L2778
 # ==== END MAP ====
 
 import re
@@ -326,11 +326,13 @@ def main(argv: list[str] | None = None, hub_api=None) -> int:
 # The imports of all the block's modules (ruff checks them on every script).
 import argparse
 import contextlib
+import ctypes
 import hashlib
 import io
 import itertools
 import json
 import math
+import multiprocessing
 import os
 import queue
 import random
@@ -1041,9 +1043,8 @@ def encode_page(img, size: tuple[int, int]) -> tuple:
 
 
 # ---- pdf.py: PDF documents: a row per page, counted unrendered, rendered in their own process.
-# One output row per page; a page is rendered once, at the size the model wants, in a worker
-# process (PDFium is not thread-safe, and a page that hangs or crashes it must not take the run).
-
+# In worker processes: PDFium is not thread-safe, and a page that hangs or crashes it must not
+# take the run.
 PDF_MIN_DPI, PDF_MAX_DPI = 72, 400
 PDF_COLUMNS = {"page_number": "int32", "page_count": "int32"}
 
@@ -1248,8 +1249,6 @@ class PdfRenderer:
             self._start()
 
     def _start(self) -> None:
-        import multiprocessing
-
         ours, theirs = multiprocessing.Pipe()  # forked: the child reads the input as it is
         process = multiprocessing.get_context("fork").Process(target=self._serve,
                                                               args=(theirs,), daemon=True)
@@ -1259,8 +1258,6 @@ class PdfRenderer:
 
     def _serve(self, conn) -> None:
         """A render process: (row, page) in, page fields or an error out; dies with the driver."""
-        import ctypes
-
         import pypdfium2 as pdfium
 
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle

@@ -92,28 +92,28 @@ and vLLM's DeepSeek-OCR-2 recipe)
 #   DEEPSEEK-OCR MODEL  blocks/deepseek_ocr.py  L144-307
 #   SERVER MAIN  blocks/main_server.py  L310-337
 #   main()  L311
-#   COMMON HELPERS  blocks/common/  L340-3265
-#     model_options.py L368  errors.py L384         secrets.py L419
-#     inputs.py L517         pages.py L879          pdf.py L1058
-#     loops.py L1342         rows.py L1454          plan.py L1547
-#     store.py L1684         saving.py L2048        manifest.py L2350
-#     stats.py L2518         jobs_command.py L2601  card.py L2723
-#     arguments.py L2874     run.py L3026
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3268-3339
-#   GROUNDING HELPERS  blocks/grounding.py  L3342-3353
-#   SERVER HELPERS  blocks/server/  L3356-4098
-#     serve_args.py L3370  process.py L3447     requests.py L3741
-#     pipeline.py L3854    arguments.py L4048
+#   COMMON HELPERS  blocks/common/  L340-3262
+#     model_options.py L370  errors.py L386         secrets.py L421
+#     inputs.py L519         pages.py L881          pdf.py L1060
+#     loops.py L1339         rows.py L1451          plan.py L1544
+#     store.py L1681         saving.py L2045        manifest.py L2347
+#     stats.py L2515         jobs_command.py L2598  card.py L2720
+#     arguments.py L2871     run.py L3023
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3265-3336
+#   GROUNDING HELPERS  blocks/grounding.py  L3339-3350
+#   SERVER HELPERS  blocks/server/  L3353-4095
+#     serve_args.py L3367  process.py L3444     requests.py L3738
+#     pipeline.py L3851    arguments.py L4045
 # A page's path, by the functions that take it:
-#   cell           iter_image_cells L864
-#   prepared page  read_page L1532, prepare_page L988
-#   request        request_body L3759
-#   answer         send_page L3807, read_completion L3787
-#   finished row   finish_row L2082
-#   journal        Journal.append L1573
-#   part           write_part L2178
-#   commit         OutputStore.publish L1943, OutputStore.commit L1962
-#   card           build_card L2796
+#   cell           iter_image_cells L866
+#   prepared page  read_page L1529, prepare_page L990
+#   request        request_body L3756
+#   answer         send_page L3804, read_completion L3784
+#   finished row   finish_row L2079
+#   journal        Journal.append L1570
+#   part           write_part L2175
+#   commit         OutputStore.publish L1940, OutputStore.commit L1959
+#   card           build_card L2793
 # ==== END MAP ====
 
 import re
@@ -341,11 +341,13 @@ def main(argv: list[str] | None = None, hub_api=None) -> int:
 # The imports of all the block's modules (ruff checks them on every script).
 import argparse
 import contextlib
+import ctypes
 import hashlib
 import io
 import itertools
 import json
 import math
+import multiprocessing
 import os
 import queue
 import random
@@ -1056,9 +1058,8 @@ def encode_page(img, size: tuple[int, int]) -> tuple:
 
 
 # ---- pdf.py: PDF documents: a row per page, counted unrendered, rendered in their own process.
-# One output row per page; a page is rendered once, at the size the model wants, in a worker
-# process (PDFium is not thread-safe, and a page that hangs or crashes it must not take the run).
-
+# In worker processes: PDFium is not thread-safe, and a page that hangs or crashes it must not
+# take the run.
 PDF_MIN_DPI, PDF_MAX_DPI = 72, 400
 PDF_COLUMNS = {"page_number": "int32", "page_count": "int32"}
 
@@ -1263,8 +1264,6 @@ class PdfRenderer:
             self._start()
 
     def _start(self) -> None:
-        import multiprocessing
-
         ours, theirs = multiprocessing.Pipe()  # forked: the child reads the input as it is
         process = multiprocessing.get_context("fork").Process(target=self._serve,
                                                               args=(theirs,), daemon=True)
@@ -1274,8 +1273,6 @@ class PdfRenderer:
 
     def _serve(self, conn) -> None:
         """A render process: (row, page) in, page fields or an error out; dies with the driver."""
-        import ctypes
-
         import pypdfium2 as pdfium
 
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle

@@ -92,28 +92,28 @@ Post-processing, as the authors' formatter builds Markdown (dots_mocr/utils/form
 #   DOTS-MOCR MODEL  blocks/dots_mocr.py  L172-400
 #   SERVER MAIN  blocks/main_server.py  L403-430
 #   main()  L404
-#   COMMON HELPERS  blocks/common/  L433-3358
-#     model_options.py L461  errors.py L477         secrets.py L512
-#     inputs.py L610         pages.py L972          pdf.py L1151
-#     loops.py L1435         rows.py L1547          plan.py L1640
-#     store.py L1777         saving.py L2141        manifest.py L2443
-#     stats.py L2611         jobs_command.py L2694  card.py L2816
-#     arguments.py L2967     run.py L3119
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3361-3432
-#   GROUNDING HELPERS  blocks/grounding.py  L3435-3446
-#   SERVER HELPERS  blocks/server/  L3449-4191
-#     serve_args.py L3463  process.py L3540     requests.py L3834
-#     pipeline.py L3947    arguments.py L4141
+#   COMMON HELPERS  blocks/common/  L433-3355
+#     model_options.py L463  errors.py L479         secrets.py L514
+#     inputs.py L612         pages.py L974          pdf.py L1153
+#     loops.py L1432         rows.py L1544          plan.py L1637
+#     store.py L1774         saving.py L2138        manifest.py L2440
+#     stats.py L2608         jobs_command.py L2691  card.py L2813
+#     arguments.py L2964     run.py L3116
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3358-3429
+#   GROUNDING HELPERS  blocks/grounding.py  L3432-3443
+#   SERVER HELPERS  blocks/server/  L3446-4188
+#     serve_args.py L3460  process.py L3537     requests.py L3831
+#     pipeline.py L3944    arguments.py L4138
 # A page's path, by the functions that take it:
-#   cell           iter_image_cells L957
-#   prepared page  read_page L1625, prepare_page L1081
-#   request        request_body L3852
-#   answer         send_page L3900, read_completion L3880
-#   finished row   finish_row L2175
-#   journal        Journal.append L1666
-#   part           write_part L2271
-#   commit         OutputStore.publish L2036, OutputStore.commit L2055
-#   card           build_card L2889
+#   cell           iter_image_cells L959
+#   prepared page  read_page L1622, prepare_page L1083
+#   request        request_body L3849
+#   answer         send_page L3897, read_completion L3877
+#   finished row   finish_row L2172
+#   journal        Journal.append L1663
+#   part           write_part L2268
+#   commit         OutputStore.publish L2033, OutputStore.commit L2052
+#   card           build_card L2886
 # ==== END MAP ====
 
 import argparse
@@ -434,11 +434,13 @@ def main(argv: list[str] | None = None, hub_api=None) -> int:
 # The imports of all the block's modules (ruff checks them on every script).
 import argparse
 import contextlib
+import ctypes
 import hashlib
 import io
 import itertools
 import json
 import math
+import multiprocessing
 import os
 import queue
 import random
@@ -1149,9 +1151,8 @@ def encode_page(img, size: tuple[int, int]) -> tuple:
 
 
 # ---- pdf.py: PDF documents: a row per page, counted unrendered, rendered in their own process.
-# One output row per page; a page is rendered once, at the size the model wants, in a worker
-# process (PDFium is not thread-safe, and a page that hangs or crashes it must not take the run).
-
+# In worker processes: PDFium is not thread-safe, and a page that hangs or crashes it must not
+# take the run.
 PDF_MIN_DPI, PDF_MAX_DPI = 72, 400
 PDF_COLUMNS = {"page_number": "int32", "page_count": "int32"}
 
@@ -1356,8 +1357,6 @@ class PdfRenderer:
             self._start()
 
     def _start(self) -> None:
-        import multiprocessing
-
         ours, theirs = multiprocessing.Pipe()  # forked: the child reads the input as it is
         process = multiprocessing.get_context("fork").Process(target=self._serve,
                                                               args=(theirs,), daemon=True)
@@ -1367,8 +1366,6 @@ class PdfRenderer:
 
     def _serve(self, conn) -> None:
         """A render process: (row, page) in, page fields or an error out; dies with the driver."""
-        import ctypes
-
         import pypdfium2 as pdfium
 
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle

@@ -93,28 +93,28 @@ Where the settings come from (the authors' README and SDK, the card, vLLM's reci
 #   GLM-OCR MODEL  blocks/glm_ocr.py  L135-333
 #   SERVER MAIN  blocks/main_server.py  L336-363
 #   main()  L337
-#   COMMON HELPERS  blocks/common/  L366-3291
-#     model_options.py L394  errors.py L410         secrets.py L445
-#     inputs.py L543         pages.py L905          pdf.py L1084
-#     loops.py L1368         rows.py L1480          plan.py L1573
-#     store.py L1710         saving.py L2074        manifest.py L2376
-#     stats.py L2544         jobs_command.py L2627  card.py L2749
-#     arguments.py L2900     run.py L3052
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3294-3365
-#   PATCH GRID HELPERS  blocks/patch_grid.py  L3368-3401
-#   SERVER HELPERS  blocks/server/  L3404-4146
-#     serve_args.py L3418  process.py L3495     requests.py L3789
-#     pipeline.py L3902    arguments.py L4096
+#   COMMON HELPERS  blocks/common/  L366-3288
+#     model_options.py L396  errors.py L412         secrets.py L447
+#     inputs.py L545         pages.py L907          pdf.py L1086
+#     loops.py L1365         rows.py L1477          plan.py L1570
+#     store.py L1707         saving.py L2071        manifest.py L2373
+#     stats.py L2541         jobs_command.py L2624  card.py L2746
+#     arguments.py L2897     run.py L3049
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3291-3362
+#   PATCH GRID HELPERS  blocks/patch_grid.py  L3365-3398
+#   SERVER HELPERS  blocks/server/  L3401-4143
+#     serve_args.py L3415  process.py L3492     requests.py L3786
+#     pipeline.py L3899    arguments.py L4093
 # A page's path, by the functions that take it:
-#   cell           iter_image_cells L890
-#   prepared page  read_page L1558, prepare_page L1014
-#   request        request_body L3807
-#   answer         send_page L3855, read_completion L3835
-#   finished row   finish_row L2108
-#   journal        Journal.append L1599
-#   part           write_part L2204
-#   commit         OutputStore.publish L1969, OutputStore.commit L1988
-#   card           build_card L2822
+#   cell           iter_image_cells L892
+#   prepared page  read_page L1555, prepare_page L1016
+#   request        request_body L3804
+#   answer         send_page L3852, read_completion L3832
+#   finished row   finish_row L2105
+#   journal        Journal.append L1596
+#   part           write_part L2201
+#   commit         OutputStore.publish L1966, OutputStore.commit L1985
+#   card           build_card L2819
 # ==== END MAP ====
 
 import json
@@ -367,11 +367,13 @@ def main(argv: list[str] | None = None, hub_api=None) -> int:
 # The imports of all the block's modules (ruff checks them on every script).
 import argparse
 import contextlib
+import ctypes
 import hashlib
 import io
 import itertools
 import json
 import math
+import multiprocessing
 import os
 import queue
 import random
@@ -1082,9 +1084,8 @@ def encode_page(img, size: tuple[int, int]) -> tuple:
 
 
 # ---- pdf.py: PDF documents: a row per page, counted unrendered, rendered in their own process.
-# One output row per page; a page is rendered once, at the size the model wants, in a worker
-# process (PDFium is not thread-safe, and a page that hangs or crashes it must not take the run).
-
+# In worker processes: PDFium is not thread-safe, and a page that hangs or crashes it must not
+# take the run.
 PDF_MIN_DPI, PDF_MAX_DPI = 72, 400
 PDF_COLUMNS = {"page_number": "int32", "page_count": "int32"}
 
@@ -1289,8 +1290,6 @@ class PdfRenderer:
             self._start()
 
     def _start(self) -> None:
-        import multiprocessing
-
         ours, theirs = multiprocessing.Pipe()  # forked: the child reads the input as it is
         process = multiprocessing.get_context("fork").Process(target=self._serve,
                                                               args=(theirs,), daemon=True)
@@ -1300,8 +1299,6 @@ class PdfRenderer:
 
     def _serve(self, conn) -> None:
         """A render process: (row, page) in, page fields or an error out; dies with the driver."""
-        import ctypes
-
         import pypdfium2 as pdfium
 
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle

@@ -77,29 +77,29 @@ very complex layouts. No client-side downscale: the tile grid is chosen from the
 #   model section  L108
 #   SATURATE MAIN  blocks/main_saturate.py  L449-476
 #   main()  L450
-#   COMMON HELPERS  blocks/common/  L479-3404
-#     model_options.py L507  errors.py L523         secrets.py L558
-#     inputs.py L656         pages.py L1018         pdf.py L1197
-#     loops.py L1481         rows.py L1593          plan.py L1686
-#     store.py L1823         saving.py L2187        manifest.py L2489
-#     stats.py L2657         jobs_command.py L2740  card.py L2862
-#     arguments.py L3013     run.py L3165
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3407-3478
-#   GROUNDING HELPERS  blocks/grounding.py  L3481-3492
-#   SERVER HELPERS  blocks/server/  L3495-4237
-#     serve_args.py L3509  process.py L3586     requests.py L3880
-#     pipeline.py L3993    arguments.py L4187
-#   SATURATE HELPERS  blocks/saturate.py  L4240-4407
+#   COMMON HELPERS  blocks/common/  L479-3401
+#     model_options.py L509  errors.py L525         secrets.py L560
+#     inputs.py L658         pages.py L1020         pdf.py L1199
+#     loops.py L1478         rows.py L1590          plan.py L1683
+#     store.py L1820         saving.py L2184        manifest.py L2486
+#     stats.py L2654         jobs_command.py L2737  card.py L2859
+#     arguments.py L3010     run.py L3162
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3404-3475
+#   GROUNDING HELPERS  blocks/grounding.py  L3478-3489
+#   SERVER HELPERS  blocks/server/  L3492-4234
+#     serve_args.py L3506  process.py L3583     requests.py L3877
+#     pipeline.py L3990    arguments.py L4184
+#   SATURATE HELPERS  blocks/saturate.py  L4237-4404
 # A page's path, by the functions that take it:
-#   cell           iter_image_cells L1003
-#   prepared page  read_page L1671, prepare_page L1127
-#   request        request_body L3898
-#   answer         send_page L3946, read_completion L3926
-#   finished row   finish_row L2221
-#   journal        Journal.append L1712
-#   part           write_part L2317
-#   commit         OutputStore.publish L2082, OutputStore.commit L2101
-#   card           build_card L2935
+#   cell           iter_image_cells L1005
+#   prepared page  read_page L1668, prepare_page L1129
+#   request        request_body L3895
+#   answer         send_page L3943, read_completion L3923
+#   finished row   finish_row L2218
+#   journal        Journal.append L1709
+#   part           write_part L2314
+#   commit         OutputStore.publish L2079, OutputStore.commit L2098
+#   card           build_card L2932
 # ==== END MAP ====
 
 import re
@@ -480,11 +480,13 @@ def main(argv: list[str] | None = None, hub_api=None) -> int:
 # The imports of all the block's modules (ruff checks them on every script).
 import argparse
 import contextlib
+import ctypes
 import hashlib
 import io
 import itertools
 import json
 import math
+import multiprocessing
 import os
 import queue
 import random
@@ -1195,9 +1197,8 @@ def encode_page(img, size: tuple[int, int]) -> tuple:
 
 
 # ---- pdf.py: PDF documents: a row per page, counted unrendered, rendered in their own process.
-# One output row per page; a page is rendered once, at the size the model wants, in a worker
-# process (PDFium is not thread-safe, and a page that hangs or crashes it must not take the run).
-
+# In worker processes: PDFium is not thread-safe, and a page that hangs or crashes it must not
+# take the run.
 PDF_MIN_DPI, PDF_MAX_DPI = 72, 400
 PDF_COLUMNS = {"page_number": "int32", "page_count": "int32"}
 
@@ -1402,8 +1403,6 @@ class PdfRenderer:
             self._start()
 
     def _start(self) -> None:
-        import multiprocessing
-
         ours, theirs = multiprocessing.Pipe()  # forked: the child reads the input as it is
         process = multiprocessing.get_context("fork").Process(target=self._serve,
                                                               args=(theirs,), daemon=True)
@@ -1413,8 +1412,6 @@ class PdfRenderer:
 
     def _serve(self, conn) -> None:
         """A render process: (row, page) in, page fields or an error out; dies with the driver."""
-        import ctypes
-
         import pypdfium2 as pdfium
 
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle

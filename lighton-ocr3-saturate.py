@@ -90,29 +90,29 @@ The authors' olmOCR-Bench settings (84.7): `--mode grounding --drop-margins --ma
 #   LIGHTONOCR-3 MODEL  blocks/lighton_ocr3.py  L133-329
 #   SATURATE MAIN  blocks/main_saturate.py  L357-384
 #   main()  L358
-#   COMMON HELPERS  blocks/common/  L387-3312
-#     model_options.py L415  errors.py L431         secrets.py L466
-#     inputs.py L564         pages.py L926          pdf.py L1105
-#     loops.py L1389         rows.py L1501          plan.py L1594
-#     store.py L1731         saving.py L2095        manifest.py L2397
-#     stats.py L2565         jobs_command.py L2648  card.py L2770
-#     arguments.py L2921     run.py L3073
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3315-3386
-#   GROUNDING HELPERS  blocks/grounding.py  L3389-3400
-#   SERVER HELPERS  blocks/server/  L3403-4145
-#     serve_args.py L3417  process.py L3494     requests.py L3788
-#     pipeline.py L3901    arguments.py L4095
-#   SATURATE HELPERS  blocks/saturate.py  L4148-4315
+#   COMMON HELPERS  blocks/common/  L387-3309
+#     model_options.py L417  errors.py L433         secrets.py L468
+#     inputs.py L566         pages.py L928          pdf.py L1107
+#     loops.py L1386         rows.py L1498          plan.py L1591
+#     store.py L1728         saving.py L2092        manifest.py L2394
+#     stats.py L2562         jobs_command.py L2645  card.py L2767
+#     arguments.py L2918     run.py L3070
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3312-3383
+#   GROUNDING HELPERS  blocks/grounding.py  L3386-3397
+#   SERVER HELPERS  blocks/server/  L3400-4142
+#     serve_args.py L3414  process.py L3491     requests.py L3785
+#     pipeline.py L3898    arguments.py L4092
+#   SATURATE HELPERS  blocks/saturate.py  L4145-4312
 # A page's path, by the functions that take it:
-#   cell           iter_image_cells L911
-#   prepared page  read_page L1579, prepare_page L1035
-#   request        request_body L3806
-#   answer         send_page L3854, read_completion L3834
-#   finished row   finish_row L2129
-#   journal        Journal.append L1620
-#   part           write_part L2225
-#   commit         OutputStore.publish L1990, OutputStore.commit L2009
-#   card           build_card L2843
+#   cell           iter_image_cells L913
+#   prepared page  read_page L1576, prepare_page L1037
+#   request        request_body L3803
+#   answer         send_page L3851, read_completion L3831
+#   finished row   finish_row L2126
+#   journal        Journal.append L1617
+#   part           write_part L2222
+#   commit         OutputStore.publish L1987, OutputStore.commit L2006
+#   card           build_card L2840
 # ==== END MAP ====
 
 import re
@@ -388,11 +388,13 @@ def main(argv: list[str] | None = None, hub_api=None) -> int:
 # The imports of all the block's modules (ruff checks them on every script).
 import argparse
 import contextlib
+import ctypes
 import hashlib
 import io
 import itertools
 import json
 import math
+import multiprocessing
 import os
 import queue
 import random
@@ -1103,9 +1105,8 @@ def encode_page(img, size: tuple[int, int]) -> tuple:
 
 
 # ---- pdf.py: PDF documents: a row per page, counted unrendered, rendered in their own process.
-# One output row per page; a page is rendered once, at the size the model wants, in a worker
-# process (PDFium is not thread-safe, and a page that hangs or crashes it must not take the run).
-
+# In worker processes: PDFium is not thread-safe, and a page that hangs or crashes it must not
+# take the run.
 PDF_MIN_DPI, PDF_MAX_DPI = 72, 400
 PDF_COLUMNS = {"page_number": "int32", "page_count": "int32"}
 
@@ -1310,8 +1311,6 @@ class PdfRenderer:
             self._start()
 
     def _start(self) -> None:
-        import multiprocessing
-
         ours, theirs = multiprocessing.Pipe()  # forked: the child reads the input as it is
         process = multiprocessing.get_context("fork").Process(target=self._serve,
                                                               args=(theirs,), daemon=True)
@@ -1321,8 +1320,6 @@ class PdfRenderer:
 
     def _serve(self, conn) -> None:
         """A render process: (row, page) in, page fields or an error out; dies with the driver."""
-        import ctypes
-
         import pypdfium2 as pdfium
 
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle

@@ -67,26 +67,26 @@ The authors' olmOCR-Bench settings (84.7): `--mode grounding --drop-margins --ma
 #   LIGHTONOCR-3 MODEL  blocks/lighton_ocr3.py  L107-303
 #   OFFLINE MAIN  blocks/main_offline.py  L326-351
 #   main()  L327
-#   COMMON HELPERS  blocks/common/  L354-3279
-#     model_options.py L382  errors.py L398         secrets.py L433
-#     inputs.py L531         pages.py L893          pdf.py L1072
-#     loops.py L1356         rows.py L1468          plan.py L1561
-#     store.py L1698         saving.py L2062        manifest.py L2364
-#     stats.py L2532         jobs_command.py L2615  card.py L2737
-#     arguments.py L2888     run.py L3040
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3282-3353
-#   GROUNDING HELPERS  blocks/grounding.py  L3356-3367
-#   OFFLINE HELPERS  blocks/offline.py  L3370-3545
+#   COMMON HELPERS  blocks/common/  L354-3276
+#     model_options.py L384  errors.py L400         secrets.py L435
+#     inputs.py L533         pages.py L895          pdf.py L1074
+#     loops.py L1353         rows.py L1465          plan.py L1558
+#     store.py L1695         saving.py L2059        manifest.py L2361
+#     stats.py L2529         jobs_command.py L2612  card.py L2734
+#     arguments.py L2885     run.py L3037
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3279-3350
+#   GROUNDING HELPERS  blocks/grounding.py  L3353-3364
+#   OFFLINE HELPERS  blocks/offline.py  L3367-3542
 # A page's path, by the functions that take it:
-#   cell           iter_image_cells L878
-#   prepared page  read_page L1546, prepare_page L1002
-#   request        generate_batch L3420
-#   answer         generate_batch L3420
-#   finished row   finish_row L2096
-#   journal        Journal.append L1587
-#   part           write_part L2192
-#   commit         OutputStore.publish L1957, OutputStore.commit L1976
-#   card           build_card L2810
+#   cell           iter_image_cells L880
+#   prepared page  read_page L1543, prepare_page L1004
+#   request        generate_batch L3417
+#   answer         generate_batch L3417
+#   finished row   finish_row L2093
+#   journal        Journal.append L1584
+#   part           write_part L2189
+#   commit         OutputStore.publish L1954, OutputStore.commit L1973
+#   card           build_card L2807
 # ==== END MAP ====
 
 import re
@@ -355,11 +355,13 @@ def main(argv: list[str] | None = None, hub_api=None) -> int:
 # The imports of all the block's modules (ruff checks them on every script).
 import argparse
 import contextlib
+import ctypes
 import hashlib
 import io
 import itertools
 import json
 import math
+import multiprocessing
 import os
 import queue
 import random
@@ -1070,9 +1072,8 @@ def encode_page(img, size: tuple[int, int]) -> tuple:
 
 
 # ---- pdf.py: PDF documents: a row per page, counted unrendered, rendered in their own process.
-# One output row per page; a page is rendered once, at the size the model wants, in a worker
-# process (PDFium is not thread-safe, and a page that hangs or crashes it must not take the run).
-
+# In worker processes: PDFium is not thread-safe, and a page that hangs or crashes it must not
+# take the run.
 PDF_MIN_DPI, PDF_MAX_DPI = 72, 400
 PDF_COLUMNS = {"page_number": "int32", "page_count": "int32"}
 
@@ -1277,8 +1278,6 @@ class PdfRenderer:
             self._start()
 
     def _start(self) -> None:
-        import multiprocessing
-
         ours, theirs = multiprocessing.Pipe()  # forked: the child reads the input as it is
         process = multiprocessing.get_context("fork").Process(target=self._serve,
                                                               args=(theirs,), daemon=True)
@@ -1288,8 +1287,6 @@ class PdfRenderer:
 
     def _serve(self, conn) -> None:
         """A render process: (row, page) in, page fields or an error out; dies with the driver."""
-        import ctypes
-
         import pypdfium2 as pdfium
 
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle

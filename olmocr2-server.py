@@ -79,27 +79,27 @@ Where the settings come from (the olmOCR toolkit, allenai/olmocr v0.4.27, unless
 #   PATCH GRID HELPERS  blocks/patch_grid.py  L312-345
 #   SERVER MAIN  blocks/main_server.py  L348-375
 #   main()  L349
-#   COMMON HELPERS  blocks/common/  L378-3303
-#     model_options.py L406  errors.py L422         secrets.py L457
-#     inputs.py L555         pages.py L917          pdf.py L1096
-#     loops.py L1380         rows.py L1492          plan.py L1585
-#     store.py L1722         saving.py L2086        manifest.py L2388
-#     stats.py L2556         jobs_command.py L2639  card.py L2761
-#     arguments.py L2912     run.py L3064
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3306-3377
-#   SERVER HELPERS  blocks/server/  L3380-4122
-#     serve_args.py L3394  process.py L3471     requests.py L3765
-#     pipeline.py L3878    arguments.py L4072
+#   COMMON HELPERS  blocks/common/  L378-3300
+#     model_options.py L408  errors.py L424         secrets.py L459
+#     inputs.py L557         pages.py L919          pdf.py L1098
+#     loops.py L1377         rows.py L1489          plan.py L1582
+#     store.py L1719         saving.py L2083        manifest.py L2385
+#     stats.py L2553         jobs_command.py L2636  card.py L2758
+#     arguments.py L2909     run.py L3061
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3303-3374
+#   SERVER HELPERS  blocks/server/  L3377-4119
+#     serve_args.py L3391  process.py L3468     requests.py L3762
+#     pipeline.py L3875    arguments.py L4069
 # A page's path, by the functions that take it:
-#   cell           iter_image_cells L902
-#   prepared page  read_page L1570, prepare_page L1026
-#   request        request_body L3783
-#   answer         send_page L3831, read_completion L3811
-#   finished row   finish_row L2120
-#   journal        Journal.append L1611
-#   part           write_part L2216
-#   commit         OutputStore.publish L1981, OutputStore.commit L2000
-#   card           build_card L2834
+#   cell           iter_image_cells L904
+#   prepared page  read_page L1567, prepare_page L1028
+#   request        request_body L3780
+#   answer         send_page L3828, read_completion L3808
+#   finished row   finish_row L2117
+#   journal        Journal.append L1608
+#   part           write_part L2213
+#   commit         OutputStore.publish L1978, OutputStore.commit L1997
+#   card           build_card L2831
 # ==== END MAP ====
 
 import re
@@ -379,11 +379,13 @@ def main(argv: list[str] | None = None, hub_api=None) -> int:
 # The imports of all the block's modules (ruff checks them on every script).
 import argparse
 import contextlib
+import ctypes
 import hashlib
 import io
 import itertools
 import json
 import math
+import multiprocessing
 import os
 import queue
 import random
@@ -1094,9 +1096,8 @@ def encode_page(img, size: tuple[int, int]) -> tuple:
 
 
 # ---- pdf.py: PDF documents: a row per page, counted unrendered, rendered in their own process.
-# One output row per page; a page is rendered once, at the size the model wants, in a worker
-# process (PDFium is not thread-safe, and a page that hangs or crashes it must not take the run).
-
+# In worker processes: PDFium is not thread-safe, and a page that hangs or crashes it must not
+# take the run.
 PDF_MIN_DPI, PDF_MAX_DPI = 72, 400
 PDF_COLUMNS = {"page_number": "int32", "page_count": "int32"}
 
@@ -1301,8 +1302,6 @@ class PdfRenderer:
             self._start()
 
     def _start(self) -> None:
-        import multiprocessing
-
         ours, theirs = multiprocessing.Pipe()  # forked: the child reads the input as it is
         process = multiprocessing.get_context("fork").Process(target=self._serve,
                                                               args=(theirs,), daemon=True)
@@ -1312,8 +1311,6 @@ class PdfRenderer:
 
     def _serve(self, conn) -> None:
         """A render process: (row, page) in, page fields or an error out; dies with the driver."""
-        import ctypes
-
         import pypdfium2 as pdfium
 
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle

@@ -58,27 +58,27 @@ retry policy (connection errors, timeouts, 429 and 5xx retried with backoff; oth
 #   OVISOCR2 MODEL  blocks/ovis_ocr2.py  L98-184
 #   SERVER MAIN  blocks/main_server.py  L220-247
 #   main()  L221
-#   COMMON HELPERS  blocks/common/  L250-3175
-#     model_options.py L278  errors.py L294         secrets.py L329
-#     inputs.py L427         pages.py L789          pdf.py L968
-#     loops.py L1252         rows.py L1364          plan.py L1457
-#     store.py L1594         saving.py L1958        manifest.py L2260
-#     stats.py L2428         jobs_command.py L2511  card.py L2633
-#     arguments.py L2784     run.py L2936
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3178-3249
-#   SERVER HELPERS  blocks/server/  L3252-3994
-#     serve_args.py L3266  process.py L3343     requests.py L3637
-#     pipeline.py L3750    arguments.py L3944
+#   COMMON HELPERS  blocks/common/  L250-3172
+#     model_options.py L280  errors.py L296         secrets.py L331
+#     inputs.py L429         pages.py L791          pdf.py L970
+#     loops.py L1249         rows.py L1361          plan.py L1454
+#     store.py L1591         saving.py L1955        manifest.py L2257
+#     stats.py L2425         jobs_command.py L2508  card.py L2630
+#     arguments.py L2781     run.py L2933
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3175-3246
+#   SERVER HELPERS  blocks/server/  L3249-3991
+#     serve_args.py L3263  process.py L3340     requests.py L3634
+#     pipeline.py L3747    arguments.py L3941
 # A page's path, by the functions that take it:
-#   cell           iter_image_cells L774
-#   prepared page  read_page L1442, prepare_page L898
-#   request        request_body L3655
-#   answer         send_page L3703, read_completion L3683
-#   finished row   finish_row L1992
-#   journal        Journal.append L1483
-#   part           write_part L2088
-#   commit         OutputStore.publish L1853, OutputStore.commit L1872
-#   card           build_card L2706
+#   cell           iter_image_cells L776
+#   prepared page  read_page L1439, prepare_page L900
+#   request        request_body L3652
+#   answer         send_page L3700, read_completion L3680
+#   finished row   finish_row L1989
+#   journal        Journal.append L1480
+#   part           write_part L2085
+#   commit         OutputStore.publish L1850, OutputStore.commit L1869
+#   card           build_card L2703
 # ==== END MAP ====
 
 import re
@@ -251,11 +251,13 @@ def main(argv: list[str] | None = None, hub_api=None) -> int:
 # The imports of all the block's modules (ruff checks them on every script).
 import argparse
 import contextlib
+import ctypes
 import hashlib
 import io
 import itertools
 import json
 import math
+import multiprocessing
 import os
 import queue
 import random
@@ -966,9 +968,8 @@ def encode_page(img, size: tuple[int, int]) -> tuple:
 
 
 # ---- pdf.py: PDF documents: a row per page, counted unrendered, rendered in their own process.
-# One output row per page; a page is rendered once, at the size the model wants, in a worker
-# process (PDFium is not thread-safe, and a page that hangs or crashes it must not take the run).
-
+# In worker processes: PDFium is not thread-safe, and a page that hangs or crashes it must not
+# take the run.
 PDF_MIN_DPI, PDF_MAX_DPI = 72, 400
 PDF_COLUMNS = {"page_number": "int32", "page_count": "int32"}
 
@@ -1173,8 +1174,6 @@ class PdfRenderer:
             self._start()
 
     def _start(self) -> None:
-        import multiprocessing
-
         ours, theirs = multiprocessing.Pipe()  # forked: the child reads the input as it is
         process = multiprocessing.get_context("fork").Process(target=self._serve,
                                                               args=(theirs,), daemon=True)
@@ -1184,8 +1183,6 @@ class PdfRenderer:
 
     def _serve(self, conn) -> None:
         """A render process: (row, page) in, page fields or an error out; dies with the driver."""
-        import ctypes
-
         import pypdfium2 as pdfium
 
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle

@@ -49,25 +49,25 @@ Where the engine arguments come from
 #   OVISOCR2 MODEL  blocks/ovis_ocr2.py  L88-174
 #   OFFLINE MAIN  blocks/main_offline.py  L203-228
 #   main()  L204
-#   COMMON HELPERS  blocks/common/  L231-3156
-#     model_options.py L259  errors.py L275         secrets.py L310
-#     inputs.py L408         pages.py L770          pdf.py L949
-#     loops.py L1233         rows.py L1345          plan.py L1438
-#     store.py L1575         saving.py L1939        manifest.py L2241
-#     stats.py L2409         jobs_command.py L2492  card.py L2614
-#     arguments.py L2765     run.py L2917
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3159-3230
-#   OFFLINE HELPERS  blocks/offline.py  L3233-3408
+#   COMMON HELPERS  blocks/common/  L231-3153
+#     model_options.py L261  errors.py L277         secrets.py L312
+#     inputs.py L410         pages.py L772          pdf.py L951
+#     loops.py L1230         rows.py L1342          plan.py L1435
+#     store.py L1572         saving.py L1936        manifest.py L2238
+#     stats.py L2406         jobs_command.py L2489  card.py L2611
+#     arguments.py L2762     run.py L2914
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3156-3227
+#   OFFLINE HELPERS  blocks/offline.py  L3230-3405
 # A page's path, by the functions that take it:
-#   cell           iter_image_cells L755
-#   prepared page  read_page L1423, prepare_page L879
-#   request        generate_batch L3283
-#   answer         generate_batch L3283
-#   finished row   finish_row L1973
-#   journal        Journal.append L1464
-#   part           write_part L2069
-#   commit         OutputStore.publish L1834, OutputStore.commit L1853
-#   card           build_card L2687
+#   cell           iter_image_cells L757
+#   prepared page  read_page L1420, prepare_page L881
+#   request        generate_batch L3280
+#   answer         generate_batch L3280
+#   finished row   finish_row L1970
+#   journal        Journal.append L1461
+#   part           write_part L2066
+#   commit         OutputStore.publish L1831, OutputStore.commit L1850
+#   card           build_card L2684
 # ==== END MAP ====
 
 import re
@@ -232,11 +232,13 @@ def main(argv: list[str] | None = None, hub_api=None) -> int:
 # The imports of all the block's modules (ruff checks them on every script).
 import argparse
 import contextlib
+import ctypes
 import hashlib
 import io
 import itertools
 import json
 import math
+import multiprocessing
 import os
 import queue
 import random
@@ -947,9 +949,8 @@ def encode_page(img, size: tuple[int, int]) -> tuple:
 
 
 # ---- pdf.py: PDF documents: a row per page, counted unrendered, rendered in their own process.
-# One output row per page; a page is rendered once, at the size the model wants, in a worker
-# process (PDFium is not thread-safe, and a page that hangs or crashes it must not take the run).
-
+# In worker processes: PDFium is not thread-safe, and a page that hangs or crashes it must not
+# take the run.
 PDF_MIN_DPI, PDF_MAX_DPI = 72, 400
 PDF_COLUMNS = {"page_number": "int32", "page_count": "int32"}
 
@@ -1154,8 +1155,6 @@ class PdfRenderer:
             self._start()
 
     def _start(self) -> None:
-        import multiprocessing
-
         ours, theirs = multiprocessing.Pipe()  # forked: the child reads the input as it is
         process = multiprocessing.get_context("fork").Process(target=self._serve,
                                                               args=(theirs,), daemon=True)
@@ -1165,8 +1164,6 @@ class PdfRenderer:
 
     def _serve(self, conn) -> None:
         """A render process: (row, page) in, page fields or an error out; dies with the driver."""
-        import ctypes
-
         import pypdfium2 as pdfium
 
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle

@@ -102,28 +102,28 @@ Where the settings come from, and the choices where sources differ
 #   PADDLEOCR-VL MODEL  blocks/paddleocr_vl.py  L143-377
 #   SERVER MAIN  blocks/main_server.py  L380-407
 #   main()  L381
-#   COMMON HELPERS  blocks/common/  L410-3335
-#     model_options.py L438  errors.py L454         secrets.py L489
-#     inputs.py L587         pages.py L949          pdf.py L1128
-#     loops.py L1412         rows.py L1524          plan.py L1617
-#     store.py L1754         saving.py L2118        manifest.py L2420
-#     stats.py L2588         jobs_command.py L2671  card.py L2793
-#     arguments.py L2944     run.py L3096
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3338-3409
-#   PATCH GRID HELPERS  blocks/patch_grid.py  L3412-3445
-#   SERVER HELPERS  blocks/server/  L3448-4190
-#     serve_args.py L3462  process.py L3539     requests.py L3833
-#     pipeline.py L3946    arguments.py L4140
+#   COMMON HELPERS  blocks/common/  L410-3332
+#     model_options.py L440  errors.py L456         secrets.py L491
+#     inputs.py L589         pages.py L951          pdf.py L1130
+#     loops.py L1409         rows.py L1521          plan.py L1614
+#     store.py L1751         saving.py L2115        manifest.py L2417
+#     stats.py L2585         jobs_command.py L2668  card.py L2790
+#     arguments.py L2941     run.py L3093
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3335-3406
+#   PATCH GRID HELPERS  blocks/patch_grid.py  L3409-3442
+#   SERVER HELPERS  blocks/server/  L3445-4187
+#     serve_args.py L3459  process.py L3536     requests.py L3830
+#     pipeline.py L3943    arguments.py L4137
 # A page's path, by the functions that take it:
-#   cell           iter_image_cells L934
-#   prepared page  read_page L1602, prepare_page L1058
-#   request        request_body L3851
-#   answer         send_page L3899, read_completion L3879
-#   finished row   finish_row L2152
-#   journal        Journal.append L1643
-#   part           write_part L2248
-#   commit         OutputStore.publish L2013, OutputStore.commit L2032
-#   card           build_card L2866
+#   cell           iter_image_cells L936
+#   prepared page  read_page L1599, prepare_page L1060
+#   request        request_body L3848
+#   answer         send_page L3896, read_completion L3876
+#   finished row   finish_row L2149
+#   journal        Journal.append L1640
+#   part           write_part L2245
+#   commit         OutputStore.publish L2010, OutputStore.commit L2029
+#   card           build_card L2863
 # ==== END MAP ====
 
 import html
@@ -411,11 +411,13 @@ def main(argv: list[str] | None = None, hub_api=None) -> int:
 # The imports of all the block's modules (ruff checks them on every script).
 import argparse
 import contextlib
+import ctypes
 import hashlib
 import io
 import itertools
 import json
 import math
+import multiprocessing
 import os
 import queue
 import random
@@ -1126,9 +1128,8 @@ def encode_page(img, size: tuple[int, int]) -> tuple:
 
 
 # ---- pdf.py: PDF documents: a row per page, counted unrendered, rendered in their own process.
-# One output row per page; a page is rendered once, at the size the model wants, in a worker
-# process (PDFium is not thread-safe, and a page that hangs or crashes it must not take the run).
-
+# In worker processes: PDFium is not thread-safe, and a page that hangs or crashes it must not
+# take the run.
 PDF_MIN_DPI, PDF_MAX_DPI = 72, 400
 PDF_COLUMNS = {"page_number": "int32", "page_count": "int32"}
 
@@ -1333,8 +1334,6 @@ class PdfRenderer:
             self._start()
 
     def _start(self) -> None:
-        import multiprocessing
-
         ours, theirs = multiprocessing.Pipe()  # forked: the child reads the input as it is
         process = multiprocessing.get_context("fork").Process(target=self._serve,
                                                               args=(theirs,), daemon=True)
@@ -1344,8 +1343,6 @@ class PdfRenderer:
 
     def _serve(self, conn) -> None:
         """A render process: (row, page) in, page fields or an error out; dies with the driver."""
-        import ctypes
-
         import pypdfium2 as pdfium
 
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle

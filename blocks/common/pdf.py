@@ -1,7 +1,9 @@
 """PDF documents: a row per page, counted unrendered, rendered in their own process."""
 
 import contextlib
+import ctypes
 import hashlib
+import multiprocessing
 import os
 import queue
 import re
@@ -18,9 +20,8 @@ from blocks.common.pages import (
     sent_size,
 )
 
-# One output row per page; a page is rendered once, at the size the model wants, in a worker
-# process (PDFium is not thread-safe, and a page that hangs or crashes it must not take the run).
-
+# In worker processes: PDFium is not thread-safe, and a page that hangs or crashes it must not
+# take the run.
 PDF_MIN_DPI, PDF_MAX_DPI = 72, 400
 PDF_COLUMNS = {"page_number": "int32", "page_count": "int32"}
 
@@ -225,8 +226,6 @@ class PdfRenderer:
             self._start()
 
     def _start(self) -> None:
-        import multiprocessing
-
         ours, theirs = multiprocessing.Pipe()  # forked: the child reads the input as it is
         process = multiprocessing.get_context("fork").Process(target=self._serve,
                                                               args=(theirs,), daemon=True)
@@ -236,8 +235,6 @@ class PdfRenderer:
 
     def _serve(self, conn) -> None:
         """A render process: (row, page) in, page fields or an error out; dies with the driver."""
-        import ctypes
-
         import pypdfium2 as pdfium
 
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
