@@ -76,28 +76,28 @@ Where the settings come from (vLLM's DeepSeek-OCR recipe)
 #   DEEPSEEK-OCR MODEL  blocks/deepseek_ocr.py  L129-292
 #   SERVER MAIN  blocks/main_server.py  L295-322
 #   main()  L296
-#   COMMON HELPERS  blocks/common/  L325-3247
+#   COMMON HELPERS  blocks/common/  L325-3244
 #     model_options.py L355  errors.py L371         secrets.py L406
 #     inputs.py L504         pages.py L866          pdf.py L1045
-#     loops.py L1324         rows.py L1436          plan.py L1529
-#     store.py L1666         saving.py L2030        manifest.py L2332
-#     stats.py L2500         jobs_command.py L2583  card.py L2705
-#     arguments.py L2856     run.py L3008
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3250-3321
-#   GROUNDING HELPERS  blocks/grounding.py  L3324-3335
-#   SERVER HELPERS  blocks/server/  L3338-4080
-#     serve_args.py L3352  process.py L3429     requests.py L3723
-#     pipeline.py L3836    arguments.py L4030
+#     loops.py L1324         rows.py L1435          plan.py L1528
+#     store.py L1665         saving.py L2029        manifest.py L2331
+#     stats.py L2498         jobs_command.py L2581  card.py L2703
+#     arguments.py L2854     run.py L3005
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3247-3318
+#   GROUNDING HELPERS  blocks/grounding.py  L3321-3332
+#   SERVER HELPERS  blocks/server/  L3335-4077
+#     serve_args.py L3349  process.py L3426     requests.py L3720
+#     pipeline.py L3833    arguments.py L4027
 # A page's path, by the functions that take it:
 #   cell           iter_image_cells L851
-#   prepared page  read_page L1514, prepare_page L975
-#   request        request_body L3741
-#   answer         send_page L3789, read_completion L3769
-#   finished row   finish_row L2064
-#   journal        Journal.append L1555
-#   part           write_part L2160
-#   commit         OutputStore.publish L1925, OutputStore.commit L1944
-#   card           build_card L2778
+#   prepared page  read_page L1513, prepare_page L975
+#   request        request_body L3738
+#   answer         send_page L3786, read_completion L3766
+#   finished row   finish_row L2063
+#   journal        Journal.append L1554
+#   part           write_part L2159
+#   commit         OutputStore.publish L1924, OutputStore.commit L1943
+#   card           build_card L2776
 # ==== END MAP ====
 
 import re
@@ -1427,10 +1427,9 @@ class DegenerateCheck:
             if self.cut else f"; the last refusal: {self.error[:300]}" if self.error else ""
         raise RunAborted(
             f"the first {self.seen} pages all came back degenerate (empty, looping, cut or "
-            f"refused){cut}: "
-            f"a wrong model / engine pair looks like this (validated: {MODEL_ID} on {JOB_IMAGE})."
-            f" Check --model and the image, or pass --no-sanity-check to write such output "
-            f"anyway.", code=EXIT_DEGENERATE)
+            f"refused){cut}: a wrong model / engine pair looks like this (validated: {MODEL_ID} "
+            f"on {JOB_IMAGE}). Check --model and the image, or pass --no-sanity-check to write "
+            f"such output anyway.", code=EXIT_DEGENERATE)
 
 
 # ---- rows.py: A page's result: its row, an error row with its cause, a document's pages joined.
@@ -2331,8 +2330,7 @@ class PartWriter:
 
 # ---- manifest.py: What one run is: the identity a rerun must match, in OUTPUT's manifest.
 # The version of what OUTPUT records (manifest, journal, notes): another version is refused.
-MANIFEST_FORMAT = 2  # 2: the parts hold ROW_IDENTITY, which the manifest names, and
-#                      <column>_skipped; a part's note lists its blank rows
+MANIFEST_FORMAT = 2  # 2: parts hold ROW_IDENTITY and <column>_skipped, notes list blank rows
 
 # Engine flags that change speed and memory, never the text: the rest of the engine is identity
 SPEED_ONLY_ENGINE_FLAGS = set("""gpu-memory-utilization data-parallel-size tensor-parallel-size
@@ -2913,9 +2911,8 @@ def argument_parser(doc: str, add_shape_arguments) -> argparse.ArgumentParser:
            help="delete this shard's rows in OUTPUT and start over")
     option(group, "--retry-errors", action="store_true", identity=False, help="redo the error rows")
     option(group, "--send-blank", action="store_true", identity=False,
-           help="send blank pages too (no ink found: by default written with an empty text and "
-           "<column>_skipped saying so, never sent); a rerun with it sends the pages an earlier "
-           "run skipped as blank")
+           help="send blank pages too (by default written unsent: an empty text, <column>_skipped "
+           "says so); a rerun with it sends the pages an earlier run skipped as blank")
     option(group, "--private", action="store_true", identity=False, help="create the repo private")
     option(group, "--hf-token", identity=False, help="Hub token (default: HF_TOKEN or your login)")
     option(group, "--work-dir", identity=False, help="staging folder for Hub output")

@@ -92,28 +92,28 @@ and vLLM's DeepSeek-OCR-2 recipe)
 #   DEEPSEEK-OCR MODEL  blocks/deepseek_ocr.py  L144-307
 #   SERVER MAIN  blocks/main_server.py  L310-337
 #   main()  L311
-#   COMMON HELPERS  blocks/common/  L340-3262
+#   COMMON HELPERS  blocks/common/  L340-3259
 #     model_options.py L370  errors.py L386         secrets.py L421
 #     inputs.py L519         pages.py L881          pdf.py L1060
-#     loops.py L1339         rows.py L1451          plan.py L1544
-#     store.py L1681         saving.py L2045        manifest.py L2347
-#     stats.py L2515         jobs_command.py L2598  card.py L2720
-#     arguments.py L2871     run.py L3023
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3265-3336
-#   GROUNDING HELPERS  blocks/grounding.py  L3339-3350
-#   SERVER HELPERS  blocks/server/  L3353-4095
-#     serve_args.py L3367  process.py L3444     requests.py L3738
-#     pipeline.py L3851    arguments.py L4045
+#     loops.py L1339         rows.py L1450          plan.py L1543
+#     store.py L1680         saving.py L2044        manifest.py L2346
+#     stats.py L2513         jobs_command.py L2596  card.py L2718
+#     arguments.py L2869     run.py L3020
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3262-3333
+#   GROUNDING HELPERS  blocks/grounding.py  L3336-3347
+#   SERVER HELPERS  blocks/server/  L3350-4092
+#     serve_args.py L3364  process.py L3441     requests.py L3735
+#     pipeline.py L3848    arguments.py L4042
 # A page's path, by the functions that take it:
 #   cell           iter_image_cells L866
-#   prepared page  read_page L1529, prepare_page L990
-#   request        request_body L3756
-#   answer         send_page L3804, read_completion L3784
-#   finished row   finish_row L2079
-#   journal        Journal.append L1570
-#   part           write_part L2175
-#   commit         OutputStore.publish L1940, OutputStore.commit L1959
-#   card           build_card L2793
+#   prepared page  read_page L1528, prepare_page L990
+#   request        request_body L3753
+#   answer         send_page L3801, read_completion L3781
+#   finished row   finish_row L2078
+#   journal        Journal.append L1569
+#   part           write_part L2174
+#   commit         OutputStore.publish L1939, OutputStore.commit L1958
+#   card           build_card L2791
 # ==== END MAP ====
 
 import re
@@ -1442,10 +1442,9 @@ class DegenerateCheck:
             if self.cut else f"; the last refusal: {self.error[:300]}" if self.error else ""
         raise RunAborted(
             f"the first {self.seen} pages all came back degenerate (empty, looping, cut or "
-            f"refused){cut}: "
-            f"a wrong model / engine pair looks like this (validated: {MODEL_ID} on {JOB_IMAGE})."
-            f" Check --model and the image, or pass --no-sanity-check to write such output "
-            f"anyway.", code=EXIT_DEGENERATE)
+            f"refused){cut}: a wrong model / engine pair looks like this (validated: {MODEL_ID} "
+            f"on {JOB_IMAGE}). Check --model and the image, or pass --no-sanity-check to write "
+            f"such output anyway.", code=EXIT_DEGENERATE)
 
 
 # ---- rows.py: A page's result: its row, an error row with its cause, a document's pages joined.
@@ -2346,8 +2345,7 @@ class PartWriter:
 
 # ---- manifest.py: What one run is: the identity a rerun must match, in OUTPUT's manifest.
 # The version of what OUTPUT records (manifest, journal, notes): another version is refused.
-MANIFEST_FORMAT = 2  # 2: the parts hold ROW_IDENTITY, which the manifest names, and
-#                      <column>_skipped; a part's note lists its blank rows
+MANIFEST_FORMAT = 2  # 2: parts hold ROW_IDENTITY and <column>_skipped, notes list blank rows
 
 # Engine flags that change speed and memory, never the text: the rest of the engine is identity
 SPEED_ONLY_ENGINE_FLAGS = set("""gpu-memory-utilization data-parallel-size tensor-parallel-size
@@ -2928,9 +2926,8 @@ def argument_parser(doc: str, add_shape_arguments) -> argparse.ArgumentParser:
            help="delete this shard's rows in OUTPUT and start over")
     option(group, "--retry-errors", action="store_true", identity=False, help="redo the error rows")
     option(group, "--send-blank", action="store_true", identity=False,
-           help="send blank pages too (no ink found: by default written with an empty text and "
-           "<column>_skipped saying so, never sent); a rerun with it sends the pages an earlier "
-           "run skipped as blank")
+           help="send blank pages too (by default written unsent: an empty text, <column>_skipped "
+           "says so); a rerun with it sends the pages an earlier run skipped as blank")
     option(group, "--private", action="store_true", identity=False, help="create the repo private")
     option(group, "--hf-token", identity=False, help="Hub token (default: HF_TOKEN or your login)")
     option(group, "--work-dir", identity=False, help="staging folder for Hub output")

@@ -92,28 +92,28 @@ Post-processing, as the authors' formatter builds Markdown (dots_mocr/utils/form
 #   DOTS-MOCR MODEL  blocks/dots_mocr.py  L172-400
 #   SERVER MAIN  blocks/main_server.py  L403-430
 #   main()  L404
-#   COMMON HELPERS  blocks/common/  L433-3355
+#   COMMON HELPERS  blocks/common/  L433-3352
 #     model_options.py L463  errors.py L479         secrets.py L514
 #     inputs.py L612         pages.py L974          pdf.py L1153
-#     loops.py L1432         rows.py L1544          plan.py L1637
-#     store.py L1774         saving.py L2138        manifest.py L2440
-#     stats.py L2608         jobs_command.py L2691  card.py L2813
-#     arguments.py L2964     run.py L3116
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3358-3429
-#   GROUNDING HELPERS  blocks/grounding.py  L3432-3443
-#   SERVER HELPERS  blocks/server/  L3446-4188
-#     serve_args.py L3460  process.py L3537     requests.py L3831
-#     pipeline.py L3944    arguments.py L4138
+#     loops.py L1432         rows.py L1543          plan.py L1636
+#     store.py L1773         saving.py L2137        manifest.py L2439
+#     stats.py L2606         jobs_command.py L2689  card.py L2811
+#     arguments.py L2962     run.py L3113
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3355-3426
+#   GROUNDING HELPERS  blocks/grounding.py  L3429-3440
+#   SERVER HELPERS  blocks/server/  L3443-4185
+#     serve_args.py L3457  process.py L3534     requests.py L3828
+#     pipeline.py L3941    arguments.py L4135
 # A page's path, by the functions that take it:
 #   cell           iter_image_cells L959
-#   prepared page  read_page L1622, prepare_page L1083
-#   request        request_body L3849
-#   answer         send_page L3897, read_completion L3877
-#   finished row   finish_row L2172
-#   journal        Journal.append L1663
-#   part           write_part L2268
-#   commit         OutputStore.publish L2033, OutputStore.commit L2052
-#   card           build_card L2886
+#   prepared page  read_page L1621, prepare_page L1083
+#   request        request_body L3846
+#   answer         send_page L3894, read_completion L3874
+#   finished row   finish_row L2171
+#   journal        Journal.append L1662
+#   part           write_part L2267
+#   commit         OutputStore.publish L2032, OutputStore.commit L2051
+#   card           build_card L2884
 # ==== END MAP ====
 
 import argparse
@@ -1535,10 +1535,9 @@ class DegenerateCheck:
             if self.cut else f"; the last refusal: {self.error[:300]}" if self.error else ""
         raise RunAborted(
             f"the first {self.seen} pages all came back degenerate (empty, looping, cut or "
-            f"refused){cut}: "
-            f"a wrong model / engine pair looks like this (validated: {MODEL_ID} on {JOB_IMAGE})."
-            f" Check --model and the image, or pass --no-sanity-check to write such output "
-            f"anyway.", code=EXIT_DEGENERATE)
+            f"refused){cut}: a wrong model / engine pair looks like this (validated: {MODEL_ID} "
+            f"on {JOB_IMAGE}). Check --model and the image, or pass --no-sanity-check to write "
+            f"such output anyway.", code=EXIT_DEGENERATE)
 
 
 # ---- rows.py: A page's result: its row, an error row with its cause, a document's pages joined.
@@ -2439,8 +2438,7 @@ class PartWriter:
 
 # ---- manifest.py: What one run is: the identity a rerun must match, in OUTPUT's manifest.
 # The version of what OUTPUT records (manifest, journal, notes): another version is refused.
-MANIFEST_FORMAT = 2  # 2: the parts hold ROW_IDENTITY, which the manifest names, and
-#                      <column>_skipped; a part's note lists its blank rows
+MANIFEST_FORMAT = 2  # 2: parts hold ROW_IDENTITY and <column>_skipped, notes list blank rows
 
 # Engine flags that change speed and memory, never the text: the rest of the engine is identity
 SPEED_ONLY_ENGINE_FLAGS = set("""gpu-memory-utilization data-parallel-size tensor-parallel-size
@@ -3021,9 +3019,8 @@ def argument_parser(doc: str, add_shape_arguments) -> argparse.ArgumentParser:
            help="delete this shard's rows in OUTPUT and start over")
     option(group, "--retry-errors", action="store_true", identity=False, help="redo the error rows")
     option(group, "--send-blank", action="store_true", identity=False,
-           help="send blank pages too (no ink found: by default written with an empty text and "
-           "<column>_skipped saying so, never sent); a rerun with it sends the pages an earlier "
-           "run skipped as blank")
+           help="send blank pages too (by default written unsent: an empty text, <column>_skipped "
+           "says so); a rerun with it sends the pages an earlier run skipped as blank")
     option(group, "--private", action="store_true", identity=False, help="create the repo private")
     option(group, "--hf-token", identity=False, help="Hub token (default: HF_TOKEN or your login)")
     option(group, "--work-dir", identity=False, help="staging folder for Hub output")

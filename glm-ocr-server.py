@@ -93,28 +93,28 @@ Where the settings come from (the authors' README and SDK, the card, vLLM's reci
 #   GLM-OCR MODEL  blocks/glm_ocr.py  L135-333
 #   SERVER MAIN  blocks/main_server.py  L336-363
 #   main()  L337
-#   COMMON HELPERS  blocks/common/  L366-3288
+#   COMMON HELPERS  blocks/common/  L366-3285
 #     model_options.py L396  errors.py L412         secrets.py L447
 #     inputs.py L545         pages.py L907          pdf.py L1086
-#     loops.py L1365         rows.py L1477          plan.py L1570
-#     store.py L1707         saving.py L2071        manifest.py L2373
-#     stats.py L2541         jobs_command.py L2624  card.py L2746
-#     arguments.py L2897     run.py L3049
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3291-3362
-#   PATCH GRID HELPERS  blocks/patch_grid.py  L3365-3398
-#   SERVER HELPERS  blocks/server/  L3401-4143
-#     serve_args.py L3415  process.py L3492     requests.py L3786
-#     pipeline.py L3899    arguments.py L4093
+#     loops.py L1365         rows.py L1476          plan.py L1569
+#     store.py L1706         saving.py L2070        manifest.py L2372
+#     stats.py L2539         jobs_command.py L2622  card.py L2744
+#     arguments.py L2895     run.py L3046
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3288-3359
+#   PATCH GRID HELPERS  blocks/patch_grid.py  L3362-3395
+#   SERVER HELPERS  blocks/server/  L3398-4140
+#     serve_args.py L3412  process.py L3489     requests.py L3783
+#     pipeline.py L3896    arguments.py L4090
 # A page's path, by the functions that take it:
 #   cell           iter_image_cells L892
-#   prepared page  read_page L1555, prepare_page L1016
-#   request        request_body L3804
-#   answer         send_page L3852, read_completion L3832
-#   finished row   finish_row L2105
-#   journal        Journal.append L1596
-#   part           write_part L2201
-#   commit         OutputStore.publish L1966, OutputStore.commit L1985
-#   card           build_card L2819
+#   prepared page  read_page L1554, prepare_page L1016
+#   request        request_body L3801
+#   answer         send_page L3849, read_completion L3829
+#   finished row   finish_row L2104
+#   journal        Journal.append L1595
+#   part           write_part L2200
+#   commit         OutputStore.publish L1965, OutputStore.commit L1984
+#   card           build_card L2817
 # ==== END MAP ====
 
 import json
@@ -1468,10 +1468,9 @@ class DegenerateCheck:
             if self.cut else f"; the last refusal: {self.error[:300]}" if self.error else ""
         raise RunAborted(
             f"the first {self.seen} pages all came back degenerate (empty, looping, cut or "
-            f"refused){cut}: "
-            f"a wrong model / engine pair looks like this (validated: {MODEL_ID} on {JOB_IMAGE})."
-            f" Check --model and the image, or pass --no-sanity-check to write such output "
-            f"anyway.", code=EXIT_DEGENERATE)
+            f"refused){cut}: a wrong model / engine pair looks like this (validated: {MODEL_ID} "
+            f"on {JOB_IMAGE}). Check --model and the image, or pass --no-sanity-check to write "
+            f"such output anyway.", code=EXIT_DEGENERATE)
 
 
 # ---- rows.py: A page's result: its row, an error row with its cause, a document's pages joined.
@@ -2372,8 +2371,7 @@ class PartWriter:
 
 # ---- manifest.py: What one run is: the identity a rerun must match, in OUTPUT's manifest.
 # The version of what OUTPUT records (manifest, journal, notes): another version is refused.
-MANIFEST_FORMAT = 2  # 2: the parts hold ROW_IDENTITY, which the manifest names, and
-#                      <column>_skipped; a part's note lists its blank rows
+MANIFEST_FORMAT = 2  # 2: parts hold ROW_IDENTITY and <column>_skipped, notes list blank rows
 
 # Engine flags that change speed and memory, never the text: the rest of the engine is identity
 SPEED_ONLY_ENGINE_FLAGS = set("""gpu-memory-utilization data-parallel-size tensor-parallel-size
@@ -2954,9 +2952,8 @@ def argument_parser(doc: str, add_shape_arguments) -> argparse.ArgumentParser:
            help="delete this shard's rows in OUTPUT and start over")
     option(group, "--retry-errors", action="store_true", identity=False, help="redo the error rows")
     option(group, "--send-blank", action="store_true", identity=False,
-           help="send blank pages too (no ink found: by default written with an empty text and "
-           "<column>_skipped saying so, never sent); a rerun with it sends the pages an earlier "
-           "run skipped as blank")
+           help="send blank pages too (by default written unsent: an empty text, <column>_skipped "
+           "says so); a rerun with it sends the pages an earlier run skipped as blank")
     option(group, "--private", action="store_true", identity=False, help="create the repo private")
     option(group, "--hf-token", identity=False, help="Hub token (default: HF_TOKEN or your login)")
     option(group, "--work-dir", identity=False, help="staging folder for Hub output")

@@ -77,29 +77,29 @@ very complex layouts. No client-side downscale: the tile grid is chosen from the
 #   model section  L108
 #   SATURATE MAIN  blocks/main_saturate.py  L449-476
 #   main()  L450
-#   COMMON HELPERS  blocks/common/  L479-3401
+#   COMMON HELPERS  blocks/common/  L479-3398
 #     model_options.py L509  errors.py L525         secrets.py L560
 #     inputs.py L658         pages.py L1020         pdf.py L1199
-#     loops.py L1478         rows.py L1590          plan.py L1683
-#     store.py L1820         saving.py L2184        manifest.py L2486
-#     stats.py L2654         jobs_command.py L2737  card.py L2859
-#     arguments.py L3010     run.py L3162
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3404-3475
-#   GROUNDING HELPERS  blocks/grounding.py  L3478-3489
-#   SERVER HELPERS  blocks/server/  L3492-4234
-#     serve_args.py L3506  process.py L3583     requests.py L3877
-#     pipeline.py L3990    arguments.py L4184
-#   SATURATE HELPERS  blocks/saturate.py  L4237-4404
+#     loops.py L1478         rows.py L1589          plan.py L1682
+#     store.py L1819         saving.py L2183        manifest.py L2485
+#     stats.py L2652         jobs_command.py L2735  card.py L2857
+#     arguments.py L3008     run.py L3159
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3401-3472
+#   GROUNDING HELPERS  blocks/grounding.py  L3475-3486
+#   SERVER HELPERS  blocks/server/  L3489-4231
+#     serve_args.py L3503  process.py L3580     requests.py L3874
+#     pipeline.py L3987    arguments.py L4181
+#   SATURATE HELPERS  blocks/saturate.py  L4234-4401
 # A page's path, by the functions that take it:
 #   cell           iter_image_cells L1005
-#   prepared page  read_page L1668, prepare_page L1129
-#   request        request_body L3895
-#   answer         send_page L3943, read_completion L3923
-#   finished row   finish_row L2218
-#   journal        Journal.append L1709
-#   part           write_part L2314
-#   commit         OutputStore.publish L2079, OutputStore.commit L2098
-#   card           build_card L2932
+#   prepared page  read_page L1667, prepare_page L1129
+#   request        request_body L3892
+#   answer         send_page L3940, read_completion L3920
+#   finished row   finish_row L2217
+#   journal        Journal.append L1708
+#   part           write_part L2313
+#   commit         OutputStore.publish L2078, OutputStore.commit L2097
+#   card           build_card L2930
 # ==== END MAP ====
 
 import re
@@ -1581,10 +1581,9 @@ class DegenerateCheck:
             if self.cut else f"; the last refusal: {self.error[:300]}" if self.error else ""
         raise RunAborted(
             f"the first {self.seen} pages all came back degenerate (empty, looping, cut or "
-            f"refused){cut}: "
-            f"a wrong model / engine pair looks like this (validated: {MODEL_ID} on {JOB_IMAGE})."
-            f" Check --model and the image, or pass --no-sanity-check to write such output "
-            f"anyway.", code=EXIT_DEGENERATE)
+            f"refused){cut}: a wrong model / engine pair looks like this (validated: {MODEL_ID} "
+            f"on {JOB_IMAGE}). Check --model and the image, or pass --no-sanity-check to write "
+            f"such output anyway.", code=EXIT_DEGENERATE)
 
 
 # ---- rows.py: A page's result: its row, an error row with its cause, a document's pages joined.
@@ -2485,8 +2484,7 @@ class PartWriter:
 
 # ---- manifest.py: What one run is: the identity a rerun must match, in OUTPUT's manifest.
 # The version of what OUTPUT records (manifest, journal, notes): another version is refused.
-MANIFEST_FORMAT = 2  # 2: the parts hold ROW_IDENTITY, which the manifest names, and
-#                      <column>_skipped; a part's note lists its blank rows
+MANIFEST_FORMAT = 2  # 2: parts hold ROW_IDENTITY and <column>_skipped, notes list blank rows
 
 # Engine flags that change speed and memory, never the text: the rest of the engine is identity
 SPEED_ONLY_ENGINE_FLAGS = set("""gpu-memory-utilization data-parallel-size tensor-parallel-size
@@ -3067,9 +3065,8 @@ def argument_parser(doc: str, add_shape_arguments) -> argparse.ArgumentParser:
            help="delete this shard's rows in OUTPUT and start over")
     option(group, "--retry-errors", action="store_true", identity=False, help="redo the error rows")
     option(group, "--send-blank", action="store_true", identity=False,
-           help="send blank pages too (no ink found: by default written with an empty text and "
-           "<column>_skipped saying so, never sent); a rerun with it sends the pages an earlier "
-           "run skipped as blank")
+           help="send blank pages too (by default written unsent: an empty text, <column>_skipped "
+           "says so); a rerun with it sends the pages an earlier run skipped as blank")
     option(group, "--private", action="store_true", identity=False, help="create the repo private")
     option(group, "--hf-token", identity=False, help="Hub token (default: HF_TOKEN or your login)")
     option(group, "--work-dir", identity=False, help="staging folder for Hub output")

@@ -90,29 +90,29 @@ The authors' olmOCR-Bench settings (84.7): `--mode grounding --drop-margins --ma
 #   LIGHTONOCR-3 MODEL  blocks/lighton_ocr3.py  L133-329
 #   SATURATE MAIN  blocks/main_saturate.py  L357-384
 #   main()  L358
-#   COMMON HELPERS  blocks/common/  L387-3309
+#   COMMON HELPERS  blocks/common/  L387-3306
 #     model_options.py L417  errors.py L433         secrets.py L468
 #     inputs.py L566         pages.py L928          pdf.py L1107
-#     loops.py L1386         rows.py L1498          plan.py L1591
-#     store.py L1728         saving.py L2092        manifest.py L2394
-#     stats.py L2562         jobs_command.py L2645  card.py L2767
-#     arguments.py L2918     run.py L3070
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3312-3383
-#   GROUNDING HELPERS  blocks/grounding.py  L3386-3397
-#   SERVER HELPERS  blocks/server/  L3400-4142
-#     serve_args.py L3414  process.py L3491     requests.py L3785
-#     pipeline.py L3898    arguments.py L4092
-#   SATURATE HELPERS  blocks/saturate.py  L4145-4312
+#     loops.py L1386         rows.py L1497          plan.py L1590
+#     store.py L1727         saving.py L2091        manifest.py L2393
+#     stats.py L2560         jobs_command.py L2643  card.py L2765
+#     arguments.py L2916     run.py L3067
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3309-3380
+#   GROUNDING HELPERS  blocks/grounding.py  L3383-3394
+#   SERVER HELPERS  blocks/server/  L3397-4139
+#     serve_args.py L3411  process.py L3488     requests.py L3782
+#     pipeline.py L3895    arguments.py L4089
+#   SATURATE HELPERS  blocks/saturate.py  L4142-4309
 # A page's path, by the functions that take it:
 #   cell           iter_image_cells L913
-#   prepared page  read_page L1576, prepare_page L1037
-#   request        request_body L3803
-#   answer         send_page L3851, read_completion L3831
-#   finished row   finish_row L2126
-#   journal        Journal.append L1617
-#   part           write_part L2222
-#   commit         OutputStore.publish L1987, OutputStore.commit L2006
-#   card           build_card L2840
+#   prepared page  read_page L1575, prepare_page L1037
+#   request        request_body L3800
+#   answer         send_page L3848, read_completion L3828
+#   finished row   finish_row L2125
+#   journal        Journal.append L1616
+#   part           write_part L2221
+#   commit         OutputStore.publish L1986, OutputStore.commit L2005
+#   card           build_card L2838
 # ==== END MAP ====
 
 import re
@@ -1489,10 +1489,9 @@ class DegenerateCheck:
             if self.cut else f"; the last refusal: {self.error[:300]}" if self.error else ""
         raise RunAborted(
             f"the first {self.seen} pages all came back degenerate (empty, looping, cut or "
-            f"refused){cut}: "
-            f"a wrong model / engine pair looks like this (validated: {MODEL_ID} on {JOB_IMAGE})."
-            f" Check --model and the image, or pass --no-sanity-check to write such output "
-            f"anyway.", code=EXIT_DEGENERATE)
+            f"refused){cut}: a wrong model / engine pair looks like this (validated: {MODEL_ID} "
+            f"on {JOB_IMAGE}). Check --model and the image, or pass --no-sanity-check to write "
+            f"such output anyway.", code=EXIT_DEGENERATE)
 
 
 # ---- rows.py: A page's result: its row, an error row with its cause, a document's pages joined.
@@ -2393,8 +2392,7 @@ class PartWriter:
 
 # ---- manifest.py: What one run is: the identity a rerun must match, in OUTPUT's manifest.
 # The version of what OUTPUT records (manifest, journal, notes): another version is refused.
-MANIFEST_FORMAT = 2  # 2: the parts hold ROW_IDENTITY, which the manifest names, and
-#                      <column>_skipped; a part's note lists its blank rows
+MANIFEST_FORMAT = 2  # 2: parts hold ROW_IDENTITY and <column>_skipped, notes list blank rows
 
 # Engine flags that change speed and memory, never the text: the rest of the engine is identity
 SPEED_ONLY_ENGINE_FLAGS = set("""gpu-memory-utilization data-parallel-size tensor-parallel-size
@@ -2975,9 +2973,8 @@ def argument_parser(doc: str, add_shape_arguments) -> argparse.ArgumentParser:
            help="delete this shard's rows in OUTPUT and start over")
     option(group, "--retry-errors", action="store_true", identity=False, help="redo the error rows")
     option(group, "--send-blank", action="store_true", identity=False,
-           help="send blank pages too (no ink found: by default written with an empty text and "
-           "<column>_skipped saying so, never sent); a rerun with it sends the pages an earlier "
-           "run skipped as blank")
+           help="send blank pages too (by default written unsent: an empty text, <column>_skipped "
+           "says so); a rerun with it sends the pages an earlier run skipped as blank")
     option(group, "--private", action="store_true", identity=False, help="create the repo private")
     option(group, "--hf-token", identity=False, help="Hub token (default: HF_TOKEN or your login)")
     option(group, "--work-dir", identity=False, help="staging folder for Hub output")

@@ -67,26 +67,26 @@ The authors' olmOCR-Bench settings (84.7): `--mode grounding --drop-margins --ma
 #   LIGHTONOCR-3 MODEL  blocks/lighton_ocr3.py  L107-303
 #   OFFLINE MAIN  blocks/main_offline.py  L326-351
 #   main()  L327
-#   COMMON HELPERS  blocks/common/  L354-3276
+#   COMMON HELPERS  blocks/common/  L354-3273
 #     model_options.py L384  errors.py L400         secrets.py L435
 #     inputs.py L533         pages.py L895          pdf.py L1074
-#     loops.py L1353         rows.py L1465          plan.py L1558
-#     store.py L1695         saving.py L2059        manifest.py L2361
-#     stats.py L2529         jobs_command.py L2612  card.py L2734
-#     arguments.py L2885     run.py L3037
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3279-3350
-#   GROUNDING HELPERS  blocks/grounding.py  L3353-3364
-#   OFFLINE HELPERS  blocks/offline.py  L3367-3542
+#     loops.py L1353         rows.py L1464          plan.py L1557
+#     store.py L1694         saving.py L2058        manifest.py L2360
+#     stats.py L2527         jobs_command.py L2610  card.py L2732
+#     arguments.py L2883     run.py L3034
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3276-3347
+#   GROUNDING HELPERS  blocks/grounding.py  L3350-3361
+#   OFFLINE HELPERS  blocks/offline.py  L3364-3539
 # A page's path, by the functions that take it:
 #   cell           iter_image_cells L880
-#   prepared page  read_page L1543, prepare_page L1004
-#   request        generate_batch L3417
-#   answer         generate_batch L3417
-#   finished row   finish_row L2093
-#   journal        Journal.append L1584
-#   part           write_part L2189
-#   commit         OutputStore.publish L1954, OutputStore.commit L1973
-#   card           build_card L2807
+#   prepared page  read_page L1542, prepare_page L1004
+#   request        generate_batch L3414
+#   answer         generate_batch L3414
+#   finished row   finish_row L2092
+#   journal        Journal.append L1583
+#   part           write_part L2188
+#   commit         OutputStore.publish L1953, OutputStore.commit L1972
+#   card           build_card L2805
 # ==== END MAP ====
 
 import re
@@ -1456,10 +1456,9 @@ class DegenerateCheck:
             if self.cut else f"; the last refusal: {self.error[:300]}" if self.error else ""
         raise RunAborted(
             f"the first {self.seen} pages all came back degenerate (empty, looping, cut or "
-            f"refused){cut}: "
-            f"a wrong model / engine pair looks like this (validated: {MODEL_ID} on {JOB_IMAGE})."
-            f" Check --model and the image, or pass --no-sanity-check to write such output "
-            f"anyway.", code=EXIT_DEGENERATE)
+            f"refused){cut}: a wrong model / engine pair looks like this (validated: {MODEL_ID} "
+            f"on {JOB_IMAGE}). Check --model and the image, or pass --no-sanity-check to write "
+            f"such output anyway.", code=EXIT_DEGENERATE)
 
 
 # ---- rows.py: A page's result: its row, an error row with its cause, a document's pages joined.
@@ -2360,8 +2359,7 @@ class PartWriter:
 
 # ---- manifest.py: What one run is: the identity a rerun must match, in OUTPUT's manifest.
 # The version of what OUTPUT records (manifest, journal, notes): another version is refused.
-MANIFEST_FORMAT = 2  # 2: the parts hold ROW_IDENTITY, which the manifest names, and
-#                      <column>_skipped; a part's note lists its blank rows
+MANIFEST_FORMAT = 2  # 2: parts hold ROW_IDENTITY and <column>_skipped, notes list blank rows
 
 # Engine flags that change speed and memory, never the text: the rest of the engine is identity
 SPEED_ONLY_ENGINE_FLAGS = set("""gpu-memory-utilization data-parallel-size tensor-parallel-size
@@ -2942,9 +2940,8 @@ def argument_parser(doc: str, add_shape_arguments) -> argparse.ArgumentParser:
            help="delete this shard's rows in OUTPUT and start over")
     option(group, "--retry-errors", action="store_true", identity=False, help="redo the error rows")
     option(group, "--send-blank", action="store_true", identity=False,
-           help="send blank pages too (no ink found: by default written with an empty text and "
-           "<column>_skipped saying so, never sent); a rerun with it sends the pages an earlier "
-           "run skipped as blank")
+           help="send blank pages too (by default written unsent: an empty text, <column>_skipped "
+           "says so); a rerun with it sends the pages an earlier run skipped as blank")
     option(group, "--private", action="store_true", identity=False, help="create the repo private")
     option(group, "--hf-token", identity=False, help="Hub token (default: HF_TOKEN or your login)")
     option(group, "--work-dir", identity=False, help="staging folder for Hub output")

@@ -79,27 +79,27 @@ Where the settings come from (the olmOCR toolkit, allenai/olmocr v0.4.27, unless
 #   PATCH GRID HELPERS  blocks/patch_grid.py  L312-345
 #   SERVER MAIN  blocks/main_server.py  L348-375
 #   main()  L349
-#   COMMON HELPERS  blocks/common/  L378-3300
+#   COMMON HELPERS  blocks/common/  L378-3297
 #     model_options.py L408  errors.py L424         secrets.py L459
 #     inputs.py L557         pages.py L919          pdf.py L1098
-#     loops.py L1377         rows.py L1489          plan.py L1582
-#     store.py L1719         saving.py L2083        manifest.py L2385
-#     stats.py L2553         jobs_command.py L2636  card.py L2758
-#     arguments.py L2909     run.py L3061
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3303-3374
-#   SERVER HELPERS  blocks/server/  L3377-4119
-#     serve_args.py L3391  process.py L3468     requests.py L3762
-#     pipeline.py L3875    arguments.py L4069
+#     loops.py L1377         rows.py L1488          plan.py L1581
+#     store.py L1718         saving.py L2082        manifest.py L2384
+#     stats.py L2551         jobs_command.py L2634  card.py L2756
+#     arguments.py L2907     run.py L3058
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3300-3371
+#   SERVER HELPERS  blocks/server/  L3374-4116
+#     serve_args.py L3388  process.py L3465     requests.py L3759
+#     pipeline.py L3872    arguments.py L4066
 # A page's path, by the functions that take it:
 #   cell           iter_image_cells L904
-#   prepared page  read_page L1567, prepare_page L1028
-#   request        request_body L3780
-#   answer         send_page L3828, read_completion L3808
-#   finished row   finish_row L2117
-#   journal        Journal.append L1608
-#   part           write_part L2213
-#   commit         OutputStore.publish L1978, OutputStore.commit L1997
-#   card           build_card L2831
+#   prepared page  read_page L1566, prepare_page L1028
+#   request        request_body L3777
+#   answer         send_page L3825, read_completion L3805
+#   finished row   finish_row L2116
+#   journal        Journal.append L1607
+#   part           write_part L2212
+#   commit         OutputStore.publish L1977, OutputStore.commit L1996
+#   card           build_card L2829
 # ==== END MAP ====
 
 import re
@@ -1480,10 +1480,9 @@ class DegenerateCheck:
             if self.cut else f"; the last refusal: {self.error[:300]}" if self.error else ""
         raise RunAborted(
             f"the first {self.seen} pages all came back degenerate (empty, looping, cut or "
-            f"refused){cut}: "
-            f"a wrong model / engine pair looks like this (validated: {MODEL_ID} on {JOB_IMAGE})."
-            f" Check --model and the image, or pass --no-sanity-check to write such output "
-            f"anyway.", code=EXIT_DEGENERATE)
+            f"refused){cut}: a wrong model / engine pair looks like this (validated: {MODEL_ID} "
+            f"on {JOB_IMAGE}). Check --model and the image, or pass --no-sanity-check to write "
+            f"such output anyway.", code=EXIT_DEGENERATE)
 
 
 # ---- rows.py: A page's result: its row, an error row with its cause, a document's pages joined.
@@ -2384,8 +2383,7 @@ class PartWriter:
 
 # ---- manifest.py: What one run is: the identity a rerun must match, in OUTPUT's manifest.
 # The version of what OUTPUT records (manifest, journal, notes): another version is refused.
-MANIFEST_FORMAT = 2  # 2: the parts hold ROW_IDENTITY, which the manifest names, and
-#                      <column>_skipped; a part's note lists its blank rows
+MANIFEST_FORMAT = 2  # 2: parts hold ROW_IDENTITY and <column>_skipped, notes list blank rows
 
 # Engine flags that change speed and memory, never the text: the rest of the engine is identity
 SPEED_ONLY_ENGINE_FLAGS = set("""gpu-memory-utilization data-parallel-size tensor-parallel-size
@@ -2966,9 +2964,8 @@ def argument_parser(doc: str, add_shape_arguments) -> argparse.ArgumentParser:
            help="delete this shard's rows in OUTPUT and start over")
     option(group, "--retry-errors", action="store_true", identity=False, help="redo the error rows")
     option(group, "--send-blank", action="store_true", identity=False,
-           help="send blank pages too (no ink found: by default written with an empty text and "
-           "<column>_skipped saying so, never sent); a rerun with it sends the pages an earlier "
-           "run skipped as blank")
+           help="send blank pages too (by default written unsent: an empty text, <column>_skipped "
+           "says so); a rerun with it sends the pages an earlier run skipped as blank")
     option(group, "--private", action="store_true", identity=False, help="create the repo private")
     option(group, "--hf-token", identity=False, help="Hub token (default: HF_TOKEN or your login)")
     option(group, "--work-dir", identity=False, help="staging folder for Hub output")

@@ -58,27 +58,27 @@ retry policy (connection errors, timeouts, 429 and 5xx retried with backoff; oth
 #   OVISOCR2 MODEL  blocks/ovis_ocr2.py  L98-184
 #   SERVER MAIN  blocks/main_server.py  L220-247
 #   main()  L221
-#   COMMON HELPERS  blocks/common/  L250-3172
+#   COMMON HELPERS  blocks/common/  L250-3169
 #     model_options.py L280  errors.py L296         secrets.py L331
 #     inputs.py L429         pages.py L791          pdf.py L970
-#     loops.py L1249         rows.py L1361          plan.py L1454
-#     store.py L1591         saving.py L1955        manifest.py L2257
-#     stats.py L2425         jobs_command.py L2508  card.py L2630
-#     arguments.py L2781     run.py L2933
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3175-3246
-#   SERVER HELPERS  blocks/server/  L3249-3991
-#     serve_args.py L3263  process.py L3340     requests.py L3634
-#     pipeline.py L3747    arguments.py L3941
+#     loops.py L1249         rows.py L1360          plan.py L1453
+#     store.py L1590         saving.py L1954        manifest.py L2256
+#     stats.py L2423         jobs_command.py L2506  card.py L2628
+#     arguments.py L2779     run.py L2930
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3172-3243
+#   SERVER HELPERS  blocks/server/  L3246-3988
+#     serve_args.py L3260  process.py L3337     requests.py L3631
+#     pipeline.py L3744    arguments.py L3938
 # A page's path, by the functions that take it:
 #   cell           iter_image_cells L776
-#   prepared page  read_page L1439, prepare_page L900
-#   request        request_body L3652
-#   answer         send_page L3700, read_completion L3680
-#   finished row   finish_row L1989
-#   journal        Journal.append L1480
-#   part           write_part L2085
-#   commit         OutputStore.publish L1850, OutputStore.commit L1869
-#   card           build_card L2703
+#   prepared page  read_page L1438, prepare_page L900
+#   request        request_body L3649
+#   answer         send_page L3697, read_completion L3677
+#   finished row   finish_row L1988
+#   journal        Journal.append L1479
+#   part           write_part L2084
+#   commit         OutputStore.publish L1849, OutputStore.commit L1868
+#   card           build_card L2701
 # ==== END MAP ====
 
 import re
@@ -1352,10 +1352,9 @@ class DegenerateCheck:
             if self.cut else f"; the last refusal: {self.error[:300]}" if self.error else ""
         raise RunAborted(
             f"the first {self.seen} pages all came back degenerate (empty, looping, cut or "
-            f"refused){cut}: "
-            f"a wrong model / engine pair looks like this (validated: {MODEL_ID} on {JOB_IMAGE})."
-            f" Check --model and the image, or pass --no-sanity-check to write such output "
-            f"anyway.", code=EXIT_DEGENERATE)
+            f"refused){cut}: a wrong model / engine pair looks like this (validated: {MODEL_ID} "
+            f"on {JOB_IMAGE}). Check --model and the image, or pass --no-sanity-check to write "
+            f"such output anyway.", code=EXIT_DEGENERATE)
 
 
 # ---- rows.py: A page's result: its row, an error row with its cause, a document's pages joined.
@@ -2256,8 +2255,7 @@ class PartWriter:
 
 # ---- manifest.py: What one run is: the identity a rerun must match, in OUTPUT's manifest.
 # The version of what OUTPUT records (manifest, journal, notes): another version is refused.
-MANIFEST_FORMAT = 2  # 2: the parts hold ROW_IDENTITY, which the manifest names, and
-#                      <column>_skipped; a part's note lists its blank rows
+MANIFEST_FORMAT = 2  # 2: parts hold ROW_IDENTITY and <column>_skipped, notes list blank rows
 
 # Engine flags that change speed and memory, never the text: the rest of the engine is identity
 SPEED_ONLY_ENGINE_FLAGS = set("""gpu-memory-utilization data-parallel-size tensor-parallel-size
@@ -2838,9 +2836,8 @@ def argument_parser(doc: str, add_shape_arguments) -> argparse.ArgumentParser:
            help="delete this shard's rows in OUTPUT and start over")
     option(group, "--retry-errors", action="store_true", identity=False, help="redo the error rows")
     option(group, "--send-blank", action="store_true", identity=False,
-           help="send blank pages too (no ink found: by default written with an empty text and "
-           "<column>_skipped saying so, never sent); a rerun with it sends the pages an earlier "
-           "run skipped as blank")
+           help="send blank pages too (by default written unsent: an empty text, <column>_skipped "
+           "says so); a rerun with it sends the pages an earlier run skipped as blank")
     option(group, "--private", action="store_true", identity=False, help="create the repo private")
     option(group, "--hf-token", identity=False, help="Hub token (default: HF_TOKEN or your login)")
     option(group, "--work-dir", identity=False, help="staging folder for Hub output")

@@ -49,25 +49,25 @@ Where the engine arguments come from
 #   OVISOCR2 MODEL  blocks/ovis_ocr2.py  L88-174
 #   OFFLINE MAIN  blocks/main_offline.py  L203-228
 #   main()  L204
-#   COMMON HELPERS  blocks/common/  L231-3153
+#   COMMON HELPERS  blocks/common/  L231-3150
 #     model_options.py L261  errors.py L277         secrets.py L312
 #     inputs.py L410         pages.py L772          pdf.py L951
-#     loops.py L1230         rows.py L1342          plan.py L1435
-#     store.py L1572         saving.py L1936        manifest.py L2238
-#     stats.py L2406         jobs_command.py L2489  card.py L2611
-#     arguments.py L2762     run.py L2914
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3156-3227
-#   OFFLINE HELPERS  blocks/offline.py  L3230-3405
+#     loops.py L1230         rows.py L1341          plan.py L1434
+#     store.py L1571         saving.py L1935        manifest.py L2237
+#     stats.py L2404         jobs_command.py L2487  card.py L2609
+#     arguments.py L2760     run.py L2911
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3153-3224
+#   OFFLINE HELPERS  blocks/offline.py  L3227-3402
 # A page's path, by the functions that take it:
 #   cell           iter_image_cells L757
-#   prepared page  read_page L1420, prepare_page L881
-#   request        generate_batch L3280
-#   answer         generate_batch L3280
-#   finished row   finish_row L1970
-#   journal        Journal.append L1461
-#   part           write_part L2066
-#   commit         OutputStore.publish L1831, OutputStore.commit L1850
-#   card           build_card L2684
+#   prepared page  read_page L1419, prepare_page L881
+#   request        generate_batch L3277
+#   answer         generate_batch L3277
+#   finished row   finish_row L1969
+#   journal        Journal.append L1460
+#   part           write_part L2065
+#   commit         OutputStore.publish L1830, OutputStore.commit L1849
+#   card           build_card L2682
 # ==== END MAP ====
 
 import re
@@ -1333,10 +1333,9 @@ class DegenerateCheck:
             if self.cut else f"; the last refusal: {self.error[:300]}" if self.error else ""
         raise RunAborted(
             f"the first {self.seen} pages all came back degenerate (empty, looping, cut or "
-            f"refused){cut}: "
-            f"a wrong model / engine pair looks like this (validated: {MODEL_ID} on {JOB_IMAGE})."
-            f" Check --model and the image, or pass --no-sanity-check to write such output "
-            f"anyway.", code=EXIT_DEGENERATE)
+            f"refused){cut}: a wrong model / engine pair looks like this (validated: {MODEL_ID} "
+            f"on {JOB_IMAGE}). Check --model and the image, or pass --no-sanity-check to write "
+            f"such output anyway.", code=EXIT_DEGENERATE)
 
 
 # ---- rows.py: A page's result: its row, an error row with its cause, a document's pages joined.
@@ -2237,8 +2236,7 @@ class PartWriter:
 
 # ---- manifest.py: What one run is: the identity a rerun must match, in OUTPUT's manifest.
 # The version of what OUTPUT records (manifest, journal, notes): another version is refused.
-MANIFEST_FORMAT = 2  # 2: the parts hold ROW_IDENTITY, which the manifest names, and
-#                      <column>_skipped; a part's note lists its blank rows
+MANIFEST_FORMAT = 2  # 2: parts hold ROW_IDENTITY and <column>_skipped, notes list blank rows
 
 # Engine flags that change speed and memory, never the text: the rest of the engine is identity
 SPEED_ONLY_ENGINE_FLAGS = set("""gpu-memory-utilization data-parallel-size tensor-parallel-size
@@ -2819,9 +2817,8 @@ def argument_parser(doc: str, add_shape_arguments) -> argparse.ArgumentParser:
            help="delete this shard's rows in OUTPUT and start over")
     option(group, "--retry-errors", action="store_true", identity=False, help="redo the error rows")
     option(group, "--send-blank", action="store_true", identity=False,
-           help="send blank pages too (no ink found: by default written with an empty text and "
-           "<column>_skipped saying so, never sent); a rerun with it sends the pages an earlier "
-           "run skipped as blank")
+           help="send blank pages too (by default written unsent: an empty text, <column>_skipped "
+           "says so); a rerun with it sends the pages an earlier run skipped as blank")
     option(group, "--private", action="store_true", identity=False, help="create the repo private")
     option(group, "--hf-token", identity=False, help="Hub token (default: HF_TOKEN or your login)")
     option(group, "--work-dir", identity=False, help="staging folder for Hub output")

@@ -102,28 +102,28 @@ Where the settings come from, and the choices where sources differ
 #   PADDLEOCR-VL MODEL  blocks/paddleocr_vl.py  L143-377
 #   SERVER MAIN  blocks/main_server.py  L380-407
 #   main()  L381
-#   COMMON HELPERS  blocks/common/  L410-3332
+#   COMMON HELPERS  blocks/common/  L410-3329
 #     model_options.py L440  errors.py L456         secrets.py L491
 #     inputs.py L589         pages.py L951          pdf.py L1130
-#     loops.py L1409         rows.py L1521          plan.py L1614
-#     store.py L1751         saving.py L2115        manifest.py L2417
-#     stats.py L2585         jobs_command.py L2668  card.py L2790
-#     arguments.py L2941     run.py L3093
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3335-3406
-#   PATCH GRID HELPERS  blocks/patch_grid.py  L3409-3442
-#   SERVER HELPERS  blocks/server/  L3445-4187
-#     serve_args.py L3459  process.py L3536     requests.py L3830
-#     pipeline.py L3943    arguments.py L4137
+#     loops.py L1409         rows.py L1520          plan.py L1613
+#     store.py L1750         saving.py L2114        manifest.py L2416
+#     stats.py L2583         jobs_command.py L2666  card.py L2788
+#     arguments.py L2939     run.py L3090
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3332-3403
+#   PATCH GRID HELPERS  blocks/patch_grid.py  L3406-3439
+#   SERVER HELPERS  blocks/server/  L3442-4184
+#     serve_args.py L3456  process.py L3533     requests.py L3827
+#     pipeline.py L3940    arguments.py L4134
 # A page's path, by the functions that take it:
 #   cell           iter_image_cells L936
-#   prepared page  read_page L1599, prepare_page L1060
-#   request        request_body L3848
-#   answer         send_page L3896, read_completion L3876
-#   finished row   finish_row L2149
-#   journal        Journal.append L1640
-#   part           write_part L2245
-#   commit         OutputStore.publish L2010, OutputStore.commit L2029
-#   card           build_card L2863
+#   prepared page  read_page L1598, prepare_page L1060
+#   request        request_body L3845
+#   answer         send_page L3893, read_completion L3873
+#   finished row   finish_row L2148
+#   journal        Journal.append L1639
+#   part           write_part L2244
+#   commit         OutputStore.publish L2009, OutputStore.commit L2028
+#   card           build_card L2861
 # ==== END MAP ====
 
 import html
@@ -1512,10 +1512,9 @@ class DegenerateCheck:
             if self.cut else f"; the last refusal: {self.error[:300]}" if self.error else ""
         raise RunAborted(
             f"the first {self.seen} pages all came back degenerate (empty, looping, cut or "
-            f"refused){cut}: "
-            f"a wrong model / engine pair looks like this (validated: {MODEL_ID} on {JOB_IMAGE})."
-            f" Check --model and the image, or pass --no-sanity-check to write such output "
-            f"anyway.", code=EXIT_DEGENERATE)
+            f"refused){cut}: a wrong model / engine pair looks like this (validated: {MODEL_ID} "
+            f"on {JOB_IMAGE}). Check --model and the image, or pass --no-sanity-check to write "
+            f"such output anyway.", code=EXIT_DEGENERATE)
 
 
 # ---- rows.py: A page's result: its row, an error row with its cause, a document's pages joined.
@@ -2416,8 +2415,7 @@ class PartWriter:
 
 # ---- manifest.py: What one run is: the identity a rerun must match, in OUTPUT's manifest.
 # The version of what OUTPUT records (manifest, journal, notes): another version is refused.
-MANIFEST_FORMAT = 2  # 2: the parts hold ROW_IDENTITY, which the manifest names, and
-#                      <column>_skipped; a part's note lists its blank rows
+MANIFEST_FORMAT = 2  # 2: parts hold ROW_IDENTITY and <column>_skipped, notes list blank rows
 
 # Engine flags that change speed and memory, never the text: the rest of the engine is identity
 SPEED_ONLY_ENGINE_FLAGS = set("""gpu-memory-utilization data-parallel-size tensor-parallel-size
@@ -2998,9 +2996,8 @@ def argument_parser(doc: str, add_shape_arguments) -> argparse.ArgumentParser:
            help="delete this shard's rows in OUTPUT and start over")
     option(group, "--retry-errors", action="store_true", identity=False, help="redo the error rows")
     option(group, "--send-blank", action="store_true", identity=False,
-           help="send blank pages too (no ink found: by default written with an empty text and "
-           "<column>_skipped saying so, never sent); a rerun with it sends the pages an earlier "
-           "run skipped as blank")
+           help="send blank pages too (by default written unsent: an empty text, <column>_skipped "
+           "says so); a rerun with it sends the pages an earlier run skipped as blank")
     option(group, "--private", action="store_true", identity=False, help="create the repo private")
     option(group, "--hf-token", identity=False, help="Hub token (default: HF_TOKEN or your login)")
     option(group, "--work-dir", identity=False, help="staging folder for Hub output")

@@ -112,7 +112,6 @@ class DegenerateCheck:
             if self.cut else f"; the last refusal: {self.error[:300]}" if self.error else ""
         raise RunAborted(
             f"the first {self.seen} pages all came back degenerate (empty, looping, cut or "
-            f"refused){cut}: "
-            f"a wrong model / engine pair looks like this (validated: {MODEL_ID} on {JOB_IMAGE})."
-            f" Check --model and the image, or pass --no-sanity-check to write such output "
-            f"anyway.", code=EXIT_DEGENERATE)
+            f"refused){cut}: a wrong model / engine pair looks like this (validated: {MODEL_ID} "
+            f"on {JOB_IMAGE}). Check --model and the image, or pass --no-sanity-check to write "
+            f"such output anyway.", code=EXIT_DEGENERATE)
