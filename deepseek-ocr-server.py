@@ -76,28 +76,28 @@ Where the settings come from (vLLM's DeepSeek-OCR recipe)
 #   DEEPSEEK-OCR MODEL  blocks/deepseek_ocr.py  L129-292
 #   SERVER MAIN  blocks/main_server.py  L295-322
 #   main()  L296
-#   COMMON HELPERS  blocks/common/  L325-3244
+#   COMMON HELPERS  blocks/common/  L325-3238
 #     model_options.py L355  errors.py L371         secrets.py L406
-#     inputs.py L504         pages.py L866          pdf.py L1045
-#     loops.py L1324         rows.py L1435          plan.py L1528
-#     store.py L1665         saving.py L2029        manifest.py L2331
-#     stats.py L2498         jobs_command.py L2581  card.py L2703
-#     arguments.py L2854     run.py L3005
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3247-3318
-#   GROUNDING HELPERS  blocks/grounding.py  L3321-3332
-#   SERVER HELPERS  blocks/server/  L3335-4077
-#     serve_args.py L3349  process.py L3426     requests.py L3720
-#     pipeline.py L3833    arguments.py L4027
+#     inputs.py L504         pages.py L863          pdf.py L1042
+#     loops.py L1321         rows.py L1432          plan.py L1525
+#     store.py L1662         saving.py L2026        manifest.py L2328
+#     stats.py L2494         jobs_command.py L2576  card.py L2698
+#     arguments.py L2848     run.py L2999
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3241-3312
+#   GROUNDING HELPERS  blocks/grounding.py  L3315-3326
+#   SERVER HELPERS  blocks/server/  L3329-4071
+#     serve_args.py L3343  process.py L3420     requests.py L3714
+#     pipeline.py L3827    arguments.py L4021
 # A page's path, by the functions that take it:
-#   cell           iter_image_cells L851
-#   prepared page  read_page L1513, prepare_page L975
-#   request        request_body L3738
-#   answer         send_page L3786, read_completion L3766
-#   finished row   finish_row L2063
-#   journal        Journal.append L1554
-#   part           write_part L2159
-#   commit         OutputStore.publish L1924, OutputStore.commit L1943
-#   card           build_card L2776
+#   cell           iter_image_cells L848
+#   prepared page  read_page L1510, prepare_page L972
+#   request        request_body L3732
+#   answer         send_page L3780, read_completion L3760
+#   finished row   finish_row L2060
+#   journal        Journal.append L1551
+#   part           write_part L2156
+#   commit         OutputStore.publish L1921, OutputStore.commit L1940
+#   card           build_card L2770
 # ==== END MAP ====
 
 import re
@@ -837,10 +837,7 @@ def check_output_columns(source: InputSource, args) -> None:
 RESULT_FIELDS = {"text": "string", "error": "string", "error_kind": "string",
                  "finish_reason": "string", "prompt_tokens": "int32", "completion_tokens": "int32",
                  "attempts": "int32", "skipped": "string"}
-
-
-# The column naming what each row was made from: row_identity(); a stacked run keeps its input's
-ROW_IDENTITY = "input_digest"
+ROW_IDENTITY = "input_digest"  # row_identity()'s column; a stacked run keeps its input's
 
 
 def result_column_names(column: str) -> list[str]:
@@ -2358,13 +2355,12 @@ def input_identity(args, files: list | None) -> dict:
 
 
 def hub_dataset_sha(args) -> str | None:
-    try:
+    with contextlib.suppress(Exception):  # offline, or private without a token: datasets says so
         from huggingface_hub import HfApi
 
         return HfApi(token=args.hf_token or None).dataset_info(
             args.input, revision=args.revision, timeout=10).sha
-    except Exception:  # offline, or a private dataset without a token: datasets will say so
-        return None
+    return None
 
 
 def check_context_budget(max_model_len, args, option: str = "--max-model-len in --serve-args"
@@ -2498,10 +2494,9 @@ def claim_output(store: "OutputStore", identity: dict, args,
 # ---- stats.py: The run's figures: pages, rates, memory; for --stats-json and the card.
 def proc_bytes(path: str, key: str) -> int | None:
     """A "key: N kB" line of a /proc file (Linux), in bytes; None without it."""
-    try:
+    with contextlib.suppress(OSError, TypeError):  # no such file, or no such line
         return int(re.search(rf"^{key}:\s*(\d+)", Path(path).read_text(), re.M)[1]) * 1024
-    except (OSError, TypeError):
-        return None
+    return None
 
 
 def peak_rss_bytes() -> int:
@@ -2744,7 +2739,7 @@ SIZE_CATEGORIES = ((1_000, "n<1K"), (10_000, "1K<n<10K"), (100_000, "10K<n<100K"
 
 def input_license(args, hub: bool) -> str | None:
     """The licence the input's card (Hub, or a local README.md) gives, else None."""
-    try:
+    with contextlib.suppress(Exception):  # offline, private, an unreadable card: no licence
         from huggingface_hub import DatasetCard, HfApi
 
         if hub:
@@ -2756,8 +2751,7 @@ def input_license(args, hub: bool) -> str | None:
             data = DatasetCard.load(card).data if card.is_file() else None
         licence = getattr(data, "license", None) if data is not None else None
         return licence if isinstance(licence, (str, list)) and licence else None
-    except Exception:  # offline, private, an unreadable card: the card says no licence
-        return None
+    return None
 
 
 def card_metadata(source: InputSource, store: OutputStore, args):

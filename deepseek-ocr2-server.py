@@ -92,28 +92,28 @@ and vLLM's DeepSeek-OCR-2 recipe)
 #   DEEPSEEK-OCR MODEL  blocks/deepseek_ocr.py  L144-307
 #   SERVER MAIN  blocks/main_server.py  L310-337
 #   main()  L311
-#   COMMON HELPERS  blocks/common/  L340-3259
+#   COMMON HELPERS  blocks/common/  L340-3253
 #     model_options.py L370  errors.py L386         secrets.py L421
-#     inputs.py L519         pages.py L881          pdf.py L1060
-#     loops.py L1339         rows.py L1450          plan.py L1543
-#     store.py L1680         saving.py L2044        manifest.py L2346
-#     stats.py L2513         jobs_command.py L2596  card.py L2718
-#     arguments.py L2869     run.py L3020
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3262-3333
-#   GROUNDING HELPERS  blocks/grounding.py  L3336-3347
-#   SERVER HELPERS  blocks/server/  L3350-4092
-#     serve_args.py L3364  process.py L3441     requests.py L3735
-#     pipeline.py L3848    arguments.py L4042
+#     inputs.py L519         pages.py L878          pdf.py L1057
+#     loops.py L1336         rows.py L1447          plan.py L1540
+#     store.py L1677         saving.py L2041        manifest.py L2343
+#     stats.py L2509         jobs_command.py L2591  card.py L2713
+#     arguments.py L2863     run.py L3014
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3256-3327
+#   GROUNDING HELPERS  blocks/grounding.py  L3330-3341
+#   SERVER HELPERS  blocks/server/  L3344-4086
+#     serve_args.py L3358  process.py L3435     requests.py L3729
+#     pipeline.py L3842    arguments.py L4036
 # A page's path, by the functions that take it:
-#   cell           iter_image_cells L866
-#   prepared page  read_page L1528, prepare_page L990
-#   request        request_body L3753
-#   answer         send_page L3801, read_completion L3781
-#   finished row   finish_row L2078
-#   journal        Journal.append L1569
-#   part           write_part L2174
-#   commit         OutputStore.publish L1939, OutputStore.commit L1958
-#   card           build_card L2791
+#   cell           iter_image_cells L863
+#   prepared page  read_page L1525, prepare_page L987
+#   request        request_body L3747
+#   answer         send_page L3795, read_completion L3775
+#   finished row   finish_row L2075
+#   journal        Journal.append L1566
+#   part           write_part L2171
+#   commit         OutputStore.publish L1936, OutputStore.commit L1955
+#   card           build_card L2785
 # ==== END MAP ====
 
 import re
@@ -852,10 +852,7 @@ def check_output_columns(source: InputSource, args) -> None:
 RESULT_FIELDS = {"text": "string", "error": "string", "error_kind": "string",
                  "finish_reason": "string", "prompt_tokens": "int32", "completion_tokens": "int32",
                  "attempts": "int32", "skipped": "string"}
-
-
-# The column naming what each row was made from: row_identity(); a stacked run keeps its input's
-ROW_IDENTITY = "input_digest"
+ROW_IDENTITY = "input_digest"  # row_identity()'s column; a stacked run keeps its input's
 
 
 def result_column_names(column: str) -> list[str]:
@@ -2373,13 +2370,12 @@ def input_identity(args, files: list | None) -> dict:
 
 
 def hub_dataset_sha(args) -> str | None:
-    try:
+    with contextlib.suppress(Exception):  # offline, or private without a token: datasets says so
         from huggingface_hub import HfApi
 
         return HfApi(token=args.hf_token or None).dataset_info(
             args.input, revision=args.revision, timeout=10).sha
-    except Exception:  # offline, or a private dataset without a token: datasets will say so
-        return None
+    return None
 
 
 def check_context_budget(max_model_len, args, option: str = "--max-model-len in --serve-args"
@@ -2513,10 +2509,9 @@ def claim_output(store: "OutputStore", identity: dict, args,
 # ---- stats.py: The run's figures: pages, rates, memory; for --stats-json and the card.
 def proc_bytes(path: str, key: str) -> int | None:
     """A "key: N kB" line of a /proc file (Linux), in bytes; None without it."""
-    try:
+    with contextlib.suppress(OSError, TypeError):  # no such file, or no such line
         return int(re.search(rf"^{key}:\s*(\d+)", Path(path).read_text(), re.M)[1]) * 1024
-    except (OSError, TypeError):
-        return None
+    return None
 
 
 def peak_rss_bytes() -> int:
@@ -2759,7 +2754,7 @@ SIZE_CATEGORIES = ((1_000, "n<1K"), (10_000, "1K<n<10K"), (100_000, "10K<n<100K"
 
 def input_license(args, hub: bool) -> str | None:
     """The licence the input's card (Hub, or a local README.md) gives, else None."""
-    try:
+    with contextlib.suppress(Exception):  # offline, private, an unreadable card: no licence
         from huggingface_hub import DatasetCard, HfApi
 
         if hub:
@@ -2771,8 +2766,7 @@ def input_license(args, hub: bool) -> str | None:
             data = DatasetCard.load(card).data if card.is_file() else None
         licence = getattr(data, "license", None) if data is not None else None
         return licence if isinstance(licence, (str, list)) and licence else None
-    except Exception:  # offline, private, an unreadable card: the card says no licence
-        return None
+    return None
 
 
 def card_metadata(source: InputSource, store: OutputStore, args):

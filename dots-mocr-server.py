@@ -92,28 +92,28 @@ Post-processing, as the authors' formatter builds Markdown (dots_mocr/utils/form
 #   DOTS-MOCR MODEL  blocks/dots_mocr.py  L172-400
 #   SERVER MAIN  blocks/main_server.py  L403-430
 #   main()  L404
-#   COMMON HELPERS  blocks/common/  L433-3352
+#   COMMON HELPERS  blocks/common/  L433-3346
 #     model_options.py L463  errors.py L479         secrets.py L514
-#     inputs.py L612         pages.py L974          pdf.py L1153
-#     loops.py L1432         rows.py L1543          plan.py L1636
-#     store.py L1773         saving.py L2137        manifest.py L2439
-#     stats.py L2606         jobs_command.py L2689  card.py L2811
-#     arguments.py L2962     run.py L3113
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3355-3426
-#   GROUNDING HELPERS  blocks/grounding.py  L3429-3440
-#   SERVER HELPERS  blocks/server/  L3443-4185
-#     serve_args.py L3457  process.py L3534     requests.py L3828
-#     pipeline.py L3941    arguments.py L4135
+#     inputs.py L612         pages.py L971          pdf.py L1150
+#     loops.py L1429         rows.py L1540          plan.py L1633
+#     store.py L1770         saving.py L2134        manifest.py L2436
+#     stats.py L2602         jobs_command.py L2684  card.py L2806
+#     arguments.py L2956     run.py L3107
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3349-3420
+#   GROUNDING HELPERS  blocks/grounding.py  L3423-3434
+#   SERVER HELPERS  blocks/server/  L3437-4179
+#     serve_args.py L3451  process.py L3528     requests.py L3822
+#     pipeline.py L3935    arguments.py L4129
 # A page's path, by the functions that take it:
-#   cell           iter_image_cells L959
-#   prepared page  read_page L1621, prepare_page L1083
-#   request        request_body L3846
-#   answer         send_page L3894, read_completion L3874
-#   finished row   finish_row L2171
-#   journal        Journal.append L1662
-#   part           write_part L2267
-#   commit         OutputStore.publish L2032, OutputStore.commit L2051
-#   card           build_card L2884
+#   cell           iter_image_cells L956
+#   prepared page  read_page L1618, prepare_page L1080
+#   request        request_body L3840
+#   answer         send_page L3888, read_completion L3868
+#   finished row   finish_row L2168
+#   journal        Journal.append L1659
+#   part           write_part L2264
+#   commit         OutputStore.publish L2029, OutputStore.commit L2048
+#   card           build_card L2878
 # ==== END MAP ====
 
 import argparse
@@ -945,10 +945,7 @@ def check_output_columns(source: InputSource, args) -> None:
 RESULT_FIELDS = {"text": "string", "error": "string", "error_kind": "string",
                  "finish_reason": "string", "prompt_tokens": "int32", "completion_tokens": "int32",
                  "attempts": "int32", "skipped": "string"}
-
-
-# The column naming what each row was made from: row_identity(); a stacked run keeps its input's
-ROW_IDENTITY = "input_digest"
+ROW_IDENTITY = "input_digest"  # row_identity()'s column; a stacked run keeps its input's
 
 
 def result_column_names(column: str) -> list[str]:
@@ -2466,13 +2463,12 @@ def input_identity(args, files: list | None) -> dict:
 
 
 def hub_dataset_sha(args) -> str | None:
-    try:
+    with contextlib.suppress(Exception):  # offline, or private without a token: datasets says so
         from huggingface_hub import HfApi
 
         return HfApi(token=args.hf_token or None).dataset_info(
             args.input, revision=args.revision, timeout=10).sha
-    except Exception:  # offline, or a private dataset without a token: datasets will say so
-        return None
+    return None
 
 
 def check_context_budget(max_model_len, args, option: str = "--max-model-len in --serve-args"
@@ -2606,10 +2602,9 @@ def claim_output(store: "OutputStore", identity: dict, args,
 # ---- stats.py: The run's figures: pages, rates, memory; for --stats-json and the card.
 def proc_bytes(path: str, key: str) -> int | None:
     """A "key: N kB" line of a /proc file (Linux), in bytes; None without it."""
-    try:
+    with contextlib.suppress(OSError, TypeError):  # no such file, or no such line
         return int(re.search(rf"^{key}:\s*(\d+)", Path(path).read_text(), re.M)[1]) * 1024
-    except (OSError, TypeError):
-        return None
+    return None
 
 
 def peak_rss_bytes() -> int:
@@ -2852,7 +2847,7 @@ SIZE_CATEGORIES = ((1_000, "n<1K"), (10_000, "1K<n<10K"), (100_000, "10K<n<100K"
 
 def input_license(args, hub: bool) -> str | None:
     """The licence the input's card (Hub, or a local README.md) gives, else None."""
-    try:
+    with contextlib.suppress(Exception):  # offline, private, an unreadable card: no licence
         from huggingface_hub import DatasetCard, HfApi
 
         if hub:
@@ -2864,8 +2859,7 @@ def input_license(args, hub: bool) -> str | None:
             data = DatasetCard.load(card).data if card.is_file() else None
         licence = getattr(data, "license", None) if data is not None else None
         return licence if isinstance(licence, (str, list)) and licence else None
-    except Exception:  # offline, private, an unreadable card: the card says no licence
-        return None
+    return None
 
 
 def card_metadata(source: InputSource, store: OutputStore, args):

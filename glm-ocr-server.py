@@ -93,28 +93,28 @@ Where the settings come from (the authors' README and SDK, the card, vLLM's reci
 #   GLM-OCR MODEL  blocks/glm_ocr.py  L135-333
 #   SERVER MAIN  blocks/main_server.py  L336-363
 #   main()  L337
-#   COMMON HELPERS  blocks/common/  L366-3285
+#   COMMON HELPERS  blocks/common/  L366-3279
 #     model_options.py L396  errors.py L412         secrets.py L447
-#     inputs.py L545         pages.py L907          pdf.py L1086
-#     loops.py L1365         rows.py L1476          plan.py L1569
-#     store.py L1706         saving.py L2070        manifest.py L2372
-#     stats.py L2539         jobs_command.py L2622  card.py L2744
-#     arguments.py L2895     run.py L3046
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3288-3359
-#   PATCH GRID HELPERS  blocks/patch_grid.py  L3362-3395
-#   SERVER HELPERS  blocks/server/  L3398-4140
-#     serve_args.py L3412  process.py L3489     requests.py L3783
-#     pipeline.py L3896    arguments.py L4090
+#     inputs.py L545         pages.py L904          pdf.py L1083
+#     loops.py L1362         rows.py L1473          plan.py L1566
+#     store.py L1703         saving.py L2067        manifest.py L2369
+#     stats.py L2535         jobs_command.py L2617  card.py L2739
+#     arguments.py L2889     run.py L3040
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3282-3353
+#   PATCH GRID HELPERS  blocks/patch_grid.py  L3356-3389
+#   SERVER HELPERS  blocks/server/  L3392-4134
+#     serve_args.py L3406  process.py L3483     requests.py L3777
+#     pipeline.py L3890    arguments.py L4084
 # A page's path, by the functions that take it:
-#   cell           iter_image_cells L892
-#   prepared page  read_page L1554, prepare_page L1016
-#   request        request_body L3801
-#   answer         send_page L3849, read_completion L3829
-#   finished row   finish_row L2104
-#   journal        Journal.append L1595
-#   part           write_part L2200
-#   commit         OutputStore.publish L1965, OutputStore.commit L1984
-#   card           build_card L2817
+#   cell           iter_image_cells L889
+#   prepared page  read_page L1551, prepare_page L1013
+#   request        request_body L3795
+#   answer         send_page L3843, read_completion L3823
+#   finished row   finish_row L2101
+#   journal        Journal.append L1592
+#   part           write_part L2197
+#   commit         OutputStore.publish L1962, OutputStore.commit L1981
+#   card           build_card L2811
 # ==== END MAP ====
 
 import json
@@ -878,10 +878,7 @@ def check_output_columns(source: InputSource, args) -> None:
 RESULT_FIELDS = {"text": "string", "error": "string", "error_kind": "string",
                  "finish_reason": "string", "prompt_tokens": "int32", "completion_tokens": "int32",
                  "attempts": "int32", "skipped": "string"}
-
-
-# The column naming what each row was made from: row_identity(); a stacked run keeps its input's
-ROW_IDENTITY = "input_digest"
+ROW_IDENTITY = "input_digest"  # row_identity()'s column; a stacked run keeps its input's
 
 
 def result_column_names(column: str) -> list[str]:
@@ -2399,13 +2396,12 @@ def input_identity(args, files: list | None) -> dict:
 
 
 def hub_dataset_sha(args) -> str | None:
-    try:
+    with contextlib.suppress(Exception):  # offline, or private without a token: datasets says so
         from huggingface_hub import HfApi
 
         return HfApi(token=args.hf_token or None).dataset_info(
             args.input, revision=args.revision, timeout=10).sha
-    except Exception:  # offline, or a private dataset without a token: datasets will say so
-        return None
+    return None
 
 
 def check_context_budget(max_model_len, args, option: str = "--max-model-len in --serve-args"
@@ -2539,10 +2535,9 @@ def claim_output(store: "OutputStore", identity: dict, args,
 # ---- stats.py: The run's figures: pages, rates, memory; for --stats-json and the card.
 def proc_bytes(path: str, key: str) -> int | None:
     """A "key: N kB" line of a /proc file (Linux), in bytes; None without it."""
-    try:
+    with contextlib.suppress(OSError, TypeError):  # no such file, or no such line
         return int(re.search(rf"^{key}:\s*(\d+)", Path(path).read_text(), re.M)[1]) * 1024
-    except (OSError, TypeError):
-        return None
+    return None
 
 
 def peak_rss_bytes() -> int:
@@ -2785,7 +2780,7 @@ SIZE_CATEGORIES = ((1_000, "n<1K"), (10_000, "1K<n<10K"), (100_000, "10K<n<100K"
 
 def input_license(args, hub: bool) -> str | None:
     """The licence the input's card (Hub, or a local README.md) gives, else None."""
-    try:
+    with contextlib.suppress(Exception):  # offline, private, an unreadable card: no licence
         from huggingface_hub import DatasetCard, HfApi
 
         if hub:
@@ -2797,8 +2792,7 @@ def input_license(args, hub: bool) -> str | None:
             data = DatasetCard.load(card).data if card.is_file() else None
         licence = getattr(data, "license", None) if data is not None else None
         return licence if isinstance(licence, (str, list)) and licence else None
-    except Exception:  # offline, private, an unreadable card: the card says no licence
-        return None
+    return None
 
 
 def card_metadata(source: InputSource, store: OutputStore, args):

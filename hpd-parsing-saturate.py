@@ -77,29 +77,29 @@ very complex layouts. No client-side downscale: the tile grid is chosen from the
 #   model section  L108
 #   SATURATE MAIN  blocks/main_saturate.py  L449-476
 #   main()  L450
-#   COMMON HELPERS  blocks/common/  L479-3398
+#   COMMON HELPERS  blocks/common/  L479-3392
 #     model_options.py L509  errors.py L525         secrets.py L560
-#     inputs.py L658         pages.py L1020         pdf.py L1199
-#     loops.py L1478         rows.py L1589          plan.py L1682
-#     store.py L1819         saving.py L2183        manifest.py L2485
-#     stats.py L2652         jobs_command.py L2735  card.py L2857
-#     arguments.py L3008     run.py L3159
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3401-3472
-#   GROUNDING HELPERS  blocks/grounding.py  L3475-3486
-#   SERVER HELPERS  blocks/server/  L3489-4231
-#     serve_args.py L3503  process.py L3580     requests.py L3874
-#     pipeline.py L3987    arguments.py L4181
-#   SATURATE HELPERS  blocks/saturate.py  L4234-4401
+#     inputs.py L658         pages.py L1017         pdf.py L1196
+#     loops.py L1475         rows.py L1586          plan.py L1679
+#     store.py L1816         saving.py L2180        manifest.py L2482
+#     stats.py L2648         jobs_command.py L2730  card.py L2852
+#     arguments.py L3002     run.py L3153
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3395-3466
+#   GROUNDING HELPERS  blocks/grounding.py  L3469-3480
+#   SERVER HELPERS  blocks/server/  L3483-4225
+#     serve_args.py L3497  process.py L3574     requests.py L3868
+#     pipeline.py L3981    arguments.py L4175
+#   SATURATE HELPERS  blocks/saturate.py  L4228-4395
 # A page's path, by the functions that take it:
-#   cell           iter_image_cells L1005
-#   prepared page  read_page L1667, prepare_page L1129
-#   request        request_body L3892
-#   answer         send_page L3940, read_completion L3920
-#   finished row   finish_row L2217
-#   journal        Journal.append L1708
-#   part           write_part L2313
-#   commit         OutputStore.publish L2078, OutputStore.commit L2097
-#   card           build_card L2930
+#   cell           iter_image_cells L1002
+#   prepared page  read_page L1664, prepare_page L1126
+#   request        request_body L3886
+#   answer         send_page L3934, read_completion L3914
+#   finished row   finish_row L2214
+#   journal        Journal.append L1705
+#   part           write_part L2310
+#   commit         OutputStore.publish L2075, OutputStore.commit L2094
+#   card           build_card L2924
 # ==== END MAP ====
 
 import re
@@ -991,10 +991,7 @@ def check_output_columns(source: InputSource, args) -> None:
 RESULT_FIELDS = {"text": "string", "error": "string", "error_kind": "string",
                  "finish_reason": "string", "prompt_tokens": "int32", "completion_tokens": "int32",
                  "attempts": "int32", "skipped": "string"}
-
-
-# The column naming what each row was made from: row_identity(); a stacked run keeps its input's
-ROW_IDENTITY = "input_digest"
+ROW_IDENTITY = "input_digest"  # row_identity()'s column; a stacked run keeps its input's
 
 
 def result_column_names(column: str) -> list[str]:
@@ -2512,13 +2509,12 @@ def input_identity(args, files: list | None) -> dict:
 
 
 def hub_dataset_sha(args) -> str | None:
-    try:
+    with contextlib.suppress(Exception):  # offline, or private without a token: datasets says so
         from huggingface_hub import HfApi
 
         return HfApi(token=args.hf_token or None).dataset_info(
             args.input, revision=args.revision, timeout=10).sha
-    except Exception:  # offline, or a private dataset without a token: datasets will say so
-        return None
+    return None
 
 
 def check_context_budget(max_model_len, args, option: str = "--max-model-len in --serve-args"
@@ -2652,10 +2648,9 @@ def claim_output(store: "OutputStore", identity: dict, args,
 # ---- stats.py: The run's figures: pages, rates, memory; for --stats-json and the card.
 def proc_bytes(path: str, key: str) -> int | None:
     """A "key: N kB" line of a /proc file (Linux), in bytes; None without it."""
-    try:
+    with contextlib.suppress(OSError, TypeError):  # no such file, or no such line
         return int(re.search(rf"^{key}:\s*(\d+)", Path(path).read_text(), re.M)[1]) * 1024
-    except (OSError, TypeError):
-        return None
+    return None
 
 
 def peak_rss_bytes() -> int:
@@ -2898,7 +2893,7 @@ SIZE_CATEGORIES = ((1_000, "n<1K"), (10_000, "1K<n<10K"), (100_000, "10K<n<100K"
 
 def input_license(args, hub: bool) -> str | None:
     """The licence the input's card (Hub, or a local README.md) gives, else None."""
-    try:
+    with contextlib.suppress(Exception):  # offline, private, an unreadable card: no licence
         from huggingface_hub import DatasetCard, HfApi
 
         if hub:
@@ -2910,8 +2905,7 @@ def input_license(args, hub: bool) -> str | None:
             data = DatasetCard.load(card).data if card.is_file() else None
         licence = getattr(data, "license", None) if data is not None else None
         return licence if isinstance(licence, (str, list)) and licence else None
-    except Exception:  # offline, private, an unreadable card: the card says no licence
-        return None
+    return None
 
 
 def card_metadata(source: InputSource, store: OutputStore, args):

@@ -90,29 +90,29 @@ The authors' olmOCR-Bench settings (84.7): `--mode grounding --drop-margins --ma
 #   LIGHTONOCR-3 MODEL  blocks/lighton_ocr3.py  L133-329
 #   SATURATE MAIN  blocks/main_saturate.py  L357-384
 #   main()  L358
-#   COMMON HELPERS  blocks/common/  L387-3306
+#   COMMON HELPERS  blocks/common/  L387-3300
 #     model_options.py L417  errors.py L433         secrets.py L468
-#     inputs.py L566         pages.py L928          pdf.py L1107
-#     loops.py L1386         rows.py L1497          plan.py L1590
-#     store.py L1727         saving.py L2091        manifest.py L2393
-#     stats.py L2560         jobs_command.py L2643  card.py L2765
-#     arguments.py L2916     run.py L3067
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3309-3380
-#   GROUNDING HELPERS  blocks/grounding.py  L3383-3394
-#   SERVER HELPERS  blocks/server/  L3397-4139
-#     serve_args.py L3411  process.py L3488     requests.py L3782
-#     pipeline.py L3895    arguments.py L4089
-#   SATURATE HELPERS  blocks/saturate.py  L4142-4309
+#     inputs.py L566         pages.py L925          pdf.py L1104
+#     loops.py L1383         rows.py L1494          plan.py L1587
+#     store.py L1724         saving.py L2088        manifest.py L2390
+#     stats.py L2556         jobs_command.py L2638  card.py L2760
+#     arguments.py L2910     run.py L3061
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3303-3374
+#   GROUNDING HELPERS  blocks/grounding.py  L3377-3388
+#   SERVER HELPERS  blocks/server/  L3391-4133
+#     serve_args.py L3405  process.py L3482     requests.py L3776
+#     pipeline.py L3889    arguments.py L4083
+#   SATURATE HELPERS  blocks/saturate.py  L4136-4303
 # A page's path, by the functions that take it:
-#   cell           iter_image_cells L913
-#   prepared page  read_page L1575, prepare_page L1037
-#   request        request_body L3800
-#   answer         send_page L3848, read_completion L3828
-#   finished row   finish_row L2125
-#   journal        Journal.append L1616
-#   part           write_part L2221
-#   commit         OutputStore.publish L1986, OutputStore.commit L2005
-#   card           build_card L2838
+#   cell           iter_image_cells L910
+#   prepared page  read_page L1572, prepare_page L1034
+#   request        request_body L3794
+#   answer         send_page L3842, read_completion L3822
+#   finished row   finish_row L2122
+#   journal        Journal.append L1613
+#   part           write_part L2218
+#   commit         OutputStore.publish L1983, OutputStore.commit L2002
+#   card           build_card L2832
 # ==== END MAP ====
 
 import re
@@ -899,10 +899,7 @@ def check_output_columns(source: InputSource, args) -> None:
 RESULT_FIELDS = {"text": "string", "error": "string", "error_kind": "string",
                  "finish_reason": "string", "prompt_tokens": "int32", "completion_tokens": "int32",
                  "attempts": "int32", "skipped": "string"}
-
-
-# The column naming what each row was made from: row_identity(); a stacked run keeps its input's
-ROW_IDENTITY = "input_digest"
+ROW_IDENTITY = "input_digest"  # row_identity()'s column; a stacked run keeps its input's
 
 
 def result_column_names(column: str) -> list[str]:
@@ -2420,13 +2417,12 @@ def input_identity(args, files: list | None) -> dict:
 
 
 def hub_dataset_sha(args) -> str | None:
-    try:
+    with contextlib.suppress(Exception):  # offline, or private without a token: datasets says so
         from huggingface_hub import HfApi
 
         return HfApi(token=args.hf_token or None).dataset_info(
             args.input, revision=args.revision, timeout=10).sha
-    except Exception:  # offline, or a private dataset without a token: datasets will say so
-        return None
+    return None
 
 
 def check_context_budget(max_model_len, args, option: str = "--max-model-len in --serve-args"
@@ -2560,10 +2556,9 @@ def claim_output(store: "OutputStore", identity: dict, args,
 # ---- stats.py: The run's figures: pages, rates, memory; for --stats-json and the card.
 def proc_bytes(path: str, key: str) -> int | None:
     """A "key: N kB" line of a /proc file (Linux), in bytes; None without it."""
-    try:
+    with contextlib.suppress(OSError, TypeError):  # no such file, or no such line
         return int(re.search(rf"^{key}:\s*(\d+)", Path(path).read_text(), re.M)[1]) * 1024
-    except (OSError, TypeError):
-        return None
+    return None
 
 
 def peak_rss_bytes() -> int:
@@ -2806,7 +2801,7 @@ SIZE_CATEGORIES = ((1_000, "n<1K"), (10_000, "1K<n<10K"), (100_000, "10K<n<100K"
 
 def input_license(args, hub: bool) -> str | None:
     """The licence the input's card (Hub, or a local README.md) gives, else None."""
-    try:
+    with contextlib.suppress(Exception):  # offline, private, an unreadable card: no licence
         from huggingface_hub import DatasetCard, HfApi
 
         if hub:
@@ -2818,8 +2813,7 @@ def input_license(args, hub: bool) -> str | None:
             data = DatasetCard.load(card).data if card.is_file() else None
         licence = getattr(data, "license", None) if data is not None else None
         return licence if isinstance(licence, (str, list)) and licence else None
-    except Exception:  # offline, private, an unreadable card: the card says no licence
-        return None
+    return None
 
 
 def card_metadata(source: InputSource, store: OutputStore, args):

@@ -67,26 +67,26 @@ The authors' olmOCR-Bench settings (84.7): `--mode grounding --drop-margins --ma
 #   LIGHTONOCR-3 MODEL  blocks/lighton_ocr3.py  L107-303
 #   OFFLINE MAIN  blocks/main_offline.py  L326-351
 #   main()  L327
-#   COMMON HELPERS  blocks/common/  L354-3273
+#   COMMON HELPERS  blocks/common/  L354-3267
 #     model_options.py L384  errors.py L400         secrets.py L435
-#     inputs.py L533         pages.py L895          pdf.py L1074
-#     loops.py L1353         rows.py L1464          plan.py L1557
-#     store.py L1694         saving.py L2058        manifest.py L2360
-#     stats.py L2527         jobs_command.py L2610  card.py L2732
-#     arguments.py L2883     run.py L3034
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3276-3347
-#   GROUNDING HELPERS  blocks/grounding.py  L3350-3361
-#   OFFLINE HELPERS  blocks/offline.py  L3364-3539
+#     inputs.py L533         pages.py L892          pdf.py L1071
+#     loops.py L1350         rows.py L1461          plan.py L1554
+#     store.py L1691         saving.py L2055        manifest.py L2357
+#     stats.py L2523         jobs_command.py L2605  card.py L2727
+#     arguments.py L2877     run.py L3028
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3270-3341
+#   GROUNDING HELPERS  blocks/grounding.py  L3344-3355
+#   OFFLINE HELPERS  blocks/offline.py  L3358-3533
 # A page's path, by the functions that take it:
-#   cell           iter_image_cells L880
-#   prepared page  read_page L1542, prepare_page L1004
-#   request        generate_batch L3414
-#   answer         generate_batch L3414
-#   finished row   finish_row L2092
-#   journal        Journal.append L1583
-#   part           write_part L2188
-#   commit         OutputStore.publish L1953, OutputStore.commit L1972
-#   card           build_card L2805
+#   cell           iter_image_cells L877
+#   prepared page  read_page L1539, prepare_page L1001
+#   request        generate_batch L3408
+#   answer         generate_batch L3408
+#   finished row   finish_row L2089
+#   journal        Journal.append L1580
+#   part           write_part L2185
+#   commit         OutputStore.publish L1950, OutputStore.commit L1969
+#   card           build_card L2799
 # ==== END MAP ====
 
 import re
@@ -866,10 +866,7 @@ def check_output_columns(source: InputSource, args) -> None:
 RESULT_FIELDS = {"text": "string", "error": "string", "error_kind": "string",
                  "finish_reason": "string", "prompt_tokens": "int32", "completion_tokens": "int32",
                  "attempts": "int32", "skipped": "string"}
-
-
-# The column naming what each row was made from: row_identity(); a stacked run keeps its input's
-ROW_IDENTITY = "input_digest"
+ROW_IDENTITY = "input_digest"  # row_identity()'s column; a stacked run keeps its input's
 
 
 def result_column_names(column: str) -> list[str]:
@@ -2387,13 +2384,12 @@ def input_identity(args, files: list | None) -> dict:
 
 
 def hub_dataset_sha(args) -> str | None:
-    try:
+    with contextlib.suppress(Exception):  # offline, or private without a token: datasets says so
         from huggingface_hub import HfApi
 
         return HfApi(token=args.hf_token or None).dataset_info(
             args.input, revision=args.revision, timeout=10).sha
-    except Exception:  # offline, or a private dataset without a token: datasets will say so
-        return None
+    return None
 
 
 def check_context_budget(max_model_len, args, option: str = "--max-model-len in --serve-args"
@@ -2527,10 +2523,9 @@ def claim_output(store: "OutputStore", identity: dict, args,
 # ---- stats.py: The run's figures: pages, rates, memory; for --stats-json and the card.
 def proc_bytes(path: str, key: str) -> int | None:
     """A "key: N kB" line of a /proc file (Linux), in bytes; None without it."""
-    try:
+    with contextlib.suppress(OSError, TypeError):  # no such file, or no such line
         return int(re.search(rf"^{key}:\s*(\d+)", Path(path).read_text(), re.M)[1]) * 1024
-    except (OSError, TypeError):
-        return None
+    return None
 
 
 def peak_rss_bytes() -> int:
@@ -2773,7 +2768,7 @@ SIZE_CATEGORIES = ((1_000, "n<1K"), (10_000, "1K<n<10K"), (100_000, "10K<n<100K"
 
 def input_license(args, hub: bool) -> str | None:
     """The licence the input's card (Hub, or a local README.md) gives, else None."""
-    try:
+    with contextlib.suppress(Exception):  # offline, private, an unreadable card: no licence
         from huggingface_hub import DatasetCard, HfApi
 
         if hub:
@@ -2785,8 +2780,7 @@ def input_license(args, hub: bool) -> str | None:
             data = DatasetCard.load(card).data if card.is_file() else None
         licence = getattr(data, "license", None) if data is not None else None
         return licence if isinstance(licence, (str, list)) and licence else None
-    except Exception:  # offline, private, an unreadable card: the card says no licence
-        return None
+    return None
 
 
 def card_metadata(source: InputSource, store: OutputStore, args):

@@ -79,27 +79,27 @@ Where the settings come from (the olmOCR toolkit, allenai/olmocr v0.4.27, unless
 #   PATCH GRID HELPERS  blocks/patch_grid.py  L312-345
 #   SERVER MAIN  blocks/main_server.py  L348-375
 #   main()  L349
-#   COMMON HELPERS  blocks/common/  L378-3297
+#   COMMON HELPERS  blocks/common/  L378-3291
 #     model_options.py L408  errors.py L424         secrets.py L459
-#     inputs.py L557         pages.py L919          pdf.py L1098
-#     loops.py L1377         rows.py L1488          plan.py L1581
-#     store.py L1718         saving.py L2082        manifest.py L2384
-#     stats.py L2551         jobs_command.py L2634  card.py L2756
-#     arguments.py L2907     run.py L3058
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3300-3371
-#   SERVER HELPERS  blocks/server/  L3374-4116
-#     serve_args.py L3388  process.py L3465     requests.py L3759
-#     pipeline.py L3872    arguments.py L4066
+#     inputs.py L557         pages.py L916          pdf.py L1095
+#     loops.py L1374         rows.py L1485          plan.py L1578
+#     store.py L1715         saving.py L2079        manifest.py L2381
+#     stats.py L2547         jobs_command.py L2629  card.py L2751
+#     arguments.py L2901     run.py L3052
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3294-3365
+#   SERVER HELPERS  blocks/server/  L3368-4110
+#     serve_args.py L3382  process.py L3459     requests.py L3753
+#     pipeline.py L3866    arguments.py L4060
 # A page's path, by the functions that take it:
-#   cell           iter_image_cells L904
-#   prepared page  read_page L1566, prepare_page L1028
-#   request        request_body L3777
-#   answer         send_page L3825, read_completion L3805
-#   finished row   finish_row L2116
-#   journal        Journal.append L1607
-#   part           write_part L2212
-#   commit         OutputStore.publish L1977, OutputStore.commit L1996
-#   card           build_card L2829
+#   cell           iter_image_cells L901
+#   prepared page  read_page L1563, prepare_page L1025
+#   request        request_body L3771
+#   answer         send_page L3819, read_completion L3799
+#   finished row   finish_row L2113
+#   journal        Journal.append L1604
+#   part           write_part L2209
+#   commit         OutputStore.publish L1974, OutputStore.commit L1993
+#   card           build_card L2823
 # ==== END MAP ====
 
 import re
@@ -890,10 +890,7 @@ def check_output_columns(source: InputSource, args) -> None:
 RESULT_FIELDS = {"text": "string", "error": "string", "error_kind": "string",
                  "finish_reason": "string", "prompt_tokens": "int32", "completion_tokens": "int32",
                  "attempts": "int32", "skipped": "string"}
-
-
-# The column naming what each row was made from: row_identity(); a stacked run keeps its input's
-ROW_IDENTITY = "input_digest"
+ROW_IDENTITY = "input_digest"  # row_identity()'s column; a stacked run keeps its input's
 
 
 def result_column_names(column: str) -> list[str]:
@@ -2411,13 +2408,12 @@ def input_identity(args, files: list | None) -> dict:
 
 
 def hub_dataset_sha(args) -> str | None:
-    try:
+    with contextlib.suppress(Exception):  # offline, or private without a token: datasets says so
         from huggingface_hub import HfApi
 
         return HfApi(token=args.hf_token or None).dataset_info(
             args.input, revision=args.revision, timeout=10).sha
-    except Exception:  # offline, or a private dataset without a token: datasets will say so
-        return None
+    return None
 
 
 def check_context_budget(max_model_len, args, option: str = "--max-model-len in --serve-args"
@@ -2551,10 +2547,9 @@ def claim_output(store: "OutputStore", identity: dict, args,
 # ---- stats.py: The run's figures: pages, rates, memory; for --stats-json and the card.
 def proc_bytes(path: str, key: str) -> int | None:
     """A "key: N kB" line of a /proc file (Linux), in bytes; None without it."""
-    try:
+    with contextlib.suppress(OSError, TypeError):  # no such file, or no such line
         return int(re.search(rf"^{key}:\s*(\d+)", Path(path).read_text(), re.M)[1]) * 1024
-    except (OSError, TypeError):
-        return None
+    return None
 
 
 def peak_rss_bytes() -> int:
@@ -2797,7 +2792,7 @@ SIZE_CATEGORIES = ((1_000, "n<1K"), (10_000, "1K<n<10K"), (100_000, "10K<n<100K"
 
 def input_license(args, hub: bool) -> str | None:
     """The licence the input's card (Hub, or a local README.md) gives, else None."""
-    try:
+    with contextlib.suppress(Exception):  # offline, private, an unreadable card: no licence
         from huggingface_hub import DatasetCard, HfApi
 
         if hub:
@@ -2809,8 +2804,7 @@ def input_license(args, hub: bool) -> str | None:
             data = DatasetCard.load(card).data if card.is_file() else None
         licence = getattr(data, "license", None) if data is not None else None
         return licence if isinstance(licence, (str, list)) and licence else None
-    except Exception:  # offline, private, an unreadable card: the card says no licence
-        return None
+    return None
 
 
 def card_metadata(source: InputSource, store: OutputStore, args):

@@ -58,27 +58,27 @@ retry policy (connection errors, timeouts, 429 and 5xx retried with backoff; oth
 #   OVISOCR2 MODEL  blocks/ovis_ocr2.py  L98-184
 #   SERVER MAIN  blocks/main_server.py  L220-247
 #   main()  L221
-#   COMMON HELPERS  blocks/common/  L250-3169
+#   COMMON HELPERS  blocks/common/  L250-3163
 #     model_options.py L280  errors.py L296         secrets.py L331
-#     inputs.py L429         pages.py L791          pdf.py L970
-#     loops.py L1249         rows.py L1360          plan.py L1453
-#     store.py L1590         saving.py L1954        manifest.py L2256
-#     stats.py L2423         jobs_command.py L2506  card.py L2628
-#     arguments.py L2779     run.py L2930
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3172-3243
-#   SERVER HELPERS  blocks/server/  L3246-3988
-#     serve_args.py L3260  process.py L3337     requests.py L3631
-#     pipeline.py L3744    arguments.py L3938
+#     inputs.py L429         pages.py L788          pdf.py L967
+#     loops.py L1246         rows.py L1357          plan.py L1450
+#     store.py L1587         saving.py L1951        manifest.py L2253
+#     stats.py L2419         jobs_command.py L2501  card.py L2623
+#     arguments.py L2773     run.py L2924
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3166-3237
+#   SERVER HELPERS  blocks/server/  L3240-3982
+#     serve_args.py L3254  process.py L3331     requests.py L3625
+#     pipeline.py L3738    arguments.py L3932
 # A page's path, by the functions that take it:
-#   cell           iter_image_cells L776
-#   prepared page  read_page L1438, prepare_page L900
-#   request        request_body L3649
-#   answer         send_page L3697, read_completion L3677
-#   finished row   finish_row L1988
-#   journal        Journal.append L1479
-#   part           write_part L2084
-#   commit         OutputStore.publish L1849, OutputStore.commit L1868
-#   card           build_card L2701
+#   cell           iter_image_cells L773
+#   prepared page  read_page L1435, prepare_page L897
+#   request        request_body L3643
+#   answer         send_page L3691, read_completion L3671
+#   finished row   finish_row L1985
+#   journal        Journal.append L1476
+#   part           write_part L2081
+#   commit         OutputStore.publish L1846, OutputStore.commit L1865
+#   card           build_card L2695
 # ==== END MAP ====
 
 import re
@@ -762,10 +762,7 @@ def check_output_columns(source: InputSource, args) -> None:
 RESULT_FIELDS = {"text": "string", "error": "string", "error_kind": "string",
                  "finish_reason": "string", "prompt_tokens": "int32", "completion_tokens": "int32",
                  "attempts": "int32", "skipped": "string"}
-
-
-# The column naming what each row was made from: row_identity(); a stacked run keeps its input's
-ROW_IDENTITY = "input_digest"
+ROW_IDENTITY = "input_digest"  # row_identity()'s column; a stacked run keeps its input's
 
 
 def result_column_names(column: str) -> list[str]:
@@ -2283,13 +2280,12 @@ def input_identity(args, files: list | None) -> dict:
 
 
 def hub_dataset_sha(args) -> str | None:
-    try:
+    with contextlib.suppress(Exception):  # offline, or private without a token: datasets says so
         from huggingface_hub import HfApi
 
         return HfApi(token=args.hf_token or None).dataset_info(
             args.input, revision=args.revision, timeout=10).sha
-    except Exception:  # offline, or a private dataset without a token: datasets will say so
-        return None
+    return None
 
 
 def check_context_budget(max_model_len, args, option: str = "--max-model-len in --serve-args"
@@ -2423,10 +2419,9 @@ def claim_output(store: "OutputStore", identity: dict, args,
 # ---- stats.py: The run's figures: pages, rates, memory; for --stats-json and the card.
 def proc_bytes(path: str, key: str) -> int | None:
     """A "key: N kB" line of a /proc file (Linux), in bytes; None without it."""
-    try:
+    with contextlib.suppress(OSError, TypeError):  # no such file, or no such line
         return int(re.search(rf"^{key}:\s*(\d+)", Path(path).read_text(), re.M)[1]) * 1024
-    except (OSError, TypeError):
-        return None
+    return None
 
 
 def peak_rss_bytes() -> int:
@@ -2669,7 +2664,7 @@ SIZE_CATEGORIES = ((1_000, "n<1K"), (10_000, "1K<n<10K"), (100_000, "10K<n<100K"
 
 def input_license(args, hub: bool) -> str | None:
     """The licence the input's card (Hub, or a local README.md) gives, else None."""
-    try:
+    with contextlib.suppress(Exception):  # offline, private, an unreadable card: no licence
         from huggingface_hub import DatasetCard, HfApi
 
         if hub:
@@ -2681,8 +2676,7 @@ def input_license(args, hub: bool) -> str | None:
             data = DatasetCard.load(card).data if card.is_file() else None
         licence = getattr(data, "license", None) if data is not None else None
         return licence if isinstance(licence, (str, list)) and licence else None
-    except Exception:  # offline, private, an unreadable card: the card says no licence
-        return None
+    return None
 
 
 def card_metadata(source: InputSource, store: OutputStore, args):

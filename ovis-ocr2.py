@@ -49,25 +49,25 @@ Where the engine arguments come from
 #   OVISOCR2 MODEL  blocks/ovis_ocr2.py  L88-174
 #   OFFLINE MAIN  blocks/main_offline.py  L203-228
 #   main()  L204
-#   COMMON HELPERS  blocks/common/  L231-3150
+#   COMMON HELPERS  blocks/common/  L231-3144
 #     model_options.py L261  errors.py L277         secrets.py L312
-#     inputs.py L410         pages.py L772          pdf.py L951
-#     loops.py L1230         rows.py L1341          plan.py L1434
-#     store.py L1571         saving.py L1935        manifest.py L2237
-#     stats.py L2404         jobs_command.py L2487  card.py L2609
-#     arguments.py L2760     run.py L2911
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3153-3224
-#   OFFLINE HELPERS  blocks/offline.py  L3227-3402
+#     inputs.py L410         pages.py L769          pdf.py L948
+#     loops.py L1227         rows.py L1338          plan.py L1431
+#     store.py L1568         saving.py L1932        manifest.py L2234
+#     stats.py L2400         jobs_command.py L2482  card.py L2604
+#     arguments.py L2754     run.py L2905
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3147-3218
+#   OFFLINE HELPERS  blocks/offline.py  L3221-3396
 # A page's path, by the functions that take it:
-#   cell           iter_image_cells L757
-#   prepared page  read_page L1419, prepare_page L881
-#   request        generate_batch L3277
-#   answer         generate_batch L3277
-#   finished row   finish_row L1969
-#   journal        Journal.append L1460
-#   part           write_part L2065
-#   commit         OutputStore.publish L1830, OutputStore.commit L1849
-#   card           build_card L2682
+#   cell           iter_image_cells L754
+#   prepared page  read_page L1416, prepare_page L878
+#   request        generate_batch L3271
+#   answer         generate_batch L3271
+#   finished row   finish_row L1966
+#   journal        Journal.append L1457
+#   part           write_part L2062
+#   commit         OutputStore.publish L1827, OutputStore.commit L1846
+#   card           build_card L2676
 # ==== END MAP ====
 
 import re
@@ -743,10 +743,7 @@ def check_output_columns(source: InputSource, args) -> None:
 RESULT_FIELDS = {"text": "string", "error": "string", "error_kind": "string",
                  "finish_reason": "string", "prompt_tokens": "int32", "completion_tokens": "int32",
                  "attempts": "int32", "skipped": "string"}
-
-
-# The column naming what each row was made from: row_identity(); a stacked run keeps its input's
-ROW_IDENTITY = "input_digest"
+ROW_IDENTITY = "input_digest"  # row_identity()'s column; a stacked run keeps its input's
 
 
 def result_column_names(column: str) -> list[str]:
@@ -2264,13 +2261,12 @@ def input_identity(args, files: list | None) -> dict:
 
 
 def hub_dataset_sha(args) -> str | None:
-    try:
+    with contextlib.suppress(Exception):  # offline, or private without a token: datasets says so
         from huggingface_hub import HfApi
 
         return HfApi(token=args.hf_token or None).dataset_info(
             args.input, revision=args.revision, timeout=10).sha
-    except Exception:  # offline, or a private dataset without a token: datasets will say so
-        return None
+    return None
 
 
 def check_context_budget(max_model_len, args, option: str = "--max-model-len in --serve-args"
@@ -2404,10 +2400,9 @@ def claim_output(store: "OutputStore", identity: dict, args,
 # ---- stats.py: The run's figures: pages, rates, memory; for --stats-json and the card.
 def proc_bytes(path: str, key: str) -> int | None:
     """A "key: N kB" line of a /proc file (Linux), in bytes; None without it."""
-    try:
+    with contextlib.suppress(OSError, TypeError):  # no such file, or no such line
         return int(re.search(rf"^{key}:\s*(\d+)", Path(path).read_text(), re.M)[1]) * 1024
-    except (OSError, TypeError):
-        return None
+    return None
 
 
 def peak_rss_bytes() -> int:
@@ -2650,7 +2645,7 @@ SIZE_CATEGORIES = ((1_000, "n<1K"), (10_000, "1K<n<10K"), (100_000, "10K<n<100K"
 
 def input_license(args, hub: bool) -> str | None:
     """The licence the input's card (Hub, or a local README.md) gives, else None."""
-    try:
+    with contextlib.suppress(Exception):  # offline, private, an unreadable card: no licence
         from huggingface_hub import DatasetCard, HfApi
 
         if hub:
@@ -2662,8 +2657,7 @@ def input_license(args, hub: bool) -> str | None:
             data = DatasetCard.load(card).data if card.is_file() else None
         licence = getattr(data, "license", None) if data is not None else None
         return licence if isinstance(licence, (str, list)) and licence else None
-    except Exception:  # offline, private, an unreadable card: the card says no licence
-        return None
+    return None
 
 
 def card_metadata(source: InputSource, store: OutputStore, args):

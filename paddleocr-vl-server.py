@@ -102,28 +102,28 @@ Where the settings come from, and the choices where sources differ
 #   PADDLEOCR-VL MODEL  blocks/paddleocr_vl.py  L143-377
 #   SERVER MAIN  blocks/main_server.py  L380-407
 #   main()  L381
-#   COMMON HELPERS  blocks/common/  L410-3329
+#   COMMON HELPERS  blocks/common/  L410-3323
 #     model_options.py L440  errors.py L456         secrets.py L491
-#     inputs.py L589         pages.py L951          pdf.py L1130
-#     loops.py L1409         rows.py L1520          plan.py L1613
-#     store.py L1750         saving.py L2114        manifest.py L2416
-#     stats.py L2583         jobs_command.py L2666  card.py L2788
-#     arguments.py L2939     run.py L3090
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3332-3403
-#   PATCH GRID HELPERS  blocks/patch_grid.py  L3406-3439
-#   SERVER HELPERS  blocks/server/  L3442-4184
-#     serve_args.py L3456  process.py L3533     requests.py L3827
-#     pipeline.py L3940    arguments.py L4134
+#     inputs.py L589         pages.py L948          pdf.py L1127
+#     loops.py L1406         rows.py L1517          plan.py L1610
+#     store.py L1747         saving.py L2111        manifest.py L2413
+#     stats.py L2579         jobs_command.py L2661  card.py L2783
+#     arguments.py L2933     run.py L3084
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3326-3397
+#   PATCH GRID HELPERS  blocks/patch_grid.py  L3400-3433
+#   SERVER HELPERS  blocks/server/  L3436-4178
+#     serve_args.py L3450  process.py L3527     requests.py L3821
+#     pipeline.py L3934    arguments.py L4128
 # A page's path, by the functions that take it:
-#   cell           iter_image_cells L936
-#   prepared page  read_page L1598, prepare_page L1060
-#   request        request_body L3845
-#   answer         send_page L3893, read_completion L3873
-#   finished row   finish_row L2148
-#   journal        Journal.append L1639
-#   part           write_part L2244
-#   commit         OutputStore.publish L2009, OutputStore.commit L2028
-#   card           build_card L2861
+#   cell           iter_image_cells L933
+#   prepared page  read_page L1595, prepare_page L1057
+#   request        request_body L3839
+#   answer         send_page L3887, read_completion L3867
+#   finished row   finish_row L2145
+#   journal        Journal.append L1636
+#   part           write_part L2241
+#   commit         OutputStore.publish L2006, OutputStore.commit L2025
+#   card           build_card L2855
 # ==== END MAP ====
 
 import html
@@ -922,10 +922,7 @@ def check_output_columns(source: InputSource, args) -> None:
 RESULT_FIELDS = {"text": "string", "error": "string", "error_kind": "string",
                  "finish_reason": "string", "prompt_tokens": "int32", "completion_tokens": "int32",
                  "attempts": "int32", "skipped": "string"}
-
-
-# The column naming what each row was made from: row_identity(); a stacked run keeps its input's
-ROW_IDENTITY = "input_digest"
+ROW_IDENTITY = "input_digest"  # row_identity()'s column; a stacked run keeps its input's
 
 
 def result_column_names(column: str) -> list[str]:
@@ -2443,13 +2440,12 @@ def input_identity(args, files: list | None) -> dict:
 
 
 def hub_dataset_sha(args) -> str | None:
-    try:
+    with contextlib.suppress(Exception):  # offline, or private without a token: datasets says so
         from huggingface_hub import HfApi
 
         return HfApi(token=args.hf_token or None).dataset_info(
             args.input, revision=args.revision, timeout=10).sha
-    except Exception:  # offline, or a private dataset without a token: datasets will say so
-        return None
+    return None
 
 
 def check_context_budget(max_model_len, args, option: str = "--max-model-len in --serve-args"
@@ -2583,10 +2579,9 @@ def claim_output(store: "OutputStore", identity: dict, args,
 # ---- stats.py: The run's figures: pages, rates, memory; for --stats-json and the card.
 def proc_bytes(path: str, key: str) -> int | None:
     """A "key: N kB" line of a /proc file (Linux), in bytes; None without it."""
-    try:
+    with contextlib.suppress(OSError, TypeError):  # no such file, or no such line
         return int(re.search(rf"^{key}:\s*(\d+)", Path(path).read_text(), re.M)[1]) * 1024
-    except (OSError, TypeError):
-        return None
+    return None
 
 
 def peak_rss_bytes() -> int:
@@ -2829,7 +2824,7 @@ SIZE_CATEGORIES = ((1_000, "n<1K"), (10_000, "1K<n<10K"), (100_000, "10K<n<100K"
 
 def input_license(args, hub: bool) -> str | None:
     """The licence the input's card (Hub, or a local README.md) gives, else None."""
-    try:
+    with contextlib.suppress(Exception):  # offline, private, an unreadable card: no licence
         from huggingface_hub import DatasetCard, HfApi
 
         if hub:
@@ -2841,8 +2836,7 @@ def input_license(args, hub: bool) -> str | None:
             data = DatasetCard.load(card).data if card.is_file() else None
         licence = getattr(data, "license", None) if data is not None else None
         return licence if isinstance(licence, (str, list)) and licence else None
-    except Exception:  # offline, private, an unreadable card: the card says no licence
-        return None
+    return None
 
 
 def card_metadata(source: InputSource, store: OutputStore, args):
