@@ -58,27 +58,27 @@ retry policy (connection errors, timeouts, 429 and 5xx retried with backoff; oth
 #   OVISOCR2 MODEL  blocks/ovis_ocr2.py  L98-184
 #   SERVER MAIN  blocks/main_server.py  L220-247
 #   main()  L221
-#   COMMON HELPERS  blocks/common/  L250-3247
-#     model_options.py L273  errors.py L289         secrets.py L324
-#     inputs.py L425         pages.py L800          pdf.py L987
-#     loops.py L1277         rows.py L1390          plan.py L1483
-#     store.py L1622         saving.py L1999        manifest.py L2312
-#     stats.py L2485         jobs_command.py L2568  card.py L2700
-#     arguments.py L2854     run.py L3008
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3250-3323
-#   SERVER HELPERS  blocks/server/  L3326-4077
-#     serve_args.py L3343  process.py L3420     requests.py L3717
-#     pipeline.py L3831    arguments.py L4027
+#   COMMON HELPERS  blocks/common/  L250-3163
+#     model_options.py L280  errors.py L296         secrets.py L331
+#     inputs.py L429         pages.py L788          pdf.py L967
+#     loops.py L1246         rows.py L1357          plan.py L1450
+#     store.py L1587         saving.py L1951        manifest.py L2253
+#     stats.py L2419         jobs_command.py L2501  card.py L2623
+#     arguments.py L2773     run.py L2924
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3166-3237
+#   SERVER HELPERS  blocks/server/  L3240-3982
+#     serve_args.py L3254  process.py L3331     requests.py L3625
+#     pipeline.py L3738    arguments.py L3932
 # A page's path, by the functions that take it:
-#   cell           iter_image_cells L785
-#   prepared page  read_page L1468, prepare_page L915
-#   request        request_body L3735
-#   answer         send_page L3784, read_completion L3764
-#   finished row   finish_row L2035
-#   journal        Journal.append L1509
-#   part           write_part L2133
-#   commit         OutputStore.publish L1893, OutputStore.commit L1912
-#   card           build_card L2776
+#   cell           iter_image_cells L773
+#   prepared page  read_page L1435, prepare_page L897
+#   request        request_body L3643
+#   answer         send_page L3691, read_completion L3671
+#   finished row   finish_row L1985
+#   journal        Journal.append L1476
+#   part           write_part L2081
+#   commit         OutputStore.publish L1846, OutputStore.commit L1865
+#   card           build_card L2695
 # ==== END MAP ====
 
 import re
@@ -248,24 +248,31 @@ def main(argv: list[str] | None = None, hub_api=None) -> int:
 
 
 # ==== BEGIN COMMON HELPERS (edit blocks/common/, then run tools/sync_helpers.py) ====
-# The block's imports, once for all its modules (ruff, on every script, finds one missing
-# or unused); each module also imports, below its docstring, what it uses.
+# The imports of all the block's modules (ruff checks them on every script).
 import argparse
 import contextlib
+import ctypes
 import hashlib
 import io
+import itertools
 import json
 import math
+import multiprocessing
 import os
+import queue
 import random
 import resource
 import shlex
+import shutil
 import signal
+import subprocess
 import sys
+import tempfile
 import threading
 import time
 import warnings
 import zlib
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -322,9 +329,8 @@ class RunAborted(Exception):
 
 
 # ---- secrets.py: Secrets: which values are secrets, and their masks in logs, argv and records.
-# credential-like values (Hub tokens, OpenAI-style keys) but not a name (vLLM's "hf_overrides",
-# a repo's "org/sk-model");
-# a URL's user information; a value under a name: name=value, or 'name': 'value' (JSON, a dict)
+# Hub tokens, OpenAI-style keys (not a name: "hf_overrides", "org/sk-model"); a URL's user
+# information; a value under a name: name=value, or 'name': 'value' (JSON, a dict)
 TOKEN_VALUE = re.compile(r"(?<!/)\b(?:hf_|api_org_|sk-)[A-Za-z0-9_-]{8,}(?![\w-]|['\"]\s*:|\s*=|/)")
 URL_USERINFO = re.compile(r"(?<=://)[^/\s@?#]+@")
 NAMED_VALUE = re.compile(r"""((?<![\w.-])(['"])?([\w.-]+)(?(2)\2\s*:\s*|=)(['"])?)"""
@@ -366,8 +372,7 @@ def redact_value(value, mask: str | None = "***"):
 
 
 def secret_literals(value, secret: bool = False) -> set[str]:
-    """The secrets in a value as given (a JSON value's at every depth): the values under a
-    secret's name, and token-like ones; what a server's log must not show."""
+    """The secrets in a value (JSON at every depth): what a server's log must not show."""
     if isinstance(value, str) and value.lstrip()[:1] in ("{", "["):
         with contextlib.suppress(ValueError):
             value = json.loads(value)
@@ -379,8 +384,7 @@ def secret_literals(value, secret: bool = False) -> set[str]:
 
 
 def flag_items(argv: list[str]) -> list[tuple[str | None, list[str], bool]]:
-    """Every command line here as (flag, values, joined) items: `--flag=value` (joined), `--flag
-    a b` (vLLM's lists), a bare flag, (None, [word], False)."""
+    """A command line as (flag, values, joined) items; vLLM's lists take several values."""
     items = []
     for word in argv:
         flag, values, joined = items[-1] if items else (None, [], True)
@@ -427,10 +431,7 @@ REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
 
 
 def script_name() -> str:
-    """This script's file name, also as uv's temp copy for `uv run URL` (<stem> and six random
-    letters and digits, one a capital or a digit): a rerun by URL is the same run."""
-    import tempfile
-
+    """This script's file name, also as uv's temp copy for `uv run URL` (<stem> + 6 chars)."""
     path = Path(sys.argv[0])
     copy = path.resolve().parent == Path(tempfile.gettempdir()).resolve() and re.fullmatch(
         r".+(?=[a-z]*[A-Z0-9])[A-Za-z0-9]{6}\.py", path.name)
@@ -474,8 +475,7 @@ _RESOLVED_REVISIONS: dict = {}
 
 
 def resolved_revision(args) -> str | None:
-    """The commit sha of the weights this run loads, asked once: a full sha stands for itself;
-    None for a local folder, or when the Hub cannot be asked."""
+    """The commit sha of the weights loaded, asked once; None for a folder or an unreachable Hub."""
     requested = requested_revision(args)
     key = (args.model, requested)
     if key not in _RESOLVED_REVISIONS:
@@ -522,8 +522,7 @@ def _by_datasets(what: str, read, *args, **kwargs):
 
 
 def _split_of(splits: dict, what: str, args, configs: bool = False):
-    """splits[--split], the default (train) taking a lone split of any name; a --split or a
-    --config that INPUT cannot honour is refused, never ignored."""
+    """splits[--split] (default: a lone split); an unhonoured --split or --config fails."""
     lone = next(iter(splits)) if len(splits) == 1 else None
     split = lone if lone and args.split == "train" else args.split
     if not configs and args.config not in (None, "", "default"):
@@ -549,16 +548,14 @@ def check_output_outside_input(args) -> None:
 
 
 def image_extensions() -> set[str]:
-    """The files of a folder that are images: those `datasets`' imagefolder reads (.jfif, .ppm
-    from a scanner...), so that none is left out."""
+    """The image extensions `datasets`' imagefolder reads (.jfif, .ppm...), so none is left out."""
     from datasets.packaged_modules.imagefolder.imagefolder import ImageFolder
 
     return {extension.lower() for extension in ImageFolder.EXTENSIONS}
 
 
 def _walk_folder(root: Path, args) -> list[Path]:
-    """Every file under root, in path order: symlinked folders followed, each real folder once
-    (not a loop, not OUTPUT); hidden names (.git, macOS ._x) left out, as `datasets` does."""
+    """Every file under root, sorted: symlinks followed, each real folder once, no hidden names."""
     seen = {os.path.realpath(root), os.path.realpath(Path(args.output).expanduser())}
     files = []
     for folder, dirs, names in os.walk(root, followlinks=True, onerror=lambda exc: fail(
@@ -571,8 +568,7 @@ def _walk_folder(root: Path, args) -> list[Path]:
 
 
 def _read_metadata(root: Path, metadata_files: list[Path], relative: list[str]):
-    """imagefolder's metadata files (`file_name` relative to their folder) as one row per image:
-    the first row naming an image counts; an image named in none has empty metadata."""
+    """imagefolder's metadata as one row per image (the first naming it counts; else empty)."""
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.dataset as pads
@@ -639,8 +635,7 @@ def _load_tables(reader: str, data_files: dict, what: str, args, configs: bool =
 
 
 def _load_local_dataset(path: Path, args):
-    """A local INPUT as what it is (a table, a saved dataset, a folder of tables or of scans),
-    never two at once; with the files it is read from."""
+    """A local INPUT as what it is (table, saved dataset, folder), with the files it reads."""
     import datasets
 
     if path.suffix.lower() == ".pdf" and path.is_file():
@@ -665,8 +660,7 @@ def _load_local_dataset(path: Path, args):
     if images:
         _split_of({"train": None}, f"folder {path}", args)
         return _image_folder(path, images, metadata), sorted(images + metadata)
-    # else a folder of tables as `datasets.load_dataset(folder)` reads it (a Hub snapshot,
-    # configs), or says that it holds no data files
+    # else a folder of tables, as `datasets.load_dataset(folder)` reads it (or finds none)
     builder = _by_datasets(f"{path}" + " (--config NAME picks a config)" * bool(files),
                            datasets.load_dataset_builder, str(path), args.config)
     return _load_tables(str(path), builder.config.data_files or {},
@@ -697,8 +691,7 @@ def _check_image_column(ds, column: str, lo: int, hi: int) -> None:
 
 
 def _load_hub_split(args):
-    """The Hub dataset's split; `datasets` refuses one of no rows ("... corresponds to no
-    data"): read as empty, as a local one is."""
+    """The Hub dataset's split; one of no rows ("corresponds to no data") read as empty."""
     import datasets
 
     try:
@@ -748,8 +741,7 @@ def open_input(args) -> InputSource:
         return InputSource(ds, args.image_column, description, lo, hi, rows_full, files=files)
     pages = count_pdf_pages(ds, pdf_column, args)
     pages.per_document = bool(args.per_document)
-    # the output names each document (a folder's file_name does), never its bytes; the name is
-    # added before the PDF column goes (a dataset of no columns has no rows)
+    # a document's name, not its bytes, goes out (added first: no columns would be no rows)
     named = "file_name" in ds.column_names
     shown = ds.add_column(" name", pages.names).remove_columns([pdf_column, *[" name"] * named])
     shown = shown if named else shown.rename_column(" name", pdf_column)
@@ -766,15 +758,11 @@ def check_output_columns(source: InputSource, args) -> None:
              f"them, or --output-column NAME")
 
 
-# RowResult's fields that are result columns, and their type: `text` is the output column, the
-# others <column>_<field>; after them come EXTRA_COLUMNS, then the PDF text columns of this run
+# RowResult's result columns and types: `text` is the output column, the others <column>_<field>
 RESULT_FIELDS = {"text": "string", "error": "string", "error_kind": "string",
                  "finish_reason": "string", "prompt_tokens": "int32", "completion_tokens": "int32",
                  "attempts": "int32", "skipped": "string"}
-
-
-# The column naming what each row was made from: row_identity(); a stacked run keeps its input's
-ROW_IDENTITY = "input_digest"
+ROW_IDENTITY = "input_digest"  # row_identity()'s column; a stacked run keeps its input's
 
 
 def result_column_names(column: str) -> list[str]:
@@ -831,18 +819,14 @@ def input_digest(data: bytes) -> str:
 
 
 def hub_download_folder(repo: str) -> Path:
-    """Where huggingface_hub keeps a dataset repo's files (`datasets` downloads a repo of plain
-    image or PDF files there, its cells naming them); links resolved."""
+    """Where huggingface_hub keeps a dataset repo's files (its path cells name them)."""
     from huggingface_hub.constants import HF_HUB_CACHE
 
     return Path(os.path.realpath(HF_HUB_CACHE)) / f"datasets--{repo.replace('/', '--')}"
 
 
 def _resolve_image_path(value: str) -> Path:
-    """The file a path cell of the image or PDF column names, the one judge of it. A local
-    INPUT's: as written, else relative to INPUT's folder. A Hub INPUT's: only a file `datasets`
-    downloaded for that dataset, links followed (PageError: a dataset from elsewhere must not
-    make the script read, send and publish a file of this machine)."""
+    """The file a path cell names; a Hub INPUT's: only its downloads (no file of this machine)."""
     if _HUB_FILES:
         real = Path(os.path.realpath(value))  # relative: to no folder of the dataset's
         if _HUB_FILES[0] not in real.parents:
@@ -855,8 +839,7 @@ def _resolve_image_path(value: str) -> Path:
 
 
 def cell_source(cell) -> tuple:
-    """(its bytes, else the file to read, else None; the path as the cell names it) of an image
-    or PDF cell: bytes, a {bytes, path} struct or a path string (PageError: a path not read)."""
+    """(bytes, else the file, else None; the cell's path) of an image or PDF cell (PageError)."""
     data, path = (cell.get("bytes"), cell.get("path")) if isinstance(cell, dict) else (cell, None)
     if isinstance(data, str):
         data, path = None, data
@@ -881,8 +864,7 @@ def read_cell_bytes(cell) -> bytes:
 
 
 def flatten(img):
-    """Any PIL mode as grey or RGB, by strips (a giant scan's full copies took gigabytes): 16-bit
-    and float scans as grey rescaled by their bit depth, alpha on white, palettes expanded."""
+    """Any PIL mode as grey or RGB, by strips; 16-bit and float rescaled, alpha on white."""
     import numpy as np
     from PIL import Image
 
@@ -913,8 +895,7 @@ warnings.filterwarnings("ignore", module="PIL")  # its size and EXIF notes: the 
 
 
 def prepare_page(cell, args=None, decode: bool = True) -> PreparedPage | None:
-    """The bytes to send for one cell at the size args ask (PageError: no page; decode=False:
-    None rather than pixel work). A JPEG or PNG that needs no change is sent as it is."""
+    """The bytes to send for one cell at the size args ask; a JPEG or PNG unchanged as it is."""
     from PIL import Image, ImageOps
 
     raw = read_cell_bytes(cell)
@@ -972,8 +953,7 @@ def sent_size(width: float, height: float, args, pixels: float = 0) -> tuple[int
 
 
 def encode_page(img, size: tuple[int, int]) -> tuple:
-    """(data, mime, width, height) of img resized by the model's own filter, as PNG for models
-    trained on PNG renders (PAGE_FORMAT "png"), else as JPEG quality 95."""
+    """(data, mime, width, height): resized by the model's filter, PNG or JPEG quality 95."""
     from PIL import Image
 
     if img.size != size:
@@ -985,16 +965,14 @@ def encode_page(img, size: tuple[int, int]) -> tuple:
 
 
 # ---- pdf.py: PDF documents: a row per page, counted unrendered, rendered in their own process.
-# One output row per page; a page is rendered once, at the size the model wants, in a worker
-# process (PDFium is not thread-safe, and a page that hangs or crashes it must not take the run).
-
+# In worker processes: PDFium is not thread-safe, and a page that hangs or crashes it must not
+# take the run.
 PDF_MIN_DPI, PDF_MAX_DPI = 72, 400
 PDF_COLUMNS = {"page_number": "int32", "page_count": "int32"}
 
 
 def find_pdf_column(ds, args) -> str | None:
-    """--pdf-column; else the `datasets.Pdf` column, the folder reader's `pdf`, or the image
-    column if its first cells are PDFs (bytes starting %PDF-, or paths to PDF files)."""
+    """--pdf-column; else a `datasets.Pdf` column, `pdf`, or the image column if it holds PDFs."""
     import datasets
 
     typed = [name for name, feature in ds.features.items()
@@ -1064,8 +1042,7 @@ class PdfPages:
     digests: dict = field(default_factory=dict)  # doc row -> input_digest(): see digest()
 
     def fingerprint(self, docs: int | None = None) -> dict:
-        """The first `docs` documents' pages, each file's size and file_tail(): a PDF replaced
-        is another run; a rerun over more documents compares the first ones."""
+        """The first `docs` documents' pages, sizes and file_tail()s."""
         docs = len(self.names) if docs is None else min(docs, len(self.names))
         end = self.first_row(docs)
         digest = hashlib.sha256(self.doc[:end].tobytes() + self.number[:end].tobytes() +
@@ -1188,16 +1165,12 @@ class PdfRenderer:
     """Render processes, thread-safe: a page that hangs or crashes one is its error row."""
 
     def __init__(self, pdf: PdfPages, args):
-        import queue
-
         self.pdf, self.args, self.idle, self.driver = pdf, args, queue.Queue(), os.getpid()
         self.busy, self.closed = set(), False  # close() kills a busy one too: no wait at exit
         for _ in range(max(1, args.pdf_workers)):
             self._start()
 
     def _start(self) -> None:
-        import multiprocessing
-
         ours, theirs = multiprocessing.Pipe()  # forked: the child reads the input as it is
         process = multiprocessing.get_context("fork").Process(target=self._serve,
                                                               args=(theirs,), daemon=True)
@@ -1207,8 +1180,6 @@ class PdfRenderer:
 
     def _serve(self, conn) -> None:
         """A render process: (row, page) in, page fields or an error out; dies with the driver."""
-        import ctypes
-
         import pypdfium2 as pdfium
 
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
@@ -1238,8 +1209,6 @@ class PdfRenderer:
     def render(self, page: PdfPage) -> PreparedPage:
         if page.doc_row in self.pdf.errors:
             raise PageError(self.pdf.errors[page.doc_row])
-        import queue
-
         while True:  # a worker, unless the run is over (close: none comes back)
             with contextlib.suppress(queue.Empty):
                 process, pipe = self.idle.get(timeout=1.0)
@@ -1347,8 +1316,7 @@ def kept_attempt(kept: "RowResult", retry: "RowResult") -> "RowResult":
 
 
 class DegenerateCheck:
-    """Stops the run when the first pages (at least 3) all came back broken, were sent again or
-    were refused: a wrong model / image pair looks like normal load from outside."""
+    """Stops the run when the first pages (at least 3) all came back broken, resent or refused."""
 
     def __init__(self, enabled: bool, pages: int, send: list):
         self.pages, self.seen, self.broken, self.cut = max(3, pages), 0, 0, 0
@@ -1381,10 +1349,9 @@ class DegenerateCheck:
             if self.cut else f"; the last refusal: {self.error[:300]}" if self.error else ""
         raise RunAborted(
             f"the first {self.seen} pages all came back degenerate (empty, looping, cut or "
-            f"refused){cut}: "
-            f"a wrong model / engine pair looks like this (validated: {MODEL_ID} on {JOB_IMAGE})."
-            f" Check --model and the image, or pass --no-sanity-check to write such output "
-            f"anyway.", code=EXIT_DEGENERATE)
+            f"refused){cut}: a wrong model / engine pair looks like this (validated: {MODEL_ID} "
+            f"on {JOB_IMAGE}). Check --model and the image, or pass --no-sanity-check to write "
+            f"such output anyway.", code=EXIT_DEGENERATE)
 
 
 # ---- rows.py: A page's result: its row, an error row with its cause, a document's pages joined.
@@ -1560,10 +1527,8 @@ class RowPlan:
 
 def rows_to_redo(note: dict, lo: int, hi: int, retry_errors: bool = False,
                  send_blank: bool = False) -> list[int]:
-    """The rows in [lo, hi) of a part a rerun sends again, from its note: the rows the server
-    failed (every error row with --retry-errors), the blank ones with --send-blank. ocr-jobs.py
-    runs this very function, read from the script, to judge a shard done: it reads only its
-    arguments and the script's literal constants (SERVER)."""
+    """The rows in [lo, hi) a rerun sends again, from a part's note. ocr-jobs.py runs this very
+    function, read from the script: it reads only its arguments and literal constants (SERVER)."""
     again = [int(row) for row, kind in note["errors"].items()
              if (kind == SERVER or retry_errors) and lo <= int(row) < hi]
     return again + ([row for row in note.get("blank", []) if lo <= row < hi] if send_blank else [])
@@ -1624,8 +1589,7 @@ UPLOAD_ATTEMPTS, UPLOAD_BACKOFF_S, UPLOAD_MAX_WAIT_S = 5, 2.0, 600.0
 
 
 def lock_holder(handle) -> str | None:
-    """Lock an open file until this process dies, however; else who holds it. lockf, as forked
-    children (PDF renderers, vLLM's engine) do not inherit it, unlike flock."""
+    """Lock an open file until this process dies, else who holds it (lockf: not inherited)."""
     import fcntl
 
     try:
@@ -1656,8 +1620,7 @@ def take_lock(path: Path, location: str, probe: bool = False):
 
 
 class OutputStore:
-    """Parts under data/ of a folder, or of a staging folder sent to a Hub repo in batched
-    commits; the rest under .ocr/, which `datasets` skips."""
+    """Parts under data/ of a folder (or staged for a Hub repo); the rest under .ocr/."""
 
     def __init__(self, target: str, args, hub_api=None):
         self.kind, self.target = resolve_output(target)
@@ -1675,8 +1638,6 @@ class OutputStore:
             self.api = hub_api or HfApi(token=args.hf_token or None)
             base = Path(args.work_dir or "~/.cache/ocr-vllm-scripts/outputs").expanduser()
             if self.read_only:  # a folder that goes at exit
-                import tempfile
-
                 self.scratch = tempfile.TemporaryDirectory(prefix="ocr-check-")
                 base = Path(self.scratch.name)
             self.root = base / self.target.replace("/", "__")
@@ -1708,8 +1669,7 @@ class OutputStore:
             self.sync_from_hub()
 
     def refuse_foreign(self, files) -> None:
-        """Refused: OUTPUT's `files` beside .gitattributes, .ocr/, the parts and (beside a run's
-        manifest or parts) its card: a dataset whose card would go, or whose rows would mix."""
+        """Refused: an OUTPUT holding files besides ours: its card would go, or its rows mix."""
         ours = any(f == ".ocr/manifest.json" or f.startswith("data/part-") for f in files)
         if other := sorted(f for f in files if not (
                 f == ".gitattributes" or f.startswith(".ocr/") or (f == "README.md" and ours)
@@ -1779,16 +1739,12 @@ class OutputStore:
 
     def abandon(self) -> None:
         """A refused run removes the folder it made, if only its lock is in it."""
-        import shutil
-
         if self.made_root and self.lock is not None and [
                 p for p in self.root.rglob("*") if not p.is_dir()] == [Path(self.lock.name)]:
             shutil.rmtree(self.root, ignore_errors=True)
 
     def clear_local(self) -> None:
         """Journal first, manifest last: a kill half-way leaves no old rows to a new run."""
-        import shutil
-
         shutil.rmtree(self.meta / "journal", ignore_errors=True)
         for path in self.local_parts() + [self.root / "README.md", self.meta / "manifest.json"]:
             path.unlink(missing_ok=True)
@@ -1814,10 +1770,7 @@ class OutputStore:
         return running
 
     def restart(self, shard: str | None = None) -> None:
-        """--restart: OUTPUT's rows, card and manifest go, unless another shard runs; given
-        `shard` (beside other shards' rows), only its parts and journal."""
-        import shutil
-
+        """--restart: OUTPUT's rows, card and manifest go (only `shard`'s beside other shards)."""
         if self.read_only:
             return
         if shard is None and (running := self.other_writers()):
@@ -1970,8 +1923,7 @@ class OutputStore:
         files, self.queued = self.queued, {}
         if self.api is not None and files and not self.conflict and not self.commit(files):
             self.upload_failures = sorted(self.queued)
-        # two shards ending at once each list the other's rows before its commit: the card is
-        # made again while another shard's parts appeared, so the last to finish counts them all
+        # two shards ending at once: the card is remade till the last to finish counts them all
         for _ in range(3 if self.sharded and "README.md" in files and not (
                 self.upload_failures or self.conflict) else 0):
             seen = set(self.remote_names)
@@ -2001,8 +1953,7 @@ PART_NAME = re.compile(r"^part-(\d{9})-(\d{9})\.parquet$")
 
 
 class HeldFailures:
-    """Rows the server (engine) failed, held until a page is answered: `pages` in a row over
-    `seconds`, or none answered in the run, stop it."""
+    """Server failures held until a page is answered; too many in a row stop the run."""
 
     def __init__(self, who: str, pages: int, seconds: float, streak: str):
         self.who, self.pages, self.seconds, self.streak = who, pages, seconds, streak
@@ -2018,8 +1969,7 @@ class HeldFailures:
                       f"(last: {result.error[:300]})")
 
     def at_end(self, writer: "PartWriter") -> None:
-        """Write the rows held, or refuse a run that answered none (rows redone excepted: a page
-        the server always fails must not make every rerun exit 4)."""
+        """Write the rows held, or refuse a run that answered none (redone rows excepted)."""
         if not self.answered and any(i not in writer.redo for i, _ in self.held):
             self.stop(f"no page of this run was answered: {len(self.held)} failed on the "
                       f"{self.who}'s side (last: {self.held[-1][1].error[:300]})")
@@ -2034,8 +1984,7 @@ class HeldFailures:
 
 def finish_row(writer: "PartWriter", stats: "RunStats", held: HeldFailures, index: int,
                result: RowResult, latency: float | None = None, failed: str | None = None) -> None:
-    """A page's answer: counted, cleaned up, judged, then written, or held (a server's failure;
-    `failed`: offline, the engine's failure it counts as)."""
+    """A page's answer: counted, cleaned up, judged, then written or held."""
     stats.loop_retried += (result.attempts or 1) - result.resent > 1
     stats.still_looping += loops(result.text, result.finish_reason)
     answered = result.error is None and result.skipped is None
@@ -2116,9 +2065,8 @@ def write_parquet(path: Path, schema, tables) -> None:
 
 
 def row_identity(source: InputSource, index: int, cell, result: RowResult) -> str | None:
-    """What output row `index` was made from, as the journal knows it: an image's input_digest();
-    a PDF page's, its document's and `#page=N` (--per-document: the document's); None: no bytes.
-    Rows of byte-identical pages share it, whatever their order, shard or run."""
+    """What row `index` was made from: an image's input_digest(), a PDF page's, its document's and
+    `#page=N`; None: no bytes. Byte-identical pages share it, whatever their order or run."""
     pdf = source.pdf
     doc = None if pdf is None else index if pdf.per_document else int(pdf.doc[index])
     if doc is not None and pdf.is_pdf(doc):
@@ -2169,8 +2117,7 @@ def write_part(path: Path, source: InputSource, indices: list[int], results: lis
 
 
 def carried_image(cell, result: RowResult):
-    """The cell with its file embedded, and the result; a failed row's image PIL cannot open is
-    left out: it would break every read of the output."""
+    """The cell with its file embedded; a failed row's unreadable image is left out."""
     from PIL import Image
 
     if isinstance(cell, dict) and cell.get("bytes") is None and cell.get("path"):
@@ -2216,13 +2163,10 @@ def append_info(old, entry: dict) -> str:
 
 
 class PartWriter:
-    """Finished rows go to the journal at once, and to parts once the degenerate check passed:
-    a block (or a part with redone rows) once all are finished, the rest every --part-seconds."""
+    """Finished rows go to the journal at once, to parts once the degenerate check passed."""
 
     def __init__(self, store: OutputStore, source: InputSource, plan: RowPlan, features,
                  info_entry: dict, check: "DegenerateCheck", args):
-        from collections import Counter
-
         self.store, self.source, self.features = store, source, features
         self.info_entry, self.check, self.args = info_entry, check, args
         self.redo = dict(plan.redo)  # row -> part holding its error row, until replaced
@@ -2268,15 +2212,12 @@ class PartWriter:
             bool(self.complete) or time.monotonic() - self.last_flush >= self.args.part_seconds)
 
     def flush(self, final: bool = False) -> None:
-        """The complete groups, each as a part (a new one, or the one its redone rows replace);
-        every finished row once --part-seconds passed, or final. A part not written waits."""
-        from itertools import groupby
-
+        """The complete groups, each as a part; every finished row once due, or final."""
         everything = final or time.monotonic() - self.last_flush >= self.args.part_seconds
         with self.lock:
             groups, self.complete = self.complete, set()
             rows = sorted(i for i in self.results if everything or self._group(i) in groups)
-        for path, run in groupby(enumerate(rows), lambda p: self.redo.get(p[1]) or (
+        for path, run in itertools.groupby(enumerate(rows), lambda p: self.redo.get(p[1]) or (
                 p[1] - p[0], p[1] // self.args.part_rows)):
             run = [i for _, i in run]
             results = [self.results[i] for i in run]  # one no column can hold becomes its error
@@ -2310,10 +2251,8 @@ class PartWriter:
 
 
 # ---- manifest.py: What one run is: the identity a rerun must match, in OUTPUT's manifest.
-# The version of what OUTPUT records (manifest, journal, notes), bumped by any change to them: a
-# rerun (by URL, it may meet any older OUTPUT) of another version is refused in one line.
-MANIFEST_FORMAT = 2  # 2: the parts hold ROW_IDENTITY, which the manifest names, and
-#                      <column>_skipped; a part's note lists its blank rows
+# The version of what OUTPUT records (manifest, journal, notes): another version is refused.
+MANIFEST_FORMAT = 2  # 2: parts hold ROW_IDENTITY and <column>_skipped, notes list blank rows
 
 # Engine flags that change speed and memory, never the text: the rest of the engine is identity
 SPEED_ONLY_ENGINE_FLAGS = set("""gpu-memory-utilization data-parallel-size tensor-parallel-size
@@ -2322,8 +2261,7 @@ SPEED_ONLY_ENGINE_FLAGS = set("""gpu-memory-utilization data-parallel-size tenso
 
 
 def input_identity(args, files: list | None) -> dict:
-    """A Hub dataset at the revision read, or the files read: names, sizes, and hashes but of
-    images (an image replaced is caught by its row's digest: plan_rows)."""
+    """A Hub dataset at its revision, or the files read: names, sizes, hashes (not of images)."""
     if files is None:
         return {"hub": args.input, "revision": hub_dataset_sha(args) or args.revision}
     local, entries, images = Path(args.input).expanduser(), [], image_extensions()
@@ -2342,19 +2280,17 @@ def input_identity(args, files: list | None) -> dict:
 
 
 def hub_dataset_sha(args) -> str | None:
-    try:
+    with contextlib.suppress(Exception):  # offline, or private without a token: datasets says so
         from huggingface_hub import HfApi
 
         return HfApi(token=args.hf_token or None).dataset_info(
             args.input, revision=args.revision, timeout=10).sha
-    except Exception:  # offline, or a private dataset without a token: datasets will say so
-        return None
+    return None
 
 
 def check_context_budget(max_model_len, args, option: str = "--max-model-len in --serve-args"
                          ) -> None:
-    """Image tokens + max_tokens must fit the context (None: unknown), or every page is refused;
-    option: what raises max_model_len (a server's flag, or offline its --llm-kwargs key)."""
+    """Image tokens + max_tokens must fit the context (None: unknown), else every page fails."""
     budget = image_token_budget(args)
     need, room = budget + args.max_tokens, int(max_model_len or 0) - budget
     if max_model_len and need > int(max_model_len):
@@ -2392,8 +2328,7 @@ def run_identity(args, source: InputSource, engine: dict) -> dict:
 
 
 def run_digest(identity: dict, args) -> str:
-    """What the manifest compares (the identity, --max-samples), in 16 hex digits: ocr-jobs.py
-    labels a run's Jobs with it, however its flags were spelled."""
+    """The manifest's identity and --max-samples in 16 hex digits (ocr-jobs.py's Jobs label)."""
     text = json.dumps({"identity": identity, "max_samples": args.max_samples}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -2425,8 +2360,7 @@ def pinned_input(store: "OutputStore", args):
 
 def check_same_run(recorded: dict | None, identity: dict, store: "OutputStore", args,
                    pdf: "PdfPages | None" = None) -> None:
-    """Refused, each difference named, unless OUTPUT's manifest `recorded` (None: rows without
-    one, format 0) is of this MANIFEST_FORMAT and this run."""
+    """Refused, each difference named, unless OUTPUT's manifest is of this format and run."""
     def way_out(restart: str) -> str:  # no --restart deletes other shards' rows
         others = store.other_shards_rows() + store.other_writers() if args.num_shards > 1 else []
         return f"write to a new OUTPUT (other shards' rows are in it: {others[0]}, and a " \
@@ -2485,10 +2419,9 @@ def claim_output(store: "OutputStore", identity: dict, args,
 # ---- stats.py: The run's figures: pages, rates, memory; for --stats-json and the card.
 def proc_bytes(path: str, key: str) -> int | None:
     """A "key: N kB" line of a /proc file (Linux), in bytes; None without it."""
-    try:
+    with contextlib.suppress(OSError, TypeError):  # no such file, or no such line
         return int(re.search(rf"^{key}:\s*(\d+)", Path(path).read_text(), re.M)[1]) * 1024
-    except (OSError, TypeError):
-        return None
+    return None
 
 
 def peak_rss_bytes() -> int:
@@ -2573,9 +2506,7 @@ def rerun_advice() -> str:
 
 
 def jobs_spec() -> dict:
-    """The Jobs image, flavor, timeout and secrets as this script gives them: its header's
-    [tool.hf-jobs] table (what `hf jobs uv run` reads), else its docstring's `hf jobs run`
-    command (an image without uv)."""
+    """Jobs image, flavor, timeout, secrets: the header's [tool.hf-jobs], else its `hf jobs run`."""
     text = ""
     with contextlib.suppress(OSError, NameError):
         text = Path(__file__).read_text(encoding="utf-8")
@@ -2593,10 +2524,7 @@ def jobs_spec() -> dict:
 
 
 def script_url() -> str | None:
-    """The URL of `uv run URL` when this is uv's temp copy of the script (uv, the parent
-    process, still holds it), unless it carries a secret."""
-    import subprocess
-
+    """The URL of `uv run URL` when this is uv's temp copy (uv still holds it), unless secret."""
     if script_name() == Path(sys.argv[0]).name:
         return None
     words: list[str] = []
@@ -2610,8 +2538,7 @@ def script_url() -> str | None:
 
 
 def script_reference(in_card: bool = False) -> str:
-    """The script as a Jobs command names it: its URL when run by URL; else its path as run here,
-    relative to the current folder when inside it (the card: its file name, no local path)."""
+    """The script as a Jobs command names it: its URL, else its path as run (relative if inside)."""
     path = Path(sys.argv[0])
     if (url := script_url()) or in_card:
         return url or script_name()
@@ -2621,8 +2548,7 @@ def script_reference(in_card: bool = False) -> str:
 
 
 def job_arguments(argv: list[str] | None = None) -> list[str]:
-    """This run's arguments for a Job: without secrets (dropped, not masked) nor this machine's
-    options; a local INPUT or OUTPUT is named so (jobs_notes says what to give instead)."""
+    """This run's arguments for a Job: secrets and this machine's options dropped."""
     places, options = [], []
     for name, values, _ in flag_items(redact_argv(_RUN_ARGV if argv is None else argv, None)):
         if name is None:  # INPUT, OUTPUT
@@ -2635,9 +2561,7 @@ def job_arguments(argv: list[str] | None = None) -> list[str]:
 
 
 def jobs_command(argv: list[str] | None = None, in_card: bool = False) -> str:
-    """This run (argv: the run's) as one Hugging Face Job, pasted as printed: the image, flavor,
-    timeout and secrets of jobs_spec() (the flavor of this Job, when it runs on one); the token
-    goes as a Job secret. An image without uv: its docstring's `hf jobs run` form."""
+    """This run as one Hugging Face Job (jobs_spec()'s image, flavor...; the token a Job secret)."""
     spec, script = jobs_spec(), script_reference(in_card)
     head = [word for key in ("flavor", "timeout") if spec.get(key) for word in (
         f"--{key}", os.environ.get("JOB_FLAVOR") or spec[key] if key == "flavor" else spec[key])]
@@ -2692,15 +2616,13 @@ def jobs_notes(argv: list[str] | None = None, in_card: bool = False) -> list[str
 
 
 def jobs_advice(argv: list[str] | None = None) -> str:
-    """The Jobs command for this run and its notes, as a message prints them (the card: the
-    same two, in a code block and a list)."""
+    """The Jobs command for this run and its notes, as a message prints them."""
     return "\n".join([f"  {jobs_command(argv)}", *(f"* {note}" for note in jobs_notes(argv))])
 
 
 # ---- card.py: The dataset card: what ran, on what, with what result; metadata for Hub search.
 def part_note(path: Path, column: str) -> dict:
-    """A part's error rows (row -> kind) and count of text-layer rows: what a rerun and the card
-    read of a part on the Hub."""
+    """A part's error rows (row -> kind) and text-layer row count, as a rerun and the card read."""
     import pyarrow.parquet as pq
 
     names = [column + suffix for suffix in ("", "_error", "_error_kind", "_skipped")]
@@ -2741,9 +2663,8 @@ SIZE_CATEGORIES = ((1_000, "n<1K"), (10_000, "1K<n<10K"), (100_000, "10K<n<100K"
 
 
 def input_license(args, hub: bool) -> str | None:
-    """The licence the input's own card gives (a Hub dataset's, or a README.md beside a local
-    input), for the output's card; None where it says none or cannot be read."""
-    try:
+    """The licence the input's card (Hub, or a local README.md) gives, else None."""
+    with contextlib.suppress(Exception):  # offline, private, an unreadable card: no licence
         from huggingface_hub import DatasetCard, HfApi
 
         if hub:
@@ -2755,13 +2676,11 @@ def input_license(args, hub: bool) -> str | None:
             data = DatasetCard.load(card).data if card.is_file() else None
         licence = getattr(data, "license", None) if data is not None else None
         return licence if isinstance(licence, (str, list)) and licence else None
-    except Exception:  # offline, private, an unreadable card: the card says no licence
-        return None
+    return None
 
 
 def card_metadata(source: InputSource, store: OutputStore, args):
-    """What the Hub's search and filters read from the card's YAML (no `configs:`: a local
-    folder's card must not have one, see REFERENCE)."""
+    """The card's YAML for the Hub's search and filters (no `configs:`, see REFERENCE)."""
     from huggingface_hub import DatasetCardData
 
     rows = sum(stop - start for (start, stop), _ in store.parts())
@@ -2864,8 +2783,7 @@ def option(group, *flags, identity: bool, at_least=None, above=None, **kwargs) -
 
 
 def argument_parser(doc: str, add_shape_arguments) -> argparse.ArgumentParser:
-    """Every option of a script: input and output, its shape's (server or engine), the model's.
-    No abbreviations: `--hf-tok` must not pass for --hf-token and escape redaction."""
+    """Every option of a script; no abbreviations: `--hf-tok` would escape redaction."""
     parser = argparse.ArgumentParser(
         allow_abbrev=False, description=doc.split("\n\n")[0],
         epilog=doc.split("\n\n", 1)[1] + "\n" + EXIT_CODES,
@@ -2912,9 +2830,8 @@ def argument_parser(doc: str, add_shape_arguments) -> argparse.ArgumentParser:
            help="delete this shard's rows in OUTPUT and start over")
     option(group, "--retry-errors", action="store_true", identity=False, help="redo the error rows")
     option(group, "--send-blank", action="store_true", identity=False,
-           help="send blank pages too (no ink found: by default written with an empty text and "
-           "<column>_skipped saying so, never sent); a rerun with it sends the pages an earlier "
-           "run skipped as blank")
+           help="send blank pages too (by default written unsent: an empty text, <column>_skipped "
+           "says so); a rerun with it sends the pages an earlier run skipped as blank")
     option(group, "--private", action="store_true", identity=False, help="create the repo private")
     option(group, "--hf-token", identity=False, help="Hub token (default: HF_TOKEN or your login)")
     option(group, "--work-dir", identity=False, help="staging folder for Hub output")
@@ -2954,8 +2871,7 @@ def argument_word(action: argparse.Action, value) -> str:
 
 
 def parse_arguments(doc: str, argv: list[str] | None, add_shape_arguments, shape_problems):
-    """The run's argv (default: the command line's) parsed, then every argument checked before
-    anything is read, started or created; the shape's own options by shape_problems(args)."""
+    """argv parsed and every argument checked before anything is read, started or created."""
     parser = argument_parser(doc, add_shape_arguments)
     words, argv = list(sys.argv[1:] if argv is None else argv), []
     while words:  # --serve-args "--enforce-eager": one flag as the value (argparse wants =)
@@ -3257,8 +3173,7 @@ MIN_INK_PIXELS = 8  # fewer ink pixels than this (each with two ink neighbours):
 
 
 def judging_grey(img):
-    """The page as grey levels (numpy int16), at most BLANK_JUDGE_SIDE on its long side. An
-    unloaded JPEG is decoded at a DCT scale (1/2, 1/4, 1/8): a fraction of a full decode."""
+    """The page as grey int16 at most BLANK_JUDGE_SIDE long; a JPEG decoded at a DCT scale."""
     import numpy as np
 
     scale = -(-max(img.size) // BLANK_JUDGE_SIDE)
@@ -3285,8 +3200,7 @@ def paper_level(grey):
 
 
 def edge_runs(dark, pad: int = 3):
-    """The dark runs that touch the image's edge, row by row and column by column (a scan's
-    border, even skewed), widened by `pad` over their blurred rim."""
+    """The dark runs touching the edge, per row and column (a scan's border), widened by `pad`."""
     import numpy as np
 
     runs = np.zeros_like(dark)
@@ -3327,12 +3241,9 @@ def is_blank(img) -> bool:
 # The block's imports not already in the common block (see blocks/common/__init__.py).
 import asyncio
 import base64
-import contextlib
 import functools
-import shutil
 import socket
 import ssl
-import subprocess
 import urllib.parse
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -3439,8 +3350,7 @@ sys.exit(server.returncode if server.returncode >= 0 else 128 - server.returncod
 
 
 def relay_log(output, log_file, known: set[str]) -> None:
-    """The server's output into its log, its secrets masked; a line a full disk refuses is lost,
-    so that the server never blocks on its own logging."""
+    """The server's output into its log, secrets masked; never blocking on a full disk."""
     with output, log_file:
         for line in output:
             with contextlib.suppress(OSError):
@@ -3552,8 +3462,7 @@ class ServerManager:
         return None if response.status_code in (200, 404) else f"HTTP {response.status_code}"
 
     async def watch(self, client, stats: RunStats, storm: HeldFailures) -> None:
-        """Stop the run once the server neither passes /health nor answers a page for
-        --server-down-timeout; a page generating on a live server is never cut here."""
+        """Stop the run once the server is down for --server-down-timeout."""
         limit = self.args.server_down_timeout
         every = min(HEALTH_EVERY_S, limit / 4)
         while True:
@@ -3679,8 +3588,7 @@ class ServerManager:
             await asyncio.sleep(1.0)
 
     async def recover(self, client) -> None:
-        """After a connection error: wait for the server, restarting ours if it died. One that
-        stays down is watch()'s to judge, as one that hangs: exit 4 either way."""
+        """After a connection error: wait for the server, restarting ours if it died."""
         async with self._lock:
             if await self.probe(client, starting=False) == "ready":
                 return
@@ -3740,8 +3648,7 @@ def request_body(page: PreparedPage, model_name: str, args) -> bytes:
 
 
 def loop_retry_body(body: bytes, model_name: str, args, seed: int, previous: int | None) -> bytes:
-    """`body` (sent with seed `previous`) again with the retry's temperature and seed: its image
-    URL is cut out of the bytes, so the page is neither kept decoded nor encoded twice."""
+    """`body` again with the retry's temperature and seed, its image URL cut out of the bytes."""
     head, tail = request_json(model_name, args, previous)
     new_head, new_tail = request_json(model_name, args, seed)
     with memoryview(body) as view:
@@ -3830,8 +3737,7 @@ async def send_page(client, server: "ServerManager", body: bytes, args) -> RowRe
 
 # ---- pipeline.py: The send loop: a window of pages in flight over a client group.
 class ClientGroup(contextlib.AsyncExitStack):
-    """httpx clients behind one `post`/`get`, each with at most 16 requests: httpx scans its whole
-    pool on each request (256 in one pool cost 14-16 ms of driver CPU per page, 4-5 ms at 32)."""
+    """httpx clients of at most 16 requests each: httpx scans its whole pool per request."""
 
     def __init__(self, **client_kwargs):
         super().__init__()  # closes every client on exit
@@ -3857,8 +3763,7 @@ PAGES_PER_ENGINE = 32  # the measured window: on l4x1 the KV cache was under 10%
 
 
 class Window:
-    """Pages in flight, taken before a page is prepared, given back when its answer is in. This
-    one stays at --concurrency; a -saturate.py script's AdaptiveWindow adapts."""
+    """Pages in flight, at most --concurrency (AdaptiveWindow adapts)."""
 
     def __init__(self, args, run):
         self.limit, self.used, self.preparing = max(1, args.concurrency or PAGES_PER_ENGINE), 0, 0

@@ -25,8 +25,7 @@ MIN_INK_PIXELS = 8  # fewer ink pixels than this (each with two ink neighbours):
 
 
 def judging_grey(img):
-    """The page as grey levels (numpy int16), at most BLANK_JUDGE_SIDE on its long side. An
-    unloaded JPEG is decoded at a DCT scale (1/2, 1/4, 1/8): a fraction of a full decode."""
+    """The page as grey int16 at most BLANK_JUDGE_SIDE long; a JPEG decoded at a DCT scale."""
     import numpy as np
 
     scale = -(-max(img.size) // BLANK_JUDGE_SIDE)
@@ -53,8 +52,7 @@ def paper_level(grey):
 
 
 def edge_runs(dark, pad: int = 3):
-    """The dark runs that touch the image's edge, row by row and column by column (a scan's
-    border, even skewed), widened by `pad` over their blurred rim."""
+    """The dark runs touching the edge, per row and column (a scan's border), widened by `pad`."""
     import numpy as np
 
     runs = np.zeros_like(dark)

@@ -8,9 +8,7 @@ line on) into the scripts that carry it.
 # ==== BEGIN GROUNDING HELPERS (edit blocks/grounding.py, then run tools/sync_helpers.py) ====
 # For the model sections that parse boxes out of their model's answer.
 def block_box(values, top: int) -> list[int] | None:
-    """A parsed box as four ints in [0, top], or None: a degenerate output's 99999999999 or
-    a missing coordinate must not reach the int32 box column (it would make the part
-    unwritable). Takes strings or numbers; never raises."""
+    """A parsed box as four ints in [0, top], or None (never an int32 overflow); never raises."""
     try:
         numbers = [float(v) for v in values]
     except (TypeError, ValueError, OverflowError):

@@ -6,8 +6,11 @@ from its model section (blocks/model.py) or an earlier block.
 
 import argparse
 import contextlib
+import itertools
 import json
 import os
+import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -26,13 +29,9 @@ from blocks.model import (
 )
 
 # ==== BEGIN OFFLINE HELPERS (edit blocks/offline.py, then run tools/sync_helpers.py) ====
-# vllm.LLM in fixed batches. The model section provides LLM_KWARGS, CHAT_KWARGS,
-# build_messages(), sampling_kwargs(), VLLM_REQUIREMENT; the common block provides the rest.
+# vllm.LLM in fixed batches, with the model section's LLM_KWARGS, CHAT_KWARGS, build_messages().
 import base64
-import itertools
-import shutil
 import site
-import subprocess
 from concurrent.futures import ThreadPoolExecutor
 
 for _extra_site in filter(None, os.environ.get("OCR_SCRIPT_EXTRA_SITE", "").split(os.pathsep)):
@@ -47,10 +46,8 @@ def gpu_visible() -> bool:
 
 
 def ensure_vllm(argv: list[str]) -> None:
-    """Before the input is read and the repo created: vllm importable here (a CPU build too),
-    else this script again under the machine's Python that has it (the vLLM image's: no second
-    vllm and torch), else under uv with vllm where a GPU is visible; else exit 2: the Jobs
-    command."""
+    """Before anything is read or created: vllm here, else this script under the Python that has
+    it (the vLLM image's), else under uv with vllm where a GPU is; else exit 2 with Jobs advice."""
     import importlib.util
 
     with contextlib.suppress(ImportError, ValueError):
@@ -82,8 +79,7 @@ def effective_llm_kwargs(args) -> dict:
 
 
 def generate_batch(llm, sampling, items: list, args, held: HeldFailures) -> list[tuple]:
-    """[(result, the exception's name when it counts in the streak)]; a batch that raises is split
-    until the bad row is alone. A ValueError is that page's input refused, like a server's 400."""
+    """[(result, counted exception name)]; a raising batch is split till the bad row is alone."""
     try:
         urls = [f"data:{page.mime};base64,{base64.b64encode(page.data).decode()}"
                 for _, page in items]

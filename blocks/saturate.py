@@ -19,8 +19,7 @@ from blocks.server.process import ServerManager
 from blocks.server.serve_args import serve_arg_value
 
 # ==== BEGIN SATURATE HELPERS (edit blocks/saturate.py, then run tools/sync_helpers.py) ====
-# The adaptive window of the -saturate.py scripts (read from vLLM's /metrics), its telemetry and
-# options; the API servers of a server they start. A model section may set API_SERVER_COUNT.
+# The adaptive window (read from vLLM's /metrics), its telemetry and options; the API servers.
 API_SERVER_COUNT = globals().get("API_SERVER_COUNT", 1)  # a model section's measured count
 API_SERVERS_MIN_CPUS = 12  # where more API servers helped (one preprocesses on one core); on
 # smaller flavors they ran out of memory
@@ -51,14 +50,12 @@ def parse_metrics(text: str) -> dict:
     return out
 
 
-# the best tokens/s seen shrinks by this much a sample: growth stops when tokens/s fall, but
-# a burst of short pages early on does not stop it for the rest of the run
+# the best tokens/s decays by this a sample: an early burst of short pages does not stop growth
 RATE_MEMORY = 0.9
 
 
 class AdaptiveWindow(Window):
-    """Starts at --min-window, grows while the engine has no queue and tokens/s rise, shrinks
-    when requests wait or the KV cache is near full, within the host-memory budget."""
+    """Grows while tokens/s rise with no queue; shrinks on a queue or a near-full KV cache."""
 
     def __init__(self, args, run):
         super().__init__(args, run)
@@ -138,8 +135,7 @@ class AdaptiveWindow(Window):
                 "bound_by": self.samples[-1]}) + "\n")
 
     async def tick(self, metrics: dict, rate: float) -> None:
-        """One decision. Continuous batching always keeps a few requests waiting for their
-        prefill; a queue is "long" only when as many wait as run."""
+        """One decision; a queue is "long" only when as many wait as run."""
         limit, cap = self.limit, self.memory_cap()
         waiting, running, kv = metrics.get("waiting"), metrics.get("running") or 0, \
             metrics.get("kv") or 0
@@ -179,8 +175,7 @@ class AdaptiveWindow(Window):
             self.resize(new)
 
     def summary(self) -> dict:
-        """The stats: bound_by is the most frequent verdict of the steady state; "window" (full,
-        no queue, still growing) counts as the engine only when nothing else was seen."""
+        """The stats; bound_by: the steady state's commonest verdict ("window" only if alone)."""
         steady = [s for s in self.samples if s not in ("start", "tail")]
         bounded = [s for s in steady if s != "window"] or ["engine"]
         bound_by = max(set(bounded), key=bounded.count) if steady else \

@@ -7,24 +7,31 @@ line). A module's docstring and its imports from blocks/ stay out of the scripts
 and the tests where each name comes from (the model section's names from blocks/model.py).
 """
 
-# The block's imports, once for all its modules (ruff, on every script, finds one missing
-# or unused); each module also imports, below its docstring, what it uses.
+# The imports of all the block's modules (ruff checks them on every script).
 import argparse
 import contextlib
+import ctypes
 import hashlib
 import io
+import itertools
 import json
 import math
+import multiprocessing
 import os
+import queue
 import random
 import resource
 import shlex
+import shutil
 import signal
+import subprocess
 import sys
+import tempfile
 import threading
 import time
 import warnings
 import zlib
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 

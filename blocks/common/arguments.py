@@ -22,8 +22,7 @@ def option(group, *flags, identity: bool, at_least=None, above=None, **kwargs) -
 
 
 def argument_parser(doc: str, add_shape_arguments) -> argparse.ArgumentParser:
-    """Every option of a script: input and output, its shape's (server or engine), the model's.
-    No abbreviations: `--hf-tok` must not pass for --hf-token and escape redaction."""
+    """Every option of a script; no abbreviations: `--hf-tok` would escape redaction."""
     parser = argparse.ArgumentParser(
         allow_abbrev=False, description=doc.split("\n\n")[0],
         epilog=doc.split("\n\n", 1)[1] + "\n" + EXIT_CODES,
@@ -70,9 +69,8 @@ def argument_parser(doc: str, add_shape_arguments) -> argparse.ArgumentParser:
            help="delete this shard's rows in OUTPUT and start over")
     option(group, "--retry-errors", action="store_true", identity=False, help="redo the error rows")
     option(group, "--send-blank", action="store_true", identity=False,
-           help="send blank pages too (no ink found: by default written with an empty text and "
-           "<column>_skipped saying so, never sent); a rerun with it sends the pages an earlier "
-           "run skipped as blank")
+           help="send blank pages too (by default written unsent: an empty text, <column>_skipped "
+           "says so); a rerun with it sends the pages an earlier run skipped as blank")
     option(group, "--private", action="store_true", identity=False, help="create the repo private")
     option(group, "--hf-token", identity=False, help="Hub token (default: HF_TOKEN or your login)")
     option(group, "--work-dir", identity=False, help="staging folder for Hub output")
@@ -112,8 +110,7 @@ def argument_word(action: argparse.Action, value) -> str:
 
 
 def parse_arguments(doc: str, argv: list[str] | None, add_shape_arguments, shape_problems):
-    """The run's argv (default: the command line's) parsed, then every argument checked before
-    anything is read, started or created; the shape's own options by shape_problems(args)."""
+    """argv parsed and every argument checked before anything is read, started or created."""
     parser = argument_parser(doc, add_shape_arguments)
     words, argv = list(sys.argv[1:] if argv is None else argv), []
     while words:  # --serve-args "--enforce-eager": one flag as the value (argparse wants =)

@@ -1,5 +1,6 @@
 """The dataset card: what ran, on what, with what result; metadata for Hub search."""
 
+import contextlib
 import json
 import os
 import shlex
@@ -15,8 +16,7 @@ from blocks.common.store import OutputStore
 from blocks.model import JOB_IMAGE, MODEL_ID, SCRIPT_SHAPE
 
 def part_note(path: Path, column: str) -> dict:
-    """A part's error rows (row -> kind) and count of text-layer rows: what a rerun and the card
-    read of a part on the Hub."""
+    """A part's error rows (row -> kind) and text-layer row count, as a rerun and the card read."""
     import pyarrow.parquet as pq
 
     names = [column + suffix for suffix in ("", "_error", "_error_kind", "_skipped")]
@@ -57,9 +57,8 @@ SIZE_CATEGORIES = ((1_000, "n<1K"), (10_000, "1K<n<10K"), (100_000, "10K<n<100K"
 
 
 def input_license(args, hub: bool) -> str | None:
-    """The licence the input's own card gives (a Hub dataset's, or a README.md beside a local
-    input), for the output's card; None where it says none or cannot be read."""
-    try:
+    """The licence the input's card (Hub, or a local README.md) gives, else None."""
+    with contextlib.suppress(Exception):  # offline, private, an unreadable card: no licence
         from huggingface_hub import DatasetCard, HfApi
 
         if hub:
@@ -71,13 +70,11 @@ def input_license(args, hub: bool) -> str | None:
             data = DatasetCard.load(card).data if card.is_file() else None
         licence = getattr(data, "license", None) if data is not None else None
         return licence if isinstance(licence, (str, list)) and licence else None
-    except Exception:  # offline, private, an unreadable card: the card says no licence
-        return None
+    return None
 
 
 def card_metadata(source: InputSource, store: OutputStore, args):
-    """What the Hub's search and filters read from the card's YAML (no `configs:`: a local
-    folder's card must not have one, see REFERENCE)."""
+    """The card's YAML for the Hub's search and filters (no `configs:`, see REFERENCE)."""
     from huggingface_hub import DatasetCardData
 
     rows = sum(stop - start for (start, stop), _ in store.parts())

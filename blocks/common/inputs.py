@@ -5,6 +5,7 @@ import json
 import os
 import re
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,10 +19,7 @@ REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
 
 
 def script_name() -> str:
-    """This script's file name, also as uv's temp copy for `uv run URL` (<stem> and six random
-    letters and digits, one a capital or a digit): a rerun by URL is the same run."""
-    import tempfile
-
+    """This script's file name, also as uv's temp copy for `uv run URL` (<stem> + 6 chars)."""
     path = Path(sys.argv[0])
     copy = path.resolve().parent == Path(tempfile.gettempdir()).resolve() and re.fullmatch(
         r".+(?=[a-z]*[A-Z0-9])[A-Za-z0-9]{6}\.py", path.name)
@@ -65,8 +63,7 @@ _RESOLVED_REVISIONS: dict = {}
 
 
 def resolved_revision(args) -> str | None:
-    """The commit sha of the weights this run loads, asked once: a full sha stands for itself;
-    None for a local folder, or when the Hub cannot be asked."""
+    """The commit sha of the weights loaded, asked once; None for a folder or an unreachable Hub."""
     requested = requested_revision(args)
     key = (args.model, requested)
     if key not in _RESOLVED_REVISIONS:
@@ -113,8 +110,7 @@ def _by_datasets(what: str, read, *args, **kwargs):
 
 
 def _split_of(splits: dict, what: str, args, configs: bool = False):
-    """splits[--split], the default (train) taking a lone split of any name; a --split or a
-    --config that INPUT cannot honour is refused, never ignored."""
+    """splits[--split] (default: a lone split); an unhonoured --split or --config fails."""
     lone = next(iter(splits)) if len(splits) == 1 else None
     split = lone if lone and args.split == "train" else args.split
     if not configs and args.config not in (None, "", "default"):
@@ -140,16 +136,14 @@ def check_output_outside_input(args) -> None:
 
 
 def image_extensions() -> set[str]:
-    """The files of a folder that are images: those `datasets`' imagefolder reads (.jfif, .ppm
-    from a scanner...), so that none is left out."""
+    """The image extensions `datasets`' imagefolder reads (.jfif, .ppm...), so none is left out."""
     from datasets.packaged_modules.imagefolder.imagefolder import ImageFolder
 
     return {extension.lower() for extension in ImageFolder.EXTENSIONS}
 
 
 def _walk_folder(root: Path, args) -> list[Path]:
-    """Every file under root, in path order: symlinked folders followed, each real folder once
-    (not a loop, not OUTPUT); hidden names (.git, macOS ._x) left out, as `datasets` does."""
+    """Every file under root, sorted: symlinks followed, each real folder once, no hidden names."""
     seen = {os.path.realpath(root), os.path.realpath(Path(args.output).expanduser())}
     files = []
     for folder, dirs, names in os.walk(root, followlinks=True, onerror=lambda exc: fail(
@@ -162,8 +156,7 @@ def _walk_folder(root: Path, args) -> list[Path]:
 
 
 def _read_metadata(root: Path, metadata_files: list[Path], relative: list[str]):
-    """imagefolder's metadata files (`file_name` relative to their folder) as one row per image:
-    the first row naming an image counts; an image named in none has empty metadata."""
+    """imagefolder's metadata as one row per image (the first naming it counts; else empty)."""
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.dataset as pads
@@ -230,8 +223,7 @@ def _load_tables(reader: str, data_files: dict, what: str, args, configs: bool =
 
 
 def _load_local_dataset(path: Path, args):
-    """A local INPUT as what it is (a table, a saved dataset, a folder of tables or of scans),
-    never two at once; with the files it is read from."""
+    """A local INPUT as what it is (table, saved dataset, folder), with the files it reads."""
     import datasets
 
     if path.suffix.lower() == ".pdf" and path.is_file():
@@ -256,8 +248,7 @@ def _load_local_dataset(path: Path, args):
     if images:
         _split_of({"train": None}, f"folder {path}", args)
         return _image_folder(path, images, metadata), sorted(images + metadata)
-    # else a folder of tables as `datasets.load_dataset(folder)` reads it (a Hub snapshot,
-    # configs), or says that it holds no data files
+    # else a folder of tables, as `datasets.load_dataset(folder)` reads it (or finds none)
     builder = _by_datasets(f"{path}" + " (--config NAME picks a config)" * bool(files),
                            datasets.load_dataset_builder, str(path), args.config)
     return _load_tables(str(path), builder.config.data_files or {},
@@ -288,8 +279,7 @@ def _check_image_column(ds, column: str, lo: int, hi: int) -> None:
 
 
 def _load_hub_split(args):
-    """The Hub dataset's split; `datasets` refuses one of no rows ("... corresponds to no
-    data"): read as empty, as a local one is."""
+    """The Hub dataset's split; one of no rows ("corresponds to no data") read as empty."""
     import datasets
 
     try:
@@ -339,8 +329,7 @@ def open_input(args) -> InputSource:
         return InputSource(ds, args.image_column, description, lo, hi, rows_full, files=files)
     pages = count_pdf_pages(ds, pdf_column, args)
     pages.per_document = bool(args.per_document)
-    # the output names each document (a folder's file_name does), never its bytes; the name is
-    # added before the PDF column goes (a dataset of no columns has no rows)
+    # a document's name, not its bytes, goes out (added first: no columns would be no rows)
     named = "file_name" in ds.column_names
     shown = ds.add_column(" name", pages.names).remove_columns([pdf_column, *[" name"] * named])
     shown = shown if named else shown.rename_column(" name", pdf_column)
@@ -357,15 +346,11 @@ def check_output_columns(source: InputSource, args) -> None:
              f"them, or --output-column NAME")
 
 
-# RowResult's fields that are result columns, and their type: `text` is the output column, the
-# others <column>_<field>; after them come EXTRA_COLUMNS, then the PDF text columns of this run
+# RowResult's result columns and types: `text` is the output column, the others <column>_<field>
 RESULT_FIELDS = {"text": "string", "error": "string", "error_kind": "string",
                  "finish_reason": "string", "prompt_tokens": "int32", "completion_tokens": "int32",
                  "attempts": "int32", "skipped": "string"}
-
-
-# The column naming what each row was made from: row_identity(); a stacked run keeps its input's
-ROW_IDENTITY = "input_digest"
+ROW_IDENTITY = "input_digest"  # row_identity()'s column; a stacked run keeps its input's
 
 
 def result_column_names(column: str) -> list[str]:

@@ -5,6 +5,7 @@ import json
 import os
 import re
 import shlex
+import subprocess
 import sys
 from pathlib import Path
 
@@ -21,9 +22,7 @@ def rerun_advice() -> str:
 
 
 def jobs_spec() -> dict:
-    """The Jobs image, flavor, timeout and secrets as this script gives them: its header's
-    [tool.hf-jobs] table (what `hf jobs uv run` reads), else its docstring's `hf jobs run`
-    command (an image without uv)."""
+    """Jobs image, flavor, timeout, secrets: the header's [tool.hf-jobs], else its `hf jobs run`."""
     text = ""
     with contextlib.suppress(OSError, NameError):
         text = Path(__file__).read_text(encoding="utf-8")
@@ -41,10 +40,7 @@ def jobs_spec() -> dict:
 
 
 def script_url() -> str | None:
-    """The URL of `uv run URL` when this is uv's temp copy of the script (uv, the parent
-    process, still holds it), unless it carries a secret."""
-    import subprocess
-
+    """The URL of `uv run URL` when this is uv's temp copy (uv still holds it), unless secret."""
     if script_name() == Path(sys.argv[0]).name:
         return None
     words: list[str] = []
@@ -58,8 +54,7 @@ def script_url() -> str | None:
 
 
 def script_reference(in_card: bool = False) -> str:
-    """The script as a Jobs command names it: its URL when run by URL; else its path as run here,
-    relative to the current folder when inside it (the card: its file name, no local path)."""
+    """The script as a Jobs command names it: its URL, else its path as run (relative if inside)."""
     path = Path(sys.argv[0])
     if (url := script_url()) or in_card:
         return url or script_name()
@@ -69,8 +64,7 @@ def script_reference(in_card: bool = False) -> str:
 
 
 def job_arguments(argv: list[str] | None = None) -> list[str]:
-    """This run's arguments for a Job: without secrets (dropped, not masked) nor this machine's
-    options; a local INPUT or OUTPUT is named so (jobs_notes says what to give instead)."""
+    """This run's arguments for a Job: secrets and this machine's options dropped."""
     places, options = [], []
     for name, values, _ in flag_items(redact_argv(_RUN_ARGV if argv is None else argv, None)):
         if name is None:  # INPUT, OUTPUT
@@ -83,9 +77,7 @@ def job_arguments(argv: list[str] | None = None) -> list[str]:
 
 
 def jobs_command(argv: list[str] | None = None, in_card: bool = False) -> str:
-    """This run (argv: the run's) as one Hugging Face Job, pasted as printed: the image, flavor,
-    timeout and secrets of jobs_spec() (the flavor of this Job, when it runs on one); the token
-    goes as a Job secret. An image without uv: its docstring's `hf jobs run` form."""
+    """This run as one Hugging Face Job (jobs_spec()'s image, flavor...; the token a Job secret)."""
     spec, script = jobs_spec(), script_reference(in_card)
     head = [word for key in ("flavor", "timeout") if spec.get(key) for word in (
         f"--{key}", os.environ.get("JOB_FLAVOR") or spec[key] if key == "flavor" else spec[key])]
@@ -140,6 +132,5 @@ def jobs_notes(argv: list[str] | None = None, in_card: bool = False) -> list[str
 
 
 def jobs_advice(argv: list[str] | None = None) -> str:
-    """The Jobs command for this run and its notes, as a message prints them (the card: the
-    same two, in a code block and a list)."""
+    """The Jobs command for this run and its notes, as a message prints them."""
     return "\n".join([f"  {jobs_command(argv)}", *(f"* {note}" for note in jobs_notes(argv))])

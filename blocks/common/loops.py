@@ -79,8 +79,7 @@ def kept_attempt(kept: "RowResult", retry: "RowResult") -> "RowResult":
 
 
 class DegenerateCheck:
-    """Stops the run when the first pages (at least 3) all came back broken, were sent again or
-    were refused: a wrong model / image pair looks like normal load from outside."""
+    """Stops the run when the first pages (at least 3) all came back broken, resent or refused."""
 
     def __init__(self, enabled: bool, pages: int, send: list):
         self.pages, self.seen, self.broken, self.cut = max(3, pages), 0, 0, 0
@@ -113,7 +112,6 @@ class DegenerateCheck:
             if self.cut else f"; the last refusal: {self.error[:300]}" if self.error else ""
         raise RunAborted(
             f"the first {self.seen} pages all came back degenerate (empty, looping, cut or "
-            f"refused){cut}: "
-            f"a wrong model / engine pair looks like this (validated: {MODEL_ID} on {JOB_IMAGE})."
-            f" Check --model and the image, or pass --no-sanity-check to write such output "
-            f"anyway.", code=EXIT_DEGENERATE)
+            f"refused){cut}: a wrong model / engine pair looks like this (validated: {MODEL_ID} "
+            f"on {JOB_IMAGE}). Check --model and the image, or pass --no-sanity-check to write "
+            f"such output anyway.", code=EXIT_DEGENERATE)

@@ -17,10 +17,8 @@ from blocks.common.secrets import redact_value
 from blocks.common.store import OutputStore
 from blocks.model import image_token_budget, inference_settings, JOB_IMAGE, SCRIPT_SHAPE
 
-# The version of what OUTPUT records (manifest, journal, notes), bumped by any change to them: a
-# rerun (by URL, it may meet any older OUTPUT) of another version is refused in one line.
-MANIFEST_FORMAT = 2  # 2: the parts hold ROW_IDENTITY, which the manifest names, and
-#                      <column>_skipped; a part's note lists its blank rows
+# The version of what OUTPUT records (manifest, journal, notes): another version is refused.
+MANIFEST_FORMAT = 2  # 2: parts hold ROW_IDENTITY and <column>_skipped, notes list blank rows
 
 # Engine flags that change speed and memory, never the text: the rest of the engine is identity
 SPEED_ONLY_ENGINE_FLAGS = set("""gpu-memory-utilization data-parallel-size tensor-parallel-size
@@ -29,8 +27,7 @@ SPEED_ONLY_ENGINE_FLAGS = set("""gpu-memory-utilization data-parallel-size tenso
 
 
 def input_identity(args, files: list | None) -> dict:
-    """A Hub dataset at the revision read, or the files read: names, sizes, and hashes but of
-    images (an image replaced is caught by its row's digest: plan_rows)."""
+    """A Hub dataset at its revision, or the files read: names, sizes, hashes (not of images)."""
     if files is None:
         return {"hub": args.input, "revision": hub_dataset_sha(args) or args.revision}
     local, entries, images = Path(args.input).expanduser(), [], image_extensions()
@@ -49,19 +46,17 @@ def input_identity(args, files: list | None) -> dict:
 
 
 def hub_dataset_sha(args) -> str | None:
-    try:
+    with contextlib.suppress(Exception):  # offline, or private without a token: datasets says so
         from huggingface_hub import HfApi
 
         return HfApi(token=args.hf_token or None).dataset_info(
             args.input, revision=args.revision, timeout=10).sha
-    except Exception:  # offline, or a private dataset without a token: datasets will say so
-        return None
+    return None
 
 
 def check_context_budget(max_model_len, args, option: str = "--max-model-len in --serve-args"
                          ) -> None:
-    """Image tokens + max_tokens must fit the context (None: unknown), or every page is refused;
-    option: what raises max_model_len (a server's flag, or offline its --llm-kwargs key)."""
+    """Image tokens + max_tokens must fit the context (None: unknown), else every page fails."""
     budget = image_token_budget(args)
     need, room = budget + args.max_tokens, int(max_model_len or 0) - budget
     if max_model_len and need > int(max_model_len):
@@ -99,8 +94,7 @@ def run_identity(args, source: InputSource, engine: dict) -> dict:
 
 
 def run_digest(identity: dict, args) -> str:
-    """What the manifest compares (the identity, --max-samples), in 16 hex digits: ocr-jobs.py
-    labels a run's Jobs with it, however its flags were spelled."""
+    """The manifest's identity and --max-samples in 16 hex digits (ocr-jobs.py's Jobs label)."""
     text = json.dumps({"identity": identity, "max_samples": args.max_samples}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -132,8 +126,7 @@ def pinned_input(store: "OutputStore", args):
 
 def check_same_run(recorded: dict | None, identity: dict, store: "OutputStore", args,
                    pdf: "PdfPages | None" = None) -> None:
-    """Refused, each difference named, unless OUTPUT's manifest `recorded` (None: rows without
-    one, format 0) is of this MANIFEST_FORMAT and this run."""
+    """Refused, each difference named, unless OUTPUT's manifest is of this format and run."""
     def way_out(restart: str) -> str:  # no --restart deletes other shards' rows
         others = store.other_shards_rows() + store.other_writers() if args.num_shards > 1 else []
         return f"write to a new OUTPUT (other shards' rows are in it: {others[0]}, and a " \

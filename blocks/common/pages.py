@@ -50,18 +50,14 @@ def input_digest(data: bytes) -> str:
 
 
 def hub_download_folder(repo: str) -> Path:
-    """Where huggingface_hub keeps a dataset repo's files (`datasets` downloads a repo of plain
-    image or PDF files there, its cells naming them); links resolved."""
+    """Where huggingface_hub keeps a dataset repo's files (its path cells name them)."""
     from huggingface_hub.constants import HF_HUB_CACHE
 
     return Path(os.path.realpath(HF_HUB_CACHE)) / f"datasets--{repo.replace('/', '--')}"
 
 
 def _resolve_image_path(value: str) -> Path:
-    """The file a path cell of the image or PDF column names, the one judge of it. A local
-    INPUT's: as written, else relative to INPUT's folder. A Hub INPUT's: only a file `datasets`
-    downloaded for that dataset, links followed (PageError: a dataset from elsewhere must not
-    make the script read, send and publish a file of this machine)."""
+    """The file a path cell names; a Hub INPUT's: only its downloads (no file of this machine)."""
     if _HUB_FILES:
         real = Path(os.path.realpath(value))  # relative: to no folder of the dataset's
         if _HUB_FILES[0] not in real.parents:
@@ -74,8 +70,7 @@ def _resolve_image_path(value: str) -> Path:
 
 
 def cell_source(cell) -> tuple:
-    """(its bytes, else the file to read, else None; the path as the cell names it) of an image
-    or PDF cell: bytes, a {bytes, path} struct or a path string (PageError: a path not read)."""
+    """(bytes, else the file, else None; the cell's path) of an image or PDF cell (PageError)."""
     data, path = (cell.get("bytes"), cell.get("path")) if isinstance(cell, dict) else (cell, None)
     if isinstance(data, str):
         data, path = None, data
@@ -100,8 +95,7 @@ def read_cell_bytes(cell) -> bytes:
 
 
 def flatten(img):
-    """Any PIL mode as grey or RGB, by strips (a giant scan's full copies took gigabytes): 16-bit
-    and float scans as grey rescaled by their bit depth, alpha on white, palettes expanded."""
+    """Any PIL mode as grey or RGB, by strips; 16-bit and float rescaled, alpha on white."""
     import numpy as np
     from PIL import Image
 
@@ -132,8 +126,7 @@ warnings.filterwarnings("ignore", module="PIL")  # its size and EXIF notes: the 
 
 
 def prepare_page(cell, args=None, decode: bool = True) -> PreparedPage | None:
-    """The bytes to send for one cell at the size args ask (PageError: no page; decode=False:
-    None rather than pixel work). A JPEG or PNG that needs no change is sent as it is."""
+    """The bytes to send for one cell at the size args ask; a JPEG or PNG unchanged as it is."""
     from PIL import Image, ImageOps
 
     raw = read_cell_bytes(cell)
@@ -191,8 +184,7 @@ def sent_size(width: float, height: float, args, pixels: float = 0) -> tuple[int
 
 
 def encode_page(img, size: tuple[int, int]) -> tuple:
-    """(data, mime, width, height) of img resized by the model's own filter, as PNG for models
-    trained on PNG renders (PAGE_FORMAT "png"), else as JPEG quality 95."""
+    """(data, mime, width, height): resized by the model's filter, PNG or JPEG quality 95."""
     from PIL import Image
 
     if img.size != size:

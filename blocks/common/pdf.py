@@ -1,8 +1,11 @@
 """PDF documents: a row per page, counted unrendered, rendered in their own process."""
 
 import contextlib
+import ctypes
 import hashlib
+import multiprocessing
 import os
+import queue
 import re
 import signal
 import sys
@@ -17,16 +20,14 @@ from blocks.common.pages import (
     sent_size,
 )
 
-# One output row per page; a page is rendered once, at the size the model wants, in a worker
-# process (PDFium is not thread-safe, and a page that hangs or crashes it must not take the run).
-
+# In worker processes: PDFium is not thread-safe, and a page that hangs or crashes it must not
+# take the run.
 PDF_MIN_DPI, PDF_MAX_DPI = 72, 400
 PDF_COLUMNS = {"page_number": "int32", "page_count": "int32"}
 
 
 def find_pdf_column(ds, args) -> str | None:
-    """--pdf-column; else the `datasets.Pdf` column, the folder reader's `pdf`, or the image
-    column if its first cells are PDFs (bytes starting %PDF-, or paths to PDF files)."""
+    """--pdf-column; else a `datasets.Pdf` column, `pdf`, or the image column if it holds PDFs."""
     import datasets
 
     typed = [name for name, feature in ds.features.items()
@@ -96,8 +97,7 @@ class PdfPages:
     digests: dict = field(default_factory=dict)  # doc row -> input_digest(): see digest()
 
     def fingerprint(self, docs: int | None = None) -> dict:
-        """The first `docs` documents' pages, each file's size and file_tail(): a PDF replaced
-        is another run; a rerun over more documents compares the first ones."""
+        """The first `docs` documents' pages, sizes and file_tail()s."""
         docs = len(self.names) if docs is None else min(docs, len(self.names))
         end = self.first_row(docs)
         digest = hashlib.sha256(self.doc[:end].tobytes() + self.number[:end].tobytes() +
@@ -220,16 +220,12 @@ class PdfRenderer:
     """Render processes, thread-safe: a page that hangs or crashes one is its error row."""
 
     def __init__(self, pdf: PdfPages, args):
-        import queue
-
         self.pdf, self.args, self.idle, self.driver = pdf, args, queue.Queue(), os.getpid()
         self.busy, self.closed = set(), False  # close() kills a busy one too: no wait at exit
         for _ in range(max(1, args.pdf_workers)):
             self._start()
 
     def _start(self) -> None:
-        import multiprocessing
-
         ours, theirs = multiprocessing.Pipe()  # forked: the child reads the input as it is
         process = multiprocessing.get_context("fork").Process(target=self._serve,
                                                               args=(theirs,), daemon=True)
@@ -239,8 +235,6 @@ class PdfRenderer:
 
     def _serve(self, conn) -> None:
         """A render process: (row, page) in, page fields or an error out; dies with the driver."""
-        import ctypes
-
         import pypdfium2 as pdfium
 
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
@@ -270,8 +264,6 @@ class PdfRenderer:
     def render(self, page: PdfPage) -> PreparedPage:
         if page.doc_row in self.pdf.errors:
             raise PageError(self.pdf.errors[page.doc_row])
-        import queue
-
         while True:  # a worker, unless the run is over (close: none comes back)
             with contextlib.suppress(queue.Empty):
                 process, pipe = self.idle.get(timeout=1.0)

@@ -96,10 +96,8 @@ class RowPlan:
 
 def rows_to_redo(note: dict, lo: int, hi: int, retry_errors: bool = False,
                  send_blank: bool = False) -> list[int]:
-    """The rows in [lo, hi) of a part a rerun sends again, from its note: the rows the server
-    failed (every error row with --retry-errors), the blank ones with --send-blank. ocr-jobs.py
-    runs this very function, read from the script, to judge a shard done: it reads only its
-    arguments and the script's literal constants (SERVER)."""
+    """The rows in [lo, hi) a rerun sends again, from a part's note. ocr-jobs.py runs this very
+    function, read from the script: it reads only its arguments and literal constants (SERVER)."""
     again = [int(row) for row, kind in note["errors"].items()
              if (kind == SERVER or retry_errors) and lo <= int(row) < hi]
     return again + ([row for row in note.get("blank", []) if lo <= row < hi] if send_blank else [])

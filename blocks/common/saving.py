@@ -2,12 +2,14 @@
 
 import contextlib
 import io
+import itertools
 import json
 import os
 import re
 import threading
 import time
 import warnings
+from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
@@ -32,8 +34,7 @@ PART_NAME = re.compile(r"^part-(\d{9})-(\d{9})\.parquet$")
 
 
 class HeldFailures:
-    """Rows the server (engine) failed, held until a page is answered: `pages` in a row over
-    `seconds`, or none answered in the run, stop it."""
+    """Server failures held until a page is answered; too many in a row stop the run."""
 
     def __init__(self, who: str, pages: int, seconds: float, streak: str):
         self.who, self.pages, self.seconds, self.streak = who, pages, seconds, streak
@@ -49,8 +50,7 @@ class HeldFailures:
                       f"(last: {result.error[:300]})")
 
     def at_end(self, writer: "PartWriter") -> None:
-        """Write the rows held, or refuse a run that answered none (rows redone excepted: a page
-        the server always fails must not make every rerun exit 4)."""
+        """Write the rows held, or refuse a run that answered none (redone rows excepted)."""
         if not self.answered and any(i not in writer.redo for i, _ in self.held):
             self.stop(f"no page of this run was answered: {len(self.held)} failed on the "
                       f"{self.who}'s side (last: {self.held[-1][1].error[:300]})")
@@ -65,8 +65,7 @@ class HeldFailures:
 
 def finish_row(writer: "PartWriter", stats: "RunStats", held: HeldFailures, index: int,
                result: RowResult, latency: float | None = None, failed: str | None = None) -> None:
-    """A page's answer: counted, cleaned up, judged, then written, or held (a server's failure;
-    `failed`: offline, the engine's failure it counts as)."""
+    """A page's answer: counted, cleaned up, judged, then written or held."""
     stats.loop_retried += (result.attempts or 1) - result.resent > 1
     stats.still_looping += loops(result.text, result.finish_reason)
     answered = result.error is None and result.skipped is None
@@ -147,9 +146,8 @@ def write_parquet(path: Path, schema, tables) -> None:
 
 
 def row_identity(source: InputSource, index: int, cell, result: RowResult) -> str | None:
-    """What output row `index` was made from, as the journal knows it: an image's input_digest();
-    a PDF page's, its document's and `#page=N` (--per-document: the document's); None: no bytes.
-    Rows of byte-identical pages share it, whatever their order, shard or run."""
+    """What row `index` was made from: an image's input_digest(), a PDF page's, its document's and
+    `#page=N`; None: no bytes. Byte-identical pages share it, whatever their order or run."""
     pdf = source.pdf
     doc = None if pdf is None else index if pdf.per_document else int(pdf.doc[index])
     if doc is not None and pdf.is_pdf(doc):
@@ -200,8 +198,7 @@ def write_part(path: Path, source: InputSource, indices: list[int], results: lis
 
 
 def carried_image(cell, result: RowResult):
-    """The cell with its file embedded, and the result; a failed row's image PIL cannot open is
-    left out: it would break every read of the output."""
+    """The cell with its file embedded; a failed row's unreadable image is left out."""
     from PIL import Image
 
     if isinstance(cell, dict) and cell.get("bytes") is None and cell.get("path"):
@@ -247,13 +244,10 @@ def append_info(old, entry: dict) -> str:
 
 
 class PartWriter:
-    """Finished rows go to the journal at once, and to parts once the degenerate check passed:
-    a block (or a part with redone rows) once all are finished, the rest every --part-seconds."""
+    """Finished rows go to the journal at once, to parts once the degenerate check passed."""
 
     def __init__(self, store: OutputStore, source: InputSource, plan: RowPlan, features,
                  info_entry: dict, check: "DegenerateCheck", args):
-        from collections import Counter
-
         self.store, self.source, self.features = store, source, features
         self.info_entry, self.check, self.args = info_entry, check, args
         self.redo = dict(plan.redo)  # row -> part holding its error row, until replaced
@@ -299,15 +293,12 @@ class PartWriter:
             bool(self.complete) or time.monotonic() - self.last_flush >= self.args.part_seconds)
 
     def flush(self, final: bool = False) -> None:
-        """The complete groups, each as a part (a new one, or the one its redone rows replace);
-        every finished row once --part-seconds passed, or final. A part not written waits."""
-        from itertools import groupby
-
+        """The complete groups, each as a part; every finished row once due, or final."""
         everything = final or time.monotonic() - self.last_flush >= self.args.part_seconds
         with self.lock:
             groups, self.complete = self.complete, set()
             rows = sorted(i for i in self.results if everything or self._group(i) in groups)
-        for path, run in groupby(enumerate(rows), lambda p: self.redo.get(p[1]) or (
+        for path, run in itertools.groupby(enumerate(rows), lambda p: self.redo.get(p[1]) or (
                 p[1] - p[0], p[1] // self.args.part_rows)):
             run = [i for _, i in run]
             results = [self.results[i] for i in run]  # one no column can hold becomes its error

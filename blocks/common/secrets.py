@@ -5,9 +5,8 @@ import json
 import re
 import shlex
 
-# credential-like values (Hub tokens, OpenAI-style keys) but not a name (vLLM's "hf_overrides",
-# a repo's "org/sk-model");
-# a URL's user information; a value under a name: name=value, or 'name': 'value' (JSON, a dict)
+# Hub tokens, OpenAI-style keys (not a name: "hf_overrides", "org/sk-model"); a URL's user
+# information; a value under a name: name=value, or 'name': 'value' (JSON, a dict)
 TOKEN_VALUE = re.compile(r"(?<!/)\b(?:hf_|api_org_|sk-)[A-Za-z0-9_-]{8,}(?![\w-]|['\"]\s*:|\s*=|/)")
 URL_USERINFO = re.compile(r"(?<=://)[^/\s@?#]+@")
 NAMED_VALUE = re.compile(r"""((?<![\w.-])(['"])?([\w.-]+)(?(2)\2\s*:\s*|=)(['"])?)"""
@@ -49,8 +48,7 @@ def redact_value(value, mask: str | None = "***"):
 
 
 def secret_literals(value, secret: bool = False) -> set[str]:
-    """The secrets in a value as given (a JSON value's at every depth): the values under a
-    secret's name, and token-like ones; what a server's log must not show."""
+    """The secrets in a value (JSON at every depth): what a server's log must not show."""
     if isinstance(value, str) and value.lstrip()[:1] in ("{", "["):
         with contextlib.suppress(ValueError):
             value = json.loads(value)
@@ -62,8 +60,7 @@ def secret_literals(value, secret: bool = False) -> set[str]:
 
 
 def flag_items(argv: list[str]) -> list[tuple[str | None, list[str], bool]]:
-    """Every command line here as (flag, values, joined) items: `--flag=value` (joined), `--flag
-    a b` (vLLM's lists), a bare flag, (None, [word], False)."""
+    """A command line as (flag, values, joined) items; vLLM's lists take several values."""
     items = []
     for word in argv:
         flag, values, joined = items[-1] if items else (None, [], True)

@@ -1,5 +1,6 @@
 """The run's figures: pages, rates, memory; for --stats-json and the card."""
 
+import contextlib
 import json
 import re
 import resource
@@ -10,10 +11,9 @@ from blocks.common.errors import log
 
 def proc_bytes(path: str, key: str) -> int | None:
     """A "key: N kB" line of a /proc file (Linux), in bytes; None without it."""
-    try:
+    with contextlib.suppress(OSError, TypeError):  # no such file, or no such line
         return int(re.search(rf"^{key}:\s*(\d+)", Path(path).read_text(), re.M)[1]) * 1024
-    except (OSError, TypeError):
-        return None
+    return None
 
 
 def peak_rss_bytes() -> int:

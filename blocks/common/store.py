@@ -5,6 +5,8 @@ import json
 import math
 import os
 import random
+import shutil
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -21,8 +23,7 @@ UPLOAD_ATTEMPTS, UPLOAD_BACKOFF_S, UPLOAD_MAX_WAIT_S = 5, 2.0, 600.0
 
 
 def lock_holder(handle) -> str | None:
-    """Lock an open file until this process dies, however; else who holds it. lockf, as forked
-    children (PDF renderers, vLLM's engine) do not inherit it, unlike flock."""
+    """Lock an open file until this process dies, else who holds it (lockf: not inherited)."""
     import fcntl
 
     try:
@@ -53,8 +54,7 @@ def take_lock(path: Path, location: str, probe: bool = False):
 
 
 class OutputStore:
-    """Parts under data/ of a folder, or of a staging folder sent to a Hub repo in batched
-    commits; the rest under .ocr/, which `datasets` skips."""
+    """Parts under data/ of a folder (or staged for a Hub repo); the rest under .ocr/."""
 
     def __init__(self, target: str, args, hub_api=None):
         self.kind, self.target = resolve_output(target)
@@ -72,8 +72,6 @@ class OutputStore:
             self.api = hub_api or HfApi(token=args.hf_token or None)
             base = Path(args.work_dir or "~/.cache/ocr-vllm-scripts/outputs").expanduser()
             if self.read_only:  # a folder that goes at exit
-                import tempfile
-
                 self.scratch = tempfile.TemporaryDirectory(prefix="ocr-check-")
                 base = Path(self.scratch.name)
             self.root = base / self.target.replace("/", "__")
@@ -105,8 +103,7 @@ class OutputStore:
             self.sync_from_hub()
 
     def refuse_foreign(self, files) -> None:
-        """Refused: OUTPUT's `files` beside .gitattributes, .ocr/, the parts and (beside a run's
-        manifest or parts) its card: a dataset whose card would go, or whose rows would mix."""
+        """Refused: an OUTPUT holding files besides ours: its card would go, or its rows mix."""
         ours = any(f == ".ocr/manifest.json" or f.startswith("data/part-") for f in files)
         if other := sorted(f for f in files if not (
                 f == ".gitattributes" or f.startswith(".ocr/") or (f == "README.md" and ours)
@@ -176,16 +173,12 @@ class OutputStore:
 
     def abandon(self) -> None:
         """A refused run removes the folder it made, if only its lock is in it."""
-        import shutil
-
         if self.made_root and self.lock is not None and [
                 p for p in self.root.rglob("*") if not p.is_dir()] == [Path(self.lock.name)]:
             shutil.rmtree(self.root, ignore_errors=True)
 
     def clear_local(self) -> None:
         """Journal first, manifest last: a kill half-way leaves no old rows to a new run."""
-        import shutil
-
         shutil.rmtree(self.meta / "journal", ignore_errors=True)
         for path in self.local_parts() + [self.root / "README.md", self.meta / "manifest.json"]:
             path.unlink(missing_ok=True)
@@ -211,10 +204,7 @@ class OutputStore:
         return running
 
     def restart(self, shard: str | None = None) -> None:
-        """--restart: OUTPUT's rows, card and manifest go, unless another shard runs; given
-        `shard` (beside other shards' rows), only its parts and journal."""
-        import shutil
-
+        """--restart: OUTPUT's rows, card and manifest go (only `shard`'s beside other shards)."""
         if self.read_only:
             return
         if shard is None and (running := self.other_writers()):
@@ -367,8 +357,7 @@ class OutputStore:
         files, self.queued = self.queued, {}
         if self.api is not None and files and not self.conflict and not self.commit(files):
             self.upload_failures = sorted(self.queued)
-        # two shards ending at once each list the other's rows before its commit: the card is
-        # made again while another shard's parts appeared, so the last to finish counts them all
+        # two shards ending at once: the card is remade till the last to finish counts them all
         for _ in range(3 if self.sharded and "README.md" in files and not (
                 self.upload_failures or self.conflict) else 0):
             seen = set(self.remote_names)

@@ -7,12 +7,9 @@ Edit a module here, then run `python tools/sync_helpers.py` (see blocks/common/_
 # The block's imports not already in the common block (see blocks/common/__init__.py).
 import asyncio
 import base64
-import contextlib
 import functools
-import shutil
 import socket
 import ssl
-import subprocess
 import urllib.parse
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor

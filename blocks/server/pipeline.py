@@ -20,8 +20,7 @@ from blocks.server.process import ServerManager
 from blocks.server.requests import request_body, SEND_AGAIN, send_until_clean
 
 class ClientGroup(contextlib.AsyncExitStack):
-    """httpx clients behind one `post`/`get`, each with at most 16 requests: httpx scans its whole
-    pool on each request (256 in one pool cost 14-16 ms of driver CPU per page, 4-5 ms at 32)."""
+    """httpx clients of at most 16 requests each: httpx scans its whole pool per request."""
 
     def __init__(self, **client_kwargs):
         super().__init__()  # closes every client on exit
@@ -47,8 +46,7 @@ PAGES_PER_ENGINE = 32  # the measured window: on l4x1 the KV cache was under 10%
 
 
 class Window:
-    """Pages in flight, taken before a page is prepared, given back when its answer is in. This
-    one stays at --concurrency; a -saturate.py script's AdaptiveWindow adapts."""
+    """Pages in flight, at most --concurrency (AdaptiveWindow adapts)."""
 
     def __init__(self, args, run):
         self.limit, self.used, self.preparing = max(1, args.concurrency or PAGES_PER_ENGINE), 0, 0

@@ -52,8 +52,7 @@ sys.exit(server.returncode if server.returncode >= 0 else 128 - server.returncod
 
 
 def relay_log(output, log_file, known: set[str]) -> None:
-    """The server's output into its log, its secrets masked; a line a full disk refuses is lost,
-    so that the server never blocks on its own logging."""
+    """The server's output into its log, secrets masked; never blocking on a full disk."""
     with output, log_file:
         for line in output:
             with contextlib.suppress(OSError):
@@ -165,8 +164,7 @@ class ServerManager:
         return None if response.status_code in (200, 404) else f"HTTP {response.status_code}"
 
     async def watch(self, client, stats: RunStats, storm: HeldFailures) -> None:
-        """Stop the run once the server neither passes /health nor answers a page for
-        --server-down-timeout; a page generating on a live server is never cut here."""
+        """Stop the run once the server is down for --server-down-timeout."""
         limit = self.args.server_down_timeout
         every = min(HEALTH_EVERY_S, limit / 4)
         while True:
@@ -292,8 +290,7 @@ class ServerManager:
             await asyncio.sleep(1.0)
 
     async def recover(self, client) -> None:
-        """After a connection error: wait for the server, restarting ours if it died. One that
-        stays down is watch()'s to judge, as one that hangs: exit 4 either way."""
+        """After a connection error: wait for the server, restarting ours if it died."""
         async with self._lock:
             if await self.probe(client, starting=False) == "ready":
                 return

@@ -41,8 +41,7 @@ def request_body(page: PreparedPage, model_name: str, args) -> bytes:
 
 
 def loop_retry_body(body: bytes, model_name: str, args, seed: int, previous: int | None) -> bytes:
-    """`body` (sent with seed `previous`) again with the retry's temperature and seed: its image
-    URL is cut out of the bytes, so the page is neither kept decoded nor encoded twice."""
+    """`body` again with the retry's temperature and seed, its image URL cut out of the bytes."""
     head, tail = request_json(model_name, args, previous)
     new_head, new_tail = request_json(model_name, args, seed)
     with memoryview(body) as view:
