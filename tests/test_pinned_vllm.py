@@ -271,3 +271,21 @@ def test_the_ci_engine_accepts_what_the_pinned_releases_refuse(engine, captured)
     for kind, items in payload.items():
         for release in items:
             assert result[kind][release]["ok"], (kind, release, result[kind][release])
+
+
+def test_workers_asking_for_a_release_at_once_all_read_it_whole(engine, tmp_path):
+    """On a fresh machine two xdist workers unpack a release at the same moment: one's unpacking
+    removed the folder the other was reading (FileNotFoundError on registry.py). Three processes
+    ask at once for a release not yet unpacked (its wheel already downloaded) and each reads it."""
+    import subprocess
+    import sys
+    (tmp_path / "wheels").symlink_to(pinned_vllm.WHEELS)
+    pinned_vllm.release_path("0.30.0")  # the wheel downloaded (once) into the shared cache
+    reader = ("import sys, pinned_vllm; from pathlib import Path; "
+              "p = Path(pinned_vllm.release_path('0.30.0')[0]) / "
+              "'vllm/model_executor/models/registry.py'; print(len(p.read_text()) > 1000)")
+    env = {**engine_env.engine_environ(), "OCR_ENGINE_CACHE": str(tmp_path)}
+    readers = [subprocess.Popen([sys.executable, "-c", reader], cwd=TESTS, env=env, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(3)]
+    results = [reader.communicate(timeout=600) for reader in readers]
+    assert [out.strip() for out, _ in results] == ["True"] * 3, [err[-800:] for _, err in results]
