@@ -41,6 +41,31 @@ SERVER_SCRIPTS = sorted(name for name in ALL_SCRIPTS
 _loaded: dict[str, object] = {}
 
 
+def _sigint_state() -> tuple:
+    import signal
+
+    return (signal.getsignal(signal.SIGINT) is signal.SIG_IGN,
+            signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, []))
+
+
+@pytest.fixture(autouse=True)
+def sigint_reaches_the_processes_a_test_starts():
+    """A process inherits an ignored or blocked SIGINT, and Python then never raises
+    KeyboardInterrupt: a launcher or script a later test starts would ignore its Ctrl-C as no
+    user's terminal makes it (three test_jobs_http tests once waited 60 to 90 s for such a
+    launcher). Whatever a test leaves so in this worker is undone, and named in a warning."""
+    import signal
+
+    yield
+    ignored, blocked = _sigint_state()
+    if ignored or blocked:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
+        import warnings
+        warnings.warn(f"this test left SIGINT {'ignored' if ignored else 'blocked'} in the "
+                      f"test process; restored")
+
+
 def load_script(name: str):
     """Import a top-level script (hyphenated file name) as a module, once."""
     if name not in _loaded:

@@ -141,16 +141,20 @@ def submitted(fake: Hub, launcher: subprocess.Popen, jobs: int) -> None:
 
 
 def interrupted(launcher: subprocess.Popen) -> tuple[str, str]:
-    """A launcher's output once it has stopped after Ctrl-C. A stopping launcher waits for the
-    Hub twice, RELEASE_WAIT_S at most each (its Jobs listed, its claim deleted): the bound is
-    above that, and past it the launcher's threads are shown (faulthandler, on SIGABRT)."""
+    """A launcher's output once it has stopped after Ctrl-C (or SIGTERM). A stopping launcher
+    waits for the Hub twice, RELEASE_WAIT_S at most each (its Jobs listed, its claim deleted):
+    the bound is above that, and past it the launcher's signal masks and threads are shown
+    (/proc, and faulthandler on SIGABRT)."""
     bound = 2 * load_script("ocr-jobs.py").RELEASE_WAIT_S + 30
     try:
         return launcher.communicate(timeout=bound)
     except subprocess.TimeoutExpired:
+        status = Path(f"/proc/{launcher.pid}/status").read_text().splitlines()
+        masks = " ".join(line for line in status if line.startswith(("SigBlk", "SigIgn", "SigCgt")))
         launcher.send_signal(signal.SIGABRT)
         _, err = launcher.communicate(timeout=30)
-        pytest.fail(f"the launcher did not stop within {bound:.0f} s of Ctrl-C:\n{err[-6000:]}")
+        pytest.fail(f"the launcher did not stop within {bound:.0f} s of the signal ({masks}):\n"
+                    f"{err[-6000:]}")
 
 
 def wait_for(condition, timeout: float = 60.0) -> None:
@@ -228,7 +232,7 @@ def test_a_second_launcher_exits_2_and_ctrl_c_leaves_the_jobs_to_adopt(hub, stub
     assert f"another launch (run {run_id}) has Jobs writing" in errs[2], errs[2]
     assert len(fake.server.jobs) == 2
     first.send_signal(2)  # SIGINT: Ctrl-C
-    out, err = first.communicate(timeout=60)
+    out, err = interrupted(first)
     assert first.returncode == 130, err
     ids = [job.id for job in fake.server.jobs]
     assert f"interrupted: the Jobs keep running ({', '.join(ids)})" in err
@@ -270,7 +274,7 @@ def test_watching_50_shards_sends_two_requests_a_poll(hub, stub_server):
     wait_for(lambda: len(fake.server.calls("list_jobs", since=submitted)) >= 10, timeout=300)
     stop = time.monotonic()
     launcher.send_signal(2)
-    out, err = launcher.communicate(timeout=60)
+    out, err = interrupted(launcher)
     assert launcher.returncode == 130, err
     watching = [r for r in fake.server.calls(since=submitted + 1e-6) if r[0] < stop]
     polls = sum(r[2] == "list_jobs" for r in watching)
@@ -402,7 +406,7 @@ def test_ctrl_c_while_the_run_is_checked_is_one_line(hub, stub_server):
     assert "checking the run" in launcher.stderr.readline()
     time.sleep(0.5)
     launcher.send_signal(2)
-    out, err = launcher.communicate(timeout=60)
+    out, err = interrupted(launcher)
     assert launcher.returncode == 130 and "interrupted: no Job was submitted" in err, err
     assert "Traceback" not in err and fake.server.jobs == []
 
@@ -418,7 +422,7 @@ def test_a_launcher_stopped_by_sigterm_leaves_the_jobs_and_no_claim(hub, stub_se
     submitted = fake.server.calls("run_job")[-1][0]
     wait_for(lambda: len(fake.server.calls("list_jobs", since=submitted)) >= 2)
     first.send_signal(15)
-    out, err = first.communicate(timeout=60)
+    out, err = interrupted(first)
     assert first.returncode == 143, err
     assert "interrupted: the Jobs keep running" in err and "Traceback" not in err
     assert not fake.server.calls("cancel_job")
