@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -17,6 +18,13 @@ import pytest
 from pages import page_image  # noqa: F401  (re-exported for the tests)
 
 ROOT = Path(__file__).resolve().parent.parent
+# A suite started in the background of a script (`.ci/run &`, a CI runner) inherits SIGINT
+# ignored from the shell, and so would every process a test starts: Python then never raises
+# KeyboardInterrupt, and a launcher a test presses Ctrl-C on runs on (three test_jobs_http tests
+# waited 60 to 90 s for one). The tests press Ctrl-C as a user's terminal does: the test
+# processes take SIGINT back, for themselves and for what they start.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 # One datasets cache for the whole session, shared by the tests and the scripts they start, as a
 # user has one: outputs must load fresh through it (same folder names, resumed outputs).
 os.environ.setdefault("HF_DATASETS_CACHE", tempfile.mkdtemp(prefix="ocr-tests-datasets-"))
@@ -42,20 +50,14 @@ _loaded: dict[str, object] = {}
 
 
 def _sigint_state() -> tuple:
-    import signal
-
     return (signal.getsignal(signal.SIGINT) is signal.SIG_IGN,
             signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, []))
 
 
 @pytest.fixture(autouse=True)
 def sigint_reaches_the_processes_a_test_starts():
-    """A process inherits an ignored or blocked SIGINT, and Python then never raises
-    KeyboardInterrupt: a launcher or script a later test starts would ignore its Ctrl-C as no
-    user's terminal makes it (three test_jobs_http tests once waited 60 to 90 s for such a
-    launcher). Whatever a test leaves so in this worker is undone, and named in a warning."""
-    import signal
-
+    """As above, for what a test leaves in this worker: SIGINT ignored or blocked in it would be
+    inherited by every process a later test starts. It is undone, and named in a warning."""
     yield
     ignored, blocked = _sigint_state()
     if ignored or blocked:

@@ -136,8 +136,8 @@ def engine_environ(extra: dict | None = None) -> dict:
                 "VLLM_TARGET_DEVICE": "cpu", "TOKENIZERS_PARALLELISM": "false",
                 "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
                 # vLLM binds its worker to core 0 and keeps core 1 for the rest: two engines at
-                # once (two test chains, or two checkouts' suites) would share core 0 while core
-                # 1 idled; unbound, the kernel spreads them
+                # once (an engine test of test_glm_ocr.py beside test_engine.py's, two checkouts'
+                # suites) would share core 0 while core 1 idled; unbound, the kernel spreads them
                 "VLLM_CPU_OMP_THREADS_BIND": "nobind"})
     env.pop("VIRTUAL_ENV", None)
     env.update(extra or {})

@@ -24,21 +24,8 @@ from engine import (RunningServer, builder_source, engine_or_skip, run_driver, t
                     vllm_check, vllm_serve_pids)
 import engine_env
 
-# Two chains of engine tests, each run in order by one xdist worker beside the stub tests: one
-# chain was the suite's longest path (19 minutes of a 31-minute fresh run). Tests that share an
-# engine's work stay in one chain: run_once's per-script runs (the parity tests read an offline
-# script's run and its server script's), the looping server, LOOP_RETRY_TEXTS. Two engines at
-# once share the two cores (tests/engine_env.py: VLLM_CPU_OMP_THREADS_BIND=nobind).
+# one xdist worker runs them all, in order, while the other runs the stub tests
 pytestmark = [pytest.mark.engine, pytest.mark.xdist_group("engine")]
-second_chain = pytest.mark.xdist_group("engine-2")
-SECOND_CHAIN = {"ovis-ocr2.py", "ovis-ocr2-server.py", "deepseek-ocr2-server.py",
-                "dots-mocr-server.py", "olmocr2-server.py"}
-
-
-def chained(scripts) -> list:
-    """Parameters for a per-script test, each in its script's chain."""
-    return [pytest.param(s, marks=second_chain) if s in SECOND_CHAIN else s for s in scripts]
-
 
 # Per script: the tiny checkpoint standing in for its model, and what must change on a CPU
 # (only the model path and, where needed, the context length; nothing else of SERVE_ARGS);
@@ -256,13 +243,6 @@ def test_an_engine_case_can_drop_a_serve_flag():
     assert without_flags(serve, []) == serve
 
 
-def test_an_offline_script_and_its_parity_server_script_run_in_one_chain():
-    """The parity tests read both scripts' runs from run_once's cache, which is per worker: in
-    two chains, each worker would start both engines again."""
-    for script, case in OFFLINE_CASES.items():
-        assert (script in SECOND_CHAIN) == (case["server"] in SECOND_CHAIN), script
-
-
 def test_every_script_has_an_engine_case():
     assert sorted([*ENGINE_CASES, *OFFLINE_CASES]) == ALL_SCRIPTS
 
@@ -305,7 +285,6 @@ def test_serve_args_are_accepted_by_the_real_vllm_parser(engine):
     assert "unrecognized arguments: --no-such-flag" in results["bogus"]["error"]
 
 
-@second_chain
 def test_llm_kwargs_are_accepted_by_the_real_vllm_engine_args(engine):
     """EngineArgs built from each offline script's LLM(...) arguments, and the model config
     built from them on a tiny checkpoint: the values are validated, not only named."""
@@ -324,7 +303,7 @@ def test_llm_kwargs_are_accepted_by_the_real_vllm_engine_args(engine):
     assert not results["bad value"]["ok"], results["bad value"]
 
 
-@pytest.mark.parametrize("script", chained(sorted(ENGINE_CASES)))
+@pytest.mark.parametrize("script", sorted(ENGINE_CASES))
 def test_server_script_spawns_real_vllm_and_writes_every_row(engine, tmp_path_factory, script):
     run, out, stats, extra = run_once(script, tmp_path_factory)
     assert run.returncode == 0, run.stderr[-4000:]
@@ -355,7 +334,6 @@ def test_paddleocr_vl_pages_keep_the_size_the_bounds_sent_per_request_allow(engi
     assert min(tokens) > 448 * 448 // 28 ** 2  # more than the processor's own bound allows
     around = {ds[row]["markdown_prompt_tokens"] - t for row, t in zip(GOOD_ROWS, tokens)}
     assert len(around) == 1 and 0 < around.pop() <= paddle.PROMPT_TEXT_TOKENS
-@second_chain
 def test_dots_mocr_pages_are_resized_by_the_server_as_the_box_mapping_assumes(engine, tmp_path_factory):
     """dots.mocr answers boxes in the pixels of the image as the server resized it, and the
     script maps them back from snap_to_patch_grid() of the size it sent: the real engine's
@@ -374,7 +352,7 @@ def test_dots_mocr_pages_are_resized_by_the_server_as_the_box_mapping_assumes(en
     assert 0 < text_tokens.pop() <= module.PROMPT_TEXT_TOKENS
 
 
-@pytest.mark.parametrize("script", chained(s for s in sorted(ENGINE_CASES) if "saturate" in s))
+@pytest.mark.parametrize("script", [s for s in sorted(ENGINE_CASES) if "saturate" in s])
 def test_saturate_scripts_read_the_engines_gauges(engine, tmp_path_factory, script):
     run, out, stats, _ = run_once(script, tmp_path_factory)
     assert run.returncode == 0, run.stderr[-4000:]
@@ -422,7 +400,7 @@ def test_deepseek_ngram_processor_and_vllm_xargs_reach_the_engine(engine, tmp_pa
     assert banned != plain and not deepseek.looks_degenerate(banned), banned
 
 
-@pytest.mark.parametrize("script", chained(sorted(OFFLINE_CASES)))
+@pytest.mark.parametrize("script", sorted(OFFLINE_CASES))
 def test_offline_script_runs_batches_on_real_vllm_llm(engine, tmp_path_factory, script):
     run, out, stats, _ = run_once(script, tmp_path_factory)
     assert run.returncode == 0, run.stderr[-4000:]
@@ -433,7 +411,7 @@ def test_offline_script_runs_batches_on_real_vllm_llm(engine, tmp_path_factory, 
                    f"{stats['server_startup_s']:.0f} s (tiny model, {MAX_TOKENS} tokens/page)")
 
 
-@pytest.mark.parametrize("script", chained(sorted(OFFLINE_CASES)))
+@pytest.mark.parametrize("script", sorted(OFFLINE_CASES))
 def test_offline_and_server_outputs_agree_at_temperature_0(engine, tmp_path_factory, script):
     offline_run, offline_out, _, _ = run_once(script, tmp_path_factory)
     server_run, server_out, _, _ = run_once(OFFLINE_CASES[script]["server"], tmp_path_factory)
@@ -447,7 +425,7 @@ def test_offline_and_server_outputs_agree_at_temperature_0(engine, tmp_path_fact
     assert identical >= len(pairs) - 1, pairs
 
 
-@pytest.mark.parametrize("script", chained(sorted(OFFLINE_CASES)))
+@pytest.mark.parametrize("script", sorted(OFFLINE_CASES))
 def test_ocr_compare_agrees_with_the_parity_test(engine, tmp_path_factory, script):
     """ocr-compare.py on the same two real-engine outputs counts what the test above counts."""
     offline_run, offline_out, _, _ = run_once(script, tmp_path_factory)
@@ -474,7 +452,6 @@ def test_ocr_compare_agrees_with_the_parity_test(engine, tmp_path_factory, scrip
                                 *run.stdout.splitlines()]))
 
 
-@second_chain
 def test_degenerate_check_trips_on_a_real_degenerate_engine(looping_server, tmp_path):
     model = tiny_model("qwen3_5_flat")
     cells = [page_image(200 + i, size=(448, 448), fmt="JPEG") for i in range(4)]
@@ -487,7 +464,6 @@ def test_degenerate_check_trips_on_a_real_degenerate_engine(looping_server, tmp_
     assert not list((tmp_path / "out" / "data").glob("*.parquet"))
 
 
-@second_chain
 def test_a_killed_vllm_serve_is_restarted_and_nothing_is_lost(engine, tmp_path):
     model = tiny_model("qwen3_5")
     cells = [page_image(300 + i, size=(448, 448), fmt="JPEG") for i in range(8)]
@@ -520,7 +496,6 @@ def test_a_killed_vllm_serve_is_restarted_and_nothing_is_lost(engine, tmp_path):
     assert all(e is None for e in ds["markdown_error"]), ds["markdown_error"]
 
 
-@second_chain
 def test_pdf_pages_reach_the_real_engine_alike_offline_and_served(engine, tmp_path):
     """A folder with a four-page PDF (pages of distinct colours and sizes, one rotated) and an
     encrypted one, through vllm.LLM (ovis-ocr2.py) and through `vllm serve`
@@ -566,7 +541,6 @@ def test_pdf_pages_reach_the_real_engine_alike_offline_and_served(engine, tmp_pa
 LOOP_RETRY_TEXTS: dict[str, list] = {}  # the server test's kept texts, for the offline test
 
 
-@second_chain
 def test_looping_pages_are_retried_on_the_real_engine_with_a_seed_that_reproduces(looping_server,
                                                                                     tmp_path):
     """The looping checkpoint on a real `vllm serve`: greedy, every page loops; the retry at
@@ -610,7 +584,6 @@ def test_looping_pages_are_retried_on_the_real_engine_with_a_seed_that_reproduce
                    f"{stats['pages_still_looping']} still loop; rerun identical")
 
 
-@second_chain
 def test_looping_pages_are_retried_by_real_vllm_llm_with_per_row_seeds(engine, tmp_path):
     """The offline path: the looping pages of a batch go to LLM.chat again in one call with a
     list of SamplingParams, each with its row's seed. One engine start: the seeds are shown to
