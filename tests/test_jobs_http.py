@@ -157,6 +157,15 @@ def interrupted(launcher: subprocess.Popen) -> tuple[str, str]:
                     f"{err[-6000:]}")
 
 
+def test_a_process_a_test_starts_takes_ctrl_c_as_from_a_terminal():
+    """The suite started in the background (CI) inherits SIGINT ignored; a launcher then ignored
+    every Ctrl-C the tests pressed (tests/conftest.py takes SIGINT back)."""
+    child = subprocess.run([sys.executable, "-c", "import signal; print(signal.getsignal("
+                            "signal.SIGINT) is signal.default_int_handler)"],
+                           capture_output=True, text=True, timeout=60)
+    assert child.stdout.strip() == "True", child.stdout + child.stderr
+
+
 def wait_for(condition, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
