@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -63,7 +64,6 @@ def sigint_reaches_the_processes_a_test_starts():
     if ignored or blocked:
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
-        import warnings
         warnings.warn(f"this test left SIGINT {'ignored' if ignored else 'blocked'} in the "
                       f"test process; restored")
 
