@@ -89,6 +89,10 @@ def unpack_release(release: str, folder: Path) -> None:
         with zipfile.ZipFile(wheel) as archive:
             archive.extractall(tmp, [n for n in archive.namelist()
                                      if n.startswith(top) and not n.endswith(".so")])
+    # compiled once here: where PYTHONDONTWRITEBYTECODE is set (as on these machines), every
+    # check would compile the release's modules again (a few seconds of CPU each)
+    subprocess.run([str(engine_env.python()), "-m", "compileall", "-q", "-j", "0", str(tmp)],
+                   capture_output=True, timeout=600)
     shutil.rmtree(folder, ignore_errors=True)
     tmp.rename(folder)
     (folder / ".ready").write_text("\n".join(w.name for w, _ in wheels) + "\n")
