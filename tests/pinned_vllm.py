@@ -15,6 +15,7 @@ is stubbed.
 
 from __future__ import annotations
 
+import compileall
 import fcntl
 import os
 import shutil
@@ -90,9 +91,9 @@ def unpack_release(release: str, folder: Path) -> None:
             archive.extractall(tmp, [n for n in archive.namelist()
                                      if n.startswith(top) and not n.endswith(".so")])
     # compiled once here: where PYTHONDONTWRITEBYTECODE is set (as on these machines), every
-    # check would compile the release's modules again (a few seconds of CPU each)
-    subprocess.run([str(engine_env.python()), "-m", "compileall", "-q", "-j", "0", str(tmp)],
-                   capture_output=True, timeout=600)
+    # check would compile the release's modules again (a few seconds of CPU each). A module this
+    # Python cannot compile is left to be compiled where it is imported.
+    compileall.compile_dir(str(tmp), quiet=2, workers=0)
     shutil.rmtree(folder, ignore_errors=True)
     tmp.rename(folder)
     (folder / ".ready").write_text("\n".join(w.name for w, _ in wheels) + "\n")
