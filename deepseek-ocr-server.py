@@ -73,31 +73,31 @@ Where the settings come from (vLLM's DeepSeek-OCR recipe)
 # ==== MAP (written by tools/sync_helpers.py) ====
 # Its parts (edit a block in its source, then run the assembler):
 #   model section  L106
-#   DEEPSEEK-OCR MODEL  blocks/deepseek_ocr.py  L129-292
-#   SERVER MAIN  blocks/main_server.py  L295-322
-#   main()  L296
-#   COMMON HELPERS  blocks/common/  L325-3238
-#     model_options.py L355  errors.py L371         secrets.py L406
-#     inputs.py L504         pages.py L863          pdf.py L1042
-#     loops.py L1321         rows.py L1432          plan.py L1525
-#     store.py L1662         saving.py L2026        manifest.py L2328
-#     stats.py L2494         jobs_command.py L2576  card.py L2698
-#     arguments.py L2848     run.py L2999
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3241-3312
-#   GROUNDING HELPERS  blocks/grounding.py  L3315-3326
-#   SERVER HELPERS  blocks/server/  L3329-4071
-#     serve_args.py L3343  process.py L3420     requests.py L3714
-#     pipeline.py L3827    arguments.py L4021
+#   DEEPSEEK-OCR MODEL  blocks/deepseek_ocr.py  L129-295
+#   SERVER MAIN  blocks/main_server.py  L298-325
+#   main()  L299
+#   COMMON HELPERS  blocks/common/  L328-3241
+#     model_options.py L358  errors.py L374         secrets.py L409
+#     inputs.py L507         pages.py L866          pdf.py L1045
+#     loops.py L1324         rows.py L1435          plan.py L1528
+#     store.py L1665         saving.py L2029        manifest.py L2331
+#     stats.py L2497         jobs_command.py L2579  card.py L2701
+#     arguments.py L2851     run.py L3002
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3244-3315
+#   GROUNDING HELPERS  blocks/grounding.py  L3318-3329
+#   SERVER HELPERS  blocks/server/  L3332-4074
+#     serve_args.py L3346  process.py L3423     requests.py L3717
+#     pipeline.py L3830    arguments.py L4024
 # A page's path, by the functions that take it:
-#   cell           iter_image_cells L848
-#   prepared page  read_page L1510, prepare_page L972
-#   request        request_body L3732
-#   answer         send_page L3780, read_completion L3760
-#   finished row   finish_row L2060
-#   journal        Journal.append L1551
-#   part           write_part L2156
-#   commit         OutputStore.publish L1921, OutputStore.commit L1940
-#   card           build_card L2770
+#   cell           iter_image_cells L851
+#   prepared page  read_page L1513, prepare_page L975
+#   request        request_body L3735
+#   answer         send_page L3783, read_completion L3763
+#   finished row   finish_row L2063
+#   journal        Journal.append L1554
+#   part           write_part L2159
+#   commit         OutputStore.publish L1924, OutputStore.commit L1943
+#   card           build_card L2773
 # ==== END MAP ====
 
 import re
@@ -180,7 +180,10 @@ def target_size(width: int, height: int, args=None) -> tuple[int, int]:
 
 
 def model_argument_problems(args) -> list[str]:
-    return []  # no option of this model's depends on another
+    if args.prompt is not None and not args.prompt.strip():  # else the default ran unsaid
+        return ["--prompt is empty: give the prompt's text, or leave --prompt out for "
+                f"--prompt-mode's (default: {DEFAULT_PROMPT_MODE})"]
+    return []
 
 
 def add_model_arguments(parser) -> None:

