@@ -76,28 +76,28 @@ Where the settings come from (vLLM's DeepSeek-OCR recipe)
 #   DEEPSEEK-OCR MODEL  blocks/deepseek_ocr.py  L129-295
 #   SERVER MAIN  blocks/main_server.py  L298-325
 #   main()  L299
-#   COMMON HELPERS  blocks/common/  L328-3241
+#   COMMON HELPERS  blocks/common/  L328-3248
 #     model_options.py L358  errors.py L374         secrets.py L409
 #     inputs.py L507         pages.py L866          pdf.py L1045
 #     loops.py L1324         rows.py L1435          plan.py L1528
 #     store.py L1665         saving.py L2029        manifest.py L2331
-#     stats.py L2497         jobs_command.py L2579  card.py L2701
-#     arguments.py L2851     run.py L3002
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3244-3315
-#   GROUNDING HELPERS  blocks/grounding.py  L3318-3329
-#   SERVER HELPERS  blocks/server/  L3332-4074
-#     serve_args.py L3346  process.py L3423     requests.py L3717
-#     pipeline.py L3830    arguments.py L4024
+#     stats.py L2497         jobs_command.py L2579  card.py L2700
+#     arguments.py L2850     run.py L3009
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3251-3322
+#   GROUNDING HELPERS  blocks/grounding.py  L3325-3336
+#   SERVER HELPERS  blocks/server/  L3339-4082
+#     serve_args.py L3353  process.py L3430     requests.py L3724
+#     pipeline.py L3837    arguments.py L4031
 # A page's path, by the functions that take it:
 #   cell           iter_image_cells L851
 #   prepared page  read_page L1513, prepare_page L975
-#   request        request_body L3735
-#   answer         send_page L3783, read_completion L3763
+#   request        request_body L3742
+#   answer         send_page L3790, read_completion L3770
 #   finished row   finish_row L2063
 #   journal        Journal.append L1554
 #   part           write_part L2159
 #   commit         OutputStore.publish L1924, OutputStore.commit L1943
-#   card           build_card L2773
+#   card           build_card L2772
 # ==== END MAP ====
 
 import re
@@ -2632,8 +2632,7 @@ def job_arguments(argv: list[str] | None = None) -> list[str]:
         if name is None:  # INPUT, OUTPUT
             hub = REPO_ID.match(values[0]) and not Path(values[0]).expanduser().exists()
             places.append(values[0] if hub else ("INPUT", "OUTPUT")[len(places) % 2])
-        elif values != [""] and name not in ("--server", "--no-spawn", "--work-dir",
-                                             "--stats-json", "--restart"):
+        elif values != [""] and name not in _THIS_MACHINE:
             options += [name, *values]
     return places + options
 
@@ -2851,12 +2850,16 @@ Reproduce on Hugging Face Jobs:
 # ---- arguments.py: The command line: the options every script shares, their checks, the argv.
 _RUN_ARGV: list = []  # this run's arguments, one word each (parse_arguments): a rerun's, a Job's
 _IDENTITY: dict = {}  # each option's dest: whether option() declared it part of the run's identity
+_THIS_MACHINE: set = set()  # the flags option() declared this machine's: not in a Job's command
 
 
-def option(group, *flags, identity: bool, at_least=None, above=None, **kwargs) -> argparse.Action:
-    """add_argument, saying if the option is part of the run's identity; at_least, above: bounds."""
+def option(group, *flags, identity: bool, this_machine: bool = False, at_least=None, above=None,
+           **kwargs) -> argparse.Action:
+    """add_argument, saying if the option is part of the run's identity, if it is about this
+    machine only (a Job's command leaves it out); at_least, above: bounds."""
     action = group.add_argument(*flags, **kwargs)
-    action.identity, action.at_least, action.above = identity, at_least, above
+    action.identity, action.this_machine = identity, this_machine
+    action.at_least, action.above = at_least, above
     return action
 
 
@@ -2904,7 +2907,7 @@ def argument_parser(doc: str, add_shape_arguments) -> argparse.ArgumentParser:
            help="column for the text, and its diagnostics' prefix (default: markdown)")
     option(group, "--overwrite", action="store_true", identity=False,
            help="replace result columns that the input already has")
-    option(group, "--restart", action="store_true", identity=False,
+    option(group, "--restart", action="store_true", identity=False, this_machine=True,
            help="delete this shard's rows in OUTPUT and start over")
     option(group, "--retry-errors", action="store_true", identity=False, help="redo the error rows")
     option(group, "--send-blank", action="store_true", identity=False,
@@ -2912,12 +2915,14 @@ def argument_parser(doc: str, add_shape_arguments) -> argparse.ArgumentParser:
            "says so); a rerun with it sends the pages an earlier run skipped as blank")
     option(group, "--private", action="store_true", identity=False, help="create the repo private")
     option(group, "--hf-token", identity=False, help="Hub token (default: HF_TOKEN or your login)")
-    option(group, "--work-dir", identity=False, help="staging folder for Hub output")
+    option(group, "--work-dir", identity=False, this_machine=True,
+           help="staging folder for Hub output")
     option(group, "--part-rows", type=int, at_least=1, default=250, identity=False,
            help="rows per parquet part (default: 250)")
     option(group, "--part-seconds", type=float, above=0, default=300.0, identity=False,
            help="write (and commit) finished rows at least this often (default: 300)")
-    option(group, "--stats-json", identity=False, help="write the run's stats as JSON to this path")
+    option(group, "--stats-json", identity=False, this_machine=True,
+           help="write the run's stats as JSON to this path")
     option(group, "--check-only", action="store_true", identity=False,
            help="check the arguments, INPUT and OUTPUT; write nothing")
     group = parser.add_argument_group("model")
@@ -2968,6 +2973,8 @@ def parse_arguments(doc: str, argv: list[str] | None, add_shape_arguments, shape
         action.default = argparse.SUPPRESS  # INPUT and OUTPUT, then the options in their order
     actions = {action.dest: action for action in parser._actions}
     _IDENTITY.update({dest: actions[dest].identity for dest in vars(args)})  # each declared
+    _THIS_MACHINE.update(flag for action in parser._actions if getattr(action, "this_machine", 0)
+                         for flag in action.option_strings)
     parsed = vars(parser.parse_args(argv))
     _RUN_ARGV[:] = [argument_word(actions[dest], parsed[dest]) for dest in
                     sorted(parsed, key=lambda dest: bool(actions[dest].option_strings))]
@@ -4024,13 +4031,14 @@ async def run_server_pipeline(run, args, server: ServerManager, window: Window) 
 # ---- arguments.py: The server scripts' options, and the server's settings a run records.
 def add_server_arguments(parser: argparse.ArgumentParser, window=Window) -> None:
     group = parser.add_argument_group("server")
-    option(group, "--server", default=DEFAULT_SERVER, identity=False, help="vLLM server URL: "
-           "reused when it answers, else started here if local (default: %(default)s)")
+    option(group, "--server", default=DEFAULT_SERVER, identity=False, this_machine=True,
+           help="vLLM server URL: reused when it answers, else started here if local (default: "
+           "%(default)s)")
     option(group, "--api-key", identity=False, help="server API key (default: VLLM_API_KEY)")
     option(group, "--serve-args", default="", identity=False,  # its flags: run_identity
            help="extra `vllm serve` arguments, appended after the script's own so they override "
            "them, e.g. \"--max-model-len 16384\"")
-    option(group, "--no-spawn", action="store_true", identity=False,
+    option(group, "--no-spawn", action="store_true", identity=False, this_machine=True,
            help="never start a server: wait for --server (up to --server-timeout)")
     option(group, "--server-timeout", type=float, above=0, default=1800.0, identity=False,
            help="seconds to wait for a server to be ready (default: 1800)")

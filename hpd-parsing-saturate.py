@@ -77,29 +77,29 @@ very complex layouts. No client-side downscale: the tile grid is chosen from the
 #   model section  L108
 #   SATURATE MAIN  blocks/main_saturate.py  L449-476
 #   main()  L450
-#   COMMON HELPERS  blocks/common/  L479-3392
+#   COMMON HELPERS  blocks/common/  L479-3399
 #     model_options.py L509  errors.py L525         secrets.py L560
 #     inputs.py L658         pages.py L1017         pdf.py L1196
 #     loops.py L1475         rows.py L1586          plan.py L1679
 #     store.py L1816         saving.py L2180        manifest.py L2482
-#     stats.py L2648         jobs_command.py L2730  card.py L2852
-#     arguments.py L3002     run.py L3153
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3395-3466
-#   GROUNDING HELPERS  blocks/grounding.py  L3469-3480
-#   SERVER HELPERS  blocks/server/  L3483-4225
-#     serve_args.py L3497  process.py L3574     requests.py L3868
-#     pipeline.py L3981    arguments.py L4175
-#   SATURATE HELPERS  blocks/saturate.py  L4228-4395
+#     stats.py L2648         jobs_command.py L2730  card.py L2851
+#     arguments.py L3001     run.py L3160
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3402-3473
+#   GROUNDING HELPERS  blocks/grounding.py  L3476-3487
+#   SERVER HELPERS  blocks/server/  L3490-4233
+#     serve_args.py L3504  process.py L3581     requests.py L3875
+#     pipeline.py L3988    arguments.py L4182
+#   SATURATE HELPERS  blocks/saturate.py  L4236-4403
 # A page's path, by the functions that take it:
 #   cell           iter_image_cells L1002
 #   prepared page  read_page L1664, prepare_page L1126
-#   request        request_body L3886
-#   answer         send_page L3934, read_completion L3914
+#   request        request_body L3893
+#   answer         send_page L3941, read_completion L3921
 #   finished row   finish_row L2214
 #   journal        Journal.append L1705
 #   part           write_part L2310
 #   commit         OutputStore.publish L2075, OutputStore.commit L2094
-#   card           build_card L2924
+#   card           build_card L2923
 # ==== END MAP ====
 
 import re
@@ -2783,8 +2783,7 @@ def job_arguments(argv: list[str] | None = None) -> list[str]:
         if name is None:  # INPUT, OUTPUT
             hub = REPO_ID.match(values[0]) and not Path(values[0]).expanduser().exists()
             places.append(values[0] if hub else ("INPUT", "OUTPUT")[len(places) % 2])
-        elif values != [""] and name not in ("--server", "--no-spawn", "--work-dir",
-                                             "--stats-json", "--restart"):
+        elif values != [""] and name not in _THIS_MACHINE:
             options += [name, *values]
     return places + options
 
@@ -3002,12 +3001,16 @@ Reproduce on Hugging Face Jobs:
 # ---- arguments.py: The command line: the options every script shares, their checks, the argv.
 _RUN_ARGV: list = []  # this run's arguments, one word each (parse_arguments): a rerun's, a Job's
 _IDENTITY: dict = {}  # each option's dest: whether option() declared it part of the run's identity
+_THIS_MACHINE: set = set()  # the flags option() declared this machine's: not in a Job's command
 
 
-def option(group, *flags, identity: bool, at_least=None, above=None, **kwargs) -> argparse.Action:
-    """add_argument, saying if the option is part of the run's identity; at_least, above: bounds."""
+def option(group, *flags, identity: bool, this_machine: bool = False, at_least=None, above=None,
+           **kwargs) -> argparse.Action:
+    """add_argument, saying if the option is part of the run's identity, if it is about this
+    machine only (a Job's command leaves it out); at_least, above: bounds."""
     action = group.add_argument(*flags, **kwargs)
-    action.identity, action.at_least, action.above = identity, at_least, above
+    action.identity, action.this_machine = identity, this_machine
+    action.at_least, action.above = at_least, above
     return action
 
 
@@ -3055,7 +3058,7 @@ def argument_parser(doc: str, add_shape_arguments) -> argparse.ArgumentParser:
            help="column for the text, and its diagnostics' prefix (default: markdown)")
     option(group, "--overwrite", action="store_true", identity=False,
            help="replace result columns that the input already has")
-    option(group, "--restart", action="store_true", identity=False,
+    option(group, "--restart", action="store_true", identity=False, this_machine=True,
            help="delete this shard's rows in OUTPUT and start over")
     option(group, "--retry-errors", action="store_true", identity=False, help="redo the error rows")
     option(group, "--send-blank", action="store_true", identity=False,
@@ -3063,12 +3066,14 @@ def argument_parser(doc: str, add_shape_arguments) -> argparse.ArgumentParser:
            "says so); a rerun with it sends the pages an earlier run skipped as blank")
     option(group, "--private", action="store_true", identity=False, help="create the repo private")
     option(group, "--hf-token", identity=False, help="Hub token (default: HF_TOKEN or your login)")
-    option(group, "--work-dir", identity=False, help="staging folder for Hub output")
+    option(group, "--work-dir", identity=False, this_machine=True,
+           help="staging folder for Hub output")
     option(group, "--part-rows", type=int, at_least=1, default=250, identity=False,
            help="rows per parquet part (default: 250)")
     option(group, "--part-seconds", type=float, above=0, default=300.0, identity=False,
            help="write (and commit) finished rows at least this often (default: 300)")
-    option(group, "--stats-json", identity=False, help="write the run's stats as JSON to this path")
+    option(group, "--stats-json", identity=False, this_machine=True,
+           help="write the run's stats as JSON to this path")
     option(group, "--check-only", action="store_true", identity=False,
            help="check the arguments, INPUT and OUTPUT; write nothing")
     group = parser.add_argument_group("model")
@@ -3119,6 +3124,8 @@ def parse_arguments(doc: str, argv: list[str] | None, add_shape_arguments, shape
         action.default = argparse.SUPPRESS  # INPUT and OUTPUT, then the options in their order
     actions = {action.dest: action for action in parser._actions}
     _IDENTITY.update({dest: actions[dest].identity for dest in vars(args)})  # each declared
+    _THIS_MACHINE.update(flag for action in parser._actions if getattr(action, "this_machine", 0)
+                         for flag in action.option_strings)
     parsed = vars(parser.parse_args(argv))
     _RUN_ARGV[:] = [argument_word(actions[dest], parsed[dest]) for dest in
                     sorted(parsed, key=lambda dest: bool(actions[dest].option_strings))]
@@ -4175,13 +4182,14 @@ async def run_server_pipeline(run, args, server: ServerManager, window: Window) 
 # ---- arguments.py: The server scripts' options, and the server's settings a run records.
 def add_server_arguments(parser: argparse.ArgumentParser, window=Window) -> None:
     group = parser.add_argument_group("server")
-    option(group, "--server", default=DEFAULT_SERVER, identity=False, help="vLLM server URL: "
-           "reused when it answers, else started here if local (default: %(default)s)")
+    option(group, "--server", default=DEFAULT_SERVER, identity=False, this_machine=True,
+           help="vLLM server URL: reused when it answers, else started here if local (default: "
+           "%(default)s)")
     option(group, "--api-key", identity=False, help="server API key (default: VLLM_API_KEY)")
     option(group, "--serve-args", default="", identity=False,  # its flags: run_identity
            help="extra `vllm serve` arguments, appended after the script's own so they override "
            "them, e.g. \"--max-model-len 16384\"")
-    option(group, "--no-spawn", action="store_true", identity=False,
+    option(group, "--no-spawn", action="store_true", identity=False, this_machine=True,
            help="never start a server: wait for --server (up to --server-timeout)")
     option(group, "--server-timeout", type=float, above=0, default=1800.0, identity=False,
            help="seconds to wait for a server to be ready (default: 1800)")

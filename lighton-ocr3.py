@@ -67,26 +67,26 @@ The authors' olmOCR-Bench settings (84.7): `--mode grounding --drop-margins --ma
 #   LIGHTONOCR-3 MODEL  blocks/lighton_ocr3.py  L107-303
 #   OFFLINE MAIN  blocks/main_offline.py  L326-351
 #   main()  L327
-#   COMMON HELPERS  blocks/common/  L354-3267
+#   COMMON HELPERS  blocks/common/  L354-3274
 #     model_options.py L384  errors.py L400         secrets.py L435
 #     inputs.py L533         pages.py L892          pdf.py L1071
 #     loops.py L1350         rows.py L1461          plan.py L1554
 #     store.py L1691         saving.py L2055        manifest.py L2357
-#     stats.py L2523         jobs_command.py L2605  card.py L2727
-#     arguments.py L2877     run.py L3028
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3270-3341
-#   GROUNDING HELPERS  blocks/grounding.py  L3344-3355
-#   OFFLINE HELPERS  blocks/offline.py  L3358-3533
+#     stats.py L2523         jobs_command.py L2605  card.py L2726
+#     arguments.py L2876     run.py L3035
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3277-3348
+#   GROUNDING HELPERS  blocks/grounding.py  L3351-3362
+#   OFFLINE HELPERS  blocks/offline.py  L3365-3540
 # A page's path, by the functions that take it:
 #   cell           iter_image_cells L877
 #   prepared page  read_page L1539, prepare_page L1001
-#   request        generate_batch L3408
-#   answer         generate_batch L3408
+#   request        generate_batch L3415
+#   answer         generate_batch L3415
 #   finished row   finish_row L2089
 #   journal        Journal.append L1580
 #   part           write_part L2185
 #   commit         OutputStore.publish L1950, OutputStore.commit L1969
-#   card           build_card L2799
+#   card           build_card L2798
 # ==== END MAP ====
 
 import re
@@ -2658,8 +2658,7 @@ def job_arguments(argv: list[str] | None = None) -> list[str]:
         if name is None:  # INPUT, OUTPUT
             hub = REPO_ID.match(values[0]) and not Path(values[0]).expanduser().exists()
             places.append(values[0] if hub else ("INPUT", "OUTPUT")[len(places) % 2])
-        elif values != [""] and name not in ("--server", "--no-spawn", "--work-dir",
-                                             "--stats-json", "--restart"):
+        elif values != [""] and name not in _THIS_MACHINE:
             options += [name, *values]
     return places + options
 
@@ -2877,12 +2876,16 @@ Reproduce on Hugging Face Jobs:
 # ---- arguments.py: The command line: the options every script shares, their checks, the argv.
 _RUN_ARGV: list = []  # this run's arguments, one word each (parse_arguments): a rerun's, a Job's
 _IDENTITY: dict = {}  # each option's dest: whether option() declared it part of the run's identity
+_THIS_MACHINE: set = set()  # the flags option() declared this machine's: not in a Job's command
 
 
-def option(group, *flags, identity: bool, at_least=None, above=None, **kwargs) -> argparse.Action:
-    """add_argument, saying if the option is part of the run's identity; at_least, above: bounds."""
+def option(group, *flags, identity: bool, this_machine: bool = False, at_least=None, above=None,
+           **kwargs) -> argparse.Action:
+    """add_argument, saying if the option is part of the run's identity, if it is about this
+    machine only (a Job's command leaves it out); at_least, above: bounds."""
     action = group.add_argument(*flags, **kwargs)
-    action.identity, action.at_least, action.above = identity, at_least, above
+    action.identity, action.this_machine = identity, this_machine
+    action.at_least, action.above = at_least, above
     return action
 
 
@@ -2930,7 +2933,7 @@ def argument_parser(doc: str, add_shape_arguments) -> argparse.ArgumentParser:
            help="column for the text, and its diagnostics' prefix (default: markdown)")
     option(group, "--overwrite", action="store_true", identity=False,
            help="replace result columns that the input already has")
-    option(group, "--restart", action="store_true", identity=False,
+    option(group, "--restart", action="store_true", identity=False, this_machine=True,
            help="delete this shard's rows in OUTPUT and start over")
     option(group, "--retry-errors", action="store_true", identity=False, help="redo the error rows")
     option(group, "--send-blank", action="store_true", identity=False,
@@ -2938,12 +2941,14 @@ def argument_parser(doc: str, add_shape_arguments) -> argparse.ArgumentParser:
            "says so); a rerun with it sends the pages an earlier run skipped as blank")
     option(group, "--private", action="store_true", identity=False, help="create the repo private")
     option(group, "--hf-token", identity=False, help="Hub token (default: HF_TOKEN or your login)")
-    option(group, "--work-dir", identity=False, help="staging folder for Hub output")
+    option(group, "--work-dir", identity=False, this_machine=True,
+           help="staging folder for Hub output")
     option(group, "--part-rows", type=int, at_least=1, default=250, identity=False,
            help="rows per parquet part (default: 250)")
     option(group, "--part-seconds", type=float, above=0, default=300.0, identity=False,
            help="write (and commit) finished rows at least this often (default: 300)")
-    option(group, "--stats-json", identity=False, help="write the run's stats as JSON to this path")
+    option(group, "--stats-json", identity=False, this_machine=True,
+           help="write the run's stats as JSON to this path")
     option(group, "--check-only", action="store_true", identity=False,
            help="check the arguments, INPUT and OUTPUT; write nothing")
     group = parser.add_argument_group("model")
@@ -2994,6 +2999,8 @@ def parse_arguments(doc: str, argv: list[str] | None, add_shape_arguments, shape
         action.default = argparse.SUPPRESS  # INPUT and OUTPUT, then the options in their order
     actions = {action.dest: action for action in parser._actions}
     _IDENTITY.update({dest: actions[dest].identity for dest in vars(args)})  # each declared
+    _THIS_MACHINE.update(flag for action in parser._actions if getattr(action, "this_machine", 0)
+                         for flag in action.option_strings)
     parsed = vars(parser.parse_args(argv))
     _RUN_ARGV[:] = [argument_word(actions[dest], parsed[dest]) for dest in
                     sorted(parsed, key=lambda dest: bool(actions[dest].option_strings))]

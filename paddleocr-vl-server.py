@@ -102,28 +102,28 @@ Where the settings come from, and the choices where sources differ
 #   PADDLEOCR-VL MODEL  blocks/paddleocr_vl.py  L143-377
 #   SERVER MAIN  blocks/main_server.py  L380-407
 #   main()  L381
-#   COMMON HELPERS  blocks/common/  L410-3323
+#   COMMON HELPERS  blocks/common/  L410-3330
 #     model_options.py L440  errors.py L456         secrets.py L491
 #     inputs.py L589         pages.py L948          pdf.py L1127
 #     loops.py L1406         rows.py L1517          plan.py L1610
 #     store.py L1747         saving.py L2111        manifest.py L2413
-#     stats.py L2579         jobs_command.py L2661  card.py L2783
-#     arguments.py L2933     run.py L3084
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3326-3397
-#   PATCH GRID HELPERS  blocks/patch_grid.py  L3400-3433
-#   SERVER HELPERS  blocks/server/  L3436-4178
-#     serve_args.py L3450  process.py L3527     requests.py L3821
-#     pipeline.py L3934    arguments.py L4128
+#     stats.py L2579         jobs_command.py L2661  card.py L2782
+#     arguments.py L2932     run.py L3091
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3333-3404
+#   PATCH GRID HELPERS  blocks/patch_grid.py  L3407-3440
+#   SERVER HELPERS  blocks/server/  L3443-4186
+#     serve_args.py L3457  process.py L3534     requests.py L3828
+#     pipeline.py L3941    arguments.py L4135
 # A page's path, by the functions that take it:
 #   cell           iter_image_cells L933
 #   prepared page  read_page L1595, prepare_page L1057
-#   request        request_body L3839
-#   answer         send_page L3887, read_completion L3867
+#   request        request_body L3846
+#   answer         send_page L3894, read_completion L3874
 #   finished row   finish_row L2145
 #   journal        Journal.append L1636
 #   part           write_part L2241
 #   commit         OutputStore.publish L2006, OutputStore.commit L2025
-#   card           build_card L2855
+#   card           build_card L2854
 # ==== END MAP ====
 
 import html
@@ -2714,8 +2714,7 @@ def job_arguments(argv: list[str] | None = None) -> list[str]:
         if name is None:  # INPUT, OUTPUT
             hub = REPO_ID.match(values[0]) and not Path(values[0]).expanduser().exists()
             places.append(values[0] if hub else ("INPUT", "OUTPUT")[len(places) % 2])
-        elif values != [""] and name not in ("--server", "--no-spawn", "--work-dir",
-                                             "--stats-json", "--restart"):
+        elif values != [""] and name not in _THIS_MACHINE:
             options += [name, *values]
     return places + options
 
@@ -2933,12 +2932,16 @@ Reproduce on Hugging Face Jobs:
 # ---- arguments.py: The command line: the options every script shares, their checks, the argv.
 _RUN_ARGV: list = []  # this run's arguments, one word each (parse_arguments): a rerun's, a Job's
 _IDENTITY: dict = {}  # each option's dest: whether option() declared it part of the run's identity
+_THIS_MACHINE: set = set()  # the flags option() declared this machine's: not in a Job's command
 
 
-def option(group, *flags, identity: bool, at_least=None, above=None, **kwargs) -> argparse.Action:
-    """add_argument, saying if the option is part of the run's identity; at_least, above: bounds."""
+def option(group, *flags, identity: bool, this_machine: bool = False, at_least=None, above=None,
+           **kwargs) -> argparse.Action:
+    """add_argument, saying if the option is part of the run's identity, if it is about this
+    machine only (a Job's command leaves it out); at_least, above: bounds."""
     action = group.add_argument(*flags, **kwargs)
-    action.identity, action.at_least, action.above = identity, at_least, above
+    action.identity, action.this_machine = identity, this_machine
+    action.at_least, action.above = at_least, above
     return action
 
 
@@ -2986,7 +2989,7 @@ def argument_parser(doc: str, add_shape_arguments) -> argparse.ArgumentParser:
            help="column for the text, and its diagnostics' prefix (default: markdown)")
     option(group, "--overwrite", action="store_true", identity=False,
            help="replace result columns that the input already has")
-    option(group, "--restart", action="store_true", identity=False,
+    option(group, "--restart", action="store_true", identity=False, this_machine=True,
            help="delete this shard's rows in OUTPUT and start over")
     option(group, "--retry-errors", action="store_true", identity=False, help="redo the error rows")
     option(group, "--send-blank", action="store_true", identity=False,
@@ -2994,12 +2997,14 @@ def argument_parser(doc: str, add_shape_arguments) -> argparse.ArgumentParser:
            "says so); a rerun with it sends the pages an earlier run skipped as blank")
     option(group, "--private", action="store_true", identity=False, help="create the repo private")
     option(group, "--hf-token", identity=False, help="Hub token (default: HF_TOKEN or your login)")
-    option(group, "--work-dir", identity=False, help="staging folder for Hub output")
+    option(group, "--work-dir", identity=False, this_machine=True,
+           help="staging folder for Hub output")
     option(group, "--part-rows", type=int, at_least=1, default=250, identity=False,
            help="rows per parquet part (default: 250)")
     option(group, "--part-seconds", type=float, above=0, default=300.0, identity=False,
            help="write (and commit) finished rows at least this often (default: 300)")
-    option(group, "--stats-json", identity=False, help="write the run's stats as JSON to this path")
+    option(group, "--stats-json", identity=False, this_machine=True,
+           help="write the run's stats as JSON to this path")
     option(group, "--check-only", action="store_true", identity=False,
            help="check the arguments, INPUT and OUTPUT; write nothing")
     group = parser.add_argument_group("model")
@@ -3050,6 +3055,8 @@ def parse_arguments(doc: str, argv: list[str] | None, add_shape_arguments, shape
         action.default = argparse.SUPPRESS  # INPUT and OUTPUT, then the options in their order
     actions = {action.dest: action for action in parser._actions}
     _IDENTITY.update({dest: actions[dest].identity for dest in vars(args)})  # each declared
+    _THIS_MACHINE.update(flag for action in parser._actions if getattr(action, "this_machine", 0)
+                         for flag in action.option_strings)
     parsed = vars(parser.parse_args(argv))
     _RUN_ARGV[:] = [argument_word(actions[dest], parsed[dest]) for dest in
                     sorted(parsed, key=lambda dest: bool(actions[dest].option_strings))]
@@ -4128,13 +4135,14 @@ async def run_server_pipeline(run, args, server: ServerManager, window: Window) 
 # ---- arguments.py: The server scripts' options, and the server's settings a run records.
 def add_server_arguments(parser: argparse.ArgumentParser, window=Window) -> None:
     group = parser.add_argument_group("server")
-    option(group, "--server", default=DEFAULT_SERVER, identity=False, help="vLLM server URL: "
-           "reused when it answers, else started here if local (default: %(default)s)")
+    option(group, "--server", default=DEFAULT_SERVER, identity=False, this_machine=True,
+           help="vLLM server URL: reused when it answers, else started here if local (default: "
+           "%(default)s)")
     option(group, "--api-key", identity=False, help="server API key (default: VLLM_API_KEY)")
     option(group, "--serve-args", default="", identity=False,  # its flags: run_identity
            help="extra `vllm serve` arguments, appended after the script's own so they override "
            "them, e.g. \"--max-model-len 16384\"")
-    option(group, "--no-spawn", action="store_true", identity=False,
+    option(group, "--no-spawn", action="store_true", identity=False, this_machine=True,
            help="never start a server: wait for --server (up to --server-timeout)")
     option(group, "--server-timeout", type=float, above=0, default=1800.0, identity=False,
            help="seconds to wait for a server to be ready (default: 1800)")

@@ -36,8 +36,12 @@ def user_flags(script: str) -> list[str]:
 
 def run_without_vllm(script_path: str, cwd: Path, script: str, python_prefix=()) -> str:
     """The script run as `python SCRIPT_PATH user/scans user/scans-ocr --hf-token ... [flags]`
-    from cwd, with no vllm anywhere (nor a server): its stderr; it must exit 2 at once."""
+    from cwd, with no vllm anywhere (nor a server) and this machine's options (--server,
+    --work-dir...): its stderr; it must exit 2 at once."""
     server = ["--server", f"http://127.0.0.1:{free_port()}"] if script in SERVER_SCRIPTS else []
+    # this machine's options, which a Job's command leaves out (option(..., this_machine=True))
+    server += ["--work-dir", str(cwd / "staging"), "--stats-json", str(cwd / "stats.json"),
+               "--restart"]
     run = subprocess.run([*python_prefix, sys.executable, script_path, "user/scans",
                           "user/scans-ocr", "--hf-token", TOKEN, *user_flags(script), *server],
                          cwd=cwd, capture_output=True, text=True, timeout=120,

@@ -12,12 +12,16 @@ from blocks.model import add_model_arguments, DEFAULT_MAX_TOKENS, model_argument
 
 _RUN_ARGV: list = []  # this run's arguments, one word each (parse_arguments): a rerun's, a Job's
 _IDENTITY: dict = {}  # each option's dest: whether option() declared it part of the run's identity
+_THIS_MACHINE: set = set()  # the flags option() declared this machine's: not in a Job's command
 
 
-def option(group, *flags, identity: bool, at_least=None, above=None, **kwargs) -> argparse.Action:
-    """add_argument, saying if the option is part of the run's identity; at_least, above: bounds."""
+def option(group, *flags, identity: bool, this_machine: bool = False, at_least=None, above=None,
+           **kwargs) -> argparse.Action:
+    """add_argument, saying if the option is part of the run's identity, if it is about this
+    machine only (a Job's command leaves it out); at_least, above: bounds."""
     action = group.add_argument(*flags, **kwargs)
-    action.identity, action.at_least, action.above = identity, at_least, above
+    action.identity, action.this_machine = identity, this_machine
+    action.at_least, action.above = at_least, above
     return action
 
 
@@ -65,7 +69,7 @@ def argument_parser(doc: str, add_shape_arguments) -> argparse.ArgumentParser:
            help="column for the text, and its diagnostics' prefix (default: markdown)")
     option(group, "--overwrite", action="store_true", identity=False,
            help="replace result columns that the input already has")
-    option(group, "--restart", action="store_true", identity=False,
+    option(group, "--restart", action="store_true", identity=False, this_machine=True,
            help="delete this shard's rows in OUTPUT and start over")
     option(group, "--retry-errors", action="store_true", identity=False, help="redo the error rows")
     option(group, "--send-blank", action="store_true", identity=False,
@@ -73,12 +77,14 @@ def argument_parser(doc: str, add_shape_arguments) -> argparse.ArgumentParser:
            "says so); a rerun with it sends the pages an earlier run skipped as blank")
     option(group, "--private", action="store_true", identity=False, help="create the repo private")
     option(group, "--hf-token", identity=False, help="Hub token (default: HF_TOKEN or your login)")
-    option(group, "--work-dir", identity=False, help="staging folder for Hub output")
+    option(group, "--work-dir", identity=False, this_machine=True,
+           help="staging folder for Hub output")
     option(group, "--part-rows", type=int, at_least=1, default=250, identity=False,
            help="rows per parquet part (default: 250)")
     option(group, "--part-seconds", type=float, above=0, default=300.0, identity=False,
            help="write (and commit) finished rows at least this often (default: 300)")
-    option(group, "--stats-json", identity=False, help="write the run's stats as JSON to this path")
+    option(group, "--stats-json", identity=False, this_machine=True,
+           help="write the run's stats as JSON to this path")
     option(group, "--check-only", action="store_true", identity=False,
            help="check the arguments, INPUT and OUTPUT; write nothing")
     group = parser.add_argument_group("model")
@@ -129,6 +135,8 @@ def parse_arguments(doc: str, argv: list[str] | None, add_shape_arguments, shape
         action.default = argparse.SUPPRESS  # INPUT and OUTPUT, then the options in their order
     actions = {action.dest: action for action in parser._actions}
     _IDENTITY.update({dest: actions[dest].identity for dest in vars(args)})  # each declared
+    _THIS_MACHINE.update(flag for action in parser._actions if getattr(action, "this_machine", 0)
+                         for flag in action.option_strings)
     parsed = vars(parser.parse_args(argv))
     _RUN_ARGV[:] = [argument_word(actions[dest], parsed[dest]) for dest in
                     sorted(parsed, key=lambda dest: bool(actions[dest].option_strings))]

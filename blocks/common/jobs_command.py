@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from blocks.common.arguments import _RUN_ARGV
+from blocks.common.arguments import _RUN_ARGV, _THIS_MACHINE
 from blocks.common.inputs import REPO_ID, script_name
 from blocks.common.model_options import IMAGE_HAS_UV, JOB_PAGES_PER_S
 from blocks.common.secrets import flag_items, redact_argv, redact_text
@@ -70,8 +70,7 @@ def job_arguments(argv: list[str] | None = None) -> list[str]:
         if name is None:  # INPUT, OUTPUT
             hub = REPO_ID.match(values[0]) and not Path(values[0]).expanduser().exists()
             places.append(values[0] if hub else ("INPUT", "OUTPUT")[len(places) % 2])
-        elif values != [""] and name not in ("--server", "--no-spawn", "--work-dir",
-                                             "--stats-json", "--restart"):
+        elif values != [""] and name not in _THIS_MACHINE:
             options += [name, *values]
     return places + options
 

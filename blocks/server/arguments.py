@@ -12,13 +12,14 @@ from blocks.server.pipeline import Window
 
 def add_server_arguments(parser: argparse.ArgumentParser, window=Window) -> None:
     group = parser.add_argument_group("server")
-    option(group, "--server", default=DEFAULT_SERVER, identity=False, help="vLLM server URL: "
-           "reused when it answers, else started here if local (default: %(default)s)")
+    option(group, "--server", default=DEFAULT_SERVER, identity=False, this_machine=True,
+           help="vLLM server URL: reused when it answers, else started here if local (default: "
+           "%(default)s)")
     option(group, "--api-key", identity=False, help="server API key (default: VLLM_API_KEY)")
     option(group, "--serve-args", default="", identity=False,  # its flags: run_identity
            help="extra `vllm serve` arguments, appended after the script's own so they override "
            "them, e.g. \"--max-model-len 16384\"")
-    option(group, "--no-spawn", action="store_true", identity=False,
+    option(group, "--no-spawn", action="store_true", identity=False, this_machine=True,
            help="never start a server: wait for --server (up to --server-timeout)")
     option(group, "--server-timeout", type=float, above=0, default=1800.0, identity=False,
            help="seconds to wait for a server to be ready (default: 1800)")
