@@ -457,8 +457,15 @@ def test_hpd_parsing_runs_through_run_job_with_the_script_shipped(launcher, hub,
     jobs.run_job = lambda **kwargs: sent.append(kwargs) or types.SimpleNamespace(
         id=f"hpd{len(sent)}", labels=kwargs["labels"], status=types.SimpleNamespace(
             stage="RUNNING", message=None), created_at=utc(), started_at=utc(), finished_at=None)
-    jobs.list_jobs = lambda **kwargs: (_ for _ in ()).throw(KeyboardInterrupt) \
-        if len(sent) == 2 else []
+    pressed = []
+
+    def list_jobs(**kwargs):  # Ctrl-C once, in the watch loop, after both submissions
+        if len(sent) == 2 and not pressed:
+            pressed.append(True)
+            raise KeyboardInterrupt
+        return []
+
+    jobs.list_jobs = list_jobs
     code = launcher.main([str(ROOT / "hpd-parsing-saturate.py"), INPUT, OUTPUT, "--shards", "2"],
                          hf_api=jobs)
     assert code == 130 and len(sent) == 2
