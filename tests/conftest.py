@@ -129,6 +129,13 @@ def expected_text(raw: bytes) -> str:
     return page_text(raw, decode=True)[0]
 
 
+def whole_lines(path: Path) -> list[str]:
+    """The lines another process has finished appending to path so far: a reader polling a file
+    while it is written can see the start of a line whose end is not there yet."""
+    text = path.read_text() if path.exists() else ""
+    return text[:text.rfind("\n") + 1].splitlines()
+
+
 class StubServer:
     def __init__(self, port: int, process: subprocess.Popen, log: Path):
         self.port, self.process, self.log = port, process, log
@@ -141,9 +148,7 @@ class StubServer:
 
     def requests(self) -> list[dict]:
         import json
-        if not self.log.exists():
-            return []
-        return [json.loads(line) for line in self.log.read_text().splitlines() if line]
+        return [json.loads(line) for line in whole_lines(self.log) if line]
 
     def stop(self) -> None:
         if self.process.poll() is None:

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from conftest import (ALL_SCRIPTS, ROOT, SERVER_SCRIPTS, fake_vllm_env, free_port, load_output,
-                      load_script, run_script, write_image_folder)
+                      load_script, run_script, whole_lines, write_image_folder)
 
 SATURATE = "lighton-ocr3-saturate.py"
 
@@ -612,10 +612,8 @@ def test_saturate_window_grows_again_after_an_early_burst_of_tokens(monkeypatch)
 
 
 def telemetry_so_far(stats: Path) -> list[dict]:
-    """The telemetry rows a running saturate script has written so far (whole lines only)."""
-    path = stats.with_suffix(".telemetry.jsonl")
-    text = path.read_text() if path.exists() else ""
-    return [json.loads(line) for line in text[:text.rfind("\n") + 1].splitlines()]
+    """The telemetry rows a running saturate script has written so far."""
+    return [json.loads(line) for line in whole_lines(stats.with_suffix(".telemetry.jsonl"))]
 
 
 def run_until(argv: list[str], event, then, log: Path) -> bool:

@@ -80,3 +80,19 @@ def test_a_body_without_content_length_is_refused_by_name(stub_server):
     assert response.status_code == 400
     assert "Content-Length" in response.json()["error"]["message"]
     assert any("Content-Length" in line for line in stub.log_lines())
+
+
+def test_the_request_log_read_while_the_stub_writes_holds_whole_requests_only(tmp_path):
+    """A test polls the stub's request log while the stub appends to it; a long request's line
+    can be half written when it is read (a loaded run's JSONDecodeError in
+    test_pdf::test_per_document_joins_pages_in_order_and_resumes_inside_a_document)."""
+    from conftest import StubServer
+
+    log = tmp_path / "stub.jsonl"
+    stub = StubServer(0, None, log)
+    assert stub.requests() == []  # no request yet: no log yet
+    whole = json.dumps({"model": MODEL, "texts": ["x" * 9000], "n": 1})
+    log.write_text(whole + "\n" + whole[:898])  # the second line as far as the stub has got
+    assert [request["n"] for request in stub.requests()] == [1]
+    log.write_text(whole + "\n" + whole.replace('"n": 1', '"n": 2') + "\n")
+    assert [request["n"] for request in stub.requests()] == [1, 2]

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from conftest import (FakeHub, ROOT, expected_text, fake_vllm_env, free_port, load_output,
-                      load_script, run_script, wait_port, write_image_folder)
+                      load_script, run_script, wait_port, whole_lines, write_image_folder)
 
 OVIS = "ovis-ocr2-server.py"
 
@@ -31,7 +31,7 @@ def common(stub, *extra):
 
 
 def journal_rows(out: Path) -> int:
-    return sum(len(p.read_text().splitlines()) for p in (out / ".ocr" / "journal").rglob("*.jsonl"))
+    return sum(len(whole_lines(p)) for p in (out / ".ocr" / "journal").rglob("*.jsonl"))
 
 
 def rows_only_in_journal(out: Path) -> set[int]:
@@ -489,7 +489,7 @@ def offline_env(tmp_path: Path, batch_seconds: float = 0.0) -> dict:
 
 def fake_pages_sent(tmp_path: Path) -> int:
     log = tmp_path / "llm.jsonl"
-    calls = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+    calls = [json.loads(line) for line in whole_lines(log)]
     return sum(call["pages"] for call in calls if call["call"] == "chat")
 
 
