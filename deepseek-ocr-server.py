@@ -73,31 +73,31 @@ Where the settings come from (vLLM's DeepSeek-OCR recipe)
 # ==== MAP (written by tools/sync_helpers.py) ====
 # Its parts (edit a block in its source, then run the assembler):
 #   model section  L106
-#   DEEPSEEK-OCR MODEL  blocks/deepseek_ocr.py  L129-295
-#   SERVER MAIN  blocks/main_server.py  L298-325
-#   main()  L299
-#   COMMON HELPERS  blocks/common/  L328-3248
-#     model_options.py L358  errors.py L374         secrets.py L409
-#     inputs.py L507         pages.py L866          pdf.py L1045
-#     loops.py L1324         rows.py L1435          plan.py L1528
-#     store.py L1665         saving.py L2029        manifest.py L2331
-#     stats.py L2497         jobs_command.py L2579  card.py L2700
-#     arguments.py L2850     run.py L3009
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3251-3322
-#   GROUNDING HELPERS  blocks/grounding.py  L3325-3336
-#   SERVER HELPERS  blocks/server/  L3339-4082
-#     serve_args.py L3353  process.py L3430     requests.py L3724
-#     pipeline.py L3837    arguments.py L4031
+#   DEEPSEEK-OCR MODEL  blocks/deepseek_ocr.py  L129-298
+#   SERVER MAIN  blocks/main_server.py  L301-328
+#   main()  L302
+#   COMMON HELPERS  blocks/common/  L331-3258
+#     model_options.py L361  errors.py L377         secrets.py L412
+#     inputs.py L510         pages.py L869          pdf.py L1048
+#     loops.py L1327         rows.py L1438          plan.py L1531
+#     store.py L1668         saving.py L2032        manifest.py L2334
+#     stats.py L2500         jobs_command.py L2582  card.py L2703
+#     arguments.py L2853     run.py L3019
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3261-3332
+#   GROUNDING HELPERS  blocks/grounding.py  L3335-3346
+#   SERVER HELPERS  blocks/server/  L3349-4092
+#     serve_args.py L3363  process.py L3440     requests.py L3734
+#     pipeline.py L3847    arguments.py L4041
 # A page's path, by the functions that take it:
-#   cell           iter_image_cells L851
-#   prepared page  read_page L1513, prepare_page L975
-#   request        request_body L3742
-#   answer         send_page L3790, read_completion L3770
-#   finished row   finish_row L2063
-#   journal        Journal.append L1554
-#   part           write_part L2159
-#   commit         OutputStore.publish L1924, OutputStore.commit L1943
-#   card           build_card L2772
+#   cell           iter_image_cells L854
+#   prepared page  read_page L1516, prepare_page L978
+#   request        request_body L3752
+#   answer         send_page L3800, read_completion L3780
+#   finished row   finish_row L2066
+#   journal        Journal.append L1557
+#   part           write_part L2162
+#   commit         OutputStore.publish L1927, OutputStore.commit L1946
+#   card           build_card L2775
 # ==== END MAP ====
 
 import re
@@ -183,14 +183,17 @@ def model_argument_problems(args) -> list[str]:
     if args.prompt is not None and not args.prompt.strip():  # else the default ran unsaid
         return ["--prompt is empty: give the prompt's text, or leave --prompt out for "
                 f"--prompt-mode's (default: {DEFAULT_PROMPT_MODE})"]
+    if args.prompt is not None and was_given("prompt_mode"):  # else the mode was dropped unsaid
+        return [f"--prompt and --prompt-mode {args.prompt_mode} both given: --prompt replaces "
+                "the mode's prompt, so give one of them"]
     return []
 
 
 def add_model_arguments(parser) -> None:
     option(parser, "--prompt-mode", choices=sorted(PROMPTS), default=DEFAULT_PROMPT_MODE,
            identity=True, help=f"which of the model's prompts (default: {DEFAULT_PROMPT_MODE})")
-    option(parser, "--prompt", identity=True, help="a custom prompt instead (without the <image> "
-           "prefix); one longer than the built-in ones needs a lower --max-tokens, which the "
+    option(parser, "--prompt", identity=True, help="a custom prompt instead of --prompt-mode's "
+           "(not with it; without the <image> prefix); one longer than the built-in ones needs a lower --max-tokens, which the "
            "start-up check names")
     option(parser, "--keep-raw", identity=True, action="store_true",
            help="also keep the raw output, grounding tags and all, in <column>_raw")
@@ -2851,6 +2854,7 @@ Reproduce on Hugging Face Jobs:
 _RUN_ARGV: list = []  # this run's arguments, one word each (parse_arguments): a rerun's, a Job's
 _IDENTITY: dict = {}  # each option's dest: whether option() declared it part of the run's identity
 _THIS_MACHINE: set = set()  # the flags option() declared this machine's: not in a Job's command
+_GIVEN: set = set()  # the dests of the options the command line gave (not defaults)
 
 
 def option(group, *flags, identity: bool, this_machine: bool = False, at_least=None, above=None,
@@ -2944,6 +2948,11 @@ def argument_parser(doc: str, add_shape_arguments) -> argparse.ArgumentParser:
     return parser
 
 
+def was_given(dest: str) -> bool:
+    """Whether the command line gave this option, rather than its default taking its place."""
+    return dest in _GIVEN
+
+
 def argument_word(action: argparse.Action, value) -> str:
     """A parsed argument as one word: a value, a flag (--x, or --no-x), --option=value."""
     if not action.option_strings:  # a path given after `--` as it starts like an option: ./-x
@@ -2976,6 +2985,7 @@ def parse_arguments(doc: str, argv: list[str] | None, add_shape_arguments, shape
     _THIS_MACHINE.update(flag for action in parser._actions if getattr(action, "this_machine", 0)
                          for flag in action.option_strings)
     parsed = vars(parser.parse_args(argv))
+    _GIVEN.update(parsed)
     _RUN_ARGV[:] = [argument_word(actions[dest], parsed[dest]) for dest in
                     sorted(parsed, key=lambda dest: bool(actions[dest].option_strings))]
     given = [(actions[dest], value) for dest, value in vars(args).items() if value is not None]

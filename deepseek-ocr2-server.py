@@ -89,31 +89,31 @@ and vLLM's DeepSeek-OCR-2 recipe)
 # ==== MAP (written by tools/sync_helpers.py) ====
 # Its parts (edit a block in its source, then run the assembler):
 #   model section  L122
-#   DEEPSEEK-OCR MODEL  blocks/deepseek_ocr.py  L144-310
-#   SERVER MAIN  blocks/main_server.py  L313-340
-#   main()  L314
-#   COMMON HELPERS  blocks/common/  L343-3263
-#     model_options.py L373  errors.py L389         secrets.py L424
-#     inputs.py L522         pages.py L881          pdf.py L1060
-#     loops.py L1339         rows.py L1450          plan.py L1543
-#     store.py L1680         saving.py L2044        manifest.py L2346
-#     stats.py L2512         jobs_command.py L2594  card.py L2715
-#     arguments.py L2865     run.py L3024
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3266-3337
-#   GROUNDING HELPERS  blocks/grounding.py  L3340-3351
-#   SERVER HELPERS  blocks/server/  L3354-4097
-#     serve_args.py L3368  process.py L3445     requests.py L3739
-#     pipeline.py L3852    arguments.py L4046
+#   DEEPSEEK-OCR MODEL  blocks/deepseek_ocr.py  L144-313
+#   SERVER MAIN  blocks/main_server.py  L316-343
+#   main()  L317
+#   COMMON HELPERS  blocks/common/  L346-3273
+#     model_options.py L376  errors.py L392         secrets.py L427
+#     inputs.py L525         pages.py L884          pdf.py L1063
+#     loops.py L1342         rows.py L1453          plan.py L1546
+#     store.py L1683         saving.py L2047        manifest.py L2349
+#     stats.py L2515         jobs_command.py L2597  card.py L2718
+#     arguments.py L2868     run.py L3034
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3276-3347
+#   GROUNDING HELPERS  blocks/grounding.py  L3350-3361
+#   SERVER HELPERS  blocks/server/  L3364-4107
+#     serve_args.py L3378  process.py L3455     requests.py L3749
+#     pipeline.py L3862    arguments.py L4056
 # A page's path, by the functions that take it:
-#   cell           iter_image_cells L866
-#   prepared page  read_page L1528, prepare_page L990
-#   request        request_body L3757
-#   answer         send_page L3805, read_completion L3785
-#   finished row   finish_row L2078
-#   journal        Journal.append L1569
-#   part           write_part L2174
-#   commit         OutputStore.publish L1939, OutputStore.commit L1958
-#   card           build_card L2787
+#   cell           iter_image_cells L869
+#   prepared page  read_page L1531, prepare_page L993
+#   request        request_body L3767
+#   answer         send_page L3815, read_completion L3795
+#   finished row   finish_row L2081
+#   journal        Journal.append L1572
+#   part           write_part L2177
+#   commit         OutputStore.publish L1942, OutputStore.commit L1961
+#   card           build_card L2790
 # ==== END MAP ====
 
 import re
@@ -198,14 +198,17 @@ def model_argument_problems(args) -> list[str]:
     if args.prompt is not None and not args.prompt.strip():  # else the default ran unsaid
         return ["--prompt is empty: give the prompt's text, or leave --prompt out for "
                 f"--prompt-mode's (default: {DEFAULT_PROMPT_MODE})"]
+    if args.prompt is not None and was_given("prompt_mode"):  # else the mode was dropped unsaid
+        return [f"--prompt and --prompt-mode {args.prompt_mode} both given: --prompt replaces "
+                "the mode's prompt, so give one of them"]
     return []
 
 
 def add_model_arguments(parser) -> None:
     option(parser, "--prompt-mode", choices=sorted(PROMPTS), default=DEFAULT_PROMPT_MODE,
            identity=True, help=f"which of the model's prompts (default: {DEFAULT_PROMPT_MODE})")
-    option(parser, "--prompt", identity=True, help="a custom prompt instead (without the <image> "
-           "prefix); one longer than the built-in ones needs a lower --max-tokens, which the "
+    option(parser, "--prompt", identity=True, help="a custom prompt instead of --prompt-mode's "
+           "(not with it; without the <image> prefix); one longer than the built-in ones needs a lower --max-tokens, which the "
            "start-up check names")
     option(parser, "--keep-raw", identity=True, action="store_true",
            help="also keep the raw output, grounding tags and all, in <column>_raw")
@@ -2866,6 +2869,7 @@ Reproduce on Hugging Face Jobs:
 _RUN_ARGV: list = []  # this run's arguments, one word each (parse_arguments): a rerun's, a Job's
 _IDENTITY: dict = {}  # each option's dest: whether option() declared it part of the run's identity
 _THIS_MACHINE: set = set()  # the flags option() declared this machine's: not in a Job's command
+_GIVEN: set = set()  # the dests of the options the command line gave (not defaults)
 
 
 def option(group, *flags, identity: bool, this_machine: bool = False, at_least=None, above=None,
@@ -2959,6 +2963,11 @@ def argument_parser(doc: str, add_shape_arguments) -> argparse.ArgumentParser:
     return parser
 
 
+def was_given(dest: str) -> bool:
+    """Whether the command line gave this option, rather than its default taking its place."""
+    return dest in _GIVEN
+
+
 def argument_word(action: argparse.Action, value) -> str:
     """A parsed argument as one word: a value, a flag (--x, or --no-x), --option=value."""
     if not action.option_strings:  # a path given after `--` as it starts like an option: ./-x
@@ -2991,6 +3000,7 @@ def parse_arguments(doc: str, argv: list[str] | None, add_shape_arguments, shape
     _THIS_MACHINE.update(flag for action in parser._actions if getattr(action, "this_machine", 0)
                          for flag in action.option_strings)
     parsed = vars(parser.parse_args(argv))
+    _GIVEN.update(parsed)
     _RUN_ARGV[:] = [argument_word(actions[dest], parsed[dest]) for dest in
                     sorted(parsed, key=lambda dest: bool(actions[dest].option_strings))]
     given = [(actions[dest], value) for dest, value in vars(args).items() if value is not None]

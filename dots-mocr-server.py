@@ -92,23 +92,23 @@ Post-processing, as the authors' formatter builds Markdown (dots_mocr/utils/form
 #   DOTS-MOCR MODEL  blocks/dots_mocr.py  L172-400
 #   SERVER MAIN  blocks/main_server.py  L403-430
 #   main()  L404
-#   COMMON HELPERS  blocks/common/  L433-3353
+#   COMMON HELPERS  blocks/common/  L433-3360
 #     model_options.py L463  errors.py L479         secrets.py L514
 #     inputs.py L612         pages.py L971          pdf.py L1150
 #     loops.py L1429         rows.py L1540          plan.py L1633
 #     store.py L1770         saving.py L2134        manifest.py L2436
 #     stats.py L2602         jobs_command.py L2684  card.py L2805
-#     arguments.py L2955     run.py L3114
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3356-3427
-#   GROUNDING HELPERS  blocks/grounding.py  L3430-3441
-#   SERVER HELPERS  blocks/server/  L3444-4187
-#     serve_args.py L3458  process.py L3535     requests.py L3829
-#     pipeline.py L3942    arguments.py L4136
+#     arguments.py L2955     run.py L3121
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3363-3434
+#   GROUNDING HELPERS  blocks/grounding.py  L3437-3448
+#   SERVER HELPERS  blocks/server/  L3451-4194
+#     serve_args.py L3465  process.py L3542     requests.py L3836
+#     pipeline.py L3949    arguments.py L4143
 # A page's path, by the functions that take it:
 #   cell           iter_image_cells L956
 #   prepared page  read_page L1618, prepare_page L1080
-#   request        request_body L3847
-#   answer         send_page L3895, read_completion L3875
+#   request        request_body L3854
+#   answer         send_page L3902, read_completion L3882
 #   finished row   finish_row L2168
 #   journal        Journal.append L1659
 #   part           write_part L2264
@@ -2956,6 +2956,7 @@ Reproduce on Hugging Face Jobs:
 _RUN_ARGV: list = []  # this run's arguments, one word each (parse_arguments): a rerun's, a Job's
 _IDENTITY: dict = {}  # each option's dest: whether option() declared it part of the run's identity
 _THIS_MACHINE: set = set()  # the flags option() declared this machine's: not in a Job's command
+_GIVEN: set = set()  # the dests of the options the command line gave (not defaults)
 
 
 def option(group, *flags, identity: bool, this_machine: bool = False, at_least=None, above=None,
@@ -3049,6 +3050,11 @@ def argument_parser(doc: str, add_shape_arguments) -> argparse.ArgumentParser:
     return parser
 
 
+def was_given(dest: str) -> bool:
+    """Whether the command line gave this option, rather than its default taking its place."""
+    return dest in _GIVEN
+
+
 def argument_word(action: argparse.Action, value) -> str:
     """A parsed argument as one word: a value, a flag (--x, or --no-x), --option=value."""
     if not action.option_strings:  # a path given after `--` as it starts like an option: ./-x
@@ -3081,6 +3087,7 @@ def parse_arguments(doc: str, argv: list[str] | None, add_shape_arguments, shape
     _THIS_MACHINE.update(flag for action in parser._actions if getattr(action, "this_machine", 0)
                          for flag in action.option_strings)
     parsed = vars(parser.parse_args(argv))
+    _GIVEN.update(parsed)
     _RUN_ARGV[:] = [argument_word(actions[dest], parsed[dest]) for dest in
                     sorted(parsed, key=lambda dest: bool(actions[dest].option_strings))]
     given = [(actions[dest], value) for dest, value in vars(args).items() if value is not None]

@@ -93,23 +93,23 @@ Where the settings come from (the authors' README and SDK, the card, vLLM's reci
 #   GLM-OCR MODEL  blocks/glm_ocr.py  L135-333
 #   SERVER MAIN  blocks/main_server.py  L336-363
 #   main()  L337
-#   COMMON HELPERS  blocks/common/  L366-3286
+#   COMMON HELPERS  blocks/common/  L366-3293
 #     model_options.py L396  errors.py L412         secrets.py L447
 #     inputs.py L545         pages.py L904          pdf.py L1083
 #     loops.py L1362         rows.py L1473          plan.py L1566
 #     store.py L1703         saving.py L2067        manifest.py L2369
 #     stats.py L2535         jobs_command.py L2617  card.py L2738
-#     arguments.py L2888     run.py L3047
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3289-3360
-#   PATCH GRID HELPERS  blocks/patch_grid.py  L3363-3396
-#   SERVER HELPERS  blocks/server/  L3399-4142
-#     serve_args.py L3413  process.py L3490     requests.py L3784
-#     pipeline.py L3897    arguments.py L4091
+#     arguments.py L2888     run.py L3054
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3296-3367
+#   PATCH GRID HELPERS  blocks/patch_grid.py  L3370-3403
+#   SERVER HELPERS  blocks/server/  L3406-4149
+#     serve_args.py L3420  process.py L3497     requests.py L3791
+#     pipeline.py L3904    arguments.py L4098
 # A page's path, by the functions that take it:
 #   cell           iter_image_cells L889
 #   prepared page  read_page L1551, prepare_page L1013
-#   request        request_body L3802
-#   answer         send_page L3850, read_completion L3830
+#   request        request_body L3809
+#   answer         send_page L3857, read_completion L3837
 #   finished row   finish_row L2101
 #   journal        Journal.append L1592
 #   part           write_part L2197
@@ -2889,6 +2889,7 @@ Reproduce on Hugging Face Jobs:
 _RUN_ARGV: list = []  # this run's arguments, one word each (parse_arguments): a rerun's, a Job's
 _IDENTITY: dict = {}  # each option's dest: whether option() declared it part of the run's identity
 _THIS_MACHINE: set = set()  # the flags option() declared this machine's: not in a Job's command
+_GIVEN: set = set()  # the dests of the options the command line gave (not defaults)
 
 
 def option(group, *flags, identity: bool, this_machine: bool = False, at_least=None, above=None,
@@ -2982,6 +2983,11 @@ def argument_parser(doc: str, add_shape_arguments) -> argparse.ArgumentParser:
     return parser
 
 
+def was_given(dest: str) -> bool:
+    """Whether the command line gave this option, rather than its default taking its place."""
+    return dest in _GIVEN
+
+
 def argument_word(action: argparse.Action, value) -> str:
     """A parsed argument as one word: a value, a flag (--x, or --no-x), --option=value."""
     if not action.option_strings:  # a path given after `--` as it starts like an option: ./-x
@@ -3014,6 +3020,7 @@ def parse_arguments(doc: str, argv: list[str] | None, add_shape_arguments, shape
     _THIS_MACHINE.update(flag for action in parser._actions if getattr(action, "this_machine", 0)
                          for flag in action.option_strings)
     parsed = vars(parser.parse_args(argv))
+    _GIVEN.update(parsed)
     _RUN_ARGV[:] = [argument_word(actions[dest], parsed[dest]) for dest in
                     sorted(parsed, key=lambda dest: bool(actions[dest].option_strings))]
     given = [(actions[dest], value) for dest, value in vars(args).items() if value is not None]

@@ -77,24 +77,24 @@ very complex layouts. No client-side downscale: the tile grid is chosen from the
 #   model section  L108
 #   SATURATE MAIN  blocks/main_saturate.py  L449-476
 #   main()  L450
-#   COMMON HELPERS  blocks/common/  L479-3399
+#   COMMON HELPERS  blocks/common/  L479-3406
 #     model_options.py L509  errors.py L525         secrets.py L560
 #     inputs.py L658         pages.py L1017         pdf.py L1196
 #     loops.py L1475         rows.py L1586          plan.py L1679
 #     store.py L1816         saving.py L2180        manifest.py L2482
 #     stats.py L2648         jobs_command.py L2730  card.py L2851
-#     arguments.py L3001     run.py L3160
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3402-3473
-#   GROUNDING HELPERS  blocks/grounding.py  L3476-3487
-#   SERVER HELPERS  blocks/server/  L3490-4233
-#     serve_args.py L3504  process.py L3581     requests.py L3875
-#     pipeline.py L3988    arguments.py L4182
-#   SATURATE HELPERS  blocks/saturate.py  L4236-4403
+#     arguments.py L3001     run.py L3167
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3409-3480
+#   GROUNDING HELPERS  blocks/grounding.py  L3483-3494
+#   SERVER HELPERS  blocks/server/  L3497-4240
+#     serve_args.py L3511  process.py L3588     requests.py L3882
+#     pipeline.py L3995    arguments.py L4189
+#   SATURATE HELPERS  blocks/saturate.py  L4243-4410
 # A page's path, by the functions that take it:
 #   cell           iter_image_cells L1002
 #   prepared page  read_page L1664, prepare_page L1126
-#   request        request_body L3893
-#   answer         send_page L3941, read_completion L3921
+#   request        request_body L3900
+#   answer         send_page L3948, read_completion L3928
 #   finished row   finish_row L2214
 #   journal        Journal.append L1705
 #   part           write_part L2310
@@ -3002,6 +3002,7 @@ Reproduce on Hugging Face Jobs:
 _RUN_ARGV: list = []  # this run's arguments, one word each (parse_arguments): a rerun's, a Job's
 _IDENTITY: dict = {}  # each option's dest: whether option() declared it part of the run's identity
 _THIS_MACHINE: set = set()  # the flags option() declared this machine's: not in a Job's command
+_GIVEN: set = set()  # the dests of the options the command line gave (not defaults)
 
 
 def option(group, *flags, identity: bool, this_machine: bool = False, at_least=None, above=None,
@@ -3095,6 +3096,11 @@ def argument_parser(doc: str, add_shape_arguments) -> argparse.ArgumentParser:
     return parser
 
 
+def was_given(dest: str) -> bool:
+    """Whether the command line gave this option, rather than its default taking its place."""
+    return dest in _GIVEN
+
+
 def argument_word(action: argparse.Action, value) -> str:
     """A parsed argument as one word: a value, a flag (--x, or --no-x), --option=value."""
     if not action.option_strings:  # a path given after `--` as it starts like an option: ./-x
@@ -3127,6 +3133,7 @@ def parse_arguments(doc: str, argv: list[str] | None, add_shape_arguments, shape
     _THIS_MACHINE.update(flag for action in parser._actions if getattr(action, "this_machine", 0)
                          for flag in action.option_strings)
     parsed = vars(parser.parse_args(argv))
+    _GIVEN.update(parsed)
     _RUN_ARGV[:] = [argument_word(actions[dest], parsed[dest]) for dest in
                     sorted(parsed, key=lambda dest: bool(actions[dest].option_strings))]
     given = [(actions[dest], value) for dest, value in vars(args).items() if value is not None]

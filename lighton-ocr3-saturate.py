@@ -90,24 +90,24 @@ The authors' olmOCR-Bench settings (84.7): `--mode grounding --drop-margins --ma
 #   LIGHTONOCR-3 MODEL  blocks/lighton_ocr3.py  L133-329
 #   SATURATE MAIN  blocks/main_saturate.py  L357-384
 #   main()  L358
-#   COMMON HELPERS  blocks/common/  L387-3307
+#   COMMON HELPERS  blocks/common/  L387-3314
 #     model_options.py L417  errors.py L433         secrets.py L468
 #     inputs.py L566         pages.py L925          pdf.py L1104
 #     loops.py L1383         rows.py L1494          plan.py L1587
 #     store.py L1724         saving.py L2088        manifest.py L2390
 #     stats.py L2556         jobs_command.py L2638  card.py L2759
-#     arguments.py L2909     run.py L3068
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3310-3381
-#   GROUNDING HELPERS  blocks/grounding.py  L3384-3395
-#   SERVER HELPERS  blocks/server/  L3398-4141
-#     serve_args.py L3412  process.py L3489     requests.py L3783
-#     pipeline.py L3896    arguments.py L4090
-#   SATURATE HELPERS  blocks/saturate.py  L4144-4311
+#     arguments.py L2909     run.py L3075
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3317-3388
+#   GROUNDING HELPERS  blocks/grounding.py  L3391-3402
+#   SERVER HELPERS  blocks/server/  L3405-4148
+#     serve_args.py L3419  process.py L3496     requests.py L3790
+#     pipeline.py L3903    arguments.py L4097
+#   SATURATE HELPERS  blocks/saturate.py  L4151-4318
 # A page's path, by the functions that take it:
 #   cell           iter_image_cells L910
 #   prepared page  read_page L1572, prepare_page L1034
-#   request        request_body L3801
-#   answer         send_page L3849, read_completion L3829
+#   request        request_body L3808
+#   answer         send_page L3856, read_completion L3836
 #   finished row   finish_row L2122
 #   journal        Journal.append L1613
 #   part           write_part L2218
@@ -2910,6 +2910,7 @@ Reproduce on Hugging Face Jobs:
 _RUN_ARGV: list = []  # this run's arguments, one word each (parse_arguments): a rerun's, a Job's
 _IDENTITY: dict = {}  # each option's dest: whether option() declared it part of the run's identity
 _THIS_MACHINE: set = set()  # the flags option() declared this machine's: not in a Job's command
+_GIVEN: set = set()  # the dests of the options the command line gave (not defaults)
 
 
 def option(group, *flags, identity: bool, this_machine: bool = False, at_least=None, above=None,
@@ -3003,6 +3004,11 @@ def argument_parser(doc: str, add_shape_arguments) -> argparse.ArgumentParser:
     return parser
 
 
+def was_given(dest: str) -> bool:
+    """Whether the command line gave this option, rather than its default taking its place."""
+    return dest in _GIVEN
+
+
 def argument_word(action: argparse.Action, value) -> str:
     """A parsed argument as one word: a value, a flag (--x, or --no-x), --option=value."""
     if not action.option_strings:  # a path given after `--` as it starts like an option: ./-x
@@ -3035,6 +3041,7 @@ def parse_arguments(doc: str, argv: list[str] | None, add_shape_arguments, shape
     _THIS_MACHINE.update(flag for action in parser._actions if getattr(action, "this_machine", 0)
                          for flag in action.option_strings)
     parsed = vars(parser.parse_args(argv))
+    _GIVEN.update(parsed)
     _RUN_ARGV[:] = [argument_word(actions[dest], parsed[dest]) for dest in
                     sorted(parsed, key=lambda dest: bool(actions[dest].option_strings))]
     given = [(actions[dest], value) for dest, value in vars(args).items() if value is not None]

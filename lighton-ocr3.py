@@ -67,21 +67,21 @@ The authors' olmOCR-Bench settings (84.7): `--mode grounding --drop-margins --ma
 #   LIGHTONOCR-3 MODEL  blocks/lighton_ocr3.py  L107-303
 #   OFFLINE MAIN  blocks/main_offline.py  L326-351
 #   main()  L327
-#   COMMON HELPERS  blocks/common/  L354-3274
+#   COMMON HELPERS  blocks/common/  L354-3281
 #     model_options.py L384  errors.py L400         secrets.py L435
 #     inputs.py L533         pages.py L892          pdf.py L1071
 #     loops.py L1350         rows.py L1461          plan.py L1554
 #     store.py L1691         saving.py L2055        manifest.py L2357
 #     stats.py L2523         jobs_command.py L2605  card.py L2726
-#     arguments.py L2876     run.py L3035
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3277-3348
-#   GROUNDING HELPERS  blocks/grounding.py  L3351-3362
-#   OFFLINE HELPERS  blocks/offline.py  L3365-3540
+#     arguments.py L2876     run.py L3042
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3284-3355
+#   GROUNDING HELPERS  blocks/grounding.py  L3358-3369
+#   OFFLINE HELPERS  blocks/offline.py  L3372-3547
 # A page's path, by the functions that take it:
 #   cell           iter_image_cells L877
 #   prepared page  read_page L1539, prepare_page L1001
-#   request        generate_batch L3415
-#   answer         generate_batch L3415
+#   request        generate_batch L3422
+#   answer         generate_batch L3422
 #   finished row   finish_row L2089
 #   journal        Journal.append L1580
 #   part           write_part L2185
@@ -2877,6 +2877,7 @@ Reproduce on Hugging Face Jobs:
 _RUN_ARGV: list = []  # this run's arguments, one word each (parse_arguments): a rerun's, a Job's
 _IDENTITY: dict = {}  # each option's dest: whether option() declared it part of the run's identity
 _THIS_MACHINE: set = set()  # the flags option() declared this machine's: not in a Job's command
+_GIVEN: set = set()  # the dests of the options the command line gave (not defaults)
 
 
 def option(group, *flags, identity: bool, this_machine: bool = False, at_least=None, above=None,
@@ -2970,6 +2971,11 @@ def argument_parser(doc: str, add_shape_arguments) -> argparse.ArgumentParser:
     return parser
 
 
+def was_given(dest: str) -> bool:
+    """Whether the command line gave this option, rather than its default taking its place."""
+    return dest in _GIVEN
+
+
 def argument_word(action: argparse.Action, value) -> str:
     """A parsed argument as one word: a value, a flag (--x, or --no-x), --option=value."""
     if not action.option_strings:  # a path given after `--` as it starts like an option: ./-x
@@ -3002,6 +3008,7 @@ def parse_arguments(doc: str, argv: list[str] | None, add_shape_arguments, shape
     _THIS_MACHINE.update(flag for action in parser._actions if getattr(action, "this_machine", 0)
                          for flag in action.option_strings)
     parsed = vars(parser.parse_args(argv))
+    _GIVEN.update(parsed)
     _RUN_ARGV[:] = [argument_word(actions[dest], parsed[dest]) for dest in
                     sorted(parsed, key=lambda dest: bool(actions[dest].option_strings))]
     given = [(actions[dest], value) for dest, value in vars(args).items() if value is not None]

@@ -79,22 +79,22 @@ Where the settings come from (the olmOCR toolkit, allenai/olmocr v0.4.27, unless
 #   PATCH GRID HELPERS  blocks/patch_grid.py  L312-345
 #   SERVER MAIN  blocks/main_server.py  L348-375
 #   main()  L349
-#   COMMON HELPERS  blocks/common/  L378-3298
+#   COMMON HELPERS  blocks/common/  L378-3305
 #     model_options.py L408  errors.py L424         secrets.py L459
 #     inputs.py L557         pages.py L916          pdf.py L1095
 #     loops.py L1374         rows.py L1485          plan.py L1578
 #     store.py L1715         saving.py L2079        manifest.py L2381
 #     stats.py L2547         jobs_command.py L2629  card.py L2750
-#     arguments.py L2900     run.py L3059
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3301-3372
-#   SERVER HELPERS  blocks/server/  L3375-4118
-#     serve_args.py L3389  process.py L3466     requests.py L3760
-#     pipeline.py L3873    arguments.py L4067
+#     arguments.py L2900     run.py L3066
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3308-3379
+#   SERVER HELPERS  blocks/server/  L3382-4125
+#     serve_args.py L3396  process.py L3473     requests.py L3767
+#     pipeline.py L3880    arguments.py L4074
 # A page's path, by the functions that take it:
 #   cell           iter_image_cells L901
 #   prepared page  read_page L1563, prepare_page L1025
-#   request        request_body L3778
-#   answer         send_page L3826, read_completion L3806
+#   request        request_body L3785
+#   answer         send_page L3833, read_completion L3813
 #   finished row   finish_row L2113
 #   journal        Journal.append L1604
 #   part           write_part L2209
@@ -2901,6 +2901,7 @@ Reproduce on Hugging Face Jobs:
 _RUN_ARGV: list = []  # this run's arguments, one word each (parse_arguments): a rerun's, a Job's
 _IDENTITY: dict = {}  # each option's dest: whether option() declared it part of the run's identity
 _THIS_MACHINE: set = set()  # the flags option() declared this machine's: not in a Job's command
+_GIVEN: set = set()  # the dests of the options the command line gave (not defaults)
 
 
 def option(group, *flags, identity: bool, this_machine: bool = False, at_least=None, above=None,
@@ -2994,6 +2995,11 @@ def argument_parser(doc: str, add_shape_arguments) -> argparse.ArgumentParser:
     return parser
 
 
+def was_given(dest: str) -> bool:
+    """Whether the command line gave this option, rather than its default taking its place."""
+    return dest in _GIVEN
+
+
 def argument_word(action: argparse.Action, value) -> str:
     """A parsed argument as one word: a value, a flag (--x, or --no-x), --option=value."""
     if not action.option_strings:  # a path given after `--` as it starts like an option: ./-x
@@ -3026,6 +3032,7 @@ def parse_arguments(doc: str, argv: list[str] | None, add_shape_arguments, shape
     _THIS_MACHINE.update(flag for action in parser._actions if getattr(action, "this_machine", 0)
                          for flag in action.option_strings)
     parsed = vars(parser.parse_args(argv))
+    _GIVEN.update(parsed)
     _RUN_ARGV[:] = [argument_word(actions[dest], parsed[dest]) for dest in
                     sorted(parsed, key=lambda dest: bool(actions[dest].option_strings))]
     given = [(actions[dest], value) for dest, value in vars(args).items() if value is not None]

@@ -58,22 +58,22 @@ retry policy (connection errors, timeouts, 429 and 5xx retried with backoff; oth
 #   OVISOCR2 MODEL  blocks/ovis_ocr2.py  L98-184
 #   SERVER MAIN  blocks/main_server.py  L220-247
 #   main()  L221
-#   COMMON HELPERS  blocks/common/  L250-3170
+#   COMMON HELPERS  blocks/common/  L250-3177
 #     model_options.py L280  errors.py L296         secrets.py L331
 #     inputs.py L429         pages.py L788          pdf.py L967
 #     loops.py L1246         rows.py L1357          plan.py L1450
 #     store.py L1587         saving.py L1951        manifest.py L2253
 #     stats.py L2419         jobs_command.py L2501  card.py L2622
-#     arguments.py L2772     run.py L2931
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3173-3244
-#   SERVER HELPERS  blocks/server/  L3247-3990
-#     serve_args.py L3261  process.py L3338     requests.py L3632
-#     pipeline.py L3745    arguments.py L3939
+#     arguments.py L2772     run.py L2938
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3180-3251
+#   SERVER HELPERS  blocks/server/  L3254-3997
+#     serve_args.py L3268  process.py L3345     requests.py L3639
+#     pipeline.py L3752    arguments.py L3946
 # A page's path, by the functions that take it:
 #   cell           iter_image_cells L773
 #   prepared page  read_page L1435, prepare_page L897
-#   request        request_body L3650
-#   answer         send_page L3698, read_completion L3678
+#   request        request_body L3657
+#   answer         send_page L3705, read_completion L3685
 #   finished row   finish_row L1985
 #   journal        Journal.append L1476
 #   part           write_part L2081
@@ -2773,6 +2773,7 @@ Reproduce on Hugging Face Jobs:
 _RUN_ARGV: list = []  # this run's arguments, one word each (parse_arguments): a rerun's, a Job's
 _IDENTITY: dict = {}  # each option's dest: whether option() declared it part of the run's identity
 _THIS_MACHINE: set = set()  # the flags option() declared this machine's: not in a Job's command
+_GIVEN: set = set()  # the dests of the options the command line gave (not defaults)
 
 
 def option(group, *flags, identity: bool, this_machine: bool = False, at_least=None, above=None,
@@ -2866,6 +2867,11 @@ def argument_parser(doc: str, add_shape_arguments) -> argparse.ArgumentParser:
     return parser
 
 
+def was_given(dest: str) -> bool:
+    """Whether the command line gave this option, rather than its default taking its place."""
+    return dest in _GIVEN
+
+
 def argument_word(action: argparse.Action, value) -> str:
     """A parsed argument as one word: a value, a flag (--x, or --no-x), --option=value."""
     if not action.option_strings:  # a path given after `--` as it starts like an option: ./-x
@@ -2898,6 +2904,7 @@ def parse_arguments(doc: str, argv: list[str] | None, add_shape_arguments, shape
     _THIS_MACHINE.update(flag for action in parser._actions if getattr(action, "this_machine", 0)
                          for flag in action.option_strings)
     parsed = vars(parser.parse_args(argv))
+    _GIVEN.update(parsed)
     _RUN_ARGV[:] = [argument_word(actions[dest], parsed[dest]) for dest in
                     sorted(parsed, key=lambda dest: bool(actions[dest].option_strings))]
     given = [(actions[dest], value) for dest, value in vars(args).items() if value is not None]

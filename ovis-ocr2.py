@@ -49,20 +49,20 @@ Where the engine arguments come from
 #   OVISOCR2 MODEL  blocks/ovis_ocr2.py  L88-174
 #   OFFLINE MAIN  blocks/main_offline.py  L203-228
 #   main()  L204
-#   COMMON HELPERS  blocks/common/  L231-3151
+#   COMMON HELPERS  blocks/common/  L231-3158
 #     model_options.py L261  errors.py L277         secrets.py L312
 #     inputs.py L410         pages.py L769          pdf.py L948
 #     loops.py L1227         rows.py L1338          plan.py L1431
 #     store.py L1568         saving.py L1932        manifest.py L2234
 #     stats.py L2400         jobs_command.py L2482  card.py L2603
-#     arguments.py L2753     run.py L2912
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3154-3225
-#   OFFLINE HELPERS  blocks/offline.py  L3228-3403
+#     arguments.py L2753     run.py L2919
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3161-3232
+#   OFFLINE HELPERS  blocks/offline.py  L3235-3410
 # A page's path, by the functions that take it:
 #   cell           iter_image_cells L754
 #   prepared page  read_page L1416, prepare_page L878
-#   request        generate_batch L3278
-#   answer         generate_batch L3278
+#   request        generate_batch L3285
+#   answer         generate_batch L3285
 #   finished row   finish_row L1966
 #   journal        Journal.append L1457
 #   part           write_part L2062
@@ -2754,6 +2754,7 @@ Reproduce on Hugging Face Jobs:
 _RUN_ARGV: list = []  # this run's arguments, one word each (parse_arguments): a rerun's, a Job's
 _IDENTITY: dict = {}  # each option's dest: whether option() declared it part of the run's identity
 _THIS_MACHINE: set = set()  # the flags option() declared this machine's: not in a Job's command
+_GIVEN: set = set()  # the dests of the options the command line gave (not defaults)
 
 
 def option(group, *flags, identity: bool, this_machine: bool = False, at_least=None, above=None,
@@ -2847,6 +2848,11 @@ def argument_parser(doc: str, add_shape_arguments) -> argparse.ArgumentParser:
     return parser
 
 
+def was_given(dest: str) -> bool:
+    """Whether the command line gave this option, rather than its default taking its place."""
+    return dest in _GIVEN
+
+
 def argument_word(action: argparse.Action, value) -> str:
     """A parsed argument as one word: a value, a flag (--x, or --no-x), --option=value."""
     if not action.option_strings:  # a path given after `--` as it starts like an option: ./-x
@@ -2879,6 +2885,7 @@ def parse_arguments(doc: str, argv: list[str] | None, add_shape_arguments, shape
     _THIS_MACHINE.update(flag for action in parser._actions if getattr(action, "this_machine", 0)
                          for flag in action.option_strings)
     parsed = vars(parser.parse_args(argv))
+    _GIVEN.update(parsed)
     _RUN_ARGV[:] = [argument_word(actions[dest], parsed[dest]) for dest in
                     sorted(parsed, key=lambda dest: bool(actions[dest].option_strings))]
     given = [(actions[dest], value) for dest, value in vars(args).items() if value is not None]

@@ -102,23 +102,23 @@ Where the settings come from, and the choices where sources differ
 #   PADDLEOCR-VL MODEL  blocks/paddleocr_vl.py  L143-377
 #   SERVER MAIN  blocks/main_server.py  L380-407
 #   main()  L381
-#   COMMON HELPERS  blocks/common/  L410-3330
+#   COMMON HELPERS  blocks/common/  L410-3337
 #     model_options.py L440  errors.py L456         secrets.py L491
 #     inputs.py L589         pages.py L948          pdf.py L1127
 #     loops.py L1406         rows.py L1517          plan.py L1610
 #     store.py L1747         saving.py L2111        manifest.py L2413
 #     stats.py L2579         jobs_command.py L2661  card.py L2782
-#     arguments.py L2932     run.py L3091
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3333-3404
-#   PATCH GRID HELPERS  blocks/patch_grid.py  L3407-3440
-#   SERVER HELPERS  blocks/server/  L3443-4186
-#     serve_args.py L3457  process.py L3534     requests.py L3828
-#     pipeline.py L3941    arguments.py L4135
+#     arguments.py L2932     run.py L3098
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3340-3411
+#   PATCH GRID HELPERS  blocks/patch_grid.py  L3414-3447
+#   SERVER HELPERS  blocks/server/  L3450-4193
+#     serve_args.py L3464  process.py L3541     requests.py L3835
+#     pipeline.py L3948    arguments.py L4142
 # A page's path, by the functions that take it:
 #   cell           iter_image_cells L933
 #   prepared page  read_page L1595, prepare_page L1057
-#   request        request_body L3846
-#   answer         send_page L3894, read_completion L3874
+#   request        request_body L3853
+#   answer         send_page L3901, read_completion L3881
 #   finished row   finish_row L2145
 #   journal        Journal.append L1636
 #   part           write_part L2241
@@ -2933,6 +2933,7 @@ Reproduce on Hugging Face Jobs:
 _RUN_ARGV: list = []  # this run's arguments, one word each (parse_arguments): a rerun's, a Job's
 _IDENTITY: dict = {}  # each option's dest: whether option() declared it part of the run's identity
 _THIS_MACHINE: set = set()  # the flags option() declared this machine's: not in a Job's command
+_GIVEN: set = set()  # the dests of the options the command line gave (not defaults)
 
 
 def option(group, *flags, identity: bool, this_machine: bool = False, at_least=None, above=None,
@@ -3026,6 +3027,11 @@ def argument_parser(doc: str, add_shape_arguments) -> argparse.ArgumentParser:
     return parser
 
 
+def was_given(dest: str) -> bool:
+    """Whether the command line gave this option, rather than its default taking its place."""
+    return dest in _GIVEN
+
+
 def argument_word(action: argparse.Action, value) -> str:
     """A parsed argument as one word: a value, a flag (--x, or --no-x), --option=value."""
     if not action.option_strings:  # a path given after `--` as it starts like an option: ./-x
@@ -3058,6 +3064,7 @@ def parse_arguments(doc: str, argv: list[str] | None, add_shape_arguments, shape
     _THIS_MACHINE.update(flag for action in parser._actions if getattr(action, "this_machine", 0)
                          for flag in action.option_strings)
     parsed = vars(parser.parse_args(argv))
+    _GIVEN.update(parsed)
     _RUN_ARGV[:] = [argument_word(actions[dest], parsed[dest]) for dest in
                     sorted(parsed, key=lambda dest: bool(actions[dest].option_strings))]
     given = [(actions[dest], value) for dest, value in vars(args).items() if value is not None]

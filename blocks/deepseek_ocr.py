@@ -11,7 +11,7 @@ line on) into the scripts that carry it. Its functions may call the grounding bl
 
 import re
 
-from blocks.common.arguments import option
+from blocks.common.arguments import option, was_given
 from blocks.grounding import block_box
 
 # Set by each script above the block (placeholders here, for ruff and for tests that import it)
@@ -77,14 +77,17 @@ def model_argument_problems(args) -> list[str]:
     if args.prompt is not None and not args.prompt.strip():  # else the default ran unsaid
         return ["--prompt is empty: give the prompt's text, or leave --prompt out for "
                 f"--prompt-mode's (default: {DEFAULT_PROMPT_MODE})"]
+    if args.prompt is not None and was_given("prompt_mode"):  # else the mode was dropped unsaid
+        return [f"--prompt and --prompt-mode {args.prompt_mode} both given: --prompt replaces "
+                "the mode's prompt, so give one of them"]
     return []
 
 
 def add_model_arguments(parser) -> None:
     option(parser, "--prompt-mode", choices=sorted(PROMPTS), default=DEFAULT_PROMPT_MODE,
            identity=True, help=f"which of the model's prompts (default: {DEFAULT_PROMPT_MODE})")
-    option(parser, "--prompt", identity=True, help="a custom prompt instead (without the <image> "
-           "prefix); one longer than the built-in ones needs a lower --max-tokens, which the "
+    option(parser, "--prompt", identity=True, help="a custom prompt instead of --prompt-mode's "
+           "(not with it; without the <image> prefix); one longer than the built-in ones needs a lower --max-tokens, which the "
            "start-up check names")
     option(parser, "--keep-raw", identity=True, action="store_true",
            help="also keep the raw output, grounding tags and all, in <column>_raw")

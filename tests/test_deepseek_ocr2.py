@@ -199,3 +199,31 @@ def test_an_empty_prompt_is_refused_not_replaced_by_the_default(tmp_path, stub_s
     assert "--prompt is empty" in run.stderr and "--prompt-mode" in run.stderr, run.stderr
     assert "Traceback" not in run.stderr and not stub.requests()
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("words", [["--prompt", "Read it.", "--prompt-mode", "free"],
+                                   ["--prompt-mode=document", "--prompt=Read it."],
+                                   ["--prompt-mode", "free", "--prompt", "Read it."]],
+                         ids=["prompt-first", "equals", "mode-first"])
+@pytest.mark.parametrize("script", [SCRIPT, "deepseek-ocr-server.py"])
+def test_a_prompt_with_a_prompt_mode_is_refused_not_one_dropped_unsaid(tmp_path, stub_server,
+                                                                       script, words):
+    """--prompt replaces the mode's prompt: given with --prompt-mode (a mode kept from an earlier
+    command), the mode was dropped without a word. Refused before any page; either alone runs."""
+    stub = stub_server("--model", load_script(script).MODEL_ID)
+    write_image_folder(tmp_path / "in", 1)
+    run = run_script(script, str(tmp_path / "in"), str(tmp_path / "out"), "--server", stub.url,
+                     *words, "--no-sanity-check")
+    assert run.returncode == 2, run.stderr
+    assert "--prompt and --prompt-mode" in run.stderr and "give one of them" in run.stderr
+    assert "Traceback" not in run.stderr and not stub.requests()
+    assert not (tmp_path / "out").exists()
+    if words[0] != "--prompt":
+        return
+    for alone, prompt in ((["--prompt", "Read it."], "Read it."),
+                          (["--prompt-mode", "free"], load_script(script).PROMPTS["free"])):
+        out = tmp_path / f"out{alone[0]}"
+        run = run_script(script, str(tmp_path / "in"), str(out), "--server", stub.url, *alone,
+                         "--no-sanity-check")
+        assert run.returncode == 0, (alone, run.stderr[-2000:])
+        assert stub.requests()[-1]["texts"] == [prompt], alone
