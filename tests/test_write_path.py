@@ -37,7 +37,7 @@ def journal_rows(out: Path) -> int:
 
 def rows_only_in_journal(out: Path) -> set[int]:
     rows = {json.loads(line)["row"] for p in (out / ".ocr" / "journal").rglob("*.jsonl")
-            for line in p.read_text().splitlines() if line.endswith("}")}
+            for line in whole_lines(p)}
     for part in (out / "data").glob("part-*.parquet"):
         start, stop = part.stem.split("-")[1:]
         rows -= set(range(int(start), int(stop)))
