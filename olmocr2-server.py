@@ -2630,7 +2630,7 @@ def write_stats(stats: dict, args) -> None:
 def rerun_advice() -> str:
     """How to finish a run that has written rows: the same command, but not --restart."""
     return "rerun the same command" + (" without --restart (with it, the run starts over)"
-                                       if "--restart" in _RUN_ARGV else "")
+                                       if was_given("restart") else "")
 
 
 def jobs_spec() -> dict:

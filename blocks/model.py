@@ -70,6 +70,7 @@ MODEL_SECTION_HELPERS = {
         "encode_page",  # a page resized and encoded: (data, mime, width, height)
         "log", "fail",  # a line to stderr, secrets masked; an error that stops the run
         "option",  # add_argument that says whether the option is part of the run's identity
+        "was_given",  # whether the command line gave an option (not its default)
         "requested_revision", "resolved_revision",  # the weights' revision asked for; its sha
         "argparse", "io", "json", "math", "Path",  # the block's imports
     ], "COMMON HELPERS"),

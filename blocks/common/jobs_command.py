@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from blocks.common.arguments import _RUN_ARGV, _THIS_MACHINE
+from blocks.common.arguments import _RUN_ARGV, _THIS_MACHINE, was_given
 from blocks.common.inputs import REPO_ID, script_name
 from blocks.common.model_options import IMAGE_HAS_UV, JOB_PAGES_PER_S
 from blocks.common.secrets import flag_items, redact_argv, redact_text
@@ -18,7 +18,7 @@ from blocks.model import JOB_IMAGE
 def rerun_advice() -> str:
     """How to finish a run that has written rows: the same command, but not --restart."""
     return "rerun the same command" + (" without --restart (with it, the run starts over)"
-                                       if "--restart" in _RUN_ARGV else "")
+                                       if was_given("restart") else "")
 
 
 def jobs_spec() -> dict:
