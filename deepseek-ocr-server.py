@@ -74,30 +74,30 @@ Where the settings come from (vLLM's DeepSeek-OCR recipe)
 # Its parts (edit a block in its source, then run the assembler):
 #   model section  L106
 #   DEEPSEEK-OCR MODEL  blocks/deepseek_ocr.py  L129-298
-#   SERVER MAIN  blocks/main_server.py  L301-328
+#   SERVER MAIN  blocks/main_server.py  L301-329
 #   main()  L302
-#   COMMON HELPERS  blocks/common/  L331-3258
-#     model_options.py L361  errors.py L377         secrets.py L412
-#     inputs.py L510         pages.py L869          pdf.py L1048
-#     loops.py L1327         rows.py L1438          plan.py L1531
-#     store.py L1668         saving.py L2032        manifest.py L2334
-#     stats.py L2500         jobs_command.py L2582  card.py L2703
-#     arguments.py L2853     run.py L3019
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3261-3332
-#   GROUNDING HELPERS  blocks/grounding.py  L3335-3346
-#   SERVER HELPERS  blocks/server/  L3349-4092
-#     serve_args.py L3363  process.py L3440     requests.py L3734
-#     pipeline.py L3847    arguments.py L4041
+#   COMMON HELPERS  blocks/common/  L332-3266
+#     model_options.py L362  errors.py L378         secrets.py L413
+#     inputs.py L511         pages.py L870          pdf.py L1049
+#     loops.py L1328         rows.py L1439          plan.py L1532
+#     store.py L1669         saving.py L2033        manifest.py L2335
+#     stats.py L2501         jobs_command.py L2583  card.py L2704
+#     arguments.py L2854     run.py L3020
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3269-3340
+#   GROUNDING HELPERS  blocks/grounding.py  L3343-3354
+#   SERVER HELPERS  blocks/server/  L3357-4109
+#     serve_args.py L3371  process.py L3448     requests.py L3742
+#     pipeline.py L3855    arguments.py L4058
 # A page's path, by the functions that take it:
-#   cell           iter_image_cells L854
-#   prepared page  read_page L1516, prepare_page L978
-#   request        request_body L3752
-#   answer         send_page L3800, read_completion L3780
-#   finished row   finish_row L2066
-#   journal        Journal.append L1557
-#   part           write_part L2162
-#   commit         OutputStore.publish L1927, OutputStore.commit L1946
-#   card           build_card L2775
+#   cell           iter_image_cells L855
+#   prepared page  read_page L1517, prepare_page L979
+#   request        request_body L3760
+#   answer         send_page L3808, read_completion L3788
+#   finished row   finish_row L2067
+#   journal        Journal.append L1558
+#   part           write_part L2163
+#   commit         OutputStore.publish L1928, OutputStore.commit L1947
+#   card           build_card L2776
 # ==== END MAP ====
 
 import re
@@ -312,14 +312,15 @@ def main(argv: list[str] | None = None, hub_api=None) -> int:
         if args.check_only:  # a Job's own server: its context checked, nothing asked
             check_context_budget(serve_max_model_len(args), args)
         else:  # a server to use or wait for, else `vllm` here to start one
-            run_async(server.plan())
+            run_async(server.plan(), run.interrupts)
         open_output_and_input(run, hub_api)
         claim_run_output(run)
         if args.check_only:
             return report_check(run)
         plan_run(run)
         if run.plan.send:  # the server started if planned, then the window kept full
-            run_async(run_server_pipeline(run, args, server, window_type(args, run)))
+            run_async(run_server_pipeline(run, args, server, window_type(args, run)),
+                      run.interrupts)
     if run.writer is None:  # stopped before the plan: no trace of this run is left
         return run.exit_code
     save_rows(run, stop_engine=server.stop)  # whatever stopped the run
@@ -3023,6 +3024,7 @@ class Interrupts:
 
     def __init__(self):
         self.signum, self.saving = None, False
+        self.task = None  # asyncio.run's task while it runs (run_async): a signal cancels it
         self.previous = {sig: signal.signal(sig, self.on_signal)
                          for sig in (signal.SIGINT, signal.SIGTERM)
                          if threading.current_thread() is threading.main_thread()}
@@ -3037,6 +3039,12 @@ class Interrupts:
         if frame:  # a finalizer, whose exception Python ignores (and prints): the signal again
             return threading.Timer(0.05, os.kill, (os.getpid(), signum)).start()
         self.signum, self.saving = signum, True  # the rows are saved before another one counts
+        if self.task is not None and not self.task.done():
+            # inside the event loop a KeyboardInterrupt can land in asyncio's or httpx's own
+            # bookkeeping and leave a future nobody resolves (seen: an exit that hung for good);
+            # the task stops at its next await instead, as asyncio.run does with a Ctrl-C
+            self.task.cancel()
+            return
         raise KeyboardInterrupt
 
     def exit_code(self) -> int:  # 130 for SIGINT, 143 for SIGTERM
@@ -3922,13 +3930,22 @@ def holds_interrupt(exc) -> bool:
                                                          getattr(exc, "exceptions", ())))
 
 
-def run_async(work) -> None:
-    """asyncio.run; a Ctrl-C landing in a task is said once (any_stop_said), not its traceback."""
+def run_async(work, interrupts) -> None:
+    """asyncio.run; a signal cancels the work at its next await (Interrupts.task), which then
+    stops the run as a KeyboardInterrupt, said once (any_stop_said), not as a traceback."""
     async def quietly():
         asyncio.get_running_loop().set_exception_handler(
             lambda loop, context: holds_interrupt(context.get("exception")) or
             loop.default_exception_handler(context))
-        await work
+        interrupts.task = asyncio.current_task()
+        try:
+            await work
+        except asyncio.CancelledError:
+            if interrupts.signum is None:
+                raise
+            raise KeyboardInterrupt from None
+        finally:
+            interrupts.task = None
 
     asyncio.run(quietly())
 

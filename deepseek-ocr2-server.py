@@ -90,30 +90,30 @@ and vLLM's DeepSeek-OCR-2 recipe)
 # Its parts (edit a block in its source, then run the assembler):
 #   model section  L122
 #   DEEPSEEK-OCR MODEL  blocks/deepseek_ocr.py  L144-313
-#   SERVER MAIN  blocks/main_server.py  L316-343
+#   SERVER MAIN  blocks/main_server.py  L316-344
 #   main()  L317
-#   COMMON HELPERS  blocks/common/  L346-3273
-#     model_options.py L376  errors.py L392         secrets.py L427
-#     inputs.py L525         pages.py L884          pdf.py L1063
-#     loops.py L1342         rows.py L1453          plan.py L1546
-#     store.py L1683         saving.py L2047        manifest.py L2349
-#     stats.py L2515         jobs_command.py L2597  card.py L2718
-#     arguments.py L2868     run.py L3034
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3276-3347
-#   GROUNDING HELPERS  blocks/grounding.py  L3350-3361
-#   SERVER HELPERS  blocks/server/  L3364-4107
-#     serve_args.py L3378  process.py L3455     requests.py L3749
-#     pipeline.py L3862    arguments.py L4056
+#   COMMON HELPERS  blocks/common/  L347-3281
+#     model_options.py L377  errors.py L393         secrets.py L428
+#     inputs.py L526         pages.py L885          pdf.py L1064
+#     loops.py L1343         rows.py L1454          plan.py L1547
+#     store.py L1684         saving.py L2048        manifest.py L2350
+#     stats.py L2516         jobs_command.py L2598  card.py L2719
+#     arguments.py L2869     run.py L3035
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3284-3355
+#   GROUNDING HELPERS  blocks/grounding.py  L3358-3369
+#   SERVER HELPERS  blocks/server/  L3372-4124
+#     serve_args.py L3386  process.py L3463     requests.py L3757
+#     pipeline.py L3870    arguments.py L4073
 # A page's path, by the functions that take it:
-#   cell           iter_image_cells L869
-#   prepared page  read_page L1531, prepare_page L993
-#   request        request_body L3767
-#   answer         send_page L3815, read_completion L3795
-#   finished row   finish_row L2081
-#   journal        Journal.append L1572
-#   part           write_part L2177
-#   commit         OutputStore.publish L1942, OutputStore.commit L1961
-#   card           build_card L2790
+#   cell           iter_image_cells L870
+#   prepared page  read_page L1532, prepare_page L994
+#   request        request_body L3775
+#   answer         send_page L3823, read_completion L3803
+#   finished row   finish_row L2082
+#   journal        Journal.append L1573
+#   part           write_part L2178
+#   commit         OutputStore.publish L1943, OutputStore.commit L1962
+#   card           build_card L2791
 # ==== END MAP ====
 
 import re
@@ -327,14 +327,15 @@ def main(argv: list[str] | None = None, hub_api=None) -> int:
         if args.check_only:  # a Job's own server: its context checked, nothing asked
             check_context_budget(serve_max_model_len(args), args)
         else:  # a server to use or wait for, else `vllm` here to start one
-            run_async(server.plan())
+            run_async(server.plan(), run.interrupts)
         open_output_and_input(run, hub_api)
         claim_run_output(run)
         if args.check_only:
             return report_check(run)
         plan_run(run)
         if run.plan.send:  # the server started if planned, then the window kept full
-            run_async(run_server_pipeline(run, args, server, window_type(args, run)))
+            run_async(run_server_pipeline(run, args, server, window_type(args, run)),
+                      run.interrupts)
     if run.writer is None:  # stopped before the plan: no trace of this run is left
         return run.exit_code
     save_rows(run, stop_engine=server.stop)  # whatever stopped the run
@@ -3038,6 +3039,7 @@ class Interrupts:
 
     def __init__(self):
         self.signum, self.saving = None, False
+        self.task = None  # asyncio.run's task while it runs (run_async): a signal cancels it
         self.previous = {sig: signal.signal(sig, self.on_signal)
                          for sig in (signal.SIGINT, signal.SIGTERM)
                          if threading.current_thread() is threading.main_thread()}
@@ -3052,6 +3054,12 @@ class Interrupts:
         if frame:  # a finalizer, whose exception Python ignores (and prints): the signal again
             return threading.Timer(0.05, os.kill, (os.getpid(), signum)).start()
         self.signum, self.saving = signum, True  # the rows are saved before another one counts
+        if self.task is not None and not self.task.done():
+            # inside the event loop a KeyboardInterrupt can land in asyncio's or httpx's own
+            # bookkeeping and leave a future nobody resolves (seen: an exit that hung for good);
+            # the task stops at its next await instead, as asyncio.run does with a Ctrl-C
+            self.task.cancel()
+            return
         raise KeyboardInterrupt
 
     def exit_code(self) -> int:  # 130 for SIGINT, 143 for SIGTERM
@@ -3937,13 +3945,22 @@ def holds_interrupt(exc) -> bool:
                                                          getattr(exc, "exceptions", ())))
 
 
-def run_async(work) -> None:
-    """asyncio.run; a Ctrl-C landing in a task is said once (any_stop_said), not its traceback."""
+def run_async(work, interrupts) -> None:
+    """asyncio.run; a signal cancels the work at its next await (Interrupts.task), which then
+    stops the run as a KeyboardInterrupt, said once (any_stop_said), not as a traceback."""
     async def quietly():
         asyncio.get_running_loop().set_exception_handler(
             lambda loop, context: holds_interrupt(context.get("exception")) or
             loop.default_exception_handler(context))
-        await work
+        interrupts.task = asyncio.current_task()
+        try:
+            await work
+        except asyncio.CancelledError:
+            if interrupts.signum is None:
+                raise
+            raise KeyboardInterrupt from None
+        finally:
+            interrupts.task = None
 
     asyncio.run(quietly())
 

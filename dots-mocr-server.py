@@ -90,30 +90,30 @@ Post-processing, as the authors' formatter builds Markdown (dots_mocr/utils/form
 #   model section  L123
 #   PATCH GRID HELPERS  blocks/patch_grid.py  L136-169
 #   DOTS-MOCR MODEL  blocks/dots_mocr.py  L172-400
-#   SERVER MAIN  blocks/main_server.py  L403-430
+#   SERVER MAIN  blocks/main_server.py  L403-431
 #   main()  L404
-#   COMMON HELPERS  blocks/common/  L433-3360
-#     model_options.py L463  errors.py L479         secrets.py L514
-#     inputs.py L612         pages.py L971          pdf.py L1150
-#     loops.py L1429         rows.py L1540          plan.py L1633
-#     store.py L1770         saving.py L2134        manifest.py L2436
-#     stats.py L2602         jobs_command.py L2684  card.py L2805
-#     arguments.py L2955     run.py L3121
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3363-3434
-#   GROUNDING HELPERS  blocks/grounding.py  L3437-3448
-#   SERVER HELPERS  blocks/server/  L3451-4194
-#     serve_args.py L3465  process.py L3542     requests.py L3836
-#     pipeline.py L3949    arguments.py L4143
+#   COMMON HELPERS  blocks/common/  L434-3368
+#     model_options.py L464  errors.py L480         secrets.py L515
+#     inputs.py L613         pages.py L972          pdf.py L1151
+#     loops.py L1430         rows.py L1541          plan.py L1634
+#     store.py L1771         saving.py L2135        manifest.py L2437
+#     stats.py L2603         jobs_command.py L2685  card.py L2806
+#     arguments.py L2956     run.py L3122
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3371-3442
+#   GROUNDING HELPERS  blocks/grounding.py  L3445-3456
+#   SERVER HELPERS  blocks/server/  L3459-4211
+#     serve_args.py L3473  process.py L3550     requests.py L3844
+#     pipeline.py L3957    arguments.py L4160
 # A page's path, by the functions that take it:
-#   cell           iter_image_cells L956
-#   prepared page  read_page L1618, prepare_page L1080
-#   request        request_body L3854
-#   answer         send_page L3902, read_completion L3882
-#   finished row   finish_row L2168
-#   journal        Journal.append L1659
-#   part           write_part L2264
-#   commit         OutputStore.publish L2029, OutputStore.commit L2048
-#   card           build_card L2877
+#   cell           iter_image_cells L957
+#   prepared page  read_page L1619, prepare_page L1081
+#   request        request_body L3862
+#   answer         send_page L3910, read_completion L3890
+#   finished row   finish_row L2169
+#   journal        Journal.append L1660
+#   part           write_part L2265
+#   commit         OutputStore.publish L2030, OutputStore.commit L2049
+#   card           build_card L2878
 # ==== END MAP ====
 
 import argparse
@@ -414,14 +414,15 @@ def main(argv: list[str] | None = None, hub_api=None) -> int:
         if args.check_only:  # a Job's own server: its context checked, nothing asked
             check_context_budget(serve_max_model_len(args), args)
         else:  # a server to use or wait for, else `vllm` here to start one
-            run_async(server.plan())
+            run_async(server.plan(), run.interrupts)
         open_output_and_input(run, hub_api)
         claim_run_output(run)
         if args.check_only:
             return report_check(run)
         plan_run(run)
         if run.plan.send:  # the server started if planned, then the window kept full
-            run_async(run_server_pipeline(run, args, server, window_type(args, run)))
+            run_async(run_server_pipeline(run, args, server, window_type(args, run)),
+                      run.interrupts)
     if run.writer is None:  # stopped before the plan: no trace of this run is left
         return run.exit_code
     save_rows(run, stop_engine=server.stop)  # whatever stopped the run
@@ -3125,6 +3126,7 @@ class Interrupts:
 
     def __init__(self):
         self.signum, self.saving = None, False
+        self.task = None  # asyncio.run's task while it runs (run_async): a signal cancels it
         self.previous = {sig: signal.signal(sig, self.on_signal)
                          for sig in (signal.SIGINT, signal.SIGTERM)
                          if threading.current_thread() is threading.main_thread()}
@@ -3139,6 +3141,12 @@ class Interrupts:
         if frame:  # a finalizer, whose exception Python ignores (and prints): the signal again
             return threading.Timer(0.05, os.kill, (os.getpid(), signum)).start()
         self.signum, self.saving = signum, True  # the rows are saved before another one counts
+        if self.task is not None and not self.task.done():
+            # inside the event loop a KeyboardInterrupt can land in asyncio's or httpx's own
+            # bookkeeping and leave a future nobody resolves (seen: an exit that hung for good);
+            # the task stops at its next await instead, as asyncio.run does with a Ctrl-C
+            self.task.cancel()
+            return
         raise KeyboardInterrupt
 
     def exit_code(self) -> int:  # 130 for SIGINT, 143 for SIGTERM
@@ -4024,13 +4032,22 @@ def holds_interrupt(exc) -> bool:
                                                          getattr(exc, "exceptions", ())))
 
 
-def run_async(work) -> None:
-    """asyncio.run; a Ctrl-C landing in a task is said once (any_stop_said), not its traceback."""
+def run_async(work, interrupts) -> None:
+    """asyncio.run; a signal cancels the work at its next await (Interrupts.task), which then
+    stops the run as a KeyboardInterrupt, said once (any_stop_said), not as a traceback."""
     async def quietly():
         asyncio.get_running_loop().set_exception_handler(
             lambda loop, context: holds_interrupt(context.get("exception")) or
             loop.default_exception_handler(context))
-        await work
+        interrupts.task = asyncio.current_task()
+        try:
+            await work
+        except asyncio.CancelledError:
+            if interrupts.signum is None:
+                raise
+            raise KeyboardInterrupt from None
+        finally:
+            interrupts.task = None
 
     asyncio.run(quietly())
 

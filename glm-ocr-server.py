@@ -91,30 +91,30 @@ Where the settings come from (the authors' README and SDK, the card, vLLM's reci
 # Its parts (edit a block in its source, then run the assembler):
 #   model section  L124
 #   GLM-OCR MODEL  blocks/glm_ocr.py  L135-333
-#   SERVER MAIN  blocks/main_server.py  L336-363
+#   SERVER MAIN  blocks/main_server.py  L336-364
 #   main()  L337
-#   COMMON HELPERS  blocks/common/  L366-3293
-#     model_options.py L396  errors.py L412         secrets.py L447
-#     inputs.py L545         pages.py L904          pdf.py L1083
-#     loops.py L1362         rows.py L1473          plan.py L1566
-#     store.py L1703         saving.py L2067        manifest.py L2369
-#     stats.py L2535         jobs_command.py L2617  card.py L2738
-#     arguments.py L2888     run.py L3054
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3296-3367
-#   PATCH GRID HELPERS  blocks/patch_grid.py  L3370-3403
-#   SERVER HELPERS  blocks/server/  L3406-4149
-#     serve_args.py L3420  process.py L3497     requests.py L3791
-#     pipeline.py L3904    arguments.py L4098
+#   COMMON HELPERS  blocks/common/  L367-3301
+#     model_options.py L397  errors.py L413         secrets.py L448
+#     inputs.py L546         pages.py L905          pdf.py L1084
+#     loops.py L1363         rows.py L1474          plan.py L1567
+#     store.py L1704         saving.py L2068        manifest.py L2370
+#     stats.py L2536         jobs_command.py L2618  card.py L2739
+#     arguments.py L2889     run.py L3055
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3304-3375
+#   PATCH GRID HELPERS  blocks/patch_grid.py  L3378-3411
+#   SERVER HELPERS  blocks/server/  L3414-4166
+#     serve_args.py L3428  process.py L3505     requests.py L3799
+#     pipeline.py L3912    arguments.py L4115
 # A page's path, by the functions that take it:
-#   cell           iter_image_cells L889
-#   prepared page  read_page L1551, prepare_page L1013
-#   request        request_body L3809
-#   answer         send_page L3857, read_completion L3837
-#   finished row   finish_row L2101
-#   journal        Journal.append L1592
-#   part           write_part L2197
-#   commit         OutputStore.publish L1962, OutputStore.commit L1981
-#   card           build_card L2810
+#   cell           iter_image_cells L890
+#   prepared page  read_page L1552, prepare_page L1014
+#   request        request_body L3817
+#   answer         send_page L3865, read_completion L3845
+#   finished row   finish_row L2102
+#   journal        Journal.append L1593
+#   part           write_part L2198
+#   commit         OutputStore.publish L1963, OutputStore.commit L1982
+#   card           build_card L2811
 # ==== END MAP ====
 
 import json
@@ -347,14 +347,15 @@ def main(argv: list[str] | None = None, hub_api=None) -> int:
         if args.check_only:  # a Job's own server: its context checked, nothing asked
             check_context_budget(serve_max_model_len(args), args)
         else:  # a server to use or wait for, else `vllm` here to start one
-            run_async(server.plan())
+            run_async(server.plan(), run.interrupts)
         open_output_and_input(run, hub_api)
         claim_run_output(run)
         if args.check_only:
             return report_check(run)
         plan_run(run)
         if run.plan.send:  # the server started if planned, then the window kept full
-            run_async(run_server_pipeline(run, args, server, window_type(args, run)))
+            run_async(run_server_pipeline(run, args, server, window_type(args, run)),
+                      run.interrupts)
     if run.writer is None:  # stopped before the plan: no trace of this run is left
         return run.exit_code
     save_rows(run, stop_engine=server.stop)  # whatever stopped the run
@@ -3058,6 +3059,7 @@ class Interrupts:
 
     def __init__(self):
         self.signum, self.saving = None, False
+        self.task = None  # asyncio.run's task while it runs (run_async): a signal cancels it
         self.previous = {sig: signal.signal(sig, self.on_signal)
                          for sig in (signal.SIGINT, signal.SIGTERM)
                          if threading.current_thread() is threading.main_thread()}
@@ -3072,6 +3074,12 @@ class Interrupts:
         if frame:  # a finalizer, whose exception Python ignores (and prints): the signal again
             return threading.Timer(0.05, os.kill, (os.getpid(), signum)).start()
         self.signum, self.saving = signum, True  # the rows are saved before another one counts
+        if self.task is not None and not self.task.done():
+            # inside the event loop a KeyboardInterrupt can land in asyncio's or httpx's own
+            # bookkeeping and leave a future nobody resolves (seen: an exit that hung for good);
+            # the task stops at its next await instead, as asyncio.run does with a Ctrl-C
+            self.task.cancel()
+            return
         raise KeyboardInterrupt
 
     def exit_code(self) -> int:  # 130 for SIGINT, 143 for SIGTERM
@@ -3979,13 +3987,22 @@ def holds_interrupt(exc) -> bool:
                                                          getattr(exc, "exceptions", ())))
 
 
-def run_async(work) -> None:
-    """asyncio.run; a Ctrl-C landing in a task is said once (any_stop_said), not its traceback."""
+def run_async(work, interrupts) -> None:
+    """asyncio.run; a signal cancels the work at its next await (Interrupts.task), which then
+    stops the run as a KeyboardInterrupt, said once (any_stop_said), not as a traceback."""
     async def quietly():
         asyncio.get_running_loop().set_exception_handler(
             lambda loop, context: holds_interrupt(context.get("exception")) or
             loop.default_exception_handler(context))
-        await work
+        interrupts.task = asyncio.current_task()
+        try:
+            await work
+        except asyncio.CancelledError:
+            if interrupts.signum is None:
+                raise
+            raise KeyboardInterrupt from None
+        finally:
+            interrupts.task = None
 
     asyncio.run(quietly())
 

@@ -75,31 +75,31 @@ very complex layouts. No client-side downscale: the tile grid is chosen from the
 # ==== MAP (written by tools/sync_helpers.py) ====
 # Its parts (edit a block in its source, then run the assembler):
 #   model section  L108
-#   SATURATE MAIN  blocks/main_saturate.py  L449-476
+#   SATURATE MAIN  blocks/main_saturate.py  L449-477
 #   main()  L450
-#   COMMON HELPERS  blocks/common/  L479-3406
-#     model_options.py L509  errors.py L525         secrets.py L560
-#     inputs.py L658         pages.py L1017         pdf.py L1196
-#     loops.py L1475         rows.py L1586          plan.py L1679
-#     store.py L1816         saving.py L2180        manifest.py L2482
-#     stats.py L2648         jobs_command.py L2730  card.py L2851
-#     arguments.py L3001     run.py L3167
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3409-3480
-#   GROUNDING HELPERS  blocks/grounding.py  L3483-3494
-#   SERVER HELPERS  blocks/server/  L3497-4240
-#     serve_args.py L3511  process.py L3588     requests.py L3882
-#     pipeline.py L3995    arguments.py L4189
-#   SATURATE HELPERS  blocks/saturate.py  L4243-4410
+#   COMMON HELPERS  blocks/common/  L480-3414
+#     model_options.py L510  errors.py L526         secrets.py L561
+#     inputs.py L659         pages.py L1018         pdf.py L1197
+#     loops.py L1476         rows.py L1587          plan.py L1680
+#     store.py L1817         saving.py L2181        manifest.py L2483
+#     stats.py L2649         jobs_command.py L2731  card.py L2852
+#     arguments.py L3002     run.py L3168
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3417-3488
+#   GROUNDING HELPERS  blocks/grounding.py  L3491-3502
+#   SERVER HELPERS  blocks/server/  L3505-4257
+#     serve_args.py L3519  process.py L3596     requests.py L3890
+#     pipeline.py L4003    arguments.py L4206
+#   SATURATE HELPERS  blocks/saturate.py  L4260-4427
 # A page's path, by the functions that take it:
-#   cell           iter_image_cells L1002
-#   prepared page  read_page L1664, prepare_page L1126
-#   request        request_body L3900
-#   answer         send_page L3948, read_completion L3928
-#   finished row   finish_row L2214
-#   journal        Journal.append L1705
-#   part           write_part L2310
-#   commit         OutputStore.publish L2075, OutputStore.commit L2094
-#   card           build_card L2923
+#   cell           iter_image_cells L1003
+#   prepared page  read_page L1665, prepare_page L1127
+#   request        request_body L3908
+#   answer         send_page L3956, read_completion L3936
+#   finished row   finish_row L2215
+#   journal        Journal.append L1706
+#   part           write_part L2311
+#   commit         OutputStore.publish L2076, OutputStore.commit L2095
+#   card           build_card L2924
 # ==== END MAP ====
 
 import re
@@ -460,14 +460,15 @@ def main(argv: list[str] | None = None, hub_api=None) -> int:
         if args.check_only:  # a Job's own server: its context checked, nothing asked
             check_context_budget(serve_max_model_len(args), args)
         else:  # a server to use or wait for, else `vllm` here to start one
-            run_async(server.plan())
+            run_async(server.plan(), run.interrupts)
         open_output_and_input(run, hub_api)
         claim_run_output(run)
         if args.check_only:
             return report_check(run)
         plan_run(run)
         if run.plan.send:  # the server started if planned, then the window kept full
-            run_async(run_server_pipeline(run, args, server, window_type(args, run)))
+            run_async(run_server_pipeline(run, args, server, window_type(args, run)),
+                      run.interrupts)
     if run.writer is None:  # stopped before the plan: no trace of this run is left
         return run.exit_code
     save_rows(run, stop_engine=server.stop)  # whatever stopped the run
@@ -3171,6 +3172,7 @@ class Interrupts:
 
     def __init__(self):
         self.signum, self.saving = None, False
+        self.task = None  # asyncio.run's task while it runs (run_async): a signal cancels it
         self.previous = {sig: signal.signal(sig, self.on_signal)
                          for sig in (signal.SIGINT, signal.SIGTERM)
                          if threading.current_thread() is threading.main_thread()}
@@ -3185,6 +3187,12 @@ class Interrupts:
         if frame:  # a finalizer, whose exception Python ignores (and prints): the signal again
             return threading.Timer(0.05, os.kill, (os.getpid(), signum)).start()
         self.signum, self.saving = signum, True  # the rows are saved before another one counts
+        if self.task is not None and not self.task.done():
+            # inside the event loop a KeyboardInterrupt can land in asyncio's or httpx's own
+            # bookkeeping and leave a future nobody resolves (seen: an exit that hung for good);
+            # the task stops at its next await instead, as asyncio.run does with a Ctrl-C
+            self.task.cancel()
+            return
         raise KeyboardInterrupt
 
     def exit_code(self) -> int:  # 130 for SIGINT, 143 for SIGTERM
@@ -4070,13 +4078,22 @@ def holds_interrupt(exc) -> bool:
                                                          getattr(exc, "exceptions", ())))
 
 
-def run_async(work) -> None:
-    """asyncio.run; a Ctrl-C landing in a task is said once (any_stop_said), not its traceback."""
+def run_async(work, interrupts) -> None:
+    """asyncio.run; a signal cancels the work at its next await (Interrupts.task), which then
+    stops the run as a KeyboardInterrupt, said once (any_stop_said), not as a traceback."""
     async def quietly():
         asyncio.get_running_loop().set_exception_handler(
             lambda loop, context: holds_interrupt(context.get("exception")) or
             loop.default_exception_handler(context))
-        await work
+        interrupts.task = asyncio.current_task()
+        try:
+            await work
+        except asyncio.CancelledError:
+            if interrupts.signum is None:
+                raise
+            raise KeyboardInterrupt from None
+        finally:
+            interrupts.task = None
 
     asyncio.run(quietly())
 

@@ -88,31 +88,31 @@ The authors' olmOCR-Bench settings (84.7): `--mode grounding --drop-margins --ma
 # Its parts (edit a block in its source, then run the assembler):
 #   model section  L121
 #   LIGHTONOCR-3 MODEL  blocks/lighton_ocr3.py  L133-329
-#   SATURATE MAIN  blocks/main_saturate.py  L357-384
+#   SATURATE MAIN  blocks/main_saturate.py  L357-385
 #   main()  L358
-#   COMMON HELPERS  blocks/common/  L387-3314
-#     model_options.py L417  errors.py L433         secrets.py L468
-#     inputs.py L566         pages.py L925          pdf.py L1104
-#     loops.py L1383         rows.py L1494          plan.py L1587
-#     store.py L1724         saving.py L2088        manifest.py L2390
-#     stats.py L2556         jobs_command.py L2638  card.py L2759
-#     arguments.py L2909     run.py L3075
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3317-3388
-#   GROUNDING HELPERS  blocks/grounding.py  L3391-3402
-#   SERVER HELPERS  blocks/server/  L3405-4148
-#     serve_args.py L3419  process.py L3496     requests.py L3790
-#     pipeline.py L3903    arguments.py L4097
-#   SATURATE HELPERS  blocks/saturate.py  L4151-4318
+#   COMMON HELPERS  blocks/common/  L388-3322
+#     model_options.py L418  errors.py L434         secrets.py L469
+#     inputs.py L567         pages.py L926          pdf.py L1105
+#     loops.py L1384         rows.py L1495          plan.py L1588
+#     store.py L1725         saving.py L2089        manifest.py L2391
+#     stats.py L2557         jobs_command.py L2639  card.py L2760
+#     arguments.py L2910     run.py L3076
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3325-3396
+#   GROUNDING HELPERS  blocks/grounding.py  L3399-3410
+#   SERVER HELPERS  blocks/server/  L3413-4165
+#     serve_args.py L3427  process.py L3504     requests.py L3798
+#     pipeline.py L3911    arguments.py L4114
+#   SATURATE HELPERS  blocks/saturate.py  L4168-4335
 # A page's path, by the functions that take it:
-#   cell           iter_image_cells L910
-#   prepared page  read_page L1572, prepare_page L1034
-#   request        request_body L3808
-#   answer         send_page L3856, read_completion L3836
-#   finished row   finish_row L2122
-#   journal        Journal.append L1613
-#   part           write_part L2218
-#   commit         OutputStore.publish L1983, OutputStore.commit L2002
-#   card           build_card L2831
+#   cell           iter_image_cells L911
+#   prepared page  read_page L1573, prepare_page L1035
+#   request        request_body L3816
+#   answer         send_page L3864, read_completion L3844
+#   finished row   finish_row L2123
+#   journal        Journal.append L1614
+#   part           write_part L2219
+#   commit         OutputStore.publish L1984, OutputStore.commit L2003
+#   card           build_card L2832
 # ==== END MAP ====
 
 import re
@@ -368,14 +368,15 @@ def main(argv: list[str] | None = None, hub_api=None) -> int:
         if args.check_only:  # a Job's own server: its context checked, nothing asked
             check_context_budget(serve_max_model_len(args), args)
         else:  # a server to use or wait for, else `vllm` here to start one
-            run_async(server.plan())
+            run_async(server.plan(), run.interrupts)
         open_output_and_input(run, hub_api)
         claim_run_output(run)
         if args.check_only:
             return report_check(run)
         plan_run(run)
         if run.plan.send:  # the server started if planned, then the window kept full
-            run_async(run_server_pipeline(run, args, server, window_type(args, run)))
+            run_async(run_server_pipeline(run, args, server, window_type(args, run)),
+                      run.interrupts)
     if run.writer is None:  # stopped before the plan: no trace of this run is left
         return run.exit_code
     save_rows(run, stop_engine=server.stop)  # whatever stopped the run
@@ -3079,6 +3080,7 @@ class Interrupts:
 
     def __init__(self):
         self.signum, self.saving = None, False
+        self.task = None  # asyncio.run's task while it runs (run_async): a signal cancels it
         self.previous = {sig: signal.signal(sig, self.on_signal)
                          for sig in (signal.SIGINT, signal.SIGTERM)
                          if threading.current_thread() is threading.main_thread()}
@@ -3093,6 +3095,12 @@ class Interrupts:
         if frame:  # a finalizer, whose exception Python ignores (and prints): the signal again
             return threading.Timer(0.05, os.kill, (os.getpid(), signum)).start()
         self.signum, self.saving = signum, True  # the rows are saved before another one counts
+        if self.task is not None and not self.task.done():
+            # inside the event loop a KeyboardInterrupt can land in asyncio's or httpx's own
+            # bookkeeping and leave a future nobody resolves (seen: an exit that hung for good);
+            # the task stops at its next await instead, as asyncio.run does with a Ctrl-C
+            self.task.cancel()
+            return
         raise KeyboardInterrupt
 
     def exit_code(self) -> int:  # 130 for SIGINT, 143 for SIGTERM
@@ -3978,13 +3986,22 @@ def holds_interrupt(exc) -> bool:
                                                          getattr(exc, "exceptions", ())))
 
 
-def run_async(work) -> None:
-    """asyncio.run; a Ctrl-C landing in a task is said once (any_stop_said), not its traceback."""
+def run_async(work, interrupts) -> None:
+    """asyncio.run; a signal cancels the work at its next await (Interrupts.task), which then
+    stops the run as a KeyboardInterrupt, said once (any_stop_said), not as a traceback."""
     async def quietly():
         asyncio.get_running_loop().set_exception_handler(
             lambda loop, context: holds_interrupt(context.get("exception")) or
             loop.default_exception_handler(context))
-        await work
+        interrupts.task = asyncio.current_task()
+        try:
+            await work
+        except asyncio.CancelledError:
+            if interrupts.signum is None:
+                raise
+            raise KeyboardInterrupt from None
+        finally:
+            interrupts.task = None
 
     asyncio.run(quietly())
 

@@ -67,21 +67,21 @@ The authors' olmOCR-Bench settings (84.7): `--mode grounding --drop-margins --ma
 #   LIGHTONOCR-3 MODEL  blocks/lighton_ocr3.py  L107-303
 #   OFFLINE MAIN  blocks/main_offline.py  L326-351
 #   main()  L327
-#   COMMON HELPERS  blocks/common/  L354-3281
+#   COMMON HELPERS  blocks/common/  L354-3288
 #     model_options.py L384  errors.py L400         secrets.py L435
 #     inputs.py L533         pages.py L892          pdf.py L1071
 #     loops.py L1350         rows.py L1461          plan.py L1554
 #     store.py L1691         saving.py L2055        manifest.py L2357
 #     stats.py L2523         jobs_command.py L2605  card.py L2726
 #     arguments.py L2876     run.py L3042
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3284-3355
-#   GROUNDING HELPERS  blocks/grounding.py  L3358-3369
-#   OFFLINE HELPERS  blocks/offline.py  L3372-3547
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3291-3362
+#   GROUNDING HELPERS  blocks/grounding.py  L3365-3376
+#   OFFLINE HELPERS  blocks/offline.py  L3379-3554
 # A page's path, by the functions that take it:
 #   cell           iter_image_cells L877
 #   prepared page  read_page L1539, prepare_page L1001
-#   request        generate_batch L3422
-#   answer         generate_batch L3422
+#   request        generate_batch L3429
+#   answer         generate_batch L3429
 #   finished row   finish_row L2089
 #   journal        Journal.append L1580
 #   part           write_part L2185
@@ -3046,6 +3046,7 @@ class Interrupts:
 
     def __init__(self):
         self.signum, self.saving = None, False
+        self.task = None  # asyncio.run's task while it runs (run_async): a signal cancels it
         self.previous = {sig: signal.signal(sig, self.on_signal)
                          for sig in (signal.SIGINT, signal.SIGTERM)
                          if threading.current_thread() is threading.main_thread()}
@@ -3060,6 +3061,12 @@ class Interrupts:
         if frame:  # a finalizer, whose exception Python ignores (and prints): the signal again
             return threading.Timer(0.05, os.kill, (os.getpid(), signum)).start()
         self.signum, self.saving = signum, True  # the rows are saved before another one counts
+        if self.task is not None and not self.task.done():
+            # inside the event loop a KeyboardInterrupt can land in asyncio's or httpx's own
+            # bookkeeping and leave a future nobody resolves (seen: an exit that hung for good);
+            # the task stops at its next await instead, as asyncio.run does with a Ctrl-C
+            self.task.cancel()
+            return
         raise KeyboardInterrupt
 
     def exit_code(self) -> int:  # 130 for SIGINT, 143 for SIGTERM

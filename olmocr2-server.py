@@ -77,29 +77,29 @@ Where the settings come from (the olmOCR toolkit, allenai/olmocr v0.4.27, unless
 #   model section  L108
 #   OLMOCR-2 MODEL  blocks/olmocr2.py  L112-309
 #   PATCH GRID HELPERS  blocks/patch_grid.py  L312-345
-#   SERVER MAIN  blocks/main_server.py  L348-375
+#   SERVER MAIN  blocks/main_server.py  L348-376
 #   main()  L349
-#   COMMON HELPERS  blocks/common/  L378-3305
-#     model_options.py L408  errors.py L424         secrets.py L459
-#     inputs.py L557         pages.py L916          pdf.py L1095
-#     loops.py L1374         rows.py L1485          plan.py L1578
-#     store.py L1715         saving.py L2079        manifest.py L2381
-#     stats.py L2547         jobs_command.py L2629  card.py L2750
-#     arguments.py L2900     run.py L3066
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3308-3379
-#   SERVER HELPERS  blocks/server/  L3382-4125
-#     serve_args.py L3396  process.py L3473     requests.py L3767
-#     pipeline.py L3880    arguments.py L4074
+#   COMMON HELPERS  blocks/common/  L379-3313
+#     model_options.py L409  errors.py L425         secrets.py L460
+#     inputs.py L558         pages.py L917          pdf.py L1096
+#     loops.py L1375         rows.py L1486          plan.py L1579
+#     store.py L1716         saving.py L2080        manifest.py L2382
+#     stats.py L2548         jobs_command.py L2630  card.py L2751
+#     arguments.py L2901     run.py L3067
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3316-3387
+#   SERVER HELPERS  blocks/server/  L3390-4142
+#     serve_args.py L3404  process.py L3481     requests.py L3775
+#     pipeline.py L3888    arguments.py L4091
 # A page's path, by the functions that take it:
-#   cell           iter_image_cells L901
-#   prepared page  read_page L1563, prepare_page L1025
-#   request        request_body L3785
-#   answer         send_page L3833, read_completion L3813
-#   finished row   finish_row L2113
-#   journal        Journal.append L1604
-#   part           write_part L2209
-#   commit         OutputStore.publish L1974, OutputStore.commit L1993
-#   card           build_card L2822
+#   cell           iter_image_cells L902
+#   prepared page  read_page L1564, prepare_page L1026
+#   request        request_body L3793
+#   answer         send_page L3841, read_completion L3821
+#   finished row   finish_row L2114
+#   journal        Journal.append L1605
+#   part           write_part L2210
+#   commit         OutputStore.publish L1975, OutputStore.commit L1994
+#   card           build_card L2823
 # ==== END MAP ====
 
 import re
@@ -359,14 +359,15 @@ def main(argv: list[str] | None = None, hub_api=None) -> int:
         if args.check_only:  # a Job's own server: its context checked, nothing asked
             check_context_budget(serve_max_model_len(args), args)
         else:  # a server to use or wait for, else `vllm` here to start one
-            run_async(server.plan())
+            run_async(server.plan(), run.interrupts)
         open_output_and_input(run, hub_api)
         claim_run_output(run)
         if args.check_only:
             return report_check(run)
         plan_run(run)
         if run.plan.send:  # the server started if planned, then the window kept full
-            run_async(run_server_pipeline(run, args, server, window_type(args, run)))
+            run_async(run_server_pipeline(run, args, server, window_type(args, run)),
+                      run.interrupts)
     if run.writer is None:  # stopped before the plan: no trace of this run is left
         return run.exit_code
     save_rows(run, stop_engine=server.stop)  # whatever stopped the run
@@ -3070,6 +3071,7 @@ class Interrupts:
 
     def __init__(self):
         self.signum, self.saving = None, False
+        self.task = None  # asyncio.run's task while it runs (run_async): a signal cancels it
         self.previous = {sig: signal.signal(sig, self.on_signal)
                          for sig in (signal.SIGINT, signal.SIGTERM)
                          if threading.current_thread() is threading.main_thread()}
@@ -3084,6 +3086,12 @@ class Interrupts:
         if frame:  # a finalizer, whose exception Python ignores (and prints): the signal again
             return threading.Timer(0.05, os.kill, (os.getpid(), signum)).start()
         self.signum, self.saving = signum, True  # the rows are saved before another one counts
+        if self.task is not None and not self.task.done():
+            # inside the event loop a KeyboardInterrupt can land in asyncio's or httpx's own
+            # bookkeeping and leave a future nobody resolves (seen: an exit that hung for good);
+            # the task stops at its next await instead, as asyncio.run does with a Ctrl-C
+            self.task.cancel()
+            return
         raise KeyboardInterrupt
 
     def exit_code(self) -> int:  # 130 for SIGINT, 143 for SIGTERM
@@ -3955,13 +3963,22 @@ def holds_interrupt(exc) -> bool:
                                                          getattr(exc, "exceptions", ())))
 
 
-def run_async(work) -> None:
-    """asyncio.run; a Ctrl-C landing in a task is said once (any_stop_said), not its traceback."""
+def run_async(work, interrupts) -> None:
+    """asyncio.run; a signal cancels the work at its next await (Interrupts.task), which then
+    stops the run as a KeyboardInterrupt, said once (any_stop_said), not as a traceback."""
     async def quietly():
         asyncio.get_running_loop().set_exception_handler(
             lambda loop, context: holds_interrupt(context.get("exception")) or
             loop.default_exception_handler(context))
-        await work
+        interrupts.task = asyncio.current_task()
+        try:
+            await work
+        except asyncio.CancelledError:
+            if interrupts.signum is None:
+                raise
+            raise KeyboardInterrupt from None
+        finally:
+            interrupts.task = None
 
     asyncio.run(quietly())
 

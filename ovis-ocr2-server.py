@@ -56,29 +56,29 @@ retry policy (connection errors, timeouts, 429 and 5xx retried with backoff; oth
 # Its parts (edit a block in its source, then run the assembler):
 #   model section  L87
 #   OVISOCR2 MODEL  blocks/ovis_ocr2.py  L98-184
-#   SERVER MAIN  blocks/main_server.py  L220-247
+#   SERVER MAIN  blocks/main_server.py  L220-248
 #   main()  L221
-#   COMMON HELPERS  blocks/common/  L250-3177
-#     model_options.py L280  errors.py L296         secrets.py L331
-#     inputs.py L429         pages.py L788          pdf.py L967
-#     loops.py L1246         rows.py L1357          plan.py L1450
-#     store.py L1587         saving.py L1951        manifest.py L2253
-#     stats.py L2419         jobs_command.py L2501  card.py L2622
-#     arguments.py L2772     run.py L2938
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3180-3251
-#   SERVER HELPERS  blocks/server/  L3254-3997
-#     serve_args.py L3268  process.py L3345     requests.py L3639
-#     pipeline.py L3752    arguments.py L3946
+#   COMMON HELPERS  blocks/common/  L251-3185
+#     model_options.py L281  errors.py L297         secrets.py L332
+#     inputs.py L430         pages.py L789          pdf.py L968
+#     loops.py L1247         rows.py L1358          plan.py L1451
+#     store.py L1588         saving.py L1952        manifest.py L2254
+#     stats.py L2420         jobs_command.py L2502  card.py L2623
+#     arguments.py L2773     run.py L2939
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3188-3259
+#   SERVER HELPERS  blocks/server/  L3262-4014
+#     serve_args.py L3276  process.py L3353     requests.py L3647
+#     pipeline.py L3760    arguments.py L3963
 # A page's path, by the functions that take it:
-#   cell           iter_image_cells L773
-#   prepared page  read_page L1435, prepare_page L897
-#   request        request_body L3657
-#   answer         send_page L3705, read_completion L3685
-#   finished row   finish_row L1985
-#   journal        Journal.append L1476
-#   part           write_part L2081
-#   commit         OutputStore.publish L1846, OutputStore.commit L1865
-#   card           build_card L2694
+#   cell           iter_image_cells L774
+#   prepared page  read_page L1436, prepare_page L898
+#   request        request_body L3665
+#   answer         send_page L3713, read_completion L3693
+#   finished row   finish_row L1986
+#   journal        Journal.append L1477
+#   part           write_part L2082
+#   commit         OutputStore.publish L1847, OutputStore.commit L1866
+#   card           build_card L2695
 # ==== END MAP ====
 
 import re
@@ -231,14 +231,15 @@ def main(argv: list[str] | None = None, hub_api=None) -> int:
         if args.check_only:  # a Job's own server: its context checked, nothing asked
             check_context_budget(serve_max_model_len(args), args)
         else:  # a server to use or wait for, else `vllm` here to start one
-            run_async(server.plan())
+            run_async(server.plan(), run.interrupts)
         open_output_and_input(run, hub_api)
         claim_run_output(run)
         if args.check_only:
             return report_check(run)
         plan_run(run)
         if run.plan.send:  # the server started if planned, then the window kept full
-            run_async(run_server_pipeline(run, args, server, window_type(args, run)))
+            run_async(run_server_pipeline(run, args, server, window_type(args, run)),
+                      run.interrupts)
     if run.writer is None:  # stopped before the plan: no trace of this run is left
         return run.exit_code
     save_rows(run, stop_engine=server.stop)  # whatever stopped the run
@@ -2942,6 +2943,7 @@ class Interrupts:
 
     def __init__(self):
         self.signum, self.saving = None, False
+        self.task = None  # asyncio.run's task while it runs (run_async): a signal cancels it
         self.previous = {sig: signal.signal(sig, self.on_signal)
                          for sig in (signal.SIGINT, signal.SIGTERM)
                          if threading.current_thread() is threading.main_thread()}
@@ -2956,6 +2958,12 @@ class Interrupts:
         if frame:  # a finalizer, whose exception Python ignores (and prints): the signal again
             return threading.Timer(0.05, os.kill, (os.getpid(), signum)).start()
         self.signum, self.saving = signum, True  # the rows are saved before another one counts
+        if self.task is not None and not self.task.done():
+            # inside the event loop a KeyboardInterrupt can land in asyncio's or httpx's own
+            # bookkeeping and leave a future nobody resolves (seen: an exit that hung for good);
+            # the task stops at its next await instead, as asyncio.run does with a Ctrl-C
+            self.task.cancel()
+            return
         raise KeyboardInterrupt
 
     def exit_code(self) -> int:  # 130 for SIGINT, 143 for SIGTERM
@@ -3827,13 +3835,22 @@ def holds_interrupt(exc) -> bool:
                                                          getattr(exc, "exceptions", ())))
 
 
-def run_async(work) -> None:
-    """asyncio.run; a Ctrl-C landing in a task is said once (any_stop_said), not its traceback."""
+def run_async(work, interrupts) -> None:
+    """asyncio.run; a signal cancels the work at its next await (Interrupts.task), which then
+    stops the run as a KeyboardInterrupt, said once (any_stop_said), not as a traceback."""
     async def quietly():
         asyncio.get_running_loop().set_exception_handler(
             lambda loop, context: holds_interrupt(context.get("exception")) or
             loop.default_exception_handler(context))
-        await work
+        interrupts.task = asyncio.current_task()
+        try:
+            await work
+        except asyncio.CancelledError:
+            if interrupts.signum is None:
+                raise
+            raise KeyboardInterrupt from None
+        finally:
+            interrupts.task = None
 
     asyncio.run(quietly())
 

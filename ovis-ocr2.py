@@ -49,20 +49,20 @@ Where the engine arguments come from
 #   OVISOCR2 MODEL  blocks/ovis_ocr2.py  L88-174
 #   OFFLINE MAIN  blocks/main_offline.py  L203-228
 #   main()  L204
-#   COMMON HELPERS  blocks/common/  L231-3158
+#   COMMON HELPERS  blocks/common/  L231-3165
 #     model_options.py L261  errors.py L277         secrets.py L312
 #     inputs.py L410         pages.py L769          pdf.py L948
 #     loops.py L1227         rows.py L1338          plan.py L1431
 #     store.py L1568         saving.py L1932        manifest.py L2234
 #     stats.py L2400         jobs_command.py L2482  card.py L2603
 #     arguments.py L2753     run.py L2919
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3161-3232
-#   OFFLINE HELPERS  blocks/offline.py  L3235-3410
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3168-3239
+#   OFFLINE HELPERS  blocks/offline.py  L3242-3417
 # A page's path, by the functions that take it:
 #   cell           iter_image_cells L754
 #   prepared page  read_page L1416, prepare_page L878
-#   request        generate_batch L3285
-#   answer         generate_batch L3285
+#   request        generate_batch L3292
+#   answer         generate_batch L3292
 #   finished row   finish_row L1966
 #   journal        Journal.append L1457
 #   part           write_part L2062
@@ -2923,6 +2923,7 @@ class Interrupts:
 
     def __init__(self):
         self.signum, self.saving = None, False
+        self.task = None  # asyncio.run's task while it runs (run_async): a signal cancels it
         self.previous = {sig: signal.signal(sig, self.on_signal)
                          for sig in (signal.SIGINT, signal.SIGTERM)
                          if threading.current_thread() is threading.main_thread()}
@@ -2937,6 +2938,12 @@ class Interrupts:
         if frame:  # a finalizer, whose exception Python ignores (and prints): the signal again
             return threading.Timer(0.05, os.kill, (os.getpid(), signum)).start()
         self.signum, self.saving = signum, True  # the rows are saved before another one counts
+        if self.task is not None and not self.task.done():
+            # inside the event loop a KeyboardInterrupt can land in asyncio's or httpx's own
+            # bookkeeping and leave a future nobody resolves (seen: an exit that hung for good);
+            # the task stops at its next await instead, as asyncio.run does with a Ctrl-C
+            self.task.cancel()
+            return
         raise KeyboardInterrupt
 
     def exit_code(self) -> int:  # 130 for SIGINT, 143 for SIGTERM

@@ -100,30 +100,30 @@ Where the settings come from, and the choices where sources differ
 # Its parts (edit a block in its source, then run the assembler):
 #   model section  L133
 #   PADDLEOCR-VL MODEL  blocks/paddleocr_vl.py  L143-377
-#   SERVER MAIN  blocks/main_server.py  L380-407
+#   SERVER MAIN  blocks/main_server.py  L380-408
 #   main()  L381
-#   COMMON HELPERS  blocks/common/  L410-3337
-#     model_options.py L440  errors.py L456         secrets.py L491
-#     inputs.py L589         pages.py L948          pdf.py L1127
-#     loops.py L1406         rows.py L1517          plan.py L1610
-#     store.py L1747         saving.py L2111        manifest.py L2413
-#     stats.py L2579         jobs_command.py L2661  card.py L2782
-#     arguments.py L2932     run.py L3098
-#   BLANK PAGE HELPERS  blocks/blank_page.py  L3340-3411
-#   PATCH GRID HELPERS  blocks/patch_grid.py  L3414-3447
-#   SERVER HELPERS  blocks/server/  L3450-4193
-#     serve_args.py L3464  process.py L3541     requests.py L3835
-#     pipeline.py L3948    arguments.py L4142
+#   COMMON HELPERS  blocks/common/  L411-3345
+#     model_options.py L441  errors.py L457         secrets.py L492
+#     inputs.py L590         pages.py L949          pdf.py L1128
+#     loops.py L1407         rows.py L1518          plan.py L1611
+#     store.py L1748         saving.py L2112        manifest.py L2414
+#     stats.py L2580         jobs_command.py L2662  card.py L2783
+#     arguments.py L2933     run.py L3099
+#   BLANK PAGE HELPERS  blocks/blank_page.py  L3348-3419
+#   PATCH GRID HELPERS  blocks/patch_grid.py  L3422-3455
+#   SERVER HELPERS  blocks/server/  L3458-4210
+#     serve_args.py L3472  process.py L3549     requests.py L3843
+#     pipeline.py L3956    arguments.py L4159
 # A page's path, by the functions that take it:
-#   cell           iter_image_cells L933
-#   prepared page  read_page L1595, prepare_page L1057
-#   request        request_body L3853
-#   answer         send_page L3901, read_completion L3881
-#   finished row   finish_row L2145
-#   journal        Journal.append L1636
-#   part           write_part L2241
-#   commit         OutputStore.publish L2006, OutputStore.commit L2025
-#   card           build_card L2854
+#   cell           iter_image_cells L934
+#   prepared page  read_page L1596, prepare_page L1058
+#   request        request_body L3861
+#   answer         send_page L3909, read_completion L3889
+#   finished row   finish_row L2146
+#   journal        Journal.append L1637
+#   part           write_part L2242
+#   commit         OutputStore.publish L2007, OutputStore.commit L2026
+#   card           build_card L2855
 # ==== END MAP ====
 
 import html
@@ -391,14 +391,15 @@ def main(argv: list[str] | None = None, hub_api=None) -> int:
         if args.check_only:  # a Job's own server: its context checked, nothing asked
             check_context_budget(serve_max_model_len(args), args)
         else:  # a server to use or wait for, else `vllm` here to start one
-            run_async(server.plan())
+            run_async(server.plan(), run.interrupts)
         open_output_and_input(run, hub_api)
         claim_run_output(run)
         if args.check_only:
             return report_check(run)
         plan_run(run)
         if run.plan.send:  # the server started if planned, then the window kept full
-            run_async(run_server_pipeline(run, args, server, window_type(args, run)))
+            run_async(run_server_pipeline(run, args, server, window_type(args, run)),
+                      run.interrupts)
     if run.writer is None:  # stopped before the plan: no trace of this run is left
         return run.exit_code
     save_rows(run, stop_engine=server.stop)  # whatever stopped the run
@@ -3102,6 +3103,7 @@ class Interrupts:
 
     def __init__(self):
         self.signum, self.saving = None, False
+        self.task = None  # asyncio.run's task while it runs (run_async): a signal cancels it
         self.previous = {sig: signal.signal(sig, self.on_signal)
                          for sig in (signal.SIGINT, signal.SIGTERM)
                          if threading.current_thread() is threading.main_thread()}
@@ -3116,6 +3118,12 @@ class Interrupts:
         if frame:  # a finalizer, whose exception Python ignores (and prints): the signal again
             return threading.Timer(0.05, os.kill, (os.getpid(), signum)).start()
         self.signum, self.saving = signum, True  # the rows are saved before another one counts
+        if self.task is not None and not self.task.done():
+            # inside the event loop a KeyboardInterrupt can land in asyncio's or httpx's own
+            # bookkeeping and leave a future nobody resolves (seen: an exit that hung for good);
+            # the task stops at its next await instead, as asyncio.run does with a Ctrl-C
+            self.task.cancel()
+            return
         raise KeyboardInterrupt
 
     def exit_code(self) -> int:  # 130 for SIGINT, 143 for SIGTERM
@@ -4023,13 +4031,22 @@ def holds_interrupt(exc) -> bool:
                                                          getattr(exc, "exceptions", ())))
 
 
-def run_async(work) -> None:
-    """asyncio.run; a Ctrl-C landing in a task is said once (any_stop_said), not its traceback."""
+def run_async(work, interrupts) -> None:
+    """asyncio.run; a signal cancels the work at its next await (Interrupts.task), which then
+    stops the run as a KeyboardInterrupt, said once (any_stop_said), not as a traceback."""
     async def quietly():
         asyncio.get_running_loop().set_exception_handler(
             lambda loop, context: holds_interrupt(context.get("exception")) or
             loop.default_exception_handler(context))
-        await work
+        interrupts.task = asyncio.current_task()
+        try:
+            await work
+        except asyncio.CancelledError:
+            if interrupts.signum is None:
+                raise
+            raise KeyboardInterrupt from None
+        finally:
+            interrupts.task = None
 
     asyncio.run(quietly())
 

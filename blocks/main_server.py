@@ -35,14 +35,15 @@ def main(argv: list[str] | None = None, hub_api=None) -> int:
         if args.check_only:  # a Job's own server: its context checked, nothing asked
             check_context_budget(serve_max_model_len(args), args)
         else:  # a server to use or wait for, else `vllm` here to start one
-            run_async(server.plan())
+            run_async(server.plan(), run.interrupts)
         open_output_and_input(run, hub_api)
         claim_run_output(run)
         if args.check_only:
             return report_check(run)
         plan_run(run)
         if run.plan.send:  # the server started if planned, then the window kept full
-            run_async(run_server_pipeline(run, args, server, window_type(args, run)))
+            run_async(run_server_pipeline(run, args, server, window_type(args, run)),
+                      run.interrupts)
     if run.writer is None:  # stopped before the plan: no trace of this run is left
         return run.exit_code
     save_rows(run, stop_engine=server.stop)  # whatever stopped the run

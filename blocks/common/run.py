@@ -31,6 +31,7 @@ class Interrupts:
 
     def __init__(self):
         self.signum, self.saving = None, False
+        self.task = None  # asyncio.run's task while it runs (run_async): a signal cancels it
         self.previous = {sig: signal.signal(sig, self.on_signal)
                          for sig in (signal.SIGINT, signal.SIGTERM)
                          if threading.current_thread() is threading.main_thread()}
@@ -45,6 +46,12 @@ class Interrupts:
         if frame:  # a finalizer, whose exception Python ignores (and prints): the signal again
             return threading.Timer(0.05, os.kill, (os.getpid(), signum)).start()
         self.signum, self.saving = signum, True  # the rows are saved before another one counts
+        if self.task is not None and not self.task.done():
+            # inside the event loop a KeyboardInterrupt can land in asyncio's or httpx's own
+            # bookkeeping and leave a future nobody resolves (seen: an exit that hung for good);
+            # the task stops at its next await instead, as asyncio.run does with a Ctrl-C
+            self.task.cancel()
+            return
         raise KeyboardInterrupt
 
     def exit_code(self) -> int:  # 130 for SIGINT, 143 for SIGTERM
