@@ -193,8 +193,8 @@ def add_model_arguments(parser) -> None:
     option(parser, "--prompt-mode", choices=sorted(PROMPTS), default=DEFAULT_PROMPT_MODE,
            identity=True, help=f"which of the model's prompts (default: {DEFAULT_PROMPT_MODE})")
     option(parser, "--prompt", identity=True, help="a custom prompt instead of --prompt-mode's "
-           "(not with it; without the <image> prefix); one longer than the built-in ones needs a lower --max-tokens, which the "
-           "start-up check names")
+           "(not with it; without the <image> prefix); one longer than the built-in ones needs a "
+           "lower --max-tokens, which the start-up check names")
     option(parser, "--keep-raw", identity=True, action="store_true",
            help="also keep the raw output, grounding tags and all, in <column>_raw")
 
